@@ -1,0 +1,81 @@
+"""Command-line entry: ``python -m ckpred <command> [hydra overrides...]``.
+
+The CLI is thin on purpose. It pops the command word, hands the rest of ``argv`` to that
+command's ``@hydra.main(version_base="1.3")`` entry point (so ``-m`` multirun, sweepers and
+launchers work unchanged), validates the composed config against its schemas and calls a plain
+function of the config, whose return value is what a sweeper optimises.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Callable, NamedTuple
+
+from omegaconf import DictConfig
+
+
+class Command(NamedTuple):
+    config_name: str
+    #: ``module:function`` of the task; imported only when the command runs.
+    task: str
+    summary: str
+
+
+#: Every command, with the primary config it composes and a one-line summary for ``--help``.
+COMMANDS: dict[str, Command] = {
+    "ingest": Command("ingest", "ckpred.data.ingest:ingest_command",
+                      "read benchmark output (JSON, streaming log, CSV, parquet) into the canonical table"),
+}
+
+
+def _load_task(spec: str) -> Callable[[DictConfig], Any]:
+    module, _, func = spec.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def _usage() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = ["usage: python -m ckpred <command> [hydra overrides...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {cmd.summary}" for name, cmd in COMMANDS.items()]
+    lines += ["", "Each command takes Hydra overrides, e.g. `python -m ckpred train arch=gfx950 dtype=fp8`;",
+              "`python -m ckpred <command> --help` shows its config, `-m` runs a sweep."]
+    return "\n".join(lines)
+
+
+def run_command(name: str, argv: list[str]) -> Any:
+    """Run command ``name`` with Hydra arguments ``argv`` (as if typed after the command)."""
+    import hydra
+
+    from ckpred import schema
+    from ckpred.config import to_object
+
+    command = COMMANDS[name]
+    schema.register()
+
+    @hydra.main(version_base="1.3", config_path="conf", config_name=command.config_name)
+    def entry(cfg: DictConfig) -> Any:
+        to_object(cfg)  # value checks of every schema, before any work starts
+        return _load_task(command.task)(cfg)
+
+    saved = sys.argv
+    sys.argv = [f"ckpred {name}", *argv]
+    try:
+        return entry()
+    finally:
+        sys.argv = saved
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"ckpred: unknown command {name!r}; known commands: {', '.join(COMMANDS)}\n", file=sys.stderr)
+        print(_usage(), file=sys.stderr)
+        return 2
+    run_command(name, rest)
+    return 0

@@ -1,0 +1,63 @@
+"""Composing and validating configs outside the CLI (tests, notebooks, scripts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from ckpred import schema
+
+#: Folder of the packaged config tree (a Python package so ``python -m`` finds it).
+CONF_DIR = Path(__file__).parent / "conf"
+
+
+def to_object(cfg: DictConfig) -> Any:
+    """Turn a composed config into its schema dataclasses, running every value check.
+
+    Raises
+    ------
+    ckpred.errors.ConfigValueError
+        When a key holds a value outside its allowed set; the message names key, value and
+        the allowed values.
+    """
+    return OmegaConf.to_object(cfg)
+
+
+def compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:
+    """Compose ``config_name`` from the packaged config tree with Hydra's compose API.
+
+    The result is validated with :func:`to_object` before it is returned, so bad values fail
+    here exactly as they fail on the command line.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    schema.register()
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="ckpred.conf", version_base="1.3"):
+        cfg = hydra_compose(config_name=config_name, overrides=list(overrides or []))
+    to_object(cfg)
+    return cfg
+
+
+def original_cwd() -> Path:
+    """The directory the user started the command in (Hydra may run jobs elsewhere)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            from hydra.utils import get_original_cwd
+
+            return Path(get_original_cwd())
+    except ValueError:
+        pass
+    return Path.cwd()
+
+
+def resolve_path(path: str | Path) -> Path:
+    """Resolve ``path`` against the user's original working directory."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else original_cwd() / p

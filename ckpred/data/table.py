@@ -1,0 +1,126 @@
+"""The canonical benchmark table: one row per (problem, kernel), the same for every source.
+
+Columns (in order): the common header ``op, arch, dtype, layout``; the op's problem fields;
+the op's kernel fields; then the measurement block ``kernel_name, tflops, latency_ms,
+bandwidth_gbs, is_valid, invalid_reason, repeats, spread, source, run_id``.
+
+Types: problem fields and int kernel fields are int64, bool fields bool, category fields
+string; ``tflops``/``latency_ms``/``bandwidth_gbs``/``spread`` float64 (``bandwidth_gbs`` may be
+null when a source does not report it); ``repeats`` int64 (number of merged measurements).
+Failed or unsupported kernels stay in the table with ``is_valid=False``, ``tflops=0`` and a
+reason: a selector that picks one of them scores 0 for that shape.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ckpred.errors import TableSchemaError
+from ckpred.kernels.base import Field, OpDefinition
+
+HEADER_COLUMNS: tuple[str, ...] = ("op", "arch", "dtype", "layout")
+MEASUREMENT_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    ("kernel_name", pa.string()),
+    ("tflops", pa.float64()),
+    ("latency_ms", pa.float64()),
+    ("bandwidth_gbs", pa.float64()),
+    ("is_valid", pa.bool_()),
+    ("invalid_reason", pa.string()),
+    ("repeats", pa.int64()),
+    ("spread", pa.float64()),
+    ("source", pa.string()),
+    ("run_id", pa.string()),
+)
+
+
+def _arrow_type(field: Field) -> pa.DataType:
+    return {"int": pa.int64(), "bool": pa.bool_(), "category": pa.string()}[field.kind]
+
+
+def canonical_schema(op: OpDefinition) -> pa.Schema:
+    """The pyarrow schema of the canonical table for ``op``."""
+    fields = [pa.field(c, pa.string(), nullable=False) for c in HEADER_COLUMNS]
+    fields += [pa.field(f.name, _arrow_type(f), nullable=False) for f in op.problem_fields]
+    fields += [pa.field(f.name, _arrow_type(f), nullable=False) for f in op.kernel_fields]
+    fields += [pa.field(name, typ, nullable=(name in ("bandwidth_gbs", "spread"))) for name, typ in MEASUREMENT_COLUMNS]
+    return pa.schema(fields, metadata={b"ckpred.table": b"canonical", b"ckpred.op": op.name.encode()})
+
+
+def canonical_columns(op: OpDefinition) -> list[str]:
+    return list(canonical_schema(op).names)
+
+
+def conform(frame: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
+    """Return ``frame`` with exactly the canonical columns, order and dtypes.
+
+    Missing optional columns get their defaults (``split_k=1``, pads False, ``repeats=1``,
+    empty ``invalid_reason``/``source``/``run_id``, null ``bandwidth_gbs``/``spread``).
+
+    Raises
+    ------
+    ckpred.errors.TableSchemaError
+        When a required column is missing or cannot be converted; the message names it.
+    """
+    out = pd.DataFrame(index=frame.index)
+    defaults = {"repeats": 1, "invalid_reason": "", "source": "", "run_id": "",
+                "bandwidth_gbs": np.nan, "spread": np.nan}
+    schema = canonical_schema(op)
+    fields = {f.name: f for f in op.problem_fields + op.kernel_fields}
+    for col in schema:
+        name = col.name
+        if name in frame.columns:
+            values = frame[name]
+        elif name in fields and fields[name].default is not None:
+            values = pd.Series(fields[name].default, index=frame.index)
+        elif name in defaults:
+            values = pd.Series(defaults[name], index=frame.index)
+        else:
+            raise TableSchemaError(f"canonical table for op {op.name!r} needs column {name!r}; "
+                                   f"got columns {list(frame.columns)}")
+        try:
+            if pa.types.is_integer(col.type):
+                if values.isna().any():
+                    raise ValueError("null values")
+                values = values.astype("int64")
+            elif pa.types.is_boolean(col.type):
+                values = values.astype(bool)
+            elif pa.types.is_floating(col.type):
+                values = values.astype("float64")
+            else:
+                values = values.fillna("").astype(str)
+        except (TypeError, ValueError) as exc:
+            raise TableSchemaError(f"column {name!r} cannot be converted to {col.type}: {exc}") from exc
+        out[name] = values
+    return out.reset_index(drop=True)
+
+
+def write_table(frame: pd.DataFrame, path: str | Path, op: OpDefinition) -> Path:
+    """Write ``frame`` as canonical parquet, atomically (temp file in the same dir + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pandas(conform(frame, op), schema=canonical_schema(op), preserve_index=False)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_table(path: str | Path, op: OpDefinition) -> pd.DataFrame:
+    """Read a canonical parquet file and check it against ``op``'s schema."""
+    table = pq.read_table(path)
+    missing = [c for c in canonical_columns(op) if c not in table.column_names]
+    if missing:
+        raise TableSchemaError(f"{path}: not a canonical ckpred table for op {op.name!r}; missing columns {missing}")
+    return conform(table.to_pandas(), op)

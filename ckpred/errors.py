@@ -1,0 +1,41 @@
+"""Exceptions ckpred raises on bad input. Each message names where, what, and what is allowed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CkpredError(Exception):
+    """Base class of every error ckpred raises on purpose."""
+
+
+class ConfigValueError(CkpredError, ValueError):
+    """A config key holds a value outside its allowed set."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"config key '{key}' has invalid value {value!r}; allowed: {allowed}")
+
+
+class KernelNameError(CkpredError, ValueError):
+    """A kernel name does not follow the op's name grammar."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name, self.reason = name, reason
+        super().__init__(f"kernel name {name!r} does not parse: {reason}")
+
+
+class InputFileError(CkpredError, OSError):
+    """An input file cannot be read at all (missing, unreadable, unknown format)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"cannot read {path}: {reason}")
+
+
+class TableSchemaError(CkpredError, ValueError):
+    """A table lacks columns or has values of the wrong type for the canonical schema."""
+
+
+class ModelMismatchError(CkpredError, ValueError):
+    """A model or artifact does not match the arch/dtype/layout/catalogue/features it is used with."""

@@ -1,0 +1,180 @@
+"""The op definition contract: what ckpred needs to know about one kernel family.
+
+An op (CK Tile ``gemm_universal``, ``grouped_conv_fwd``, a HIP scaled-mm family...) is a module
+that exposes ``OP``, an :class:`OpDefinition`. The op's YAML (``conf/op/<name>.yaml``) names the
+module, so a new op is new config plus a new module; training, evaluation and export only talk
+to this interface.
+
+Fields are typed: ``int`` and ``bool`` fields are stored as such in the canonical table;
+``category`` fields are stored as strings and encoded as the index of the value in
+``Field.categories`` wherever a number is needed (model inputs, the ONNX graphs). Category
+lists only ever grow at the end, so codes stay stable across versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+import numpy as np
+import pandas as pd
+
+from ckpred.errors import ConfigValueError
+
+FieldKind = Literal["int", "bool", "category"]
+
+
+@dataclass(frozen=True)
+class Field:
+    """One problem or kernel field of an op."""
+
+    name: str
+    kind: FieldKind = "int"
+    categories: tuple[str, ...] = ()
+    #: Value used when a source does not carry the field (``None`` = required).
+    default: Any = None
+
+    def encode(self, values: pd.Series | np.ndarray) -> np.ndarray:
+        """Encode values as int64 (category index, 0/1 for bools); unknown categories -> -1."""
+        if self.kind == "category":
+            lookup = {c: i for i, c in enumerate(self.categories)}
+            return np.fromiter((lookup.get(v, -1) for v in values), dtype=np.int64, count=len(values))
+        return np.asarray(values, dtype=np.int64)
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """Inverse of :meth:`encode`."""
+        codes = np.asarray(codes, dtype=np.int64)
+        if self.kind == "category":
+            return np.asarray(self.categories, dtype=object)[codes]
+        if self.kind == "bool":
+            return codes.astype(bool)
+        return codes
+
+
+class OpDefinition(ABC):
+    """Everything op-specific: fields, name grammar, candidate space, validity, FLOPs.
+
+    Subclasses set the class attributes and implement the abstract methods. All methods
+    taking tables are vectorised over rows.
+    """
+
+    #: Op name as used in config (``op=<name>``) and in the canonical table's ``op`` column.
+    name: str
+    #: Fields that describe a problem (one benchmark "shape").
+    problem_fields: tuple[Field, ...]
+    #: Fields that describe a kernel configuration.
+    kernel_fields: tuple[Field, ...]
+    #: Problem fields that identify a shape for grouping (CV folds, per-shape metrics).
+    #: Layout, dtype and arch are constant inside a model and excluded on purpose.
+    group_key: tuple[str, ...]
+    #: Labels of the problem families, in order (see :meth:`family`).
+    families: tuple[str, ...]
+
+    # -- names ---------------------------------------------------------------------------------
+    @abstractmethod
+    def parse_name(self, name: str) -> dict[str, Any]:
+        """Parse a kernel name into kernel fields (plus ``dtype``/``layout`` when present).
+
+        Raises
+        ------
+        ckpred.errors.KernelNameError
+            When ``name`` does not follow the grammar; the message says which part is wrong.
+        """
+
+    @abstractmethod
+    def format_name(self, kernel: Mapping[str, Any], *, dtype: str, layout: str) -> str:
+        """Canonical kernel name of ``kernel`` (a mapping of kernel fields)."""
+
+    # -- candidate space -----------------------------------------------------------------------
+    @abstractmethod
+    def catalogue(self, arch: Any, dtype: Any, layout: Any) -> pd.DataFrame:
+        """Every candidate kernel for (arch, dtype, layout) configs.
+
+        Returns a frame with ``kernel_id`` (stable 0..n-1, the row order), ``kernel_name`` and
+        one column per kernel field.
+        """
+
+    @abstractmethod
+    def validity(self, problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any, dtype: Any,
+                 layout: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Whether each kernel can run each problem, row by row (frames are row-aligned).
+
+        Returns
+        -------
+        valid : ndarray of bool
+        reason : ndarray of object
+            Empty string where valid, else why the kernel cannot run the problem.
+        """
+
+    @abstractmethod
+    def flops(self, problems: pd.DataFrame) -> np.ndarray:
+        """Floating-point operations of each problem (for TFLOPS <-> latency)."""
+
+    @abstractmethod
+    def family(self, problems: pd.DataFrame) -> np.ndarray:
+        """Family label of each problem (one of :attr:`families`), for per-family reports."""
+
+    # -- helpers shared by every op ------------------------------------------------------------
+    @property
+    def problem_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.problem_fields)
+
+    @property
+    def kernel_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.kernel_fields)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """Column order of the raw model input: problem fields, then kernel fields."""
+        return self.problem_names + self.kernel_names
+
+    def field(self, name: str) -> Field:
+        for f in self.problem_fields + self.kernel_fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"op {self.name!r} has no field {name!r}; fields: {list(self.input_names)}")
+
+    def encode(self, frame: pd.DataFrame, names: tuple[str, ...] | None = None) -> np.ndarray:
+        """int64 matrix of ``names`` (default: :attr:`input_names`) with categories encoded."""
+        names = self.input_names if names is None else names
+        if len(frame) == 0:
+            return np.zeros((0, len(names)), dtype=np.int64)
+        return np.column_stack([self.field(n).encode(frame[n].to_numpy()) for n in names])
+
+    def encode_frame(self, frame: pd.DataFrame, names: tuple[str, ...] | None = None) -> pd.DataFrame:
+        """Like :meth:`encode` but as a DataFrame with the field names as columns."""
+        names = self.input_names if names is None else names
+        return pd.DataFrame(self.encode(frame, names), columns=list(names), index=frame.index)
+
+    def shape_keys(self, frame: pd.DataFrame) -> pd.Series:
+        """One hashable key per row identifying its shape (the group key), e.g. for folds."""
+        cols = [frame[c].astype("int64").astype(str) for c in self.group_key]
+        key = cols[0]
+        for c in cols[1:]:
+            key = key + "x" + c
+        return key
+
+    def catalogue_hash(self, catalogue: pd.DataFrame) -> str:
+        """sha256 of the catalogue's ids, names and fields (binds a model to its candidates)."""
+        payload = catalogue[["kernel_id", "kernel_name", *self.kernel_names]].astype(str)
+        blob = json.dumps(payload.to_numpy().tolist(), separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+def load_op(op_cfg: Any) -> OpDefinition:
+    """Import the op module named by ``op_cfg.module`` (or a name) and return its ``OP``."""
+    module_name = op_cfg if isinstance(op_cfg, str) else op_cfg.module
+    if isinstance(op_cfg, str) and "." not in op_cfg:
+        module_name = f"ckpred.kernels.{op_cfg}"
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigValueError("op.module", module_name, f"an importable module ({exc})") from exc
+    op = getattr(module, "OP", None)
+    if not isinstance(op, OpDefinition):
+        raise ConfigValueError("op.module", module_name, "a module exposing OP = <OpDefinition>")
+    return op

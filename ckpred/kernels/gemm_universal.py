@@ -1,0 +1,206 @@
+"""CK Tile ``gemm_universal``: fields, kernel-name grammar, candidate catalogue, validity rules.
+
+Catalogue (tile-engine rules, CK_TILE_FACTS.md section 2): 256 threads per block; warps per
+block (warp_m x warp_n x warp_k) in {1x4x1, 2x2x1, 4x1x1}; tile_m, tile_n in {64, 128, 192, 256},
+tile_k in {64, 128, 256}; the per-arch/dtype warp-tile list; alignment
+``tile_d % (warp_d * warp_tile_d) == 0`` for d in m, n, k; LDS estimate
+``(tile_m*tile_k + tile_n*tile_k) * bytes`` within half of a 64 KiB block budget (the tile
+engine halves it for the double-buffered compv4 and applies one budget to every trait so all
+pipelines share a tile list); then 16 trait combinations: ``mem`` x {default, cshuffle} x
+{intrawave, interwave} x persistent {F, T} (8) and ``compv3``/``compv4`` x intrawave x
+{default, cshuffle} x persistent {F, T} (4 each); pads fixed False. fp8/rcr/gfx950 gives
+288 tile configs x 16 = 4,608 kernels.
+
+Validity (``IsSupportedArgument`` of CK Tile's universal GEMM kernel): without padding, the
+contiguous dimension of each operand must be a multiple of the block tile along it — for A
+row-major K % tile_k, A column-major M % tile_m; for B column-major K % tile_k, B row-major
+N % tile_n; for C row-major N % tile_n, C column-major M % tile_m. Degenerate problems
+(N = 1 or K = 1) have no kernel at all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from ckpred.errors import KernelNameError
+from ckpred.kernels.base import Field, OpDefinition
+
+PIPELINES = ("compv3", "compv4", "mem", "compv5", "preshufflev2", "comp_tdm_v2")
+SCHEDULERS = ("intrawave", "interwave", "default")
+EPILOGUES = ("default", "cshuffle")
+
+WARP_LAYOUTS: tuple[tuple[int, int, int], ...] = ((1, 4, 1), (2, 2, 1), (4, 1, 1))
+TILE_MN: tuple[int, ...] = (64, 128, 192, 256)
+TILE_K: tuple[int, ...] = (64, 128, 256)
+#: Per-block LDS budget the tile engine plans with (64 KiB, halved for double buffering).
+LDS_BUDGET_BYTES = 32 * 1024
+
+#: Warp tiles (m, n, k) allowed per (arch, dtype). fp8 and bf8 share MFMA shapes.
+_FP8_950 = ((32, 32, 16), (32, 32, 32), (16, 16, 32), (16, 16, 64), (16, 16, 128), (32, 32, 64))
+_FP16 = ((32, 32, 8), (16, 16, 16), (32, 32, 16), (16, 16, 32), (64, 4, 16))
+WARP_TILES: dict[tuple[str, str], tuple[tuple[int, int, int], ...]] = {
+    ("gfx950", "fp8"): _FP8_950,
+    ("gfx950", "bf8"): _FP8_950,
+    ("gfx942", "fp8"): _FP8_950[:4],
+    ("gfx942", "bf8"): _FP8_950[:4],
+    ("gfx950", "fp16"): _FP16,
+    ("gfx950", "bf16"): _FP16,
+    ("gfx942", "fp16"): _FP16,
+    ("gfx942", "bf16"): _FP16,
+    ("gfx90a", "fp16"): _FP16,
+    ("gfx90a", "bf16"): _FP16,
+}
+
+#: (pipeline, epilogue, scheduler, persistent) in catalogue order.
+TRAITS: tuple[tuple[str, str, str, bool], ...] = tuple(
+    [("compv3", e, "intrawave", p) for e in EPILOGUES for p in (False, True)]
+    + [("compv4", e, "intrawave", p) for e in EPILOGUES for p in (False, True)]
+    + [("mem", e, s, p) for e in EPILOGUES for s in ("intrawave", "interwave") for p in (False, True)]
+)
+
+_DIMS = re.compile(r"^(\d+)x(\d+)x(\d+)$")
+_BOOL = {"True": True, "False": False}
+_TRIPLES = (("tile_m", "tile_n", "tile_k"), ("warp_m", "warp_n", "warp_k"),
+            ("warp_tile_m", "warp_tile_n", "warp_tile_k"))
+_FLAGS = ("pad_m", "pad_n", "pad_k", "persistent")
+#: Name prefixes: tile-engine form and parity-sweep form.
+PREFIXES = {"tile_engine": "gemm_universal_", "parity": "gemm_"}
+
+
+class GemmUniversal(OpDefinition):
+    """CK Tile universal GEMM, C[M, N] = A[M, K] @ B[K, N]."""
+
+    name = "gemm_universal"
+    problem_fields = (Field("m"), Field("n"), Field("k"), Field("split_k", default=1))
+    kernel_fields = (
+        Field("tile_m"), Field("tile_n"), Field("tile_k"),
+        Field("warp_m"), Field("warp_n"), Field("warp_k"),
+        Field("warp_tile_m"), Field("warp_tile_n"), Field("warp_tile_k"),
+        Field("pipeline", "category", PIPELINES),
+        Field("scheduler", "category", SCHEDULERS),
+        Field("epilogue", "category", EPILOGUES),
+        Field("pad_m", "bool", default=False), Field("pad_n", "bool", default=False),
+        Field("pad_k", "bool", default=False), Field("persistent", "bool", default=False),
+    )
+    group_key = ("m", "n", "k", "split_k")
+    families = ("tiny", "small", "medium", "large")
+    #: Family bounds on M: tiny M < 8 <= small < 128 <= medium < 1024 <= large.
+    family_bounds = (8, 128, 1024)
+
+    # -- names ---------------------------------------------------------------------------------
+    def parse_name(self, name: str) -> dict[str, Any]:
+        if not isinstance(name, str):
+            raise KernelNameError(str(name), "not a string")
+        for form, prefix in (("tile_engine", PREFIXES["tile_engine"]), ("parity", PREFIXES["parity"])):
+            if name.startswith(prefix):
+                body = name[len(prefix):]
+                break
+        else:
+            raise KernelNameError(name, "expected prefix 'gemm_universal_' or 'gemm_'")
+        parts = body.split("_")
+        # dtype, layout, pipeline(>=1 part), epilogue, scheduler, 4 flags, 3 dim triples
+        if len(parts) < 12:
+            raise KernelNameError(name, f"expected at least 12 '_'-separated parts after the prefix, got {len(parts)}")
+        out: dict[str, Any] = {"dtype": parts[0], "layout": parts[1], "name_form": form}
+        for names, text in zip(_TRIPLES, parts[-3:]):
+            match = _DIMS.match(text)
+            if not match:
+                raise KernelNameError(name, f"expected {'x'.join(names)} as '<int>x<int>x<int>', got {text!r}")
+            out.update(zip(names, (int(g) for g in match.groups())))
+        for flag, text in zip(_FLAGS, parts[-7:-3]):
+            if text not in _BOOL:
+                raise KernelNameError(name, f"expected {flag} 'True' or 'False', got {text!r}")
+            out[flag] = _BOOL[text]
+        out["scheduler"], out["epilogue"] = parts[-8], parts[-9]
+        out["pipeline"] = "_".join(parts[2:-9])
+        if out["scheduler"] not in SCHEDULERS:
+            raise KernelNameError(name, f"scheduler {out['scheduler']!r} not in {list(SCHEDULERS)}")
+        if out["epilogue"] not in EPILOGUES:
+            raise KernelNameError(name, f"epilogue {out['epilogue']!r} not in {list(EPILOGUES)}")
+        if out["pipeline"] not in PIPELINES:
+            raise KernelNameError(name, f"pipeline {out['pipeline']!r} not in {list(PIPELINES)}")
+        return out
+
+    def format_name(self, kernel: Mapping[str, Any], *, dtype: str, layout: str,
+                    form: str = "tile_engine") -> str:
+        flags = "_".join(str(bool(kernel[f])) for f in _FLAGS)
+        dims = "_".join("x".join(str(int(kernel[n])) for n in names) for names in _TRIPLES)
+        return (f"{PREFIXES[form]}{dtype}_{layout}_{kernel['pipeline']}_{kernel['epilogue']}_"
+                f"{kernel['scheduler']}_{flags}_{dims}")
+
+    # -- candidate space -----------------------------------------------------------------------
+    def tile_configs(self, arch: str, dtype: str, bytes_per_element: int) -> list[dict[str, int]]:
+        """Tile/warp/warp-tile combinations that pass alignment and the LDS budget."""
+        warp_tiles = WARP_TILES.get((arch, dtype))
+        if warp_tiles is None:
+            supported = sorted({f"{a}/{d}" for a, d in WARP_TILES})
+            raise ValueError(f"no gemm_universal warp tiles for arch={arch} dtype={dtype}; "
+                             f"supported: {supported}")
+        configs = []
+        for tm, tn, tk in itertools.product(TILE_MN, TILE_MN, TILE_K):
+            if (tm * tk + tn * tk) * bytes_per_element > LDS_BUDGET_BYTES:
+                continue
+            for (wm, wn, wk), (wtm, wtn, wtk) in itertools.product(WARP_LAYOUTS, warp_tiles):
+                if tm % (wm * wtm) or tn % (wn * wtn) or tk % (wk * wtk):
+                    continue
+                configs.append(dict(tile_m=tm, tile_n=tn, tile_k=tk, warp_m=wm, warp_n=wn, warp_k=wk,
+                                    warp_tile_m=wtm, warp_tile_n=wtn, warp_tile_k=wtk))
+        return configs
+
+    def catalogue(self, arch: Any, dtype: Any, layout: Any) -> pd.DataFrame:
+        arch_name = getattr(arch, "name", arch)
+        dtype_name = getattr(dtype, "name", dtype)
+        layout_name = getattr(layout, "name", layout)
+        bytes_per_element = getattr(dtype, "bytes_per_element", None) or _BYTES[dtype_name]
+        rows = []
+        for tile in self.tile_configs(arch_name, dtype_name, bytes_per_element):
+            for pipeline, epilogue, scheduler, persistent in TRAITS:
+                rows.append({**tile, "pipeline": pipeline, "scheduler": scheduler, "epilogue": epilogue,
+                             "pad_m": False, "pad_n": False, "pad_k": False, "persistent": persistent})
+        frame = pd.DataFrame(rows, columns=list(self.kernel_names))
+        names = [self.format_name(r, dtype=dtype_name, layout=layout_name) for r in frame.to_dict("records")]
+        frame.insert(0, "kernel_name", names)
+        frame.insert(0, "kernel_id", np.arange(len(frame), dtype=np.int64))
+        return frame
+
+    def validity(self, problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any = None,
+                 dtype: Any = None, layout: Any = "rcr") -> tuple[np.ndarray, np.ndarray]:
+        layout_name = getattr(layout, "name", layout)
+        m, n, k = (problems[c].to_numpy(np.int64) for c in ("m", "n", "k"))
+        tm, tn, tk = (kernels[c].to_numpy(np.int64) for c in ("tile_m", "tile_n", "tile_k"))
+        pad_m, pad_n, pad_k = (kernels[c].to_numpy(bool) for c in ("pad_m", "pad_n", "pad_k"))
+        reason = np.full(len(m), "", dtype=object)
+
+        def mark(bad: np.ndarray, text: str) -> None:
+            reason[bad & (reason == "")] = text
+
+        mark((n <= 1) | (k <= 1) | (m < 1), "degenerate problem (M<1, N<=1 or K<=1): no kernel supports it")
+        a, b, c = layout_name
+        needs_k = (a == "r") or (b == "c")
+        needs_m = (a == "c") or (c == "c")
+        needs_n = (b == "r") or (c == "r")
+        if needs_k:
+            mark(~pad_k & (k % tk != 0), "K not a multiple of tile_k and pad_k=False")
+        if needs_m:
+            mark(~pad_m & (m % tm != 0), "M not a multiple of tile_m and pad_m=False")
+        if needs_n:
+            mark(~pad_n & (n % tn != 0), "N not a multiple of tile_n and pad_n=False")
+        return reason == "", reason
+
+    def flops(self, problems: pd.DataFrame) -> np.ndarray:
+        return 2.0 * problems["m"].to_numpy(np.float64) * problems["n"].to_numpy(np.float64) \
+            * problems["k"].to_numpy(np.float64)
+
+    def family(self, problems: pd.DataFrame) -> np.ndarray:
+        m = problems["m"].to_numpy(np.int64)
+        return np.asarray(self.families, dtype=object)[np.searchsorted(self.family_bounds, m, side="right")]
+
+
+_BYTES = {"fp8": 1, "bf8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
+
+OP = GemmUniversal()

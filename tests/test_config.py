@@ -1,0 +1,89 @@
+"""Every option of every config group composes; bad values fail naming key, value, allowed."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.errors import MissingConfigException
+
+from ckpred.config import CONF_DIR, compose
+from ckpred.errors import ConfigValueError
+
+#: Primary configs and the overrides they need to compose on their own.
+PRIMARY = {"ingest": ["data.path=x.csv"]}
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _groups() -> list[str]:
+    return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and not p.name.startswith("_")
+                  and p.name != "hydra" and any(p.glob("*.yaml")))
+
+
+def _cases() -> list[tuple[str, str, str]]:
+    cases = []
+    for group in _groups():
+        for option in _options(group):
+            primary = next((name for name in PRIMARY if group in _primary_groups(name)), None)
+            cases.append((primary or "", group, option))
+    return cases
+
+
+def _primary_groups(name: str) -> set[str]:
+    text = (CONF_DIR / f"{name}.yaml").read_text()
+    return {line.split(":")[0].strip(" -") for line in text.splitlines() if line.startswith("  - ") and ":" in line}
+
+
+@pytest.mark.parametrize(("primary", "group", "option"), _cases())
+def test_every_option_composes(primary: str, group: str, option: str) -> None:
+    if not primary:
+        pytest.skip(f"group {group!r} is used by a primary config not listed in PRIMARY")
+    cfg = compose(primary, [*PRIMARY[primary], f"{group}={option}"])
+    assert cfg[group] is not None
+
+
+def test_arch_specs_are_real() -> None:
+    cfg = compose("ingest", ["data.path=x", "arch=gfx950"])
+    assert (cfg.arch.cus, cfg.arch.xcds, cfg.arch.lds_kib, cfg.arch.peak_tflops.fp8) == (256, 8, 160, 5033.0)
+    cfg = compose("ingest", ["data.path=x", "arch=gfx942"])
+    assert (cfg.arch.cus, cfg.arch.memory_bandwidth_gbs, cfg.arch.peak_tflops.fp16) == (304, 5300.0, 1307.0)
+
+
+@pytest.mark.parametrize(("override", "group", "value"), [("dtype=fp9", "dtype", "fp9"),
+                                                          ("arch=gfx999", "arch", "gfx999"),
+                                                          ("layout=xyz", "layout", "xyz")])
+def test_unknown_option_names_group_value_and_options(override: str, group: str, value: str) -> None:
+    with pytest.raises(MissingConfigException) as err:
+        compose("ingest", ["data.path=x", override])
+    text = str(err.value)
+    assert f"{group}/{value}" in text and f"Available options in '{group}'" in text
+    for option in _options(group):
+        assert option in text
+
+
+@pytest.mark.parametrize(("override", "key", "allowed"), [
+    ("arch.cus=-3", "arch.cus", "> 0"),
+    ("arch.wave_size=48", "arch.wave_size", "32 or 64"),
+    ("data.format=xml", "data.format", "json"),
+    ("dtype.bytes_per_element=3", "dtype.bytes_per_element", "1, 2 or 4"),
+])
+def test_bad_value_names_key_value_allowed(override: str, key: str, allowed: str) -> None:
+    with pytest.raises(ConfigValueError) as err:
+        compose("ingest", ["data.path=x", override])
+    assert err.value.key == key
+    assert key in str(err.value) and override.split("=")[1] in str(err.value) and allowed in str(err.value)
+
+
+def test_wrong_type_is_rejected_at_composition() -> None:
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="cus"):
+        compose("ingest", ["data.path=x", "arch.cus=many"])
+
+
+def test_unknown_key_is_rejected() -> None:
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="num_cus"):
+        compose("ingest", ["data.path=x", "arch.num_cus=3"])
