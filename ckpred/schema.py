@@ -165,6 +165,37 @@ class IngestConfig:
     run_id: str = ""
 
 
+# -- features (ckpred.features) -------------------------------------------------------------------
+@dataclass
+class FeatureGroupConfig:
+    """One feature group of a feature set: which transformer, and its scalar options."""
+
+    #: Key of ``ckpred.features.registry.FEATURE_GROUPS`` (e.g. ``problem``, ``kernel``).
+    kind: str = MISSING
+    #: Constructor parameters set by YAML (hardware/dtype constants come from arch/dtype).
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FeaturesConfig:
+    """A named feature set: the groups of the model's FeatureUnion, in output order."""
+
+    name: str = MISSING
+    groups: list[FeatureGroupConfig] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from ckpred.features.registry import FEATURE_GROUPS
+
+        check("features.groups", self.groups, len(self.groups) > 0, "a non-empty list of groups")
+        seen: set[str] = set()
+        for i, group in enumerate(self.groups):
+            check(f"features.groups[{i}].kind", group.kind, group.kind in FEATURE_GROUPS,
+                  f"one of {sorted(FEATURE_GROUPS)}")
+            check(f"features.groups[{i}].kind", group.kind, group.kind not in seen,
+                  "each kind at most once per feature set")
+            seen.add(group.kind)
+
+
 def register() -> None:
     """Register every schema under ``base_<group>`` (idempotent)."""
     from hydra.core.config_store import ConfigStore
@@ -176,3 +207,4 @@ def register() -> None:
     cs.store(group="op", name="base_op", node=OpConfig)
     cs.store(group="data", name="base_data", node=DataConfig)
     cs.store(name="base_ingest", node=IngestConfig)
+    cs.store(group="features", name="base_features", node=FeaturesConfig)

@@ -1,0 +1,158 @@
+"""Feature transformers: raw int64 problem + kernel fields -> float64 model features.
+
+One transformer per feature group (:mod:`~ckpred.features.problem`,
+:mod:`~ckpred.features.kernel`, :mod:`~ckpred.features.interaction`,
+:mod:`~ckpred.features.hardware`, ...), each an sklearn transformer with an ONNX converter in
+:mod:`ckpred.export.converters`. A *feature set* (``conf/features/<name>.yaml``) lists the
+groups and their scalar options; :func:`build_features` assembles them into a
+:class:`~sklearn.pipeline.FeatureUnion`, filling hardware and dtype constants from the arch and
+dtype configs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from sklearn.pipeline import FeatureUnion
+
+from ckpred.errors import ConfigValueError
+from ckpred.features.registry import FEATURE_GROUPS, group_class
+
+__all__ = ["FEATURE_GROUPS", "build_features", "constants_from_config", "feature_set", "group_class"]
+
+#: Bytes per element of each dtype name (for the C matrix, whose dtype config is only a name).
+_BYTES = {"fp8": 1, "bf8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
+
+
+def _get(cfg: Any, key: str) -> Any:
+    value = cfg[key] if isinstance(cfg, (dict, DictConfig)) else getattr(cfg, key)
+    return value
+
+
+def constants_from_config(arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None) -> dict[str, Any]:
+    """Constructor values that come from the hardware/dtype/layout configs, by parameter name.
+
+    Parameters
+    ----------
+    arch_cfg, dtype_cfg : ArchConfig, DtypeConfig, DictConfig or dict
+        ``cfg.arch`` and ``cfg.dtype`` of a composed config.
+    layout_cfg : LayoutConfig, DictConfig, dict or None
+        ``cfg.layout``; when None the layout code stays at the transformer's default (rcr = 0).
+
+    Returns
+    -------
+    dict
+        Parameter name -> value; every transformer takes the ones it has parameters for.
+    """
+    from ckpred.schema import LAYOUTS
+
+    dtype_name = _get(dtype_cfg, "name")
+    peaks = _get(arch_cfg, "peak_tflops") or {}
+    if dtype_name not in peaks:
+        raise ConfigValueError(f"arch.peak_tflops.{dtype_name}", None,
+                               f"a peak TFLOPS for dtype {dtype_name} (arch {_get(arch_cfg, 'name')} "
+                               f"lists {sorted(peaks)})")
+    xcds = int(_get(arch_cfg, "xcds"))
+    values: dict[str, Any] = {
+        "bytes_per_element": int(_get(dtype_cfg, "bytes_per_element")),
+        "c_bytes_per_element": _BYTES[_get(dtype_cfg, "c_dtype")],
+        "cus": int(_get(arch_cfg, "cus")),
+        "xcds": xcds,
+        "simds_per_cu": int(_get(arch_cfg, "simds_per_cu")),
+        "shader_engines": int(_get(arch_cfg, "shader_engines")),
+        "clock_mhz": int(_get(arch_cfg, "clock_mhz")),
+        "max_waves_per_cu": int(_get(arch_cfg, "max_waves_per_cu")),
+        "wave_size": int(_get(arch_cfg, "wave_size")),
+        "lds_kib": int(_get(arch_cfg, "lds_kib")),
+        "lds_bytes": int(_get(arch_cfg, "lds_kib")) * 1024,
+        "l1_kib": int(_get(arch_cfg, "l1_kib")),
+        "l2_mib": float(_get(arch_cfg, "l2_mib_per_xcd")) * xcds,
+        "llc_mib": float(_get(arch_cfg, "llc_mib")),
+        "memory_bandwidth_gbs": float(_get(arch_cfg, "memory_bandwidth_gbs")),
+        "peak_tflops": float(peaks[dtype_name]),
+    }
+    if layout_cfg is not None:
+        values["layout_code"] = LAYOUTS.index(_get(layout_cfg, "name"))
+    return values
+
+
+def _as_features_config(features_cfg: Any) -> Any:
+    """Validate any form of a feature-set config into a :class:`ckpred.schema.FeaturesConfig`."""
+    from ckpred.schema import FeaturesConfig
+
+    if isinstance(features_cfg, FeaturesConfig):
+        return features_cfg
+    merged = OmegaConf.merge(OmegaConf.structured(FeaturesConfig), features_cfg)
+    return OmegaConf.to_object(merged)
+
+
+def build_features(features_cfg: Any, op: Any, arch_cfg: Any, dtype_cfg: Any,
+                   layout_cfg: Any = None) -> FeatureUnion:
+    """Assemble the (unfitted) feature transformer of a feature set.
+
+    Parameters
+    ----------
+    features_cfg : FeaturesConfig, DictConfig or dict
+        ``cfg.features``: ``name`` and ``groups`` (each ``kind`` plus optional ``params``).
+    op : OpDefinition
+        The op; its ``input_names`` are the raw columns (and their order for array input).
+    arch_cfg, dtype_cfg : config nodes
+        Hardware profile and dtype; fill each transformer's constant parameters.
+    layout_cfg : config node or None, default=None
+        Layout; sets ``layout_code`` of :class:`~ckpred.features.problem.ProblemFeatures`.
+
+    Returns
+    -------
+    sklearn.pipeline.FeatureUnion
+        One ``(kind, transformer)`` per group, in YAML order; output names are
+        ``<kind>__<feature>``.
+
+    Raises
+    ------
+    ckpred.errors.ConfigValueError
+        When a group sets a parameter its transformer does not have, or needs a column the
+        op does not provide.
+    """
+    cfg = _as_features_config(features_cfg)
+    constants = constants_from_config(arch_cfg, dtype_cfg, layout_cfg)
+    input_names = tuple(op.input_names)
+    parts = []
+    for i, group in enumerate(cfg.groups):
+        cls = group_class(group.kind)
+        accepted = set(cls().get_params())
+        params = dict(group.params or {})
+        unknown = sorted(set(params) - accepted)
+        if unknown:
+            raise ConfigValueError(f"features.groups[{i}].params.{unknown[0]}", params[unknown[0]],
+                                   f"parameters of {cls.__name__} ({group.kind}): {sorted(accepted)}")
+        missing = [c for c in cls.input_columns if c not in input_names]
+        if missing:
+            raise ConfigValueError(f"features.groups[{i}].kind", group.kind,
+                                   f"a group whose input columns exist in op {op.name!r} "
+                                   f"(it lacks {missing})")
+        kwargs = {key: value for key, value in constants.items() if key in accepted}
+        kwargs.update(params)
+        kwargs["input_names"] = input_names
+        parts.append((group.kind, cls(**kwargs)))
+    return FeatureUnion(parts)
+
+
+def feature_set(name: str) -> Any:
+    """Compose ``conf/features/<name>.yaml`` on its own and return it validated.
+
+    Returns
+    -------
+    ckpred.schema.FeaturesConfig
+    """
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from ckpred import schema
+
+    schema.register()
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="ckpred.conf", version_base="1.3"):
+        cfg = compose(config_name=None, overrides=[f"+features={name}"])
+    GlobalHydra.instance().clear()
+    return _as_features_config(cfg.features)

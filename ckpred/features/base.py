@@ -1,0 +1,177 @@
+"""Common machinery of every ckpred feature transformer.
+
+Each feature group is a stateless scikit-learn transformer: ``fit`` only learns *where* its
+input columns are (by name from a DataFrame, else by position) and how many features it
+makes; ``transform`` computes the features vectorised in float64. Constants such as bytes per
+element or the number of CUs are constructor parameters that
+:func:`ckpred.features.build_features` fills from the arch and dtype configs.
+
+Column selection
+----------------
+The raw model input X is the int64 DataFrame ``op.encode_frame(table)`` whose columns are
+``op.input_names``. A transformer fitted on a DataFrame records ``feature_names_in_`` and finds
+its columns by name; a DataFrame at transform time must carry the same columns. Fitted on a
+plain ndarray, column ``j`` is taken to be ``input_names[j]`` when the ``input_names``
+parameter is set (``build_features`` sets it to ``op.input_names``), otherwise the first
+``len(input_columns)`` columns are taken, in the order of :attr:`FeatureGroup.input_columns`.
+Either way the learned positions are ``input_indices_``; the ONNX converters gather exactly
+those columns from the raw int64 matrix.
+
+Values
+------
+Inputs must be finite and non-negative (GEMM sizes, tile sizes, codes and flags are all
+>= 0); negative values raise ``ValueError``. Zero sizes are not GEMM problems, but they are not
+refused: they follow IEEE arithmetic (``log2(0) = -inf``, ``x / 0 = inf``) exactly as the ONNX
+graph does, so the Python and ONNX paths agree even there. Routing degenerate shapes away from
+the model is the runtime's job.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+from typing import Any, ClassVar
+
+import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils._param_validation import Interval
+from sklearn.utils.validation import (
+    _check_feature_names_in,
+    check_is_fitted,
+    check_non_negative,
+    validate_data,
+)
+
+def positive_real() -> list[Any]:
+    """``_parameter_constraints`` entry of a number > 0."""
+    return [Interval(Real, 0, None, closed="neither")]
+
+
+def positive_int() -> list[Any]:
+    """``_parameter_constraints`` entry of an integer >= 1."""
+    return [Interval(Integral, 1, None, closed="left")]
+
+
+class FeatureGroup(TransformerMixin, BaseEstimator):
+    """Base class: column lookup, validation and feature names; subclasses compute features.
+
+    Subclasses set :attr:`input_columns` and implement :meth:`_feature_names` and
+    :meth:`_compute`; both must agree on the number and order of features.
+    """
+
+    #: Raw input columns this group reads, by name (a subset of ``op.input_names``).
+    input_columns: ClassVar[tuple[str, ...]] = ()
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "input_names": [None, list, tuple],
+    }
+
+    # -- to implement ------------------------------------------------------------------------
+    def _feature_names(self) -> list[str]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _compute(self, cols: dict[str, np.ndarray], n_rows: int) -> list[np.ndarray]:  # pragma: no cover
+        """Features as a list of float64 columns, in :meth:`_feature_names` order."""
+        raise NotImplementedError
+
+    # -- sklearn API -------------------------------------------------------------------------
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        # Sizes, codes and flags are non-negative; fit refuses negatives like sklearn expects.
+        tags.input_tags.positive_only = True
+        tags.requires_fit = True
+        return tags
+
+    def fit(self, X: Any, y: Any = None) -> "FeatureGroup":
+        """Learn where the input columns are; no statistics are learned.
+
+        Parameters
+        ----------
+        X : DataFrame or array-like of shape (n_samples, n_features)
+            Raw int64 input (columns ``op.input_names``).
+        y : ignored
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        X = validate_data(self, X, dtype=np.float64, reset=True)
+        check_non_negative(X, f"{type(self).__name__}.fit")
+        self.input_indices_ = self._locate_columns()
+        self.n_features_out_ = len(self._feature_names())
+        return self
+
+    def transform(self, X: Any) -> np.ndarray:
+        """Compute the features of each row.
+
+        Parameters
+        ----------
+        X : DataFrame or array-like of shape (n_samples, n_features)
+            Same columns as at fit.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_features_out_), float64
+        """
+        check_is_fitted(self, "input_indices_")
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        used = X[:, list(self.input_indices_)]
+        if used.size:
+            check_non_negative(used, f"{type(self).__name__}.transform")
+        cols = {name: used[:, i] for i, name in enumerate(self.input_columns)}
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = self._compute(cols, X.shape[0])
+        if not out:
+            return np.zeros((X.shape[0], 0), dtype=np.float64)
+        return np.column_stack([np.broadcast_to(np.asarray(c, dtype=np.float64), (X.shape[0],))
+                                for c in out])
+
+    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
+        """Names of the output features (same for every input).
+
+        Parameters
+        ----------
+        input_features : array-like of str or None
+            Checked against ``feature_names_in_`` when given; does not change the output.
+        """
+        check_is_fitted(self, "input_indices_")
+        _check_feature_names_in(self, input_features, generate_names=False)
+        return np.asarray(self._feature_names(), dtype=object)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _locate_columns(self) -> tuple[int, ...]:
+        """Positions of :attr:`input_columns` in X (see the module docstring)."""
+        needed = self.input_columns
+        name = type(self).__name__
+        if hasattr(self, "feature_names_in_"):
+            present = list(self.feature_names_in_)
+            missing = [c for c in needed if c not in present]
+            if missing:
+                raise ValueError(f"{name} needs input columns {list(needed)}; X lacks {missing} "
+                                 f"(X has columns {present})")
+            return tuple(present.index(c) for c in needed)
+        if self.input_names is not None:
+            names = [str(n) for n in self.input_names]
+            if len(names) != self.n_features_in_:
+                raise ValueError(f"{name}: input_names lists {len(names)} columns {names} but X has "
+                                 f"{self.n_features_in_} feature(s)")
+            missing = [c for c in needed if c not in names]
+            if missing:
+                raise ValueError(f"{name} needs input columns {list(needed)}; input_names lacks {missing}")
+            return tuple(names.index(c) for c in needed)
+        if self.n_features_in_ < len(needed):
+            raise ValueError(f"{name} needs {len(needed)} input columns {list(needed)} (in this order "
+                             f"when X is an array without input_names) but X has "
+                             f"{self.n_features_in_} feature(s)")
+        return tuple(range(len(needed)))
+
+
+def ceil_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ceil(a / b) in float64, the same operations the ONNX graph uses (Div, Ceil)."""
+    return np.ceil(a / b)
+
+
+def last_tile_fill(x: np.ndarray, tile: np.ndarray) -> np.ndarray:
+    """Fraction of the last tile along a dimension that holds data: (x mod t)/t, 1 if divisible."""
+    rem = np.fmod(x, tile)
+    return np.where(rem == 0, 1.0, rem / tile)

@@ -1,0 +1,23 @@
+"""Names of the feature groups a feature set (``conf/features/*.yaml``) may use.
+
+Kept free of heavy imports so the config schema can validate ``kind`` values cheaply; the
+classes are imported only when a feature set is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: ``kind`` in a feature-set YAML -> ``module:Class`` of its transformer.
+FEATURE_GROUPS: dict[str, str] = {
+    "problem": "ckpred.features.problem:ProblemFeatures",
+    "kernel": "ckpred.features.kernel:KernelFeatures",
+    "interaction": "ckpred.features.interaction:TileInteractionFeatures",
+    "hardware": "ckpred.features.hardware:HardwareFeatures",
+}
+
+
+def group_class(kind: str) -> type:
+    """The transformer class of feature group ``kind`` (a key of :data:`FEATURE_GROUPS`)."""
+    module, _, name = FEATURE_GROUPS[kind].partition(":")
+    return getattr(importlib.import_module(module), name)
