@@ -1,0 +1,441 @@
+"""Selection metrics by shape, the no-learning baselines, summaries and plots.
+
+Everything here answers one question: *when a selector ranks the candidate kernels of a shape
+it has never seen, how good is the kernel it picks?*
+
+Definitions (the unit tests in ``tests/test_evaluate.py`` check each one on hand-computed cases):
+
+* **Candidates** of a shape are all rows of that shape in the table. Measured performance
+  ``perf`` is the row's TFLOPS, 0 for rows that failed or are invalid (``is_valid=False``).
+* **Best** of a shape is ``max(perf)`` over its candidates. Shapes whose best is 0 (no kernel
+  ran, e.g. N=1 or K=1) have no defined efficiency: they are counted
+  (``n_shapes_without_valid_kernel``) and left out of every average, as a deployed dispatcher
+  routes them to a fallback before the model.
+* **Selection**: rows that the op's validity rules reject (``selectable=False``) are masked and
+  never chosen, exactly as the exported selector masks them. The remaining rows are ordered by
+  predicted score, highest first; ties are broken by row order (a stable sort), which is the
+  catalogue order for simulated data. NaN scores rank last. A masked or unmeasured row can
+  still be the shape's best (it then simply cannot be chosen).
+* **efficiency** of a shape = perf of the chosen (top-1) kernel / best. Choosing a kernel that
+  passed the validity rules but failed when measured scores 0.
+* **efficiency@k** = max perf among the top k ranked kernels / best: what a budgeted two-phase
+  search gets when it benchmarks the model's top k and keeps the fastest. ``efficiency@1`` is
+  the efficiency.
+* **topk** (hit rate) = 1 when a kernel whose perf equals the best (any of several tied best
+  kernels counts) is among the top k ranked, else 0. ``top1`` is exact-winner accuracy.
+* **ndcg@10**: graded relevance ``rel = perf / best`` in [0, 1], linear gain,
+  ``DCG = sum_{i<10} rel_i / log2(i + 2)`` over the ranked list, divided by the DCG of the
+  ideal order of all candidates.
+* Percentiles (P10, P50) use numpy's default linear interpolation over shapes.
+
+The ``random`` baseline is computed analytically (no sampling): a uniform pick among all
+candidates of the shape, valid or not, so ``efficiency = mean(rel)``; ``efficiency@k`` is the
+expected max of k draws without replacement, ``topk = 1 - C(n - n_best, k) / C(n, k)`` and
+``ndcg@10 = mean(rel) * sum_{i<min(10, n)} 1/log2(i+2) / IDCG``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy.special import gammaln
+
+#: Budgets k reported as efficiency@k (the budgeted two-phase search).
+EFFICIENCY_KS: tuple[int, ...] = (1, 2, 5, 10, 20)
+#: k of the top-k hit rates.
+HIT_KS: tuple[int, ...] = (1, 3, 5, 10)
+#: Cut-off of the NDCG.
+NDCG_K: int = 10
+#: Methods in report order: the learned model first, then the baselines.
+METHODS: tuple[str, ...] = ("model", "reference", "best_static", "analytical", "random")
+
+
+# ---------------------------------------------------------------------------------------------
+# Grouping rows by shape
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShapeGroups:
+    """Rows of a table grouped by shape, keeping table row order inside each shape.
+
+    Attributes
+    ----------
+    codes : ndarray of int64
+        Shape index of each row (0..n_shapes-1, in order of first appearance).
+    keys : ndarray of object
+        Shape key of each shape index.
+    order : ndarray of int64
+        Row indices sorted by shape, stable (row order inside a shape is kept).
+    bounds : ndarray of int64
+        ``order[bounds[s]:bounds[s + 1]]`` are the rows of shape ``s``.
+    """
+
+    codes: np.ndarray
+    keys: np.ndarray
+    order: np.ndarray
+    bounds: np.ndarray
+
+    @classmethod
+    def from_keys(cls, keys: Sequence[Any] | pd.Series) -> "ShapeGroups":
+        codes, uniques = pd.factorize(pd.Series(keys).to_numpy(), sort=False)
+        codes = codes.astype(np.int64)
+        order = np.argsort(codes, kind="stable")
+        bounds = np.searchsorted(codes[order], np.arange(len(uniques) + 1))
+        return cls(codes=codes, keys=np.asarray(uniques, dtype=object), order=order,
+                   bounds=np.asarray(bounds, dtype=np.int64))
+
+    @property
+    def n_shapes(self) -> int:
+        return len(self.keys)
+
+    def rows(self, s: int) -> np.ndarray:
+        """Row indices of shape ``s`` in table order."""
+        return self.order[self.bounds[s]:self.bounds[s + 1]]
+
+    def first_rows(self) -> np.ndarray:
+        """Index of the first row of every shape (to read per-shape problem fields)."""
+        return self.order[self.bounds[:-1]]
+
+
+def measured_perf(tflops: np.ndarray, is_valid: np.ndarray) -> np.ndarray:
+    """Measured performance that selection is scored on: TFLOPS, 0 where the row is invalid."""
+    perf = np.where(np.asarray(is_valid, dtype=bool), np.asarray(tflops, dtype=np.float64), 0.0)
+    # A NaN or negative measurement can never be a good choice; treat it as a failure.
+    return np.where(np.isfinite(perf) & (perf > 0), perf, 0.0)
+
+
+def _metric_columns() -> list[str]:
+    return (["efficiency"] + [f"efficiency@{k}" for k in EFFICIENCY_KS]
+            + [f"top{k}" for k in HIT_KS] + [f"ndcg@{NDCG_K}"])
+
+
+def _dcg(rel: np.ndarray) -> float:
+    return float(np.sum(rel / np.log2(np.arange(2, len(rel) + 2))))
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-shape metrics
+# ---------------------------------------------------------------------------------------------
+def shape_metrics(perf: np.ndarray, scores: np.ndarray, groups: ShapeGroups,
+                  selectable: np.ndarray | None = None) -> pd.DataFrame:
+    """Selection metrics of one scoring method, one row per shape.
+
+    Parameters
+    ----------
+    perf : ndarray of float, shape (n_rows,)
+        Measured performance (see :func:`measured_perf`); 0 for failed/invalid rows.
+    scores : ndarray of float, shape (n_rows,)
+        Predicted scores, higher = better. NaN ranks last.
+    groups : ShapeGroups
+        The rows' shapes.
+    selectable : ndarray of bool, optional
+        Rows the selector may choose (the op's validity rules); default all.
+
+    Returns
+    -------
+    DataFrame
+        Index: shape index. Columns: ``best``, ``n_candidates``, ``n_selectable``,
+        ``chosen_row`` (-1 when nothing was selectable), ``best_row`` and the metric columns
+        (NaN for shapes without any valid kernel).
+    """
+    perf = np.asarray(perf, dtype=np.float64)
+    scores = np.asarray(scores, dtype=np.float64)
+    if perf.shape != scores.shape:
+        raise ValueError(f"perf and scores must have the same length, got {perf.shape} and {scores.shape}")
+    selectable = np.ones(len(perf), dtype=bool) if selectable is None else np.asarray(selectable, dtype=bool)
+    scores = np.where(np.isnan(scores), -np.inf, scores)
+    cols = _metric_columns()
+    out = np.full((groups.n_shapes, len(cols)), np.nan)
+    best = np.zeros(groups.n_shapes)
+    n_cand = np.zeros(groups.n_shapes, dtype=np.int64)
+    n_sel = np.zeros(groups.n_shapes, dtype=np.int64)
+    chosen = np.full(groups.n_shapes, -1, dtype=np.int64)
+    best_row = np.full(groups.n_shapes, -1, dtype=np.int64)
+    max_k = max(max(EFFICIENCY_KS), max(HIT_KS), NDCG_K)
+    for s in range(groups.n_shapes):
+        rows = groups.rows(s)
+        p = perf[rows]
+        n_cand[s] = len(rows)
+        b = p.max() if len(p) else 0.0
+        best[s] = b
+        if b > 0:
+            best_row[s] = rows[int(np.argmax(p))]  # first of tied best, table order
+        cand = rows[selectable[rows]]
+        n_sel[s] = len(cand)
+        # Stable sort on -score: equal scores keep table (catalogue) order.
+        ranked = cand[np.argsort(-scores[cand], kind="stable")[:max_k]]
+        if len(ranked):
+            chosen[s] = ranked[0]
+        if b <= 0:
+            continue
+        rp = perf[ranked]
+        vals = [rp[:1].max() / b if len(rp) else 0.0]
+        vals += [(rp[:k].max() / b if len(rp) else 0.0) for k in EFFICIENCY_KS]
+        vals += [float(np.any(rp[:k] >= b)) for k in HIT_KS]
+        ideal = _dcg(np.sort(p)[::-1][:NDCG_K] / b)
+        vals.append(_dcg(rp[:NDCG_K] / b) / ideal)
+        out[s] = vals
+    frame = pd.DataFrame(out, columns=cols)
+    frame.insert(0, "best_row", best_row)
+    frame.insert(0, "chosen_row", chosen)
+    frame.insert(0, "n_selectable", n_sel)
+    frame.insert(0, "n_candidates", n_cand)
+    frame.insert(0, "best", best)
+    return frame
+
+
+def _log_comb(n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
+    return gammaln(np.asarray(n, dtype=np.float64) + 1) - gammaln(np.asarray(k, dtype=np.float64) + 1) \
+        - gammaln(np.asarray(n, dtype=np.float64) - np.asarray(k, dtype=np.float64) + 1)
+
+
+def random_shape_metrics(perf: np.ndarray, groups: ShapeGroups) -> pd.DataFrame:
+    """Expected metrics of a uniformly random pick among all candidates of each shape.
+
+    Computed in closed form (see the module docstring); candidates include invalid and failed
+    rows, which score 0. Same columns as :func:`shape_metrics`; ``chosen_row`` is -1.
+    """
+    perf = np.asarray(perf, dtype=np.float64)
+    cols = _metric_columns()
+    out = np.full((groups.n_shapes, len(cols)), np.nan)
+    best = np.zeros(groups.n_shapes)
+    n_cand = np.zeros(groups.n_shapes, dtype=np.int64)
+    best_row = np.full(groups.n_shapes, -1, dtype=np.int64)
+    for s in range(groups.n_shapes):
+        rows = groups.rows(s)
+        p = perf[rows]
+        n = len(p)
+        n_cand[s] = n
+        b = p.max() if n else 0.0
+        best[s] = b
+        if b <= 0:
+            continue
+        best_row[s] = rows[int(np.argmax(p))]
+        rel = np.sort(p / b)  # ascending
+        idx = np.arange(n)
+        vals = [rel.mean()]
+        for k in EFFICIENCY_KS:
+            kk = min(k, n)
+            # P(max of kk draws without replacement is the i-th smallest) = C(i, kk-1) / C(n, kk)
+            w = np.zeros(n)
+            ok = idx >= kk - 1
+            w[ok] = np.exp(_log_comb(idx[ok], kk - 1) - _log_comb(n, kk))
+            vals.append(float(np.sum(w * rel)))
+        n_best = int(np.sum(p >= b))
+        for k in HIT_KS:
+            kk = min(k, n)
+            miss = 0.0 if n - n_best < kk else float(np.exp(_log_comb(n - n_best, kk) - _log_comb(n, kk)))
+            vals.append(1.0 - miss)
+        discounts = 1.0 / np.log2(np.arange(2, min(NDCG_K, n) + 2))
+        vals.append(rel.mean() * discounts.sum() / _dcg(rel[::-1][:NDCG_K]))
+        out[s] = vals
+    frame = pd.DataFrame(out, columns=cols)
+    frame.insert(0, "best_row", best_row)
+    frame.insert(0, "chosen_row", np.full(groups.n_shapes, -1, dtype=np.int64))
+    frame.insert(0, "n_selectable", n_cand)
+    frame.insert(0, "n_candidates", n_cand)
+    frame.insert(0, "best", best)
+    return frame
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries
+# ---------------------------------------------------------------------------------------------
+def summarize(per_shape: pd.DataFrame) -> dict[str, float]:
+    """Mean, P10, P50 and min of the efficiency plus the mean of every other metric.
+
+    Shapes without any valid kernel (NaN efficiency) are counted, not averaged.
+    """
+    ok = per_shape["efficiency"].notna()
+    eff = per_shape.loc[ok, "efficiency"].to_numpy()
+    out: dict[str, float] = {"n_shapes": int(ok.sum()),
+                             "n_shapes_without_valid_kernel": int((~ok).sum())}
+    if len(eff) == 0:
+        return out
+    out.update(mean=float(eff.mean()), p10=float(np.percentile(eff, 10)),
+               p50=float(np.percentile(eff, 50)), min=float(eff.min()))
+    for col in _metric_columns()[1:]:
+        out[col] = float(per_shape.loc[ok, col].mean())
+    return out
+
+
+def summarize_by(per_shape: pd.DataFrame, labels: np.ndarray | pd.Series,
+                 order: Iterable[str] | None = None) -> dict[str, dict[str, float]]:
+    """:func:`summarize` for each label (e.g. M family, pipeline of the best kernel)."""
+    labels = pd.Series(np.asarray(labels, dtype=object), index=per_shape.index)
+    names = list(order) if order is not None else sorted(labels.dropna().unique())
+    return {name: summarize(per_shape[labels == name]) for name in names if (labels == name).any()}
+
+
+def method_report(per_shape: pd.DataFrame, family: np.ndarray, families: Sequence[str],
+                  best_pipeline: np.ndarray | None) -> dict[str, Any]:
+    """Full metrics dict of one method: overall, ``by_family`` and ``by_best_pipeline``."""
+    report: dict[str, Any] = summarize(per_shape)
+    report["by_family"] = summarize_by(per_shape, family, families)
+    if best_pipeline is not None:
+        report["by_best_pipeline"] = summarize_by(per_shape, best_pipeline)
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Baselines without a learned model
+# ---------------------------------------------------------------------------------------------
+def best_static_scores(train_kernels: np.ndarray, train_perf: np.ndarray, train_groups: ShapeGroups,
+                       test_kernels: np.ndarray) -> tuple[np.ndarray, pd.Series]:
+    """Score test rows by each kernel's mean efficiency over the training shapes.
+
+    The ``best_static`` baseline is one fixed preference order of kernels, learned on the
+    training folds only: a kernel's training score is its mean ``perf / best`` over the training
+    shapes (a shape where it is absent or failed contributes 0). At a test shape the usual
+    selection applies (validity mask, highest score first), so the choice is the best static
+    kernel whenever it can run the shape and the next one in the order otherwise. A test kernel
+    never seen in training is scored -inf (ranked after every seen one, catalogue order).
+
+    Returns
+    -------
+    scores : ndarray of float, one per test row
+    ranking : Series
+        Mean training efficiency per kernel name, highest first.
+    """
+    train_perf = np.asarray(train_perf, dtype=np.float64)
+    best = np.zeros(train_groups.n_shapes)
+    np.maximum.at(best, train_groups.codes, train_perf)
+    rel = np.divide(train_perf, best[train_groups.codes], out=np.zeros_like(train_perf),
+                    where=best[train_groups.codes] > 0)
+    n_scored = max(int(np.sum(best > 0)), 1)
+    per_kernel = pd.Series(rel).groupby(np.asarray(train_kernels, dtype=object), sort=False).sum() / n_scored
+    ranking = per_kernel.sort_values(ascending=False, kind="stable")
+    scores = pd.Series(np.asarray(test_kernels, dtype=object)).map(per_kernel).to_numpy(dtype=np.float64)
+    return np.where(np.isnan(scores), -np.inf, scores), ranking
+
+
+#: Columns the analytical heuristic needs.
+ANALYTICAL_FIELDS: tuple[str, ...] = ("m", "n", "k", "tile_m", "tile_n", "tile_k")
+
+
+def analytical_scores(frame: pd.DataFrame, *, cus: int, peak_tflops: float, bandwidth_gbs: float,
+                      bytes_per_element: int, c_bytes: int = 2) -> np.ndarray:
+    """A roofline time estimate with wave quantisation; no learning. Higher score = better.
+
+    For a kernel with block tile (tm, tn, tk) on problem (M, N, K), with T = ceil(M/tm)*ceil(N/tn)
+    output tiles spread over the CUs in ``waves = ceil(T / CUs)`` waves:
+
+    * compute time = waves * 2*tm*tn*(ceil(K/tk)*tk) / (peak / CUs)  — padded tiles and the
+      idle CUs of the last wave cost full time (wave quantisation);
+    * memory time = (M*K*ceil(N/tn) + K*N*ceil(M/tm)) * b + M*N*c_b, divided by the memory
+      bandwidth — A is re-read once per column of tiles and B once per row (tile reuse), so
+      bigger tiles move fewer bytes;
+    * estimate = max(compute, memory) (roofline); the score is its negative. Ties (common on
+      small problems) are broken by the reuse score 2*tm*tn*tk / (4*(tm*tk + tk*tn)) from the
+      budgeted-search literature, scaled to stay below one roofline step.
+
+    Pipelines, schedulers and warp layouts are ignored: the heuristic ranks tiles only.
+    """
+    missing = [c for c in ANALYTICAL_FIELDS if c not in frame.columns]
+    if missing:
+        raise KeyError(f"the analytical baseline needs columns {list(ANALYTICAL_FIELDS)}; missing {missing}")
+    m, n, k, tm, tn, tk = (frame[c].to_numpy(np.float64) for c in ANALYTICAL_FIELDS)
+    tiles = np.ceil(m / tm) * np.ceil(n / tn)
+    waves = np.ceil(tiles / cus)
+    per_cu_flops = peak_tflops * 1e12 / cus
+    compute_s = waves * 2.0 * tm * tn * np.ceil(k / tk) * tk / per_cu_flops
+    bytes_moved = (m * k * np.ceil(n / tn) + k * n * np.ceil(m / tm)) * bytes_per_element + m * n * c_bytes
+    memory_s = bytes_moved / (bandwidth_gbs * 1e9)
+    estimate = np.maximum(compute_s, memory_s)
+    reuse = 2.0 * tm * tn * tk / (4.0 * (tm * tk + tk * tn))
+    # reuse <= 128 for the tile ranges in use; the tie-break is tiny relative to the estimate.
+    return -estimate * (1.0 + 1e-6 * (1.0 - reuse / (1.0 + reuse.max(initial=1.0))))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reports and plots
+# ---------------------------------------------------------------------------------------------
+def write_json(path: Path, payload: Mapping[str, Any]) -> Path:
+    """Write ``payload`` as indented JSON (NaN written as null)."""
+    def clean(obj: Any) -> Any:
+        if isinstance(obj, Mapping):
+            return {str(k): clean(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [clean(v) for v in obj]
+        if isinstance(obj, (np.integer,)):
+            return int(obj)
+        if isinstance(obj, (float, np.floating)):
+            return None if not np.isfinite(obj) else float(obj)
+        return obj
+
+    path.write_text(json.dumps(clean(payload), indent=2) + "\n")
+    return path
+
+
+def plot_efficiency_cdf(per_shape: Mapping[str, pd.DataFrame], family: np.ndarray,
+                        families: Sequence[str], path: Path) -> Path:
+    """Empirical CDF of per-shape efficiency, one panel per M family, a line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = [f for f in families if np.any(family == f)]
+    fig, axes = plt.subplots(1, max(len(present), 1), figsize=(4 * max(len(present), 1), 3.4), squeeze=False)
+    for ax, fam in zip(axes[0], present):
+        for method, frame in per_shape.items():
+            eff = np.sort(frame.loc[family == fam, "efficiency"].dropna().to_numpy())
+            if len(eff):
+                ax.step(eff, np.arange(1, len(eff) + 1) / len(eff), where="post", label=method)
+        ax.set_title(f"{fam} (n={int(np.sum(family == fam))})")
+        ax.set_xlabel("efficiency (chosen / best)")
+        ax.set_xlim(0, 1.01)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("fraction of shapes")
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_efficiency_at_k(reports: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
+    """Mean efficiency@k for k in :data:`EFFICIENCY_KS`, a line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for method, rep in reports.items():
+        ys = [rep.get(f"efficiency@{k}", np.nan) for k in EFFICIENCY_KS]
+        ax.plot(EFFICIENCY_KS, ys, marker="o", label=method)
+    ax.set_xscale("log")
+    ax.set_xticks(EFFICIENCY_KS, [str(k) for k in EFFICIENCY_KS])
+    ax.set_xlabel("k (top-k kernels benchmarked, best kept)")
+    ax.set_ylabel("mean efficiency@k")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_feature_importance(names: Sequence[str], gains: np.ndarray, path: Path, top: int = 30) -> Path:
+    """Horizontal bar chart of the ``top`` features by total split gain."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gains = np.asarray(gains, dtype=np.float64)
+    total = gains.sum() or 1.0
+    idx = np.argsort(-gains, kind="stable")[:top][::-1]
+    fig, ax = plt.subplots(figsize=(6, 0.22 * len(idx) + 1.2))
+    ax.barh([names[i] for i in idx], gains[idx] / total)
+    ax.set_xlabel("share of total split gain")
+    ax.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
