@@ -196,6 +196,77 @@ class FeaturesConfig:
             seen.add(group.kind)
 
 
+# -- shapes and simulate (simulator owner) -------------------------------------------------------
+@dataclass
+class ShapeFamilyConfig:
+    """One rule of a shape set (see :mod:`ckpred.data.shapes`)."""
+
+    m: list[int] = field(default_factory=list)
+    n: list[int] = field(default_factory=list)
+    k: list[int] = field(default_factory=list)
+    #: Explicit (N, K) pairs; used instead of ``n`` x ``k`` when given.
+    nk: list[list[int]] = field(default_factory=list)
+    #: Zip ``m``, ``n``, ``k`` element-wise instead of taking their product.
+    zip: bool = False
+    #: Keep this many evenly spaced shapes of the family (0 = all).
+    count: int = 0
+
+
+@dataclass
+class ShapesConfig:
+    """A named set of problem shapes for the simulator: rule families or a CSV file."""
+
+    name: str = MISSING
+    families: dict[str, ShapeFamilyConfig] = field(default_factory=dict)
+    #: CSV with M, N, K columns (``shapes=file shapes.path=<csv>``); wins over ``families``.
+    path: str = ""
+    #: Cap on the number of shapes (evenly spaced subset; 0 = no cap).
+    max_shapes: int = 0
+
+    def __post_init__(self) -> None:
+        check("shapes.max_shapes", self.max_shapes, self.max_shapes >= 0, "an integer >= 0 (0 = no cap)")
+        check("shapes.path", self.path, bool(self.path) or bool(self.families),
+              "a CSV with M,N,K columns (shapes.path=<csv>) when the set has no families")
+        for fname, fam in self.families.items():
+            key = f"shapes.families.{fname}"
+            check(f"{key}.m", fam.m, len(fam.m) > 0, "a non-empty list of positive integers")
+            for dim in ("m", "n", "k"):
+                values = getattr(fam, dim)
+                check(f"{key}.{dim}", values, all(v >= 1 for v in values), "positive integers")
+            for i, pair in enumerate(fam.nk):
+                check(f"{key}.nk[{i}]", pair, len(pair) == 2 and all(v >= 1 for v in pair),
+                      "an [N, K] pair of positive integers")
+            if fam.zip:
+                for dim in ("n", "k"):
+                    values = getattr(fam, dim)
+                    check(f"{key}.{dim}", values, len(values) in (0, len(fam.m)),
+                          f"empty (same as m) or {len(fam.m)} values like m when zip=true")
+            else:
+                check(f"{key}.nk", fam.nk, bool(fam.nk) or (bool(fam.n) and bool(fam.k)),
+                      "[N, K] pairs, or non-empty n and k lists")
+            check(f"{key}.count", fam.count, fam.count >= 0, "an integer >= 0 (0 = all)")
+
+
+@dataclass
+class SimulateConfig:
+    """Primary config of ``ckpred simulate``."""
+
+    arch: ArchConfig = MISSING
+    dtype: DtypeConfig = MISSING
+    layout: LayoutConfig = MISSING
+    op: OpConfig = MISSING
+    data: DataConfig = MISSING
+    shapes: ShapesConfig = MISSING
+    #: Output parquet file of the canonical table.
+    out: str = "simulated.parquet"
+    #: Also write the streaming-log benchmark format here (empty = no log).
+    log: str = ""
+    #: Print the calibration report against real measurements instead of only simulating.
+    calibrate: bool = False
+    #: Real oracle-best table (m, n, k, oracle_best_tflops, oracle_best_kernel) to calibrate on.
+    calibration_file: str = "../shared/data/ck_gemm_gfx950_results/p1_oracle_best_results.csv"
+
+
 def register() -> None:
     """Register every schema under ``base_<group>`` (idempotent)."""
     from hydra.core.config_store import ConfigStore
@@ -207,4 +278,6 @@ def register() -> None:
     cs.store(group="op", name="base_op", node=OpConfig)
     cs.store(group="data", name="base_data", node=DataConfig)
     cs.store(name="base_ingest", node=IngestConfig)
+    cs.store(group="shapes", name="base_shapes", node=ShapesConfig)
+    cs.store(name="base_simulate", node=SimulateConfig)
     cs.store(group="features", name="base_features", node=FeaturesConfig)
