@@ -24,6 +24,15 @@ Inputs must be finite and non-negative (GEMM sizes, tile sizes, codes and flags 
 refused: they follow IEEE arithmetic (``log2(0) = -inf``, ``x / 0 = inf``) exactly as the ONNX
 graph does, so the Python and ONNX paths agree even there. Routing degenerate shapes away from
 the model is the runtime's job.
+
+One definition, two backends
+----------------------------
+Each transformer writes its formulas once, in :meth:`FeatureGroup._compute`, against a small
+array namespace ``xp`` (arithmetic operators plus :class:`NumpyOps`' functions). ``transform``
+runs it with :class:`NumpyOps` on float64 arrays; the ONNX converter
+(:mod:`ckpred.export.converters`) runs the very same method with a namespace that emits ONNX
+nodes in double precision. The graph therefore never re-implements a feature, and both
+backends apply the same IEEE operations in the same order.
 """
 
 from __future__ import annotations
@@ -69,8 +78,13 @@ class FeatureGroup(TransformerMixin, BaseEstimator):
     def _feature_names(self) -> list[str]:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _compute(self, cols: dict[str, np.ndarray], n_rows: int) -> list[np.ndarray]:  # pragma: no cover
-        """Features as a list of float64 columns, in :meth:`_feature_names` order."""
+    def _compute(self, cols: dict[str, Any], xp: Any) -> list[Any]:  # pragma: no cover - abstract
+        """Features as a list of columns, in :meth:`_feature_names` order.
+
+        ``cols`` maps each of :attr:`input_columns` to a float64 column; ``xp`` is
+        :class:`NumpyOps` or the ONNX namespace. Use only arithmetic operators, Python numbers
+        and ``xp`` functions, so both backends compute the same thing.
+        """
         raise NotImplementedError
 
     # -- sklearn API -------------------------------------------------------------------------
@@ -119,12 +133,9 @@ class FeatureGroup(TransformerMixin, BaseEstimator):
         if used.size:
             check_non_negative(used, f"{type(self).__name__}.transform")
         cols = {name: used[:, i] for i, name in enumerate(self.input_columns)}
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out = self._compute(cols, X.shape[0])
-        if not out:
-            return np.zeros((X.shape[0], 0), dtype=np.float64)
-        return np.column_stack([np.broadcast_to(np.asarray(c, dtype=np.float64), (X.shape[0],))
-                                for c in out])
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            out = self._compute(cols, NumpyOps(X.shape[0]))
+        return np.column_stack([np.asarray(c, dtype=np.float64) for c in out])
 
     def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
         """Names of the output features (same for every input).
@@ -166,12 +177,70 @@ class FeatureGroup(TransformerMixin, BaseEstimator):
         return tuple(range(len(needed)))
 
 
-def ceil_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """ceil(a / b) in float64, the same operations the ONNX graph uses (Div, Ceil)."""
-    return np.ceil(a / b)
+class NumpyOps:
+    """The numpy backend of the ``xp`` namespace used by :meth:`FeatureGroup._compute`.
+
+    Every function has an ONNX twin in :mod:`ckpred.export.converters` built from the ONNX
+    operator named in its docstring; keep the two in step.
+    """
+
+    #: ln 2; log2 is computed as Log(x) / ln 2 in both backends (ONNX has no Log2).
+    LN2 = float(np.log(2.0))
+
+    def __init__(self, n_rows: int) -> None:
+        self.n_rows = n_rows
+
+    def full(self, value: float) -> np.ndarray:
+        """A constant column (ONNX: Expand of a constant to [N, 1])."""
+        return np.full(self.n_rows, float(value))
+
+    def log2(self, x: np.ndarray) -> np.ndarray:
+        """log2 as Log(x) / ln 2 (ONNX: Log, Div)."""
+        return np.log(x) / self.LN2
+
+    def ceil(self, x: np.ndarray) -> np.ndarray:
+        """ONNX: Ceil."""
+        return np.ceil(x)
+
+    def floor(self, x: np.ndarray) -> np.ndarray:
+        """ONNX: Floor."""
+        return np.floor(x)
+
+    def fmod(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """C fmod, exact for integers held in doubles (ONNX: Mod with fmod=1)."""
+        return np.fmod(a, b)
+
+    def minimum(self, a: Any, b: Any) -> np.ndarray:
+        """ONNX: Min."""
+        return np.minimum(a, b)
+
+    def maximum(self, a: Any, b: Any) -> np.ndarray:
+        """ONNX: Max."""
+        return np.maximum(a, b)
+
+    def where(self, cond: np.ndarray, a: Any, b: Any) -> np.ndarray:
+        """ONNX: Where."""
+        return np.where(cond, a, b).astype(np.float64)
+
+    def equal(self, a: Any, b: Any) -> np.ndarray:
+        """Boolean a == b (ONNX: Equal)."""
+        return np.equal(a, b)
+
+    def less(self, a: Any, b: Any) -> np.ndarray:
+        """Boolean a < b (ONNX: Less)."""
+        return np.less(a, b)
+
+    def indicator(self, cond: np.ndarray) -> np.ndarray:
+        """1.0 where ``cond`` else 0.0 (ONNX: Cast to double)."""
+        return np.asarray(cond, dtype=np.float64)
 
 
-def last_tile_fill(x: np.ndarray, tile: np.ndarray) -> np.ndarray:
+def ceil_div(a: Any, b: Any, xp: Any) -> Any:
+    """ceil(a / b) (exact for the integer sizes of GEMMs held in doubles)."""
+    return xp.ceil(a / b)
+
+
+def last_tile_fill(x: Any, tile: Any, xp: Any) -> Any:
     """Fraction of the last tile along a dimension that holds data: (x mod t)/t, 1 if divisible."""
-    rem = np.fmod(x, tile)
-    return np.where(rem == 0, 1.0, rem / tile)
+    rem = xp.fmod(x, tile)
+    return xp.where(xp.equal(rem, 0.0), 1.0, rem / tile)

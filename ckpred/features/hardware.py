@@ -9,7 +9,6 @@ from __future__ import annotations
 from numbers import Real
 from typing import Any, ClassVar, Sequence
 
-import numpy as np
 from sklearn.utils._param_validation import Interval
 
 from ckpred.features.base import FeatureGroup, positive_int, positive_real
@@ -75,5 +74,5 @@ class HardwareFeatures(FeatureGroup):
     def _feature_names(self) -> list[str]:
         return [f"hw_{name}" for name in _FEATURES]
 
-    def _compute(self, cols: dict[str, np.ndarray], n_rows: int) -> list[np.ndarray]:
-        return [np.full(n_rows, value) for value in self.constants()]
+    def _compute(self, cols: dict[str, Any], xp: Any) -> list[Any]:
+        return [xp.full(value) for value in self.constants()]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Sequence
 
-import numpy as np
-
 from ckpred.features.base import FeatureGroup, ceil_div, last_tile_fill, positive_int
 
 
@@ -39,11 +37,11 @@ class TileInteractionFeatures(FeatureGroup):
         return ["tiles_m", "tiles_n", "tiles_k", "output_tiles", "fill_m", "fill_n", "fill_k",
                 "fill_product", "output_tiles_per_cu"]
 
-    def _compute(self, cols: dict[str, np.ndarray], n_rows: int) -> list[np.ndarray]:
+    def _compute(self, cols: dict[str, Any], xp: Any) -> list[Any]:
         m, n, k = cols["m"], cols["n"], cols["k"]
         tm, tn, tk = cols["tile_m"], cols["tile_n"], cols["tile_k"]
-        tiles_m, tiles_n, tiles_k = ceil_div(m, tm), ceil_div(n, tn), ceil_div(k, tk)
+        tiles_m, tiles_n, tiles_k = ceil_div(m, tm, xp), ceil_div(n, tn, xp), ceil_div(k, tk, xp)
         output_tiles = tiles_m * tiles_n
-        fill_m, fill_n, fill_k = last_tile_fill(m, tm), last_tile_fill(n, tn), last_tile_fill(k, tk)
+        fill_m, fill_n, fill_k = last_tile_fill(m, tm, xp), last_tile_fill(n, tn, xp), last_tile_fill(k, tk, xp)
         return [tiles_m, tiles_n, tiles_k, output_tiles, fill_m, fill_n, fill_k,
                 fill_m * fill_n * fill_k, output_tiles / float(self.cus)]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Sequence
 
-import numpy as np
-
 from ckpred.features.base import FeatureGroup, positive_int
 
 #: Raw kernel fields of gemm_universal, in ``op.kernel_names`` order.
@@ -52,7 +50,7 @@ class KernelFeatures(FeatureGroup):
     def _feature_names(self) -> list[str]:
         return [*KERNEL_FIELDS, "num_warps", "tile_volume", "tile_mn", "lds_bytes_est", "lds_ratio"]
 
-    def _compute(self, cols: dict[str, np.ndarray], n_rows: int) -> list[np.ndarray]:
+    def _compute(self, cols: dict[str, Any], xp: Any) -> list[Any]:
         tm, tn, tk = cols["tile_m"], cols["tile_n"], cols["tile_k"]
         lds = (tm * tk + tn * tk) * float(self.bytes_per_element)
         return [*(cols[c] for c in KERNEL_FIELDS),

@@ -5,7 +5,6 @@ from __future__ import annotations
 from numbers import Integral
 from typing import Any, ClassVar, Sequence
 
-import numpy as np
 from sklearn.utils._param_validation import Interval
 
 from ckpred.features.base import FeatureGroup, positive_int
@@ -51,12 +50,12 @@ class ProblemFeatures(FeatureGroup):
                  "arithmetic_intensity", "m_over_n", "m_over_k", "n_over_k"]
         return names + (["layout_code"] if self.include_layout else [])
 
-    def _compute(self, cols: dict[str, np.ndarray], n_rows: int) -> list[np.ndarray]:
+    def _compute(self, cols: dict[str, Any], xp: Any) -> list[Any]:
         m, n, k, split_k = cols["m"], cols["n"], cols["k"], cols["split_k"]
         mnk = m * n * k
         intensity = 2.0 * mnk / ((m * k + k * n + m * n) * float(self.bytes_per_element))
-        out = [m, n, k, split_k, np.log2(m), np.log2(n), np.log2(k), np.log2(mnk),
+        out = [m, n, k, split_k, xp.log2(m), xp.log2(n), xp.log2(k), xp.log2(mnk),
                intensity, m / n, m / k, n / k]
         if self.include_layout:
-            out.append(np.full(n_rows, float(self.layout_code)))
+            out.append(xp.full(self.layout_code))
         return out

@@ -1,0 +1,1 @@
+"""Export: ONNX converters of ckpred transformers, graphs, manifest (see DESIGN.md)."""
