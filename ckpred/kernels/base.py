@@ -118,6 +118,15 @@ class OpDefinition(ABC):
     def family(self, problems: pd.DataFrame) -> np.ndarray:
         """Family label of each problem (one of :attr:`families`), for per-family reports."""
 
+    # -- optional hooks ------------------------------------------------------------------------
+    #: ONNX version of :meth:`validity` for the exported selector graph; ``None`` = not provided
+    #: (then :mod:`ckpred.export.validity` uses a builder registered for the op's name). An op
+    #: overriding it defines ``validity_onnx(self, g, problem, catalogue, *, arch, dtype, layout)``
+    #: returning the name of a bool [B, C] tensor built with ``g`` (an
+    #: ``ckpred.export.onnx.GraphBuilder``) from the int64 [B, P] tensor named ``problem``; it
+    #: must equal :meth:`validity` row for row (ckpred's export tests check that).
+    validity_onnx: Any = None
+
     # -- helpers shared by every op ------------------------------------------------------------
     @property
     def problem_names(self) -> tuple[str, ...]:
