@@ -1,0 +1,234 @@
+"""Compile a fitted ckpred pipeline into the two ONNX graphs a dispatcher loads.
+
+Graphs and their stable input/output names
+------------------------------------------
+**scorer** (``scorer.onnx``) — scores arbitrary (problem, kernel) rows:
+
+* input ``problem``: int64 ``[N, P]``, the op's problem fields in ``op.problem_names`` order
+  (gemm_universal: ``m, n, k, split_k``);
+* input ``kernel``: int64 ``[N, Q]``, the op's kernel fields in ``op.kernel_names`` order, category
+  fields as their code (index in ``Field.categories``), bools as 0/1;
+* output ``score``: double ``[N]``, exactly what ``pipeline.predict`` returns (target inverse
+  applied: TFLOPS for ``log1p``/``raw`` targets, a relative or ranking score otherwise).
+  Higher is better.
+
+**selector** (``model.onnx``) — picks kernels for problems with the catalogue baked in:
+
+* input ``problem``: int64 ``[B, P]`` (one row per problem; B may be 1);
+* input ``top_k``: int64 ``[1]``, how many kernels to return (clamped to the catalogue size);
+* output ``kernel_ids``: int64 ``[B, min(top_k, C)]``, catalogue ids (``kernel_id`` of the
+  manifest's catalogue), best first, ties broken by the lower id;
+* output ``scores``: double ``[B, min(top_k, C)]``, their scores; ``-inf`` for invalid kernels;
+* output ``num_valid``: int64 ``[B]``, how many catalogue kernels can run the problem. Only the
+  first ``min(top_k, num_valid)`` entries are real choices; ``num_valid == 0`` means "no kernel"
+  (e.g. the degenerate N=1 or K=1 GEMMs).
+
+Inside the selector the problem row is broadcast against the constant catalogue
+(``[B*C, P+Q]``), run through the same pipeline nodes as the scorer, reshaped to ``[B, C]``,
+masked by the op's validity rules (compiled to ONNX arithmetic, see :mod:`ckpred.export.validity`)
+and ranked by ``TopK``.
+
+Precision: every input is int64, feature converters compute in double, and the trees are the
+double-precision ``ai.onnx.ml`` opset 5 ``TreeEnsemble`` (see :mod:`ckpred.export.lightgbm`), so
+the graphs branch and sum like LightGBM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+import pandas as pd
+from onnx import TensorProto, helper, numpy_helper
+
+from ckpred.kernels.base import OpDefinition
+
+#: Operator sets of every exported graph (ai.onnx.ml 5 for the double TreeEnsemble).
+OPSET: dict[str, int] = {"": 21, "ai.onnx.ml": 5}
+#: IR version written into the models (onnxruntime 1.20+ reads it).
+IR_VERSION = 10
+
+SCORER_INPUTS = ("problem", "kernel")
+SCORER_OUTPUTS = ("score",)
+SELECTOR_INPUTS = ("problem", "top_k")
+SELECTOR_OUTPUTS = ("kernel_ids", "scores", "num_valid")
+
+#: Name of the raw input X inside the converted pipeline (columns ``op.input_names``).
+PIPELINE_INPUT = "X"
+PIPELINE_OUTPUT = "pipeline_score"
+
+
+@dataclass
+class GraphBuilder:
+    """Collects nodes and constants of one graph with unique names (small on purpose)."""
+
+    prefix: str = ""
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    initializers: list[onnx.TensorProto] = field(default_factory=list)
+    _count: int = 0
+
+    def name(self, hint: str) -> str:
+        self._count += 1
+        return f"{self.prefix}{hint}_{self._count}"
+
+    def const(self, value: Any, hint: str = "const", dtype: Any = None) -> str:
+        array = np.asarray(value, dtype=dtype)
+        name = self.name(hint)
+        self.initializers.append(numpy_helper.from_array(array, name))
+        return name
+
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, out: str | list[str] | None = None,
+           domain: str = "", **attrs: Any) -> Any:
+        """Add a node; returns its output name (or names when ``outputs > 1``)."""
+        if out is None:
+            names = [self.name(op_type.lower()) for _ in range(outputs)]
+        else:
+            names = [out] if isinstance(out, str) else list(out)
+        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=self.name(op_type),
+                                           domain=domain, **attrs))
+        return names[0] if len(names) == 1 else names
+
+    def column(self, matrix: str, index: int, hint: str = "col") -> str:
+        """Column ``index`` of a 2-D tensor as ``[rows, 1]``."""
+        return self.op("Slice", matrix, self.const([index], dtype=np.int64),
+                       self.const([index + 1], dtype=np.int64), self.const([1], dtype=np.int64))
+
+
+#: Builds the validity mask: ``(g, problem, catalogue, op=, arch=, dtype=, layout=) -> name`` of a
+#: bool ``[B, C]`` tensor, ``problem`` being the int64 ``[B, P]`` input.
+MaskBuilder = Callable[..., str]
+
+
+def convert_pipeline(pipeline: Any, op: OpDefinition) -> onnx.ModelProto:
+    """Convert a fitted pipeline (raw int64 X -> score) with skl2onnx.
+
+    The result has input ``X`` int64 ``[N, len(op.input_names)]`` and output
+    ``pipeline_score`` double ``[N, 1]``.
+
+    Raises
+    ------
+    RuntimeError, TypeError
+        From skl2onnx when a step has no converter (the message names the step's class), or
+        from the LightGBM shape calculator when features reach the trees as float32.
+    """
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import DoubleTensorType, Int64TensorType
+
+    from ckpred.export import lightgbm as lgbm_conv
+
+    lgbm_conv.register()
+    model = convert_sklearn(
+        pipeline,
+        initial_types=[(PIPELINE_INPUT, Int64TensorType([None, len(op.input_names)]))],
+        final_types=[(PIPELINE_OUTPUT, DoubleTensorType([None, 1]))],
+        # skl2onnx 1.20 knows ai.onnx.ml up to 3; the TreeEnsemble node needs 5 (set below).
+        target_opset={**OPSET, "ai.onnx.ml": 3},
+    )
+    for entry in model.opset_import:
+        if entry.domain == "ai.onnx.ml":
+            entry.version = OPSET["ai.onnx.ml"]
+    model.ir_version = IR_VERSION
+    return model
+
+
+def _add_pipeline(g: GraphBuilder, pipe: onnx.ModelProto, x: str, out: str) -> None:
+    """Inline the converted pipeline's nodes into ``g``: ``x`` -> ``out`` (``[N, 1]``)."""
+    prefixed = onnx.compose.add_prefix(pipe, "pipe/")
+    graph = prefixed.graph
+    g.op("Identity", x, out="pipe/" + PIPELINE_INPUT)
+    g.nodes.extend(graph.node)
+    g.initializers.extend(graph.initializer)
+    g.op("Identity", "pipe/" + PIPELINE_OUTPUT, out=out)
+
+
+def _model(g: GraphBuilder, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
+           doc: str) -> onnx.ModelProto:
+    graph = helper.make_graph(g.nodes, name, inputs, outputs, initializer=g.initializers, doc_string=doc)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in OPSET.items()],
+                              ir_version=IR_VERSION, producer_name="ckpred")
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def build_scorer(pipe: onnx.ModelProto, op: OpDefinition) -> onnx.ModelProto:
+    """The scorer graph (see the module docstring) around a converted pipeline."""
+    g = GraphBuilder()
+    x = g.op("Concat", "problem", "kernel", axis=1)
+    raw = g.name("score2d")
+    _add_pipeline(g, pipe, x, raw)
+    g.op("Reshape", raw, g.const([-1], dtype=np.int64), out="score")
+    inputs = [helper.make_tensor_value_info("problem", TensorProto.INT64, ["N", len(op.problem_names)]),
+              helper.make_tensor_value_info("kernel", TensorProto.INT64, ["N", len(op.kernel_names)])]
+    outputs = [helper.make_tensor_value_info("score", TensorProto.DOUBLE, ["N"])]
+    return _model(g, "ckpred_scorer", inputs, outputs,
+                  f"ckpred scorer for op {op.name}: problem {list(op.problem_names)}, "
+                  f"kernel {list(op.kernel_names)} -> score (higher is better)")
+
+
+def build_selector(pipe: onnx.ModelProto, op: OpDefinition, catalogue: pd.DataFrame, *, arch: Any, dtype: Any,
+                   layout: Any, mask_builder: MaskBuilder) -> onnx.ModelProto:
+    """The selector graph (see the module docstring): catalogue constant, validity mask, TopK."""
+    P, Q, C = len(op.problem_names), len(op.kernel_names), len(catalogue)
+    if C == 0:
+        raise ValueError(f"empty catalogue for op {op.name}: nothing to select from")
+    if not np.array_equal(catalogue["kernel_id"].to_numpy(), np.arange(C)):
+        raise ValueError("catalogue kernel_id must be 0..n-1 in row order (the selector returns row indices)")
+    g = GraphBuilder()
+    kernels = op.encode(catalogue, op.kernel_names)  # [C, Q] int64
+    cat = g.const(kernels[None, :, :], "catalogue", dtype=np.int64)  # [1, C, Q]
+    b = g.op("Slice", g.op("Shape", "problem"), g.const([0], dtype=np.int64), g.const([1], dtype=np.int64))
+    c = g.const([C], dtype=np.int64)
+    prob3 = g.op("Expand", g.op("Unsqueeze", "problem", g.const([1], dtype=np.int64)),
+                 g.op("Concat", b, c, g.const([P], dtype=np.int64), axis=0))  # [B, C, P]
+    kern3 = g.op("Expand", cat, g.op("Concat", b, c, g.const([Q], dtype=np.int64), axis=0))  # [B, C, Q]
+    x = g.op("Reshape", g.op("Concat", prob3, kern3, axis=2), g.const([-1, P + Q], dtype=np.int64))
+    raw = g.name("score2d")
+    _add_pipeline(g, pipe, x, raw)
+    score = g.op("Reshape", raw, g.op("Concat", b, c, axis=0))  # [B, C]
+    mask = mask_builder(g, "problem", catalogue, op=op, arch=arch, dtype=dtype, layout=layout)
+    masked = g.op("Where", mask, score, g.const(-np.inf, dtype=np.float64))
+    k = g.op("Min", "top_k", c)
+    g.op("TopK", masked, k, axis=1, largest=1, sorted=1, out=["scores", "kernel_ids"])
+    g.op("ReduceSum", g.op("Cast", mask, to=TensorProto.INT64), g.const([1], dtype=np.int64), keepdims=0,
+         out="num_valid")
+    inputs = [helper.make_tensor_value_info("problem", TensorProto.INT64, ["B", P]),
+              helper.make_tensor_value_info("top_k", TensorProto.INT64, [1])]
+    outputs = [helper.make_tensor_value_info("kernel_ids", TensorProto.INT64, ["B", "K"]),
+               helper.make_tensor_value_info("scores", TensorProto.DOUBLE, ["B", "K"]),
+               helper.make_tensor_value_info("num_valid", TensorProto.INT64, ["B"])]
+    return _model(g, "ckpred_selector", inputs, outputs,
+                  f"ckpred selector for op {op.name}: problem {list(op.problem_names)} + top_k -> "
+                  f"kernel_ids, scores, num_valid over {C} catalogue kernels")
+
+
+def build_mask_model(op: OpDefinition, catalogue: pd.DataFrame, *, arch: Any, dtype: Any, layout: Any,
+                     mask_builder: MaskBuilder) -> onnx.ModelProto:
+    """A graph of the validity mask alone (``problem`` -> ``valid`` bool [B, C]), for tests."""
+    g = GraphBuilder()
+    mask = mask_builder(g, "problem", catalogue, op=op, arch=arch, dtype=dtype, layout=layout)
+    g.op("Identity", mask, out="valid")
+    inputs = [helper.make_tensor_value_info("problem", TensorProto.INT64, ["B", len(op.problem_names)])]
+    outputs = [helper.make_tensor_value_info("valid", TensorProto.BOOL, ["B", len(catalogue)])]
+    return _model(g, "ckpred_validity", inputs, outputs, f"validity mask of op {op.name}")
+
+
+def set_metadata(model: onnx.ModelProto, props: dict[str, str]) -> None:
+    """Replace the model's metadata_props with ``props`` (string values)."""
+    del model.metadata_props[:]
+    for key, value in props.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+
+
+def session(model: onnx.ModelProto | bytes | str, threads: int = 1) -> Any:
+    """An onnxruntime CPU session with ``threads`` intra-op threads (1 = deterministic order)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    payload = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    return ort.InferenceSession(payload, options, providers=["CPUExecutionProvider"])

@@ -1,0 +1,82 @@
+"""Validity rules as ONNX arithmetic: the selector's mask of kernels that can run a problem.
+
+An op provides its mask builder in one of two ways:
+
+* it overrides :meth:`ckpred.kernels.base.OpDefinition.validity_onnx` (the hook new ops use:
+  the ONNX rules live next to the Python rules of :meth:`~ckpred.kernels.base.OpDefinition.validity`);
+* or a builder is registered here in :data:`MASK_BUILDERS` under the op's name (gemm_universal's
+  is below, so the op module stays free of ONNX code).
+
+A builder is ``builder(g, problem, catalogue, *, op, arch, dtype, layout) -> name`` where ``g``
+is a :class:`ckpred.export.onnx.GraphBuilder`, ``problem`` names the int64 ``[B, P]`` input
+(columns ``op.problem_names``) and ``catalogue`` is the op's catalogue frame; it returns the
+name of a bool ``[B, C]`` tensor that must equal ``op.validity`` for every (problem, kernel) —
+a test checks that on edge shapes for every registered op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ckpred.export.onnx import GraphBuilder, MaskBuilder
+from ckpred.kernels.base import OpDefinition
+
+
+def gemm_universal_mask(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: OpDefinition,
+                        arch: Any, dtype: Any, layout: Any) -> str:
+    """``GemmUniversal.validity`` in ONNX: degenerate shapes, then per-operand divisibility.
+
+    Degenerate (M < 1, N <= 1 or K <= 1) -> nothing valid. Without padding the contiguous
+    dimension of each operand must be a multiple of the tile along it: K % tile_k when A is
+    row-major or B column-major, M % tile_m when A or C is column-major, N % tile_n when B or C
+    is row-major. Pads are per-kernel constants of the catalogue.
+    """
+    layout_name = getattr(layout, "name", layout)
+    a, b, c = layout_name
+    names = list(op.problem_names)
+    col = {d: g.column(problem, names.index(d), d) for d in ("m", "n", "k")}
+    one = g.const(1, dtype=np.int64)
+    degenerate = g.op("Or", g.op("Or", g.op("LessOrEqual", col["n"], one), g.op("LessOrEqual", col["k"], one)),
+                      g.op("Less", col["m"], one))  # [B, 1]
+    all_true = g.const(np.ones((1, len(catalogue)), dtype=bool), "all_kernels")
+    valid = g.op("And", g.op("Not", degenerate), all_true)  # [B, C]
+    rules = (("k", "tile_k", "pad_k", a == "r" or b == "c"),
+             ("m", "tile_m", "pad_m", a == "c" or c == "c"),
+             ("n", "tile_n", "pad_n", b == "r" or c == "r"))
+    for dim, tile, pad, needed in rules:
+        if not needed:
+            continue
+        tiles = g.const(catalogue[tile].to_numpy(np.int64)[None, :], tile)
+        pads = g.const(catalogue[pad].to_numpy(bool)[None, :], pad)
+        divisible = g.op("Equal", g.op("Mod", col[dim], tiles, fmod=0), g.const(0, dtype=np.int64))
+        valid = g.op("And", valid, g.op("Or", pads, divisible))
+    return valid
+
+
+#: Op name -> mask builder, for ops that do not override ``validity_onnx``.
+MASK_BUILDERS: dict[str, MaskBuilder] = {"gemm_universal": gemm_universal_mask}
+
+
+def mask_builder_for(op: OpDefinition) -> MaskBuilder:
+    """The mask builder of ``op`` (its ``validity_onnx`` override, else the registered one).
+
+    Raises
+    ------
+    NotImplementedError
+        When the op has neither; the selector cannot be exported without validity rules.
+    """
+    if getattr(type(op), "validity_onnx", None) is not None:
+        def from_hook(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, **kw: Any) -> str:
+            kw.pop("op", None)
+            return op.validity_onnx(g, problem, catalogue, **kw)
+
+        return from_hook
+    if op.name in MASK_BUILDERS:
+        return MASK_BUILDERS[op.name]
+    raise NotImplementedError(
+        f"op {op.name!r} has no ONNX validity mask: override OpDefinition.validity_onnx in its module "
+        f"({type(op).__module__}) or register a builder in ckpred.export.validity.MASK_BUILDERS; "
+        f"ops with one: {sorted(MASK_BUILDERS)}")
