@@ -1,0 +1,478 @@
+"""Ingestion: benchmark output files -> the canonical table, losing nothing.
+
+``python -m ckpred ingest data.path=<files, globs or a comma-separated list> out=<file.parquet>``
+
+Each file is read by the reader of its format (:mod:`ckpred.data.readers`; detected from the
+content unless ``data.format`` is set). Every measurement record ends in exactly one place:
+
+* a **valid row** of the table;
+* an **invalid row** (``is_valid=False``, ``tflops=0``, ``invalid_reason`` says why: the kernel
+  failed, a value is non-numeric, NaN, infinite or negative, TFLOPS is zero, TFLOPS disagrees
+  with latency and the problem's FLOPs, the problem disagrees with its header...);
+* the **rejects** (``source`` = file:line, ``reason``, ``raw`` text) when it cannot be a row at
+  all: malformed JSON, a kernel name that does not parse, a problem field that is not an
+  integer, another dtype/layout/arch than the config, an unrecognised line.
+
+Reasons read ``<category>: <detail>``; the summary counts them by category. Then repeated
+measurements of the same (problem, kernel) — across files, runs or within a file — are merged
+into one row: ``tflops``, ``latency_ms`` and ``bandwidth_gbs`` are the medians over the valid
+measurements, ``repeats`` their count, ``spread`` = (max - min) / median of their TFLOPS (null
+with fewer than two), ``source``/``run_id`` list every merged measurement. Invalid
+measurements of a pair that also has a valid one are listed in the rejects as ``superseded``;
+a pair with no valid measurement stays an invalid row (first reason, all repeats counted).
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ckpred.config import resolve_path
+from ckpred.data.readers import READERS, FileRead, ReadContext, detect_format
+from ckpred.data.readers.common import KernelResolver, Reject
+from ckpred.data.table import conform, write_table
+from ckpred.errors import ConfigValueError, InputFileError
+from ckpred.kernels.base import OpDefinition, load_op
+
+#: Relative tolerance of the check ``tflops * latency == FLOPs`` (beyond printing steps).
+CONSISTENCY_RTOL = 0.02
+REJECT_COLUMNS = ("source", "reason", "raw")
+FORMATS = ("auto", *READERS)
+
+
+@dataclass
+class IngestSummary:
+    """Counts of one ingestion. ``records == valid + sum(invalid) + sum(rejected)``."""
+
+    files: list[str] = field(default_factory=list)
+    #: Measurement records read (rows before merging, plus rejected records).
+    records: int = 0
+    valid: int = 0
+    #: Invalid rows before merging, by reason category.
+    invalid: dict[str, int] = field(default_factory=dict)
+    #: Rejected records, by reason category.
+    rejected: dict[str, int] = field(default_factory=dict)
+    #: Invalid measurements dropped from the table because a valid repeat of the pair exists
+    #: (they are listed in the rejects as ``superseded``).
+    superseded: int = 0
+    #: Rows of the merged table, and how many of them are valid.
+    rows: int = 0
+    valid_rows: int = 0
+
+    @property
+    def merged(self) -> int:
+        """Measurements folded into another row by the median merge."""
+        return self.valid + sum(self.invalid.values()) - self.superseded - self.rows
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"files": list(self.files), "records": self.records, "valid": self.valid,
+                "invalid": dict(self.invalid), "rejected": dict(self.rejected),
+                "superseded": self.superseded, "merged": self.merged, "rows": self.rows,
+                "valid_rows": self.valid_rows}
+
+
+@dataclass
+class IngestResult:
+    """What :func:`read_files` returns."""
+
+    #: The canonical table (merged; one row per problem x kernel).
+    table: pd.DataFrame
+    #: Records that could not be kept, with ``source`` (file:line), ``reason``, ``raw`` text.
+    rejects: pd.DataFrame
+    summary: IngestSummary
+
+
+# -- paths -------------------------------------------------------------------------------------
+def expand_paths(spec: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Files named by ``spec``: a path, a glob, a comma-separated list of them, or a list.
+
+    Relative paths are resolved against the user's original working directory.
+
+    Raises
+    ------
+    ckpred.errors.InputFileError
+        When a glob matches nothing or a named file does not exist; the message names it.
+    """
+    items: list[str] = []
+    for part in ([spec] if isinstance(spec, (str, Path)) else list(spec)):
+        items += [p.strip() for p in str(part).split(",") if p.strip()]
+    if not items:
+        raise InputFileError(str(spec), "no file given (data.path is empty)")
+    paths: list[Path] = []
+    for item in items:
+        resolved = resolve_path(item)
+        if glob.has_magic(str(resolved)):
+            matches = sorted(Path(p) for p in glob.glob(str(resolved), recursive=True) if Path(p).is_file())
+            if not matches:
+                raise InputFileError(item, f"no file matches this pattern (looked for {resolved})")
+            paths += matches
+        elif resolved.is_dir():
+            raise InputFileError(item, "is a directory; give files or a glob such as dir/*.csv")
+        elif not resolved.exists():
+            raise InputFileError(item, f"no such file ({resolved})")
+        else:
+            paths.append(resolved)
+    return list(dict.fromkeys(paths))
+
+
+# -- reading -----------------------------------------------------------------------------------
+def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: str, dtype: str,
+               layout: str, fmt: str = "auto", run_id: str = "") -> IngestResult:
+    """Read benchmark output files into the canonical table of ``op``.
+
+    Parameters
+    ----------
+    paths
+        Files or globs (a list, or one string with comma-separated items).
+    op
+        The op definition; kernel fields come from ``op.parse_name`` of each kernel name.
+    arch, dtype, layout
+        What the measurements are. Rows whose kernel name, header or table columns say
+        another dtype/layout (or arch/op, for parquet) are rejected, never mixed in.
+    fmt
+        ``auto`` (detect per file from its content) or one of ``json``, ``log``, ``csv``,
+        ``parquet``.
+    run_id
+        Stored in ``run_id``; empty means the file's name.
+
+    Returns
+    -------
+    IngestResult
+        The merged canonical table, the rejects and the summary counts.
+
+    Raises
+    ------
+    ckpred.errors.InputFileError
+        A file is missing, unreadable, or of an unknown format; a glob matches nothing.
+    ckpred.errors.ConfigValueError
+        ``fmt`` is not a known format.
+    """
+    if fmt not in FORMATS:
+        raise ConfigValueError("data.format", fmt, f"one of {list(FORMATS)}")
+    files = expand_paths(paths)
+    resolver = KernelResolver(op, dtype=dtype, layout=layout)
+    frames: list[pd.DataFrame] = []
+    rejects: list[Reject] = []
+    summary = IngestSummary(files=[str(p) for p in files])
+    labels = _labels(files)
+    for path in files:
+        label = labels[path]
+        file_fmt = detect_format(path) if fmt == "auto" else fmt
+        if file_fmt is None:  # empty file: nothing to read, nothing lost
+            continue
+        ctx = ReadContext(op=op, resolver=resolver, dtype=dtype, layout=layout, arch=arch, label=label)
+        try:
+            read = READERS[file_fmt](path, ctx)
+        except InputFileError:
+            raise
+        except OSError as exc:
+            raise InputFileError(str(path), exc.strerror or str(exc)) from exc
+        frames.append(_buffer_frame(read, op, run_id or label, label))
+        rejects += read.rejects
+    rows = pd.concat(frames, ignore_index=True) if frames else _buffer_frame(None, op, "")
+    rows = _validate(rows, op)
+    summary.records = len(rows) + len(rejects)
+    summary.valid = int(rows["is_valid"].sum())
+    summary.invalid = dict(Counter(_category(r) for r in rows.loc[~rows["is_valid"], "invalid_reason"]))
+    summary.rejected = dict(Counter(_category(r.reason) for r in rejects))
+    table, superseded = _merge(rows, op)
+    summary.superseded = len(superseded)
+    rejects += superseded
+    kernels = resolver.frame()
+    codes = table.pop("kernel").to_numpy()
+    for name in (*op.kernel_names, "kernel_name"):
+        table[name] = kernels[name].to_numpy()[codes] if len(kernels) else np.array([], dtype=object)
+    for name, value in (("op", op.name), ("arch", arch), ("dtype", dtype), ("layout", layout)):
+        table[name] = value
+    table = conform(table, op)
+    summary.rows = len(table)
+    summary.valid_rows = int(table["is_valid"].sum())
+    reject_frame = pd.DataFrame([(r.source, r.reason, r.raw) for r in rejects], columns=list(REJECT_COLUMNS))
+    return IngestResult(table=table, rejects=reject_frame, summary=summary)
+
+
+def _labels(files: Sequence[Path]) -> dict[Path, str]:
+    """How each file is named in ``source``: its path relative to the working dir when inside it."""
+    cwd = Path.cwd()
+    out = {}
+    for path in files:
+        try:
+            out[path] = str(path.relative_to(cwd))
+        except ValueError:
+            out[path] = str(path)
+    return out
+
+
+def _category(reason: str) -> str:
+    return reason.split(":", 1)[0]
+
+
+def _buffer_frame(read: FileRead | None, op: OpDefinition, run_id: str, label: str = "") -> pd.DataFrame:
+    """Columns of one file's row buffer as a frame (no per-row Python work)."""
+    columns: dict[str, Any] = {}
+    if read is None:
+        for name in op.problem_names:
+            columns[name] = np.array([], dtype=np.int64)
+        for name in ("kernel", "repeats"):
+            columns[name] = np.array([], dtype=np.int64)
+        for name in ("tflops", "latency_ms", "bandwidth_gbs", "spread", "quantum_ms", "quantum_tflops"):
+            columns[name] = np.array([], dtype=np.float64)
+        columns.update(invalid_reason=np.array([], dtype=object), source=np.array([], dtype=object),
+                       run_id=np.array([], dtype=object))
+        return pd.DataFrame(columns)
+    rows = read.rows
+    n = len(rows)
+    for name, values in zip(op.problem_names, rows.problem):
+        columns[name] = np.frombuffer(values, dtype=np.int64) if n else np.array([], dtype=np.int64)
+    columns["kernel"] = np.frombuffer(rows.kernel, dtype=np.int64) if n else np.array([], dtype=np.int64)
+    for name, values in (("tflops", rows.tflops), ("latency_ms", rows.latency), ("bandwidth_gbs", rows.bandwidth)):
+        columns[name] = np.frombuffer(values, dtype=np.float64).copy() if n else np.array([], dtype=np.float64)
+    reasons = np.full(n, "", dtype=object)
+    for i, reason in rows.reasons.items():
+        reasons[i] = reason
+    columns["invalid_reason"] = reasons
+    if rows.sources is not None:
+        columns["source"] = np.asarray(rows.sources, dtype=object)
+    else:
+        lines = np.frombuffer(rows.line, dtype=np.int64) if n else np.array([], dtype=np.int64)
+        # one vectorised string build instead of a million f-strings
+        columns["source"] = (f"{label}:" + pd.Series(lines).astype(str)).to_numpy(dtype=object)
+    if rows.run_ids is not None:
+        columns["run_id"] = np.asarray([r or run_id for r in rows.run_ids], dtype=object)
+    else:
+        columns["run_id"] = np.full(n, run_id, dtype=object)
+    if rows.repeats is not None:
+        columns["repeats"] = np.frombuffer(rows.repeats, dtype=np.int64) if n else np.array([], dtype=np.int64)
+    else:
+        columns["repeats"] = np.ones(n, dtype=np.int64)
+    if rows.spreads is not None:
+        columns["spread"] = np.frombuffer(rows.spreads, dtype=np.float64).copy() if n else np.array([], dtype=np.float64)
+    else:
+        columns["spread"] = np.full(n, np.nan)
+    columns["quantum_ms"] = np.full(n, rows.quantum_ms)
+    columns["quantum_tflops"] = np.full(n, rows.quantum_tflops)
+    return pd.DataFrame(columns)
+
+
+# -- checks ------------------------------------------------------------------------------------
+def _validate(rows: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
+    """Mark rows invalid (first reason wins) and zero the TFLOPS of every invalid row."""
+    t = rows["tflops"].to_numpy(np.float64)
+    lat = rows["latency_ms"].to_numpy(np.float64)
+    bw = rows["bandwidth_gbs"].to_numpy(np.float64)
+    reason = rows["invalid_reason"].to_numpy(dtype=object).copy()
+    free = reason == ""
+
+    def mark(mask: np.ndarray, text: Any) -> None:
+        hit = np.flatnonzero(mask & free)
+        for i in hit:
+            reason[i] = text(i) if callable(text) else text
+        free[hit] = False
+
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        for name, v, zero_bad in (("tflops", t, True), ("latency_ms", lat, False)):
+            mark(np.isnan(v), f"NaN value: {name}")
+            mark(np.isinf(v), lambda i, v=v, name=name: f"infinite value: {name}={v[i]}")
+            mark(v < 0, lambda i, v=v, name=name: f"negative value: {name}={v[i]}")
+            if zero_bad:
+                mark(v == 0, "zero tflops: a kernel that ran cannot have 0 TFLOPS")
+        mark(np.isinf(bw), lambda i: f"infinite value: bandwidth_gbs={bw[i]}")
+        mark(bw < 0, lambda i: f"negative value: bandwidth_gbs={bw[i]}")
+        if free.any():
+            flops = _flops(rows, op)
+            qt = rows["quantum_tflops"].to_numpy(np.float64)
+            ql = rows["quantum_ms"].to_numpy(np.float64)
+            lo = np.maximum(t - qt, 0.0) * np.maximum(lat - ql, 0.0) * 1e9
+            hi = (t + qt) * (lat + ql) * 1e9
+            ok = (hi >= flops * (1 - CONSISTENCY_RTOL)) & (lo <= flops * (1 + CONSISTENCY_RTOL))
+            known = np.isfinite(flops)
+
+            def inconsistent(i: int) -> str:
+                implied = flops[i] / (lat[i] * 1e9) if lat[i] > 0 else math.inf
+                return (f"inconsistent tflops: tflops={t[i]:g} but latency_ms={lat[i]:g} and the problem's "
+                        f"{flops[i]:.6g} FLOPs give {implied:.6g} (tolerance {CONSISTENCY_RTOL:.0%})")
+
+            mark(known & ~ok, inconsistent)
+    valid = reason == ""
+    out = rows.drop(columns=["quantum_ms", "quantum_tflops"])
+    out["invalid_reason"] = reason
+    out["is_valid"] = valid
+    # The canonical table's convention for failures: TFLOPS 0, latency a real number.
+    out.loc[~valid, "tflops"] = 0.0
+    bad_latency = ~valid & ~(np.isfinite(lat) & (lat >= 0))
+    out.loc[bad_latency, "latency_ms"] = 0.0
+    out.loc[~valid & ~(np.isfinite(bw) & (bw >= 0)), "bandwidth_gbs"] = np.nan
+    return out
+
+
+def _flops(rows: pd.DataFrame, op: OpDefinition) -> np.ndarray:
+    """FLOPs of each row's problem; NaN where the op cannot compute them."""
+    if not len(rows):
+        return np.zeros(0)
+    try:
+        with np.errstate(all="ignore"):
+            flops = np.asarray(op.flops(rows[list(op.problem_names)]), dtype=np.float64)
+    except Exception:  # a problem the op's formula cannot handle is judged by other checks
+        return np.full(len(rows), np.nan)
+    return flops if flops.shape == (len(rows),) else np.full(len(rows), np.nan)
+
+
+# -- merging -----------------------------------------------------------------------------------
+def _merge(rows: pd.DataFrame, op: OpDefinition) -> tuple[pd.DataFrame, list[Reject]]:
+    """One row per (problem, kernel): medians over valid repeats (see the module docstring)."""
+    keys = [*op.problem_names, "kernel"]
+    if not len(rows):
+        return rows, []
+    gid = rows.groupby(keys, sort=False).ngroup().to_numpy()
+    counts = np.bincount(gid)
+    multi = counts[gid] > 1
+    if not multi.any():
+        return rows, []
+    rows = rows.assign(_gid=gid)
+    single = rows[~multi]
+    sub = rows[multi]
+    groups = sub.groupby("_gid", sort=False)
+    first = groups.first()
+    valid_sub = sub[sub["is_valid"]]
+    vgroups = valid_sub.groupby("_gid", sort=False)
+    stats = pd.DataFrame({
+        "tflops": vgroups["tflops"].median(), "latency_ms": vgroups["latency_ms"].median(),
+        "bandwidth_gbs": vgroups["bandwidth_gbs"].median(), "tmin": vgroups["tflops"].min(),
+        "tmax": vgroups["tflops"].max(), "n": vgroups.size(), "repeats": vgroups["repeats"].sum(),
+    })
+    merged = first.copy()
+    merged["source"] = groups["source"].agg(";".join)
+    merged["run_id"] = groups["run_id"].agg(lambda s: ";".join(dict.fromkeys(s)))
+    merged["repeats"] = groups["repeats"].sum()
+    merged["spread"] = np.nan
+    has_valid = merged.index.isin(stats.index)
+    idx = merged.index[has_valid]
+    for col in ("tflops", "latency_ms", "bandwidth_gbs"):
+        merged.loc[idx, col] = stats.loc[idx, col].to_numpy()
+    merged.loc[idx, "repeats"] = stats.loc[idx, "repeats"].to_numpy()
+    spread = ((stats["tmax"] - stats["tmin"]) / stats["tflops"]).where(stats["n"] >= 2)
+    merged.loc[idx, "spread"] = spread.loc[idx].to_numpy()
+    merged.loc[idx, "is_valid"] = True
+    merged.loc[idx, "invalid_reason"] = ""
+    # An all-invalid pair keeps its first reason; ``first()`` skips empty strings only for NaN.
+    superseded_rows = sub[~sub["is_valid"] & sub["_gid"].isin(idx)]
+    superseded = [Reject(r.source, f"superseded: {r.invalid_reason} (a valid repeat of this problem and "
+                                   "kernel is in the table)", f"tflops={r.tflops} latency_ms={r.latency_ms}")
+                  for r in superseded_rows.itertuples(index=False)]
+    merged = merged.reset_index()
+    out = pd.concat([single, merged[single.columns]], ignore_index=True)
+    out = out.sort_values("_gid", kind="stable").drop(columns="_gid").reset_index(drop=True)
+    return out, superseded
+
+
+# -- reporting ---------------------------------------------------------------------------------
+def print_summary(summary: IngestSummary, *, out: Path | None = None, rejects: Path | None = None,
+                  console: Any = None) -> None:
+    """Print the summary as a rich table (rows read, valid, invalid and rejected by reason)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=f"ckpred ingest: {len(summary.files)} file(s)", show_header=True)
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    table.add_row("records read", str(summary.records))
+    table.add_row("valid", str(summary.valid))
+    table.add_row("invalid (kept, is_valid=False)", str(sum(summary.invalid.values())))
+    for reason, count in sorted(summary.invalid.items(), key=lambda kv: -kv[1]):
+        table.add_row(f"  {reason}", str(count))
+    table.add_row("rejected", str(sum(summary.rejected.values())))
+    for reason, count in sorted(summary.rejected.items(), key=lambda kv: -kv[1]):
+        table.add_row(f"  {reason}", str(count))
+    table.add_row("superseded by a valid repeat", str(summary.superseded))
+    table.add_row("merged into repeats", str(summary.merged))
+    table.add_row("table rows (valid)", f"{summary.rows} ({summary.valid_rows})")
+    console.print(table)
+    if out is not None:
+        console.print(f"table   -> {out}")
+    if rejects is not None:
+        console.print(f"rejects -> {rejects}")
+
+
+def write_rejects(rejects: pd.DataFrame, path: str | Path) -> Path:
+    """Write the rejects as CSV (source, reason, raw), atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        rejects.to_csv(tmp, index=False, columns=list(REJECT_COLUMNS))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# -- config entry points -----------------------------------------------------------------------
+def _path_spec(value: Any) -> Any:
+    if isinstance(value, (str, Path)):
+        return value
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    return [str(v) for v in container]  # type: ignore[union-attr]
+
+
+def _read_config(cfg: Any) -> tuple[OpDefinition, IngestResult]:
+    op = load_op(cfg.op)
+    result = read_files(_path_spec(cfg.data.path), op, arch=cfg.arch.name, dtype=cfg.dtype.name,
+                        layout=cfg.layout.name, fmt=cfg.data.get("format", "auto") or "auto",
+                        run_id=str(cfg.get("run_id", "") or ""))
+    return op, result
+
+
+def _nothing_usable(result: IngestResult) -> str:
+    top = sorted({**result.summary.rejected, **result.summary.invalid}.items(), key=lambda kv: -kv[1])[:3]
+    reasons = "; ".join(f"{k} ({v})" for k, v in top) or "the files hold no measurement"
+    return (f"no valid measurement in {', '.join(result.summary.files)}; {result.summary.records} record(s) read, "
+            f"most common problems: {reasons}")
+
+
+def ingest_for_config(cfg: Any) -> pd.DataFrame:
+    """The canonical table of ``cfg.data.path`` (used by :func:`ckpred.data.load_table`).
+
+    Prints the summary; caches nothing (reading is fast, see ``scripts/bench_ingest.py``).
+
+    Raises
+    ------
+    ckpred.errors.InputFileError
+        A file cannot be read, or no valid measurement was read at all.
+    """
+    _, result = _read_config(cfg)
+    print_summary(result.summary)
+    if result.summary.valid_rows == 0:
+        raise InputFileError(str(cfg.data.path), _nothing_usable(result))
+    return result.table
+
+
+def ingest_command(cfg: Any) -> int:
+    """``ckpred ingest``: write the canonical parquet ``out`` and the rejects CSV, print the summary.
+
+    Returns the number of valid table rows. Exits with status 1 (``SystemExit``) only when
+    nothing usable was read; the rejects are still written then, to show why.
+    """
+    op, result = _read_config(cfg)
+    out = resolve_path(cfg.out)
+    rejects = resolve_path(cfg.rejects) if cfg.get("rejects") else out.with_name(f"{out.stem}.rejects.csv")
+    write_rejects(result.rejects, rejects)
+    if result.summary.valid_rows == 0:
+        print_summary(result.summary, rejects=rejects)
+        raise SystemExit(f"ckpred ingest: {_nothing_usable(result)}; nothing written to {out}")
+    write_table(result.table, out, op)
+    print_summary(result.summary, out=out, rejects=rejects)
+    return result.summary.valid_rows

@@ -1,0 +1,207 @@
+"""Reader of the CK Tile tile-engine benchmark JSON.
+
+Format (CK_TILE_FACTS.md section 4)::
+
+    {"metadata": {"dtype", "layout", "num_kernels", "num_problems", "warmup", "repeat", "timestamp"},
+     "problem_sizes": [{"m", "n", "k"}, ...],
+     "results": [{"kernel_config": {"name", "dtype", "layout", "pipeline", ..., "warp_tile_k"},
+                  "benchmarks": [{"kernel_name", "m", "n", "k", "avg_time_ms", "tflops",
+                                  "is_valid", "error"}, ...]}, ...]}
+
+Failed kernels have ``is_valid: false``, time 0 and an error text: they become rows with
+``is_valid=False`` and the error as reason.
+
+The file is read by scanning for objects rather than by one ``json.load``: every ``{`` is
+decoded on its own (``JSONDecoder.raw_decode``); containers (the document, result entries) are
+descended into, leaves (benchmarks, kernel configs, metadata, problem sizes) are taken whole.
+On an intact file this costs a few passes of the C decoder and gives each benchmark its line
+number; on a damaged one, everything outside the damaged object is still read, and the damaged
+object is rejected with its line and text ("malformed JSON"). Kernel fields come from the
+kernel name; a ``kernel_config`` of the same name that disagrees with it makes the rows
+invalid (``kernel_config mismatch``). A benchmark whose problem is not among an intact
+``problem_sizes`` list is invalid (``shape mismatch``); metadata naming another dtype or
+layout than the config rejects the file's rows.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer, to_float, to_int
+
+NAME = "json"
+_CONTAINER_KEYS = frozenset(("results", "benchmarks", "kernel_config", "problem_sizes"))
+_BENCHMARK_KEYS = frozenset(("kernel_name", "avg_time_ms", "tflops", "is_valid", "error"))
+_METADATA_KEYS = frozenset(("num_kernels", "num_problems", "warmup", "repeat", "timestamp"))
+#: Longest raw text kept for a malformed block in the rejects file.
+RAW_LIMIT = 2000
+
+
+def read(path: Path, ctx: ReadContext) -> FileRead:
+    """Read one benchmark JSON file; see the module docstring. Never raises on content."""
+    text = path.read_bytes().decode("utf-8", "replace")
+    newlines = _newlines(text)
+
+    def line_of(pos: int) -> int:
+        return bisect.bisect_left(newlines, pos) + 1
+
+    decoder = json.JSONDecoder()
+    metadata: dict[str, Any] | None = None
+    problem_sizes: set[tuple[int, ...]] | None = None
+    size_keys: tuple[str, ...] = ()
+    configs: dict[str, dict[str, Any]] = {}
+    benchmarks: list[tuple[int, dict[str, Any], str]] = []
+    rejects: list[Reject] = []
+    top_level = True
+    pos = 0
+    while True:
+        start = text.find("{", pos)
+        if start < 0:
+            break
+        try:
+            obj, end = decoder.raw_decode(text, start)
+        except json.JSONDecodeError as exc:
+            # Report only the innermost damaged object: its error lies before any nested '{'.
+            if "{" not in text[start + 1:exc.pos]:
+                eol = text.find("\n", start)
+                stop = max(exc.pos + 1, len(text) if eol < 0 else eol)
+                rejects.append(Reject(f"{ctx.label}:{line_of(start)}", f"malformed JSON: {exc.msg} "
+                                      f"(line {line_of(exc.pos)})", text[start:min(stop, start + RAW_LIMIT)]))
+            pos, top_level = start + 1, False
+            continue
+        except RecursionError:
+            rejects.append(Reject(f"{ctx.label}:{line_of(start)}", "malformed JSON: nested too deeply",
+                                  text[start:start + RAW_LIMIT]))
+            pos, top_level = start + 1, False
+            continue
+        if top_level:
+            top_level = False
+            if isinstance(obj.get("metadata"), dict):
+                metadata = obj["metadata"]
+            problem_sizes, size_keys = _problem_sizes(obj.get("problem_sizes"), ctx)
+        keys = obj.keys()
+        if not _CONTAINER_KEYS.isdisjoint(keys):
+            pos = start + 1  # descend: its leaves are read one by one
+        elif not _BENCHMARK_KEYS.isdisjoint(keys):
+            benchmarks.append((line_of(start), obj, text[start:end]))
+            pos = end
+        elif "tile_m" in keys or ("name" in keys and "pipeline" in keys):
+            if isinstance(obj.get("name"), str):
+                configs[obj["name"]] = obj
+            pos = end
+        elif not _METADATA_KEYS.isdisjoint(keys):
+            metadata = metadata if metadata is not None else obj
+            pos = end
+        elif any(isinstance(v, (dict, list)) for v in obj.values()):
+            pos = start + 1
+        else:
+            pos = end  # a problem size or an object this format does not define
+
+    file_reject = _metadata_reject(metadata, ctx)
+    rows = RowBuffer(ctx.op.problem_names)
+    for lineno, obj, raw in benchmarks:
+        source = f"{ctx.label}:{lineno}"
+        if file_reject:
+            rejects.append(Reject(source, file_reject, raw))
+            continue
+        _read_benchmark(lineno, source, obj, raw, ctx, configs, problem_sizes, size_keys, rows, rejects)
+    return FileRead(rows, rejects)
+
+
+def _newlines(text: str) -> list[int]:
+    out, pos = [], text.find("\n")
+    while pos >= 0:
+        out.append(pos)
+        pos = text.find("\n", pos + 1)
+    return out
+
+
+def _problem_sizes(value: Any, ctx: ReadContext) -> tuple[set[tuple[int, ...]] | None, tuple[str, ...]]:
+    """The set of problems an intact ``problem_sizes`` list declares (``None`` if unusable)."""
+    if not isinstance(value, list) or not value or not all(isinstance(v, dict) for v in value):
+        return None, ()
+    keys = tuple(f.name for f in ctx.op.problem_fields if f.name in value[0])
+    if not keys:
+        return None, ()
+    sizes = set()
+    for entry in value:
+        row = tuple(to_int(entry.get(k)) for k in keys)
+        if any(v is None for v in row):
+            return None, ()
+        sizes.add(row)  # type: ignore[arg-type]
+    return sizes, keys
+
+
+def _metadata_reject(metadata: dict[str, Any] | None, ctx: ReadContext) -> str:
+    if not metadata:
+        return ""
+    for key, want in (("dtype", ctx.dtype), ("layout", ctx.layout)):
+        got = metadata.get(key)
+        if got is not None and got != want:
+            return f"{key} mismatch: file metadata says {key}={got}, config has {key}={want}"
+    return ""
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(b, bool):
+        return a is b or (isinstance(a, str) and a.lower() == str(b).lower())
+    if isinstance(b, int):
+        return to_int(a) == b
+    return a == b
+
+
+def _read_benchmark(lineno: int, source: str, obj: dict[str, Any], raw: str, ctx: ReadContext,
+                    configs: dict[str, dict[str, Any]], problem_sizes: set[tuple[int, ...]] | None,
+                    size_keys: tuple[str, ...], rows: RowBuffer, rejects: list[Reject]) -> None:
+    name = obj.get("kernel_name", obj.get("name"))
+    code = ctx.resolver.resolve(name)
+    if isinstance(code, str):
+        rejects.append(Reject(source, code, raw))
+        return
+    reason = ""
+    problem: list[int] = []
+    for field in ctx.op.problem_fields:
+        if field.name in obj:
+            value = to_int(obj[field.name])
+            if value is None:
+                rejects.append(Reject(source, f"bad problem field: {field.name}={obj[field.name]!r} is not an "
+                                              "integer", raw))
+                return
+        elif field.default is not None:
+            value = int(field.default)
+        else:
+            rejects.append(Reject(source, f"missing problem field: {field.name}", raw))
+            return
+        if value < 0 and not reason:
+            reason = f"negative problem field: {field.name}={value}"
+        problem.append(value)
+
+    valid = obj.get("is_valid", True)
+    if valid is False or (isinstance(valid, str) and valid.lower() == "false") or valid == 0:
+        error = obj.get("error") or "is_valid false, no error text"
+        reason = reason or f"kernel failed: {error}"
+    values = []
+    for key in ("tflops", "avg_time_ms"):
+        value = to_float(obj.get(key))
+        if value is None:
+            reason = reason or (f"non-numeric value: {key}={obj[key]!r}" if key in obj else f"missing value: {key}")
+            value = math.nan
+        values.append(value)
+
+    config = configs.get(name)  # type: ignore[arg-type]
+    if config is not None and not reason:
+        fields = ctx.resolver.kernels[code]
+        wrong = [f"{k}={config[k]!r} vs {v!r}" for k, v in fields.items() if k in config and not _same(config[k], v)]
+        if wrong:
+            reason = f"kernel_config mismatch: kernel_config vs kernel name: {', '.join(wrong)}"
+    if problem_sizes is not None and not reason:
+        names = ctx.op.problem_names
+        key = tuple(problem[names.index(k)] for k in size_keys)
+        if key not in problem_sizes:
+            shown = " ".join(f"{k}={v}" for k, v in zip(size_keys, key))
+            reason = f"shape mismatch: problem {shown} is not in the file's problem_sizes"
+    rows.add(lineno, code, problem, values[0], values[1], math.nan, reason)

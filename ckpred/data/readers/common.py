@@ -1,0 +1,205 @@
+"""What every reader shares: column buffers for measurement records, the kernel-name cache,
+value conversion that never raises, and the reject record.
+
+A reader walks one file and, for every measurement record it finds, either appends a row to
+a :class:`RowBuffer` (possibly with an invalid reason known at read time) or appends a
+:class:`Reject` (a record that cannot become a table row: no parseable kernel name, no
+problem, another dtype...). Vectorised checks (NaN, negative, zero, TFLOPS vs latency) run
+later on the whole buffer in :mod:`ckpred.data.ingest`.
+
+Buffers are ``array`` columns, not lists of dicts, so a million-row log costs a few bytes per
+value and no per-row pandas work.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ckpred.errors import KernelNameError
+from ckpred.kernels.base import OpDefinition
+
+#: Largest magnitude kept for an integer problem field (int64 range).
+_INT_LIMIT = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Reject:
+    """A record that could not become a table row."""
+
+    source: str
+    reason: str
+    raw: str
+
+
+class KernelResolver:
+    """Kernel name -> row of the unique-kernel table, or the reason it cannot be used.
+
+    Names are parsed once (a sweep repeats each of a few thousand names on every shape), the
+    kernel's ``dtype``/``layout`` from the name are checked against the config, and every
+    accepted name is normalised to the op's canonical form (``op.format_name``), so the same
+    kernel written in two name forms merges into one row.
+    """
+
+    def __init__(self, op: OpDefinition, *, dtype: str, layout: str) -> None:
+        self.op, self.dtype, self.layout = op, dtype, layout
+        self._cache: dict[str, int | str] = {}
+        #: Parsed kernel fields of each accepted unique kernel, in code order.
+        self.kernels: list[dict[str, Any]] = []
+        self.canonical_names: list[str] = []
+        self._by_canonical: dict[str, int] = {}
+
+    def resolve(self, name: Any) -> int | str:
+        """The kernel code (``int >= 0``) of ``name``, or a reject reason (``str``)."""
+        if not isinstance(name, str):
+            return f"missing kernel name: got {name!r}"
+        hit = self._cache.get(name)
+        if hit is None:
+            hit = self._resolve_new(name)
+            self._cache[name] = hit
+        return hit
+
+    def _resolve_new(self, name: str) -> int | str:
+        try:
+            parsed = self.op.parse_name(name)
+        except KernelNameError as exc:
+            return f"unparseable kernel name: {exc.reason}"
+        except Exception as exc:  # a grammar bug must not stop ingestion; the row is kept in rejects
+            return f"unparseable kernel name: {type(exc).__name__}: {exc}"
+        for key, want in (("dtype", self.dtype), ("layout", self.layout)):
+            got = parsed.get(key)
+            if got is not None and got != want:
+                return f"{key} mismatch: kernel name says {key}={got}, config has {key}={want}"
+        fields: dict[str, Any] = {}
+        for f in self.op.kernel_fields:
+            if f.name in parsed:
+                fields[f.name] = parsed[f.name]
+            elif f.default is not None:
+                fields[f.name] = f.default
+            else:
+                return f"unparseable kernel name: the name gives no {f.name}"
+        try:
+            canonical = self.op.format_name(fields, dtype=self.dtype, layout=self.layout)
+        except Exception:  # keep the given name when the op cannot format it back
+            canonical = name
+        code = self._by_canonical.get(canonical)
+        if code is None:
+            code = len(self.kernels)
+            self._by_canonical[canonical] = code
+            self.kernels.append(fields)
+            self.canonical_names.append(canonical)
+        return code
+
+    def frame(self) -> pd.DataFrame:
+        """Kernel fields and canonical ``kernel_name`` of every accepted kernel, by code."""
+        frame = pd.DataFrame(self.kernels, columns=list(self.op.kernel_names))
+        frame["kernel_name"] = self.canonical_names
+        return frame
+
+
+def to_float(value: Any) -> float | None:
+    """``value`` as a float (NaN/inf pass through for later checks); ``None`` if not a number."""
+    if type(value) is float:
+        return value
+    if type(value) is int:
+        return float(value)
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value)
+    return None
+
+
+def to_int(value: Any) -> int | None:
+    """``value`` as an integer when it is one exactly (``"1024"``, ``1024.0``); else ``None``."""
+    if type(value) is int:
+        return value if abs(value) <= _INT_LIMIT else None
+    number = to_float(value)
+    if number is None or not math.isfinite(number) or number != int(number) or abs(number) > _INT_LIMIT:
+        if isinstance(value, str):
+            try:  # big exact integers written as text
+                parsed = int(value.strip())
+                return parsed if abs(parsed) <= _INT_LIMIT else None
+            except ValueError:
+                return None
+        return None
+    return int(number)
+
+
+class RowBuffer:
+    """Column buffers of the rows read from one file.
+
+    Parameters
+    ----------
+    problem_names
+        The op's problem fields, in order.
+    quantum_ms, quantum_tflops
+        Half the printing step of latency and TFLOPS in this format (the streaming log prints
+        2 decimals, so 0.005); widens the TFLOPS/latency consistency check.
+    """
+
+    def __init__(self, problem_names: tuple[str, ...], *, quantum_ms: float = 0.0,
+                 quantum_tflops: float = 0.0) -> None:
+        self.problem_names = problem_names
+        self.quantum_ms, self.quantum_tflops = quantum_ms, quantum_tflops
+        self.line = array("q")
+        self.kernel = array("q")
+        self.problem = [array("q") for _ in problem_names]
+        self.tflops = array("d")
+        self.latency = array("d")
+        self.bandwidth = array("d")
+        #: Invalid reasons known at read time, by row index (most rows have none).
+        self.reasons: dict[int, str] = {}
+        #: Optional per-row source labels overriding ``file:line`` (canonical parquet input).
+        self.sources: list[str] | None = None
+        self.run_ids: list[str] | None = None
+        self.repeats: array | None = None
+        self.spreads: array | None = None
+
+    def __len__(self) -> int:
+        return len(self.line)
+
+    def add(self, line: int, kernel: int, problem: tuple[int, ...] | list[int], tflops: float,
+            latency: float, bandwidth: float, reason: str = "") -> None:
+        """Append one row; ``reason`` marks it invalid already."""
+        if reason:
+            self.reasons[len(self.line)] = reason
+        self.line.append(line)
+        self.kernel.append(kernel)
+        for column, value in zip(self.problem, problem):
+            column.append(value)
+        self.tflops.append(tflops)
+        self.latency.append(latency)
+        self.bandwidth.append(bandwidth)
+
+
+@dataclass
+class ReadContext:
+    """What a reader needs besides the file: the op, the shared kernel resolver, the config's
+    dtype/layout (to reject rows of another kind) and the label used in ``source``."""
+
+    op: OpDefinition
+    resolver: KernelResolver
+    dtype: str
+    layout: str
+    arch: str
+    #: How the file is named in ``source`` (``<label>:<line>``) and messages.
+    label: str
+
+
+@dataclass
+class FileRead:
+    """Rows and rejects read from one file."""
+
+    rows: RowBuffer
+    rejects: list[Reject]

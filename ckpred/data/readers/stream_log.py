@@ -1,0 +1,182 @@
+"""Reader of the CK Tile streaming benchmark log.
+
+Format (CK_TILE_FACTS.md section 4): a shape header ``Shape i: M=16 N=1536 K=7168 dtype=fp8
+layout=rcr`` between ``=====`` rules, then one JSON object per kernel::
+
+    {"name": "...", "problem": {"split_k": 1, "m": 16, "n": 1536, "k": 7168, ...},
+     "perf_result": {"latency(ms)": 0.01, "tflops(TFlops)": 12.34, "bandwidth(GB/s)": 567.89}}
+
+Values are printed with 2 decimals, so the TFLOPS/latency consistency check allows half a
+printing step on each. Failed kernels print nothing, so every row here is a measurement.
+
+Per line: rules and blank lines are skipped; a header sets the current shape (a header that
+does not parse is rejected and clears it, so no row is checked against a stale shape); a JSON
+line becomes a row; anything else is rejected as an unrecognised line. A row whose problem
+disagrees with its shape header is kept invalid (``shape mismatch``); a header whose dtype or
+layout differs from the config rejects the rows under it.
+
+Speed: one ``json.loads`` per row and a handful of dict lookups; the kernel name is parsed
+once per distinct name (see :class:`~ckpred.data.readers.common.KernelResolver`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer, to_float, to_int
+
+NAME = "log"
+#: Half the printing step of the log's 2-decimal values.
+QUANTUM = 0.005
+HEADER = re.compile(r"^\s*Shape\s+(\d+)\s*:(.*)$")
+RULE = re.compile(rb"^\s*=+\s*$")
+_KV = re.compile(r"(\w+)\s*=\s*(\S+)")
+#: Keys of the perf_result object (first found wins).
+LATENCY_KEYS = ("latency(ms)", "latency_ms")
+TFLOPS_KEYS = ("tflops(TFlops)", "tflops")
+BANDWIDTH_KEYS = ("bandwidth(GB/s)", "bandwidth_gbs")
+
+
+class _Header:
+    """The current shape header: problem values by field name, or the reason its rows are rejected."""
+
+    def __init__(self, text: str, lineno: int, ctx: ReadContext) -> None:
+        self.text, self.lineno = text, lineno
+        self.problem: dict[str, int] = {}
+        self.reject = ""
+        fields = {f.name.lower(): f.name for f in ctx.op.problem_fields}
+        for key, value in _KV.findall(text):
+            low = key.lower()
+            if low in ("dtype", "layout"):
+                want = ctx.dtype if low == "dtype" else ctx.layout
+                if value != want and not self.reject:
+                    self.reject = (f"{low} mismatch: shape header (line {lineno}) says {low}={value}, "
+                                   f"config has {low}={want}")
+            elif low in fields:
+                number = to_int(value)
+                if number is None:
+                    raise ValueError(f"{key}={value!r} is not an integer")
+                self.problem[fields[low]] = number
+
+
+def read(path: Path, ctx: ReadContext) -> FileRead:
+    """Read one streaming log; see the module docstring. Never raises on content."""
+    op = ctx.op
+    rows = RowBuffer(op.problem_names, quantum_ms=QUANTUM, quantum_tflops=QUANTUM)
+    rejects: list[Reject] = []
+    label = ctx.label
+    resolve = ctx.resolver.resolve
+    problem_fields = op.problem_fields
+    names = [f.name for f in problem_fields]
+    loads = json.loads
+    header: _Header | None = None
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            first = raw[:1]
+            if first == b"{":
+                try:
+                    obj = loads(raw)
+                except (ValueError, RecursionError) as exc:
+                    rejects.append(Reject(f"{label}:{lineno}", f"malformed JSON: {exc}", _text(raw)))
+                    continue
+                if type(obj) is not dict:
+                    rejects.append(Reject(f"{label}:{lineno}", "malformed JSON: not an object", _text(raw)))
+                    continue
+                if header is not None and header.reject:
+                    rejects.append(Reject(f"{label}:{lineno}", header.reject, _text(raw)))
+                    continue
+                code = resolve(obj.get("name"))
+                if type(code) is str:
+                    rejects.append(Reject(f"{label}:{lineno}", code, _text(raw)))
+                    continue
+                problem = obj.get("problem")
+                if type(problem) is not dict:
+                    problem = {}
+                values: list[int] = []
+                reason = ""
+                for field, name in zip(problem_fields, names):
+                    value = problem.get(name)
+                    if type(value) is not int:
+                        value = _problem_value(problem, name, field.default, header)
+                        if type(value) is str:
+                            break
+                    if value < 0 and not reason:
+                        reason = f"negative problem field: {name}={value}"
+                    values.append(value)
+                else:
+                    value = None
+                if type(value) is str:
+                    rejects.append(Reject(f"{label}:{lineno}", value, _text(raw)))
+                    continue
+                if header is not None:
+                    for name, want in header.problem.items():
+                        if problem.get(name, want) != want:
+                            reason = reason or _mismatch(header, problem)
+                            break
+                perf = obj.get("perf_result")
+                if type(perf) is not dict:
+                    reason = reason or "missing value: no perf_result object"
+                    perf = {}
+                tflops, why = _perf_value(perf, TFLOPS_KEYS)
+                reason = reason or why
+                latency, why = _perf_value(perf, LATENCY_KEYS)
+                reason = reason or why
+                bandwidth, why = _perf_value(perf, BANDWIDTH_KEYS, required=False)
+                reason = reason or why
+                rows.add(lineno, code, values, tflops, latency, bandwidth, reason)
+            elif not raw.strip() or RULE.match(raw):
+                continue
+            else:
+                text = _text(raw)
+                match = HEADER.match(text)
+                if match is None:
+                    rejects.append(Reject(f"{label}:{lineno}", "unrecognised line: not a shape header, "
+                                                               "rule or JSON object", text))
+                    continue
+                try:
+                    header = _Header(match.group(2), lineno, ctx)
+                except ValueError as exc:
+                    header = None
+                    rejects.append(Reject(f"{label}:{lineno}", f"bad shape header: {exc}", text))
+    return FileRead(rows, rejects)
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace").rstrip("\r\n")
+
+
+def _problem_value(problem: dict[str, Any], name: str, default: Any, header: _Header | None) -> int | str:
+    """A problem field from the row's problem object, else its shape header, else its default."""
+    if name in problem:
+        value = to_int(problem[name])
+        if value is None:
+            return f"bad problem field: {name}={problem[name]!r} is not an integer"
+        return value
+    if header is not None and name in header.problem:
+        return header.problem[name]
+    if default is not None:
+        return int(default)
+    return f"missing problem field: {name} (neither in the row's problem nor in a shape header)"
+
+
+def _mismatch(header: _Header, problem: dict[str, Any]) -> str:
+    said = " ".join(f"{k}={v}" for k, v in header.problem.items())
+    got = " ".join(f"{k}={problem.get(k)}" for k in header.problem)
+    return f"shape mismatch: shape header (line {header.lineno}) says {said}, the row's problem has {got}"
+
+
+def _perf_value(perf: dict[str, Any], keys: tuple[str, ...], *, required: bool = True) -> tuple[float, str]:
+    for key in keys:
+        if key in perf:
+            raw = perf[key]
+            value = raw if type(raw) is float else to_float(raw)
+            if value is None:
+                return math.nan, f"non-numeric value: {key}={raw!r}"
+            return value, ""
+    if required:
+        return math.nan, f"missing value: perf_result has no {keys[0]!r}"
+    return math.nan, ""
