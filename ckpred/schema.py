@@ -13,7 +13,7 @@ adding an *option* to a group is only a YAML file.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -266,6 +266,177 @@ class SimulateConfig:
     #: Real oracle-best table (m, n, k, oracle_best_tflops, oracle_best_kernel) to calibrate on.
     calibration_file: str = "../shared/data/ck_gemm_gfx950_results/p1_oracle_best_results.csv"
 
+# -- train: models, targets, cv, baselines (train owner) -----------------------------------------
+MODEL_NAMES: tuple[str, ...] = ("lgbm_regressor", "lgbm_ranker")
+TARGET_NAMES: tuple[str, ...] = ("log1p", "raw", "relative")
+CV_NAMES: tuple[str, ...] = ("group_kfold", "leave_family_out", "holdout", "external")
+
+
+@dataclass
+class ModelConfig:
+    """A LightGBM estimator and its hyperparameters (see :func:`ckpred.models.build_pipeline`)."""
+
+    #: ``lgbm_regressor`` (through the target transform) or ``lgbm_ranker`` (lambdarank by shape).
+    name: str = MISSING
+    n_estimators: int = 500
+    learning_rate: float = 0.05
+    num_leaves: int = 63
+    #: -1 = no depth limit.
+    max_depth: int = -1
+    min_child_samples: int = 20
+    #: Row subsampling (bagging) fraction; takes effect when ``subsample_freq`` > 0.
+    subsample: float = 1.0
+    subsample_freq: int = 0
+    colsample_bytree: float = 1.0
+    reg_alpha: float = 0.0
+    reg_lambda: float = 0.0
+    min_split_gain: float = 0.0
+    #: Histogram bins per feature (LightGBM ``max_bin``).
+    max_bin: int = 255
+    #: LightGBM threads.
+    n_jobs: int = 2
+    #: Stop when the validation score has not improved for this many rounds (0 = off). The
+    #: validation set is a fraction of the *training* shapes, never the test fold.
+    early_stopping_rounds: int = 0
+    #: Fraction of training shapes held out for early stopping.
+    validation_fraction: float = 0.15
+    #: Ranker: number of relevance grades (LightGBM's default label_gain covers 0..30).
+    relevance_grades: int = 31
+    #: Ranker: grade = round((grades - 1) * (perf / best) ** relevance_exponent); > 1 spends
+    #: more grades near the best kernel.
+    relevance_exponent: float = 3.0
+    #: Ranker: rows per query (shape) at most; LightGBM's lambdarank refuses > 10000.
+    max_rows_per_query: int = 10000
+
+    def __post_init__(self) -> None:
+        check("model.name", self.name, self.name in MODEL_NAMES, f"one of {list(MODEL_NAMES)}")
+        check("model.n_estimators", self.n_estimators, self.n_estimators >= 1, "an integer >= 1")
+        check("model.learning_rate", self.learning_rate, 0 < self.learning_rate <= 1, "a number in (0, 1]")
+        check("model.num_leaves", self.num_leaves, 2 <= self.num_leaves <= 131072,
+              "an integer in [2, 131072]")
+        check("model.max_depth", self.max_depth, self.max_depth == -1 or self.max_depth >= 1,
+              "-1 (no limit) or an integer >= 1")
+        check("model.min_child_samples", self.min_child_samples, self.min_child_samples >= 1,
+              "an integer >= 1")
+        check("model.subsample", self.subsample, 0 < self.subsample <= 1, "a number in (0, 1]")
+        check("model.subsample_freq", self.subsample_freq, self.subsample_freq >= 0, "an integer >= 0")
+        check("model.colsample_bytree", self.colsample_bytree, 0 < self.colsample_bytree <= 1,
+              "a number in (0, 1]")
+        check_positive("model", self, ("reg_alpha", "reg_lambda", "min_split_gain",
+                                       "early_stopping_rounds"), allow_zero=True)
+        check("model.max_bin", self.max_bin, 2 <= self.max_bin <= 65535, "an integer in [2, 65535]")
+        check("model.n_jobs", self.n_jobs, self.n_jobs >= 1, "an integer >= 1 (threads)")
+        check("model.validation_fraction", self.validation_fraction, 0 < self.validation_fraction < 1,
+              "a number in (0, 1)")
+        check("model.relevance_grades", self.relevance_grades, 2 <= self.relevance_grades <= 31,
+              "an integer in [2, 31]")
+        check("model.relevance_exponent", self.relevance_exponent, self.relevance_exponent > 0,
+              "a number > 0")
+        check("model.max_rows_per_query", self.max_rows_per_query, 1 <= self.max_rows_per_query <= 10000,
+              "an integer in [1, 10000] (LightGBM lambdarank limit)")
+
+
+@dataclass
+class TargetConfig:
+    """What a regressor learns: ``log1p`` / ``raw`` TFLOPS or ``relative`` = log(perf / best)."""
+
+    name: str = MISSING
+    #: ``relative``: perf / best is clipped to at least this before the log (failed rows).
+    floor: float = 1e-3
+
+    def __post_init__(self) -> None:
+        check("target.name", self.name, self.name in TARGET_NAMES, f"one of {list(TARGET_NAMES)}")
+        check("target.floor", self.floor, 0 < self.floor < 1, "a number in (0, 1)")
+
+
+@dataclass
+class CVConfig:
+    """How shapes are split into train and test (folds never split a shape's rows)."""
+
+    name: str = MISSING
+    #: ``group_kfold``: number of folds.
+    n_splits: int = 5
+    #: ``group_kfold``: shuffle shapes (with ``seed``) before assigning folds.
+    shuffle: bool = True
+    #: ``holdout``: fraction of shapes in the test set.
+    test_fraction: float = 0.2
+    #: ``external``: the test table (train on the config's ``data``, test on this source).
+    data: Optional[DataConfig] = None
+
+    def __post_init__(self) -> None:
+        check("cv.name", self.name, self.name in CV_NAMES, f"one of {list(CV_NAMES)}")
+        check("cv.n_splits", self.n_splits, self.n_splits >= 2, "an integer >= 2")
+        check("cv.test_fraction", self.test_fraction, 0 < self.test_fraction < 1, "a number in (0, 1)")
+        if self.name == "external":
+            check("cv.data", self.data, self.data is not None,
+                  "a data source to test on (cv.data.source=path cv.data.path=<files>)")
+
+
+@dataclass
+class RowsConfig:
+    """Which rows a model trains on (evaluation always uses every row of a test shape)."""
+
+    #: Drop rows the op's validity rules reject: the selector masks them anyway. Rows that
+    #: pass the rules but failed when measured stay, with perf 0.
+    drop_rule_invalid: bool = True
+    #: Rows kept per training shape at most (0 = all): the ``keep_top`` fastest, then a seeded
+    #: uniform sample of the rest.
+    max_per_shape: int = 0
+    keep_top: int = 64
+
+    def __post_init__(self) -> None:
+        check_positive("rows", self, ("max_per_shape", "keep_top"), allow_zero=True)
+
+
+@dataclass
+class ReferenceBaselineConfig:
+    """The reference system's replica, trained on the same folds as the model."""
+
+    enabled: bool = True
+    features: FeaturesConfig = MISSING
+    model: ModelConfig = MISSING
+    target: TargetConfig = MISSING
+    rows: RowsConfig = field(default_factory=RowsConfig)
+
+
+@dataclass
+class BaselinesConfig:
+    """Baselines computed in the same run on the same folds as the model."""
+
+    random: bool = True
+    best_static: bool = True
+    analytical: bool = True
+    reference: ReferenceBaselineConfig = field(default_factory=ReferenceBaselineConfig)
+
+
+@dataclass
+class TrainConfig:
+    """Primary config of ``ckpred train``."""
+
+    arch: ArchConfig = MISSING
+    dtype: DtypeConfig = MISSING
+    layout: LayoutConfig = MISSING
+    op: OpConfig = MISSING
+    data: DataConfig = MISSING
+    #: Shape set of the simulator (``data.source=simulated``).
+    shapes: ShapesConfig = MISSING
+    features: FeaturesConfig = MISSING
+    model: ModelConfig = MISSING
+    target: TargetConfig = MISSING
+    cv: CVConfig = MISSING
+    rows: RowsConfig = field(default_factory=RowsConfig)
+    baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
+    #: Seed of fold assignment, validation split, row sampling and LightGBM.
+    seed: int = 0
+    #: Output folder; empty = Hydra's run dir (``runs/train/<time>``).
+    out_dir: str = ""
+    #: Fit the final pipeline on all data and save it (``pipeline.joblib``).
+    save_pipeline: bool = True
+    #: Write the PNG plots.
+    plots: bool = True
+    #: Show progress bars and the summary table on the console.
+    progress: bool = True
+
 
 def register() -> None:
     """Register every schema under ``base_<group>`` (idempotent)."""
@@ -281,3 +452,7 @@ def register() -> None:
     cs.store(group="shapes", name="base_shapes", node=ShapesConfig)
     cs.store(name="base_simulate", node=SimulateConfig)
     cs.store(group="features", name="base_features", node=FeaturesConfig)
+    cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="target", name="base_target", node=TargetConfig)
+    cs.store(group="cv", name="base_cv", node=CVConfig)
+    cs.store(name="base_train", node=TrainConfig)

@@ -9,7 +9,7 @@ from ckpred.config import CONF_DIR, compose
 from ckpred.errors import ConfigValueError
 
 #: Primary configs and the overrides they need to compose on their own.
-PRIMARY = {"ingest": ["data.path=x.csv"]}
+PRIMARY = {"ingest": ["data.path=x.csv"], "train": []}
 
 
 def _options(group: str) -> list[str]:
@@ -40,6 +40,8 @@ def test_every_option_composes(primary: str, group: str, option: str) -> None:
     if not primary:
         pytest.skip(f"group {group!r} is used by a primary config not listed in PRIMARY")
     cfg = compose(primary, [*PRIMARY[primary], f"{group}={option}"])
+    if group == "experiment":  # `# @package _global_` bundles merge into the root, not a key
+        return
     assert cfg[group] is not None
 
 
