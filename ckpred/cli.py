@@ -24,8 +24,12 @@ class Command(NamedTuple):
 
 #: Every command, with the primary config it composes and a one-line summary for ``--help``.
 COMMANDS: dict[str, Command] = {
+    "train": Command("train", "ckpred.train:train",
+                     "train the kernel-selection model with shape-grouped CV; report it against baselines"),
     "ingest": Command("ingest", "ckpred.data.ingest:ingest_command",
                       "read benchmark output (JSON, streaming log, CSV, parquet) into the canonical table"),
+    "simulate": Command("simulate", "ckpred.data.simulate:simulate_command",
+                        "simulate CK Tile GEMM benchmarks (embedded default data); calibrate=true reports vs real"),
 }
 
 

@@ -9,7 +9,7 @@ from ckpred.config import CONF_DIR, compose
 from ckpred.errors import ConfigValueError
 
 #: Primary configs and the overrides they need to compose on their own.
-PRIMARY = {"ingest": ["data.path=x.csv"], "train": []}
+PRIMARY = {"ingest": ["data.path=x.csv"], "train": [], "simulate": []}
 
 
 def _options(group: str) -> list[str]:

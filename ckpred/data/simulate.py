@@ -1,0 +1,640 @@
+"""Calibrated analytical performance simulator of CK Tile ``gemm_universal`` kernels.
+
+This is ckpred's embedded default data: for a set of problem shapes (``conf/shapes``) and the
+op's kernel catalogue it produces the canonical table a real benchmark run would, so every
+command works on a machine without a GPU. The model is physical and fully vectorised over
+(shape, kernel); every constant below is a hardware or software property, none is fitted to
+a single shape.
+
+Model
+-----
+Notation: problem M, N, K; kernel tile tm x tn x tk, warps wm x wn, warp tile wtm x wtn x wtk;
+b = bytes per A/B element, bc = bytes per C element (fp16 for fp8); ``clk`` = sustained clock
+(``arch.clock_mhz`` x ``CLOCK_SUSTAINED``); P_cu = ``arch.peak_tflops[dtype]`` / ``arch.cus`` x
+``CLOCK_SUSTAINED`` (MFMA peak of one CU at the sustained clock).
+
+1. **Tiles and waves.** Tm = ceil(M/tm), Tn = ceil(N/tn), T = Tm*Tn output tiles, Kit =
+   ceil(K/tk) main-loop iterations. Workgroups are dealt round-robin to the XCDs, then to the
+   CUs of each XCD, so the busiest CU runs n_cu = ceil(ceil(T/XCDs) / (CUs/XCDs)) tiles.
+2. **Occupancy.** occ = min(LDS_CU / lds_wg, VGPR_LANE / vgpr, 8) workgroups per CU with
+   lds_wg = (tm + tn)*tk*b (x2 for the double-buffered ``compv4``) and the per-thread register
+   estimate vgpr = tm*tn/256 (fp32 accumulators) + prefetch*(tm + tn)*tk*b/(4*256) + 48.
+3. **Main-loop iteration, compute side.** The MFMA time t_mfma = 2*tm*tn*tk / (P_cu * r),
+   where r is the rate of the warp tile's instruction (gfx950: 32x32x64 and 16x16x128 fp8,
+   32x32x16 and 16x16x32 fp16 run at full rate, older shapes at half rate; 16x16 shapes pay
+   ``MFMA_16_EFF`` for their extra register traffic); the padded rows of a tile are computed,
+   so the last-tile waste is in t_mfma. The LDS time t_lds = ((tm + tn)*tk*b  [stores] +
+   tk*b*(tm*wn + tn*wm) [every warp reads its A rows and B columns]) / (LDS bytes/clk * clk).
+   t_comp = max(t_mfma, t_lds) / e_pipe + sync_pipe/clk with the pipeline's issue efficiency
+   e_pipe and per-iteration barrier/bookkeeping cost sync_pipe (``PIPELINES``).
+4. **Main-loop iteration, memory side.** One iteration moves B_it = (min(tm, M') + min(tn,
+   N'))*tk*b bytes from L2 into the CU (out-of-bounds rows of the last tile are masked, not
+   fetched; M', N' = M/Tm, N/Tn average tile extents). t_link = B_it / (link bytes/clk * clk).
+   A lone workgroup also waits for the memory latency L once per iteration that its pipeline
+   cannot prefetch ahead (Little's law: one stage in flight), so its iteration costs
+   max(t_comp, t_link + L*x_sched); ``compv4`` loads two stages in its prologue and saves one
+   exposure; ``interwave`` scheduling hides a part x_sched of L.
+5. **Tile time.** Alone (latency-bound): t_alone = t_setup + L + Kit_exp*max(t_comp, t_link +
+   L*x) + (Kit - Kit_exp)*max(t_comp, t_link) + t_epi. Saturated CU (throughput-bound, other
+   workgroups hide the latency): t_thr = Kit*max(t_comp, t_link) + t_epi_thr. The epilogue
+   writes min(tm,M')*min(tn,N')*bc bytes through the CU link plus a store latency;
+   ``cshuffle`` first stages the tile through LDS (2*tm*tn*bc LDS bytes and a barrier).
+   ``persistent`` kernels launch one workgroup per slot and loop over tiles: they pay the
+   workgroup setup once instead of per tile, but a small per-tile scheduling cost.
+6. **CU bound.** t_cu = max(n_cu*t_thr, ceil(n_cu/occ)*t_alone): a CU either saturates its
+   MFMA/LDS/link, or its few workgroups sit waiting on memory.
+7. **Memory hierarchy (roofline).** L2 traffic = T*Kit*B_it (A re-read Tn times, B Tm
+   times, the tile-reuse effect) against L2 bandwidth XCDs*L2 bytes/clk*clk. Fabric reads:
+   every XCD that owns tiles of a row band reads that A panel once (min(Tn, XCDs) copies);
+   B column panels are re-read for every row band (Tm times) when an XCD's share of B
+   (B/min(Tn, XCDs)) does not fit its L2. The unique bytes A+B+C are served by the
+   last-level cache when they fit in it (benchmarks re-run the same buffers) at
+   ``LLC_BW_FACTOR`` x HBM bandwidth, by HBM otherwise (linear mix in between); re-reads come
+   from the LLC. C is written at ``WRITE_EFF`` of HBM bandwidth (``cshuffle`` writes are
+   better coalesced than the default epilogue's). The mem pipeline keeps more bytes in flight
+   and gets a higher share of the fabric (``PIPELINES.fabric``).
+8. **Total.** t = t_launch + smoothmax_p(t_cu, t_l2, t_fabric) with a p-norm (p =
+   ``SMOOTH_P``) where limits interact; TFLOPS = 2*M*N*K / t.
+9. **Idiosyncrasies and noise.** Each kernel gets a seeded log-normal factor (sigma
+   ``KERNEL_SIGMA``: code generation, register allocation, bank conflicts the model does not
+   see) and one per (kernel, M family) (sigma ``KERNEL_FAMILY_SIGMA``), so the data is not a
+   closed-form function of the features. Each measurement gets run-to-run noise: a normal
+   with sigma ``NOISE_SIGMA``, and with probability ``NOISE_TAIL_P`` a wider one
+   (``NOISE_TAIL_SIGMA``); two runs then differ by a median 0.8% and a P90 3.3%, as the real
+   repeated CK Tile runs do (CK_TILE_FACTS.md section 6). All random numbers come from a
+   counter-based hash of (seed, shape, kernel name), so a row does not depend on which other
+   shapes or kernels are simulated with it.
+10. **Validity.** Rows the op's rules reject (``op.validity``) are ``is_valid=False`` with the
+   rule's reason; a seeded ``RUNTIME_FAIL_P`` of the rule-valid rows fail as if at run time
+   (reason ``runtime failure (simulated)``).
+
+Calibration (``python -m ckpred simulate calibrate=true`` or ``scripts/calibrate_simulator.py``)
+over the 168 real fp8/rcr/gfx950 shapes of AMD's p1_oracle_best_results.csv, simulator seed 0:
+CALIBRATION_FIGURES
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from ckpred.kernels.base import OpDefinition
+
+#: Bump when the model changes: cached tables of older versions are regenerated.
+SIMULATOR_VERSION = "1.0.0"
+
+# -- physical parameters -----------------------------------------------------------------------
+#: Sustained clock under dense MFMA load as a fraction of the maximum (boost) clock.
+CLOCK_SUSTAINED = 0.85
+#: Memory latency seen by a workgroup's global loads (L2 miss to LLC/HBM), seconds.
+LATENCY_S = 280e-9
+#: Kernel launch and completion overhead visible in a timed run, seconds.
+LAUNCH_S = 2.0e-6
+#: Workgroup dispatch and setup (argument loads, tile index, address setup), seconds.
+WG_SETUP_S = 150e-9
+#: Per-tile scheduling cost inside a persistent kernel's tile loop, seconds.
+PERSISTENT_TILE_S = 40e-9
+#: Latency of the epilogue's global stores before the workgroup retires, seconds.
+STORE_LATENCY_S = 300e-9
+#: Efficiency of 16x16 MFMA shapes relative to 32x32 ones (more A/B register traffic).
+MFMA_16_EFF = 0.95
+#: Register file of one SIMD lane (VGPR + AGPR) and the cap on workgroups per CU.
+VGPR_LANE = 512
+MAX_WG_PER_CU = 8
+#: Fraction of HBM bandwidth a streaming read reaches.
+HBM_READ_EFF = 0.85
+#: Last-level cache (Infinity Cache) bandwidth relative to HBM bandwidth.
+LLC_BW_FACTOR = 1.3
+#: Extra fabric reads per unit of L2 overflow of an XCD's B share.
+#: Fraction of HBM bandwidth reached by C writes, per epilogue.
+WRITE_EFF = {"default": 0.40, "cshuffle": 0.42}
+#: Smooth-max exponent combining the CU, L2 and fabric limits.
+SMOOTH_P = 2.0
+
+
+@dataclass(frozen=True)
+class PipelineTraits:
+    """What a CK Tile pipeline does per main-loop iteration."""
+
+    #: Issue efficiency of the MFMA/LDS work (software pipelining quality).
+    issue_eff: float
+    #: Per-iteration barrier and bookkeeping cost, clocks.
+    sync_clk: float
+    #: Iterations whose load latency the prologue already covers (beyond the first).
+    prologue_stages: int
+    #: LDS buffers (2 = double buffered).
+    lds_buffers: int
+    #: Register prefetch stages (for the VGPR estimate).
+    prefetch: int
+    #: Share of the fabric bandwidth its load pattern reaches.
+    fabric: float
+
+
+PIPELINES: dict[str, PipelineTraits] = {
+    "compv3": PipelineTraits(issue_eff=0.60, sync_clk=120, prologue_stages=0, lds_buffers=1, prefetch=1, fabric=0.93),
+    "compv4": PipelineTraits(issue_eff=0.58, sync_clk=170, prologue_stages=1, lds_buffers=2, prefetch=1, fabric=0.93),
+    "mem": PipelineTraits(issue_eff=0.48, sync_clk=100, prologue_stages=0, lds_buffers=1, prefetch=2, fabric=1.0),
+}
+#: Scheduler effects: (issue efficiency factor, fraction of the memory latency still exposed).
+SCHEDULERS: dict[str, tuple[float, float]] = {"intrawave": (1.0, 1.0), "interwave": (0.96, 1.0)}
+
+
+@dataclass(frozen=True)
+class Microarch:
+    """Per-architecture micro-architectural constants not in the arch config (public specs)."""
+
+    #: LDS bandwidth per CU, bytes/clk.
+    lds_bytes_per_clk: float
+    #: L2 -> CU fill bandwidth per CU, bytes/clk.
+    link_bytes_per_clk: float
+    #: L2 bandwidth per XCD, bytes/clk.
+    l2_bytes_per_clk: float
+    #: K of the full-rate MFMA instruction per (dtype class, warp-tile M): other K run at half rate.
+    full_rate_k: Mapping[str, Mapping[int, int]]
+
+
+_CDNA3 = Microarch(128, 128, 2048, {"fp8": {32: 16, 16: 32}, "fp16": {32: 8, 16: 16}})
+_CDNA4 = Microarch(256, 128, 2048, {"fp8": {32: 64, 16: 128}, "fp16": {32: 16, 16: 32}})
+MICROARCH: dict[str, Microarch] = {"gfx942": _CDNA3, "gfx90a": _CDNA3, "gfx950": _CDNA4}
+
+# -- idiosyncrasies, noise, failures ---------------------------------------------------------------
+KERNEL_SIGMA = 0.03
+KERNEL_FAMILY_SIGMA = 0.02
+NOISE_SIGMA = 0.006
+NOISE_TAIL_P = 0.20
+NOISE_TAIL_SIGMA = 0.029
+RUNTIME_FAIL_P = 0.005
+RUNTIME_FAIL_REASON = "runtime failure (simulated): kernel launch returned an error"
+
+_DTYPE_CLASS = {"fp8": "fp8", "bf8": "fp8", "fp16": "fp16", "bf16": "fp16", "fp32": "fp16"}
+_BYTES = {"fp8": 1, "bf8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
+
+
+# -- counter-based random numbers ------------------------------------------------------------------
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _hash(*keys: Any) -> np.ndarray:
+    """A 64-bit hash of broadcast integer keys (same keys -> same value, on every platform)."""
+    with np.errstate(over="ignore"):
+        h = np.zeros((), dtype=np.uint64)
+        for key in keys:
+            h = _splitmix64(np.bitwise_xor(h, np.asarray(key).astype(np.uint64)))
+        return np.asarray(h)
+
+
+def _normal(h: np.ndarray) -> np.ndarray:
+    """Standard normal numbers from hashes (Box-Muller on two derived uniforms)."""
+    with np.errstate(over="ignore"):
+        u1 = ((h >> np.uint64(11)).astype(np.float64) + 0.5) / 2.0**53
+        u2 = ((_splitmix64(h) >> np.uint64(11)).astype(np.float64) + 0.5) / 2.0**53
+    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
+
+def _uniform(h: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return ((_splitmix64(h ^ np.uint64(0x5DEECE66D)) >> np.uint64(11)).astype(np.float64) + 0.5) / 2.0**53
+
+
+def _name_keys(names: Any) -> np.ndarray:
+    """Stable integer key of each kernel name (crc32), so idiosyncrasies follow the kernel."""
+    return np.fromiter((zlib.crc32(str(n).encode()) for n in names), dtype=np.uint64, count=len(names))
+
+
+def run_noise(h: np.ndarray) -> np.ndarray:
+    """Multiplicative run-to-run noise factors (log-normal mixture, see the module docstring)."""
+    z = _normal(h)
+    tail = _uniform(h) < NOISE_TAIL_P
+    return np.exp(np.where(tail, NOISE_TAIL_SIGMA, NOISE_SIGMA) * z)
+
+
+# -- the physical model ----------------------------------------------------------------------------
+def _arch_value(arch: Any, name: str) -> Any:
+    return arch[name] if isinstance(arch, Mapping) else getattr(arch, name)
+
+
+def model_latency(problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any, dtype: Any) -> np.ndarray:
+    """Noise-free latency in seconds of every kernel on every problem, shape (shapes, kernels).
+
+    ``problems`` has columns m, n, k (and optionally split_k); ``kernels`` the gemm_universal
+    kernel fields. Formulas: module docstring, steps 1-8.
+    """
+    arch_name = str(_arch_value(arch, "name"))
+    dtype_name = str(getattr(dtype, "name", dtype))
+    ua = MICROARCH.get(arch_name)
+    if ua is None:
+        raise ValueError(f"the simulator has no micro-architecture constants for arch={arch_name}; "
+                         f"known: {sorted(MICROARCH)}")
+    peak = dict(_arch_value(arch, "peak_tflops")).get(dtype_name)
+    if not peak:
+        raise ValueError(f"arch {arch_name} has no peak_tflops for dtype {dtype_name}; "
+                         f"known: {sorted(dict(_arch_value(arch, 'peak_tflops')))}")
+    b = float(getattr(dtype, "bytes_per_element", None) or _BYTES[dtype_name])
+    c_name = getattr(dtype, "c_dtype", None) or ("fp16" if b == 1 else dtype_name)
+    bc = float(_BYTES[str(c_name)])
+    cus = float(_arch_value(arch, "cus"))
+    xcds = float(_arch_value(arch, "xcds"))
+    clk = float(_arch_value(arch, "clock_mhz")) * 1e6 * CLOCK_SUSTAINED
+    lds_cu = float(_arch_value(arch, "lds_kib")) * 1024.0
+    l2_xcd = float(_arch_value(arch, "l2_mib_per_xcd")) * 2.0**20
+    llc = float(_arch_value(arch, "llc_mib")) * 2.0**20
+    hbm = float(_arch_value(arch, "memory_bandwidth_gbs")) * 1e9
+    p_cu = peak * 1e12 / cus * CLOCK_SUSTAINED
+
+    col = lambda frame, name: frame[name].to_numpy(np.float64)  # noqa: E731
+    M, N = col(problems, "m")[:, None], col(problems, "n")[:, None]
+    split = col(problems, "split_k")[:, None] if "split_k" in problems else np.ones_like(M)
+    K = np.maximum(col(problems, "k")[:, None] / split, 1.0)
+    tm, tn, tk = (col(kernels, c)[None, :] for c in ("tile_m", "tile_n", "tile_k"))
+    wm, wn = col(kernels, "warp_m")[None, :], col(kernels, "warp_n")[None, :]
+    wtm, wtk = col(kernels, "warp_tile_m")[None, :], col(kernels, "warp_tile_k")[None, :]
+    pipe = kernels["pipeline"].to_numpy()
+    unknown = sorted(set(pipe) - set(PIPELINES))
+    if unknown:
+        raise ValueError(f"the simulator models pipelines {sorted(PIPELINES)}; catalogue has {unknown}")
+
+    def per_pipe(attr: str) -> np.ndarray:
+        return np.array([getattr(PIPELINES[p], attr) for p in pipe], dtype=np.float64)[None, :]
+
+    sched = kernels["scheduler"].to_numpy()
+    sched_eff = np.array([SCHEDULERS.get(s, (1.0, 1.0))[0] for s in sched])[None, :]
+    sched_lat = np.array([SCHEDULERS.get(s, (1.0, 1.0))[1] for s in sched])[None, :]
+    cshuffle = (kernels["epilogue"].to_numpy() == "cshuffle")[None, :]
+    persistent = kernels["persistent"].to_numpy(bool)[None, :]
+
+    # 1. tiles and waves
+    Tm, Tn, Kit = np.ceil(M / tm), np.ceil(N / tn), np.ceil(K / tk)
+    T = Tm * Tn
+    cus_xcd = cus / xcds
+    n_cu = np.ceil(np.ceil(T / xcds) / cus_xcd)
+    # 2. occupancy
+    lds_wg = (tm + tn) * tk * b * per_pipe("lds_buffers")
+    vgpr = tm * tn / 256.0 + per_pipe("prefetch") * (tm + tn) * tk * b / (4.0 * 256.0) + 48.0
+    occ = np.maximum(1.0, np.minimum(np.minimum(np.floor(lds_cu / lds_wg), np.floor(VGPR_LANE / vgpr)),
+                                     MAX_WG_PER_CU))
+    # 3. compute side of one iteration
+    full_k = ua.full_rate_k[_DTYPE_CLASS[dtype_name]]
+    full = np.array([full_k.get(int(m_), -1) for m_ in col(kernels, "warp_tile_m")])[None, :]
+    rate = np.where(wtk == full, 1.0, 0.5) * np.where(wtm == 16, MFMA_16_EFF, 1.0)
+    rate = np.where(wtm > 32, 0.5, rate)  # 64x4 tiles: a slow instruction
+    t_mfma = 2.0 * tm * tn * tk / (p_cu * rate)
+    lds_bytes = (tm + tn) * tk * b + tk * b * (tm * wn + tn * wm)
+    t_lds = lds_bytes / (ua.lds_bytes_per_clk * clk)
+    t_comp = np.maximum(t_mfma, t_lds) / (per_pipe("issue_eff") * sched_eff) + per_pipe("sync_clk") / clk
+    # 4. memory side of one iteration
+    m_eff = np.minimum(tm, M / Tm)
+    n_eff = np.minimum(tn, N / Tn)
+    link = ua.link_bytes_per_clk * clk
+    t_link = (m_eff + n_eff) * tk * b / link
+    exposed = LATENCY_S * sched_lat
+    # 5. tile time, alone and on a saturated CU
+    stages = np.minimum(1.0 + per_pipe("prologue_stages"), Kit)
+    kit_exp = Kit - stages
+    it_lat = np.maximum(t_comp, t_link + exposed)
+    it_thr = np.maximum(t_comp, t_link)
+    c_tile = m_eff * n_eff * bc
+    t_epi = STORE_LATENCY_S + c_tile / link + np.where(cshuffle, 2.0 * tm * tn * bc / (ua.lds_bytes_per_clk * clk)
+                                                       + 100.0 / clk, 0.0)
+    t_epi_thr = t_epi - STORE_LATENCY_S
+    setup = np.where(persistent, PERSISTENT_TILE_S + WG_SETUP_S / np.maximum(n_cu / occ, 1.0), WG_SETUP_S)
+    t_alone = setup + LATENCY_S + stages * (t_link + t_comp) + kit_exp * it_lat + t_epi
+    t_thr = setup * np.where(persistent, 1.0, 0.5) + Kit * it_thr + t_epi_thr
+    # 6. CU bound
+    t_cu = np.maximum(n_cu * t_thr, np.ceil(n_cu / occ) * t_alone)
+    # 7. memory hierarchy
+    a_bytes, b_bytes, c_bytes = M * K * b, N * K * b, M * N * bc
+    l2_traffic = T * Kit * (m_eff + n_eff) * tk * b
+    t_l2 = l2_traffic / (xcds * ua.l2_bytes_per_clk * clk)
+    b_share = b_bytes / np.minimum(Tn, xcds)
+    b_miss = np.clip(1.0 - l2_xcd / np.maximum(b_share, 1.0), 0.0, 1.0)
+    reread = a_bytes * (np.minimum(Tn, xcds) - 1.0) + b_bytes * (Tm - 1.0) * b_miss
+    unique = a_bytes + b_bytes
+    in_llc = np.clip(llc / (unique + c_bytes), 0.0, 1.0)
+    bw_llc = hbm * LLC_BW_FACTOR * HBM_READ_EFF
+    bw_read = 1.0 / (in_llc / bw_llc + (1.0 - in_llc) / (hbm * HBM_READ_EFF))
+    fabric = per_pipe("fabric")
+    t_fabric = (unique / bw_read + reread / bw_llc) / fabric \
+        + c_bytes / (hbm * np.where(cshuffle, WRITE_EFF["cshuffle"], WRITE_EFF["default"]))
+    # 8. total
+    p = SMOOTH_P
+    t_body = (t_cu**p + t_l2**p + t_fabric**p) ** (1.0 / p)
+    return LAUNCH_S + t_body
+
+
+# -- the table --------------------------------------------------------------------------------------
+def simulate(shapes_df: pd.DataFrame, op: OpDefinition, arch: Any, dtype: Any, layout: Any, *,
+             seed: int = 0, noise_seed: int | None = None, source: str = "simulated",
+             kernels: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Simulate a benchmark run of the op's catalogue on ``shapes_df``: the canonical table.
+
+    Parameters
+    ----------
+    shapes_df
+        Problems with columns m, n, k (split_k optional, default 1).
+    op
+        The op definition (its catalogue, validity rules and FLOP count are used).
+    arch, dtype, layout
+        Composed config groups (or objects with the same attributes).
+    seed
+        Seed of the simulated machine: kernel idiosyncrasies, runtime failures and, unless
+        ``noise_seed`` is given, the run-to-run noise.
+    noise_seed
+        Seed of the run-to-run noise alone (a second "run" of the same machine).
+    source
+        Value of the ``source`` column.
+    kernels
+        Catalogue to simulate (default: ``op.catalogue(arch, dtype, layout)``).
+
+    Returns
+    -------
+    DataFrame
+        One row per (shape, kernel), shapes-major, with the canonical columns
+        (:func:`ckpred.data.table.canonical_columns`) in order and types.
+    """
+    from ckpred.data.table import conform
+
+    cat = op.catalogue(arch, dtype, layout) if kernels is None else kernels.reset_index(drop=True)
+    problems = shapes_df.reset_index(drop=True).copy()
+    if "split_k" not in problems:
+        problems["split_k"] = 1
+    problems = problems[["m", "n", "k", "split_k"]].astype("int64")
+    S, Q = len(problems), len(cat)
+    noise_seed = seed if noise_seed is None else noise_seed
+
+    latency = model_latency(problems, cat, arch=arch, dtype=dtype)  # (S, Q) seconds
+    name_key = _name_keys(cat["kernel_name"].to_numpy())[None, :]
+    fam_codes = pd.Categorical(op.family(problems), categories=list(op.families)).codes
+    fam = fam_codes.astype(np.uint64)[:, None]
+    shape_key = _hash(problems["m"].to_numpy(), problems["n"].to_numpy(),
+                      problems["k"].to_numpy(), problems["split_k"].to_numpy())[:, None]
+    idio = np.exp(KERNEL_SIGMA * _normal(_hash(seed, 1, name_key))
+                  + KERNEL_FAMILY_SIGMA * _normal(_hash(seed, 2, name_key, fam)))
+    row_key = _hash(shape_key, name_key)
+    latency = latency * idio / run_noise(_hash(noise_seed, 3, row_key))
+
+    p_rep = problems.loc[np.repeat(np.arange(S), Q)].reset_index(drop=True)
+    k_rep = cat.loc[np.tile(np.arange(Q), S)].reset_index(drop=True)
+    valid, reason = op.validity(p_rep, k_rep, arch=arch, dtype=dtype, layout=layout)
+    fail = valid & (_uniform(_hash(seed, 4, row_key)).ravel() < RUNTIME_FAIL_P)
+    reason = np.where(fail, RUNTIME_FAIL_REASON, reason)
+    valid = valid & ~fail
+
+    lat = latency.ravel()
+    flops = op.flops(p_rep)
+    b = float(getattr(dtype, "bytes_per_element", None) or _BYTES[str(getattr(dtype, "name", dtype))])
+    m, n, k = (p_rep[c].to_numpy(np.float64) for c in ("m", "n", "k"))
+    moved = (m * k + n * k) * b + m * n * 2.0 * (b == 1) + m * n * b * (b != 1)
+    frame = pd.concat([p_rep, k_rep.drop(columns=["kernel_id"])], axis=1)
+    frame["op"] = op.name
+    frame["arch"] = str(_arch_value(arch, "name"))
+    frame["dtype"] = str(getattr(dtype, "name", dtype))
+    frame["layout"] = str(getattr(layout, "name", layout))
+    frame["tflops"] = np.where(valid, flops / lat / 1e12, 0.0)
+    frame["latency_ms"] = np.where(valid, lat * 1e3, 0.0)
+    frame["bandwidth_gbs"] = np.where(valid, moved / lat / 1e9, np.nan)
+    frame["is_valid"] = valid
+    frame["invalid_reason"] = reason
+    frame["repeats"] = 1
+    frame["spread"] = np.nan
+    frame["source"] = source
+    frame["run_id"] = f"sim-seed{seed}" if noise_seed == seed else f"sim-seed{seed}-noise{noise_seed}"
+    return conform(frame, op)
+
+
+# -- calibration against real measurements ---------------------------------------------------------
+#: Calibration targets of issue 3: median |log ratio| of the best TFLOPS, worst family median,
+#: and the share of shapes whose real best kernel is in the simulator's top 5%.
+CALIBRATION_TARGETS = {"median_abs_log": 0.26, "family_median_abs_log": float(np.log(2.0)), "top5pct_share": 0.60}
+
+
+def read_oracle_table(path: str | Path) -> pd.DataFrame:
+    """Read a real oracle-best table (columns m, n, k, oracle_best_tflops, oracle_best_kernel).
+
+    Raises
+    ------
+    ckpred.errors.InputFileError
+        When the file is missing or lacks a column (the message names both).
+    """
+    from ckpred.errors import InputFileError
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputFileError(str(path), "no such file (calibration_file must be an oracle-best CSV)")
+    real = pd.read_csv(path)
+    need = ["m", "n", "k", "oracle_best_tflops", "oracle_best_kernel"]
+    missing = [c for c in need if c not in real.columns]
+    if missing:
+        raise InputFileError(str(path), f"line 1: missing column(s) {missing}; have {list(real.columns)}")
+    return real
+
+
+def calibration_report(table: pd.DataFrame, real: pd.DataFrame, op: OpDefinition) -> dict[str, Any]:
+    """Compare a simulated table with real per-shape best measurements.
+
+    Returns per-shape rows (``shapes``: m, n, k, family, real/sim best TFLOPS, |log ratio|,
+    percentile rank of the real best kernel in the simulator's order, 0 = best) and the
+    summary figures: median and P90 of |log(sim best / real best)|, the same by family, and the
+    share of shapes whose real best kernel is in the simulator's top 5%.
+    """
+    valid = table[table["is_valid"]]
+    best = valid.groupby(["m", "n", "k"], sort=False)["tflops"].max().rename("sim_best").reset_index()
+    rows = real[["m", "n", "k", "oracle_best_tflops", "oracle_best_kernel"]].merge(best, on=["m", "n", "k"], how="left")
+    ranks = []
+    for (m, n, k), group in valid.groupby(["m", "n", "k"], sort=False):
+        target = rows.loc[(rows.m == m) & (rows.n == n) & (rows.k == k), "oracle_best_kernel"]
+        if target.empty:
+            continue
+        order = group.sort_values("tflops", ascending=False)["kernel_name"].to_numpy()
+        hit = np.flatnonzero(order == target.iloc[0])
+        ranks.append((m, n, k, hit[0] / len(order) if hit.size else 1.0))
+    rows = rows.merge(pd.DataFrame(ranks, columns=["m", "n", "k", "rank_pct"]), on=["m", "n", "k"], how="left")
+    rows["abs_log"] = np.abs(np.log(rows["sim_best"] / rows["oracle_best_tflops"]))
+    rows["family"] = op.family(rows)
+    summary: dict[str, Any] = {
+        "shapes": int(len(rows)),
+        "median_abs_log": float(rows["abs_log"].median()),
+        "p90_abs_log": float(rows["abs_log"].quantile(0.9)),
+        "median_ratio": float(np.exp(np.log(rows["sim_best"] / rows["oracle_best_tflops"]).median())),
+        "top5pct_share": float((rows["rank_pct"] <= 0.05).mean()),
+        "median_rank_pct": float(rows["rank_pct"].median()),
+        "by_family": {},
+    }
+    for fam in op.families:
+        sub = rows[rows["family"] == fam]
+        if len(sub):
+            summary["by_family"][fam] = {
+                "shapes": int(len(sub)),
+                "median_abs_log": float(sub["abs_log"].median()),
+                "p90_abs_log": float(sub["abs_log"].quantile(0.9)),
+                "median_ratio": float(np.exp(np.log(sub["sim_best"] / sub["oracle_best_tflops"]).median())),
+                "top5pct_share": float((sub["rank_pct"] <= 0.05).mean()),
+            }
+    summary["family_median_abs_log"] = max(v["median_abs_log"] for v in summary["by_family"].values())
+    summary["meets_targets"] = bool(
+        summary["median_abs_log"] <= CALIBRATION_TARGETS["median_abs_log"]
+        and summary["family_median_abs_log"] <= CALIBRATION_TARGETS["family_median_abs_log"]
+        and summary["top5pct_share"] >= CALIBRATION_TARGETS["top5pct_share"])
+    return {"summary": summary, "shapes": rows}
+
+
+def format_calibration(report: Mapping[str, Any]) -> str:
+    """Human-readable calibration report."""
+    s = report["summary"]
+    lines = [f"calibration over {s['shapes']} real shapes (sim best vs real best TFLOPS)",
+             f"  median |log ratio| {s['median_abs_log']:.3f} (target <= {CALIBRATION_TARGETS['median_abs_log']:.2f})"
+             f"   P90 {s['p90_abs_log']:.3f}   median ratio x{s['median_ratio']:.3f}",
+             f"  real best kernel in the simulator's top 5%: {100 * s['top5pct_share']:.1f}% of shapes "
+             f"(target >= {100 * CALIBRATION_TARGETS['top5pct_share']:.0f}%); median percentile rank "
+             f"{100 * s['median_rank_pct']:.1f}%",
+             "  by M family:  shapes  median|log|  P90|log|  median ratio  top-5% share"]
+    for fam, v in s["by_family"].items():
+        lines.append(f"    {fam:<8} {v['shapes']:>8}  {v['median_abs_log']:>11.3f}  {v['p90_abs_log']:>8.3f}"
+                     f"  {v['median_ratio']:>12.3f}  {100 * v['top5pct_share']:>11.1f}%")
+    lines.append(f"  worst family median |log| {s['family_median_abs_log']:.3f} (target <= ln 2 = 0.693); "
+                 f"targets {'met' if s['meets_targets'] else 'NOT met'}")
+    return "\n".join(lines)
+
+
+# -- cached tables for configs, the streaming log, the command ------------------------------------
+def _plain(node: Any) -> Any:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def cache_key(cfg: Any, shapes: pd.DataFrame) -> str:
+    """Hash of everything a simulated table depends on: simulator version, op, arch, dtype,
+    layout, seed and the shapes themselves (so an edited shapes file is a new table)."""
+    payload = {
+        "version": SIMULATOR_VERSION,
+        "op": _plain(cfg.op), "arch": _plain(cfg.arch), "dtype": _plain(cfg.dtype),
+        "layout": _plain(cfg.layout), "seed": int(cfg.data.seed),
+        "shapes": shapes[["m", "n", "k", "split_k"]].to_numpy().tolist(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cache_path(cfg: Any, shapes: pd.DataFrame) -> Path:
+    """Where :func:`simulated_table` caches the table of ``cfg`` (under ``data.cache_dir``)."""
+    from ckpred.config import resolve_path
+
+    name = f"simulated-{cfg.op.name}-{cfg.arch.name}-{cfg.dtype.name}-{cfg.layout.name}-{cfg.shapes.name}"
+    return resolve_path(cfg.data.cache_dir) / f"{name}-{cache_key(cfg, shapes)}.parquet"
+
+
+def simulated_table(cfg: Any) -> pd.DataFrame:
+    """The simulated canonical table of a composed config (``data.source=simulated``).
+
+    Uses ``cfg.op``, ``arch``, ``dtype``, ``layout``, ``shapes`` and ``data.seed``. The table is
+    cached as parquet under ``data.cache_dir`` (resolved against the original working
+    directory) with a key that includes :data:`SIMULATOR_VERSION`, so a changed model or
+    config regenerates it and an unchanged one is read back.
+    """
+    from ckpred.data.shapes import load_shapes
+    from ckpred.data.table import read_table, write_table
+    from ckpred.kernels.base import load_op
+
+    op = load_op(cfg.op)
+    shapes = load_shapes(cfg.shapes)
+    path = cache_path(cfg, shapes)
+    if path.is_file():
+        return read_table(path, op)
+    table = simulate(shapes, op, cfg.arch, cfg.dtype, cfg.layout, seed=int(cfg.data.seed),
+                     source=f"simulated:{cfg.shapes.name}")
+    write_table(table, path, op)
+    return table
+
+
+_MAJOR = {"r": "RowMajor", "c": "ColumnMajor"}
+
+
+def write_log(table: pd.DataFrame, path: str | Path, *, acc_dtype: str = "fp32", c_dtype: str | None = None) -> Path:
+    """Write ``table`` in CK Tile's streaming benchmark log format (CK_TILE_FACTS.md section 4).
+
+    One ``Shape i: M=.. N=.. K=.. dtype=.. layout=..`` header between ``=====`` rules per shape,
+    then one JSON object per valid row with latency, TFLOPS and bandwidth printed with 2
+    decimals; invalid rows print nothing, as failed kernels do in a real run.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rule = "=" * 80
+    with path.open("w") as fh:
+        for i, ((m, n, k, split_k, dtype, layout), group) in enumerate(
+                table.groupby(["m", "n", "k", "split_k", "dtype", "layout"], sort=False)):
+            a, b, c = layout
+            cdt = c_dtype or ("fp16" if dtype in ("fp8", "bf8") else dtype)
+            stride = {"r": k, "c": m}[a], {"r": n, "c": k}[b], {"r": n, "c": m}[c]
+            problem = (f'"problem": {{"split_k": {split_k}, "m": {m}, "n": {n}, "k": {k}, '
+                       f'"stride_a": {stride[0]}, "stride_b": {stride[1]}, "stride_c": {stride[2]}, '
+                       f'"dtype_a": "{dtype}", "dtype_b": "{dtype}", "dtype_acc": "{acc_dtype}", '
+                       f'"dtype_c": "{cdt}", "layout_a": "{_MAJOR[a]}", "layout_b": "{_MAJOR[b]}", '
+                       f'"layout_c": "{_MAJOR[c]}", "structured_sparsity": false}}')
+            fh.write(f"{rule}\nShape {i}: M={m} N={n} K={k} dtype={dtype} layout={layout}\n{rule}\n")
+            ok = group[group["is_valid"]]
+            bandwidth = ok["bandwidth_gbs"].fillna(0.0).to_numpy()
+            fh.writelines(
+                f'{{"name": "{name}", {problem}, "perf_result": {{"latency(ms)": {lat:.2f}, '
+                f'"tflops(TFlops)": {tf:.2f}, "bandwidth(GB/s)": {bw:.2f}}}}}\n'
+                for name, lat, tf, bw in zip(ok["kernel_name"].to_numpy(), ok["latency_ms"].to_numpy(),
+                                             ok["tflops"].to_numpy(), bandwidth))
+    return path
+
+
+def calibrate(cfg: Any, *, out: Any = print) -> dict[str, Any]:
+    """Simulate the shapes of ``cfg.calibration_file`` and compare with their real best TFLOPS.
+
+    The config's arch, dtype and layout must match the file's (gfx950, fp8, rcr for AMD's
+    p1_oracle_best_results.csv, whose kernel names carry dtype and layout).
+    """
+    from ckpred.config import resolve_path
+    from ckpred.errors import ConfigValueError
+    from ckpred.kernels.base import load_op
+
+    op = load_op(cfg.op)
+    real = read_oracle_table(resolve_path(cfg.calibration_file))
+    parsed = op.parse_name(str(real["oracle_best_kernel"].iloc[0]))
+    want = f"dtype={parsed.get('dtype')} layout={parsed.get('layout')} (from the kernel names of {cfg.calibration_file})"
+    if (parsed.get("dtype"), parsed.get("layout")) != (cfg.dtype.name, cfg.layout.name):
+        raise ConfigValueError("dtype/layout", f"{cfg.dtype.name}/{cfg.layout.name}", want)
+    table = simulate(real[["m", "n", "k"]], op, cfg.arch, cfg.dtype, cfg.layout, seed=int(cfg.data.seed),
+                     source="simulated:calibration")
+    report = calibration_report(table, real, op)
+    out(format_calibration(report))
+    return report
+
+
+def simulate_command(cfg: Any) -> float:
+    """``ckpred simulate``: write the simulated table (and log); optionally the calibration report.
+
+    Returns the calibration's median |log(sim best / real best)| with ``calibrate=true`` (what a
+    sweep would minimise), else the share of valid rows in the written table.
+    """
+    from ckpred.config import resolve_path
+    from ckpred.data.table import write_table
+    from ckpred.kernels.base import load_op
+
+    op = load_op(cfg.op)
+    table = simulated_table(cfg)
+    out = write_table(table, resolve_path(cfg.out), op)
+    shapes = table.groupby(["m", "n", "k", "split_k"], sort=False).ngroups
+    print(f"simulated {len(table):,} rows ({shapes} shapes x {len(table) // max(shapes, 1):,} kernels, "
+          f"{table['is_valid'].mean():.1%} valid) -> {out}")
+    if cfg.log:
+        log = write_log(table, resolve_path(cfg.log), acc_dtype=cfg.dtype.accumulator, c_dtype=cfg.dtype.c_dtype)
+        print(f"streaming log -> {log}")
+    if cfg.calibrate:
+        return calibrate(cfg)["summary"]["median_abs_log"]
+    return float(table["is_valid"].mean())
