@@ -28,6 +28,10 @@ COMMANDS: dict[str, Command] = {
                      "train the kernel-selection model with shape-grouped CV; report it against baselines"),
     "ingest": Command("ingest", "ckpred.data.ingest:ingest_command",
                       "read benchmark output (JSON, streaming log, CSV, parquet) into the canonical table"),
+    "export": Command("export", "ckpred.export.command:export_command",
+                      "compile the model to ONNX (selector + scorer) with a manifest, parity-checked"),
+    "select": Command("select", "ckpred.runtime:select_command",
+                      "pick the top-k kernels for one problem with an exported model"),
     "simulate": Command("simulate", "ckpred.data.simulate:simulate_command",
                         "simulate CK Tile GEMM benchmarks (embedded default data); calibrate=true reports vs real"),
 }
