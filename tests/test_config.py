@@ -9,7 +9,8 @@ from ckpred.config import CONF_DIR, compose
 from ckpred.errors import ConfigValueError
 
 #: Primary configs and the overrides they need to compose on their own.
-PRIMARY = {"ingest": ["data.path=x.csv"], "train": [], "simulate": []}
+PRIMARY = {"ingest": ["data.path=x.csv"], "train": [], "simulate": [], "export": [],
+           "select": ["problem.m=128", "problem.n=1536", "problem.k=7168"]}
 
 
 def _options(group: str) -> list[str]:
