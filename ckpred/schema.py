@@ -438,6 +438,78 @@ class TrainConfig:
     progress: bool = True
 
 
+# -- export and select (export owner) ------------------------------------------------------------
+EXPORT_SELECT: tuple[str, ...] = ("full",)
+
+
+@dataclass
+class ExportParityConfig:
+    """The parity check run before an export is written (sklearn vs ONNX scorer vs selector)."""
+
+    check: bool = True
+    #: Training shapes to check (0 = all of them).
+    shapes: int = 0
+    #: Largest |sklearn - ONNX| score difference allowed, in the model's output space.
+    max_abs_diff: float = 1e-6
+
+    def __post_init__(self) -> None:
+        check("parity.shapes", self.shapes, self.shapes >= 0, "an integer >= 0 (0 = every training shape)")
+        check("parity.max_abs_diff", self.max_abs_diff, self.max_abs_diff >= 0, "a number >= 0")
+
+
+@dataclass
+class ExportConfig:
+    """Primary config of ``ckpred export``: the train groups plus where the model comes from."""
+
+    arch: ArchConfig = MISSING
+    dtype: DtypeConfig = MISSING
+    layout: LayoutConfig = MISSING
+    op: OpConfig = MISSING
+    data: DataConfig = MISSING
+    shapes: ShapesConfig = MISSING
+    features: FeaturesConfig = MISSING
+    model: ModelConfig = MISSING
+    target: TargetConfig = MISSING
+    rows: RowsConfig = field(default_factory=RowsConfig)
+    seed: int = 0
+    #: A finished ``train`` run dir to compile (its ``pipeline.joblib``); empty = fit here on all data.
+    run_dir: str = ""
+    #: Root of the exports; the model goes to ``<out_dir>/<op>_<arch>_<dtype>_<layout>/``.
+    out_dir: str = "exports"
+    #: Selection strategy compiled into the selector graph.
+    select: str = "full"
+    parity: ExportParityConfig = field(default_factory=ExportParityConfig)
+
+    def __post_init__(self) -> None:
+        check("select", self.select, self.select in EXPORT_SELECT, f"one of {list(EXPORT_SELECT)}")
+
+
+@dataclass
+class SelectConfig:
+    """Primary config of ``ckpred select``: one problem, answered by an exported model."""
+
+    arch: ArchConfig = MISSING
+    dtype: DtypeConfig = MISSING
+    layout: LayoutConfig = MISSING
+    op: OpConfig = MISSING
+    #: Problem fields of the op, e.g. ``problem.m=128 problem.n=1536 problem.k=7168``; the keys
+    #: come from ``conf/problem/<op>.yaml`` (required ones are ``???``).
+    problem: dict[str, int] = MISSING
+    top_k: int = 5
+    #: Export directory; empty = ``<exports_dir>/<op>_<arch>_<dtype>_<layout>``.
+    model_dir: str = ""
+    exports_dir: str = "exports"
+    #: Print the answer as one JSON object instead of a table.
+    json: bool = False
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        check("top_k", self.top_k, self.top_k >= 1, "an integer >= 1")
+        check("threads", self.threads, self.threads >= 1, "an integer >= 1")
+        check("problem", dict(self.problem), bool(self.problem),
+              "the problem fields, e.g. problem.m=128 problem.n=1536 problem.k=7168")
+
+
 def register() -> None:
     """Register every schema under ``base_<group>`` (idempotent)."""
     from hydra.core.config_store import ConfigStore
@@ -456,3 +528,6 @@ def register() -> None:
     cs.store(group="target", name="base_target", node=TargetConfig)
     cs.store(group="cv", name="base_cv", node=CVConfig)
     cs.store(name="base_train", node=TrainConfig)
+    cs.store(name="base_export", node=ExportConfig)
+    cs.store(name="base_select", node=SelectConfig)
+    cs.store(group="problem", name="base_problem", node={})
