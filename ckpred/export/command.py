@@ -1,0 +1,339 @@
+"""``python -m ckpred export``: fit (or take) the final pipeline and compile it to ONNX.
+
+Two sources of the pipeline:
+
+* default: fit the config's ``features -> model`` pipeline on all rows of the config's data
+  (``rows.*`` picks the training rows like ``train`` does);
+* ``run_dir=<train run>``: the finished run's ``pipeline.joblib``; its ``manifest.json``
+  (metrics, data hash) and the run's ``.hydra/config.yaml`` (to recover the training data
+  and its problem ranges) are read too, and arch/dtype/layout/op must match this config.
+
+Output: ``<out_dir>/<op>_<arch>_<dtype>_<layout>/`` with ``model.onnx`` (selector),
+``scorer.onnx`` and ``manifest.json`` (see :mod:`ckpred.export.manifest`), written atomically.
+Before anything is written, a parity check runs sklearn vs the ONNX scorer vs the selector on
+the training shapes (or ``parity.shapes`` of them): the export is refused unless the top-1
+kernel agrees on every shape and the largest score difference is within ``parity.max_abs_diff``;
+the figures go into the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import onnx
+import pandas as pd
+
+from ckpred.errors import ModelMismatchError
+from ckpred.export import manifest as mf
+from ckpred.export import onnx as xo
+from ckpred.export.validity import mask_builder_for
+from ckpred.kernels.base import OpDefinition, load_op
+
+log = logging.getLogger(__name__)
+
+#: Selection strategies ``export.select`` may name (issue 6 adds cascades and the like).
+SELECT_STRATEGIES: tuple[str, ...] = ("full",)
+
+
+def export_name(op: str, arch: str, dtype: str, layout: str) -> str:
+    """Directory name of an export: ``<op>_<arch>_<dtype>_<layout>``."""
+    return f"{op}_{arch}_{dtype}_{layout}"
+
+
+def _name(node: Any) -> str:
+    return str(getattr(node, "name", node))
+
+
+def _feature_names(pipeline: Any) -> list[str]:
+    try:
+        return [str(n) for n in pipeline.named_steps["features"].get_feature_names_out()]
+    except Exception:  # a hand-built pipeline without names: the manifest says so
+        return []
+
+
+def _model_section(pipeline: Any) -> dict[str, Any]:
+    from sklearn.compose import TransformedTargetRegressor
+
+    model = pipeline.steps[-1][1]
+    inner = model.regressor_ if isinstance(model, TransformedTargetRegressor) else model
+    section: dict[str, Any] = {
+        "estimator": type(inner).__name__,
+        "wrapper": type(model).__name__ if inner is not model else None,
+        "target": getattr(pipeline, "ckpred_target_", None),
+        "target_transformer": type(model.transformer_).__name__ if inner is not model else None,
+    }
+    booster = getattr(inner, "booster_", None)
+    if booster is not None:
+        section["n_trees"] = int(booster.num_trees())
+        section["best_iteration"] = int(getattr(inner, "best_iteration_", 0) or 0)
+        params = inner.get_params()
+        section["params"] = {k: params[k] for k in ("n_estimators", "learning_rate", "num_leaves", "max_depth",
+                                                    "min_child_samples", "objective") if k in params}
+    return section
+
+
+# -- parity --------------------------------------------------------------------------------------
+def reference_selection(scores: np.ndarray, valid: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """What the selector must return for one problem: ids, scores, number valid (stable ties)."""
+    masked = np.where(valid, scores, -np.inf)
+    order = np.argsort(-masked, kind="stable")[: min(top_k, len(masked))]
+    return order, masked[order], int(valid.sum())
+
+
+def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, problems: pd.DataFrame, *,
+                 scorer: onnx.ModelProto, selector: onnx.ModelProto, arch: Any, dtype: Any, layout: Any,
+                 top_k: int = 5, batch: int = 8) -> dict[str, Any]:
+    """sklearn pipeline vs ONNX scorer vs selector on ``problems`` x the whole catalogue.
+
+    Returns
+    -------
+    dict
+        ``shapes``, ``rows``, ``top1_agreement`` (fraction of shapes whose selector top-1 equals
+        the sklearn top-1 over valid kernels; shapes with no valid kernel count as agreeing when
+        the selector also reports none), ``topk_agreement`` (same ids in the same order),
+        ``max_abs_diff_scorer`` (sklearn vs scorer, every row), ``max_abs_diff_selector``
+        (sklearn vs selector over the returned scores), ``mismatched_shapes`` (first few).
+    """
+    scorer_s, selector_s = xo.session(scorer), xo.session(selector)
+    kernels = op.encode(catalogue, op.kernel_names)
+    C = len(catalogue)
+    top1 = topk = 0
+    max_scorer = max_selector = 0.0
+    mismatched: list[dict[str, int]] = []
+    probs = problems[list(op.problem_names)].reset_index(drop=True)
+    for start in range(0, len(probs), batch):
+        chunk = probs.iloc[start:start + batch]
+        rows = chunk.loc[chunk.index.repeat(C)].reset_index(drop=True)
+        cat_rows = catalogue.iloc[np.tile(np.arange(C), len(chunk))].reset_index(drop=True)
+        full = pd.concat([rows, cat_rows.drop(columns=["kernel_id", "kernel_name"])], axis=1)
+        X = op.encode_frame(full)
+        ref = np.asarray(pipeline.predict(X), dtype=np.float64).ravel()
+        p = chunk.to_numpy(np.int64)
+        onx = scorer_s.run(["score"], {"problem": np.repeat(p, C, axis=0), "kernel": np.tile(kernels, (len(chunk), 1))})[0]
+        max_scorer = max(max_scorer, float(np.max(np.abs(onx - ref))) if len(ref) else 0.0)
+        valid, _ = op.validity(full, full, arch=arch, dtype=dtype, layout=layout)
+        ids, scores, nvalid = selector_s.run(["kernel_ids", "scores", "num_valid"],
+                                             {"problem": p, "top_k": np.array([top_k], dtype=np.int64)})
+        for j in range(len(chunk)):
+            sl = slice(j * C, (j + 1) * C)
+            r_ids, r_scores, r_n = reference_selection(ref[sl], valid[sl], top_k)
+            n = min(top_k, r_n)
+            same_n = int(nvalid[j]) == r_n
+            ok1 = same_n and (r_n == 0 or ids[j, 0] == r_ids[0])
+            okk = same_n and np.array_equal(ids[j, :n], r_ids[:n])
+            top1 += ok1
+            topk += okk
+            if n:
+                max_selector = max(max_selector, float(np.max(np.abs(scores[j, :n] - ref[sl][ids[j, :n]]))))
+            if not ok1 and len(mismatched) < 10:
+                mismatched.append({name: int(v) for name, v in zip(op.problem_names, p[j])})
+    shapes = len(probs)
+    return {
+        "shapes": shapes, "rows": shapes * C,
+        "top1_agreement": top1 / shapes if shapes else 1.0,
+        "topk_agreement": topk / shapes if shapes else 1.0, "top_k": top_k,
+        "max_abs_diff_scorer": max_scorer, "max_abs_diff_selector": max_selector,
+        "mismatched_shapes": mismatched,
+    }
+
+
+# -- export --------------------------------------------------------------------------------------
+def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, layout: Any,
+                    out_dir: str | Path, training: Mapping[str, Any], parity_problems: pd.DataFrame | None = None,
+                    metrics: Any = None, select: str = "full", max_abs_diff: float = 1e-6,
+                    source: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Compile ``pipeline`` into ``out_dir`` (selector, scorer, manifest), atomically.
+
+    Parameters
+    ----------
+    pipeline : sklearn Pipeline
+        Fitted; input X = ``op.encode_frame(table)``.
+    op, arch, dtype, layout
+        The op and the arch/dtype/layout configs (or names) the model was trained for.
+    out_dir : path
+        The export directory (created or replaced as a whole).
+    training : mapping
+        The manifest's ``training`` section (see :func:`ckpred.export.manifest.training_section`).
+    parity_problems : DataFrame or None
+        Problems for the parity check (None = skip it; the manifest then says so).
+    metrics : mapping or None
+        CV metrics to record.
+    select : str
+        Selection strategy (``full``: every catalogue kernel scored by the full model).
+    max_abs_diff : float
+        Parity bar on |sklearn - ONNX| scores.
+
+    Returns
+    -------
+    dict
+        The manifest written.
+
+    Raises
+    ------
+    ModelMismatchError
+        When the parity check fails (nothing is written then).
+    """
+    if select not in SELECT_STRATEGIES:
+        raise ValueError(f"export.select={select!r} is not implemented; allowed: {list(SELECT_STRATEGIES)}")
+    catalogue = op.catalogue(arch, dtype, layout)
+    t0 = time.perf_counter()
+    pipe_onnx = xo.convert_pipeline(pipeline, op)
+    scorer = xo.build_scorer(pipe_onnx, op)
+    selector = xo.build_selector(pipe_onnx, op, catalogue, arch=arch, dtype=dtype, layout=layout,
+                                 mask_builder=mask_builder_for(op))
+    convert_s = time.perf_counter() - t0
+    parity: dict[str, Any] = {"checked": False}
+    if parity_problems is not None and len(parity_problems):
+        t0 = time.perf_counter()
+        parity = {"checked": True, **parity_check(pipeline, op, catalogue, parity_problems, scorer=scorer,
+                                                 selector=selector, arch=arch, dtype=dtype, layout=layout)}
+        parity["seconds"] = round(time.perf_counter() - t0, 2)
+        parity["max_abs_diff_allowed"] = max_abs_diff
+        worst = max(parity["max_abs_diff_scorer"], parity["max_abs_diff_selector"])
+        if parity["top1_agreement"] < 1.0 or worst > max_abs_diff:
+            raise ModelMismatchError(
+                f"ONNX parity check failed, nothing exported: top-1 agreement {parity['top1_agreement']:.4%} "
+                f"(need 100%), max |score diff| {worst:.3g} (allowed {max_abs_diff:g}); first shapes that "
+                f"differ: {parity['mismatched_shapes']}")
+    manifest: dict[str, Any] = {
+        "format": mf.FORMAT,
+        "created_utc": mf.now_utc(),
+        "op": op.name, "arch": _name(arch), "dtype": _name(dtype), "layout": _name(layout),
+        "select": select,
+        "opset": dict(xo.OPSET), "ir_version": xo.IR_VERSION,
+        "graphs": mf.graph_io(op, len(catalogue)),
+        "problem_fields": mf.fields_section(op.problem_fields),
+        "kernel_fields": mf.fields_section(op.kernel_fields),
+        "catalogue": mf.catalogue_section(op, catalogue),
+        "features": _feature_names(pipeline),
+        "model": _model_section(pipeline),
+        "training": dict(training),
+        "metrics": metrics,
+        "parity": parity,
+        "source": dict(source or {}),
+        "convert_seconds": round(convert_s, 2),
+        "versions": mf.package_versions(),
+    }
+    meta = mf.metadata_payload(manifest)
+    blobs: dict[str, bytes] = {}
+    for model, fname in ((selector, mf.SELECTOR_FILE), (scorer, mf.SCORER_FILE)):
+        xo.set_metadata(model, meta)
+        blobs[fname] = model.SerializeToString()
+    manifest["files"] = {name: {"sha256": mf.sha256_bytes(data), "bytes": len(data)} for name, data in blobs.items()}
+    blobs[mf.MANIFEST] = (json.dumps(manifest, indent=1, sort_keys=False) + "\n").encode()
+    mf.write_export_dir(out_dir, blobs)
+    return manifest
+
+
+def _training_rows(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
+    """Rows the final model trains on: like ``train`` (rule-invalid rows dropped by default)."""
+    rows_cfg = cfg.get("rows") if hasattr(cfg, "get") else None
+    if rows_cfg is None or bool(rows_cfg.get("drop_rule_invalid", True)):
+        valid, _ = op.validity(table, table, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+        table = table[valid]
+    keys = op.shape_keys(table)
+    return table.assign(_shape=keys).sort_values(["_shape"], kind="stable").drop(columns="_shape")
+
+
+def fit_final(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> Any:
+    """Fit the config's pipeline on all training rows of ``table`` (no CV, no early stopping).
+
+    Uses :func:`ckpred.train.fit_final` when the train module provides it (so export and train
+    pick rows and targets the same way), else the same steps through :mod:`ckpred.models`.
+    """
+    try:
+        from ckpred import train as train_mod
+    except ImportError:
+        train_mod = None
+    if train_mod is not None and hasattr(train_mod, "fit_final"):
+        return train_mod.fit_final(cfg, table, op)
+    from ckpred import models
+
+    rows = _training_rows(cfg, table, op)
+    codes = pd.factorize(op.shape_keys(rows))[0]
+    perf = np.where(rows["is_valid"].to_numpy(bool), rows["tflops"].to_numpy(np.float64), 0.0)
+    y = models.training_target(perf, codes, cfg.model, cfg.target)
+    pipe = models.build_pipeline(cfg, op, cfg.arch, cfg.dtype)
+    model_cfg = dict(cfg.model)
+    model_cfg["early_stopping_rounds"] = 0
+    from types import SimpleNamespace
+
+    return models.fit_pipeline(pipe, op.encode_frame(rows), y, codes, model_cfg=SimpleNamespace(**model_cfg),
+                               target=models.target_name(cfg.model, cfg.target))
+
+
+def _check_run_matches(cfg: Any, run_cfg: Any, run_dir: Path) -> None:
+    diffs = []
+    for key in ("op", "arch", "dtype", "layout"):
+        mine, theirs = _name(cfg[key]), _name(run_cfg[key])
+        if mine != theirs:
+            diffs.append(f"{key}: run has {theirs!r}, this export config has {mine!r} (pass {key}={theirs})")
+    if diffs:
+        raise ModelMismatchError(f"{run_dir} was trained for a different target: " + "; ".join(diffs))
+
+
+def export_command(cfg: Any) -> str:
+    """Task function of ``python -m ckpred export``; returns the export directory."""
+    from omegaconf import OmegaConf
+
+    from ckpred.config import resolve_path
+    from ckpred.data import load_table
+
+    op = load_op(cfg.op)
+    out_root = resolve_path(cfg.out_dir)
+    target = out_root / export_name(op.name, _name(cfg.arch), _name(cfg.dtype), _name(cfg.layout))
+    metrics = None
+    source: dict[str, Any] = {}
+    if cfg.run_dir:
+        import joblib
+
+        run_dir = resolve_path(cfg.run_dir)
+        pipe_path = run_dir / "pipeline.joblib"
+        if not pipe_path.is_file():
+            raise FileNotFoundError(f"{pipe_path}: no fitted pipeline in run_dir={cfg.run_dir} "
+                                    "(train with save_pipeline=true)")
+        run_cfg_path = run_dir / ".hydra" / "config.yaml"
+        data_cfg = cfg
+        if run_cfg_path.is_file():
+            data_cfg = OmegaConf.load(run_cfg_path)
+            _check_run_matches(cfg, data_cfg, run_dir)
+        train_manifest: dict[str, Any] = {}
+        if (run_dir / "manifest.json").is_file():
+            train_manifest = json.loads((run_dir / "manifest.json").read_text())
+            for key in ("op", "arch", "dtype", "layout"):
+                theirs = train_manifest.get(key)
+                if isinstance(theirs, str) and theirs != _name(cfg[key]):
+                    raise ModelMismatchError(f"{run_dir}/manifest.json: {key} is {theirs!r}, this export config "
+                                             f"has {_name(cfg[key])!r} (pass {key}={theirs})")
+        metrics = train_manifest.get("metrics")
+        pipeline = joblib.load(pipe_path)
+        table = load_table(data_cfg)
+        source = {"kind": "run_dir", "run_dir": str(run_dir), "pipeline_sha256": mf.sha256_file(pipe_path),
+                  "train_data_hash": train_manifest.get("data_hash")}
+    else:
+        table = load_table(cfg)
+        t0 = time.perf_counter()
+        pipeline = fit_final(cfg, table, op)
+        source = {"kind": "fit", "fit_seconds": round(time.perf_counter() - t0, 2),
+                  "config": OmegaConf.to_container(cfg, resolve=True)}
+    training = mf.training_section(table, op, source=_name(cfg.data.source) if "data" in cfg else None)
+    problems = table[list(op.problem_names)].drop_duplicates()
+    if cfg.parity.shapes and len(problems) > cfg.parity.shapes:
+        problems = problems.sample(cfg.parity.shapes, random_state=int(cfg.get("seed", 0)))
+    manifest = export_pipeline(pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=target,
+                               training=training, parity_problems=problems if cfg.parity.check else None,
+                               metrics=metrics, select=cfg.select, max_abs_diff=cfg.parity.max_abs_diff,
+                               source=source)
+    par = manifest["parity"]
+    if par.get("checked"):
+        print(f"parity on {par['shapes']} shapes x {manifest['catalogue']['count']} kernels: top-1 agreement "
+              f"{par['top1_agreement']:.2%}, top-{par['top_k']} {par['topk_agreement']:.2%}, max |diff| scorer "
+              f"{par['max_abs_diff_scorer']:.3g}, selector {par['max_abs_diff_selector']:.3g}")
+    sizes = ", ".join(f"{k} {v['bytes'] / 1e6:.2f} MB" for k, v in manifest["files"].items())
+    print(f"exported {target} ({sizes})")
+    return str(target)

@@ -1,0 +1,354 @@
+"""Python runtime: load an exported selector, verify it, and pick kernels for problems.
+
+>>> sel = KernelSelector.load("exports/gemm_universal_gfx950_fp8_rcr", arch="gfx950", dtype="fp8")
+>>> choice = sel.select(128, 1536, 7168, top_k=5)       # or sel.select(m=128, n=1536, k=7168)
+>>> choice.kernels[0], choice.scores[0], choice.out_of_distribution
+
+:meth:`KernelSelector.load` reads ``manifest.json``, checks the sha256 of every ``.onnx`` it
+lists, checks that the manifest inside the model's metadata is the one beside it, that the
+requested arch/dtype/layout match, and that the catalogue in the manifest is the one this
+ckpred's op definition enumerates for that arch/dtype/layout (or the one passed in). Any
+difference raises :class:`ckpred.errors.ModelMismatchError` naming it.
+
+:meth:`KernelSelector.select` runs the selector graph (``model.onnx``: problem -> top-k
+kernel ids, scores, number of valid kernels). A problem for which no kernel is valid (the
+degenerate N=1 or K=1 GEMMs, or dimensions no tile divides) gets an explicit "no kernel"
+answer (``ok=False``) with the op's reason instead of a guess. Problems outside the field
+ranges seen in training are answered but flagged ``out_of_distribution`` with the fields and
+ranges concerned. Answers are cached per (problem, top_k) in a bounded LRU cache.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from ckpred.errors import ModelMismatchError
+from ckpred.export import manifest as mf
+from ckpred.kernels.base import OpDefinition, load_op
+
+__all__ = ["KernelSelector", "Selection"]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The answer for one problem.
+
+    Attributes
+    ----------
+    problem : dict
+        The problem fields as used (defaults filled in).
+    kernels : tuple of str
+        Kernel names, best first (empty when ``ok`` is False).
+    ids : tuple of int
+        Their catalogue ids.
+    scores : tuple of float
+        Their scores in the model's output space (higher is better).
+    ok : bool
+        False when no kernel can run the problem; ``reason`` says why.
+    reason : str
+        Why there is no kernel ("" when ``ok``).
+    num_valid : int
+        Catalogue kernels that can run the problem.
+    out_of_distribution : bool
+        Some problem field lies outside the range seen in training.
+    ood_fields : dict
+        Field -> (value, [min, max] seen in training) for each such field.
+    """
+
+    problem: dict[str, int]
+    kernels: tuple[str, ...]
+    ids: tuple[int, ...]
+    scores: tuple[float, ...]
+    ok: bool
+    reason: str
+    num_valid: int
+    out_of_distribution: bool = False
+    ood_fields: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"problem": self.problem, "ok": self.ok, "reason": self.reason, "num_valid": self.num_valid,
+                "out_of_distribution": self.out_of_distribution,
+                "ood_fields": {k: [v[0], list(v[1])] for k, v in self.ood_fields.items()},
+                "kernels": [{"id": i, "name": n, "score": s} for i, n, s in zip(self.ids, self.kernels, self.scores)]}
+
+
+def _metadata(model_path: Path) -> dict[str, str]:
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    return {p.key: p.value for p in model.metadata_props}
+
+
+class KernelSelector:
+    """An exported kernel selector, verified and ready to answer problems.
+
+    Use :meth:`load`; the constructor takes already-verified parts.
+    """
+
+    def __init__(self, model_dir: Path, manifest: dict[str, Any], op: OpDefinition, session: Any, *,
+                 cache_size: int = 4096) -> None:
+        self.model_dir = model_dir
+        self.manifest = manifest
+        self.op = op
+        self._session = session
+        self._names = [row[1] for row in manifest["catalogue"]["rows"]]
+        self._catalogue: pd.DataFrame | None = None
+        self._problem_fields = [f["name"] for f in manifest["problem_fields"]]
+        self._defaults = {f["name"]: f["default"] for f in manifest["problem_fields"]}
+        self._ranges = manifest.get("training", {}).get("problem_ranges", {})
+        self._cache: OrderedDict[tuple[Any, ...], Selection] = OrderedDict()
+        self.cache_size = cache_size
+        self.cache_hits = 0
+
+    # -- loading -------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, model_dir: str | Path, *, arch: Any = None, dtype: Any = None, layout: Any = None,
+             catalogue: pd.DataFrame | None = None, threads: int = 1, cache_size: int = 4096,
+             check_catalogue: bool = True) -> "KernelSelector":
+        """Load and verify an export directory.
+
+        Parameters
+        ----------
+        model_dir : path
+            ``exports/<op>_<arch>_<dtype>_<layout>`` (holds ``model.onnx`` and ``manifest.json``).
+        arch, dtype, layout : str or config, optional
+            What the caller runs on; each given one must equal the manifest's.
+        catalogue : DataFrame, optional
+            The caller's kernel catalogue (``kernel_id``, ``kernel_name``, kernel fields); by
+            default the catalogue ckpred's op definition enumerates for the manifest's
+            arch/dtype/layout. Its hash must equal the manifest's.
+        threads : int, default=1
+            onnxruntime intra-op threads.
+        cache_size : int, default=4096
+            Answers kept in the per-problem LRU cache (0 = no cache).
+        check_catalogue : bool, default=True
+            Compare the catalogue (set False only for ops whose catalogue needs configs that
+            are not available by name).
+
+        Raises
+        ------
+        FileNotFoundError
+            No manifest in ``model_dir``.
+        ckpred.errors.ModelMismatchError
+            Tampered file (sha256), manifest/model metadata disagreement, or arch/dtype/layout/
+            catalogue different from what was asked; the message names what differs.
+        """
+        from ckpred.export.onnx import session as make_session
+
+        model_dir = Path(model_dir)
+        manifest = mf.read_manifest(model_dir)
+        mf.verify_files(model_dir, manifest)
+        selector_file = manifest["graphs"]["selector"]["file"]
+        if selector_file not in manifest.get("files", {}):
+            raise ModelMismatchError(f"{model_dir}/{mf.MANIFEST}: the selector {selector_file} has no sha256 entry")
+        meta = _metadata(model_dir / selector_file)
+        body = {k: v for k, v in manifest.items() if k != "files"}
+        if json.loads(meta.get("ckpred.manifest", "null")) != body:
+            raise ModelMismatchError(f"{model_dir}: manifest.json does not match the manifest embedded in "
+                                     f"{selector_file} (files from different exports?)")
+        wanted = {"arch": arch, "dtype": dtype, "layout": layout}
+        diffs = [f"{key}: model is for {manifest[key]!r}, asked for {getattr(v, 'name', v)!r}"
+                 for key, v in wanted.items() if v is not None and getattr(v, "name", v) != manifest[key]]
+        if diffs:
+            raise ModelMismatchError(f"{model_dir} does not match: " + "; ".join(diffs))
+        op = load_op(manifest["op"])
+        section = manifest["catalogue"]
+        own = mf.catalogue_frame(section)
+        if op.catalogue_hash(own) != section["hash"]:
+            raise ModelMismatchError(f"{model_dir}/{mf.MANIFEST}: catalogue rows do not hash to the recorded "
+                                     f"{section['hash']} (manifest edited?)")
+        if catalogue is None and check_catalogue:
+            catalogue = op.catalogue(manifest["arch"], manifest["dtype"], manifest["layout"])
+        if catalogue is not None:
+            expected = op.catalogue_hash(catalogue)
+            if expected != section["hash"]:
+                raise ModelMismatchError(
+                    f"{model_dir}: kernel catalogue differs: model has {section['count']} kernels (hash "
+                    f"{section['hash'][:12]}), the runtime's catalogue has {len(catalogue)} (hash {expected[:12]}) "
+                    f"{_first_catalogue_difference(own, catalogue)}")
+        sess = make_session(str(model_dir / selector_file), threads=threads)
+        got_in = [i.name for i in sess.get_inputs()]
+        got_out = [o.name for o in sess.get_outputs()]
+        want_in = [i["name"] for i in manifest["graphs"]["selector"]["inputs"]]
+        want_out = [o["name"] for o in manifest["graphs"]["selector"]["outputs"]]
+        if got_in != want_in or got_out != want_out:
+            raise ModelMismatchError(f"{model_dir}/{selector_file}: inputs {got_in} / outputs {got_out}, manifest "
+                                     f"says {want_in} / {want_out}")
+        return cls(model_dir, manifest, op, sess, cache_size=cache_size)
+
+    # -- selection -----------------------------------------------------------------------------
+    @property
+    def problem_fields(self) -> list[str]:
+        return list(self._problem_fields)
+
+    @property
+    def catalogue(self) -> pd.DataFrame:
+        """The model's kernel catalogue (from the manifest)."""
+        if self._catalogue is None:
+            self._catalogue = mf.catalogue_frame(self.manifest["catalogue"])
+        return self._catalogue
+
+    def problem_row(self, *values: Any, **fields: Any) -> dict[str, int]:
+        """Normalise positional values / a mapping / keywords into the full problem dict."""
+        if len(values) == 1 and isinstance(values[0], Mapping):
+            fields = {**values[0], **fields}
+            values = ()
+        if len(values) > len(self._problem_fields):
+            raise TypeError(f"{len(values)} positional values for {len(self._problem_fields)} problem fields "
+                            f"{self._problem_fields}")
+        given = dict(zip(self._problem_fields, values))
+        for key, value in fields.items():
+            key = str(key).lower() if str(key).lower() in self._problem_fields else key
+            if key not in self._problem_fields:
+                raise KeyError(f"unknown problem field {key!r}; op {self.op.name!r} has {self._problem_fields}")
+            if key in given:
+                raise TypeError(f"problem field {key!r} given twice")
+            given[key] = value
+        row = {}
+        for name in self._problem_fields:
+            if name in given:
+                value = given[name]
+            elif self._defaults.get(name) is not None:
+                value = self._defaults[name]
+            else:
+                raise KeyError(f"problem field {name!r} is required (fields: {self._problem_fields})")
+            try:
+                ivalue = int(value)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"problem field {name}={value!r} is not an integer") from exc
+            if ivalue != value and not isinstance(value, str):
+                raise ValueError(f"problem field {name}={value!r} is not an integer")
+            row[name] = ivalue
+        return row
+
+    def select(self, *values: Any, top_k: int = 5, **fields: Any) -> Selection:
+        """Best ``top_k`` kernels for one problem.
+
+        Parameters
+        ----------
+        *values
+            Problem fields in ``problem_fields`` order (``select(128, 1536, 7168)``), or one
+            mapping of field -> value.
+        top_k : int, default=5
+            Number of kernels to return (fewer when fewer are valid).
+        **fields
+            Problem fields by name (``select(m=128, n=1536, k=7168)``); missing fields with a
+            default (``split_k=1``) take it.
+
+        Returns
+        -------
+        Selection
+        """
+        if int(top_k) < 1:
+            raise ValueError(f"top_k={top_k!r}; allowed: an integer >= 1")
+        row = self.problem_row(*values, **fields)
+        key = (*row.values(), int(top_k))
+        if self.cache_size:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                self.cache_hits += 1
+                return hit
+        answer = self._select_batch([row], int(top_k))[0]
+        if self.cache_size:
+            self._cache[key] = answer
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return answer
+
+    def select_many(self, problems: pd.DataFrame | list[Mapping[str, Any]], top_k: int = 5,
+                    batch: int = 16) -> list[Selection]:
+        """:meth:`select` for many problems, ``batch`` of them per graph run (no cache)."""
+        records = problems.to_dict("records") if isinstance(problems, pd.DataFrame) else list(problems)
+        rows = [self.problem_row(r) for r in records]
+        out: list[Selection] = []
+        for start in range(0, len(rows), batch):
+            out.extend(self._select_batch(rows[start:start + batch], int(top_k)))
+        return out
+
+    def run(self, problems: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Raw graph call: int64 [B, P] problems -> (kernel_ids, scores, num_valid)."""
+        ids, scores, nvalid = self._session.run(
+            ["kernel_ids", "scores", "num_valid"],
+            {"problem": np.ascontiguousarray(problems, dtype=np.int64), "top_k": np.array([top_k], dtype=np.int64)})
+        return ids, scores, nvalid
+
+    def _select_batch(self, rows: list[dict[str, int]], top_k: int) -> list[Selection]:
+        matrix = np.array([[r[n] for n in self._problem_fields] for r in rows], dtype=np.int64)
+        ids, scores, nvalid = self.run(matrix, top_k)
+        out = []
+        for j, row in enumerate(rows):
+            ood = {name: (row[name], tuple(rng)) for name, rng in self._ranges.items()
+                   if name in row and not (rng[0] <= row[name] <= rng[1])}
+            n = int(min(top_k, nvalid[j], ids.shape[1]))
+            if n == 0:
+                out.append(Selection(row, (), (), (), False, self._no_kernel_reason(row), 0, bool(ood), ood))
+                continue
+            chosen = tuple(int(i) for i in ids[j, :n])
+            out.append(Selection(row, tuple(self._names[i] for i in chosen), chosen,
+                                 tuple(float(s) for s in scores[j, :n]), True, "", int(nvalid[j]), bool(ood), ood))
+        return out
+
+    def _no_kernel_reason(self, row: dict[str, int]) -> str:
+        """The op's own reason(s) why no catalogue kernel runs ``row`` (most frequent first)."""
+        cat = self.catalogue
+        problems = pd.DataFrame([row] * len(cat))
+        try:
+            _, reasons = self.op.validity(problems, cat, arch=self.manifest["arch"], dtype=self.manifest["dtype"],
+                                          layout=self.manifest["layout"])
+        except Exception as exc:  # the graph already said "none valid"; keep the answer explicit
+            return f"no valid kernel in the catalogue (reason unavailable: {exc})"
+        counts = Counter(r for r in reasons if r)
+        if not counts:
+            return "no valid kernel in the catalogue"
+        top = counts.most_common(2)
+        text = "; ".join(f"{reason} ({count} kernels)" for reason, count in top)
+        return f"no valid kernel: {text}"
+
+
+def _first_catalogue_difference(model_cat: pd.DataFrame, other: pd.DataFrame) -> str:
+    if len(model_cat) != len(other):
+        return "(different number of kernels)"
+    for i, (a, b) in enumerate(zip(model_cat["kernel_name"], other["kernel_name"])):
+        if a != b:
+            return f"(first difference at kernel_id {i}: model {a!r}, runtime {b!r})"
+    return "(same names, different fields)"
+
+
+def select_command(cfg: Any) -> dict[str, Any]:
+    """Task function of ``python -m ckpred select``: print the top-k kernels of one problem."""
+    from ckpred.config import resolve_path
+    from ckpred.export.command import export_name
+
+    names = {key: str(getattr(cfg[key], "name", cfg[key])) for key in ("arch", "dtype", "layout")}
+    op_name = load_op(cfg.op).name
+    model_dir = resolve_path(cfg.model_dir) if cfg.model_dir else \
+        resolve_path(cfg.exports_dir) / export_name(op_name, names["arch"], names["dtype"], names["layout"])
+    if not (model_dir / mf.MANIFEST).is_file():
+        raise FileNotFoundError(f"no exported model in {model_dir}; run `python -m ckpred export arch={names['arch']} "
+                                f"dtype={names['dtype']} layout={names['layout']}` first or pass model_dir=<dir>")
+    selector = KernelSelector.load(model_dir, threads=int(cfg.threads), cache_size=0, **names)
+    answer = selector.select(dict(cfg.problem), top_k=int(cfg.top_k))
+    result = answer.to_dict()
+    if cfg.json:
+        print(json.dumps(result))
+        return result
+    problem = " ".join(f"{k}={v}" for k, v in answer.problem.items())
+    print(f"{op_name} {names['arch']} {names['dtype']} {names['layout']}: {problem}  (model {model_dir})")
+    if answer.out_of_distribution:
+        ranges = ", ".join(f"{k}={v} outside [{r[0]}, {r[1]}]" for k, (v, r) in answer.ood_fields.items())
+        print(f"warning: out of the training distribution: {ranges}")
+    if not answer.ok:
+        print(f"no kernel: {answer.reason}")
+        return result
+    print(f"{answer.num_valid} valid kernels; top {len(answer.ids)}:")
+    for rank, (i, name, score) in enumerate(zip(answer.ids, answer.kernels, answer.scores), 1):
+        print(f"{rank:>3}  {i:>5}  {score:>14.6f}  {name}")
+    return result
