@@ -129,3 +129,95 @@ def test_group_key_merges_repeated_problem_ids() -> None:
     keys = OP.shape_keys(bench)
     assert bench.problem_idx.nunique() == 231 and keys.nunique() == 230
     assert keys[bench.problem_idx == 143].iloc[0] == keys[bench.problem_idx == 212].iloc[0]
+
+
+# -- features ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def conv_cfg():
+    from ckpred.config import compose
+
+    return compose("ingest", ["data.path=x", "arch=gfx950", "dtype=bf16", "op=grouped_conv_fwd"])
+
+
+def _raw(problems: pd.DataFrame, tile: tuple[int, int, int] = (64, 64, 64), pipeline: str = "compv3") -> pd.DataFrame:
+    frame = problems.assign(tile_m=tile[0], tile_n=tile[1], tile_k=tile[2], pipeline=pipeline, spatial_dims=2)
+    return OP.encode_frame(frame)
+
+
+def _conv_features(cfg, name: str, X: pd.DataFrame) -> dict[str, np.ndarray]:
+    from ckpred.features import build_features, feature_set
+
+    union = build_features(feature_set(name), OP, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    return dict(zip(union.get_feature_names_out(), union.transform(X).T))
+
+
+def test_conv_features_by_hand(conv_cfg) -> None:
+    # 2 x (8 ch/group, 4 groups) 10x12 input, 3x1 filter, no pad: ho = 8, wo = 12.
+    X = _raw(_problem(n=2, c=8, k=16, g=4, hi=10, wi=12, y=3, x=1, pad_h=0, pad_w=0), tile=(64, 64, 128))
+    f = _conv_features(conv_cfg, "conv_full", X)
+    m, n, k = 2 * 8 * 12, 16, 8 * 3
+    assert (f["conv_problem__ho"][0], f["conv_problem__wo"][0]) == (8, 12)
+    assert (f["conv_problem__gemm_m"][0], f["conv_problem__gemm_n"][0], f["conv_problem__gemm_k"][0]) == (m, n, k)
+    flops = 2 * 4 * m * n * k
+    assert f["conv_problem__log2_flops"][0] == pytest.approx(np.log2(flops), rel=1e-15)
+    tensor_bytes = (2 * 10 * 12 * 8 * 4 + 4 * 16 * 8 * 3) * 2 + 4 * m * n * 2
+    assert f["conv_problem__arithmetic_intensity"][0] == pytest.approx(flops / tensor_bytes, rel=1e-15)
+    compute_us, memory_us = flops / 2517e6, tensor_bytes / 8000e3
+    assert f["conv_problem__log2_roofline_us"][0] == pytest.approx(np.log2(max(compute_us, memory_us)), rel=1e-14)
+    assert (f["conv_problem__is_1x1"][0], f["conv_problem__is_grouped"][0], f["conv_problem__is_depthwise"][0]) == (0, 1, 0)
+    # tiles: ceil(192/64) = 3, ceil(16/64) = 1, ceil(24/128) = 1; grid 4*3*1 = 12 < 256 CUs
+    assert (f["conv_tile__tiles_m"][0], f["conv_tile__tiles_n"][0], f["conv_tile__tiles_k"][0]) == (3, 1, 1)
+    assert f["conv_tile__output_tiles"][0] == 12 and f["conv_tile__waves"][0] == 1
+    assert f["conv_tile__wave_efficiency"][0] == pytest.approx(12 / 256)
+    assert f["conv_tile__mn_efficiency"][0] == pytest.approx(m * n / (192 * 64))
+    assert f["conv_tile__k_efficiency"][0] == pytest.approx(24 / 128)
+    assert f["conv_tile__fill_k"][0] == pytest.approx(24 / 128)
+    est = max(64 * 64 * 128 * 2 / (2517e6 / 256), (12 * (64 + 64) * 128 * 2 + 4 * m * n * 2) / 8000e3) + 0.05
+    assert f["conv_tile__log2_est_us"][0] == pytest.approx(np.log2(est), rel=1e-13)
+    assert f["conv_tile__est_vs_best"][0] >= 0 and f["conv_kernel__lds_buffers"][0] == 1
+
+
+def test_conv_depthwise_1x1_flags_and_pipeline_traits(conv_cfg) -> None:
+    X = pd.concat([_raw(_problem(c=1, k=1, g=32, y=1, x=1, pad_h=0, pad_w=0), pipeline=p)
+                   for p in ("compv3", "compv4", "compv5")], ignore_index=True)
+    f = _conv_features(conv_cfg, "conv_full", X)
+    assert f["conv_problem__is_depthwise"].tolist() == [1, 1, 1] and f["conv_problem__is_1x1"].tolist() == [1, 1, 1]
+    assert f["conv_kernel__lds_buffers"].tolist() == [1, 2, 1]
+    assert f["conv_kernel__prefetch_stages"].tolist() == [2, 2, 1]
+    assert f["conv_kernel__lds_bytes_est"].tolist() == [(64 + 64) * 64 * 2 * b for b in (1, 2, 1)]
+    assert "conv_kernel__pipeline" not in f  # codes are left out: unseen pipelines go by traits
+
+
+def test_est_vs_best_is_zero_for_the_analytically_best_tile(conv_cfg) -> None:
+    from ckpred.kernels.grouped_conv_fwd import TILES_2BYTE
+
+    problem = _problem(n=4, c=256, k=512, hi=28, wi=28)
+    X = pd.concat([_raw(problem, tile=t) for t in TILES_2BYTE], ignore_index=True)
+    f = _conv_features(conv_cfg, "conv_full", X)
+    assert f["conv_tile__est_vs_best"].min() == 0.0 and (f["conv_tile__est_vs_best"] >= 0).all()
+    assert f["conv_tile__iterations_vs_best"].min() == 0.0
+
+
+@pytest.mark.parametrize("name", ["conv_full", "conv_minimal"])
+def test_conv_feature_sets_export_to_onnx_with_parity(conv_cfg, name: str) -> None:
+    import onnxruntime as ort
+    from skl2onnx import to_onnx
+    from skl2onnx.common.data_types import Int64TensorType
+
+    import ckpred.export.converters  # noqa: F401 - registers the converters
+    from ckpred.features import build_features, feature_set
+
+    cat = OP.catalogue("gfx950", "bf16", "rcr")
+    problems = pd.concat([_problem(), _problem(n=8, c=3, k=5, hi=1025, wi=7, y=7, x=7, stride_h=4, stride_w=16,
+                                               pad_h=3, pad_w=0), _problem(hi=1, wi=1, y=1, x=1, pad_h=0, pad_w=0)],
+                         ignore_index=True)
+    rows = problems.merge(cat.drop(columns=["kernel_id", "kernel_name"]), how="cross")
+    X = OP.encode_frame(rows)
+    union = build_features(feature_set(name), OP, conv_cfg.arch, conv_cfg.dtype, conv_cfg.layout).fit(X)
+    expected = union.transform(X)
+    assert len(set(union.get_feature_names_out())) == expected.shape[1]
+    onx = to_onnx(union, initial_types=[("X", Int64TensorType([None, X.shape[1]]))],
+                  target_opset={"": 17, "ai.onnx.ml": 3})
+    got = ort.InferenceSession(onx.SerializeToString()).run(None, {"X": X.to_numpy()})[0]
+    assert np.isfinite(expected).all()
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0)

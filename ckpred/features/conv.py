@@ -1,0 +1,308 @@
+"""Grouped-convolution features: the implicit-GEMM view of a conv and how kernels tile it.
+
+CK Tile runs a grouped 2-D convolution forward as one implicit GEMM per group (see
+:mod:`ckpred.kernels.grouped_conv_fwd`): ``gemm_m = n*ho*wo``, ``gemm_n = k``,
+``gemm_k = c*y*x`` with ``c``/``k`` the channels per group and
+``ho = floor((hi + 2*pad_h - dilation_h*(y-1) - 1) / stride_h) + 1`` (``wo`` likewise).
+
+Three groups, each written once against the ``xp`` namespace so the ONNX converter of
+:mod:`ckpred.export.converters` evaluates the very same formulas:
+
+- :class:`ConvProblemFeatures` (``conv_problem``): the conv, its implicit GEMM, arithmetic
+  intensity, 1x1 / depthwise / grouped / strided flags and the *latency regime*: ideal compute
+  and memory times at the arch's peak, whose maximum is the roofline time. Problems whose
+  roofline time is far below a kernel launch (~ microseconds) are launch-bound — the 27
+  "under 1 TFLOPS" problems of AMD's set — and trees can split on that regime directly.
+- :class:`ConvKernelFeatures` (``conv_kernel``): block tile and the pipeline described by its
+  static traits (LDS buffers, prefetch stages; :data:`~ckpred.kernels.grouped_conv_fwd.PIPELINE_TRAITS`)
+  rather than by its category code, so a pipeline the training data never had (compv5 in
+  AMD's training table) is placed by what it is.
+- :class:`ConvTileFeatures` (``conv_tile``): tile and wave quantisation over the CUs, K-loop
+  length, and a per-kernel analytical time estimate (max of per-CU compute critical path and
+  global traffic, plus a per-iteration latency). Each estimate is also given *relative to the
+  best reference tile for the same problem* (``*_vs_best``): the difference between a kernel's
+  estimate and the best estimate among the catalogue tiles. Absolute sizes shift between data
+  sets; "how far is this tile from the analytically best tile for this problem" does not, which
+  is what lets a model trained on one problem set rank kernels on another.
+"""
+
+from __future__ import annotations
+
+from numbers import Real
+from typing import Any, ClassVar, Sequence
+
+from sklearn.utils._param_validation import Interval
+
+from ckpred.features.base import FeatureGroup, ceil_div, last_tile_fill, positive_int, positive_real
+from ckpred.kernels.grouped_conv_fwd import PIPELINE_TRAITS, PIPELINES, TILES_2BYTE
+
+#: Raw problem fields of grouped_conv_fwd, in ``op.problem_names`` order.
+PROBLEM_FIELDS: tuple[str, ...] = ("n", "c", "k", "g", "hi", "wi", "y", "x", "stride_h", "stride_w",
+                                   "pad_h", "pad_w", "dilation_h", "dilation_w")
+TILE_FIELDS: tuple[str, ...] = ("tile_m", "tile_n", "tile_k")
+
+
+def implicit_gemm(cols: dict[str, Any], xp: Any) -> dict[str, Any]:
+    """Output size and implicit-GEMM sizes of each conv (per group)."""
+    ho = xp.floor((cols["hi"] + 2.0 * cols["pad_h"] - cols["dilation_h"] * (cols["y"] - 1.0) - 1.0)
+                  / cols["stride_h"]) + 1.0
+    wo = xp.floor((cols["wi"] + 2.0 * cols["pad_w"] - cols["dilation_w"] * (cols["x"] - 1.0) - 1.0)
+                  / cols["stride_w"]) + 1.0
+    return {"ho": ho, "wo": wo, "m": cols["n"] * ho * wo, "n": cols["k"],
+            "k": cols["c"] * cols["y"] * cols["x"], "g": cols["g"]}
+
+
+def tile_estimates(gemm: dict[str, Any], tm: Any, tn: Any, tk: Any, xp: Any, *, cus: int,
+                   peak_tflops: float, memory_bandwidth_gbs: float, bytes_per_element: int,
+                   c_bytes_per_element: int, iteration_latency_us: float) -> dict[str, Any]:
+    """Tile/wave quantisation and the analytical time (microseconds) of one block tile.
+
+    ``tm``, ``tn``, ``tk`` are columns or Python numbers (reference tiles).
+    """
+    m, n, k, g = gemm["m"], gemm["n"], gemm["k"], gemm["g"]
+    tiles_m, tiles_n, tiles_k = ceil_div(m, tm, xp), ceil_div(n, tn, xp), ceil_div(k, tk, xp)
+    output_tiles = g * tiles_m * tiles_n
+    waves = xp.ceil(output_tiles / float(cus))
+    iterations = waves * tiles_k  # K-loop iterations on the busiest CU
+    # One block per CU at a time: the busiest CU runs `iterations` MAC blocks of tm*tn*tk.
+    compute_us = iterations * (tm * tn * tk * 2.0) / (peak_tflops * 1e6 / float(cus))
+    traffic = output_tiles * tiles_k * (tm + tn) * tk * float(bytes_per_element) \
+        + g * m * n * float(c_bytes_per_element)
+    memory_us = traffic / (memory_bandwidth_gbs * 1e3)
+    est_us = xp.maximum(compute_us, memory_us) + iterations * float(iteration_latency_us)
+    return {"tiles_m": tiles_m, "tiles_n": tiles_n, "tiles_k": tiles_k, "output_tiles": output_tiles,
+            "waves": waves, "iterations": iterations, "compute_us": compute_us, "memory_us": memory_us,
+            "est_us": est_us}
+
+
+class _ConvHardware(FeatureGroup):
+    """Shared constructor of the groups that need the arch/dtype constants."""
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        **FeatureGroup._parameter_constraints,
+        "bytes_per_element": positive_int(),
+        "c_bytes_per_element": positive_int(),
+        "peak_tflops": positive_real(),
+        "memory_bandwidth_gbs": positive_real(),
+    }
+
+
+class ConvProblemFeatures(_ConvHardware):
+    """The conv, its implicit GEMM, intensity, shape flags and latency regime (31 features).
+
+    Features (in order): the 12 size fields ``n, c, k, g, y, x, stride_h, stride_w, pad_h,
+    pad_w, dilation_h, dilation_w``; ``ho, wo``; ``gemm_m, gemm_n, gemm_k`` and their log2;
+    ``log2_flops`` (``2*g*gemm_m*gemm_n*gemm_k``); ``arithmetic_intensity`` = FLOPs / bytes of
+    input + weights + output (each read or written once); ``gemm_arithmetic_intensity`` = the
+    implicit GEMM's ``2MNK / ((MK + KN)*b + MN*b_c)`` (im2col re-reads input pixels
+    ``y*x/(stride_h*stride_w)`` times); flags ``is_1x1`` (y = x = 1), ``is_depthwise``
+    (c = 1 and g > 1), ``is_grouped`` (g > 1), ``is_strided``; ``log2_compute_us`` and
+    ``log2_memory_us`` (ideal times at peak TFLOPS and bandwidth) and ``log2_roofline_us``
+    (their maximum): the latency regime.
+
+    Parameters
+    ----------
+    bytes_per_element : int, default=2
+        Bytes of one input/weight element (bf16: 2).
+    c_bytes_per_element : int, default=2
+        Bytes of one output element.
+    peak_tflops : float, default=2517.0
+        Peak dense TFLOPS of the dtype on the arch (gfx950 bf16: 2517).
+    memory_bandwidth_gbs : float, default=8000.0
+        HBM bandwidth in GB/s (gfx950: 8000).
+    input_names : sequence of str or None, default=None
+        Column names of X when it is a plain array (see :mod:`ckpred.features.base`).
+    """
+
+    input_columns: ClassVar[tuple[str, ...]] = PROBLEM_FIELDS
+
+    def __init__(self, *, bytes_per_element: int = 2, c_bytes_per_element: int = 2,
+                 peak_tflops: float = 2517.0, memory_bandwidth_gbs: float = 8000.0,
+                 input_names: Sequence[str] | None = None) -> None:
+        self.bytes_per_element = bytes_per_element
+        self.c_bytes_per_element = c_bytes_per_element
+        self.peak_tflops = peak_tflops
+        self.memory_bandwidth_gbs = memory_bandwidth_gbs
+        self.input_names = input_names
+
+    _SIZES: ClassVar[tuple[str, ...]] = ("n", "c", "k", "g", "y", "x", "stride_h", "stride_w", "pad_h",
+                                         "pad_w", "dilation_h", "dilation_w")
+
+    def _feature_names(self) -> list[str]:
+        return [*self._SIZES, "ho", "wo", "gemm_m", "gemm_n", "gemm_k", "log2_gemm_m", "log2_gemm_n",
+                "log2_gemm_k", "log2_flops", "arithmetic_intensity", "gemm_arithmetic_intensity",
+                "is_1x1", "is_depthwise", "is_grouped", "is_strided", "log2_compute_us",
+                "log2_memory_us", "log2_roofline_us"]
+
+    def _compute(self, cols: dict[str, Any], xp: Any) -> list[Any]:
+        gemm = implicit_gemm(cols, xp)
+        m, n, k, g = gemm["m"], gemm["n"], gemm["k"], gemm["g"]
+        b, bc = float(self.bytes_per_element), float(self.c_bytes_per_element)
+        flops = 2.0 * g * m * n * k
+        tensor_bytes = (cols["n"] * cols["hi"] * cols["wi"] * cols["c"] * g + g * n * k) * b + g * m * n * bc
+        gemm_bytes = g * ((m * k + k * n) * b + m * n * bc)
+        compute_us = flops / (float(self.peak_tflops) * 1e6)
+        memory_us = tensor_bytes / (float(self.memory_bandwidth_gbs) * 1e3)
+        one = xp.full(1.0)
+        return [*(cols[s] for s in self._SIZES), gemm["ho"], gemm["wo"], m, n, k,
+                xp.log2(m), xp.log2(n), xp.log2(k), xp.log2(flops), flops / tensor_bytes, flops / gemm_bytes,
+                xp.indicator(xp.equal(cols["y"] * cols["x"], one)),
+                xp.indicator(xp.equal(cols["c"], one)) * xp.indicator(xp.less(one, g)),
+                xp.indicator(xp.less(one, g)),
+                xp.indicator(xp.less(one, cols["stride_h"] * cols["stride_w"])),
+                xp.log2(compute_us), xp.log2(memory_us), xp.log2(xp.maximum(compute_us, memory_us))]
+
+
+class ConvKernelFeatures(FeatureGroup):
+    """Block tile, pipeline traits and LDS footprint of a conv kernel (10 features).
+
+    Features (in order): ``tile_m, tile_n, tile_k, spatial_dims``; ``lds_buffers`` and
+    ``prefetch_stages`` of the pipeline (looked up from its code in
+    :data:`~ckpred.kernels.grouped_conv_fwd.PIPELINE_TRAITS`); ``tile_volume``, ``tile_mn``;
+    ``lds_bytes_est = (tile_m + tile_n)*tile_k*bytes*lds_buffers`` and ``lds_ratio`` (its share
+    of the CU's LDS); with ``include_pipeline_code`` also the raw ``pipeline`` code.
+
+    The pipeline code is left out by default: a tree splits a code it saw as 0 and 1 at 0.5, so
+    an unseen code 2 (compv5) would be scored as whichever pipeline happens to sit on that side
+    of the split. Traits place it by what it is (one LDS buffer, like compv3).
+
+    Parameters
+    ----------
+    bytes_per_element : int, default=2
+        Bytes of one input/weight element.
+    lds_bytes : int, default=163840
+        LDS capacity per CU in bytes (gfx950: 160 KiB).
+    include_pipeline_code : bool, default=False
+        Also emit the pipeline's category code.
+    input_names : sequence of str or None, default=None
+        Column names of X when it is a plain array (see :mod:`ckpred.features.base`).
+    """
+
+    input_columns: ClassVar[tuple[str, ...]] = (*TILE_FIELDS, "pipeline", "spatial_dims")
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        **FeatureGroup._parameter_constraints,
+        "bytes_per_element": positive_int(),
+        "lds_bytes": positive_int(),
+        "include_pipeline_code": ["boolean"],
+    }
+
+    def __init__(self, *, bytes_per_element: int = 2, lds_bytes: int = 163840,
+                 include_pipeline_code: bool = False, input_names: Sequence[str] | None = None) -> None:
+        self.bytes_per_element = bytes_per_element
+        self.lds_bytes = lds_bytes
+        self.include_pipeline_code = include_pipeline_code
+        self.input_names = input_names
+
+    def _feature_names(self) -> list[str]:
+        names = ["tile_m", "tile_n", "tile_k", "spatial_dims", "lds_buffers", "prefetch_stages",
+                 "tile_volume", "tile_mn", "lds_bytes_est", "lds_ratio"]
+        return names + (["pipeline"] if self.include_pipeline_code else [])
+
+    @staticmethod
+    def _trait(code: Any, trait: str, xp: Any) -> Any:
+        """Trait of the pipeline with category ``code`` (sum of one-hot x value; 0 if unknown)."""
+        out = xp.full(0.0)
+        for i, name in enumerate(PIPELINES):
+            out = out + xp.indicator(xp.equal(code, xp.full(float(i)))) * float(PIPELINE_TRAITS[name][trait])
+        return out
+
+    def _compute(self, cols: dict[str, Any], xp: Any) -> list[Any]:
+        tm, tn, tk = cols["tile_m"], cols["tile_n"], cols["tile_k"]
+        buffers = self._trait(cols["pipeline"], "lds_buffers", xp)
+        lds = (tm + tn) * tk * float(self.bytes_per_element) * buffers
+        out = [tm, tn, tk, cols["spatial_dims"], buffers, self._trait(cols["pipeline"], "prefetch_stages", xp),
+               tm * tn * tk, tm * tn, lds, lds / float(self.lds_bytes)]
+        return out + ([cols["pipeline"]] if self.include_pipeline_code else [])
+
+
+class ConvTileFeatures(_ConvHardware):
+    """Tile and wave quantisation, K-loop length and analytical time of a kernel on a conv.
+
+    Features (in order): ``tiles_m, tiles_n, tiles_k`` (ceil of the implicit-GEMM sizes over
+    the block tile), ``output_tiles = g*tiles_m*tiles_n`` (the grid), ``fill_m, fill_n,
+    fill_k`` (share of the last tile holding data), ``mn_efficiency`` (useful / padded output
+    elements), ``k_efficiency``, ``waves = ceil(output_tiles/cus)``, ``wave_efficiency =
+    output_tiles / (waves*cus)``, ``cu_occupancy = min(output_tiles, cus)/cus``,
+    ``log2_iterations`` (K-loop iterations on the busiest CU, waves*tiles_k),
+    ``log2_compute_us``, ``log2_memory_us``, ``log2_est_us`` (see :func:`tile_estimates`), and
+    the same four log2 quantities minus their minimum over ``reference_tiles`` for the same
+    problem: ``iterations_vs_best, compute_vs_best, memory_vs_best, est_vs_best`` (0 for the
+    analytically best tile, log2 of the slowdown otherwise).
+
+    Parameters
+    ----------
+    cus : int, default=256
+        Compute units (gfx950: 256).
+    bytes_per_element, c_bytes_per_element : int, default=2
+        Bytes of an input/weight and an output element.
+    peak_tflops : float, default=2517.0
+        Peak dense TFLOPS of the dtype.
+    memory_bandwidth_gbs : float, default=8000.0
+        HBM bandwidth in GB/s.
+    iteration_latency_us : float, default=0.05
+        Fixed cost of one K-loop iteration (global load latency not hidden by the pipeline);
+        dominates the estimate of launch-bound problems.
+    reference_tiles : sequence of (tile_m, tile_n, tile_k) or None, default=None
+        Tiles the ``*_vs_best`` features compare against; None = the op's catalogue tiles
+        (:data:`~ckpred.kernels.grouped_conv_fwd.TILES_2BYTE`).
+    input_names : sequence of str or None, default=None
+        Column names of X when it is a plain array (see :mod:`ckpred.features.base`).
+    """
+
+    input_columns: ClassVar[tuple[str, ...]] = (*PROBLEM_FIELDS, *TILE_FIELDS)
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        **_ConvHardware._parameter_constraints,
+        "cus": positive_int(),
+        "iteration_latency_us": [Interval(Real, 0, None, closed="left")],
+        "reference_tiles": [None, list, tuple],
+    }
+
+    def __init__(self, *, cus: int = 256, bytes_per_element: int = 2, c_bytes_per_element: int = 2,
+                 peak_tflops: float = 2517.0, memory_bandwidth_gbs: float = 8000.0,
+                 iteration_latency_us: float = 0.05,
+                 reference_tiles: Sequence[Sequence[int]] | None = None,
+                 input_names: Sequence[str] | None = None) -> None:
+        self.cus = cus
+        self.bytes_per_element = bytes_per_element
+        self.c_bytes_per_element = c_bytes_per_element
+        self.peak_tflops = peak_tflops
+        self.memory_bandwidth_gbs = memory_bandwidth_gbs
+        self.iteration_latency_us = iteration_latency_us
+        self.reference_tiles = reference_tiles
+        self.input_names = input_names
+
+    _RELATIVE: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("iterations_vs_best", "iterations"), ("compute_vs_best", "compute_us"),
+        ("memory_vs_best", "memory_us"), ("est_vs_best", "est_us"))
+
+    def _feature_names(self) -> list[str]:
+        return ["tiles_m", "tiles_n", "tiles_k", "output_tiles", "fill_m", "fill_n", "fill_k",
+                "mn_efficiency", "k_efficiency", "waves", "wave_efficiency", "cu_occupancy",
+                "log2_iterations", "log2_compute_us", "log2_memory_us", "log2_est_us",
+                *(name for name, _ in self._RELATIVE)]
+
+    def _compute(self, cols: dict[str, Any], xp: Any) -> list[Any]:
+        gemm = implicit_gemm(cols, xp)
+        tm, tn, tk = cols["tile_m"], cols["tile_n"], cols["tile_k"]
+        consts = dict(cus=self.cus, peak_tflops=float(self.peak_tflops),
+                      memory_bandwidth_gbs=float(self.memory_bandwidth_gbs),
+                      bytes_per_element=self.bytes_per_element, c_bytes_per_element=self.c_bytes_per_element,
+                      iteration_latency_us=float(self.iteration_latency_us))
+        est = tile_estimates(gemm, tm, tn, tk, xp, **consts)
+        m, n, k = gemm["m"], gemm["n"], gemm["k"]
+        out = [est["tiles_m"], est["tiles_n"], est["tiles_k"], est["output_tiles"],
+               last_tile_fill(m, tm, xp), last_tile_fill(n, tn, xp), last_tile_fill(k, tk, xp),
+               m * n / (est["tiles_m"] * tm * est["tiles_n"] * tn), k / (est["tiles_k"] * tk),
+               est["waves"], est["output_tiles"] / (est["waves"] * float(self.cus)),
+               xp.minimum(est["output_tiles"], float(self.cus)) / float(self.cus)]
+        logs = {key: xp.log2(est[key]) for _, key in self._RELATIVE}
+        out += [logs["iterations"], logs["compute_us"], logs["memory_us"], logs["est_us"]]
+        tiles = TILES_2BYTE if self.reference_tiles is None else self.reference_tiles
+        best: dict[str, Any] = {}
+        for rm, rn, rk in tiles:
+            ref = tile_estimates(gemm, float(rm), float(rn), float(rk), xp, **consts)
+            for _, key in self._RELATIVE:
+                value = xp.log2(ref[key])
+                best[key] = value if key not in best else xp.minimum(best[key], value)
+        out += [logs[key] - best[key] for _, key in self._RELATIVE]
+        return out
