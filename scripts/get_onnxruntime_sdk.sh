@@ -82,6 +82,8 @@ APT_OPTS=(
   -o "Dir::Cache=$WORK/cache"
   -o "APT::Get::List-Cleanup=false"
   -o "Acquire::Languages=none"
+  # Our temp dirs are private to the caller; apt's download user could not write into them.
+  -o "APT::Sandbox::User=$(id -un)"
 )
 echo "get_onnxruntime_sdk: fetching libonnxruntime-dev headers from $SUITE ($MIRROR)"
 apt-get "${APT_OPTS[@]}" -qq update || die "apt-get update of the private $SUITE sources failed"

@@ -1,0 +1,356 @@
+// ckpred_select: run an exported ckpred selector (model.onnx + manifest.json) from C++.
+//
+// This is what a HIP kernel dispatcher does: pass the problem's integers in, get ranked kernel
+// ids out, map them to names through the manifest's catalogue. No feature is re-implemented
+// here: the features, the trees, the validity mask and the ranking are all inside model.onnx.
+//
+//   ckpred_select MODEL_DIR [options] [SHAPE ...]
+//     SHAPE            problem fields in manifest order, comma-separated: 128,1536,7168
+//                      (trailing fields with a default, e.g. split_k, may be left out),
+//                      or by name: m=128,n=1536,k=7168
+//     --shapes FILE    one SHAPE per line ('#' comments and blank lines skipped)
+//     --top-k K        kernels per problem (default 5)
+//     --threads T      onnxruntime intra-op threads (default 1)
+//     --arch A / --dtype D / --layout L   refuse a model made for anything else
+//     --bench R        time R passes over the shapes (one Run per shape), print median/p99
+//     --no-verify      skip the sha256 check of model.onnx against the manifest
+//
+// Output: one JSON object per shape and line, e.g.
+//   {"problem":{"m":128,"n":1536,"k":7168,"split_k":1},"ok":true,"num_valid":4608,
+//    "kernels":[{"id":4,"name":"gemm_universal_fp8_rcr_...","score":540.95334125793372}]}
+// Scores are printed with 17 significant digits, so they round-trip exactly.
+// Exit codes: 0 ok, 2 usage/input error, 3 model refused (manifest, sha256, mismatch).
+
+#include <onnxruntime_cxx_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "json.hpp"
+#include "sha256.hpp"
+
+namespace {
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct ModelError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  std::string model_dir;
+  std::vector<std::string> shapes;
+  int64_t top_k = 5;
+  int threads = 1;
+  int bench = 0;
+  bool verify = true;
+  std::map<std::string, std::string> expect;  // arch/dtype/layout the caller runs on
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ModelError("cannot read " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string trim(const std::string& s) {
+  size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream in(s);
+  while (std::getline(in, cur, sep)) out.push_back(trim(cur));
+  return out;
+}
+
+int64_t parse_int(const std::string& text, const std::string& what) {
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) throw UsageError(what + ": '" + text + "' is not an integer");
+  return v;
+}
+
+// The manifest parts the selector needs.
+struct Manifest {
+  std::vector<std::string> fields;          // problem fields, input column order
+  std::vector<bool> has_default;
+  std::vector<int64_t> defaults;
+  std::vector<std::string> kernel_names;    // by kernel id
+  std::string selector_file, selector_sha256;
+  std::map<std::string, std::string> ident;  // op/arch/dtype/layout
+};
+
+Manifest load_manifest(const std::string& dir) {
+  json::Value m = json::parse(read_file(dir + "/manifest.json"));
+  if (m["format"].str() != "ckpred.export/1")
+    throw ModelError(dir + "/manifest.json: format '" + m["format"].str() + "', expected 'ckpred.export/1'");
+  Manifest out;
+  for (const char* key : {"op", "arch", "dtype", "layout"}) out.ident[key] = m[key].str();
+  for (const json::Value& f : m["problem_fields"].arr()) {
+    out.fields.push_back(f["name"].str());
+    const json::Value& d = f["default"];
+    out.has_default.push_back(!d.is_null());
+    out.defaults.push_back(d.is_null() ? 0 : static_cast<int64_t>(d.num()));
+  }
+  const json::Value& cat = m["catalogue"];
+  for (const json::Value& row : cat["rows"].arr()) {
+    if (static_cast<size_t>(row.arr()[0].num()) != out.kernel_names.size())
+      throw ModelError("manifest catalogue rows are not in kernel_id order");
+    out.kernel_names.push_back(row.arr()[1].str());
+  }
+  if (out.kernel_names.size() != static_cast<size_t>(cat["count"].num()))
+    throw ModelError("manifest catalogue count does not match its rows");
+  out.selector_file = m["graphs"]["selector"]["file"].str();
+  out.selector_sha256 = m["files"][out.selector_file]["sha256"].str();
+  return out;
+}
+
+std::vector<int64_t> parse_shape(const std::string& text, const Manifest& man) {
+  std::vector<int64_t> row(man.fields.size());
+  std::vector<bool> set(man.fields.size(), false);
+  std::vector<std::string> parts = split(text, ',');
+  bool named = text.find('=') != std::string::npos;
+  if (!named && parts.size() > man.fields.size())
+    throw UsageError("shape '" + text + "' has " + std::to_string(parts.size()) + " values; fields are " +
+                     std::to_string(man.fields.size()));
+  for (size_t i = 0; i < parts.size(); ++i) {
+    size_t idx = i;
+    std::string value = parts[i];
+    if (named) {
+      size_t eq = parts[i].find('=');
+      if (eq == std::string::npos) throw UsageError("shape '" + text + "': mix of named and positional values");
+      std::string name = trim(parts[i].substr(0, eq));
+      std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+      auto it = std::find(man.fields.begin(), man.fields.end(), name);
+      if (it == man.fields.end()) throw UsageError("shape '" + text + "': unknown problem field '" + name + "'");
+      idx = static_cast<size_t>(it - man.fields.begin());
+      value = trim(parts[i].substr(eq + 1));
+    }
+    row[idx] = parse_int(value, "problem field " + man.fields[idx]);
+    set[idx] = true;
+  }
+  for (size_t i = 0; i < row.size(); ++i) {
+    if (set[i]) continue;
+    if (!man.has_default[i]) throw UsageError("shape '" + text + "': problem field '" + man.fields[i] + "' is required");
+    row[i] = man.defaults[i];
+  }
+  return row;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::string fmt_double(double v) {
+  if (std::isinf(v)) return v > 0 ? "1e999" : "-1e999";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+class Selector {
+ public:
+  Selector(const Options& opt, const Manifest& man)
+      : env_(ORT_LOGGING_LEVEL_WARNING, "ckpred"), man_(man), mem_(Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault)) {
+    Ort::SessionOptions so;
+    so.SetIntraOpNumThreads(opt.threads);
+    so.SetInterOpNumThreads(1);
+    so.SetExecutionMode(ExecutionMode::ORT_SEQUENTIAL);
+    session_ = std::make_unique<Ort::Session>(env_, (opt.model_dir + "/" + man.selector_file).c_str(), so);
+    Ort::AllocatorWithDefaultOptions alloc;
+    for (size_t i = 0; i < session_->GetInputCount(); ++i) inputs_.push_back(session_->GetInputNameAllocated(i, alloc).get());
+    for (size_t i = 0; i < session_->GetOutputCount(); ++i) outputs_.push_back(session_->GetOutputNameAllocated(i, alloc).get());
+    for (const char* want : {"problem", "top_k"})
+      if (std::find(inputs_.begin(), inputs_.end(), want) == inputs_.end())
+        throw ModelError(man.selector_file + " has no input '" + want + "'");
+    for (const char* want : {"kernel_ids", "scores", "num_valid"})
+      if (std::find(outputs_.begin(), outputs_.end(), want) == outputs_.end())
+        throw ModelError(man.selector_file + " has no output '" + want + "'");
+    for (auto& s : inputs_) input_ptrs_.push_back(s.c_str());
+    for (auto& s : outputs_) output_ptrs_.push_back(s.c_str());
+  }
+
+  struct Answer {
+    std::vector<int64_t> ids;
+    std::vector<double> scores;
+    int64_t num_valid = 0;
+  };
+
+  Answer run(std::vector<int64_t> problem, int64_t top_k) {
+    const int64_t pshape[2] = {1, static_cast<int64_t>(problem.size())};
+    const int64_t kshape[1] = {1};
+    std::vector<Ort::Value> in;
+    for (const std::string& name : inputs_) {
+      if (name == "problem")
+        in.push_back(Ort::Value::CreateTensor<int64_t>(mem_, problem.data(), problem.size(), pshape, 2));
+      else
+        in.push_back(Ort::Value::CreateTensor<int64_t>(mem_, &top_k, 1, kshape, 1));
+    }
+    std::vector<Ort::Value> out = session_->Run(Ort::RunOptions{nullptr}, input_ptrs_.data(), in.data(), in.size(),
+                                                output_ptrs_.data(), output_ptrs_.size());
+    Answer a;
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      auto info = out[i].GetTensorTypeAndShapeInfo();
+      size_t n = info.GetElementCount();
+      if (outputs_[i] == "kernel_ids") {
+        const int64_t* p = out[i].GetTensorData<int64_t>();
+        a.ids.assign(p, p + n);
+      } else if (outputs_[i] == "scores") {
+        const double* p = out[i].GetTensorData<double>();
+        a.scores.assign(p, p + n);
+      } else if (outputs_[i] == "num_valid") {
+        a.num_valid = out[i].GetTensorData<int64_t>()[0];
+      }
+    }
+    return a;
+  }
+
+ private:
+  Ort::Env env_;
+  const Manifest& man_;
+  Ort::MemoryInfo mem_;
+  std::unique_ptr<Ort::Session> session_;
+  std::vector<std::string> inputs_, outputs_;
+  std::vector<const char*> input_ptrs_, output_ptrs_;
+};
+
+std::string answer_json(const Manifest& man, const std::vector<int64_t>& problem, const Selector::Answer& a, int64_t top_k) {
+  std::ostringstream o;
+  o << "{\"problem\":{";
+  for (size_t i = 0; i < problem.size(); ++i) o << (i ? "," : "") << '"' << man.fields[i] << "\":" << problem[i];
+  int64_t n = std::min<int64_t>({top_k, a.num_valid, static_cast<int64_t>(a.ids.size())});
+  o << "},\"ok\":" << (n > 0 ? "true" : "false") << ",\"num_valid\":" << a.num_valid;
+  // No valid kernel (degenerate N=1 / K=1 GEMMs, or no tile divides the problem): say so, never guess.
+  if (n == 0) o << ",\"reason\":\"no valid kernel in the catalogue for this problem\"";
+  o << ",\"kernels\":[";
+  for (int64_t i = 0; i < n; ++i) {
+    o << (i ? "," : "") << "{\"id\":" << a.ids[i] << ",\"name\":\"" << json_escape(man.kernel_names.at(a.ids[i]))
+      << "\",\"score\":" << fmt_double(a.scores[i]) << "}";
+  }
+  o << "]}";
+  return o.str();
+}
+
+Options parse_args(int argc, char** argv) {
+  Options opt;
+  auto need = [&](int& i) -> std::string {
+    if (i + 1 >= argc) throw UsageError(std::string(argv[i]) + " needs a value");
+    return argv[++i];
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help") throw UsageError("");
+    if (a == "--top-k") opt.top_k = parse_int(need(i), "--top-k");
+    else if (a == "--threads") opt.threads = static_cast<int>(parse_int(need(i), "--threads"));
+    else if (a == "--bench") opt.bench = static_cast<int>(parse_int(need(i), "--bench"));
+    else if (a == "--no-verify") opt.verify = false;
+    else if (a == "--arch" || a == "--dtype" || a == "--layout") opt.expect[a.substr(2)] = need(i);
+    else if (a == "--shapes") {
+      std::string path = need(i);
+      std::ifstream in(path);
+      if (!in) throw UsageError("cannot read shapes file " + path);
+      std::string line;
+      while (std::getline(in, line)) {
+        line = trim(line.substr(0, line.find('#')));
+        if (!line.empty()) opt.shapes.push_back(line);
+      }
+    } else if (!a.empty() && a[0] == '-' && !(a.size() > 1 && std::isdigit(static_cast<unsigned char>(a[1]))))
+      throw UsageError("unknown option " + a);
+    else if (opt.model_dir.empty()) opt.model_dir = a;
+    else opt.shapes.push_back(a);
+  }
+  if (opt.model_dir.empty()) throw UsageError("MODEL_DIR is required");
+  if (opt.top_k < 1) throw UsageError("--top-k must be >= 1");
+  if (opt.threads < 1) throw UsageError("--threads must be >= 1");
+  return opt;
+}
+
+const char* kUsage =
+    "usage: ckpred_select MODEL_DIR [--top-k K] [--threads T] [--shapes FILE] [--bench R]\n"
+    "                     [--arch A] [--dtype D] [--layout L] [--no-verify] [SHAPE ...]\n"
+    "  SHAPE: problem fields in manifest order (128,1536,7168) or by name (m=128,n=1536,k=7168)\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  try {
+    opt = parse_args(argc, argv);
+  } catch (const UsageError& e) {
+    if (*e.what()) std::cerr << "ckpred_select: " << e.what() << "\n";
+    std::cerr << kUsage;
+    return 2;
+  }
+  try {
+    Manifest man = load_manifest(opt.model_dir);
+    for (const auto& [key, want] : opt.expect)
+      if (man.ident[key] != want)
+        throw ModelError(opt.model_dir + ": model is for " + key + " '" + man.ident[key] + "', asked for '" + want + "'");
+    if (opt.verify) {
+      std::string digest = sha256::hex(read_file(opt.model_dir + "/" + man.selector_file));
+      if (digest != man.selector_sha256)
+        throw ModelError(opt.model_dir + "/" + man.selector_file + ": sha256 " + digest + " does not match the manifest's " +
+                         man.selector_sha256 + " (file modified or replaced after export)");
+    }
+    std::vector<std::vector<int64_t>> problems;
+    for (const std::string& s : opt.shapes) problems.push_back(parse_shape(s, man));
+    Selector selector(opt, man);
+    if (opt.bench > 0) {
+      selector.run(problems.empty() ? std::vector<int64_t>(man.fields.size(), 1) : problems[0], opt.top_k);  // warm-up
+      std::vector<double> us;
+      for (int r = 0; r < opt.bench; ++r)
+        for (const auto& p : problems) {
+          auto t0 = std::chrono::steady_clock::now();
+          selector.run(p, opt.top_k);
+          us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        }
+      std::sort(us.begin(), us.end());
+      auto pct = [&](double q) { return us.empty() ? 0.0 : us[std::min(us.size() - 1, static_cast<size_t>(q * (us.size() - 1) + 0.5))]; };
+      std::cout << "{\"bench\":{\"runs\":" << us.size() << ",\"median_us\":" << pct(0.5) << ",\"p99_us\":" << pct(0.99)
+                << ",\"min_us\":" << (us.empty() ? 0.0 : us.front()) << "}}\n";
+      return 0;
+    }
+    for (const auto& p : problems) std::cout << answer_json(man, p, selector.run(p, opt.top_k), opt.top_k) << "\n";
+  } catch (const UsageError& e) {
+    std::cerr << "ckpred_select: " << e.what() << "\n";
+    return 2;
+  } catch (const ModelError& e) {
+    std::cerr << "ckpred_select: model refused: " << e.what() << "\n";
+    return 3;
+  } catch (const json::Error& e) {
+    std::cerr << "ckpred_select: model refused: manifest.json: " << e.what() << "\n";
+    return 3;
+  } catch (const Ort::Exception& e) {
+    std::cerr << "ckpred_select: onnxruntime: " << e.what() << "\n";
+    return 3;
+  }
+  return 0;
+}
