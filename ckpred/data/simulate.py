@@ -447,18 +447,16 @@ def calibration_report(table: pd.DataFrame, real: pd.DataFrame, op: OpDefinition
     summary figures: median and P90 of |log(sim best / real best)|, the same by family, and the
     share of shapes whose real best kernel is in the simulator's top 5%.
     """
-    valid = table[table["is_valid"]]
-    best = valid.groupby(["m", "n", "k"], sort=False)["tflops"].max().rename("sim_best").reset_index()
-    rows = real[["m", "n", "k", "oracle_best_tflops", "oracle_best_kernel"]].merge(best, on=["m", "n", "k"], how="left")
-    ranks = []
-    for (m, n, k), group in valid.groupby(["m", "n", "k"], sort=False):
-        target = rows.loc[(rows.m == m) & (rows.n == n) & (rows.k == k), "oracle_best_kernel"]
-        if target.empty:
-            continue
-        order = group.sort_values("tflops", ascending=False)["kernel_name"].to_numpy()
-        hit = np.flatnonzero(order == target.iloc[0])
-        ranks.append((m, n, k, hit[0] / len(order) if hit.size else 1.0))
-    rows = rows.merge(pd.DataFrame(ranks, columns=["m", "n", "k", "rank_pct"]), on=["m", "n", "k"], how="left")
+    keys = ["m", "n", "k"]
+    valid = table.loc[table["is_valid"], [*keys, "kernel_name", "tflops"]].copy()
+    groups = valid.groupby(keys, sort=False)["tflops"]
+    valid["rank_pct"] = (groups.rank(ascending=False, method="first") - 1.0) / groups.transform("size")
+    best = groups.max().rename("sim_best").reset_index()
+    rows = real[[*keys, "oracle_best_tflops", "oracle_best_kernel"]].merge(best, on=keys, how="left")
+    ranked = valid.rename(columns={"kernel_name": "oracle_best_kernel"})[[*keys, "oracle_best_kernel", "rank_pct"]]
+    rows = rows.merge(ranked, on=[*keys, "oracle_best_kernel"], how="left")
+    # A real best kernel the simulator reports as failed ranks last.
+    rows["rank_pct"] = rows["rank_pct"].fillna(1.0)
     rows["abs_log"] = np.abs(np.log(rows["sim_best"] / rows["oracle_best_tflops"]))
     rows["family"] = op.family(rows)
     summary: dict[str, Any] = {
