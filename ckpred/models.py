@@ -1,0 +1,245 @@
+"""The model: a two-step scikit-learn Pipeline ``features -> LightGBM``, built from config.
+
+``build_pipeline`` is the contract with export (``notes/CONTRACT_MODEL.md``): the Pipeline has
+exactly the steps ``("features", FeatureUnion)`` and ``("model", estimator)`` where the
+estimator is
+
+* ``TransformedTargetRegressor(LGBMRegressor, <target transformer>, check_inverse=False)`` for
+  ``model=lgbm_regressor``. ``target=log1p`` uses :class:`Log1pTarget`, ``raw`` and
+  ``relative`` use :class:`IdentityTarget` (the relative target, log(perf / best of the shape),
+  needs the shape groups, so :mod:`ckpred.train` computes it with :func:`relative_target`);
+* ``LGBMRanker(objective="lambdarank")`` for ``model=lgbm_ranker``, trained on graded
+  relevance (:func:`relevance_grades`), one query per shape.
+
+Higher score = better kernel for every model and target. After :func:`fit_pipeline` the Pipeline
+carries ``ckpred_target_`` ("log1p", "raw", "relative" or "rank") for the export manifest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightgbm as lgb
+import numpy as np
+import pandas as pd
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.compose import TransformedTargetRegressor
+from sklearn.pipeline import Pipeline
+from sklearn.utils.validation import check_array, check_is_fitted, validate_data
+
+from ckpred.features import build_features
+
+
+class _ElementwiseTarget(TransformerMixin, BaseEstimator):
+    """Stateless element-wise target transform on 2-D arrays (what TTR passes)."""
+
+    _parameter_constraints: dict = {}
+
+    def __init__(self) -> None:
+        pass
+
+    def fit(self, X: Any, y: Any = None) -> "_ElementwiseTarget":
+        validate_data(self, X, dtype=np.float64, ensure_all_finite=False)
+        return self
+
+    def _forward(self, X: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _backward(self, X: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def transform(self, X: Any) -> np.ndarray:
+        check_is_fitted(self)
+        X = validate_data(self, X, dtype=np.float64, reset=False, ensure_all_finite=False)
+        return self._forward(X)
+
+    def inverse_transform(self, X: Any) -> np.ndarray:
+        check_is_fitted(self)
+        X = check_array(X, dtype=np.float64, ensure_all_finite=False)
+        return self._backward(X)
+
+    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
+        check_is_fitted(self)
+        return np.asarray([f"y{i}" for i in range(self.n_features_in_)], dtype=object)
+
+
+class Log1pTarget(_ElementwiseTarget):
+    """``log1p`` of the target (TFLOPS), ``expm1`` back; negative values are clipped to 0."""
+
+    def _forward(self, X: np.ndarray) -> np.ndarray:
+        # Measured perf is >= 0; a negative value can only be a failed row, which scores 0.
+        return np.log1p(np.maximum(X, 0.0))
+
+    def _backward(self, X: np.ndarray) -> np.ndarray:
+        return np.expm1(X)
+
+
+class IdentityTarget(_ElementwiseTarget):
+    """The target as is (``raw`` TFLOPS, or the already log-relative ``relative`` target)."""
+
+    def _forward(self, X: np.ndarray) -> np.ndarray:
+        return X.copy()
+
+    def _backward(self, X: np.ndarray) -> np.ndarray:
+        return X.copy()
+
+
+def relative_target(perf: np.ndarray, shape_codes: np.ndarray, *, floor: float) -> np.ndarray:
+    """``log(max(perf / best of the shape, floor))``; 0 for the best kernel, <= 0 elsewhere.
+
+    Parameters
+    ----------
+    perf : ndarray
+        Measured performance, 0 for failed rows.
+    shape_codes : ndarray of int
+        Shape index of each row; the best is taken over every row given for that shape.
+    floor : float
+        Lower clip of the ratio (failed kernels get ``log(floor)``).
+    """
+    perf = np.asarray(perf, dtype=np.float64)
+    best = np.zeros(int(shape_codes.max()) + 1 if len(shape_codes) else 0)
+    np.maximum.at(best, shape_codes, perf)
+    b = best[shape_codes]
+    ratio = np.divide(perf, b, out=np.zeros_like(perf), where=b > 0)
+    return np.log(np.maximum(ratio, floor))
+
+
+def relevance_grades(perf: np.ndarray, shape_codes: np.ndarray, *, n_grades: int,
+                     exponent: float) -> np.ndarray:
+    """Integer relevance 0..n_grades-1 per row: ``round((n_grades-1) * (perf/best)**exponent)``.
+
+    LightGBM's lambdarank needs integer labels below ``len(label_gain)``; 31 grades fit its
+    default gains ``2**i - 1``. The exponent spends more grades near the best kernel, where
+    selection is decided (with 31 grades and exponent 3, one grade near the top is ~1% of perf).
+    """
+    rel = np.exp(relative_target(perf, shape_codes, floor=1e-300))
+    rel = np.where(perf > 0, rel, 0.0)
+    return np.rint((n_grades - 1) * rel ** exponent).astype(np.int32)
+
+
+def _lgbm_params(model_cfg: Any, seed: int) -> dict[str, Any]:
+    return dict(
+        n_estimators=int(model_cfg.n_estimators), learning_rate=float(model_cfg.learning_rate),
+        num_leaves=int(model_cfg.num_leaves), max_depth=int(model_cfg.max_depth),
+        min_child_samples=int(model_cfg.min_child_samples), subsample=float(model_cfg.subsample),
+        subsample_freq=int(model_cfg.subsample_freq), colsample_bytree=float(model_cfg.colsample_bytree),
+        reg_alpha=float(model_cfg.reg_alpha), reg_lambda=float(model_cfg.reg_lambda),
+        min_split_gain=float(model_cfg.min_split_gain), max_bin=int(model_cfg.max_bin),
+        n_jobs=int(model_cfg.n_jobs), random_state=int(seed),
+        # Same seed + same threads -> bit-identical models (LightGBM's documented switches;
+        # row-wise histograms suit many rows x few features and fix the algorithm choice).
+        deterministic=True, force_row_wise=True, verbose=-1,
+    )
+
+
+def build_estimator(model_cfg: Any, target_cfg: Any, seed: int = 0) -> BaseEstimator:
+    """The unfitted ``model`` step for ``model_cfg`` / ``target_cfg`` (see module docstring)."""
+    params = _lgbm_params(model_cfg, seed)
+    if model_cfg.name == "lgbm_ranker":
+        grades = int(model_cfg.relevance_grades)
+        return lgb.LGBMRanker(objective="lambdarank", label_gain=[float(2 ** i - 1) for i in range(grades)],
+                              **params)
+    if model_cfg.name != "lgbm_regressor":
+        raise ValueError(f"unknown model.name {model_cfg.name!r}")
+    transformer = Log1pTarget() if target_cfg.name == "log1p" else IdentityTarget()
+    return TransformedTargetRegressor(regressor=lgb.LGBMRegressor(objective="regression", **params),
+                                      transformer=transformer, check_inverse=False)
+
+
+def build_pipeline(cfg: Any, op: Any, arch_cfg: Any, dtype_cfg: Any) -> Pipeline:
+    """The unfitted ``features -> model`` Pipeline of a config.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        Needs ``features``, ``model`` and ``target``; ``seed`` and ``layout`` are used when
+        present (a train config, or the ``baselines.reference`` node plus those keys).
+    op : OpDefinition
+        Pipeline input X is ``op.encode_frame(table)`` (columns ``op.input_names``).
+    arch_cfg, dtype_cfg : config nodes
+        Hardware profile and dtype for the feature constants.
+
+    Returns
+    -------
+    sklearn.pipeline.Pipeline
+        Steps ``("features", FeatureUnion)`` and ``("model", estimator)``.
+    """
+    layout = cfg.get("layout") if hasattr(cfg, "get") else getattr(cfg, "layout", None)
+    seed = int(cfg.get("seed", 0) if hasattr(cfg, "get") else getattr(cfg, "seed", 0))
+    features = build_features(cfg.features, op, arch_cfg, dtype_cfg, layout)
+    return Pipeline([("features", features), ("model", build_estimator(cfg.model, cfg.target, seed))])
+
+
+def target_name(model_cfg: Any, target_cfg: Any) -> str:
+    """What the scores mean: the target name, or ``rank`` for the ranker."""
+    return "rank" if model_cfg.name == "lgbm_ranker" else str(target_cfg.name)
+
+
+def training_target(perf: np.ndarray, shape_codes: np.ndarray, model_cfg: Any, target_cfg: Any) -> np.ndarray:
+    """y for :func:`fit_pipeline`: TFLOPS (log1p/raw; TTR transforms it), log-relative, or grades."""
+    if model_cfg.name == "lgbm_ranker":
+        return relevance_grades(perf, shape_codes, n_grades=int(model_cfg.relevance_grades),
+                                exponent=float(model_cfg.relevance_exponent))
+    if target_cfg.name == "relative":
+        return relative_target(perf, shape_codes, floor=float(target_cfg.floor))
+    return np.asarray(perf, dtype=np.float64)
+
+
+def _query_sizes(shape_codes: np.ndarray) -> np.ndarray:
+    """Sizes of consecutive runs of equal codes (rows must be contiguous per shape)."""
+    change = np.flatnonzero(np.diff(shape_codes)) + 1
+    bounds = np.concatenate([[0], change, [len(shape_codes)]])
+    sizes = np.diff(bounds)
+    if len(np.unique(shape_codes)) != len(sizes):
+        raise ValueError("ranker training rows must be contiguous per shape (sort them by shape first)")
+    return sizes
+
+
+def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np.ndarray, *,
+                 model_cfg: Any, target: str, X_val: pd.DataFrame | None = None,
+                 y_val: np.ndarray | None = None, val_codes: np.ndarray | None = None) -> Pipeline:
+    """Fit ``pipe`` in place, with early stopping on (X_val, y_val) when configured.
+
+    The steps are fitted one after the other (instead of ``Pipeline.fit``) so the validation
+    rows pass through the fitted feature step and the target transform before LightGBM sees
+    them. The validation rows are whatever the caller carved from the training shapes — never
+    the test fold (:mod:`ckpred.train` does the carving).
+
+    Parameters
+    ----------
+    shape_codes, val_codes : ndarray of int
+        Shape of each row; the ranker needs rows contiguous per shape.
+    target : str
+        Recorded as ``pipe.ckpred_target_``.
+    """
+    features = pipe.named_steps["features"]
+    model = pipe.named_steps["model"]
+    Xt = features.fit_transform(X)
+    fit_params: dict[str, Any] = {}
+    is_ranker = isinstance(model, lgb.LGBMRanker)
+    if is_ranker:
+        fit_params["group"] = _query_sizes(shape_codes)
+    rounds = int(model_cfg.early_stopping_rounds)
+    if rounds > 0:
+        if X_val is None or y_val is None or len(X_val) == 0:
+            raise ValueError("early stopping needs validation rows (model.early_stopping_rounds > 0)")
+        Xv = features.transform(X_val)
+        yv = np.asarray(y_val, dtype=np.float64)
+        if isinstance(model, TransformedTargetRegressor):
+            # TTR transforms y but passes eval_set through untouched: transform it here.
+            yv = model.transformer.fit(yv.reshape(-1, 1)).transform(yv.reshape(-1, 1)).ravel()
+        fit_params["eval_set"] = [(Xv, yv)]
+        if is_ranker:
+            fit_params["eval_group"] = [_query_sizes(val_codes)]
+            fit_params["eval_at"] = [1]
+        fit_params["callbacks"] = [lgb.early_stopping(rounds, first_metric_only=True, verbose=False)]
+    model.fit(Xt, y, **fit_params)
+    pipe.ckpred_target_ = target
+    return pipe
+
+
+def booster(pipe: Pipeline) -> lgb.Booster:
+    """The fitted LightGBM booster inside a pipeline from :func:`build_pipeline`."""
+    model = pipe.named_steps["model"]
+    inner = model.regressor_ if isinstance(model, TransformedTargetRegressor) else model
+    return inner.booster_
