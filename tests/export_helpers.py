@@ -1,0 +1,82 @@
+"""Small fitted pipelines and synthetic training tables for the export/runtime/C++ tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ckpred.config import compose
+from ckpred.features import build_features, feature_set
+from ckpred.kernels.base import OpDefinition, load_op
+
+#: Training shapes: every M family, a prime, multiples that make most tiles valid.
+TRAIN_SHAPES = [(1, 4096, 2048), (1, 7168, 4096), (7, 1536, 7168), (16, 1536, 7168), (64, 7168, 2048),
+                (128, 4096, 512), (512, 576, 7168), (1024, 7168, 2304), (2048, 4608, 7168), (4096, 1536, 1536),
+                (8192, 4096, 512), (16384, 7168, 4096), (97, 3072, 1024), (300, 9216, 3072)]
+
+#: Edge shapes for parity: M=1, prime dims, K up to 2^20, N=1/K=1 (no kernel), huge products.
+EDGE_SHAPES = [(1, 1536, 7168), (1, 7168, 1 << 20), (2, 256, 64), (3, 7168, 256), (13, 17, 19),
+               (101, 1031, 2053), (7919, 7919, 7919), (1, 1, 7168), (64, 4096, 1), (4096, 4096, 1 << 20),
+               (65537, 65536, 1 << 20), (20480, 28672, 8192), (1, 64, 64), (255, 192, 128), (1 << 20, 256, 256)]
+
+
+def configs(arch: str = "gfx950", dtype: str = "fp8", layout: str = "rcr") -> Any:
+    return compose("simulate", [f"arch={arch}", f"dtype={dtype}", f"layout={layout}"])
+
+
+def synthetic_table(op: OpDefinition, cfg: Any, shapes: list[tuple[int, int, int]], *, kernels: int = 400,
+                    seed: int = 0) -> pd.DataFrame:
+    """A canonical-like table: shapes x a sample of the catalogue, with a smooth fake TFLOPS."""
+    cat = op.catalogue(cfg.arch, cfg.dtype, cfg.layout)
+    sample = cat.sample(min(kernels, len(cat)), random_state=seed)
+    probs = pd.DataFrame(shapes, columns=["m", "n", "k"]).assign(split_k=1)
+    rows = probs.merge(sample, how="cross")
+    valid, reason = op.validity(rows, rows, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+    rng = np.random.default_rng(seed)
+    m, n, k = (rows[c].to_numpy(float) for c in ("m", "n", "k"))
+    tm, tn, tk = (rows[c].to_numpy(float) for c in ("tile_m", "tile_n", "tile_k"))
+    waste = (np.ceil(m / tm) * tm * np.ceil(n / tn) * tn) / (m * n)
+    pipe_bonus = rows["pipeline"].map({"compv3": 1.0, "compv4": 1.1, "mem": 0.8}).to_numpy(float)
+    tflops = 2e-3 * m * n * k / (1e6 + m * n * k / 3000.0) * pipe_bonus / waste * (1 + 0.05 * rng.random(len(rows)))
+    tflops = np.where(valid, tflops * 1000.0, 0.0)
+    return rows.assign(tflops=tflops, is_valid=valid, invalid_reason=reason)
+
+
+def fit_pipeline(op: OpDefinition, cfg: Any, table: pd.DataFrame, *, model: str = "regressor",
+                 target: str = "log1p", n_estimators: int = 40, features: str = "minimal") -> Any:
+    """A real ckpred pipeline (feature set + LightGBM, through ckpred.models) fitted on ``table``."""
+    import lightgbm as lgb
+    from sklearn.compose import TransformedTargetRegressor
+    from sklearn.pipeline import Pipeline
+
+    from ckpred.models import IdentityTarget, Log1pTarget, relevance_grades
+
+    feats = build_features(feature_set(features), op, cfg.arch, cfg.dtype, cfg.layout)
+    params = dict(n_estimators=n_estimators, num_leaves=31, learning_rate=0.1, min_child_samples=5, n_jobs=1,
+                  verbose=-1, deterministic=True, force_row_wise=True, random_state=0)
+    rows = table[table["is_valid"]].copy()
+    rows["_shape"] = op.shape_keys(rows)
+    rows = rows.sort_values("_shape", kind="stable")
+    codes = pd.factorize(rows.pop("_shape"))[0]
+    X = op.encode_frame(rows)
+    perf = rows["tflops"].to_numpy(float)
+    if model == "ranker":
+        est = lgb.LGBMRanker(objective="lambdarank", label_gain=[float(2 ** i - 1) for i in range(31)], **params)
+        pipe = Pipeline([("features", feats), ("model", est)])
+        sizes = np.diff(np.flatnonzero(np.r_[1, np.diff(codes), 1]))
+        pipe.fit(X, relevance_grades(perf, codes, n_grades=31, exponent=3.0), model__group=sizes)
+        pipe.ckpred_target_ = "rank"
+        return pipe
+    transformer = Log1pTarget() if target == "log1p" else IdentityTarget()
+    est = TransformedTargetRegressor(regressor=lgb.LGBMRegressor(objective="regression", **params),
+                                     transformer=transformer, check_inverse=False)
+    pipe = Pipeline([("features", feats), ("model", est)])
+    pipe.fit(X, perf)
+    pipe.ckpred_target_ = target
+    return pipe
+
+
+def gemm() -> OpDefinition:
+    return load_op("gemm_universal")
