@@ -16,7 +16,8 @@ decoded on its own (``JSONDecoder.raw_decode``); containers (the document, resul
 descended into, leaves (benchmarks, kernel configs, metadata, problem sizes) are taken whole.
 On an intact file this costs a few passes of the C decoder and gives each benchmark its line
 number; on a damaged one, everything outside the damaged object is still read, and the damaged
-object is rejected with its line and text ("malformed JSON"). Kernel fields come from the
+object is rejected with its line and text ("malformed JSON"), as is a leaf object of no known
+kind ("unrecognised JSON object"). Kernel fields come from the
 kernel name; a ``kernel_config`` of the same name that disagrees with it makes the rows
 invalid (``kernel_config mismatch``). A benchmark whose problem is not among an intact
 ``problem_sizes`` list is invalid (``shape mismatch``); metadata naming another dtype or
@@ -34,7 +35,6 @@ from typing import Any
 from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer, to_float, to_int
 
 NAME = "json"
-_CONTAINER_KEYS = frozenset(("results", "benchmarks", "kernel_config", "problem_sizes"))
 _BENCHMARK_KEYS = frozenset(("kernel_name", "avg_time_ms", "tflops", "is_valid", "error"))
 _METADATA_KEYS = frozenset(("num_kernels", "num_problems", "warmup", "repeat", "timestamp"))
 #: Longest raw text kept for a malformed block in the rejects file.
@@ -57,6 +57,7 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
     benchmarks: list[tuple[int, dict[str, Any], str]] = []
     rejects: list[Reject] = []
     top_level = True
+    problem_keys = set(ctx.op.problem_names)
     pos = 0
     while True:
         start = text.find("{", pos)
@@ -84,22 +85,26 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
                 metadata = obj["metadata"]
             problem_sizes, size_keys = _problem_sizes(obj.get("problem_sizes"), ctx)
         keys = obj.keys()
-        if not _CONTAINER_KEYS.isdisjoint(keys):
-            pos = start + 1  # descend: its leaves are read one by one
-        elif not _BENCHMARK_KEYS.isdisjoint(keys):
+        if "kernel_name" in keys or "avg_time_ms" in keys:
             benchmarks.append((line_of(start), obj, text[start:end]))
             pos = end
+            continue
+        if any(isinstance(v, (dict, list)) for v in obj.values()):
+            pos = start + 1  # a container (document, result entry): its leaves are read one by one
+            continue
+        pos = end
+        if not keys:
+            continue
+        if not _BENCHMARK_KEYS.isdisjoint(keys):
+            benchmarks.append((line_of(start), obj, text[start:end]))
         elif "tile_m" in keys or ("name" in keys and "pipeline" in keys):
             if isinstance(obj.get("name"), str):
                 configs[obj["name"]] = obj
-            pos = end
         elif not _METADATA_KEYS.isdisjoint(keys):
             metadata = metadata if metadata is not None else obj
-            pos = end
-        elif any(isinstance(v, (dict, list)) for v in obj.values()):
-            pos = start + 1
-        else:
-            pos = end  # a problem size or an object this format does not define
+        elif not keys <= problem_keys:
+            rejects.append(Reject(f"{ctx.label}:{line_of(start)}", "unrecognised JSON object: neither a "
+                                  "benchmark, kernel_config, metadata nor problem size", text[start:end][:RAW_LIMIT]))
 
     file_reject = _metadata_reject(metadata, ctx)
     rows = RowBuffer(ctx.op.problem_names)

@@ -32,6 +32,8 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
     op = ctx.op
     try:
         frame = pq.read_table(path).to_pandas()
+        # Materialise every column now: a damaged string column (invalid UTF-8) fails only here.
+        columns = {c: frame[c].to_numpy() for c in frame.columns}
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise InputFileError(str(path), f"not a readable parquet file ({type(exc).__name__}: {exc})") from exc
     required = ["op", "arch", "dtype", "layout", "kernel_name", "tflops", "latency_ms", "is_valid"]
@@ -45,7 +47,6 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
     rejects: list[Reject] = []
     n = len(frame)
     want = {"op": op.name, "arch": ctx.arch, "dtype": ctx.dtype, "layout": ctx.layout}
-    columns = {c: frame[c].to_numpy() for c in frame.columns}
     problem_cols = []
     for f in op.problem_fields:
         if f.name in columns:
@@ -81,7 +82,7 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
             else:
                 reason = reason or f"bad problem field: {name}={value!r} is not an integer"
         if reason:
-            rejects.append(Reject(label, reason, _row_text(frame, i)))
+            rejects.append(Reject(label, reason, _row_text(columns, i)))
             continue
         row_reason = ""
         if not bool(valid[i]):
@@ -110,5 +111,5 @@ def _float(value: object) -> float:
         return math.nan
 
 
-def _row_text(frame, i: int) -> str:  # type: ignore[no-untyped-def]
-    return ",".join(f"{c}={frame.iloc[i][c]}" for c in frame.columns)
+def _row_text(columns: dict[str, np.ndarray], i: int) -> str:
+    return ",".join(f"{c}={v[i]}" for c, v in columns.items())
