@@ -13,7 +13,7 @@ double outputs. Convert a Pipeline with::
     from skl2onnx import to_onnx
     from skl2onnx.common.data_types import Int64TensorType
     onx = to_onnx(pipeline, initial_types=[("X", Int64TensorType([None, len(op.input_names)]))],
-                  target_opset={"": 17, "ai.onnx.ml": 3})
+                  target_opset={"": 21, "ai.onnx.ml": 5})  # ckpred.export.onnx.OPSET; 17/3 works too
 
 Graph contract
 --------------
