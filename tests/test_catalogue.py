@@ -84,3 +84,36 @@ def test_load_op_from_config_name() -> None:
     assert load_op("gemm_universal") is OP
     assert OP.family(pd.DataFrame({"m": [1, 7, 8, 127, 128, 1023, 1024]})).tolist() == [
         "tiny", "tiny", "small", "small", "medium", "medium", "large"]
+
+
+def test_split_k_needs_whole_tiles_per_slice() -> None:
+    cat = OP.catalogue("gfx950", "fp8", "rcr")
+    one = cat[(cat.tile_n == 64) & (cat.tile_k == 128)].head(1)
+    problems = pd.DataFrame({"m": [128] * 4, "n": [4096] * 4, "k": [1024, 1024, 768, 1024],
+                             "split_k": [1, 4, 2, 0]})
+    kernels = pd.concat([one] * len(problems), ignore_index=True)
+    valid, reason = OP.validity(problems, kernels, layout="rcr")
+    # 1024 = 8 tiles of 128 -> 4 slices of 2 tiles; 768 = 6 tiles -> 2 slices of 3; split_k=0 is degenerate
+    assert valid.tolist() == [True, True, True, False] and "split_k<1" in reason[3]
+    problems.loc[1, "split_k"] = 16  # 16 slices of 64 < tile_k
+    valid, reason = OP.validity(problems, kernels, layout="rcr")
+    assert not valid[1] and "times split_k" in reason[1]
+
+
+@pytest.mark.parametrize("layout", ["rcr", "ccr"])
+def test_onnx_mask_equals_rules_with_split_k(layout: str) -> None:
+    """The exported selector's mask (ckpred.export.validity) follows these rules exactly."""
+    import numpy as np
+
+    from ckpred.export.onnx import build_mask_model, session
+    from ckpred.export.validity import mask_builder_for
+
+    cat = OP.catalogue("gfx950", "fp8", layout)
+    shapes = [(1, 4096, 2048, 1), (64, 4608, 7168, 4), (128, 576, 768, 2), (96, 192, 1024, 8),
+              (1, 4096, 2048, 0), (16, 1, 512, 1), (256, 4096, 1, 1), (192, 1536, 7168, 7)]
+    model = build_mask_model(OP, cat, arch="gfx950", dtype="fp8", layout=layout, mask_builder=mask_builder_for(OP))
+    got = session(model).run(None, {"problem": np.array(shapes, dtype=np.int64)})[0]
+    for j, shape in enumerate(shapes):
+        problem = pd.DataFrame([shape] * len(cat), columns=["m", "n", "k", "split_k"])
+        want, _ = OP.validity(problem, cat, layout=layout)
+        assert got[j].tolist() == want.tolist(), shape

@@ -29,18 +29,18 @@ def gemm_universal_mask(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, 
                         arch: Any, dtype: Any, layout: Any) -> str:
     """``GemmUniversal.validity`` in ONNX: degenerate shapes, then per-operand divisibility.
 
-    Degenerate (M < 1, N <= 1 or K <= 1) -> nothing valid. Without padding the contiguous
-    dimension of each operand must be a multiple of the tile along it: K % tile_k when A is
+    Degenerate (M < 1, N <= 1, K <= 1 or split_k < 1) -> nothing valid. Without padding the contiguous
+    dimension of each operand must be a multiple of the tile along it: K % (tile_k * split_k) when A is
     row-major or B column-major, M % tile_m when A or C is column-major, N % tile_n when B or C
     is row-major. Pads are per-kernel constants of the catalogue.
     """
     layout_name = getattr(layout, "name", layout)
     a, b, c = layout_name
     names = list(op.problem_names)
-    col = {d: g.column(problem, names.index(d), d) for d in ("m", "n", "k")}
+    col = {d: g.column(problem, names.index(d), d) for d in ("m", "n", "k", "split_k")}
     one = g.const(1, dtype=np.int64)
     degenerate = g.op("Or", g.op("Or", g.op("LessOrEqual", col["n"], one), g.op("LessOrEqual", col["k"], one)),
-                      g.op("Less", col["m"], one))  # [B, 1]
+                      g.op("Or", g.op("Less", col["m"], one), g.op("Less", col["split_k"], one)))  # [B, 1]
     all_true = g.const(np.ones((1, len(catalogue)), dtype=bool), "all_kernels")
     valid = g.op("And", g.op("Not", degenerate), all_true)  # [B, C]
     rules = (("k", "tile_k", "pad_k", a == "r" or b == "c"),
@@ -50,6 +50,8 @@ def gemm_universal_mask(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, 
         if not needed:
             continue
         tiles = g.const(catalogue[tile].to_numpy(np.int64)[None, :], tile)
+        if dim == "k":  # split-K: each of the split_k slices must be a whole number of tiles
+            tiles = g.op("Mul", tiles, g.op("Max", col["split_k"], one))
         pads = g.const(catalogue[pad].to_numpy(bool)[None, :], pad)
         divisible = g.op("Equal", g.op("Mod", col[dim], tiles, fmod=0), g.const(0, dtype=np.int64))
         valid = g.op("And", valid, g.op("Or", pads, divisible))

@@ -14,8 +14,14 @@ pipelines share a tile list); then 16 trait combinations: ``mem`` x {default, cs
 Validity (``IsSupportedArgument`` of CK Tile's universal GEMM kernel): without padding, the
 contiguous dimension of each operand must be a multiple of the block tile along it — for A
 row-major K % tile_k, A column-major M % tile_m; for B column-major K % tile_k, B row-major
-N % tile_n; for C row-major N % tile_n, C column-major M % tile_m. Degenerate problems
-(N = 1 or K = 1) have no kernel at all.
+N % tile_n; for C row-major N % tile_n, C column-major M % tile_m. With split-K (``split_k`` = k_batch > 1) each of the
+split_k workgroups along K runs K/split_k of the reduction, so the K rule becomes
+K % (tile_k * split_k) (CK Tile checks ``K % (KPerBlock * k_batch)``). Degenerate problems
+(M < 1, N <= 1, K <= 1 or split_k < 1) have no kernel at all. Every rule is integer arithmetic
+on problem and kernel fields (comparisons and divisibility), so
+:func:`ckpred.export.validity.gemm_universal_mask` compiles the same rules into the exported
+selector's ONNX mask. Kernels the rules accept may still fail in a real run; measured tables
+carry those as invalid rows with the run's reason.
 """
 
 from __future__ import annotations
@@ -172,6 +178,7 @@ class GemmUniversal(OpDefinition):
                  dtype: Any = None, layout: Any = "rcr") -> tuple[np.ndarray, np.ndarray]:
         layout_name = getattr(layout, "name", layout)
         m, n, k = (problems[c].to_numpy(np.int64) for c in ("m", "n", "k"))
+        split = problems["split_k"].to_numpy(np.int64) if "split_k" in problems else np.ones_like(m)
         tm, tn, tk = (kernels[c].to_numpy(np.int64) for c in ("tile_m", "tile_n", "tile_k"))
         pad_m, pad_n, pad_k = (kernels[c].to_numpy(bool) for c in ("pad_m", "pad_n", "pad_k"))
         reason = np.full(len(m), "", dtype=object)
@@ -179,13 +186,15 @@ class GemmUniversal(OpDefinition):
         def mark(bad: np.ndarray, text: str) -> None:
             reason[bad & (reason == "")] = text
 
-        mark((n <= 1) | (k <= 1) | (m < 1), "degenerate problem (M<1, N<=1 or K<=1): no kernel supports it")
+        mark((n <= 1) | (k <= 1) | (m < 1) | (split < 1),
+             "degenerate problem (M<1, N<=1, K<=1 or split_k<1): no kernel supports it")
         a, b, c = layout_name
         needs_k = (a == "r") or (b == "c")
         needs_m = (a == "c") or (c == "c")
         needs_n = (b == "r") or (c == "r")
         if needs_k:
-            mark(~pad_k & (k % tk != 0), "K not a multiple of tile_k and pad_k=False")
+            mark(~pad_k & (k % (tk * np.maximum(split, 1)) != 0),
+                 "K not a multiple of tile_k (times split_k) and pad_k=False")
         if needs_m:
             mark(~pad_m & (m % tm != 0), "M not a multiple of tile_m and pad_m=False")
         if needs_n:
