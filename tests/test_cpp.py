@@ -1,0 +1,105 @@
+"""C++ selector (scripts/cpp): builds against onnxruntime, answers exactly like the Python runtime.
+
+The build assembles the onnxruntime SDK first (scripts/get_onnxruntime_sdk.sh: the library from
+the installed onnxruntime wheel, the headers from Debian's libonnxruntime-dev). The test skips
+only when cmake or a C++ compiler is missing; any other build failure fails it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckpred.export import manifest as mf
+from ckpred.export.command import export_pipeline
+from ckpred.runtime import KernelSelector
+from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
+
+REPO = Path(__file__).resolve().parents[1]
+CPP = REPO / "scripts" / "cpp"
+BINARY = CPP / "build" / "ckpred_select"
+
+
+@pytest.fixture(scope="module")
+def binary() -> Path:
+    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"C++ selector not built: {', '.join(missing)} not installed (apt-get install cmake g++)")
+    env = {**os.environ, "PYTHON": sys.executable}
+    out = subprocess.run(["bash", str(CPP / "build.sh")], env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, f"scripts/cpp/build.sh failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    assert BINARY.is_file()
+    return BINARY
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    op, cfg = gemm(), configs()
+    table = synthetic_table(op, cfg, TRAIN_SHAPES)
+    pipe = fit_pipeline(op, cfg, table, n_estimators=30)
+    d = tmp_path_factory.mktemp("cpp") / "gemm_universal_gfx950_fp8_rcr"
+    export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
+                    training=mf.training_section(table, op))
+    return d
+
+
+def _run(binary: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_cpp_output_equals_python_runtime(binary, model, tmp_path) -> None:
+    shapes = EDGE_SHAPES + TRAIN_SHAPES + [(100000, 1536, 7168)]
+    shape_file = tmp_path / "shapes.txt"
+    shape_file.write_text("# m,n,k\n" + "\n".join(f"{m},{n},{k}" for m, n, k in shapes) + "\n")
+    out = _run(binary, model, "--top-k", 7, "--shapes", shape_file, "--arch", "gfx950", "--dtype", "fp8")
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(lines) == len(shapes)
+    sel = KernelSelector.load(model, cache_size=0)
+    n_ok = 0
+    for got, shape in zip(lines, shapes):
+        want = sel.select(*shape, top_k=7)
+        assert got["problem"] == want.problem
+        assert got["ok"] == want.ok and got["num_valid"] == want.num_valid
+        assert [k["id"] for k in got["kernels"]] == list(want.ids)
+        assert [k["name"] for k in got["kernels"]] == list(want.kernels)
+        assert [k["score"] for k in got["kernels"]] == list(want.scores)  # bit-identical doubles
+        n_ok += want.ok
+    assert n_ok >= len(TRAIN_SHAPES)  # the comparison covered real rankings, not only "no kernel"
+
+
+def test_cpp_named_fields_and_defaults(binary, model) -> None:
+    a = _run(binary, model, "--top-k", 3, "m=128,n=1536,k=7168", "128,1536,7168,1", "64,1,4096")
+    assert a.returncode == 0, a.stderr
+    first, second, degenerate = (json.loads(x) for x in a.stdout.splitlines())
+    assert first == second and first["problem"]["split_k"] == 1
+    assert not degenerate["ok"] and degenerate["kernels"] == [] and "no valid kernel" in degenerate["reason"]
+
+
+def test_cpp_refuses_tampered_and_mismatched_models(binary, model, tmp_path) -> None:
+    wrong = _run(binary, model, "--arch", "gfx942", "128,1536,7168")
+    assert wrong.returncode == 3 and "model is for arch 'gfx950', asked for 'gfx942'" in wrong.stderr
+    copy = tmp_path / "m"
+    shutil.copytree(model, copy)
+    data = bytearray((copy / "model.onnx").read_bytes())
+    data[-10] ^= 0x01
+    (copy / "model.onnx").write_bytes(bytes(data))
+    tampered = _run(binary, copy, "128,1536,7168")
+    assert tampered.returncode == 3 and "sha256" in tampered.stderr and "does not match" in tampered.stderr
+    bad = _run(binary, model, "1,2,3,4,5")
+    assert bad.returncode == 2 and "has 5 values" in bad.stderr
+    bad = _run(binary, model, "m=1,n=2")
+    assert bad.returncode == 2 and "'k' is required" in bad.stderr
+
+
+def test_cpp_bench_mode_reports_latency(binary, model) -> None:
+    out = _run(binary, model, "--bench", 2, "128,1536,7168", "1,7168,4096")
+    assert out.returncode == 0, out.stderr
+    bench = json.loads(out.stdout)["bench"]
+    assert bench["runs"] == 4 and 0 < bench["min_us"] <= bench["median_us"] <= bench["p99_us"]
