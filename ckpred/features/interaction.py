@@ -45,3 +45,44 @@ class TileInteractionFeatures(FeatureGroup):
         fill_m, fill_n, fill_k = last_tile_fill(m, tm, xp), last_tile_fill(n, tn, xp), last_tile_fill(k, tk, xp)
         return [tiles_m, tiles_n, tiles_k, output_tiles, fill_m, fill_n, fill_k,
                 fill_m * fill_n * fill_k, output_tiles / float(self.cus)]
+
+
+class TileQuantizationFeatures(FeatureGroup):
+    """How well the problem fills the block tile, and which padding it needs (16 features).
+
+    The later version of the reference system adds the first 12 of these.
+
+    Features (in order): ``m_over_tile_m = M/tile_m``, ``n_over_tile_n``, ``k_over_tile_k``;
+    ``m_lt_tile`` (1 if M < tile_m, the tile is mostly empty), ``n_lt_tile``, ``k_lt_tile``;
+    ``need_pad_m`` (1 if M is not a multiple of tile_m), ``need_pad_n``, ``need_pad_k``;
+    ``missing_pad_m = need_pad_m * (1 - pad_m)`` (the kernel cannot run such a problem along a
+    contiguous dimension), ``missing_pad_n``, ``missing_pad_k``; ``util_m = M / (tiles_m*tile_m)``
+    (useful share of the padded extent), ``util_n``, ``util_k`` and ``util_mnk`` (useful share
+    of the MACs the kernel performs).
+
+    Parameters
+    ----------
+    input_names : sequence of str or None, default=None
+        Column names of X when it is a plain array (see :mod:`ckpred.features.base`).
+    """
+
+    input_columns: ClassVar[tuple[str, ...]] = ("m", "n", "k", "tile_m", "tile_n", "tile_k",
+                                                "pad_m", "pad_n", "pad_k")
+
+    def __init__(self, *, input_names: Sequence[str] | None = None) -> None:
+        self.input_names = input_names
+
+    def _feature_names(self) -> list[str]:
+        names = []
+        for pattern in ("{d}_over_tile_{d}", "{d}_lt_tile", "need_pad_{d}", "missing_pad_{d}", "util_{d}"):
+            names += [pattern.format(d=d) for d in "mnk"]
+        return [*names, "util_mnk"]
+
+    def _compute(self, cols: dict[str, Any], xp: Any) -> list[Any]:
+        dims = [(cols[d], cols[f"tile_{d}"], cols[f"pad_{d}"]) for d in "mnk"]
+        ratio = [x / t for x, t, _ in dims]
+        smaller = [xp.indicator(xp.less(x, t)) for x, t, _ in dims]
+        need = [1.0 - xp.indicator(xp.equal(xp.fmod(x, t), 0.0)) for x, t, _ in dims]
+        missing = [nd * (1.0 - p) for nd, (_, _, p) in zip(need, dims)]
+        util = [x / (ceil_div(x, t, xp) * t) for x, t, _ in dims]
+        return [*ratio, *smaller, *need, *missing, *util, util[0] * util[1] * util[2]]

@@ -14,6 +14,10 @@ FEATURE_GROUPS: dict[str, str] = {
     "kernel": "ckpred.features.kernel:KernelFeatures",
     "interaction": "ckpred.features.interaction:TileInteractionFeatures",
     "hardware": "ckpred.features.hardware:HardwareFeatures",
+    "tile_quantization": "ckpred.features.interaction:TileQuantizationFeatures",
+    "wave": "ckpred.features.wave:WaveQuantizationFeatures",
+    "roofline": "ckpred.features.roofline:RooflineFeatures",
+    "occupancy": "ckpred.features.occupancy:OccupancyFeatures",
     # grouped_conv_fwd (implicit-GEMM view of a convolution)
     "conv_problem": "ckpred.features.conv:ConvProblemFeatures",
     "conv_kernel": "ckpred.features.conv:ConvKernelFeatures",
