@@ -1,0 +1,93 @@
+"""``python -m ckpred export`` end to end (fit on the tiny simulated set, or a train run_dir)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import joblib
+import pytest
+from omegaconf import OmegaConf
+
+from ckpred.config import compose
+from ckpred.errors import ModelMismatchError
+from ckpred.export.command import export_command
+from ckpred.runtime import KernelSelector
+from export_helpers import TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
+
+FAST = ["shapes=tiny", "features=minimal", "model.n_estimators=15", "model.n_jobs=1"]
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ckpred", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_export_then_select_from_the_command_line(tmp_path) -> None:
+    out = _cli("export", "arch=gfx950", "dtype=fp8", *FAST, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    d = tmp_path / "exports" / "gemm_universal_gfx950_fp8_rcr"
+    assert sorted(p.name for p in d.iterdir()) == ["manifest.json", "model.onnx", "scorer.onnx"]
+    assert "top-1 agreement 100.00%" in out.stdout
+    man = json.loads((d / "manifest.json").read_text())
+    assert man["parity"]["checked"] and man["parity"]["shapes"] == 12 and man["parity"]["top1_agreement"] == 1.0
+    assert man["parity"]["max_abs_diff_scorer"] <= 1e-6
+    assert man["source"]["kind"] == "fit" and man["source"]["config"]["model"]["n_estimators"] == 15
+    assert man["training"]["shapes"] == 12 and man["training"]["problem_ranges"]["m"] == [1, 16384]
+    assert man["model"]["n_trees"] == 15 and man["model"]["target"] == "log1p"
+    sel = _cli("select", "arch=gfx950", "dtype=fp8", "problem.m=128", "problem.n=1536", "problem.k=7168", "top_k=2",
+               "json=true", cwd=tmp_path)
+    assert sel.returncode == 0, sel.stderr[-3000:]
+    got = json.loads(sel.stdout.strip().splitlines()[-1])
+    assert got["ok"] and len(got["kernels"]) == 2
+    assert got == json.loads(json.dumps(KernelSelector.load(d).select(128, 1536, 7168, top_k=2).to_dict()))
+
+
+def test_bad_export_option_names_key_value_allowed(tmp_path) -> None:
+    out = _cli("export", "select=cascade", *FAST, cwd=tmp_path)
+    assert out.returncode != 0
+    assert "select" in out.stderr and "'cascade'" in out.stderr and "full" in out.stderr
+
+
+@pytest.fixture()
+def run_dir(tmp_path):
+    """A finished train run as train writes it: pipeline.joblib, manifest.json, .hydra/config.yaml."""
+    op, cfg = gemm(), configs()
+    pipe = fit_pipeline(op, cfg, synthetic_table(op, cfg, TRAIN_SHAPES), n_estimators=10)
+    run = tmp_path / "runs" / "train" / "r1"
+    (run / ".hydra").mkdir(parents=True)
+    joblib.dump(pipe, run / "pipeline.joblib")
+    (run / "manifest.json").write_text(json.dumps({"op": "gemm_universal", "arch": "gfx950", "dtype": "fp8",
+                                                   "layout": "rcr", "data_hash": "abc",
+                                                   "metrics": {"model": {"mean": 0.975}}}))
+    OmegaConf.save(compose("export", ["shapes=tiny"]), run / ".hydra" / "config.yaml")
+    return run
+
+
+def test_export_of_a_train_run_dir(run_dir, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex", "parity.shapes=4"]))
+    man = json.loads((Path(out) / "manifest.json").read_text())
+    assert Path(out) == tmp_path / "ex" / "gemm_universal_gfx950_fp8_rcr"
+    assert man["source"]["kind"] == "run_dir" and man["source"]["train_data_hash"] == "abc"
+    assert man["metrics"] == {"model": {"mean": 0.975}}
+    assert man["model"]["n_trees"] == 10 and man["parity"]["shapes"] == 4 and man["parity"]["top1_agreement"] == 1.0
+    assert man["training"]["shapes"] == 12  # ranges of the run's own (tiny) data
+
+
+def test_run_dir_for_another_arch_is_refused(run_dir, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    man = json.loads((run_dir / "manifest.json").read_text())
+    (run_dir / "manifest.json").write_text(json.dumps({**man, "arch": "gfx942"}))
+    with pytest.raises(ModelMismatchError, match="arch is 'gfx942'.*has 'gfx950'.*pass arch=gfx942"):
+        export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex"]))
+    assert not (tmp_path / "ex").exists()
+
+
+def test_run_dir_without_pipeline_is_refused(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="pipeline.joblib.*save_pipeline=true"):
+        export_command(compose("export", ["run_dir=empty"]))
