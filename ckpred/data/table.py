@@ -68,7 +68,9 @@ def conform(frame: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
     ckpred.errors.TableSchemaError
         When a required column is missing or cannot be converted; the message names it.
     """
-    out = pd.DataFrame(index=frame.index)
+    # Columns are collected and the frame built once: inserting 40+ columns one by one costs
+    # pandas an index rebuild each (60 ms per call on a 10-row table).
+    out: dict[str, pd.Series] = {}
     defaults = {"repeats": 1, "invalid_reason": "", "source": "", "run_id": "",
                 "bandwidth_gbs": np.nan, "spread": np.nan}
     schema = canonical_schema(op)
@@ -98,7 +100,7 @@ def conform(frame: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
         except (TypeError, ValueError) as exc:
             raise TableSchemaError(f"column {name!r} cannot be converted to {col.type}: {exc}") from exc
         out[name] = values
-    return out.reset_index(drop=True)
+    return pd.DataFrame(out, index=frame.index).reset_index(drop=True)
 
 
 def write_table(frame: pd.DataFrame, path: str | Path, op: OpDefinition) -> Path:
