@@ -12,6 +12,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from ckpred.config import compose
+from ckpred.data import load_table
+from ckpred.export.manifest import sha256_file
+from ckpred.train import data_hash
 from ckpred.errors import ModelMismatchError
 from ckpred.export.command import export_command
 from ckpred.runtime import KernelSelector
@@ -59,10 +62,20 @@ def run_dir(tmp_path):
     run = tmp_path / "runs" / "train" / "r1"
     (run / ".hydra").mkdir(parents=True)
     joblib.dump(pipe, run / "pipeline.joblib")
-    (run / "manifest.json").write_text(json.dumps({"op": "gemm_universal", "arch": "gfx950", "dtype": "fp8",
-                                                   "layout": "rcr", "data_hash": "abc",
-                                                   "metrics": {"model": {"mean": 0.975}}}))
-    OmegaConf.save(compose("export", ["shapes=tiny"]), run / ".hydra" / "config.yaml")
+    run_cfg = compose("export", ["shapes=tiny"])
+    OmegaConf.save(run_cfg, run / ".hydra" / "config.yaml")
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # the simulated data cache lives under the working directory
+    try:
+        table_hash = data_hash(load_table(run_cfg).reset_index(drop=True))
+    finally:
+        os.chdir(cwd)
+    (run / "manifest.json").write_text(json.dumps({
+        "op": "gemm_universal", "arch": "gfx950", "dtype": "fp8", "layout": "rcr",
+        "data": {"hash": table_hash}, "pipeline": {"sha256": sha256_file(run / "pipeline.joblib")},
+        "metrics": {"model": {"mean": 0.975}}}))
     return run
 
 
@@ -71,7 +84,9 @@ def test_export_of_a_train_run_dir(run_dir, tmp_path, monkeypatch) -> None:
     out = export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex", "parity.shapes=4"]))
     man = json.loads((Path(out) / "manifest.json").read_text())
     assert Path(out) == tmp_path / "ex" / "gemm_universal_gfx950_fp8_rcr"
-    assert man["source"]["kind"] == "run_dir" and man["source"]["train_data_hash"] == "abc"
+    assert man["source"]["kind"] == "run_dir"
+    assert man["source"]["train_data_hash"] == man["training"]["data_hash"]
+    assert man["source"]["pipeline_sha256"] == sha256_file(run_dir / "pipeline.joblib")
     assert man["metrics"] == {"model": {"mean": 0.975}}
     assert man["model"]["n_trees"] == 10 and man["parity"]["shapes"] == 4 and man["parity"]["top1_agreement"] == 1.0
     assert man["training"]["shapes"] == 12  # ranges of the run's own (tiny) data
@@ -82,6 +97,18 @@ def test_run_dir_for_another_arch_is_refused(run_dir, tmp_path, monkeypatch) -> 
     man = json.loads((run_dir / "manifest.json").read_text())
     (run_dir / "manifest.json").write_text(json.dumps({**man, "arch": "gfx942"}))
     with pytest.raises(ModelMismatchError, match="arch is 'gfx942'.*has 'gfx950'.*pass arch=gfx942"):
+        export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex"]))
+    assert not (tmp_path / "ex").exists()
+
+
+def test_run_dir_with_other_data_or_replaced_pipeline_is_refused(run_dir, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    man = json.loads((run_dir / "manifest.json").read_text())
+    (run_dir / "manifest.json").write_text(json.dumps({**man, "data": {"hash": "0" * 64}}))
+    with pytest.raises(ModelMismatchError, match="is not the data run_dir=.* was trained on"):
+        export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex"]))
+    (run_dir / "manifest.json").write_text(json.dumps({**man, "pipeline": {"sha256": "1" * 64}}))
+    with pytest.raises(ModelMismatchError, match="pipeline.joblib: sha256 .* differs from the run manifest"):
         export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex"]))
     assert not (tmp_path / "ex").exists()
 

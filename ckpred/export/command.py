@@ -230,41 +230,25 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
     return manifest
 
 
-def _training_rows(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
-    """Rows the final model trains on: like ``train`` (rule-invalid rows dropped by default)."""
-    rows_cfg = cfg.get("rows") if hasattr(cfg, "get") else None
-    if rows_cfg is None or bool(rows_cfg.get("drop_rule_invalid", True)):
-        valid, _ = op.validity(table, table, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
-        table = table[valid]
-    keys = op.shape_keys(table)
-    return table.assign(_shape=keys).sort_values(["_shape"], kind="stable").drop(columns="_shape")
-
-
 def fit_final(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> Any:
-    """Fit the config's pipeline on all training rows of ``table`` (no CV, no early stopping).
+    """Fit the config's pipeline on every shape of ``table``, exactly as ``train`` fits its final model.
 
-    Uses :func:`ckpred.train.fit_final` when the train module provides it (so export and train
-    pick rows and targets the same way), else the same steps through :mod:`ckpred.models`.
+    Rows, targets and early stopping (on a validation split of the shapes, when configured)
+    come from :func:`ckpred.train.fit_method`, so ``export`` without ``run_dir`` yields the
+    pipeline ``train`` would have saved for the same config.
     """
-    try:
-        from ckpred import train as train_mod
-    except ImportError:
-        train_mod = None
-    if train_mod is not None and hasattr(train_mod, "fit_final"):
-        return train_mod.fit_final(cfg, table, op)
-    from ckpred import models
+    from omegaconf import OmegaConf
 
-    rows = _training_rows(cfg, table, op)
-    codes = pd.factorize(op.shape_keys(rows))[0]
-    perf = np.where(rows["is_valid"].to_numpy(bool), rows["tflops"].to_numpy(np.float64), 0.0)
-    y = models.training_target(perf, codes, cfg.model, cfg.target)
-    pipe = models.build_pipeline(cfg, op, cfg.arch, cfg.dtype)
-    model_cfg = dict(cfg.model)
-    model_cfg["early_stopping_rounds"] = 0
-    from types import SimpleNamespace
+    from ckpred import train as tr
 
-    return models.fit_pipeline(pipe, op.encode_frame(rows), y, codes, model_cfg=SimpleNamespace(**model_cfg),
-                               target=models.target_name(cfg.model, cfg.target))
+    data = tr.prepare(table, op, cfg)
+    recipe = OmegaConf.create({"features": OmegaConf.to_container(cfg.features, resolve=True),
+                               "model": OmegaConf.to_container(cfg.model, resolve=True),
+                               "target": OmegaConf.to_container(cfg.target, resolve=True),
+                               "seed": int(cfg.seed), "layout": OmegaConf.to_container(cfg.layout, resolve=True)})
+    method = tr.LearnedMethod("model", recipe, cfg.rows)
+    pipe, _ = tr.fit_method(method, data, np.arange(data.groups.n_shapes), op, cfg, int(cfg.seed))
+    return pipe
 
 
 def _check_run_matches(cfg: Any, run_cfg: Any, run_dir: Path) -> None:
@@ -297,11 +281,6 @@ def export_command(cfg: Any) -> str:
         if not pipe_path.is_file():
             raise FileNotFoundError(f"{pipe_path}: no fitted pipeline in run_dir={cfg.run_dir} "
                                     "(train with save_pipeline=true)")
-        run_cfg_path = run_dir / ".hydra" / "config.yaml"
-        data_cfg = cfg
-        if run_cfg_path.is_file():
-            data_cfg = OmegaConf.load(run_cfg_path)
-            _check_run_matches(cfg, data_cfg, run_dir)
         train_manifest: dict[str, Any] = {}
         if (run_dir / "manifest.json").is_file():
             train_manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -310,18 +289,39 @@ def export_command(cfg: Any) -> str:
                 if isinstance(theirs, str) and theirs != _name(cfg[key]):
                     raise ModelMismatchError(f"{run_dir}/manifest.json: {key} is {theirs!r}, this export config "
                                              f"has {_name(cfg[key])!r} (pass {key}={theirs})")
+        # The run's own config says which data it trained on (for the ranges and the parity shapes).
+        run_cfg_path = run_dir / ".hydra" / "config.yaml"
+        data_cfg = cfg
+        if isinstance(train_manifest.get("config"), dict):
+            data_cfg = OmegaConf.create(train_manifest["config"])
+        elif run_cfg_path.is_file():
+            data_cfg = OmegaConf.load(run_cfg_path)
+        if data_cfg is not cfg:
+            _check_run_matches(cfg, data_cfg, run_dir)
+        pipe_sha = mf.sha256_file(pipe_path)
+        recorded = (train_manifest.get("pipeline") or {}).get("sha256")
+        if recorded and recorded != pipe_sha:
+            raise ModelMismatchError(f"{pipe_path}: sha256 {pipe_sha} differs from the run manifest's {recorded} "
+                                     "(pipeline replaced after training)")
         metrics = train_manifest.get("metrics")
         pipeline = joblib.load(pipe_path)
         table = load_table(data_cfg)
-        source = {"kind": "run_dir", "run_dir": str(run_dir), "pipeline_sha256": mf.sha256_file(pipe_path),
-                  "train_data_hash": train_manifest.get("data_hash")}
+        train_hash = (train_manifest.get("data") or {}).get("hash")
+        source = {"kind": "run_dir", "run_dir": str(run_dir), "pipeline_sha256": pipe_sha,
+                  "train_data_hash": train_hash}
     else:
+        data_cfg = cfg
         table = load_table(cfg)
         t0 = time.perf_counter()
         pipeline = fit_final(cfg, table, op)
         source = {"kind": "fit", "fit_seconds": round(time.perf_counter() - t0, 2),
                   "config": OmegaConf.to_container(cfg, resolve=True)}
-    training = mf.training_section(table, op, source=_name(cfg.data.source) if "data" in cfg else None)
+    training = mf.training_section(table, op, source=str(data_cfg.data.source))
+    if source.get("train_data_hash") and source["train_data_hash"] != training["data_hash"]:
+        raise ModelMismatchError(
+            f"the data this config loads (hash {training['data_hash'][:12]}) is not the data run_dir={cfg.run_dir} "
+            f"was trained on (hash {source['train_data_hash'][:12]}): training ranges and parity would be wrong; "
+            "export with the run's data settings")
     problems = table[list(op.problem_names)].drop_duplicates()
     if cfg.parity.shapes and len(problems) > cfg.parity.shapes:
         problems = problems.sample(cfg.parity.shapes, random_state=int(cfg.get("seed", 0)))

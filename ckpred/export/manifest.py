@@ -93,14 +93,17 @@ def fields_section(fields: Any) -> list[dict[str, Any]]:
 
 
 def training_section(table: pd.DataFrame, op: OpDefinition, **extra: Any) -> dict[str, Any]:
-    """Hash, size and per-field problem ranges of the training table."""
-    cols = [*op.problem_names, *op.kernel_names, "kernel_name", "tflops", "is_valid"]
-    present = [c for c in cols if c in table.columns]
-    hashed = pd.util.hash_pandas_object(table[present], index=False).to_numpy()
+    """Hash, size and per-field problem ranges of the training table.
+
+    The hash is :func:`ckpred.train.data_hash` of the table, the same value ``train`` records
+    in its run manifest (``data.hash``), so an export can be tied to the run it came from.
+    """
+    from ckpred.train import data_hash
+
     problems = table[list(op.problem_names)].drop_duplicates()
     ranges = {name: [int(problems[name].min()), int(problems[name].max())] for name in op.problem_names}
     return {
-        "data_hash": "sha256:" + sha256_bytes(hashed.tobytes()),
+        "data_hash": data_hash(table.reset_index(drop=True)),
         "rows": int(len(table)),
         "shapes": int(len(problems)),
         "problem_ranges": ranges,
