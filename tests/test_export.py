@@ -207,7 +207,7 @@ def test_manifest_content(setup, exported) -> None:
     assert man["model"]["estimator"] == "LGBMRegressor" and man["model"]["n_trees"] == 40
     tr = man["training"]
     assert tr["problem_ranges"]["m"] == [1, 16384] and tr["problem_ranges"]["k"] == [512, 7168]
-    assert tr["rows"] == len(table) and tr["data_hash"].startswith("sha256:")
+    assert tr["rows"] == len(table) and len(tr["data_hash"]) == 64
     assert man["metrics"] == {"mean": 0.97}
     assert {"onnx", "onnxruntime", "lightgbm", "scikit-learn", "skl2onnx", "onnxmltools"} <= set(man["versions"])
     for name in ("model.onnx", "scorer.onnx"):
