@@ -178,19 +178,23 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
             raise InputFileError(str(path), exc.strerror or str(exc)) from exc
         frames.append(_buffer_frame(read, op, run_id or label, label))
         rejects += read.rejects
-    rows = pd.concat(frames, ignore_index=True) if frames else _buffer_frame(None, op, "")
+    rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames \
+        else _buffer_frame(None, op, "")
+    del frames  # peak memory: no second copy of a large input
     rows = _validate(rows, op)
     summary.records = len(rows) + len(rejects)
     summary.valid = int(rows["is_valid"].sum())
     summary.invalid = dict(Counter(_category(r) for r in rows.loc[~rows["is_valid"], "invalid_reason"]))
     summary.rejected = dict(Counter(_category(r.reason) for r in rejects))
     table, superseded = _merge(rows, op)
+    del rows
     summary.superseded = len(superseded)
     rejects += superseded
     kernels = resolver.frame()
     codes = table.pop("kernel").to_numpy()
     for name in (*op.kernel_names, "kernel_name"):
-        table[name] = kernels[name].to_numpy()[codes] if len(kernels) else np.array([], dtype=object)
+        # take() on the unique-kernel columns: string fields stay compact arrow arrays
+        table[name] = kernels[name].array.take(codes) if len(kernels) else np.array([], dtype=object)
     for name, value in (("op", op.name), ("arch", arch), ("dtype", dtype), ("layout", layout)):
         table[name] = value
     table = conform(table, op)
@@ -328,48 +332,45 @@ def _flops(rows: pd.DataFrame, op: OpDefinition) -> np.ndarray:
 
 # -- merging -----------------------------------------------------------------------------------
 def _merge(rows: pd.DataFrame, op: OpDefinition) -> tuple[pd.DataFrame, list[Reject]]:
-    """One row per (problem, kernel): medians over valid repeats (see the module docstring)."""
+    """One row per (problem, kernel): medians over valid repeats (see the module docstring).
+
+    The output keeps each pair's first row (one copy of the table, in order of first
+    appearance) and overwrites only the pairs measured more than once.
+    """
     keys = [*op.problem_names, "kernel"]
     if not len(rows):
         return rows, []
-    gid = rows.groupby(keys, sort=False).ngroup().to_numpy()
+    gid = rows.groupby(keys, sort=False).ngroup().to_numpy()  # numbered by first appearance
     counts = np.bincount(gid)
     multi = counts[gid] > 1
     if not multi.any():
         return rows, []
-    rows = rows.assign(_gid=gid)
-    single = rows[~multi]
-    sub = rows[multi]
-    groups = sub.groupby("_gid", sort=False)
-    first = groups.first()
-    valid_sub = sub[sub["is_valid"]]
-    vgroups = valid_sub.groupby("_gid", sort=False)
+    _, first = np.unique(gid, return_index=True)
+    out = rows.take(first).reset_index(drop=True)  # row g is group g
+    sub = rows.loc[multi].assign(_gid=gid[multi])
+    multi_ids = np.flatnonzero(counts > 1)
+    sources, run_ids = _joined(sub, multi_ids)
+    out.loc[multi_ids, "source"] = sources
+    out.loc[multi_ids, "run_id"] = run_ids
+    out.loc[multi_ids, "repeats"] = sub.groupby("_gid")["repeats"].sum().loc[multi_ids].to_numpy()
+    out.loc[multi_ids, "spread"] = np.nan
+    valid = sub[sub["is_valid"]].groupby("_gid")
     stats = pd.DataFrame({
-        "tflops": vgroups["tflops"].median(), "latency_ms": vgroups["latency_ms"].median(),
-        "bandwidth_gbs": vgroups["bandwidth_gbs"].median(), "tmin": vgroups["tflops"].min(),
-        "tmax": vgroups["tflops"].max(), "n": vgroups.size(), "repeats": vgroups["repeats"].sum(),
+        "tflops": valid["tflops"].median(), "latency_ms": valid["latency_ms"].median(),
+        "bandwidth_gbs": valid["bandwidth_gbs"].median(), "tmin": valid["tflops"].min(),
+        "tmax": valid["tflops"].max(), "n": valid.size(), "repeats": valid["repeats"].sum(),
     })
-    merged = first.copy()
-    merged["source"], merged["run_id"] = _joined(sub, merged.index)
-    merged["repeats"] = groups["repeats"].sum()
-    merged["spread"] = np.nan
-    has_valid = merged.index.isin(stats.index)
-    idx = merged.index[has_valid]
-    for col in ("tflops", "latency_ms", "bandwidth_gbs"):
-        merged.loc[idx, col] = stats.loc[idx, col].to_numpy()
-    merged.loc[idx, "repeats"] = stats.loc[idx, "repeats"].to_numpy()
+    idx = stats.index.to_numpy()
+    for col in ("tflops", "latency_ms", "bandwidth_gbs", "repeats"):
+        out.loc[idx, col] = stats[col].to_numpy()
     spread = ((stats["tmax"] - stats["tmin"]) / stats["tflops"]).where(stats["n"] >= 2)
-    merged.loc[idx, "spread"] = spread.loc[idx].to_numpy()
-    merged.loc[idx, "is_valid"] = True
-    merged.loc[idx, "invalid_reason"] = ""
-    # An all-invalid pair keeps its first reason; ``first()`` skips empty strings only for NaN.
+    out.loc[idx, "spread"] = spread.to_numpy()
+    out.loc[idx, "is_valid"] = True
+    out.loc[idx, "invalid_reason"] = ""
     superseded_rows = sub[~sub["is_valid"] & sub["_gid"].isin(idx)]
     superseded = [Reject(r.source, f"superseded: {r.invalid_reason} (a valid repeat of this problem and "
                                    "kernel is in the table)", f"tflops={r.tflops} latency_ms={r.latency_ms}")
                   for r in superseded_rows.itertuples(index=False)]
-    merged = merged.reset_index()
-    out = pd.concat([single, merged[single.columns]], ignore_index=True)
-    out = out.sort_values("_gid", kind="stable").drop(columns="_gid").reset_index(drop=True)
     return out, superseded
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer
+from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer, to_int
 from ckpred.data.table import canonical_columns
 from ckpred.errors import InputFileError
 
@@ -76,11 +76,11 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
             reason = code if isinstance(code, str) else ""
         problem = []
         for name, column in zip(op.problem_names, problem_cols):
-            value = column[i]
-            if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-                problem.append(int(value))
+            value = to_int(column[i])
+            if value is None:
+                reason = reason or f"bad problem field: {name}={column[i]!r} is not an integer"
             else:
-                reason = reason or f"bad problem field: {name}={value!r} is not an integer"
+                problem.append(value)
         if reason:
             rejects.append(Reject(label, reason, _row_text(columns, i)))
             continue
