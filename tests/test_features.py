@@ -79,6 +79,67 @@ def test_anchor55_values_by_hand(cfg) -> None:
     assert [f[f"interaction__fill_{d}"][1] for d in "mnk"] == [1.0, 1.0, 1.0]
 
 
+def test_physical_groups_values_by_hand(cfg) -> None:
+    """Tile/wave quantisation, roofline and occupancy of M=1, N=7, K=2^25+1 on a 64x128x64
+    compv4 tile (2x2x1 warps, 32x32x16 warp tile) on gfx950 fp8: 256 CUs, 8 XCDs, 5033 TFLOPS,
+    8000 GB/s, 160 KiB LDS, fp16 C."""
+    groups = [{"kind": kind} for kind in ("tile_quantization", "wave", "roofline", "occupancy")]
+    X = _frame([dict(m=1, n=7, k=BIG_K)])
+    union = build_features({"name": "physical", "groups": groups}, OP, cfg.arch, cfg.dtype, cfg.layout)
+    out = union.fit_transform(X)
+    f = dict(zip(union.get_feature_names_out(), out[0]))
+    k_tiles = 2**19 + 1  # ceil((2^25+1)/64)
+    compute_us = 1 * k_tiles * (2 * 64 * 128 * 64) / (5033e6 / 256)
+    memory_us = (1 * k_tiles * (64 + 128) * 64 * 1 + 1 * 7 * 2) / 8000e3
+    ideal_us = max(2 * 7 * BIG_K / 5033e6, ((BIG_K + 7 * BIG_K) * 1 + 7 * 2) / 8000e3)
+    expect = {
+        "tile_quantization__m_over_tile_m": 1 / 64, "tile_quantization__k_over_tile_k": BIG_K / 64,
+        "tile_quantization__m_lt_tile": 1, "tile_quantization__n_lt_tile": 1, "tile_quantization__k_lt_tile": 0,
+        "tile_quantization__need_pad_m": 1, "tile_quantization__need_pad_k": 1,
+        "tile_quantization__missing_pad_n": 1, "tile_quantization__util_m": 1 / 64,
+        "tile_quantization__util_k": BIG_K / (k_tiles * 64),
+        "tile_quantization__util_mnk": (1 / 64) * (7 / 128) * (BIG_K / (k_tiles * 64)),
+        "wave__log2_grid": 0.0, "wave__waves": 1, "wave__wave_efficiency": 1 / 256,
+        "wave__last_wave_fill": 1 / 256, "wave__cu_occupancy": 1 / 256, "wave__blocks_per_xcd": 1,
+        "wave__xcd_waves": 1, "wave__log2_k_iterations": math.log2(k_tiles),
+        "wave__log2_critical_path": math.log2(k_tiles),
+        "roofline__log2_flops": math.log2(2 * 7 * BIG_K),
+        "roofline__log2_min_bytes": math.log2(8 * BIG_K + 14),
+        "roofline__roofline_position": math.log2((2 * 7 * BIG_K / (8 * BIG_K + 14)) / (5033e6 / 8000e3)),
+        "roofline__log2_compute_us": math.log2(compute_us), "roofline__log2_memory_us": math.log2(memory_us),
+        "roofline__log2_est_us": math.log2(max(compute_us, memory_us)),
+        "roofline__est_efficiency": ideal_us / max(compute_us, memory_us),
+        "roofline__tile_intensity": 2 * 64 * 128 / (192 * 1),
+        "occupancy__lds_buffers": 2, "occupancy__lds_block_bytes": 192 * 64 * 2,
+        "occupancy__blocks_per_cu_lds": 6, "occupancy__blocks_per_cu": 6, "occupancy__rep_m": 1,
+        "occupancy__rep_n": 2, "occupancy__rep_k": 4, "occupancy__mfma_per_warp": 8,
+        "occupancy__accumulators_per_thread": 32, "occupancy__warp_tile_intensity": 16,
+    }
+    for name, value in expect.items():
+        assert f[name] == pytest.approx(value, rel=1e-14, abs=0), name
+    # A non-double-buffered pipeline (compv3 = 0) halves the LDS footprint.
+    X = _frame([dict(m=1, n=7, k=BIG_K, pipeline=0)])
+    out = union.fit_transform(X)
+    g = dict(zip(union.get_feature_names_out(), out[0]))
+    assert g["occupancy__lds_buffers"] == 1 and g["occupancy__blocks_per_cu_lds"] == 13
+
+
+def test_wave_quantisation_steps_at_the_cu_count(cfg) -> None:
+    # 256 CUs: 16x16 = 256 tiles fill exactly one wave; 16x17 = 272 need a second, mostly idle.
+    X = _frame([dict(m=16 * 64, n=16 * 128, k=64), dict(m=16 * 64, n=17 * 128, k=64)])
+    f = _features_of(cfg, ["wave"], X)
+    assert list(f["wave__waves"]) == [1.0, 2.0]
+    assert list(f["wave__wave_efficiency"]) == [1.0, 272 / 512]
+    assert list(f["wave__last_wave_fill"]) == [1.0, 16 / 256]
+    assert list(f["wave__blocks_per_xcd"]) == [32.0, 34.0] and list(f["wave__xcd_waves"]) == [1.0, 2.0]
+
+
+def _features_of(cfg, kinds: list[str], X: pd.DataFrame) -> dict[str, np.ndarray]:
+    union = build_features({"name": "x", "groups": [{"kind": k} for k in kinds]}, OP, cfg.arch, cfg.dtype)
+    out = union.fit_transform(X)
+    return dict(zip(union.get_feature_names_out(), out.T))
+
+
 def test_constants_follow_the_arch_and_dtype_configs() -> None:
     cfg = compose("ingest", ["data.path=x", "arch=gfx942", "dtype=fp16", "layout=crr"])
     X = _frame([dict(m=300, n=256, k=4096)])
