@@ -17,6 +17,7 @@ carries ``ckpred_target_`` ("log1p", "raw", "relative" or "rank") for the export
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import lightgbm as lgb
@@ -39,7 +40,7 @@ class _ElementwiseTarget(TransformerMixin, BaseEstimator):
         pass
 
     def fit(self, X: Any, y: Any = None) -> "_ElementwiseTarget":
-        validate_data(self, X, dtype=np.float64, ensure_all_finite=False)
+        validate_data(self, X, dtype=np.float64)
         return self
 
     def _forward(self, X: np.ndarray) -> np.ndarray:
@@ -50,7 +51,7 @@ class _ElementwiseTarget(TransformerMixin, BaseEstimator):
 
     def transform(self, X: Any) -> np.ndarray:
         check_is_fitted(self)
-        X = validate_data(self, X, dtype=np.float64, reset=False, ensure_all_finite=False)
+        X = validate_data(self, X, dtype=np.float64, reset=False)
         return self._forward(X)
 
     def inverse_transform(self, X: Any) -> np.ndarray:
@@ -228,7 +229,10 @@ def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np
         if isinstance(model, TransformedTargetRegressor):
             # TTR transforms y but passes eval_set through untouched: transform it here.
             yv = model.transformer.fit(yv.reshape(-1, 1)).transform(yv.reshape(-1, 1)).ravel()
-        fit_params["eval_set"] = [(Xv, yv)]
+        if _HAS_EVAL_XY:
+            fit_params.update(eval_X=(Xv,), eval_y=(yv,))
+        else:  # LightGBM < 4.7
+            fit_params["eval_set"] = [(Xv, yv)]
         if is_ranker:
             fit_params["eval_group"] = [_query_sizes(val_codes)]
             fit_params["eval_at"] = [1]
@@ -236,6 +240,10 @@ def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np
     model.fit(Xt, y, **fit_params)
     pipe.ckpred_target_ = target
     return pipe
+
+
+#: LightGBM 4.7 replaced ``eval_set`` by ``eval_X``/``eval_y``; older releases only know the former.
+_HAS_EVAL_XY = "eval_X" in inspect.signature(lgb.LGBMRegressor.fit).parameters
 
 
 def booster(pipe: Pipeline) -> lgb.Booster:
