@@ -467,6 +467,17 @@ def test_csv_reader_is_op_generic_on_real_grouped_conv_data() -> None:
     assert result.table["source"].str.contains(r"training_data_forward_bf16_20\.csv:\d+").all()
 
 
+def test_real_grouped_conv_table_through_its_op_config(capsys: pytest.CaptureFixture[str]) -> None:
+    path = shared_file("ck_grouped_conv_fwd_bf16_gfx950", "benchmark_forward_300_bf16_gfx950.csv")
+    cfg = compose("ingest", [f"data.path={path}", "op=grouped_conv_fwd", "dtype=bf16"])
+    table = load_table(cfg)
+    # 231 problem ids x 30 kernels; two ids name the same convolution, merged by median
+    assert len(table) == 230 * 30 and table["is_valid"].all()
+    assert (table["repeats"] == 2).sum() == 30 and table["spread"].notna().sum() == 30
+    assert set(table["op"]) == {"grouped_conv_fwd"} and table["kernel_name"].nunique() == 30
+    assert "6930" in capsys.readouterr().out
+
+
 # -- config entry points and the CLI -----------------------------------------------------------
 def test_sample_fixture_of_the_readme() -> None:
     result = read(SAMPLE)
