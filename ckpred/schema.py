@@ -436,6 +436,9 @@ class TrainConfig:
     plots: bool = True
     #: Show progress bars and the summary table on the console.
     progress: bool = True
+    #: A finished train run dir whose ``pipeline.joblib`` this run continues boosting from
+    #: (``model.n_estimators`` trees are *added*); empty = cold start. See :mod:`ckpred.warm_start`.
+    warm_start: str = ""
 
 
 # -- export and select (export owner) ------------------------------------------------------------
@@ -510,6 +513,95 @@ class SelectConfig:
               "the problem fields, e.g. problem.m=128 problem.n=1536 problem.k=7168")
 
 
+# -- sweeps, tune, warm start (sweep owner) ------------------------------------------------------
+TUNE_KINDS: tuple[str, ...] = ("int", "float", "categorical")
+#: ``model.<name>`` keys the ``tune`` search space may set (LightGBM hyperparameters).
+TUNABLE: tuple[str, ...] = ("n_estimators", "learning_rate", "num_leaves", "max_depth", "min_child_samples",
+                            "subsample", "subsample_freq", "colsample_bytree", "reg_alpha", "reg_lambda",
+                            "min_split_gain", "max_bin", "relevance_exponent")
+SWEEP_SORT: tuple[str, ...] = ("mean", "p10")
+
+
+@dataclass
+class TuneParamConfig:
+    """Range of one ``model.<name>`` hyperparameter in the ``tune`` search space."""
+
+    #: ``int`` / ``float``: a value in [low, high]; ``categorical``: one of ``choices``.
+    kind: str = "float"
+    low: float = 0.0
+    high: float = 0.0
+    #: Sample on a log scale (low must be > 0).
+    log: bool = False
+    #: Grid step inside [low, high] (0 = continuous floats / every integer).
+    step: float = 0.0
+    choices: list[Any] = field(default_factory=list)
+    #: false = keep the config's value (drop the parameter from the search).
+    enabled: bool = True
+
+
+@dataclass
+class TuneSettings:
+    """Budget, sampler and search space of ``ckpred tune`` (see :mod:`ckpred.tune`)."""
+
+    #: Trial budget.
+    n_trials: int = 20
+    #: Stop starting new trials after this many seconds (0 = no limit). A time budget makes the
+    #: number of trials, hence the result, depend on machine speed; ``n_trials`` alone does not.
+    timeout_s: float = 0.0
+    #: Seed of optuna's TPESampler (the trials are deterministic for a given seed).
+    sampler_seed: int = 0
+    #: Random trials before TPE starts modelling.
+    n_startup_trials: int = 10
+    #: Keep each trial's plots and final fitted pipeline (one extra fit per trial).
+    trial_outputs: bool = False
+    space: dict[str, TuneParamConfig] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check("tune.n_trials", self.n_trials, self.n_trials >= 1, "an integer >= 1")
+        check("tune.timeout_s", self.timeout_s, self.timeout_s >= 0, "a number of seconds >= 0 (0 = no limit)")
+        check("tune.n_startup_trials", self.n_startup_trials, self.n_startup_trials >= 0, "an integer >= 0")
+        # An empty space is refused by ``ckpred.tune`` when it runs: the schema default must compose.
+        for name, p in self.space.items():
+            if not p.enabled:
+                continue
+            key = f"tune.space.{name}"
+            check(key, name, name in TUNABLE, f"one of {list(TUNABLE)} (model.<name> keys)")
+            check(f"{key}.kind", p.kind, p.kind in TUNE_KINDS, f"one of {list(TUNE_KINDS)}")
+            if p.kind == "categorical":
+                check(f"{key}.choices", p.choices, len(p.choices) > 0, "a non-empty list")
+                continue
+            check(f"{key}.high", p.high, p.high > p.low, f"a number > low ({p.low})")
+            check(f"{key}.low", p.low, p.low > 0 or not p.log, "a number > 0 when log=true")
+            check(f"{key}.step", p.step, p.step >= 0 and not (p.step and p.log),
+                  "a number >= 0, and 0 when log=true (optuna cannot combine them)")
+            if p.kind == "int":
+                for bound in ("low", "high", "step"):
+                    value = getattr(p, bound)
+                    check(f"{key}.{bound}", value, float(value).is_integer(), "an integer for kind=int")
+
+
+@dataclass
+class TuneConfig(TrainConfig):
+    """Primary config of ``ckpred tune``: a train config plus the search (``tune``)."""
+
+    tune: TuneSettings = field(default_factory=TuneSettings)
+
+
+@dataclass
+class SweepReportConfig:
+    """Primary config of ``ckpred sweep-report``."""
+
+    #: A multirun dir (``multirun/train/<time>``) or a tune run dir; searched recursively for jobs.
+    dir: str = MISSING
+    #: Sort key of the table (descending): ``mean`` or ``p10`` model efficiency.
+    sort_by: str = "mean"
+    #: Also write the table to ``<dir>/sweep_report.csv``.
+    csv: bool = True
+
+    def __post_init__(self) -> None:
+        check("sort_by", self.sort_by, self.sort_by in SWEEP_SORT, f"one of {list(SWEEP_SORT)}")
+
+
 def register() -> None:
     """Register every schema under ``base_<group>`` (idempotent)."""
     from hydra.core.config_store import ConfigStore
@@ -530,4 +622,6 @@ def register() -> None:
     cs.store(name="base_train", node=TrainConfig)
     cs.store(name="base_export", node=ExportConfig)
     cs.store(name="base_select", node=SelectConfig)
+    cs.store(name="base_tune", node=TuneConfig)
+    cs.store(name="base_sweep_report", node=SweepReportConfig)
     cs.store(group="problem", name="base_problem", node={})
