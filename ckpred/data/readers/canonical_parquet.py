@@ -1,6 +1,8 @@
 """Reader of canonical parquet tables (the output of ``ckpred ingest`` or the simulator).
 
-Rows keep their ``source``, ``run_id`` and ``repeats``; rows of another op, arch, dtype or
+Rows keep their ``source``, ``run_id``, ``repeats``, ``spread`` and invalid reasons; values are
+checked again (NaN, negative, zero TFLOPS) except TFLOPS-vs-latency consistency, which was
+judged at ingestion against the source's printing precision; rows of another op, arch, dtype or
 layout than the config are rejected (never silently mixed). The kernel name is resolved like
 in every other reader, so a table merges with fresh measurements of the same kernels.
 """
@@ -10,8 +12,10 @@ from __future__ import annotations
 import math
 from array import array
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 
 from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer, to_int
@@ -42,59 +46,86 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
     if missing:
         raise InputFileError(str(path), f"not a canonical ckpred table for op {op.name!r}: missing columns "
                                         f"{missing}; a canonical table has {canonical_columns(op)}")
-    rows = RowBuffer(op.problem_names)
-    rows.sources, rows.run_ids, rows.repeats, rows.spreads = [], [], array("q"), array("d")
-    rejects: list[Reject] = []
     n = len(frame)
-    want = {"op": op.name, "arch": ctx.arch, "dtype": ctx.dtype, "layout": ctx.layout}
-    problem_cols = []
+    # Vectorised per column; Python loops run only over rejected or invalid rows.
+    reason = np.full(n, "", dtype=object)
+
+    def mark(bad: np.ndarray, text: Callable[[int], str]) -> None:
+        for i in np.flatnonzero(bad & (reason == "")):
+            reason[i] = text(int(i))
+
+    for key, expected in (("op", op.name), ("arch", ctx.arch), ("dtype", ctx.dtype), ("layout", ctx.layout)):
+        column = columns[key]
+        mark(np.asarray(column != expected, dtype=bool),
+             lambda i, key=key, column=column, expected=expected:
+             f"{key} mismatch: table row says {key}={column[i]}, config has {key}={expected}")
+    names = columns["kernel_name"]
+    name_codes, uniques = pd.factorize(pd.Series(names, dtype=object))
+    resolved = [ctx.resolver.resolve(u) for u in uniques]
+    code_of = np.array([c if isinstance(c, int) else -1 for c in resolved] + [-1], dtype=np.int64)
+    codes = code_of[name_codes]  # factorize marks a missing name -1, which indexes the trailing -1
+    mark(codes < 0, lambda i: resolved[name_codes[i]] if name_codes[i] >= 0  # type: ignore[return-value]
+         else f"missing kernel name: got {names[i]!r}")
+    problem = []
     for f in op.problem_fields:
-        if f.name in columns:
-            problem_cols.append(columns[f.name])
-        else:
-            problem_cols.append(np.full(n, int(f.default), dtype=np.int64))
-    tflops = _floats(columns["tflops"])
-    latency = _floats(columns["latency_ms"])
-    bandwidth = _floats(columns["bandwidth_gbs"]) if "bandwidth_gbs" in columns else np.full(n, np.nan)
-    valid = columns["is_valid"]
-    reasons = columns.get("invalid_reason")
-    sources = columns.get("source")
-    run_ids = columns.get("run_id")
-    repeats = columns.get("repeats")
-    spreads = _floats(columns["spread"]) if "spread" in columns else np.full(n, np.nan)
-    for i in range(n):
-        label = f"{ctx.label}:row {i + 1}"
-        own = str(sources[i]) if sources is not None and isinstance(sources[i], str) and sources[i] else label
-        reason = ""
-        for key, expected in want.items():
-            got = columns[key][i]
-            if got != expected:
-                reason = f"{key} mismatch: table row says {key}={got}, config has {key}={expected}"
-                break
-        if not reason:
-            code = ctx.resolver.resolve(columns["kernel_name"][i])
-            reason = code if isinstance(code, str) else ""
-        problem = []
-        for name, column in zip(op.problem_names, problem_cols):
-            value = to_int(column[i])
-            if value is None:
-                reason = reason or f"bad problem field: {name}={column[i]!r} is not an integer"
-            else:
-                problem.append(value)
-        if reason:
-            rejects.append(Reject(label, reason, _row_text(columns, i)))
+        if f.name not in columns:
+            problem.append(np.full(n, int(f.default), dtype=np.int64))
             continue
-        row_reason = ""
-        if not bool(valid[i]):
-            text = str(reasons[i]) if reasons is not None and isinstance(reasons[i], str) else ""
-            row_reason = text or "invalid in source table"
-        rows.add(i + 1, code, problem, tflops[i], latency[i], bandwidth[i], row_reason)  # type: ignore[arg-type]
-        rows.sources.append(own)
-        rows.run_ids.append(str(run_ids[i]) if run_ids is not None and isinstance(run_ids[i], str) else "")
-        rep = repeats[i] if repeats is not None else 1
-        rows.repeats.append(int(rep) if isinstance(rep, (int, np.integer)) and rep > 0 else 1)
-        rows.spreads.append(spreads[i])
+        ints, ok = _ints(columns[f.name])
+        mark(~ok, lambda i, name=f.name, column=columns[f.name]:
+             f"bad problem field: {name}={column[i]!r} is not an integer")
+        problem.append(ints)
+    keep = reason == ""
+    rejects = [Reject(f"{ctx.label}:row {i + 1}", reason[i], _row_text(columns, int(i)))
+               for i in np.flatnonzero(~keep)]
+
+    idx = np.flatnonzero(keep)
+    # The table was checked when it was made, against the precision of its source (a log's
+    # latency is quantised to 10 us): TFLOPS vs latency is not re-judged at full precision.
+    rows = RowBuffer(op.problem_names, quantum_ms=math.inf, quantum_tflops=math.inf)
+    rows.line = _array("q", idx + 1)
+    rows.kernel = _array("q", codes[idx])
+    rows.problem = [_array("q", values[idx]) for values in problem]
+    rows.tflops = _array("d", _floats(columns["tflops"])[idx])
+    rows.latency = _array("d", _floats(columns["latency_ms"])[idx])
+    rows.bandwidth = _array("d", _floats(columns["bandwidth_gbs"])[idx] if "bandwidth_gbs" in columns
+                            else np.full(len(idx), np.nan))
+    rows.spreads = _array("d", _floats(columns["spread"])[idx] if "spread" in columns
+                          else np.full(len(idx), np.nan))
+    repeats, ok = _ints(columns["repeats"]) if "repeats" in columns else (np.ones(n, np.int64), np.ones(n, bool))
+    rows.repeats = _array("q", np.where(ok & (repeats > 0), repeats, 1)[idx])
+    labels = f"{ctx.label}:row " + pd.Series(idx + 1).astype(str)
+    rows.sources = _strings(columns.get("source"), idx, labels.to_numpy(dtype=object))
+    rows.run_ids = _strings(columns.get("run_id"), idx, np.full(len(idx), "", dtype=object))
+    valid = np.asarray(columns["is_valid"]).astype(bool)[idx]
+    texts = _strings(columns.get("invalid_reason"), idx, np.full(len(idx), "invalid in source table", dtype=object))
+    rows.reasons = {int(j): texts[j] for j in np.flatnonzero(~valid)}
     return FileRead(rows, rejects)
+
+
+def _array(typecode: str, values: np.ndarray) -> array:
+    out = array(typecode)
+    out.frombytes(np.ascontiguousarray(values, dtype=np.int64 if typecode == "q" else np.float64).tobytes())
+    return out
+
+
+def _ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Integer values and where they are integers (a column damaged to floats or objects)."""
+    values = np.asarray(values)
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64), np.ones(len(values), dtype=bool)
+    parsed = [to_int(v) for v in values]
+    ok = np.array([v is not None for v in parsed], dtype=bool)
+    return np.array([v if v is not None else 0 for v in parsed], dtype=np.int64), ok
+
+
+def _strings(values: np.ndarray | None, idx: np.ndarray, fallback: np.ndarray) -> list[str]:
+    """``values[idx]`` where it is a non-empty string, else ``fallback``."""
+    if values is None:
+        return fallback.tolist()
+    picked = np.asarray(values, dtype=object)[idx]
+    good = np.array([isinstance(v, str) and v != "" for v in picked], dtype=bool)
+    return np.where(good, picked, fallback).tolist()
 
 
 def _floats(values: np.ndarray) -> np.ndarray:
