@@ -18,7 +18,7 @@ from ckpred.data import load_table
 from ckpred.data.ingest import IngestResult, expand_paths, read_files
 from ckpred.data.readers import detect_format
 from ckpred.data.table import canonical_columns, read_table, write_table
-from ckpred.errors import InputFileError, KernelNameError
+from ckpred.errors import ConfigValueError, InputFileError, KernelNameError
 from ckpred.kernels.base import Field, OpDefinition
 from ckpred.kernels.gemm_universal import OP
 from tests import fixtures_gen as fg
@@ -84,6 +84,16 @@ def test_log_reader(tmp_path: Path) -> None:
     _check_rows(result, rows, rel=1e-9)
     assert result.table["bandwidth_gbs"].notna().all()
     assert result.table.iloc[0]["source"].endswith("bench.log:4")  # after rule, header, rule
+
+
+def test_big_log_helper_of_the_benchmark(tmp_path: Path) -> None:
+    """The generator behind scripts/bench_ingest.py writes what the reader takes as all valid."""
+    path = fg.write_big_log(tmp_path / "big.log", 5000)
+    text = path.read_text()
+    assert text.count("\nShape ") + text.startswith("Shape") == 2  # 4,608 kernels per shape
+    result = read(path)
+    check_accounting(result)
+    assert result.summary.records == result.summary.valid == 5000 and len(result.rejects) == 0
 
 
 def test_json_reader_and_failed_kernels(tmp_path: Path) -> None:
@@ -165,7 +175,7 @@ def test_paths_globs_lists_and_errors(tmp_path: Path, monkeypatch: pytest.Monkey
         read("missing.csv")
     with pytest.raises(InputFileError, match="is a directory"):
         read(str(tmp_path))
-    with pytest.raises(Exception, match="data.format"):
+    with pytest.raises(ConfigValueError, match="data.format"):
         read("a.csv", fmt="xml")
 
 

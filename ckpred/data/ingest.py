@@ -17,9 +17,14 @@ Reasons read ``<category>: <detail>``; the summary counts them by category. Then
 measurements of the same (problem, kernel) — across files, runs or within a file — are merged
 into one row: ``tflops``, ``latency_ms`` and ``bandwidth_gbs`` are the medians over the valid
 measurements, ``repeats`` their count, ``spread`` = (max - min) / median of their TFLOPS (null
-with fewer than two), ``source``/``run_id`` list every merged measurement. Invalid
+with fewer than two), ``source``/``run_id`` list every merged measurement (``;``-joined). Invalid
 measurements of a pair that also has a valid one are listed in the rejects as ``superseded``;
 a pair with no valid measurement stays an invalid row (first reason, all repeats counted).
+
+Kernel fields always come from the op's name grammar (``op.parse_name``), and ``kernel_name``
+is stored in the op's canonical form (``op.format_name``): the parity-sweep name
+``gemm_fp16_rcr_...`` and the tile-engine name ``gemm_universal_fp16_rcr_...`` of one kernel
+are one row. Nothing is cached: reading is fast (``scripts/bench_ingest.py``).
 """
 
 from __future__ import annotations
@@ -86,7 +91,8 @@ class IngestResult:
 
     #: The canonical table (merged; one row per problem x kernel).
     table: pd.DataFrame
-    #: Records that could not be kept, with ``source`` (file:line), ``reason``, ``raw`` text.
+    #: Records that could not be kept, with ``source`` (file:line), ``reason``, ``raw`` text;
+    #: also the invalid measurements superseded by a valid repeat (reason ``superseded: ...``).
     rejects: pd.DataFrame
     summary: IngestSummary
 
