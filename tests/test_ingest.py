@@ -137,10 +137,10 @@ def test_detect_format_and_override(tmp_path: Path) -> None:
     for fmt, path in paths.items():
         assert detect_format(path) == fmt
         assert len(read(path, fmt=fmt).table) == 2
-    # A log of bare JSON rows (no header) is still a log.
+    # A log of bare JSON rows (no header, indented) is still a log.
     bare = tmp_path / "bare.log"
-    bare.write_text(fg.log_row(rows[0]) + "\n")
-    assert detect_format(bare) == "log" and read(bare).summary.valid == 1
+    bare.write_text(fg.log_row(rows[0]) + "\n  " + fg.log_row(rows[1]) + "\n")
+    assert detect_format(bare) == "log" and read(bare).summary.valid == 2
     # forcing the wrong reader is a clear file error, not a crash
     with pytest.raises(InputFileError, match="CSV header lacks column"):
         read(paths["log"], fmt="csv")

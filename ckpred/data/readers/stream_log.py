@@ -87,6 +87,8 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
     header: _Header | None = None
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
+            if raw[:1] in b" \t":  # an indented row or header
+                raw = raw.lstrip(b" \t")
             if raw[:1] == b"{":
                 try:
                     obj = fast_loads(raw)
