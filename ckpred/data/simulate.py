@@ -355,6 +355,19 @@ def model_latency(problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any, d
 
 
 # -- the table --------------------------------------------------------------------------------------
+_CATALOGUES: dict[tuple[str, ...], pd.DataFrame] = {}
+
+
+def _catalogue(op: OpDefinition, arch: Any, dtype: Any, layout: Any) -> pd.DataFrame:
+    """``op.catalogue(...)``, memoised per (op, arch, dtype, layout): building 4,608 names costs
+    half a second and the frame is only read here."""
+    key = (op.name, str(_arch_value(arch, "name")), str(getattr(dtype, "name", dtype)),
+           str(getattr(dtype, "bytes_per_element", "")), str(getattr(layout, "name", layout)))
+    if key not in _CATALOGUES:
+        _CATALOGUES[key] = op.catalogue(arch, dtype, layout)
+    return _CATALOGUES[key]
+
+
 def simulate(shapes_df: pd.DataFrame, op: OpDefinition, arch: Any, dtype: Any, layout: Any, *,
              seed: int = 0, noise_seed: int | None = None, source: str = "simulated",
              kernels: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -386,7 +399,7 @@ def simulate(shapes_df: pd.DataFrame, op: OpDefinition, arch: Any, dtype: Any, l
     """
     from ckpred.data.table import conform
 
-    cat = op.catalogue(arch, dtype, layout) if kernels is None else kernels.reset_index(drop=True)
+    cat = _catalogue(op, arch, dtype, layout) if kernels is None else kernels.reset_index(drop=True)
     problems = shapes_df.reset_index(drop=True).copy()
     if "split_k" not in problems:
         problems["split_k"] = 1
