@@ -20,6 +20,9 @@ class Command(NamedTuple):
     #: ``module:function`` of the task; imported only when the command runs.
     task: str
     summary: str
+    #: Config key a bare positional argument is translated to (``sweep-report <dir>`` ->
+    #: ``dir=<dir>``); empty = the command takes Hydra overrides only.
+    positional: str = ""
 
 
 #: Every command, with the primary config it composes and a one-line summary for ``--help``.
@@ -34,6 +37,9 @@ COMMANDS: dict[str, Command] = {
                       "pick the top-k kernels for one problem with an exported model"),
     "simulate": Command("simulate", "ckpred.data.simulate:simulate_command",
                         "simulate CK Tile GEMM benchmarks (embedded default data); calibrate=true reports vs real"),
+    "sweep-report": Command("sweep_report", "ckpred.sweep:sweep_report",
+                            "one table of a sweep's jobs (train -m / tune), best mean efficiency first",
+                            positional="dir"),
 }
 
 
@@ -51,6 +57,25 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+#: Hydra options followed by a value (that value is not a positional argument).
+_HYDRA_VALUE_OPTIONS = frozenset({"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
+                                  "-c", "--cfg", "-p", "--package", "--experimental-rerun"})
+
+
+def _positional_to_override(argv: list[str], key: str) -> list[str]:
+    """Turn the first bare argument (no ``=``, not an option or its value) into ``key='<arg>'``."""
+    out, done, after_option = [], not key, False
+    for arg in argv:
+        if not done and not after_option and "=" not in arg and not arg.startswith("-"):
+            # Quoted so any path survives Hydra's override grammar; escape quotes (Hydra's rule).
+            out.append(f"{key}='{arg.replace(chr(39), chr(92) + chr(39))}'")
+            done = True
+        else:
+            out.append(arg)
+        after_option = arg in _HYDRA_VALUE_OPTIONS
+    return out
+
+
 def run_command(name: str, argv: list[str]) -> Any:
     """Run command ``name`` with Hydra arguments ``argv`` (as if typed after the command)."""
     import hydra
@@ -59,6 +84,7 @@ def run_command(name: str, argv: list[str]) -> Any:
     from ckpred.config import to_object
 
     command = COMMANDS[name]
+    argv = _positional_to_override(argv, command.positional)
     schema.register()
 
     @hydra.main(version_base="1.3", config_path="conf", config_name=command.config_name)
