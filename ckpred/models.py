@@ -198,7 +198,8 @@ def _query_sizes(shape_codes: np.ndarray) -> np.ndarray:
 
 def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np.ndarray, *,
                  model_cfg: Any, target: str, X_val: pd.DataFrame | None = None,
-                 y_val: np.ndarray | None = None, val_codes: np.ndarray | None = None) -> Pipeline:
+                 y_val: np.ndarray | None = None, val_codes: np.ndarray | None = None,
+                 init_model: lgb.Booster | None = None) -> Pipeline:
     """Fit ``pipe`` in place, with early stopping on (X_val, y_val) when configured.
 
     The steps are fitted one after the other (instead of ``Pipeline.fit``) so the validation
@@ -212,6 +213,9 @@ def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np
         Shape of each row; the ranker needs rows contiguous per shape.
     target : str
         Recorded as ``pipe.ckpred_target_``.
+    init_model : lightgbm.Booster, optional
+        Warm start (:mod:`ckpred.warm_start`): continue boosting from this booster, adding
+        ``model.n_estimators`` trees (LightGBM's ``init_model``; TTR passes it to the regressor).
     """
     features = pipe.named_steps["features"]
     model = pipe.named_steps["model"]
@@ -237,6 +241,8 @@ def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np
             fit_params["eval_group"] = [_query_sizes(val_codes)]
             fit_params["eval_at"] = [1]
         fit_params["callbacks"] = [lgb.early_stopping(rounds, first_metric_only=True, verbose=False)]
+    if init_model is not None:  # warm start
+        fit_params["init_model"] = init_model
     model.fit(Xt, y, **fit_params)
     pipe.ckpred_target_ = target
     return pipe
