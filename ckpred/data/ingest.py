@@ -43,7 +43,7 @@ import pandas as pd
 
 from ckpred.config import resolve_path
 from ckpred.data.readers import READERS, FileRead, ReadContext, detect_format
-from ckpred.data.readers.common import KernelResolver, Reject
+from ckpred.data.readers.common import KernelResolver, Reject, RowBuffer
 from ckpred.data.table import conform, write_table
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.base import OpDefinition, load_op
@@ -227,47 +227,31 @@ def _category(reason: str) -> str:
 
 
 def _buffer_frame(read: FileRead | None, op: OpDefinition, run_id: str, label: str = "") -> pd.DataFrame:
-    """Columns of one file's row buffer as a frame (no per-row Python work)."""
-    columns: dict[str, Any] = {}
-    if read is None:
-        for name in op.problem_names:
-            columns[name] = np.array([], dtype=np.int64)
-        for name in ("kernel", "repeats"):
-            columns[name] = np.array([], dtype=np.int64)
-        for name in ("tflops", "latency_ms", "bandwidth_gbs", "spread", "quantum_ms", "quantum_tflops"):
-            columns[name] = np.array([], dtype=np.float64)
-        columns.update(invalid_reason=np.array([], dtype=object), source=np.array([], dtype=object),
-                       run_id=np.array([], dtype=object))
-        return pd.DataFrame(columns)
-    rows = read.rows
+    """Columns of one file's row buffer as a frame (no per-row Python work except reasons)."""
+    rows = read.rows if read is not None else RowBuffer(op.problem_names)
     n = len(rows)
-    for name, values in zip(op.problem_names, rows.problem):
-        columns[name] = np.frombuffer(values, dtype=np.int64) if n else np.array([], dtype=np.int64)
-    columns["kernel"] = np.frombuffer(rows.kernel, dtype=np.int64) if n else np.array([], dtype=np.int64)
-    for name, values in (("tflops", rows.tflops), ("latency_ms", rows.latency), ("bandwidth_gbs", rows.bandwidth)):
-        columns[name] = np.frombuffer(values, dtype=np.float64).copy() if n else np.array([], dtype=np.float64)
+
+    def ints(values: Any) -> np.ndarray:  # a view of the array's buffer: no copy of the big columns
+        return np.frombuffer(values, dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
+
+    def floats(values: Any) -> np.ndarray:
+        return np.frombuffer(values, dtype=np.float64).copy() if n else np.zeros(0)
+
+    columns: dict[str, Any] = {name: ints(values) for name, values in zip(op.problem_names, rows.problem)}
+    columns["kernel"] = ints(rows.kernel)
+    columns.update(tflops=floats(rows.tflops), latency_ms=floats(rows.latency), bandwidth_gbs=floats(rows.bandwidth))
     reasons = np.full(n, "", dtype=object)
     for i, reason in rows.reasons.items():
         reasons[i] = reason
     columns["invalid_reason"] = reasons
     if rows.sources is not None:
         columns["source"] = np.asarray(rows.sources, dtype=object)
-    else:
-        lines = np.frombuffer(rows.line, dtype=np.int64) if n else np.array([], dtype=np.int64)
-        # one vectorised string build instead of a million f-strings
-        columns["source"] = f"{label}:" + pd.Series(lines).astype(str)
-    if rows.run_ids is not None:
-        columns["run_id"] = np.asarray([r or run_id for r in rows.run_ids], dtype=object)
-    else:
-        columns["run_id"] = np.full(n, run_id, dtype=object)
-    if rows.repeats is not None:
-        columns["repeats"] = np.frombuffer(rows.repeats, dtype=np.int64) if n else np.array([], dtype=np.int64)
-    else:
-        columns["repeats"] = np.ones(n, dtype=np.int64)
-    if rows.spreads is not None:
-        columns["spread"] = np.frombuffer(rows.spreads, dtype=np.float64).copy() if n else np.array([], dtype=np.float64)
-    else:
-        columns["spread"] = np.full(n, np.nan)
+    else:  # one vectorised build of compact arrow strings instead of a million f-strings
+        columns["source"] = f"{label}:" + pd.Series(ints(rows.line)).astype(str)
+    columns["run_id"] = (np.asarray([r or run_id for r in rows.run_ids], dtype=object) if rows.run_ids is not None
+                         else np.full(n, run_id, dtype=object))
+    columns["repeats"] = ints(rows.repeats) if rows.repeats is not None else np.ones(n, dtype=np.int64)
+    columns["spread"] = floats(rows.spreads) if rows.spreads is not None else np.full(n, np.nan)
     columns["quantum_ms"] = np.full(n, rows.quantum_ms)
     columns["quantum_tflops"] = np.full(n, rows.quantum_tflops)
     return pd.DataFrame(columns)
