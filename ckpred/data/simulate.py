@@ -102,6 +102,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -656,12 +658,22 @@ def simulate_command(cfg: Any) -> float:
     sweep would minimise), else the share of valid rows in the written table.
     """
     from ckpred.config import resolve_path
+    from ckpred.data.shapes import load_shapes
     from ckpred.data.table import write_table
     from ckpred.kernels.base import load_op
 
     op = load_op(cfg.op)
     table = simulated_table(cfg)
-    out = write_table(table, resolve_path(cfg.out), op)
+    out = resolve_path(cfg.out)
+    cached = cache_path(cfg, load_shapes(cfg.shapes))
+    if cached.is_file() and out.resolve() != cached.resolve():
+        # The cache file is already the canonical parquet of this table: copy it atomically.
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        shutil.copyfile(cached, tmp)
+        os.replace(tmp, out)
+    elif not cached.is_file():
+        write_table(table, out, op)
     shapes = table.groupby(["m", "n", "k", "split_k"], sort=False).ngroups
     print(f"simulated {len(table):,} rows ({shapes} shapes x {len(table) // max(shapes, 1):,} kernels, "
           f"{table['is_valid'].mean():.1%} valid) -> {out}")
