@@ -172,7 +172,9 @@ def test_conv_features_by_hand(conv_cfg) -> None:
     assert f["conv_tile__mn_efficiency"][0] == pytest.approx(m * n / (192 * 64))
     assert f["conv_tile__k_efficiency"][0] == pytest.approx(24 / 128)
     assert f["conv_tile__fill_k"][0] == pytest.approx(24 / 128)
-    est = max(64 * 64 * 128 * 2 / (2517e6 / 256), (12 * (64 + 64) * 128 * 2 + 4 * m * n * 2) / 8000e3) + 0.05
+    # A re-read per column of tiles (1), B per row of tiles (3), C written once; 1 wave, 1 iteration.
+    traffic = 4 * (m * k * 1 + k * n * 3) * 2 + 4 * m * n * 2
+    est = max(64 * 64 * 128 * 2 / (2517e6 / 256), traffic / 8000e3) + 0.3 + 0.05
     assert f["conv_tile__log2_est_us"][0] == pytest.approx(np.log2(est), rel=1e-13)
     assert f["conv_tile__est_vs_best"][0] >= 0 and f["conv_kernel__lds_buffers"][0] == 1
 

@@ -54,10 +54,16 @@ def implicit_gemm(cols: dict[str, Any], xp: Any) -> dict[str, Any]:
 
 def tile_estimates(gemm: dict[str, Any], tm: Any, tn: Any, tk: Any, xp: Any, *, cus: int,
                    peak_tflops: float, memory_bandwidth_gbs: float, bytes_per_element: int,
-                   c_bytes_per_element: int, iteration_latency_us: float) -> dict[str, Any]:
+                   c_bytes_per_element: int, iteration_latency_us: float,
+                   tile_latency_us: float) -> dict[str, Any]:
     """Tile/wave quantisation and the analytical time (microseconds) of one block tile.
 
-    ``tm``, ``tn``, ``tk`` are columns or Python numbers (reference tiles).
+    ``tm``, ``tn``, ``tk`` are columns or Python numbers (reference tiles). The estimate is
+    ``max(compute, memory) + waves*tile_latency + iterations*iteration_latency``: compute is the
+    busiest CU's padded MAC blocks at its share of peak; memory is the bytes that really move
+    (A re-read once per column of tiles, B once per row of tiles, C written once) at full
+    bandwidth; the latency terms are what a block costs beyond its throughput (prologue,
+    epilogue store, un-hidden load latency) and dominate launch-bound problems.
     """
     m, n, k, g = gemm["m"], gemm["n"], gemm["k"], gemm["g"]
     tiles_m, tiles_n, tiles_k = ceil_div(m, tm, xp), ceil_div(n, tn, xp), ceil_div(k, tk, xp)
@@ -66,10 +72,11 @@ def tile_estimates(gemm: dict[str, Any], tm: Any, tn: Any, tk: Any, xp: Any, *, 
     iterations = waves * tiles_k  # K-loop iterations on the busiest CU
     # One block per CU at a time: the busiest CU runs `iterations` MAC blocks of tm*tn*tk.
     compute_us = iterations * (tm * tn * tk * 2.0) / (peak_tflops * 1e6 / float(cus))
-    traffic = output_tiles * tiles_k * (tm + tn) * tk * float(bytes_per_element) \
+    traffic = g * (m * k * tiles_n + k * n * tiles_m) * float(bytes_per_element) \
         + g * m * n * float(c_bytes_per_element)
     memory_us = traffic / (memory_bandwidth_gbs * 1e3)
-    est_us = xp.maximum(compute_us, memory_us) + iterations * float(iteration_latency_us)
+    est_us = xp.maximum(compute_us, memory_us) + waves * float(tile_latency_us) \
+        + iterations * float(iteration_latency_us)
     return {"tiles_m": tiles_m, "tiles_n": tiles_n, "tiles_k": tiles_k, "output_tiles": output_tiles,
             "waves": waves, "iterations": iterations, "compute_us": compute_us, "memory_us": memory_us,
             "est_us": est_us}
@@ -242,6 +249,10 @@ class ConvTileFeatures(_ConvHardware):
     iteration_latency_us : float, default=0.05
         Fixed cost of one K-loop iteration (global load latency not hidden by the pipeline);
         dominates the estimate of launch-bound problems.
+    tile_latency_us : float, default=0.3
+        Fixed cost of one block tile on a CU (prologue, epilogue store): a prior of the order
+        of a global-memory round trip, not fitted. On AMD's gfx950 conv data, Protocols A and B
+        moved by under 0.3 points between 0 and 0.3 (scripts/conv_proof.py).
     reference_tiles : sequence of (tile_m, tile_n, tile_k) or None, default=None
         Tiles the ``*_vs_best`` features compare against; None = the op's catalogue tiles
         (:data:`~ckpred.kernels.grouped_conv_fwd.TILES_2BYTE`).
@@ -254,12 +265,13 @@ class ConvTileFeatures(_ConvHardware):
         **_ConvHardware._parameter_constraints,
         "cus": positive_int(),
         "iteration_latency_us": [Interval(Real, 0, None, closed="left")],
+        "tile_latency_us": [Interval(Real, 0, None, closed="left")],
         "reference_tiles": [None, list, tuple],
     }
 
     def __init__(self, *, cus: int = 256, bytes_per_element: int = 2, c_bytes_per_element: int = 2,
                  peak_tflops: float = 2517.0, memory_bandwidth_gbs: float = 8000.0,
-                 iteration_latency_us: float = 0.05,
+                 iteration_latency_us: float = 0.05, tile_latency_us: float = 0.3,
                  reference_tiles: Sequence[Sequence[int]] | None = None,
                  input_names: Sequence[str] | None = None) -> None:
         self.cus = cus
@@ -268,6 +280,7 @@ class ConvTileFeatures(_ConvHardware):
         self.peak_tflops = peak_tflops
         self.memory_bandwidth_gbs = memory_bandwidth_gbs
         self.iteration_latency_us = iteration_latency_us
+        self.tile_latency_us = tile_latency_us
         self.reference_tiles = reference_tiles
         self.input_names = input_names
 
@@ -287,7 +300,8 @@ class ConvTileFeatures(_ConvHardware):
         consts = dict(cus=self.cus, peak_tflops=float(self.peak_tflops),
                       memory_bandwidth_gbs=float(self.memory_bandwidth_gbs),
                       bytes_per_element=self.bytes_per_element, c_bytes_per_element=self.c_bytes_per_element,
-                      iteration_latency_us=float(self.iteration_latency_us))
+                      iteration_latency_us=float(self.iteration_latency_us),
+                      tile_latency_us=float(self.tile_latency_us))
         est = tile_estimates(gemm, tm, tn, tk, xp, **consts)
         m, n, k = gemm["m"], gemm["n"], gemm["k"]
         out = [est["tiles_m"], est["tiles_n"], est["tiles_k"], est["output_tiles"],
