@@ -180,6 +180,17 @@ def test_cache_is_reused_and_regenerated_on_version_change(tmp_path: Path, monke
     assert sim.cache_path(seeded, load_shapes(seeded.shapes)) != sim.cache_path(cfg, load_shapes(cfg.shapes))
 
 
+def test_command_writes_out_and_reuses_the_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["shapes=tiny", "shapes.max_shapes=2", f"data.cache_dir={tmp_path / 'cache'}"]
+    share = sim.simulate_command(compose("simulate", [*base, f"out={tmp_path / 'a.parquet'}"]))
+    first = read_table(tmp_path / "a.parquet", OP)
+    assert share == pytest.approx(first.is_valid.mean()) and len(first) == 2 * 4608
+    sim.simulate_command(compose("simulate", [*base, f"out={tmp_path / 'b' / 'b.parquet'}"]))
+    (cached,) = (tmp_path / "cache").glob("*.parquet")
+    assert (tmp_path / "b" / "b.parquet").read_bytes() == cached.read_bytes()
+    assert "9,216 rows" in capsys.readouterr().out
+
+
 def test_streaming_log_round_trips_through_ingest(tiny: pd.DataFrame, tmp_path: Path) -> None:
     from ckpred.data.ingest import read_files
 

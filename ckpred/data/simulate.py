@@ -659,21 +659,16 @@ def simulate_command(cfg: Any) -> float:
     """
     from ckpred.config import resolve_path
     from ckpred.data.shapes import load_shapes
-    from ckpred.data.table import write_table
-    from ckpred.kernels.base import load_op
 
-    op = load_op(cfg.op)
     table = simulated_table(cfg)
     out = resolve_path(cfg.out)
-    cached = cache_path(cfg, load_shapes(cfg.shapes))
-    if cached.is_file() and out.resolve() != cached.resolve():
+    cached = cache_path(cfg, load_shapes(cfg.shapes))  # written by simulated_table
+    if out.resolve() != cached.resolve():
         # The cache file is already the canonical parquet of this table: copy it atomically.
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.tmp")
         shutil.copyfile(cached, tmp)
         os.replace(tmp, out)
-    elif not cached.is_file():
-        write_table(table, out, op)
     shapes = table.groupby(["m", "n", "k", "split_k"], sort=False).ngroups
     print(f"simulated {len(table):,} rows ({shapes} shapes x {len(table) // max(shapes, 1):,} kernels, "
           f"{table['is_valid'].mean():.1%} valid) -> {out}")
