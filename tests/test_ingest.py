@@ -263,6 +263,12 @@ def test_log_invalid_and_reject_reasons(tmp_path: Path) -> None:
         _log_json(K[7], m, n, k, t, lat),                                                     # 13 valid again
         "Shape 2: M=16 N=1536 K=7168 dtype=fp16 layout=rcr",                                  # 14 fp16 header
         _log_json(K[8], m, n, k, t, lat),                                                     # 15 reject: dtype
+        "Shape 3: M=16 N=1536 K=7168 dtype=fp8 layout=rcr",                                   # 16
+        json.dumps({"name": K[9], "problem": {"m": m, "n": n, "k": k},
+                    "perf_result": {"latency(ms)": lat}}),                                    # 17 no tflops
+        _log_json(K[10], m, n, k, t, lat).replace('"bandwidth(GB/s)": 100.0', '"bandwidth(GB/s)": -3.0'),  # 18
+        _log_json(K[11], m, n, k, t, lat).replace(f'"{K[11]}"', "null"),                      # 19 no name
+        "  " + _log_json(K[12], m, n, k, t, lat),                                             # 20 indented, valid
     ]
     path = tmp_path / "bad.log"
     path.write_text("\n".join(lines) + "\n")
@@ -281,7 +287,11 @@ def test_log_invalid_and_reject_reasons(tmp_path: Path) -> None:
     assert rejects[8].startswith("unrecognised line")
     assert rejects[12] == "bad shape header: M='abc' is not an integer"
     assert rejects[15] == "dtype mismatch: shape header (line 14) says dtype=fp16, config has dtype=fp8"
-    assert set(rejects) == {1, 6, 8, 12, 15}
+    assert reasons[(m, n, k, K[9])] == "missing value: perf_result has no 'tflops(TFlops)'"
+    assert reasons[(m, n, k, K[10])] == "negative value: bandwidth_gbs=-3.0"
+    assert reasons[(m, n, k, K[12])] == ""
+    assert rejects[19] == "missing kernel name: got None"
+    assert set(rejects) == {1, 6, 8, 12, 15, 19}
 
 
 def test_json_invalid_and_reject_reasons(tmp_path: Path) -> None:
@@ -319,6 +329,19 @@ def test_json_invalid_and_reject_reasons(tmp_path: Path) -> None:
     assert damaged in result.rejects["raw"].iloc[0]
     lineno = int(result.rejects["source"].iloc[0].rsplit(":", 1)[1])
     assert text.splitlines()[lineno - 1].strip() == "{" and damaged in text.splitlines()[lineno]
+
+    # a benchmark without its problem, another without its time, a block nested beyond the parser
+    doc = fg.benchmark_json(rows)
+    del doc["results"][0]["benchmarks"][0]["m"]
+    del doc["results"][0]["benchmarks"][1]["avg_time_ms"]
+    text = json.dumps(doc, indent=2)
+    path.write_text(text[:-1] + ', "junk": {"deep": ' + "[" * 100_000 + "}}")
+    result = read(path)
+    check_accounting(result)
+    reasons = sorted(result.rejects["reason"])
+    assert reasons[0] == "malformed JSON: nested too deeply" and reasons[1] == "missing problem field: m"
+    assert result.table["invalid_reason"].tolist().count("missing value: avg_time_ms") == 1
+    assert result.summary.valid == len(rows) - 2
 
     # metadata of another dtype rejects every benchmark of the file
     doc = fg.benchmark_json(rows)

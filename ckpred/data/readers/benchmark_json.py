@@ -58,6 +58,7 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
     rejects: list[Reject] = []
     top_level = True
     problem_keys = set(ctx.op.problem_names)
+    deep: set[int] = set()
     pos = 0
     while True:
         start = text.find("{", pos)
@@ -75,8 +76,13 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
             pos, top_level = start + 1, False
             continue
         except RecursionError:
-            rejects.append(Reject(f"{ctx.label}:{line_of(start)}", "malformed JSON: nested too deeply",
-                                  text[start:start + RAW_LIMIT]))
+            # Every object around a too-deep block fails the same way: report the block once,
+            # at the line where the nesting gets too deep.
+            where = _too_deep_at(text, start)
+            if line_of(where) not in deep:
+                deep.add(line_of(where))
+                rejects.append(Reject(f"{ctx.label}:{line_of(where)}", "malformed JSON: nested too deeply",
+                                      text[where:where + RAW_LIMIT]))
             pos, top_level = start + 1, False
             continue
         if top_level:
@@ -115,6 +121,25 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
             continue
         _read_benchmark(lineno, source, obj, raw, ctx, configs, problem_sizes, size_keys, rows, rejects)
     return FileRead(rows, rejects)
+
+
+def _too_deep_at(text: str, start: int, limit: int = 500) -> int:
+    """Where the nesting that starts at ``start`` first exceeds ``limit`` (strings skipped)."""
+    depth, i, n = 0, start, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return i
+        elif ch in "]}":
+            depth -= 1
+        i += 1
+    return start
 
 
 def _newlines(text: str) -> list[int]:
