@@ -544,7 +544,7 @@ def test_cli_ingest_writes_table_rejects_and_summary(tmp_path: Path) -> None:
                                                                               decimals=2))) + "\nnot a row\n")
     out = _cli("data.path=[a.csv,b.log]", "out=out/t.parquet", "run_id=r1", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    for text in ("records read", "13", "rejected", "unrecognised line", "table rows (valid)"):
+    for text in ("(csv)", "(log)", "records read", "13", "rejected", "unrecognised line", "table rows (valid)"):
         assert text in out.stdout
     table = read_table(tmp_path / "out" / "t.parquet", OP)
     assert len(table) == 6 and (table["repeats"] == 2).all() and (table["run_id"] == "r1").all()

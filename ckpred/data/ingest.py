@@ -59,6 +59,8 @@ class IngestSummary:
     """Counts of one ingestion. ``records == valid + sum(invalid) + sum(rejected)``."""
 
     files: list[str] = field(default_factory=list)
+    #: Reader used for each file (``empty`` for an empty file).
+    formats: list[str] = field(default_factory=list)
     #: Measurement records read (rows before merging, plus rejected records).
     records: int = 0
     valid: int = 0
@@ -79,7 +81,8 @@ class IngestSummary:
         return self.valid + sum(self.invalid.values()) - self.superseded - self.rows
 
     def as_dict(self) -> dict[str, Any]:
-        return {"files": list(self.files), "records": self.records, "valid": self.valid,
+        return {"files": list(self.files), "formats": list(self.formats), "records": self.records,
+                "valid": self.valid,
                 "invalid": dict(self.invalid), "rejected": dict(self.rejected),
                 "superseded": self.superseded, "merged": self.merged, "rows": self.rows,
                 "valid_rows": self.valid_rows}
@@ -173,6 +176,7 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
     for path in files:
         label = labels[path]
         file_fmt = detect_format(path) if fmt == "auto" else fmt
+        summary.formats.append(file_fmt or "empty")
         if file_fmt is None:  # empty file: nothing to read, nothing lost
             continue
         ctx = ReadContext(op=op, resolver=resolver, dtype=dtype, layout=layout, arch=arch, label=label)
@@ -407,6 +411,12 @@ def print_summary(summary: IngestSummary, *, out: Path | None = None, rejects: P
     table.add_row("superseded by a valid repeat", str(summary.superseded))
     table.add_row("merged into repeats", str(summary.merged))
     table.add_row("table rows (valid)", f"{summary.rows} ({summary.valid_rows})")
+    if len(summary.files) <= 10:
+        for name, fmt in zip(summary.files, summary.formats):
+            console.print(f"read {name} ({fmt})")
+    else:
+        counts = ", ".join(f"{n} {fmt}" for fmt, n in Counter(summary.formats).items())
+        console.print(f"read {len(summary.files)} files ({counts})")
     console.print(table)
     if out is not None:
         console.print(f"table   -> {out}")
