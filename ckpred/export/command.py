@@ -33,11 +33,12 @@ from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
 from ckpred.export.validity import mask_builder_for
 from ckpred.kernels.base import OpDefinition, load_op
+from ckpred.schema import EXPORT_SELECT
 
 log = logging.getLogger(__name__)
 
-#: Selection strategies ``export.select`` may name (issue 6 adds cascades and the like).
-SELECT_STRATEGIES: tuple[str, ...] = ("full",)
+#: Selection strategies ``export.select`` may name (one list, in the config schema).
+SELECT_STRATEGIES = EXPORT_SELECT
 
 
 def export_name(op: str, arch: str, dtype: str, layout: str) -> str:

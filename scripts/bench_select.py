@@ -1,0 +1,210 @@
+#!/usr/bin/env python
+"""Per-shape kernel-selection latency of the default gfx950 fp8 model (4,608 candidates), one thread.
+
+One run: fits the default export config's pipeline on the default simulated data (or the config
+given by overrides), exports it (parity-checked on every training shape), then times selection
+for unseen shapes with
+
+* C++ selector        scripts/cpp ckpred_select (onnxruntime C++ API, model.onnx, one Run per shape)
+* Python selector     ckpred.runtime.KernelSelector.select (cache off)
+* ORT scorer, feats   onnxruntime on the model step alone, features precomputed (4,608 rows)
+* LightGBM native     Booster.predict on precomputed features (4,608 rows)
+* sklearn pipeline    Pipeline.predict on the raw rows (features + LightGBM, 4,608 rows)
+
+and prints median and p99 per shape, ratios to the C++ selector, model file sizes and the
+export's parity figures.
+
+    python scripts/bench_select.py [--shapes 300] [--out-dir exports/bench] [hydra overrides...]
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def unseen_shapes(train: pd.DataFrame, n: int, seed: int = 1) -> pd.DataFrame:
+    """Random GEMM shapes not in the training set: M log-uniform in [1, 20480], N and K from
+    multiples of 64 up to 32768 (so most catalogue kernels are valid) and some odd sizes."""
+    rng = np.random.default_rng(seed)
+    seen = set(map(tuple, train[["m", "n", "k"]].to_numpy().tolist()))
+    out: list[tuple[int, int, int]] = []
+    while len(out) < n:
+        m = int(np.exp(rng.uniform(0, np.log(20480))))
+        n_ = int(rng.integers(1, 513)) * 64
+        k = int(rng.integers(1, 513)) * 64
+        if rng.random() < 0.1:
+            n_ += int(rng.integers(1, 64))
+        if (m, n_, k) not in seen:
+            seen.add((m, n_, k))
+            out.append((m, n_, k))
+    return pd.DataFrame(out, columns=["m", "n", "k"]).assign(split_k=1)
+
+
+def stats(us: list[float]) -> tuple[float, float]:
+    arr = np.sort(np.asarray(us))
+    return float(np.median(arr)), float(arr[min(len(arr) - 1, int(round(0.99 * (len(arr) - 1))))])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", type=int, default=300, help="unseen shapes to time (default 300)")
+    parser.add_argument("--out-dir", default=str(REPO / "exports" / "bench"), help="export root (default exports/bench, git-ignored)")
+    parser.add_argument("--json", default="", help="also write the figures to this JSON file")
+    parser.add_argument("overrides", nargs="*", help="hydra overrides of the export config")
+    args = parser.parse_args()
+
+    import joblib
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import DoubleTensorType
+
+    from ckpred.config import compose
+    from ckpred.data import load_table
+    from ckpred.export import lightgbm as xl
+    from ckpred.export import manifest as mf
+    from ckpred.export import onnx as xo
+    from ckpred.export.command import export_name, export_pipeline, fit_final
+    from ckpred.kernels.base import load_op
+    from ckpred.runtime import KernelSelector
+
+    cfg = compose("export", list(args.overrides))
+    op = load_op(cfg.op)
+    t0 = time.perf_counter()
+    table = load_table(cfg)
+    print(f"data: {len(table):,} rows, {len(table[list(op.problem_names)].drop_duplicates())} shapes "
+          f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    t0 = time.perf_counter()
+    pipe = fit_final(cfg, table, op)
+    fit_s = time.perf_counter() - t0
+    model = pipe.named_steps["model"]
+    inner = getattr(model, "regressor_", model)
+    print(f"fit: {inner.booster_.num_trees()} trees, {fit_s:.1f} s", flush=True)
+
+    out = Path(args.out_dir) / export_name(op.name, cfg.arch.name, cfg.dtype.name, cfg.layout.name)
+    problems = table[list(op.problem_names)].drop_duplicates()
+    t0 = time.perf_counter()
+    man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=out,
+                          training=mf.training_section(table, op), parity_problems=problems)
+    par = man["parity"]
+    print(f"export + parity: {time.perf_counter() - t0:.1f} s -> {out}", flush=True)
+
+    # one thread everywhere
+    inner.set_params(n_jobs=1)
+    cat = op.catalogue(cfg.arch, cfg.dtype, cfg.layout)
+    C = len(cat)
+    shapes = unseen_shapes(problems, args.shapes)
+    kern = op.encode(cat, op.kernel_names)
+
+    def raw_rows(row: np.ndarray) -> pd.DataFrame:
+        X = np.hstack([np.repeat(row[None, :], C, axis=0), kern])
+        return pd.DataFrame(X, columns=list(op.input_names))
+
+    results: dict[str, tuple[float, float]] = {}
+
+    # C++ selector
+    build = subprocess.run(["bash", str(REPO / "scripts" / "cpp" / "build.sh")], capture_output=True, text=True,
+                           env={**os.environ, "PYTHON": sys.executable})
+    if build.returncode != 0:
+        print(build.stdout[-2000:], build.stderr[-2000:], file=sys.stderr)
+        return 1
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
+        for r in shapes.itertuples(index=False):
+            fh.write(",".join(str(int(v)) for v in r) + "\n")
+    binary = REPO / "scripts" / "cpp" / "build" / "ckpred_select"
+    # one process, one Run per shape (the C++ program times each Run)
+    res = subprocess.run([str(binary), str(out), "--threads", "1", "--bench", "1", "--shapes", fh.name],
+                         capture_output=True, text=True, check=True)
+    bench = json.loads(res.stdout)["bench"]
+    results["C++ selector (model.onnx)"] = (bench["median_us"], bench["p99_us"])
+
+    # Python selector
+    sel = KernelSelector.load(out, cache_size=0, threads=1)
+    sel.select(*shapes.iloc[0])  # warm-up
+    us = []
+    for r in shapes.itertuples(index=False):
+        t = time.perf_counter()
+        sel.select(*r, top_k=5)
+        us.append((time.perf_counter() - t) * 1e6)
+    results["Python selector (model.onnx)"] = stats(us)
+
+    # features precomputed for the next three
+    features = pipe.named_steps["features"]
+    feats = [features.transform(raw_rows(r)) for r in shapes.to_numpy(np.int64)]
+    xl.register()
+    model_onnx = convert_sklearn(model, initial_types=[("features", DoubleTensorType([None, feats[0].shape[1]]))],
+                                 target_opset={**xo.OPSET, "ai.onnx.ml": 3})
+    for entry in model_onnx.opset_import:
+        if entry.domain == "ai.onnx.ml":
+            entry.version = xo.OPSET["ai.onnx.ml"]
+    sess = xo.session(model_onnx, threads=1)
+    name = sess.get_inputs()[0].name
+    sess.run(None, {name: feats[0]})
+    us = []
+    for f in feats:
+        t = time.perf_counter()
+        np.argmax(sess.run(None, {name: f})[0])
+        us.append((time.perf_counter() - t) * 1e6)
+    results["onnxruntime scorer, features precomputed"] = stats(us)
+
+    booster = inner.booster_
+    booster.predict(feats[0], num_threads=1)
+    us = []
+    for f in feats:
+        t = time.perf_counter()
+        np.argmax(booster.predict(f, num_threads=1))
+        us.append((time.perf_counter() - t) * 1e6)
+    results["LightGBM native predict, features precomputed"] = stats(us)
+
+    raws = [raw_rows(r) for r in shapes.to_numpy(np.int64)]
+    pipe.predict(raws[0])
+    us = []
+    for X in raws:
+        t = time.perf_counter()
+        np.argmax(pipe.predict(X))
+        us.append((time.perf_counter() - t) * 1e6)
+    results["sklearn pipeline (features + LightGBM)"] = stats(us)
+
+    base = results["C++ selector (model.onnx)"][0]
+    print()
+    print(f"Selection latency per unseen shape, {C} candidates, {len(shapes)} shapes, 1 thread, "
+          f"{booster.num_trees()} trees x {inner.get_params()['num_leaves']} leaves, "
+          f"{len(man['features'])} features ({cfg.features.name})")
+    print(f"{'method':<48} {'median ms':>10} {'p99 ms':>10} {'x C++':>8}")
+    for name_, (med, p99) in results.items():
+        print(f"{name_:<48} {med / 1e3:>10.2f} {p99 / 1e3:>10.2f} {med / base:>8.2f}")
+    with tempfile.TemporaryDirectory() as tmp:
+        joblib.dump(pipe, Path(tmp) / "p.joblib", compress=3)
+        joblib_mb = (Path(tmp) / "p.joblib").stat().st_size / 1e6
+        booster.save_model(str(Path(tmp) / "lgbm.txt"))
+        lgbm_mb = (Path(tmp) / "lgbm.txt").stat().st_size / 1e6
+    print()
+    print("model files: " + ", ".join(f"{k} {v['bytes'] / 1e6:.2f} MB" for k, v in man["files"].items())
+          + f", manifest.json {(out / 'manifest.json').stat().st_size / 1e6:.2f} MB"
+          + f", pipeline.joblib {joblib_mb:.2f} MB, LightGBM text model {lgbm_mb:.2f} MB")
+    print(f"parity (all {par['shapes']} training shapes x {C} kernels = {par['rows']:,} rows): top-1 agreement "
+          f"{par['top1_agreement']:.2%}, top-5 {par['topk_agreement']:.2%}, max |score diff| scorer "
+          f"{par['max_abs_diff_scorer']:.3g}, selector {par['max_abs_diff_selector']:.3g} (model output space: "
+          f"{man['model']['target']})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"latency_us": {k: {"median": v[0], "p99": v[1]} for k, v in results.items()},
+                                               "files": man["files"], "parity": par, "fit_seconds": fit_s}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
