@@ -171,8 +171,8 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
     resolver = KernelResolver(op, dtype=dtype, layout=layout)
     frames: list[pd.DataFrame] = []
     rejects: list[Reject] = []
-    summary = IngestSummary(files=[str(p) for p in files])
     labels = _labels(files)
+    summary = IngestSummary(files=[labels[p] for p in files])
     for path in files:
         label = labels[path]
         file_fmt = detect_format(path) if fmt == "auto" else fmt
