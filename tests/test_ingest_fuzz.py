@@ -12,7 +12,9 @@ Two properties, on mutated copies of valid inputs of every format:
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,8 @@ SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[Healt
 KERNELS = fg.kernel_names(5)
 ROWS = fg.measurements(fg.SHAPES[:2], KERNELS)
 LOG_ROWS = fg.measurements(fg.SHAPES[:2], KERNELS, decimals=2)
-WORK = Path(tempfile.mkdtemp(prefix="ckpred_fuzz_"))
+WORK = Path(tempfile.mkdtemp(prefix="ckpred_fuzz_"))  # hypothesis re-runs a test body: no tmp_path
+atexit.register(shutil.rmtree, WORK, ignore_errors=True)
 Key = tuple[int, int, int, str]
 
 
