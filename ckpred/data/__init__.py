@@ -17,7 +17,8 @@ def load_table(cfg: Any) -> pd.DataFrame:
     ``data.source=simulated`` runs (or reads from cache) :mod:`ckpred.data.simulate`;
     ``data.source=path`` reads measurement files through :mod:`ckpred.data.ingest`.
     Rows are filtered to the config's op, arch, dtype and layout; rows of other
-    combinations in the input are an error that names them, never silently mixed.
+    combinations in the input are rejected with a reason shown in the ingest summary, never
+    silently mixed, and an input with no valid row at all is an error.
     """
     if cfg.data.source == "simulated":
         from ckpred.data.simulate import simulated_table
