@@ -196,6 +196,8 @@ class LearnedMethod:
     name: str
     recipe: DictConfig  # features, model, target, seed, layout
     rows: Any
+    #: Warm start (:mod:`ckpred.warm_start`): booster every fit of this method continues from.
+    init_model: Any = None
 
 
 def _recipe(cfg: DictConfig, features: Any, model: Any, target: Any) -> DictConfig:
@@ -227,7 +229,7 @@ def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: Op
                           y_val=training_target(data.perf[vrows], vcodes, recipe.model, recipe.target))
     pipe = build_pipeline(recipe, op, cfg.arch, cfg.dtype)
     fit_pipeline(pipe, data.X.iloc[rows], y, codes, model_cfg=recipe.model,
-                 target=target_name(recipe.model, recipe.target), **val_kwargs)
+                 target=target_name(recipe.model, recipe.target), **val_kwargs, init_model=method.init_model)
     info.update(train_rows=int(len(rows)), train_shapes=[str(k) for k in data.groups.keys[fit_shapes]],
                 validation_shapes=[str(k) for k in data.groups.keys[val_shapes]],
                 trees=int(booster(pipe).current_iteration()))
@@ -355,6 +357,13 @@ def train(cfg: DictConfig) -> float:
     ref = cfg.baselines.reference
     if ref.enabled:
         learned.append(LearnedMethod("reference", _recipe(cfg, ref.features, ref.model, ref.target), ref.rows))
+    # Warm start (ckpred.warm_start): the model (never the reference) continues from a previous run.
+    base = None
+    if cfg.get("warm_start"):
+        from ckpred import warm_start
+
+        base = warm_start.prepare(cfg, op, data.X.head(8))
+        learned[0].init_model = base.booster
 
     folds = make_folds(cfg.cv, data, seed, test)
     n_test = len(test.table)
@@ -435,6 +444,8 @@ def train(cfg: DictConfig) -> float:
 
     _write_outputs(out_dir, cfg, op, data, test, tested, scores, fold_of_row, shapes, per_shape, eval_groups,
                    metrics, fold_log, final, final_info, timings)
+    if base is not None:  # lineage into manifest.json (ckpred.warm_start)
+        warm_start.record_lineage(out_dir, base, cfg, fold_log)
     if cfg.progress:
         print_summary(metrics, op.families, out_dir, timings)
     mean = metrics["model"].get("mean", float("nan"))
