@@ -252,3 +252,22 @@ def test_reduced_protocol_b_beats_baselines_on_amd_data(tmp_path) -> None:
     folds = json.loads((tmp_path / "folds.json").read_text())
     tested = [key for fold in folds["folds"] for key in fold["test_shapes"]]
     assert len(folds["folds"]) == 5 and len(tested) == len(set(tested)) == 230  # each shape tested once
+
+
+def test_onnx_validity_mask_equals_python_rules() -> None:
+    from ckpred.export.onnx import build_mask_model, session
+    from ckpred.export.validity import mask_builder_for
+
+    cat = OP.catalogue("gfx950", "bf16", "rcr")
+    cat = pd.concat([cat, cat.head(1).assign(spatial_dims=3, kernel_id=30)], ignore_index=True)
+    problems = pd.concat([
+        _problem(), _problem(hi=2, y=5, pad_h=0), _problem(hi=2, y=5, pad_h=2), _problem(wi=3, x=2, dilation_w=3),
+        _problem(wi=4, x=2, dilation_w=3, pad_w=0), _problem(c=0), _problem(stride_w=0), _problem(pad_h=-1),
+        _problem(hi=1, wi=1, y=1, x=1, pad_h=0, pad_w=0), _problem(hi=1, wi=1, y=3, x=3, stride_h=7, stride_w=7),
+    ], ignore_index=True)
+    model = build_mask_model(OP, cat, arch="gfx950", dtype="bf16", layout="rcr", mask_builder=mask_builder_for(OP))
+    got = session(model).run(None, {"problem": OP.encode(problems, OP.problem_names)})[0]
+    rows = problems.merge(cat, how="cross")
+    expected, _ = OP.validity(rows[list(OP.problem_names)], rows[list(OP.kernel_names)])
+    np.testing.assert_array_equal(got, expected.reshape(len(problems), len(cat)))
+    assert got[0].sum() == 30 and not got[1].any() and got[2, :30].all() and not got[:, 30].any()

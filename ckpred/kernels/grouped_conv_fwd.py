@@ -171,6 +171,31 @@ class GroupedConvFwd(OpDefinition):
         mark(dims != 2, "kernel is not a 2-D convolution kernel")
         return reason == "", reason
 
+    def validity_onnx(self, g: Any, problem: str, catalogue: pd.DataFrame, *, arch: Any = None,
+                      dtype: Any = None, layout: Any = None) -> str:
+        """:meth:`validity` as ONNX nodes for the exported selector: a bool [B, C] mask.
+
+        ``ho >= 1`` is tested as ``hi + 2*pad_h - dilation_h*(y - 1) - 1 >= 0`` (the same
+        condition without a division: ONNX integer Div truncates where Python floors).
+        """
+        names = list(self.problem_names)
+        col = {f: g.column(problem, names.index(f), f) for f in names}
+        one, zero = g.const(1, dtype=np.int64), g.const(0, dtype=np.int64)
+        bad = None
+        for f in ("n", "c", "k", "g", "hi", "wi", "y", "x", "stride_h", "stride_w", "dilation_h", "dilation_w"):
+            term = g.op("Less", col[f], one)
+            bad = term if bad is None else g.op("Or", bad, term)
+        for f in ("pad_h", "pad_w"):
+            bad = g.op("Or", bad, g.op("Less", col[f], zero))
+        for size, pad, kern, dil in (("hi", "pad_h", "y", "dilation_h"), ("wi", "pad_w", "x", "dilation_w")):
+            span = g.op("Add", g.op("Mul", col[dil], g.op("Sub", col[kern], one)), one)
+            room = g.op("Sub", g.op("Add", col[size], g.op("Add", col[pad], col[pad])), span)
+            bad = g.op("Or", bad, g.op("Less", room, zero))  # [B, 1]
+        dims = catalogue["spatial_dims"].to_numpy(np.int64)[None, :] if "spatial_dims" in catalogue \
+            else np.full((1, len(catalogue)), 2, dtype=np.int64)
+        kernel_ok = g.const(dims == 2, "kernel_is_2d")  # [1, C]
+        return g.op("And", g.op("Not", bad), kernel_ok)
+
     def gemm_view(self, problems: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Implicit-GEMM sizes per group: (M = n*ho*wo, N = k, K = c*y*x)."""
         col = _columns(problems)
