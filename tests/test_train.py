@@ -118,7 +118,7 @@ def test_manifest_and_pipeline(full_run: tuple[float, Path]) -> None:
     assert manifest["metrics"]["model"]["mean"] == json.loads((out / "metrics.json").read_text())["model"]["mean"]
     pipe = joblib.load(out / "pipeline.joblib")
     assert [name for name, _ in pipe.steps] == ["features", "model"]
-    assert pipe.ckpred_target_ == manifest["target"] == "log1p"
+    assert pipe.ckpred_target_ == manifest["target"] == "rank"  # default model: the ranker
     assert list(pipe.named_steps["features"].get_feature_names_out()) == manifest["feature_names"]
     from ckpred.kernels.base import load_op
 
