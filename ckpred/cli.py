@@ -37,6 +37,8 @@ COMMANDS: dict[str, Command] = {
                       "pick the top-k kernels for one problem with an exported model"),
     "simulate": Command("simulate", "ckpred.data.simulate:simulate_command",
                         "simulate CK Tile GEMM benchmarks (embedded default data); calibrate=true reports vs real"),
+    "tune": Command("tune", "ckpred.tune:tune",
+                    "optuna search over model hyperparameters; objective = CV mean efficiency of train"),
     "sweep-report": Command("sweep_report", "ckpred.sweep:sweep_report",
                             "one table of a sweep's jobs (train -m / tune), best mean efficiency first",
                             positional="dir"),

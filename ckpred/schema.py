@@ -554,6 +554,8 @@ class TuneSettings:
     n_startup_trials: int = 10
     #: Keep each trial's plots and final fitted pipeline (one extra fit per trial).
     trial_outputs: bool = False
+    #: ``model.<name>`` -> range. ``conf/tune.yaml`` declares every tunable parameter (most with
+    #: ``enabled: false``), so any of them is switched on and resized with plain overrides.
     space: dict[str, TuneParamConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -561,23 +563,43 @@ class TuneSettings:
         check("tune.timeout_s", self.timeout_s, self.timeout_s >= 0, "a number of seconds >= 0 (0 = no limit)")
         check("tune.n_startup_trials", self.n_startup_trials, self.n_startup_trials >= 0, "an integer >= 0")
         # An empty space is refused by ``ckpred.tune`` when it runs: the schema default must compose.
-        for name, p in self.space.items():
-            if not p.enabled:
-                continue
-            key = f"tune.space.{name}"
-            check(key, name, name in TUNABLE, f"one of {list(TUNABLE)} (model.<name> keys)")
-            check(f"{key}.kind", p.kind, p.kind in TUNE_KINDS, f"one of {list(TUNE_KINDS)}")
-            if p.kind == "categorical":
-                check(f"{key}.choices", p.choices, len(p.choices) > 0, "a non-empty list")
-                continue
-            check(f"{key}.high", p.high, p.high > p.low, f"a number > low ({p.low})")
-            check(f"{key}.low", p.low, p.low > 0 or not p.log, "a number > 0 when log=true")
-            check(f"{key}.step", p.step, p.step >= 0 and not (p.step and p.log),
-                  "a number >= 0, and 0 when log=true (optuna cannot combine them)")
-            if p.kind == "int":
-                for bound in ("low", "high", "step"):
-                    value = getattr(p, bound)
-                    check(f"{key}.{bound}", value, float(value).is_integer(), "an integer for kind=int")
+        for name, entry in self.space.items():
+            tune_param(name, entry)
+
+
+def tune_param(name: str, raw: Any) -> TuneParamConfig:
+    """Check one ``tune.space.<name>`` entry (a mapping or a :class:`TuneParamConfig`)."""
+    from dataclasses import asdict, fields, is_dataclass
+
+    if is_dataclass(raw):
+        raw = asdict(raw)  # type: ignore[arg-type]
+    key = f"tune.space.{name}"
+    allowed = [f.name for f in fields(TuneParamConfig)]
+    check(key, raw, isinstance(raw, dict), f"a mapping with keys from {allowed}")
+    for k in raw:
+        check(f"{key}.{k}", raw[k], k in allowed, f"a key of a search-space entry: {allowed}")
+    p = TuneParamConfig(**raw)
+    check(f"{key}.enabled", p.enabled, isinstance(p.enabled, bool), "true or false")
+    if not p.enabled:
+        return p
+    check(key, name, name in TUNABLE, f"one of {list(TUNABLE)} (model.<name> keys)")
+    check(f"{key}.kind", p.kind, p.kind in TUNE_KINDS, f"one of {list(TUNE_KINDS)}")
+    if p.kind == "categorical":
+        check(f"{key}.choices", p.choices, isinstance(p.choices, list) and len(p.choices) > 0, "a non-empty list")
+        return p
+    for bound in ("low", "high", "step"):
+        value = getattr(p, bound)
+        check(f"{key}.{bound}", value, isinstance(value, (int, float)) and not isinstance(value, bool), "a number")
+    check(f"{key}.high", p.high, p.high > p.low, f"a number > low ({p.low})")
+    check(f"{key}.log", p.log, isinstance(p.log, bool), "true or false")
+    check(f"{key}.low", p.low, p.low > 0 or not p.log, "a number > 0 when log=true")
+    check(f"{key}.step", p.step, p.step >= 0 and not (p.step and p.log),
+          "a number >= 0, and 0 when log=true (optuna cannot combine them)")
+    if p.kind == "int":
+        for bound in ("low", "high", "step"):
+            value = getattr(p, bound)
+            check(f"{key}.{bound}", value, float(value).is_integer(), "an integer for kind=int")
+    return p
 
 
 @dataclass

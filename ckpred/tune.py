@@ -1,0 +1,198 @@
+"""``ckpred tune``: hyperparameter search with optuna, objective = CV mean efficiency of ``train``.
+
+optuna is driven directly (hydra-optuna-sweeper pins optuna 2.x). Each trial sets the sampled
+``model.<name>`` values on a copy of the composed config, validates it against the schemas and
+calls :func:`ckpred.train.train` in this process — the same plain function ``ckpred train``
+and sweeps run — so a trial's value is exactly the mean per-shape efficiency over the test folds
+that ``python -m ckpred train <the trial's overrides>`` would report.
+
+The config is the ``train`` config plus ``tune`` (``conf/tune.yaml``): the trial budget
+(``n_trials``, optional ``timeout_s``), the TPE sampler seed and the search space (one entry per
+``model.<name>``; ``enabled: false`` keeps the config's value). With a fixed seed and no time
+limit the whole study is deterministic (TPESampler(seed) + LightGBM's deterministic mode).
+
+Outputs (the run dir, ``runs/tune/<time>``)::
+
+    trials/<n>/          each trial's train outputs (metrics.json, manifest.json, ...) and
+                         overrides.yaml (so ``ckpred sweep-report <run dir>`` tabulates them)
+    trials.csv           one row per trial: value (mean), params, p10, wall time, state
+    best_params.json     best trial: value, params, the train overrides / command to reproduce it
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from ckpred.config import resolve_path, to_object
+from ckpred.errors import ConfigValueError
+
+log = logging.getLogger(__name__)
+
+
+def _run_dir(cfg: Any) -> Path:
+    if cfg.get("out_dir"):
+        out = resolve_path(cfg.out_dir)
+    else:
+        try:
+            from hydra.core.hydra_config import HydraConfig
+
+            out = Path(HydraConfig.get().runtime.output_dir)
+        except ValueError:  # not under @hydra.main (tests, notebooks)
+            out = resolve_path(Path("runs/tune") / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _command_overrides() -> list[str]:
+    """The overrides the tune command was started with (empty outside the CLI)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return [o for o in HydraConfig.get().overrides.task
+                if not o.startswith(("tune.", "out_dir=", "hydra", "~tune", "+tune"))]
+    except ValueError:
+        return []
+
+
+def search_space(cfg: Any) -> dict[str, Any]:
+    """The enabled ``tune.space`` entries as plain dicts; refuses an empty space."""
+    from dataclasses import asdict
+
+    from ckpred.schema import tune_param
+
+    entries = {str(name): tune_param(str(name), OmegaConf.to_container(raw, resolve=True))
+               for name, raw in cfg.tune.space.items()}
+    space = {name: asdict(p) for name, p in entries.items() if p.enabled}
+    if not space:
+        raise ConfigValueError("tune.space", list(cfg.tune.space), "at least one enabled parameter "
+                               "(e.g. tune.space.num_leaves.enabled=true)")
+    return space
+
+
+def suggest(trial: Any, name: str, p: dict[str, Any]) -> Any:
+    """Ask ``trial`` for ``model.<name>`` within ``p`` (kind, low, high, log, step, choices)."""
+    if p["kind"] == "categorical":
+        return trial.suggest_categorical(name, list(p["choices"]))
+    step = p["step"] or None
+    if p["kind"] == "int":
+        return trial.suggest_int(name, int(p["low"]), int(p["high"]), step=int(step or 1), log=bool(p["log"]))
+    return trial.suggest_float(name, float(p["low"]), float(p["high"]), step=step, log=bool(p["log"]))
+
+
+def trial_config(cfg: DictConfig, params: dict[str, Any], out_dir: Path, keep_outputs: bool) -> DictConfig:
+    """A copy of ``cfg`` with ``model.<name> = value`` for ``params``, validated by the schemas."""
+    trial = cfg.copy()
+    for name, value in params.items():
+        OmegaConf.update(trial, f"model.{name}", value, merge=False)
+    OmegaConf.update(trial, "out_dir", str(out_dir))
+    OmegaConf.update(trial, "save_pipeline", bool(keep_outputs))
+    OmegaConf.update(trial, "plots", bool(keep_outputs))
+    OmegaConf.update(trial, "progress", False)
+    to_object(trial)  # a value outside the schema's range fails here, naming model.<name>
+    return trial
+
+
+def _fmt(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def tune(cfg: DictConfig) -> float:
+    """Run the optuna study; write trials.csv and best_params.json; print the best trial.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        A composed ``tune`` config: a train config plus the ``tune`` node.
+
+    Returns
+    -------
+    float
+        The best trial's mean efficiency.
+    """
+    import optuna
+
+    from ckpred.train import train
+
+    settings = cfg.tune
+    space = search_space(cfg)
+    out_dir = _run_dir(cfg)
+    trials_dir = out_dir / "trials"
+    base_overrides = _command_overrides()
+    sampler = optuna.samplers.TPESampler(seed=int(settings.sampler_seed),
+                                         n_startup_trials=int(settings.n_startup_trials))
+    study = optuna.create_study(direction="maximize", sampler=sampler, study_name=f"ckpred-tune-{out_dir.name}")
+
+    def objective(trial: optuna.Trial) -> float:
+        params = {name: suggest(trial, name, p) for name, p in space.items()}
+        trial_dir = trials_dir / f"{trial.number:03d}"
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        overrides = [*base_overrides, *(f"model.{k}={_fmt(v)}" for k, v in params.items())]
+        (trial_dir / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+        t = time.perf_counter()
+        value = train(trial_config(cfg, params, trial_dir, bool(settings.trial_outputs)))
+        metrics = json.loads((trial_dir / "metrics.json").read_text())["model"]
+        trial.set_user_attr("p10", metrics.get("p10"))
+        trial.set_user_attr("wall_s", round(time.perf_counter() - t, 2))
+        trial.set_user_attr("dir", str(trial_dir))
+        if math.isnan(value):
+            raise optuna.TrialPruned("train returned NaN (no test shape was evaluated)")
+        return value
+
+    timeout = float(settings.timeout_s) or None
+    log.info("tune: %d trials%s over %s -> %s", int(settings.n_trials),
+             f" (or {timeout:.0f} s)" if timeout else "", ", ".join(f"model.{k}" for k in space), out_dir)
+    study.optimize(objective, n_trials=int(settings.n_trials), timeout=timeout)
+
+    frame = study.trials_dataframe()
+    frame.to_csv(out_dir / "trials.csv", index=False)
+    best = study.best_trial
+    overrides = [f"model.{k}={_fmt(v)}" for k, v in best.params.items()]
+    result = {
+        "best_trial": best.number, "mean_efficiency": best.value, "p10": best.user_attrs.get("p10"),
+        "params": best.params, "overrides": overrides,
+        "command": " ".join(["python -m ckpred train", *base_overrides, *overrides]),
+        "trial_dir": best.user_attrs.get("dir"),
+        "n_trials": len(study.trials), "sampler": {"name": "TPESampler", "seed": int(settings.sampler_seed),
+                                                   "n_startup_trials": int(settings.n_startup_trials)},
+        "space": space, "cv": str(cfg.cv.name), "objective": "model mean per-shape efficiency over the test folds",
+    }
+    (out_dir / "best_params.json").write_text(json.dumps(result, indent=2) + "\n")
+    print_study(study, out_dir, result)
+    return float(best.value)
+
+
+def print_study(study: Any, out_dir: Path, result: dict[str, Any]) -> None:
+    """Rich table of the trials (best first) and the best trial's train command."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    done = sorted((t for t in study.trials if t.value is not None), key=lambda t: (-t.value, t.number))
+    names = list(result["space"])
+    table = Table(title=f"tune: {len(done)} of {len(study.trials)} trials finished, best first "
+                        f"(efficiency %, {result['cv']})")
+    for col in ("trial", "mean", "P10", "wall s", *names):
+        table.add_column(col, justify="right")
+    for t in done:
+        p10 = t.user_attrs.get("p10")
+        table.add_row(str(t.number), f"{100 * t.value:.2f}", "-" if p10 is None else f"{100 * p10:.2f}",
+                      f"{t.user_attrs.get('wall_s', float('nan')):.1f}",
+                      *[_short(t.params.get(n)) for n in names], style="bold" if t is done[0] else None)
+    console.print(table)
+    console.print(f"best trial {result['best_trial']}: mean {100 * result['mean_efficiency']:.2f}%  ->  "
+                  f"{result['command']}")
+    console.print(f"outputs in {out_dir} (trials.csv, best_params.json, trials/)")
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
