@@ -316,7 +316,10 @@ class ConvTileFeatures(_ConvHardware):
         for rm, rn, rk in tiles:
             ref = tile_estimates(gemm, float(rm), float(rn), float(rk), xp, **consts)
             for _, key in self._RELATIVE:
-                value = xp.log2(ref[key])
-                best[key] = value if key not in best else xp.minimum(best[key], value)
-        out += [logs[key] - best[key] for _, key in self._RELATIVE]
+                best[key] = ref[key] if key not in best else xp.minimum(best[key], ref[key])
+        # log2 of the ratio, not a difference of logs: the best tile's ratio is exactly 1 in both
+        # backends (same IEEE operations), so its feature is exactly 0 — LightGBM puts a bin
+        # boundary at +-1e-35 around zero, and a 1-ulp difference between numpy's and
+        # onnxruntime's Log would send the best tile down another branch.
+        out += [xp.log2(est[key] / best[key]) for _, key in self._RELATIVE]
         return out
