@@ -10,7 +10,8 @@ from ckpred.errors import ConfigValueError
 
 #: Primary configs and the overrides they need to compose on their own.
 PRIMARY = {"ingest": ["data.path=x.csv"], "train": [], "simulate": [], "export": [],
-           "select": ["problem.m=128", "problem.n=1536", "problem.k=7168"]}
+           "select": ["problem.m=128", "problem.n=1536", "problem.k=7168"], "tune": [],
+           "sweep_report": ["dir=multirun/train/x"]}
 
 
 def _options(group: str) -> list[str]:
