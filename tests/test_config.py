@@ -14,6 +14,12 @@ PRIMARY = {"ingest": ["data.path=x.csv"], "train": [], "simulate": [], "export":
            "sweep_report": ["dir=multirun/train/x"]}
 
 
+#: Required problem fields of each op's ``problem`` option (``select``).
+PROBLEM_FIELDS = {"gemm_universal": ["problem.m=128", "problem.n=1536", "problem.k=7168"],
+                  "grouped_conv_fwd": ["dtype=bf16", "problem.n=1", "problem.c=64", "problem.k=128",
+                                       "problem.hi=56", "problem.wi=56", "problem.y=3", "problem.x=3"]}
+
+
 def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
@@ -41,7 +47,10 @@ def _primary_groups(name: str) -> set[str]:
 def test_every_option_composes(primary: str, group: str, option: str) -> None:
     if not primary:
         pytest.skip(f"group {group!r} is used by a primary config not listed in PRIMARY")
-    cfg = compose(primary, [*PRIMARY[primary], f"{group}={option}"])
+    overrides = [*PRIMARY[primary], f"{group}={option}"]
+    if group == "problem":  # a problem option belongs to the op of the same name, with its own fields
+        overrides = [f"op={option}", *PROBLEM_FIELDS[option], f"problem={option}"]
+    cfg = compose(primary, overrides)
     if group == "experiment":  # `# @package _global_` bundles merge into the root, not a key
         return
     assert cfg[group] is not None
