@@ -217,6 +217,10 @@ def record_lineage(out_dir: Path, base: BaseModel, cfg: DictConfig, fold_log: li
     manifest = json.loads(manifest_file.read_text())
     fold_trees = [int(f["model"]["trees"]) for f in fold_log if "model" in f and "trees" in f["model"]]
     record = lineage(base, cfg, manifest, test_shape_keys, fold_trees)
+    pipeline_file = out_dir / "pipeline.joblib"
+    if record["trees_after"] is None and pipeline_file.exists():
+        # cv=external saves the fold model itself (no separate final fit records its trees).
+        record["trees_after"] = int(booster(joblib.load(pipeline_file)).current_iteration())
     manifest["warm_start"] = record
     ev.write_json(manifest_file, manifest)
     cv = record["cv"]
