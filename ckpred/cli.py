@@ -84,6 +84,7 @@ def run_command(name: str, argv: list[str]) -> Any:
 
     from ckpred import schema
     from ckpred.config import to_object
+    from ckpred.errors import CkpredError
 
     command = COMMANDS[name]
     argv = _positional_to_override(argv, command.positional)
@@ -91,8 +92,14 @@ def run_command(name: str, argv: list[str]) -> Any:
 
     @hydra.main(version_base="1.3", config_path="conf", config_name=command.config_name)
     def entry(cfg: DictConfig) -> Any:
-        to_object(cfg)  # value checks of every schema, before any work starts
-        return _load_task(command.task)(cfg)
+        try:
+            to_object(cfg)  # value checks of every schema, before any work starts
+            return _load_task(command.task)(cfg)
+        except CkpredError as exc:
+            # ckpred's own errors already say where, what and what is allowed: print that
+            # line instead of Hydra's traceback. SystemExit passes through Hydra's handler.
+            print(f"ckpred {name}: error: {exc}", file=sys.stderr)
+            raise SystemExit(1) from exc
 
     saved = sys.argv
     sys.argv = [f"ckpred {name}", *argv]
