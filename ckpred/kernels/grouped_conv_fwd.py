@@ -18,7 +18,7 @@ Kernel names: ``grouped_conv_forward_{dtype}_{2d|3d}_{tile_m}x{tile_n}x{tile_k}_
 the pipeline is everything after the tile triple (it may contain ``_`` in newer versions).
 
 Catalogue: the tile engine's grouped-conv forward tile list for bf16/fp16 (10 block tiles,
-all with 256 threads) times the compute pipelines compv3, compv4, compv5 (30 kernels, the
+all with 256 threads) times the compute pipelines compv5, compv4, compv3 (30 kernels, the
 kernel set of AMD's 300-problem gfx950 table). Validity: every kernel of the list runs every
 well-formed problem (the measurements have no failed kernel, including C = K = 3); a problem
 with an empty output (ho or wo < 1), a non-positive size or a 3-D kernel on a 2-D problem has
@@ -64,8 +64,12 @@ TILES_2BYTE: tuple[tuple[int, int, int], ...] = (
     (64, 64, 64), (64, 64, 128), (64, 128, 64),
     (128, 64, 128), (128, 128, 64),
 )
-#: Pipelines of the catalogue, in catalogue order.
-CATALOGUE_PIPELINES: tuple[str, ...] = ("compv3", "compv4", "compv5")
+#: Pipelines of the catalogue, in catalogue order: newest generation first. Catalogue order is
+#: the selector's tie-break (equal scores -> lower kernel id), and exact ties happen when the
+#: model cannot tell kernels apart — e.g. a pipeline absent from training, placed by its traits
+#: next to its seen twin (compv5 next to compv3). The prior is the library's own: a pipeline
+#: generation is added because it does at least as well as its predecessor where it applies.
+CATALOGUE_PIPELINES: tuple[str, ...] = ("compv5", "compv4", "compv3")
 #: Tile lists per dtype (the tile engine has one list per element width).
 TILES: dict[str, tuple[tuple[int, int, int], ...]] = {"bf16": TILES_2BYTE, "fp16": TILES_2BYTE}
 
