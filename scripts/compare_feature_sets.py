@@ -35,7 +35,7 @@ from ckpred.kernels.base import load_op
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sets", nargs="+", default=["anchor55", "minimal", "full"])
+    parser.add_argument("--sets", nargs="*", default=["anchor55", "minimal", "full"])
     parser.add_argument("--extra", nargs="*", default=[],
                         help="ad-hoc sets as comma-separated group kinds, e.g. problem,kernel,wave")
     parser.add_argument("--overrides", nargs="*", default=[], help="Hydra overrides of the train config")

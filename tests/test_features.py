@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from sklearn.utils.estimator_checks import parametrize_with_checks
+from sklearn.utils.estimator_checks import check_estimator, estimator_checks_generator
 
 from ckpred.config import CONF_DIR, compose
 from ckpred.errors import ConfigValueError
@@ -261,7 +261,21 @@ def _expected_failures(estimator) -> dict[str, str]:
     return {name: reason for name in NARROW_DATA_CHECKS}
 
 
-@parametrize_with_checks([cls() for cls in CLASSES], expected_failed_checks=_expected_failures)
+def _compliance_cases() -> list:
+    # parametrize_with_checks, except that the known deviations are skipped instead of run as
+    # xfail: building ~230 expected tracebacks cost ~70 s of CPU, and those checks do run, for
+    # real, in test_sklearn_compliance_any_width.
+    def name(check) -> str:
+        func = getattr(check, "func", check)
+        return f"{func.__name__}({', '.join(f'{k}={v}' for k, v in getattr(check, 'keywords', {}).items())})"
+
+    return [pytest.param(est, check, id=f"{type(est).__name__}-{name(check)}")
+            for est in (cls() for cls in CLASSES)
+            for _, check in estimator_checks_generator(est, expected_failed_checks=_expected_failures(est),
+                                                       mark="skip")]
+
+
+@pytest.mark.parametrize(("estimator", "check"), _compliance_cases())
 def test_sklearn_compliance(estimator, check) -> None:
     check(estimator)
 
@@ -286,6 +300,23 @@ def _any_width(cls: type) -> type:
     return sub
 
 
-@parametrize_with_checks([_any_width(cls)() for cls in CLASSES if cls.input_columns], xfail_strict=True)
-def test_sklearn_compliance_any_width(estimator, check) -> None:
-    check(estimator)
+@pytest.mark.parametrize("cls", [cls for cls in CLASSES if cls.input_columns], ids=lambda c: c.__name__)
+def test_sklearn_compliance_any_width(cls: type) -> None:
+    # One test per class running the whole suite (cheaper than ~45 parametrized tests each).
+    results = check_estimator(_any_width(cls)(), on_fail=None)
+    failed = {r["check_name"]: str(r["exception"])[:200] for r in results if r["status"] == "failed"}
+    assert not failed, failed
+    assert sum(r["status"] == "passed" for r in results) >= 40
+
+
+def test_est_vs_best_is_zero_for_the_analytically_best_catalogue_tile(cfg) -> None:
+    kernels = OP.catalogue(cfg.arch, cfg.dtype, cfg.layout)
+    for m, n, k in ((1, 7168, 2048), (4096, 4096, 4096), (300, 257, 65521)):
+        X = OP.encode_frame(kernels.assign(m=m, n=n, k=k, split_k=1))
+        fs = {"name": "x", "groups": [{"kind": "roofline", "params": {"reference_tiles": "catalogue"}}]}
+        union = build_features(fs, OP, cfg.arch, cfg.dtype, cfg.layout)
+        out = union.fit_transform(X)
+        f = dict(zip(union.get_feature_names_out(), out.T))
+        rel, est = f["roofline__est_vs_best"], f["roofline__log2_est_us"]
+        assert rel.min() == 0.0 and (rel >= 0).all()
+        np.testing.assert_allclose(rel, est - est.min(), rtol=0, atol=1e-12)

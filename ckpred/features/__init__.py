@@ -11,6 +11,8 @@ dtype configs.
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -19,7 +21,8 @@ from sklearn.pipeline import FeatureUnion
 from ckpred.errors import ConfigValueError
 from ckpred.features.registry import FEATURE_GROUPS, group_class
 
-__all__ = ["FEATURE_GROUPS", "build_features", "constants_from_config", "feature_set", "group_class"]
+__all__ = ["FEATURE_GROUPS", "build_features", "catalogue_tiles", "constants_from_config", "feature_set",
+           "group_class"]
 
 #: Bytes per element of each dtype name (for the C matrix, whose dtype config is only a name).
 _BYTES = {"fp8": 1, "bf8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
@@ -77,6 +80,13 @@ def constants_from_config(arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None)
     return values
 
 
+def catalogue_tiles(op: Any, arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None) -> list[list[int]]:
+    """Distinct (tile_m, tile_n, tile_k) of the op's catalogue for arch/dtype, sorted."""
+    catalogue = op.catalogue(arch_cfg, dtype_cfg, layout_cfg if layout_cfg is not None else "rcr")
+    tiles = catalogue[["tile_m", "tile_n", "tile_k"]].drop_duplicates().sort_values(["tile_m", "tile_n", "tile_k"])
+    return [[int(v) for v in row] for row in tiles.to_numpy()]
+
+
 def _as_features_config(features_cfg: Any) -> Any:
     """Validate any form of a feature-set config into a :class:`ckpred.schema.FeaturesConfig`."""
     from ckpred.schema import FeaturesConfig
@@ -132,6 +142,8 @@ def build_features(features_cfg: Any, op: Any, arch_cfg: Any, dtype_cfg: Any,
                                    f"a group whose input columns exist in op {op.name!r} "
                                    f"(it lacks {missing})")
         kwargs = {key: value for key, value in constants.items() if key in accepted}
+        if params.get("reference_tiles") == "catalogue":
+            params["reference_tiles"] = catalogue_tiles(op, arch_cfg, dtype_cfg, layout_cfg)
         kwargs.update(params)
         kwargs["input_names"] = input_names
         parts.append((group.kind, cls(**kwargs)))
@@ -144,7 +156,13 @@ def feature_set(name: str) -> Any:
     Returns
     -------
     ckpred.schema.FeaturesConfig
+        A fresh copy (composition is cached per name: it costs a Hydra initialisation).
     """
+    return copy.deepcopy(_feature_set(name))
+
+
+@functools.lru_cache(maxsize=None)
+def _feature_set(name: str) -> Any:
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 

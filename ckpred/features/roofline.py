@@ -15,7 +15,7 @@ from ckpred.features.base import FeatureGroup, ceil_div, positive_int, positive_
 
 
 class RooflineFeatures(FeatureGroup):
-    """Problem roofline and tile-aware analytical time (10 features).
+    """Problem roofline and tile-aware analytical time (10 features, 11 with reference tiles).
 
     Features (in order): ``log2_flops`` (2MNK), ``log2_min_bytes`` ((MK+KN)*b + MN*b_c: every
     operand moved once), ``roofline_position = log2(intensity / ridge)`` (> 0: compute bound;
@@ -25,7 +25,11 @@ class RooflineFeatures(FeatureGroup):
     written once), ``log2_est_us = log2(max(compute, memory))``, ``est_efficiency =
     ideal_us / est_us`` (share of the roofline the kernel can reach, in (0, 1]),
     ``log2_est_tflops`` and ``tile_intensity = 2*tile_m*tile_n / ((tile_m+tile_n)*b)`` (FLOP
-    per byte loaded by one block).
+    per byte loaded by one block). With ``reference_tiles``, also ``est_vs_best``: this
+    kernel's ``log2_est_us`` minus the smallest one among the reference tiles on the same
+    problem (0 for the analytically best tile). Absolute times shift with the problem size;
+    "how far from the best tile for this problem" does not, which helps a model rank kernels of
+    shapes it has not seen.
 
     Parameters
     ----------
@@ -39,6 +43,10 @@ class RooflineFeatures(FeatureGroup):
         Bytes of an A/B element.
     c_bytes_per_element : int, default=2
         Bytes of a C element (fp8 GEMMs write fp16).
+    reference_tiles : list of (tile_m, tile_n, tile_k) or None, default=None
+        Tiles ``est_vs_best`` compares against; None leaves the feature out. A feature set
+        writes ``reference_tiles: catalogue`` and :func:`ckpred.features.build_features` puts
+        the distinct tiles of the op's catalogue for the arch and dtype here.
     input_names : sequence of str or None, default=None
         Column names of X when it is a plain array (see :mod:`ckpred.features.base`).
     """
@@ -52,42 +60,60 @@ class RooflineFeatures(FeatureGroup):
         "memory_bandwidth_gbs": positive_real(),
         "bytes_per_element": positive_int(),
         "c_bytes_per_element": positive_int(),
+        "reference_tiles": [None, list, tuple],
     }
 
     def __init__(self, *, cus: int = 256, xcds: int = 8, peak_tflops: float = 5033.0,
                  memory_bandwidth_gbs: float = 8000.0, bytes_per_element: int = 1,
-                 c_bytes_per_element: int = 2, input_names: Sequence[str] | None = None) -> None:
+                 c_bytes_per_element: int = 2, reference_tiles: Sequence[Sequence[int]] | None = None,
+                 input_names: Sequence[str] | None = None) -> None:
         self.cus = cus
         self.xcds = xcds
         self.peak_tflops = peak_tflops
         self.memory_bandwidth_gbs = memory_bandwidth_gbs
         self.bytes_per_element = bytes_per_element
         self.c_bytes_per_element = c_bytes_per_element
+        self.reference_tiles = reference_tiles
         self.input_names = input_names
 
     def _feature_names(self) -> list[str]:
-        return ["log2_flops", "log2_min_bytes", "roofline_position", "log2_ideal_us", "log2_compute_us",
-                "log2_memory_us", "log2_est_us", "est_efficiency", "log2_est_tflops", "tile_intensity"]
+        names = ["log2_flops", "log2_min_bytes", "roofline_position", "log2_ideal_us", "log2_compute_us",
+                 "log2_memory_us", "log2_est_us", "est_efficiency", "log2_est_tflops", "tile_intensity"]
+        return names + (["est_vs_best"] if self.reference_tiles else [])
 
-    def _compute(self, cols: dict[str, Any], xp: Any) -> list[Any]:
+    def _estimate(self, cols: dict[str, Any], tm: Any, tn: Any, tk: Any, xp: Any) -> tuple[Any, Any]:
+        """(compute_us, memory_us) of tile (tm, tn, tk): columns or Python numbers."""
         m, n, k, split_k = cols["m"], cols["n"], cols["k"], cols["split_k"]
-        tm, tn, tk = cols["tile_m"], cols["tile_n"], cols["tile_k"]
         b, bc = float(self.bytes_per_element), float(self.c_bytes_per_element)
         cus, xcds = float(self.cus), float(self.xcds)
+        # Same grid and K-loop as WaveQuantizationFeatures.
+        grid = ceil_div(m, tm, xp) * ceil_div(n, tn, xp) * split_k
+        xcd_waves = xp.ceil(xp.ceil(grid / xcds) / (cus / xcds))
+        k_iterations = xp.ceil(ceil_div(k, tk, xp) / split_k)
+        compute_us = xcd_waves * k_iterations * (2.0 * tm * tn * tk) / (float(self.peak_tflops) * 1e6 / cus)
+        traffic = grid * k_iterations * (tm + tn) * tk * b + m * n * bc
+        return compute_us, traffic / (float(self.memory_bandwidth_gbs) * 1e3)
+
+    def _compute(self, cols: dict[str, Any], xp: Any) -> list[Any]:
+        m, n, k = cols["m"], cols["n"], cols["k"]
+        tm, tn = cols["tile_m"], cols["tile_n"]
+        b, bc = float(self.bytes_per_element), float(self.c_bytes_per_element)
         flop_per_us = float(self.peak_tflops) * 1e6
         bytes_per_us = float(self.memory_bandwidth_gbs) * 1e3
         flops = 2.0 * m * n * k
         min_bytes = (m * k + k * n) * b + m * n * bc
         ideal_us = xp.maximum(flops / flop_per_us, min_bytes / bytes_per_us)
-        # Tile-aware estimate (same grid and K-loop as WaveQuantizationFeatures).
-        grid = ceil_div(m, tm, xp) * ceil_div(n, tn, xp) * split_k
-        xcd_waves = xp.ceil(xp.ceil(grid / xcds) / (cus / xcds))
-        k_iterations = xp.ceil(ceil_div(k, tk, xp) / split_k)
-        compute_us = xcd_waves * k_iterations * (2.0 * tm * tn * tk) / (flop_per_us / cus)
-        traffic = grid * k_iterations * (tm + tn) * tk * b + m * n * bc
-        memory_us = traffic / bytes_per_us
+        compute_us, memory_us = self._estimate(cols, tm, tn, cols["tile_k"], xp)
         est_us = xp.maximum(compute_us, memory_us)
+        log2_est = xp.log2(est_us)
         ridge = flop_per_us / bytes_per_us
-        return [xp.log2(flops), xp.log2(min_bytes), xp.log2(flops / min_bytes / ridge), xp.log2(ideal_us),
-                xp.log2(compute_us), xp.log2(memory_us), xp.log2(est_us), ideal_us / est_us,
-                xp.log2(flops / est_us / 1e6), 2.0 * tm * tn / ((tm + tn) * b)]
+        out = [xp.log2(flops), xp.log2(min_bytes), xp.log2(flops / min_bytes / ridge), xp.log2(ideal_us),
+               xp.log2(compute_us), xp.log2(memory_us), log2_est, ideal_us / est_us,
+               xp.log2(flops / est_us / 1e6), 2.0 * tm * tn / ((tm + tn) * b)]
+        if self.reference_tiles:
+            best = None
+            for rm, rn, rk in self.reference_tiles:
+                ref = xp.log2(xp.maximum(*self._estimate(cols, float(rm), float(rn), float(rk), xp)))
+                best = ref if best is None else xp.minimum(best, ref)
+            out.append(log2_est - best)
+        return out
