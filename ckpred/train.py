@@ -434,7 +434,7 @@ def train(cfg: DictConfig) -> float:
         metrics["analytical"] = {"skipped": analytical_note}
 
     # ---- final model on all data ----
-    final = fitted_external
+    final = fitted_external if cfg.save_pipeline else None
     final_info: dict[str, Any] = {}
     if cfg.save_pipeline and final is None:
         t = time.perf_counter()

@@ -162,18 +162,6 @@ def test_every_model_target_cv(tmp_path: Path, model: str, target: str, cv: str)
     assert len(json.loads((out / "folds.json").read_text())["folds"]) == n_folds
 
 
-def test_same_seed_same_metrics(tmp_path: Path) -> None:
-    args = [*REF_SMALL, "plots=false", "save_pipeline=false", "model.subsample=0.7", "model.subsample_freq=1"]
-    _run(tmp_path / "a", *args)
-    _run(tmp_path / "b", *args)
-    a = json.loads((tmp_path / "a" / "metrics.json").read_text())
-    b = json.loads((tmp_path / "b" / "metrics.json").read_text())
-    assert a == b
-    oa = pd.read_parquet(tmp_path / "a" / "oof_predictions.parquet")
-    ob = pd.read_parquet(tmp_path / "b" / "oof_predictions.parquet")
-    pd.testing.assert_frame_equal(oa, ob)
-
-
 def test_early_stopping_never_sees_test_shapes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import ckpred.train as tr
 
@@ -224,13 +212,17 @@ def test_external_test_table_with_kernels_never_seen(tmp_path: Path) -> None:
     assert manifest["test_data"]["rows"] == len(other) and 0 < mean <= 1
 
 
-def test_cli_subprocess(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "ckpred", "train", *SMALL, *NO_REF, "progress=true",
-                           "plots=false", f"out_dir={tmp_path}"],
-                          capture_output=True, text=True, timeout=300)
+def test_cli_subprocess_reproduces_the_same_seed_run(full_run: tuple[float, Path], tmp_path: Path) -> None:
+    """The CLI as a user runs it, with the fixture's overrides: same seed -> identical results."""
+    _, first = full_run
+    proc = subprocess.run([sys.executable, "-m", "ckpred", "train", *SMALL, *REF_SMALL, "progress=true",
+                           f"out_dir={tmp_path}"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "efficiency on unseen shapes" in proc.stdout and "best_static" in proc.stdout
-    assert (tmp_path / "metrics.json").exists() and (tmp_path / "pipeline.joblib").exists()
+    assert json.loads((tmp_path / "metrics.json").read_text()) == json.loads((first / "metrics.json").read_text())
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "oof_predictions.parquet"),
+                                  pd.read_parquet(first / "oof_predictions.parquet"))
+    assert (tmp_path / "per_shape.csv").read_text() == (first / "per_shape.csv").read_text()
 
 
 # ---------------------------------------------------------------------------------------------
