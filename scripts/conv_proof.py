@@ -38,7 +38,7 @@ BENCH = "benchmark_forward_300_bf16_gfx950.csv"
 TRAIN = "training_data_forward_bf16_20.csv"
 AMD_SUMMARY = "comparison_summary_300.csv"
 COLUMNS = ("mean", "p10", "p50", "min", "top1", "top5", "efficiency@2", "efficiency@5")
-LABELS = {"model_selector": "ckpred (conv_full, lambdarank), selector tie order",
+LABELS = {"model_selector": "ckpred ({features}, {model}), selector tie order",
           "model": "ckpred, ties in table order (train's report)", "reference": "reference replica (log1p regressor)",
           "best_static": "best static kernel", "analytical": "analytical (roofline, implicit GEMM)",
           "random": "random choice"}
@@ -118,6 +118,7 @@ def run_protocol(protocol: str, data_dir: Path, out: Path, extra: list[str]) -> 
     if rows.get("analytical", {}).get("mean") is None:
         rows["analytical"] = analytical_summary(cfg)
     rows["_seconds"] = {"mean": time.perf_counter() - t}
+    rows["_info"] = {"features": cfg.features.name, "model": cfg.model.name}
     return rows
 
 
@@ -134,6 +135,7 @@ def format_table(results: dict[str, dict[str, dict[str, float]]], amd: dict[str,
             m = rows.get(method)
             if m is None or m.get("mean") is None:
                 continue
+            label = label.format(**rows["_info"])
             lines.append("| " + " | ".join([protocol, label, str(m.get("n_shapes", "")),
                                             *(cell(m.get(c)) for c in COLUMNS)]) + " |")
         lines.append("| " + " | ".join([protocol, "AMD heuristic (published)", str(amd["n_shapes"]),
