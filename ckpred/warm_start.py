@@ -122,9 +122,12 @@ def _describe_feature_difference(base: list[str], new: list[str]) -> str:
     if extra:
         parts.append(f"new here: {extra[:5]}{' ...' if len(extra) > 5 else ''}")
     if not missing and not extra:
-        pos = next(i for i, (a, b) in enumerate(zip(base, new)) if a != b)
-        parts.append(f"same names in a different order, first at position {pos}: base {base[pos]!r}, "
-                     f"this run {new[pos]!r}")
+        pos = next((i for i, (a, b) in enumerate(zip(base, new)) if a != b), None)
+        if pos is None:  # same prefix, repeated names
+            parts.append("the same names, repeated a different number of times")
+        else:
+            parts.append(f"same names in a different order, first at position {pos}: base {base[pos]!r}, "
+                         f"this run {new[pos]!r}")
     return "; ".join(parts)
 
 
