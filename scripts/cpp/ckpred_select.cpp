@@ -12,7 +12,11 @@
 //     --top-k K        kernels per problem (default 5)
 //     --threads T      onnxruntime intra-op threads (default 1)
 //     --arch A / --dtype D / --layout L   refuse a model made for anything else
-//     --bench R        time R passes over the shapes (one Run per shape), print median/p99
+//     --bench R        time R passes over the shapes (one Run per shape), print median/p99;
+//                      pass 1 is cold (cache misses), passes 2..R hit the cache (hit_* figures)
+//     --cache N        answers kept per (problem, top_k) in a bounded LRU cache (default 4096,
+//                      0 = off); a repeated problem is answered without running the model
+//     --cache-stats    print {"cache":{"hits","misses","size","capacity"}} to stderr at the end
 //     --no-verify      skip the sha256 check of model.onnx against the manifest
 //
 // Output: one JSON object per shape and line, e.g.
@@ -31,11 +35,13 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <list>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "json.hpp"
@@ -56,6 +62,8 @@ struct Options {
   int64_t top_k = 5;
   int threads = 1;
   int bench = 0;
+  int64_t cache = 4096;
+  bool cache_stats = false;
   bool verify = true;
   std::map<std::string, std::string> expect;  // arch/dtype/layout the caller runs on
 };
@@ -242,6 +250,60 @@ class Selector {
   std::vector<const char*> input_ptrs_, output_ptrs_;
 };
 
+// Bounded LRU cache of answers keyed by (problem fields..., top_k): a dispatcher sees the same
+// shapes again and again, and a hit costs a hash lookup instead of a model run.
+class CachedSelector {
+ public:
+  CachedSelector(Selector& sel, size_t capacity) : sel_(sel), capacity_(capacity) {}
+
+  const Selector::Answer& run(const std::vector<int64_t>& problem, int64_t top_k) {
+    std::vector<int64_t> key(problem);
+    key.push_back(top_k);
+    if (capacity_ == 0) {
+      ++misses_;
+      scratch_ = sel_.run(problem, top_k);
+      return scratch_;
+    }
+    auto it = index_.find(key);
+    if (it != index_.end()) {
+      ++hits_;
+      order_.splice(order_.begin(), order_, it->second);  // most recently used first
+      return it->second->second;
+    }
+    ++misses_;
+    order_.emplace_front(key, sel_.run(problem, top_k));
+    index_[key] = order_.begin();
+    if (order_.size() > capacity_) {  // evict the least recently used answer
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+    return order_.front().second;
+  }
+
+  std::string stats_json() const {
+    std::ostringstream o;
+    o << "{\"cache\":{\"hits\":" << hits_ << ",\"misses\":" << misses_ << ",\"size\":" << order_.size()
+      << ",\"capacity\":" << capacity_ << "}}";
+    return o.str();
+  }
+
+ private:
+  struct KeyHash {
+    size_t operator()(const std::vector<int64_t>& v) const {
+      size_t h = 1469598103934665603ULL;
+      for (int64_t x : v) h = (h ^ static_cast<size_t>(x)) * 1099511628211ULL;
+      return h;
+    }
+  };
+  using Entry = std::pair<std::vector<int64_t>, Selector::Answer>;
+  Selector& sel_;
+  size_t capacity_;
+  std::list<Entry> order_;
+  std::unordered_map<std::vector<int64_t>, std::list<Entry>::iterator, KeyHash> index_;
+  Selector::Answer scratch_;
+  int64_t hits_ = 0, misses_ = 0;
+};
+
 std::string answer_json(const Manifest& man, const std::vector<int64_t>& problem, const Selector::Answer& a, int64_t top_k) {
   std::ostringstream o;
   o << "{\"problem\":{";
@@ -272,6 +334,8 @@ Options parse_args(int argc, char** argv) {
     else if (a == "--threads") opt.threads = static_cast<int>(parse_int(need(i), "--threads"));
     else if (a == "--bench") opt.bench = static_cast<int>(parse_int(need(i), "--bench"));
     else if (a == "--no-verify") opt.verify = false;
+    else if (a == "--cache") opt.cache = parse_int(need(i), "--cache");
+    else if (a == "--cache-stats") opt.cache_stats = true;
     else if (a == "--arch" || a == "--dtype" || a == "--layout") opt.expect[a.substr(2)] = need(i);
     else if (a == "--shapes") {
       std::string path = need(i);
@@ -290,12 +354,14 @@ Options parse_args(int argc, char** argv) {
   if (opt.model_dir.empty()) throw UsageError("MODEL_DIR is required");
   if (opt.top_k < 1) throw UsageError("--top-k must be >= 1");
   if (opt.threads < 1) throw UsageError("--threads must be >= 1");
+  if (opt.cache < 0) throw UsageError("--cache must be >= 0 (0 = no cache)");
   return opt;
 }
 
 const char* kUsage =
     "usage: ckpred_select MODEL_DIR [--top-k K] [--threads T] [--shapes FILE] [--bench R]\n"
-    "                     [--arch A] [--dtype D] [--layout L] [--no-verify] [SHAPE ...]\n"
+    "                     [--cache N] [--cache-stats] [--arch A] [--dtype D] [--layout L] [--no-verify]\n"
+    "                     [SHAPE ...]\n"
     "  SHAPE: problem fields in manifest order (128,1536,7168) or by name (m=128,n=1536,k=7168)\n";
 
 }  // namespace
@@ -323,22 +389,29 @@ int main(int argc, char** argv) {
     std::vector<std::vector<int64_t>> problems;
     for (const std::string& s : opt.shapes) problems.push_back(parse_shape(s, man));
     Selector selector(opt, man);
+    CachedSelector cached(selector, static_cast<size_t>(opt.cache));
     if (opt.bench > 0) {
       selector.run(problems.empty() ? std::vector<int64_t>(man.fields.size(), 1) : problems[0], opt.top_k);  // warm-up
-      std::vector<double> us;
+      std::vector<double> cold, hit;  // pass 1 (unseen problems) / passes 2..R (repeated problems)
       for (int r = 0; r < opt.bench; ++r)
         for (const auto& p : problems) {
           auto t0 = std::chrono::steady_clock::now();
-          selector.run(p, opt.top_k);
-          us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+          cached.run(p, opt.top_k);
+          double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+          (r == 0 ? cold : hit).push_back(us);
         }
-      std::sort(us.begin(), us.end());
-      auto pct = [&](double q) { return us.empty() ? 0.0 : us[std::min(us.size() - 1, static_cast<size_t>(q * (us.size() - 1) + 0.5))]; };
-      std::cout << "{\"bench\":{\"runs\":" << us.size() << ",\"median_us\":" << pct(0.5) << ",\"p99_us\":" << pct(0.99)
-                << ",\"min_us\":" << (us.empty() ? 0.0 : us.front()) << "}}\n";
+      auto pct = [](std::vector<double>& v, double q) {
+        std::sort(v.begin(), v.end());
+        return v.empty() ? 0.0 : v[std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5))];
+      };
+      std::cout << "{\"bench\":{\"runs\":" << cold.size() << ",\"median_us\":" << pct(cold, 0.5) << ",\"p99_us\":"
+                << pct(cold, 0.99) << ",\"min_us\":" << (cold.empty() ? 0.0 : cold.front()) << ",\"hit_runs\":" << hit.size()
+                << ",\"hit_median_us\":" << pct(hit, 0.5) << ",\"hit_p99_us\":" << pct(hit, 0.99) << "}}\n";
+      if (opt.cache_stats) std::cerr << cached.stats_json() << "\n";
       return 0;
     }
-    for (const auto& p : problems) std::cout << answer_json(man, p, selector.run(p, opt.top_k), opt.top_k) << "\n";
+    for (const auto& p : problems) std::cout << answer_json(man, p, cached.run(p, opt.top_k), opt.top_k) << "\n";
+    if (opt.cache_stats) std::cerr << cached.stats_json() << "\n";
   } catch (const UsageError& e) {
     std::cerr << "ckpred_select: " << e.what() << "\n";
     return 2;
