@@ -7,6 +7,26 @@ One transformer per feature group (:mod:`~ckpred.features.problem`,
 groups and their scalar options; :func:`build_features` assembles them into a
 :class:`~sklearn.pipeline.FeatureUnion`, filling hardware and dtype constants from the arch and
 dtype configs.
+
+Feature sets (``conf/features``) for gemm_universal
+-----------------------------------------------------
+=========  ========  =============================================================================
+set        features  groups
+=========  ========  =============================================================================
+anchor55   55        problem 13 (incl. layout code) + kernel 21 + interaction 9 + hardware 12: the
+                     reference system's list (CK_TILE_FACTS.md section 5), for side-by-side runs
+minimal    42        problem 12 + kernel 21 + interaction 9 (anchor55 without constant columns)
+full       89        minimal + tile_quantization 16 + wave 10 + roofline 11 (with ``est_vs_best``
+                     against the catalogue's 23 tiles) + occupancy 10
+=========  ========  =============================================================================
+
+Screen (``scripts/compare_feature_sets.py``, default simulated data: 168 shapes x 4,608
+kernels, 3-fold GroupKFold, LGBMRegressor 300 trees / 63 leaves on log1p TFLOPS, 600 training
+rows per shape): anchor55 mean 0.9140 / P10 0.8679 / min 0.7228; full mean 0.9151 / P10 0.8616
+/ min 0.7779. The physical groups lift the worst shape by 5.5 points and leave mean and P10
+within the noise of such a screen (about 1 point); the simulator shares their physics, so real
+data may reward them differently. The full training run (``python -m ckpred train``) is the
+figure that counts.
 """
 
 from __future__ import annotations
