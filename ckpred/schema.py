@@ -442,7 +442,9 @@ class TrainConfig:
 
 
 # -- export and select (export owner) ------------------------------------------------------------
-EXPORT_SELECT: tuple[str, ...] = ("full",)
+#: ``full``: every catalogue kernel scored by the full model; ``pruned``: only the candidates
+#: learned from the training data (:mod:`ckpred.export.strategies`).
+EXPORT_SELECT: tuple[str, ...] = ("full", "pruned")
 
 
 @dataclass
@@ -480,11 +482,14 @@ class ExportConfig:
     #: Root of the exports; the model goes to ``<out_dir>/<op>_<arch>_<dtype>_<layout>/``.
     out_dir: str = "exports"
     #: Selection strategy compiled into the selector graph.
-    select: str = "full"
+    select: str = "pruned"
+    #: ``select=pruned``: kernels kept per training shape (its ``prune_top_n`` fastest valid ones).
+    prune_top_n: int = 1
     parity: ExportParityConfig = field(default_factory=ExportParityConfig)
 
     def __post_init__(self) -> None:
         check("select", self.select, self.select in EXPORT_SELECT, f"one of {list(EXPORT_SELECT)}")
+        check("prune_top_n", self.prune_top_n, self.prune_top_n >= 1, "an integer >= 1")
 
 
 @dataclass

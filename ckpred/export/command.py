@@ -88,8 +88,11 @@ def reference_selection(scores: np.ndarray, valid: np.ndarray, top_k: int) -> tu
 
 def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, problems: pd.DataFrame, *,
                  scorer: onnx.ModelProto, selector: onnx.ModelProto, arch: Any, dtype: Any, layout: Any,
-                 top_k: int = 5, batch: int = 8) -> dict[str, Any]:
+                 top_k: int = 5, batch: int = 8, candidates: np.ndarray | None = None) -> dict[str, Any]:
     """sklearn pipeline vs ONNX scorer vs selector on ``problems`` x the whole catalogue.
+
+    ``candidates`` (catalogue ids, ``select=pruned``): the reference selection ranks only these,
+    exactly as the pruned selector must.
 
     Returns
     -------
@@ -103,6 +106,10 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
     scorer_s, selector_s = xo.session(scorer), xo.session(selector)
     kernels = op.encode(catalogue, op.kernel_names)
     C = len(catalogue)
+    allowed = np.ones(C, dtype=bool)
+    if candidates is not None:
+        allowed = np.zeros(C, dtype=bool)
+        allowed[np.asarray(candidates, dtype=np.int64)] = True
     top1 = topk = 0
     max_scorer = max_selector = 0.0
     mismatched: list[dict[str, int]] = []
@@ -122,7 +129,7 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
                                              {"problem": p, "top_k": np.array([top_k], dtype=np.int64)})
         for j in range(len(chunk)):
             sl = slice(j * C, (j + 1) * C)
-            r_ids, r_scores, r_n = reference_selection(ref[sl], valid[sl], top_k)
+            r_ids, r_scores, r_n = reference_selection(ref[sl], valid[sl] & allowed, top_k)
             n = min(top_k, r_n)
             same_n = int(nvalid[j]) == r_n
             ok1 = same_n and (r_n == 0 or ids[j, 0] == r_ids[0])
@@ -147,7 +154,8 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
 def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, layout: Any,
                     out_dir: str | Path, training: Mapping[str, Any], parity_problems: pd.DataFrame | None = None,
                     metrics: Any = None, select: str = "full", max_abs_diff: float = 1e-6,
-                    source: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    source: Mapping[str, Any] | None = None, candidates: np.ndarray | None = None,
+                    selection: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Compile ``pipeline`` into ``out_dir`` (selector, scorer, manifest), atomically.
 
     Parameters
@@ -165,9 +173,14 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
     metrics : mapping or None
         CV metrics to record.
     select : str
-        Selection strategy (``full``: every catalogue kernel scored by the full model).
+        Selection strategy (``full``: every catalogue kernel scored by the full model;
+        ``pruned``: only ``candidates``, see :mod:`ckpred.export.strategies`).
     max_abs_diff : float
         Parity bar on |sklearn - ONNX| scores.
+    candidates : ndarray of int or None
+        Catalogue ids the ``pruned`` selector scores (required for it, ignored by ``full``).
+    selection : mapping or None
+        How the candidates were learned (recorded in the manifest's ``selection`` section).
 
     Returns
     -------
@@ -185,14 +198,25 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
     t0 = time.perf_counter()
     pipe_onnx = xo.convert_pipeline(pipeline, op)
     scorer = xo.build_scorer(pipe_onnx, op)
-    selector = xo.build_selector(pipe_onnx, op, catalogue, arch=arch, dtype=dtype, layout=layout,
-                                 mask_builder=mask_builder_for(op))
+    if select == "pruned":
+        from ckpred.export.strategies import build_pruned_selector
+
+        if candidates is None:
+            raise ValueError("export.select='pruned' needs the candidate kernel ids (learned from the training data)")
+        candidates = np.asarray(candidates, dtype=np.int64)
+        selector = build_pruned_selector(pipe_onnx, op, catalogue, candidates, arch=arch, dtype=dtype,
+                                         layout=layout, mask_builder=mask_builder_for(op))
+    else:
+        candidates = None
+        selector = xo.build_selector(pipe_onnx, op, catalogue, arch=arch, dtype=dtype, layout=layout,
+                                     mask_builder=mask_builder_for(op))
     convert_s = time.perf_counter() - t0
     parity: dict[str, Any] = {"checked": False}
     if parity_problems is not None and len(parity_problems):
         t0 = time.perf_counter()
         parity = {"checked": True, **parity_check(pipeline, op, catalogue, parity_problems, scorer=scorer,
-                                                 selector=selector, arch=arch, dtype=dtype, layout=layout)}
+                                                 selector=selector, arch=arch, dtype=dtype, layout=layout,
+                                                 candidates=candidates)}
         parity["seconds"] = round(time.perf_counter() - t0, 2)
         parity["max_abs_diff_allowed"] = max_abs_diff
         worst = max(parity["max_abs_diff_scorer"], parity["max_abs_diff_selector"])
@@ -206,6 +230,9 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         "created_utc": mf.now_utc(),
         "op": op.name, "arch": _name(arch), "dtype": _name(dtype), "layout": _name(layout),
         "select": select,
+        "selection": {"strategy": select, **dict(selection or {}),
+                      "candidates": len(catalogue) if candidates is None else int(len(candidates)),
+                      "candidate_ids": None if candidates is None else [int(i) for i in candidates]},
         "opset": dict(xo.OPSET), "ir_version": xo.IR_VERSION,
         "graphs": mf.graph_io(op, len(catalogue)),
         "problem_fields": mf.fields_section(op.problem_fields),
@@ -326,10 +353,17 @@ def export_command(cfg: Any) -> str:
     problems = table[list(op.problem_names)].drop_duplicates()
     if cfg.parity.shapes and len(problems) > cfg.parity.shapes:
         problems = problems.sample(cfg.parity.shapes, random_state=int(cfg.get("seed", 0)))
+    candidates, selection = None, None
+    if cfg.select == "pruned":
+        from ckpred.export.strategies import keep_for_table
+
+        top_n = int(cfg.get("prune_top_n", 1))
+        candidates = keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=top_n)
+        selection = {"top_n": top_n, "learned_from_shapes": int(len(table[list(op.problem_names)].drop_duplicates()))}
     manifest = export_pipeline(pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=target,
                                training=training, parity_problems=problems if cfg.parity.check else None,
                                metrics=metrics, select=cfg.select, max_abs_diff=cfg.parity.max_abs_diff,
-                               source=source)
+                               source=source, candidates=candidates, selection=selection)
     par = manifest["parity"]
     if par.get("checked"):
         print(f"parity on {par['shapes']} shapes x {manifest['catalogue']['count']} kernels: top-1 agreement "

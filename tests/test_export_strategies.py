@@ -1,0 +1,104 @@
+"""Selection strategies (export.select): pruned candidate sets, their graph parity, CV honesty."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ckpred.export import manifest as mf
+from ckpred.export import onnx as xo
+from ckpred.export import strategies as st
+from ckpred.export.command import export_pipeline
+from ckpred.runtime import KernelSelector
+from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
+
+
+@pytest.fixture(scope="module")
+def setup():
+    op, cfg = gemm(), configs()
+    table = synthetic_table(op, cfg, TRAIN_SHAPES)
+    return op, cfg, table
+
+
+def test_learn_keep_takes_top_n_per_shape_and_a_fallback() -> None:
+    # 2 shapes x 4 kernels; kernel 3 is never fast but valid everywhere (the fallback).
+    kid = np.array([0, 1, 2, 3, 0, 1, 2, 3])
+    perf = np.array([9.0, 8.0, 1.0, 0.5, 1.0, 2.0, 7.0, 0.5])
+    sel = np.array([True, True, True, True, True, False, True, True])
+    codes = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    assert st.learn_keep(kid, perf, sel, codes, 4, top_n=1).tolist() == [0, 2]
+    # kernel 1 is fastest-but-one of shape 1 only when rule-invalid rows count: they do not
+    assert st.learn_keep(kid, perf, sel, codes, 4, top_n=2).tolist() == [0, 1, 2]
+    probes = np.array([[True, False, True, True], [False, True, False, True]])
+    assert st.learn_keep(kid, perf, sel, codes, 4, top_n=1, fallback_valid=probes).tolist() == [0, 2, 3]
+    with pytest.raises(ValueError, match="top_n"):
+        st.learn_keep(kid, perf, sel, codes, 4, top_n=0)
+
+
+def test_keep_is_learned_from_the_given_shapes_only(setup) -> None:
+    op, cfg, table = setup
+    keys = np.asarray(op.shape_keys(table))
+    shapes = pd.unique(keys)
+    held_out = shapes[-1]
+    train_keys = shapes[:-1]
+    # the held-out shape's own winner becomes its winner alone: make it a kernel nobody else likes
+    t = table.copy()
+    cat = op.catalogue(cfg.arch, cfg.dtype, cfg.layout)
+    rows = np.flatnonzero((keys == held_out) & t["is_valid"].to_numpy())
+    loser = t["kernel_name"].to_numpy()[rows[0]]
+    t.loc[rows[0], "tflops"] = 1e9
+    t.loc[(keys != held_out) & (t["kernel_name"] == loser).to_numpy(), "tflops"] = 0.0
+    loser_id = int(cat.set_index("kernel_name").loc[loser, "kernel_id"])
+    kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=1)
+    assert loser_id in st.keep_for_table(t, op, **kw)
+    assert loser_id not in st.keep_for_table(t, op, shapes=train_keys, **kw)
+
+
+@pytest.fixture(scope="module")
+def pruned(setup, tmp_path_factory):
+    op, cfg, table = setup
+    pipe = fit_pipeline(op, cfg, table, model="ranker", target="rank")
+    keep = st.keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=2)
+    probs = pd.DataFrame(EDGE_SHAPES + TRAIN_SHAPES, columns=["m", "n", "k"]).assign(split_k=1)
+    d = tmp_path_factory.mktemp("pruned") / "gemm_universal_gfx950_fp8_rcr"
+    man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
+                          training=mf.training_section(table, op), parity_problems=probs, select="pruned",
+                          candidates=keep, selection={"top_n": 2})
+    return pipe, keep, d, man
+
+
+def test_pruned_export_records_strategy_and_meets_parity(setup, pruned) -> None:
+    op, cfg, _ = setup
+    _, keep, _, man = pruned
+    C = len(op.catalogue(cfg.arch, cfg.dtype, cfg.layout))
+    assert man["select"] == "pruned"
+    assert man["selection"]["strategy"] == "pruned" and man["selection"]["top_n"] == 2
+    assert man["selection"]["candidate_ids"] == keep.tolist() and 0 < len(keep) < C
+    assert man["parity"]["checked"] and man["parity"]["top1_agreement"] == 1.0
+    assert max(man["parity"]["max_abs_diff_scorer"], man["parity"]["max_abs_diff_selector"]) <= 1e-6
+
+
+def test_pruned_selector_equals_pipeline_on_the_candidates(setup, pruned) -> None:
+    op, cfg, _ = setup
+    pipe, keep, d, _ = pruned
+    cat = op.catalogue(cfg.arch, cfg.dtype, cfg.layout)
+    sess = xo.session(open(d / mf.SELECTOR_FILE, "rb").read())
+    sub = cat.iloc[keep].reset_index(drop=True)
+    for m, n, k in EDGE_SHAPES[:6] + TRAIN_SHAPES[:4]:
+        rows = sub.assign(m=m, n=n, k=k, split_k=1)
+        ref = np.asarray(pipe.predict(op.encode_frame(rows)), dtype=float)
+        valid, _ = op.validity(rows, rows, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+        ids, scores, nvalid = sess.run(None, {"problem": np.array([[m, n, k, 1]]), "top_k": np.array([3])})
+        assert int(nvalid[0]) == int(valid.sum())
+        n_real = min(3, int(valid.sum()))
+        order = np.argsort(-np.where(valid, ref, -np.inf), kind="stable")[:n_real]
+        assert ids[0, :n_real].tolist() == keep[order].tolist()
+        assert np.max(np.abs(scores[0, :n_real] - ref[order]), initial=0.0) <= 1e-6
+
+
+def test_runtime_answers_from_a_pruned_export_within_candidates(pruned) -> None:
+    _, keep, d, _ = pruned
+    sel = KernelSelector.load(d, cache_size=2)
+    got = sel.select(1024, 7168, 2304, top_k=3)
+    assert got.ok and set(got.ids) <= set(keep.tolist())
