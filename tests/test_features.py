@@ -210,8 +210,11 @@ def test_missing_column_is_named() -> None:
 
 def test_negative_values_are_refused() -> None:
     X = _frame([dict(m=-5, n=77, k=1000)])
-    with pytest.raises(ValueError, match="Negative values"):
+    with pytest.raises(ValueError, match=r"Negative values .* 'm' is -5 in row 0"):
         group_class("problem")().fit(X)
+    model = group_class("kernel")().fit(_frame([dict(m=5, n=77, k=1000)]))
+    with pytest.raises(ValueError, match=r"KernelFeatures.transform: 'm' is -5 in row 0"):
+        model.transform(X)
 
 
 def test_unknown_parameter_names_key_and_allowed(cfg) -> None:

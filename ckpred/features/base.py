@@ -46,9 +46,9 @@ from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import (
     _check_feature_names_in,
     check_is_fitted,
-    check_non_negative,
     validate_data,
 )
+
 
 def positive_real() -> list[Any]:
     """``_parameter_constraints`` entry of a number > 0."""
@@ -110,7 +110,7 @@ class FeatureGroup(TransformerMixin, BaseEstimator):
         """
         self._validate_params()
         X = validate_data(self, X, dtype=np.float64, reset=True)
-        check_non_negative(X, f"{type(self).__name__}.fit")
+        self._check_non_negative(X, "fit")
         self.input_indices_ = self._locate_columns()
         self.n_features_out_ = len(self._feature_names())
         return self
@@ -129,9 +129,8 @@ class FeatureGroup(TransformerMixin, BaseEstimator):
         """
         check_is_fitted(self, "input_indices_")
         X = validate_data(self, X, dtype=np.float64, reset=False)
+        self._check_non_negative(X, "transform")
         used = X[:, list(self.input_indices_)]
-        if used.size:
-            check_non_negative(used, f"{type(self).__name__}.transform")
         cols = {name: used[:, i] for i, name in enumerate(self.input_columns)}
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             out = self._compute(cols, NumpyOps(X.shape[0]))
@@ -150,6 +149,18 @@ class FeatureGroup(TransformerMixin, BaseEstimator):
         return np.asarray(self._feature_names(), dtype=object)
 
     # -- helpers -----------------------------------------------------------------------------
+    def _check_non_negative(self, X: np.ndarray, method: str) -> None:
+        """Refuse negative values, naming the first one's column, row and value."""
+        if X.size == 0 or X.min() >= 0:
+            return
+        row, col = (int(i[0]) for i in np.nonzero(X < 0))
+        names = getattr(self, "feature_names_in_", None)
+        column = str(names[col]) if names is not None else f"column {col}"
+        # "Negative values in data" is the phrase sklearn's positive_only checks look for.
+        raise ValueError(f"Negative values in data passed to {type(self).__name__}.{method}: {column!r} "
+                         f"is {X[row, col]:g} in row {row}; sizes, tile sizes, category codes and flags "
+                         f"must be >= 0")
+
     def _locate_columns(self) -> tuple[int, ...]:
         """Positions of :attr:`input_columns` in X (see the module docstring)."""
         needed = self.input_columns
