@@ -61,11 +61,44 @@ def stats(us: list[float]) -> tuple[float, float]:
     return float(np.median(arr)), float(arr[min(len(arr) - 1, int(round(0.99 * (len(arr) - 1))))])
 
 
+def float32_check(pipe, op, cfg, table: pd.DataFrame) -> dict[str, object]:
+    """How the stock float32 LightGBM graph disagrees with sklearn on every training row."""
+    from onnxmltools.convert import convert_lightgbm
+    from onnxmltools.convert.common.data_types import FloatTensorType
+
+    from ckpred.export import onnx as xo
+
+    model = pipe.named_steps["model"]
+    inner = getattr(model, "regressor_", model)
+    X = op.encode_frame(table)
+    feats = pipe.named_steps["features"].transform(X)
+    want = np.asarray(pipe.predict(X), dtype=np.float64)
+    stock = convert_lightgbm(inner, initial_types=[("x", FloatTensorType([None, feats.shape[1]]))], target_opset=15)
+    raw = xo.session(stock, threads=2).run(None, {"x": feats.astype(np.float32)})[0].ravel().astype(np.float64)
+    got = model.transformer_.inverse_transform(raw.reshape(-1, 1)).ravel() if inner is not model else raw
+    rel = np.abs(got - want) / np.maximum(np.abs(want), 1e-12)
+    valid, _ = op.validity(table, table, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+    keys = op.shape_keys(table).to_numpy()
+    differs = 0
+    shapes = pd.unique(keys)
+    for key in shapes:
+        idx = np.flatnonzero((keys == key) & valid)
+        if len(idx) and np.argmax(want[idx]) != np.argmax(got[idx]):
+            differs += 1
+    return {"rows": int(len(table)), "rows_differing": int((rel > 1e-3).sum()),
+            "max_rel_diff": float(rel.max()), "top1_differs": differs, "shapes": int(len(shapes))}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", type=int, default=300, help="unseen shapes to time (default 300)")
     parser.add_argument("--out-dir", default=str(REPO / "exports" / "bench"), help="export root (default exports/bench, git-ignored)")
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
+    parser.add_argument("--reuse", action="store_true",
+                        help="load <out-dir>/pipeline.joblib from an earlier run instead of fitting")
+    parser.add_argument("--float32-check", action="store_true",
+                        help="also score every training row with onnxmltools' stock float32 trees and count "
+                             "rows and top-1 choices that differ from sklearn")
     parser.add_argument("overrides", nargs="*", help="hydra overrides of the export config")
     args = parser.parse_args()
 
@@ -88,8 +121,15 @@ def main() -> int:
     table = load_table(cfg)
     print(f"data: {len(table):,} rows, {len(table[list(op.problem_names)].drop_duplicates())} shapes "
           f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    saved = Path(args.out_dir) / "pipeline.joblib"
     t0 = time.perf_counter()
-    pipe = fit_final(cfg, table, op)
+    if args.reuse and saved.is_file():
+        pipe = joblib.load(saved)
+        print(f"reusing {saved}")
+    else:
+        pipe = fit_final(cfg, table, op)
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        joblib.dump(pipe, saved, compress=3)
     fit_s = time.perf_counter() - t0
     model = pipe.named_steps["model"]
     inner = getattr(model, "regressor_", model)
@@ -200,9 +240,16 @@ def main() -> int:
           f"{par['top1_agreement']:.2%}, top-5 {par['topk_agreement']:.2%}, max |score diff| scorer "
           f"{par['max_abs_diff_scorer']:.3g}, selector {par['max_abs_diff_selector']:.3g} (model output space: "
           f"{man['model']['target']})")
+    f32: dict[str, object] = {}
+    if args.float32_check:
+        f32 = float32_check(pipe, op, cfg, table)
+        print(f"stock float32 trees (onnxmltools TreeEnsembleRegressor, float features) on {f32['rows']:,} training "
+              f"rows: {f32['rows_differing']:,} rows differ from sklearn by > 1e-3 relative, top-1 differs on "
+              f"{f32['top1_differs']} of {f32['shapes']} shapes")
     if args.json:
         Path(args.json).write_text(json.dumps({"latency_us": {k: {"median": v[0], "p99": v[1]} for k, v in results.items()},
-                                               "files": man["files"], "parity": par, "fit_seconds": fit_s}, indent=1))
+                                               "files": man["files"], "parity": par, "fit_seconds": fit_s,
+                                               "float32_check": f32}, indent=1))
     return 0
 
 
