@@ -112,6 +112,7 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
         allowed[np.asarray(candidates, dtype=np.int64)] = True
     top1 = topk = 0
     max_scorer = max_selector = 0.0
+    rows_over = 0
     mismatched: list[dict[str, int]] = []
     probs = problems[list(op.problem_names)].reset_index(drop=True)
     for start in range(0, len(probs), batch):
@@ -124,6 +125,7 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
         p = chunk.to_numpy(np.int64)
         onx = scorer_s.run(["score"], {"problem": np.repeat(p, C, axis=0), "kernel": np.tile(kernels, (len(chunk), 1))})[0]
         max_scorer = max(max_scorer, float(np.max(np.abs(onx - ref))) if len(ref) else 0.0)
+        rows_over += int(np.sum(np.abs(onx - ref) > 1e-6))
         valid, _ = op.validity(full, full, arch=arch, dtype=dtype, layout=layout)
         ids, scores, nvalid = selector_s.run(["kernel_ids", "scores", "num_valid"],
                                              {"problem": p, "top_k": np.array([top_k], dtype=np.int64)})
@@ -146,7 +148,7 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
         "top1_agreement": top1 / shapes if shapes else 1.0,
         "topk_agreement": topk / shapes if shapes else 1.0, "top_k": top_k,
         "max_abs_diff_scorer": max_scorer, "max_abs_diff_selector": max_selector,
-        "mismatched_shapes": mismatched,
+        "scorer_rows_over_1e-6": rows_over, "mismatched_shapes": mismatched,
     }
 
 
@@ -223,8 +225,9 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         if parity["top1_agreement"] < 1.0 or worst > max_abs_diff:
             raise ModelMismatchError(
                 f"ONNX parity check failed, nothing exported: top-1 agreement {parity['top1_agreement']:.4%} "
-                f"(need 100%), max |score diff| {worst:.3g} (allowed {max_abs_diff:g}); first shapes that "
-                f"differ: {parity['mismatched_shapes']}")
+                f"(need 100%), max |score diff| {worst:.3g} (allowed {max_abs_diff:g}) with "
+                f"{parity['scorer_rows_over_1e-6']} of {parity['rows']} scorer rows over 1e-6; first shapes whose top-1 "
+                f"differs: {parity['mismatched_shapes']}")
     manifest: dict[str, Any] = {
         "format": mf.FORMAT,
         "created_utc": mf.now_utc(),
