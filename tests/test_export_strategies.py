@@ -102,3 +102,27 @@ def test_runtime_answers_from_a_pruned_export_within_candidates(pruned) -> None:
     sel = KernelSelector.load(d, cache_size=2)
     got = sel.select(1024, 7168, 2304, top_k=3)
     assert got.ok and set(got.ids) <= set(keep.tolist())
+
+
+def test_cv_efficiency_learns_each_folds_candidates_from_its_training_shapes(setup) -> None:
+    op, cfg, table = setup
+    t = table.reset_index(drop=True).copy()
+    keys = np.asarray(op.shape_keys(t))
+    shapes = pd.unique(keys)
+    # shape 0's fastest kernel is fast nowhere else: a candidate set learned without shape 0 misses it
+    rows0 = np.flatnonzero((keys == shapes[0]) & t["is_valid"].to_numpy())
+    special = t["kernel_name"].to_numpy()[rows0[0]]
+    t.loc[rows0[0], "tflops"] = t["tflops"].to_numpy()[rows0].max() * 2
+    t.loc[(keys != shapes[0]) & (t["kernel_name"] == special).to_numpy(), "tflops"] = 0.0
+    valid, _ = op.validity(t, t, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+    perf = np.where(t["is_valid"].to_numpy(), t["tflops"].to_numpy(), 0.0)
+    fold = pd.Series(keys).map({k: i % 2 for i, k in enumerate(shapes)}).to_numpy()
+    oof = pd.DataFrame({"shape": keys, "fold": fold, "kernel_name": t["kernel_name"], "perf": perf,
+                        "selectable": valid, "score_model": perf})  # oracle scores: full picks the best
+    kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+    full = st.cv_efficiency(oof, t, op, top_n=None, **kw)
+    pruned = st.cv_efficiency(oof, t, op, top_n=1, **kw)
+    assert np.allclose(full["efficiency"].dropna(), 1.0)
+    first = full.index[0]  # shape 0 is tested in fold 0, whose candidates come from fold 1's shapes only
+    assert pruned.loc[first, "efficiency"] <= 0.5 + 1e-9
+    assert (pruned["candidates"] < len(op.catalogue(cfg.arch, cfg.dtype, cfg.layout))).all()

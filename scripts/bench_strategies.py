@@ -1,0 +1,234 @@
+#!/usr/bin/env python
+"""Selection strategies (``export.select``): latency per shape against efficiency under CV.
+
+One run, for ``full`` and ``pruned`` at each ``--top-n``:
+
+* quality: mean / P10 / min per-shape efficiency of the strategy on the out-of-fold predictions
+  of a finished ``train`` run (``--train-run``, same shape-grouped folds; the pruned candidate
+  set of each fold is learned from that fold's training shapes only), and its ratio to ``full``;
+* latency: the strategy exported from the final pipeline (parity-checked on ``--parity-shapes``
+  training shapes), then per unseen shape with one thread:
+  C++ selector (``scripts/cpp``) median / p99 wall and median CPU time, repeated (cached) median;
+  Python ``KernelSelector.select`` median wall and CPU time without cache, and cached;
+* a PNG of efficiency against C++ latency (``--plot``) and, with ``--json``, every figure.
+
+The load average is printed before and after: the machine is shared, and wall times grow with
+it; the CPU-time columns are the robust figure.
+
+    python scripts/bench_strategies.py --train-run runs/train/<time> [--top-n 1 2 3 5 8] \\
+        [--shapes 200] [hydra overrides of the export config, e.g. model=lgbm_ranker]
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+
+def load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def quality(oof: pd.DataFrame, table: pd.DataFrame, op, cfg, top_n: int | None) -> dict[str, float]:
+    from ckpred.export.strategies import cv_efficiency
+
+    m = cv_efficiency(oof, table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=top_n)
+    eff = m["efficiency"].dropna().to_numpy() * 100
+    return {"mean": float(eff.mean()), "p10": float(np.percentile(eff, 10)), "min": float(eff.min()),
+            "shapes": int(len(eff)), "candidates_per_fold": sorted(set(int(c) for c in m["candidates"]))}
+
+
+def cpp_latency(binary: Path, out: Path, shape_file: str) -> dict[str, float]:
+    res = subprocess.run([str(binary), str(out), "--threads", "1", "--bench", "3", "--shapes", shape_file],
+                         capture_output=True, text=True, check=True)
+    return json.loads(res.stdout)["bench"]
+
+
+def python_latency(out: Path, shapes: pd.DataFrame) -> dict[str, float]:
+    from ckpred.runtime import KernelSelector
+
+    cold = KernelSelector.load(out, cache_size=0, threads=1)
+    cold.select(*shapes.iloc[0])  # warm-up
+    wall, cpu = [], []
+    for r in shapes.itertuples(index=False):
+        t, c = time.perf_counter(), time.process_time()
+        cold.select(*r, top_k=5)
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    warm = KernelSelector.load(out, cache_size=4096, threads=1)
+    for r in shapes.itertuples(index=False):
+        warm.select(*r, top_k=5)
+    hit = []
+    for r in shapes.itertuples(index=False):
+        t = time.perf_counter()
+        warm.select(*r, top_k=5)
+        hit.append(time.perf_counter() - t)
+    return {"median_us": float(np.median(wall) * 1e6), "cpu_median_us": float(np.median(cpu) * 1e6),
+            "hit_median_us": float(np.median(hit) * 1e6)}
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, marker in (("cpp_median_ms", "o"), ("cpp_cpu_ms", "s")):
+        x = [r[key] for r in rows]
+        y = [r["mean"] for r in rows]
+        ax.plot(x, y, marker=marker, linestyle="-" if key == "cpp_cpu_ms" else ":",
+                label="C++ CPU time (median)" if key == "cpp_cpu_ms" else "C++ wall time (median)")
+        if key == "cpp_cpu_ms":
+            for r in rows:
+                ax.annotate(f"{r['option']} ({r['candidates']})", (r[key], r["mean"]), textcoords="offset points",
+                            xytext=(4, -10), fontsize=7)
+    full = rows[0]["mean"]
+    ax.axhline(0.995 * full, color="grey", linestyle="--", linewidth=0.8, label="99.5% of full mean")
+    ax.axvline(1.0, color="red", linestyle="--", linewidth=0.8, label="1 ms target")
+    ax.set_xscale("log")
+    ax.set_xlabel("selection latency per unseen shape, ms (one thread, log scale)")
+    ax.set_ylabel("mean efficiency under CV, %")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--train-run", required=True, help="train run dir with oof_predictions.parquet")
+    parser.add_argument("--top-n", type=int, nargs="+", default=[1, 2, 3, 5, 8], help="pruned options to measure")
+    parser.add_argument("--shapes", type=int, default=200, help="unseen shapes to time (default 200)")
+    parser.add_argument("--parity-shapes", type=int, default=40, help="training shapes in each export's parity check")
+    parser.add_argument("--out-dir", default=str(REPO / "exports" / "bench_strategies"), help="export root (git-ignored)")
+    parser.add_argument("--reuse", action="store_true", help="reuse <out-dir>/pipeline.joblib from an earlier run")
+    parser.add_argument("--plot", default=str(REPO / "docs" / "select_tradeoff.png"), help="trade-off PNG path")
+    parser.add_argument("--json", default="", help="also write the figures to this JSON file")
+    parser.add_argument("overrides", nargs="*", help="hydra overrides of the export config (match the train run)")
+    args = parser.parse_args()
+
+    import joblib
+
+    from bench_select import unseen_shapes
+    from ckpred.config import compose
+    from ckpred.data import load_table
+    from ckpred.export import manifest as mf
+    from ckpred.export.command import export_name, export_pipeline, fit_final
+    from ckpred.export.strategies import keep_for_table
+    from ckpred.kernels.base import load_op
+
+    print(f"load average (1/5/15 min) at start: {load()}", flush=True)
+    cfg = compose("export", list(args.overrides))
+    op = load_op(cfg.op)
+    table = load_table(cfg)
+    oof = pd.read_parquet(Path(args.train_run) / "oof_predictions.parquet")
+    missing = set(pd.unique(oof["shape"])) - set(pd.unique(np.asarray(op.shape_keys(table))))
+    if missing:
+        raise SystemExit(f"{args.train_run}: {len(missing)} OOF shapes are not in this config's data; "
+                         "pass the train run's data/model overrides")
+    n_folds = oof["fold"].nunique()
+    print(f"data: {len(table):,} rows; OOF: {oof['shape'].nunique()} shapes in {n_folds} folds", flush=True)
+
+    options: list[tuple[str, int | None]] = [("full", None)] + [(f"pruned top_n={n}", n) for n in args.top_n]
+    qual = {name: quality(oof, table, op, cfg, n) for name, n in options}
+
+    root = Path(args.out_dir)
+    saved = root / "pipeline.joblib"
+    t0 = time.perf_counter()
+    if args.reuse and saved.is_file():
+        pipe = joblib.load(saved)
+    else:
+        pipe = fit_final(cfg, table, op)
+        root.mkdir(parents=True, exist_ok=True)
+        joblib.dump(pipe, saved, compress=3)
+    model = pipe.named_steps["model"]
+    inner = getattr(model, "regressor_", model)
+    trees, leaves = inner.booster_.num_trees(), inner.get_params()["num_leaves"]
+    print(f"final pipeline: {trees} trees x {leaves} leaves ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    build = subprocess.run(["bash", str(REPO / "scripts" / "cpp" / "build.sh")], capture_output=True, text=True,
+                           env={**os.environ, "PYTHON": sys.executable})
+    if build.returncode != 0:
+        print(build.stdout[-2000:], build.stderr[-2000:], file=sys.stderr)
+        return 1
+    binary = REPO / "scripts" / "cpp" / "build" / "ckpred_select"
+    problems = table[list(op.problem_names)].drop_duplicates()
+    parity = problems.sample(min(args.parity_shapes, len(problems)), random_state=0)
+    shapes = unseen_shapes(problems, args.shapes)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
+        for r in shapes.itertuples(index=False):
+            fh.write(",".join(str(int(v)) for v in r) + "\n")
+
+    rows = []
+    for name, n in options:
+        out = root / (name.replace(" ", "_").replace("=", "")) / export_name(op.name, cfg.arch.name, cfg.dtype.name,
+                                                                             cfg.layout.name)
+        keep = None if n is None else keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype,
+                                                     layout=cfg.layout, top_n=n)
+        man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=out,
+                              training=mf.training_section(table, op), parity_problems=parity,
+                              select="full" if n is None else "pruned", candidates=keep,
+                              selection=None if n is None else {"top_n": n},
+                              # the bar is checked below and printed in the table, not enforced here,
+                              # so a parity miss of the model itself still shows every figure
+                              max_abs_diff=float("inf"))
+        cpp = cpp_latency(binary, out, fh.name)
+        py = python_latency(out, shapes)
+        q = qual[name]
+        rows.append({"option": name, "candidates": man["selection"]["candidates"], **q,
+                     "cpp_median_ms": cpp["median_us"] / 1e3, "cpp_p99_ms": cpp["p99_us"] / 1e3,
+                     "cpp_cpu_ms": cpp["cpu_median_us"] / 1e3, "cpp_hit_us": cpp["hit_median_us"],
+                     "py_median_ms": py["median_us"] / 1e3, "py_cpu_ms": py["cpu_median_us"] / 1e3,
+                     "py_hit_us": py["hit_median_us"], "parity_top1": man["parity"]["top1_agreement"],
+                     "parity_max_diff": max(man["parity"]["max_abs_diff_scorer"],
+                                            man["parity"]["max_abs_diff_selector"])})
+        print(f"{name}: done (load {load()})", flush=True)
+
+    full = rows[0]
+    print()
+    print(f"Selection per unseen shape: {len(shapes)} shapes, {len(op.catalogue(cfg.arch, cfg.dtype, cfg.layout))} "
+          f"catalogue kernels, 1 thread, {trees} trees x {leaves} leaves ({cfg.model.name}, features "
+          f"{cfg.features.name}); efficiency under {n_folds}-fold shape-grouped CV ({full['shapes']} shapes, "
+          f"{args.train_run}); load average at end {load()}")
+    head = (f"{'option':<16} {'cands':>6} {'C++ med ms':>10} {'C++ p99 ms':>10} {'C++ cpu ms':>10} {'C++ hit us':>10} "
+            f"{'Py med ms':>9} {'Py cpu ms':>9} {'Py hit us':>9} {'mean %':>7} {'P10 %':>6} {'min %':>6} "
+            f"{'mean/full':>9} {'dP10':>6} {'parity':>13}")
+    print(head)
+    for r in rows:
+        print(f"{r['option']:<16} {r['candidates']:>6} {r['cpp_median_ms']:>10.3f} {r['cpp_p99_ms']:>10.3f} "
+              f"{r['cpp_cpu_ms']:>10.3f} {r['cpp_hit_us']:>10.2f} {r['py_median_ms']:>9.3f} {r['py_cpu_ms']:>9.3f} "
+              f"{r['py_hit_us']:>9.2f} {r['mean']:>7.2f} {r['p10']:>6.2f} {r['min']:>6.2f} "
+              f"{r['mean'] / full['mean']:>9.4f} {r['p10'] - full['p10']:>+6.2f} "
+              f"{r['parity_top1']:>6.0%} {r['parity_max_diff']:>6.1e}")
+    print("(pruned candidates: the final export's set, learned on every training shape; under CV each fold's set "
+          "is learned on its training shapes: " + "; ".join(f"{r['option']}: {r['candidates_per_fold']}"
+                                                            for r in rows[1:]) + ")")
+    Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+    plot(rows, Path(args.plot), f"{trees} trees x {leaves} leaves, {len(shapes)} unseen shapes, 1 thread, "
+                                f"load {load()}")
+    print(f"plot: {args.plot}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
