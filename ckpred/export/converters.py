@@ -156,7 +156,10 @@ class OnnxOps:
         return self.zeros() + float(value)
 
     def log2(self, x: Sym) -> Sym:
-        return self.unary("Log", x) / self.LN2
+        # Rounded through float32 exactly as NumpyOps.log2 (see there for why).
+        exact = self.unary("Log", x) / self.LN2
+        single = self.node("Cast", [exact.name], hint="log2_f32", to=TensorProto.FLOAT)
+        return Sym(self, self.node("Cast", [single], hint="log2_f64", to=TensorProto.DOUBLE))
 
     def ceil(self, x: Sym) -> Sym:
         return self.unary("Ceil", x)

@@ -206,8 +206,16 @@ class NumpyOps:
         return np.full(self.n_rows, float(value))
 
     def log2(self, x: np.ndarray) -> np.ndarray:
-        """log2 as Log(x) / ln 2 (ONNX: Log, Div)."""
-        return np.log(x) / self.LN2
+        """log2 as Log(x) / ln 2, rounded to float32 (ONNX: Log, Div, Cast float, Cast double).
+
+        ``log`` is not correctly rounded: numpy's and onnxruntime's double ``Log`` differ in the
+        last bit on ~13% of inputs, and LightGBM may put a threshold between two ulp-adjacent
+        values, so the exported graph took other branches than the sklearn pipeline. Rounding
+        both results to the nearest float32 (IEEE, identical in both backends) makes them equal
+        except on the ~2^-29 share of values within an ulp of a float32 rounding midpoint,
+        at a precision (7 digits) far below what any split needs.
+        """
+        return (np.log(x) / self.LN2).astype(np.float32).astype(np.float64)
 
     def ceil(self, x: np.ndarray) -> np.ndarray:
         """ONNX: Ceil."""
