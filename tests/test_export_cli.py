@@ -39,7 +39,7 @@ def test_export_then_select_from_the_command_line(tmp_path) -> None:
     assert man["parity"]["max_abs_diff_scorer"] <= 1e-6
     assert man["source"]["kind"] == "fit" and man["source"]["config"]["model"]["n_estimators"] == 15
     assert man["training"]["shapes"] == 12 and man["training"]["problem_ranges"]["m"] == [1, 16384]
-    assert man["model"]["n_trees"] == 15 and man["model"]["target"] == "log1p"
+    assert man["model"]["n_trees"] == 15 and man["model"]["target"] == "rank"  # train's default model
     sel = _cli("select", "arch=gfx950", "dtype=fp8", "problem.m=128", "problem.n=1536", "problem.k=7168", "top_k=2",
                "json=true", cwd=tmp_path)
     assert sel.returncode == 0, sel.stderr[-3000:]
