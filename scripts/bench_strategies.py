@@ -96,9 +96,10 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         ax.plot(x, y, marker=marker, linestyle="-" if key == "cpp_cpu_ms" else ":",
                 label="C++ CPU time (median)" if key == "cpp_cpu_ms" else "C++ wall time (median)")
         if key == "cpp_cpu_ms":
-            for r in rows:
-                ax.annotate(f"{r['option']} ({r['candidates']})", (r[key], r["mean"]), textcoords="offset points",
-                            xytext=(4, -10), fontsize=7)
+            for i, r in enumerate(rows):
+                label = "full" if r["option"] == "full" else r["option"].replace("pruned top_n=", "n=")
+                ax.annotate(f"{label}: {r['candidates']} kernels", (r[key], r["mean"]), textcoords="offset points",
+                            xytext=(4, 6 + 9 * (i % 3)), fontsize=7)
     full = rows[0]["mean"]
     ax.axhline(0.995 * full, color="grey", linestyle="--", linewidth=0.8, label="99.5% of full mean")
     ax.axvline(1.0, color="red", linestyle="--", linewidth=0.8, label="1 ms target")
