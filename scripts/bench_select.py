@@ -16,7 +16,7 @@ export's parity figures.
 
     python scripts/bench_select.py [--shapes 300] [--out-dir exports/bench] [hydra overrides...]
 
-This times the selector of the config's ``export.select`` option. Latency against CV efficiency
+This times the ``full`` selector (every kernel scored). Latency against CV efficiency
 for every option (``full``, ``pruned`` at several ``prune_top_n``), cached latency and the
 trade-off plot: ``scripts/bench_strategies.py --train-run <train run dir>``.
 """
