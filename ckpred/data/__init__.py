@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 
@@ -19,11 +20,41 @@ def load_table(cfg: Any) -> pd.DataFrame:
     Rows are filtered to the config's op, arch, dtype and layout; rows of other
     combinations in the input are rejected with a reason shown in the ingest summary, never
     silently mixed, and an input with no valid row at all is an error.
+
+    The rows come in canonical order (:func:`canonical_order`), so every consumer breaks
+    score ties the way the exported selector does.
     """
     if cfg.data.source == "simulated":
         from ckpred.data.simulate import simulated_table
 
-        return simulated_table(cfg)
-    from ckpred.data.ingest import ingest_for_config
+        table = simulated_table(cfg)
+    else:
+        from ckpred.data.ingest import ingest_for_config
 
-    return ingest_for_config(cfg)
+        table = ingest_for_config(cfg)
+    from ckpred.kernels.base import load_op
+
+    return canonical_order(table, load_op(cfg.op), cfg)
+
+
+def canonical_order(table: pd.DataFrame, op: Any, cfg: Any) -> pd.DataFrame:
+    """Rows grouped by shape (in order of first appearance), kernels in catalogue-id order.
+
+    Evaluation breaks ties in predicted score by row order and the exported selector's TopK
+    by catalogue id; putting the rows in catalogue order makes the two agree, whatever order
+    the benchmark files listed the kernels in. Kernels outside the catalogue (or ops without
+    one for this arch/dtype/layout) keep their file order after the catalogued ones.
+    """
+    if len(table) == 0:
+        return table
+    try:
+        catalogue = op.catalogue(cfg.arch, cfg.dtype, cfg.layout)
+        kernel_rank = dict(zip(catalogue["kernel_name"], catalogue["kernel_id"]))
+    except ValueError:
+        kernel_rank = {}
+    shape_rank = pd.factorize(op.shape_keys(table))[0]
+    kernel_ids = table["kernel_name"].map(kernel_rank).fillna(np.iinfo(np.int64).max).to_numpy()
+    order = np.lexsort((np.arange(len(table)), kernel_ids, shape_rank))
+    if np.array_equal(order, np.arange(len(table))):
+        return table.reset_index(drop=True)
+    return table.iloc[order].reset_index(drop=True)
