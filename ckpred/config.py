@@ -61,3 +61,21 @@ def resolve_path(path: str | Path) -> Path:
     """Resolve ``path`` against the user's original working directory."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else original_cwd() / p
+
+
+def run_dir(cfg: Any, command: str) -> Path:
+    """Output folder of a command run: ``cfg.out_dir`` if set, else Hydra's run dir, else
+    (outside ``@hydra.main``: tests, notebooks) ``runs/<command>/<time>``; created if missing."""
+    from datetime import datetime
+
+    if cfg.get("out_dir"):
+        out = resolve_path(cfg.out_dir)
+    else:
+        try:
+            from hydra.core.hydra_config import HydraConfig
+
+            out = Path(HydraConfig.get().runtime.output_dir)
+        except ValueError:  # not under @hydra.main
+            out = resolve_path(Path("runs") / command / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+    out.mkdir(parents=True, exist_ok=True)
+    return out

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import joblib
 import numpy as np
@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 
 from ckpred import evaluate as ev
-from ckpred.config import resolve_path
+from ckpred.config import run_dir
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.models import booster, build_pipeline, fit_pipeline, target_name, training_target
 
@@ -255,17 +255,7 @@ def _predict(pipe: Any, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
 # The command
 # ---------------------------------------------------------------------------------------------
 def _run_dir(cfg: Any) -> Path:
-    if cfg.get("out_dir"):
-        out = resolve_path(cfg.out_dir)
-    else:
-        try:
-            from hydra.core.hydra_config import HydraConfig
-
-            out = Path(HydraConfig.get().runtime.output_dir)
-        except ValueError:  # not under @hydra.main (tests, notebooks)
-            out = resolve_path(Path("runs/train") / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+    return run_dir(cfg, "train")
 
 
 def _external_cfg(cfg: DictConfig) -> DictConfig:

@@ -26,31 +26,20 @@ import logging
 import math
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from ckpred.config import resolve_path, to_object
+from ckpred.config import run_dir, to_object
 from ckpred.errors import ConfigValueError
 
 log = logging.getLogger(__name__)
 
 
 def _run_dir(cfg: Any) -> Path:
-    if cfg.get("out_dir"):
-        out = resolve_path(cfg.out_dir)
-    else:
-        try:
-            from hydra.core.hydra_config import HydraConfig
-
-            out = Path(HydraConfig.get().runtime.output_dir)
-        except ValueError:  # not under @hydra.main (tests, notebooks)
-            out = resolve_path(Path("runs/tune") / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+    return run_dir(cfg, "tune")
 
 
 def _command_overrides() -> list[str]:
