@@ -129,6 +129,14 @@ class OpDefinition(ABC):
     #: must equal :meth:`validity` row for row (ckpred's export tests check that).
     validity_onnx: Any = None
 
+    def gemm_view(self, problems: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The problem as the (M, N, K) of the GEMM a kernel tiles (implicit GEMM for convs).
+
+        Optional: ops without a GEMM view raise ``NotImplementedError``, and the analytical
+        baseline, which needs one, is skipped for them with that reason.
+        """
+        raise NotImplementedError(f"op {self.name!r} has no GEMM view (OpDefinition.gemm_view)")
+
     # -- helpers shared by every op ------------------------------------------------------------
     @property
     def problem_names(self) -> tuple[str, ...]:

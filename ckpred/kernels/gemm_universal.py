@@ -201,6 +201,9 @@ class GemmUniversal(OpDefinition):
             mark(~pad_n & (n % tn != 0), "N not a multiple of tile_n and pad_n=False")
         return reason == "", reason
 
+    def gemm_view(self, problems: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return tuple(problems[c].to_numpy(np.int64) for c in ("m", "n", "k"))  # type: ignore[return-value]
+
     def flops(self, problems: pd.DataFrame) -> np.ndarray:
         return 2.0 * problems["m"].to_numpy(np.float64) * problems["n"].to_numpy(np.float64) \
             * problems["k"].to_numpy(np.float64)
