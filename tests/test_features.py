@@ -171,7 +171,22 @@ def test_feature_set_names_are_unique_and_match_output(cfg, name: str) -> None:
     names = union.get_feature_names_out()
     assert out.dtype == np.float64 and out.shape == (2, len(names))
     assert len(set(names)) == len(names)
-    assert feature_set(name).name == name
+    assert feature_set(name).name == _aliased(name)
+
+
+def _aliased(name: str) -> str:
+    """The set an op-default alias (``features/<op>.yaml``: ``defaults: [<set>]``) selects."""
+    import yaml
+
+    defaults = yaml.safe_load((CONF_DIR / "features" / f"{name}.yaml").read_text()).get("defaults", [])
+    picked = [d for d in defaults if isinstance(d, str) and d not in ("base_features", "_self_")]
+    return picked[0] if picked else name
+
+
+def test_every_op_has_default_feature_sets() -> None:
+    for op in ("gemm_universal", "grouped_conv_fwd"):
+        assert _aliased(op) in FEATURE_SETS and _aliased(f"reference_{op}") in FEATURE_SETS
+    assert (_aliased("gemm_universal"), _aliased("reference_gemm_universal")) == ("full", "anchor55")
 
 
 def test_anchor55_has_exactly_the_reference_groups(cfg) -> None:
