@@ -168,29 +168,42 @@ def build_scorer(pipe: onnx.ModelProto, op: OpDefinition) -> onnx.ModelProto:
 
 
 def build_selector(pipe: onnx.ModelProto, op: OpDefinition, catalogue: pd.DataFrame, *, arch: Any, dtype: Any,
-                   layout: Any, mask_builder: MaskBuilder) -> onnx.ModelProto:
-    """The selector graph (see the module docstring): catalogue constant, validity mask, TopK."""
+                   layout: Any, mask_builder: MaskBuilder, keep: np.ndarray | None = None) -> onnx.ModelProto:
+    """The selector graph (see the module docstring): catalogue constant, validity mask, TopK.
+
+    With ``keep`` (distinct catalogue ids, :mod:`ckpred.export.strategies`), only those rows are
+    scored and masked and a final ``Gather`` maps TopK's positions back to catalogue ids; the
+    inputs and outputs are the same, and ``num_valid`` counts the valid *candidates*.
+    """
     P, Q, C = len(op.problem_names), len(op.kernel_names), len(catalogue)
     if C == 0:
         raise ValueError(f"empty catalogue for op {op.name}: nothing to select from")
     if not np.array_equal(catalogue["kernel_id"].to_numpy(), np.arange(C)):
         raise ValueError("catalogue kernel_id must be 0..n-1 in row order (the selector returns row indices)")
+    scored = catalogue if keep is None else catalogue.iloc[np.asarray(keep, dtype=np.int64)].reset_index(drop=True)
+    K = len(scored)
     g = GraphBuilder()
-    kernels = op.encode(catalogue, op.kernel_names)  # [C, Q] int64
-    cat = g.const(kernels[None, :, :], "catalogue", dtype=np.int64)  # [1, C, Q]
+    kernels = op.encode(scored, op.kernel_names)  # [K, Q] int64
+    cat = g.const(kernels[None, :, :], "catalogue", dtype=np.int64)  # [1, K, Q]
     b = g.op("Slice", g.op("Shape", "problem"), g.const([0], dtype=np.int64), g.const([1], dtype=np.int64))
-    c = g.const([C], dtype=np.int64)
+    c = g.const([K], dtype=np.int64)
     prob3 = g.op("Expand", g.op("Unsqueeze", "problem", g.const([1], dtype=np.int64)),
-                 g.op("Concat", b, c, g.const([P], dtype=np.int64), axis=0))  # [B, C, P]
-    kern3 = g.op("Expand", cat, g.op("Concat", b, c, g.const([Q], dtype=np.int64), axis=0))  # [B, C, Q]
+                 g.op("Concat", b, c, g.const([P], dtype=np.int64), axis=0))  # [B, K, P]
+    kern3 = g.op("Expand", cat, g.op("Concat", b, c, g.const([Q], dtype=np.int64), axis=0))  # [B, K, Q]
     x = g.op("Reshape", g.op("Concat", prob3, kern3, axis=2), g.const([-1, P + Q], dtype=np.int64))
     raw = g.name("score2d")
     _add_pipeline(g, pipe, x, raw)
-    score = g.op("Reshape", raw, g.op("Concat", b, c, axis=0))  # [B, C]
-    mask = mask_builder(g, "problem", catalogue, op=op, arch=arch, dtype=dtype, layout=layout)
+    score = g.op("Reshape", raw, g.op("Concat", b, c, axis=0))  # [B, K]
+    mask = mask_builder(g, "problem", scored, op=op, arch=arch, dtype=dtype, layout=layout)
     masked = g.op("Where", mask, score, g.const(-np.inf, dtype=np.float64))
     k = g.op("Min", "top_k", c)
-    g.op("TopK", masked, k, axis=1, largest=1, sorted=1, out=["scores", "kernel_ids"])
+    if keep is None:
+        g.op("TopK", masked, k, axis=1, largest=1, sorted=1, out=["scores", "kernel_ids"])
+    else:
+        local = g.name("local_ids")
+        g.op("TopK", masked, k, axis=1, largest=1, sorted=1, out=["scores", local])
+        g.op("Gather", g.const(np.asarray(keep, dtype=np.int64), "candidate_ids", dtype=np.int64), local,
+             axis=0, out="kernel_ids")
     g.op("ReduceSum", g.op("Cast", mask, to=TensorProto.INT64), g.const([1], dtype=np.int64), keepdims=0,
          out="num_valid")
     inputs = [helper.make_tensor_value_info("problem", TensorProto.INT64, ["B", P]),
@@ -198,9 +211,10 @@ def build_selector(pipe: onnx.ModelProto, op: OpDefinition, catalogue: pd.DataFr
     outputs = [helper.make_tensor_value_info("kernel_ids", TensorProto.INT64, ["B", "K"]),
                helper.make_tensor_value_info("scores", TensorProto.DOUBLE, ["B", "K"]),
                helper.make_tensor_value_info("num_valid", TensorProto.INT64, ["B"])]
+    scope = f"{C} catalogue kernels" if keep is None else f"{K} of {C} catalogue kernels (pruned)"
     return _model(g, "ckpred_selector", inputs, outputs,
                   f"ckpred selector for op {op.name}: problem {list(op.problem_names)} + top_k -> "
-                  f"kernel_ids, scores, num_valid over {C} catalogue kernels")
+                  f"kernel_ids, scores, num_valid over {scope}")
 
 
 def build_mask_model(op: OpDefinition, catalogue: pd.DataFrame, *, arch: Any, dtype: Any, layout: Any,

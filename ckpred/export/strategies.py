@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import onnx
 import pandas as pd
-from onnx import TensorProto, helper
 
 from ckpred.export import onnx as xo
 from ckpred.kernels.base import OpDefinition
@@ -105,36 +104,8 @@ def build_pruned_selector(pipe: onnx.ModelProto, op: OpDefinition, catalogue: pd
     C = len(catalogue)
     if not len(keep) or keep.min() < 0 or keep.max() >= C or len(np.unique(keep)) != len(keep):
         raise ValueError(f"keep must be distinct catalogue ids in [0, {C}), got {len(keep)} ids")
-    sub = catalogue.iloc[keep].reset_index(drop=True)
-    P, Q, K = len(op.problem_names), len(op.kernel_names), len(keep)
-    g = xo.GraphBuilder()
-    kernels = op.encode(sub, op.kernel_names)
-    cat = g.const(kernels[None, :, :], "candidates", dtype=np.int64)  # [1, K, Q]
-    b = g.op("Slice", g.op("Shape", "problem"), g.const([0], dtype=np.int64), g.const([1], dtype=np.int64))
-    c = g.const([K], dtype=np.int64)
-    prob3 = g.op("Expand", g.op("Unsqueeze", "problem", g.const([1], dtype=np.int64)),
-                 g.op("Concat", b, c, g.const([P], dtype=np.int64), axis=0))
-    kern3 = g.op("Expand", cat, g.op("Concat", b, c, g.const([Q], dtype=np.int64), axis=0))
-    x = g.op("Reshape", g.op("Concat", prob3, kern3, axis=2), g.const([-1, P + Q], dtype=np.int64))
-    raw = g.name("score2d")
-    xo._add_pipeline(g, pipe, x, raw)
-    score = g.op("Reshape", raw, g.op("Concat", b, c, axis=0))  # [B, K]
-    mask = mask_builder(g, "problem", sub, op=op, arch=arch, dtype=dtype, layout=layout)
-    masked = g.op("Where", mask, score, g.const(-np.inf, dtype=np.float64))
-    k = g.op("Min", "top_k", c)
-    local = g.name("local_ids")
-    g.op("TopK", masked, k, axis=1, largest=1, sorted=1, out=["scores", local])
-    g.op("Gather", g.const(keep, "candidate_ids", dtype=np.int64), local, axis=0, out="kernel_ids")
-    g.op("ReduceSum", g.op("Cast", mask, to=TensorProto.INT64), g.const([1], dtype=np.int64), keepdims=0,
-         out="num_valid")
-    inputs = [helper.make_tensor_value_info("problem", TensorProto.INT64, ["B", P]),
-              helper.make_tensor_value_info("top_k", TensorProto.INT64, [1])]
-    outputs = [helper.make_tensor_value_info("kernel_ids", TensorProto.INT64, ["B", "K"]),
-               helper.make_tensor_value_info("scores", TensorProto.DOUBLE, ["B", "K"]),
-               helper.make_tensor_value_info("num_valid", TensorProto.INT64, ["B"])]
-    return xo._model(g, "ckpred_selector", inputs, outputs,
-                     f"ckpred selector (pruned) for op {op.name}: problem {list(op.problem_names)} + top_k -> "
-                     f"kernel_ids, scores, num_valid over {K} of {C} catalogue kernels")
+    return xo.build_selector(pipe, op, catalogue, arch=arch, dtype=dtype, layout=layout,
+                             mask_builder=mask_builder, keep=keep)
 
 
 def _kernel_ids(op: OpDefinition, catalogue: pd.DataFrame, table: pd.DataFrame) -> np.ndarray:
