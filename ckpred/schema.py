@@ -410,8 +410,12 @@ class BaselinesConfig:
 
 
 @dataclass
-class TrainConfig:
-    """Primary config of ``ckpred train``."""
+class RecipeConfig:
+    """What a model is made of: hardware, op, data, features, model, target, training rows.
+
+    Shared by the commands that fit a model (``train``, ``tune``, ``export``), so an export
+    without ``run_dir`` fits exactly the model ``train`` would save.
+    """
 
     arch: ArchConfig = MISSING
     dtype: DtypeConfig = MISSING
@@ -423,11 +427,17 @@ class TrainConfig:
     features: FeaturesConfig = MISSING
     model: ModelConfig = MISSING
     target: TargetConfig = MISSING
-    cv: CVConfig = MISSING
     rows: RowsConfig = field(default_factory=RowsConfig)
-    baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
     #: Seed of fold assignment, validation split, row sampling and LightGBM.
     seed: int = 0
+
+
+@dataclass
+class TrainConfig(RecipeConfig):
+    """Primary config of ``ckpred train``."""
+
+    cv: CVConfig = MISSING
+    baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
     #: Output folder; empty = Hydra's run dir (``runs/train/<time>``).
     out_dir: str = ""
     #: Fit the final pipeline on all data and save it (``pipeline.joblib``).
@@ -463,20 +473,9 @@ class ExportParityConfig:
 
 
 @dataclass
-class ExportConfig:
-    """Primary config of ``ckpred export``: the train groups plus where the model comes from."""
+class ExportConfig(RecipeConfig):
+    """Primary config of ``ckpred export``: the train recipe plus where the model comes from."""
 
-    arch: ArchConfig = MISSING
-    dtype: DtypeConfig = MISSING
-    layout: LayoutConfig = MISSING
-    op: OpConfig = MISSING
-    data: DataConfig = MISSING
-    shapes: ShapesConfig = MISSING
-    features: FeaturesConfig = MISSING
-    model: ModelConfig = MISSING
-    target: TargetConfig = MISSING
-    rows: RowsConfig = field(default_factory=RowsConfig)
-    seed: int = 0
     #: A finished ``train`` run dir to compile (its ``pipeline.joblib``); empty = fit here on all data.
     run_dir: str = ""
     #: Root of the exports; the model goes to ``<out_dir>/<op>_<arch>_<dtype>_<layout>/``.
