@@ -189,6 +189,23 @@ class OnnxOps:
     def indicator(self, cond: Sym) -> Sym:
         return Sym(self, self.node("Cast", [cond.name], hint="indicator", to=TensorProto.DOUBLE))
 
+    def as_column(self, x: Sym) -> Sym:
+        return x  # columns are [N, 1] already
+
+    def row(self, values: Any) -> Sym:
+        array = np.asarray(values, dtype=np.float64)
+        name = self._name("row")
+        self.container.add_initializer(name, TensorProto.DOUBLE, [1, len(array)], array.tolist())
+        return Sym(self, name)
+
+    def min_across(self, x: Sym) -> Sym:
+        # ReduceMin takes its axes as an input from opset 18 on, as an attribute before.
+        if self.container.target_opset >= 18:
+            axes = self._name("axes")
+            self.container.add_initializer(axes, TensorProto.INT64, [1], [1])
+            return Sym(self, self.node("ReduceMin", [x.name, axes], keepdims=1))
+        return Sym(self, self.node("ReduceMin", [x.name], axes=[1], keepdims=1))
+
 
 # -- shape calculator and converter (shared by every FeatureGroup subclass) ----------------------
 def calculate_feature_group_shape(operator: Any) -> None:

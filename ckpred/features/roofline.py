@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Sequence
 
+import numpy as np
+
 from ckpred.features.base import FeatureGroup, ceil_div, positive_int, positive_real
 
 
@@ -111,9 +113,11 @@ class RooflineFeatures(FeatureGroup):
                xp.log2(compute_us), xp.log2(memory_us), log2_est, ideal_us / est_us,
                xp.log2(flops / est_us / 1e6), 2.0 * tm * tn / ((tm + tn) * b)]
         if self.reference_tiles:
-            best = None
-            for rm, rn, rk in self.reference_tiles:
-                ref = xp.log2(xp.maximum(*self._estimate(cols, float(rm), float(rn), float(rk), xp)))
-                best = ref if best is None else xp.minimum(best, ref)
-            out.append(log2_est - best)
+            # Every reference tile at once: an [N, R] block (one row of constants per tile
+            # field), then the row-wise minimum.
+            tiles = np.asarray(self.reference_tiles, dtype=np.float64)
+            problem = {name: xp.as_column(cols[name]) for name in ("m", "n", "k", "split_k")}
+            ref = xp.log2(xp.maximum(*self._estimate(problem, xp.row(tiles[:, 0]), xp.row(tiles[:, 1]),
+                                                     xp.row(tiles[:, 2]), xp)))
+            out.append(log2_est - xp.min_across(ref))
         return out
