@@ -79,3 +79,18 @@ def run_dir(cfg: Any, command: str) -> Path:
             out = resolve_path(Path("runs") / command / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def package_versions(packages: tuple[str, ...]) -> dict[str, str]:
+    """Python's and each package's installed version ("not installed" when absent), for the
+    provenance records of train runs and exports."""
+    import platform
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for name in packages:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out

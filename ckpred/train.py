@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import platform
 import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 
 from ckpred import evaluate as ev
-from ckpred.config import run_dir
+from ckpred.config import package_versions, run_dir
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.models import booster, build_pipeline, fit_pipeline, target_name, training_target
 
@@ -264,16 +262,6 @@ def _external_cfg(cfg: DictConfig) -> DictConfig:
                              OmegaConf.to_container(cfg.cv.data, resolve=True))
     ext["data"] = OmegaConf.to_container(merged)
     return OmegaConf.create(ext)
-
-
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for name in _PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
 
 
 def _catalogue_hash(op: OpDefinition, cfg: Any) -> str | None:
@@ -515,7 +503,7 @@ def _write_outputs(out_dir: Path, cfg: DictConfig, op: OpDefinition, data: Prepa
                      **({k: v for k, v in final_info.items() if k not in ("train_shapes", "validation_shapes")})},
         "metrics": {m: {k: v for k, v in r.items() if not isinstance(v, dict)} for m, r in metrics.items()},
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
-        "versions": _versions(),
+        "versions": package_versions(_PACKAGES),
         "argv": sys.argv,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }

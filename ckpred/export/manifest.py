@@ -20,18 +20,17 @@ import ctypes.util
 import hashlib
 import json
 import os
-import platform
 import shutil
 import tempfile
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
-from ckpred.errors import ModelMismatchError
+from ckpred import config
+from ckpred.errors import MissingFileError, ModelMismatchError
 from ckpred.kernels.base import OpDefinition
 
 FORMAT = "ckpred.export/1"
@@ -56,13 +55,8 @@ def sha256_file(path: str | Path) -> str:
 
 
 def package_versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
+    """Versions of :data:`PACKAGES` (see :func:`ckpred.config.package_versions`)."""
+    return config.package_versions(PACKAGES)
 
 
 def _json_value(value: Any) -> Any:
@@ -215,8 +209,8 @@ def read_manifest(model_dir: str | Path) -> dict[str, Any]:
     """Load ``manifest.json`` of an export directory, checking its format."""
     path = Path(model_dir) / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no manifest; is {model_dir} an export directory "
-                                "(python -m ckpred export ...)?")
+        raise MissingFileError(str(path), f"no manifest; is {model_dir} an export directory "
+                                          "(python -m ckpred export ...)?")
     try:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
