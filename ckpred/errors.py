@@ -33,6 +33,10 @@ class InputFileError(CkpredError, OSError):
         super().__init__(f"cannot read {path}: {reason}")
 
 
+class MissingFileError(InputFileError, FileNotFoundError):
+    """A file a command needs is absent; the reason says what produces it."""
+
+
 class TableSchemaError(CkpredError, ValueError):
     """A table lacks columns or has values of the wrong type for the canonical schema."""
 

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from ckpred.errors import ModelMismatchError
+from ckpred.errors import MissingFileError, ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.kernels.base import OpDefinition, load_op
 
@@ -332,8 +332,9 @@ def select_command(cfg: Any) -> dict[str, Any]:
     model_dir = resolve_path(cfg.model_dir) if cfg.model_dir else \
         resolve_path(cfg.exports_dir) / export_name(op_name, names["arch"], names["dtype"], names["layout"])
     if not (model_dir / mf.MANIFEST).is_file():
-        raise FileNotFoundError(f"no exported model in {model_dir}; run `python -m ckpred export arch={names['arch']} "
-                                f"dtype={names['dtype']} layout={names['layout']}` first or pass model_dir=<dir>")
+        raise MissingFileError(str(model_dir / mf.MANIFEST),
+                               f"no exported model in {model_dir}; run `python -m ckpred export arch={names['arch']} "
+                               f"dtype={names['dtype']} layout={names['layout']}` first or pass model_dir=<dir>")
     selector = KernelSelector.load(model_dir, threads=int(cfg.threads), cache_size=0, **names)
     answer = selector.select(dict(cfg.problem), top_k=int(cfg.top_k))
     result = answer.to_dict()

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 import pandas as pd
 
-from ckpred.errors import ModelMismatchError
+from ckpred.errors import MissingFileError, ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
 from ckpred.export.validity import mask_builder_for
@@ -310,8 +310,8 @@ def export_command(cfg: Any) -> str:
         run_dir = resolve_path(cfg.run_dir)
         pipe_path = run_dir / "pipeline.joblib"
         if not pipe_path.is_file():
-            raise FileNotFoundError(f"{pipe_path}: no fitted pipeline in run_dir={cfg.run_dir} "
-                                    "(train with save_pipeline=true)")
+            raise MissingFileError(str(pipe_path), f"no fitted pipeline in run_dir={cfg.run_dir} "
+                                                   "(train with save_pipeline=true)")
         train_manifest: dict[str, Any] = {}
         if (run_dir / "manifest.json").is_file():
             train_manifest = json.loads((run_dir / "manifest.json").read_text())
