@@ -206,11 +206,11 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         if candidates is None:
             raise ValueError("export.select='pruned' needs the candidate kernel ids (learned from the training data)")
         candidates = np.asarray(candidates, dtype=np.int64)
-        selector = build_pruned_selector(pipe_onnx, op, catalogue, candidates, arch=arch, dtype=dtype,
+        selector = build_pruned_selector(pipeline, op, catalogue, candidates, arch=arch, dtype=dtype,
                                          layout=layout, mask_builder=mask_builder_for(op))
     else:
         candidates = None
-        selector = xo.build_selector(pipe_onnx, op, catalogue, arch=arch, dtype=dtype, layout=layout,
+        selector = xo.build_selector(pipeline, op, catalogue, arch=arch, dtype=dtype, layout=layout,
                                      mask_builder=mask_builder_for(op))
     convert_s = time.perf_counter() - t0
     parity: dict[str, Any] = {"checked": False}

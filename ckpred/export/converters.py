@@ -49,6 +49,9 @@ ALIAS_PREFIX = "Ckpred"
 class Sym:
     """A double ONNX tensor of shape [N, 1] inside a converter; supports + - * / and unary -."""
 
+    # numpy must not broadcast a Sym as an object array: ``array + sym`` calls ``sym.__radd__``.
+    __array_ufunc__ = None
+
     def __init__(self, ops: "OnnxOps", name: str) -> None:
         self.ops, self.name = ops, name
 

@@ -23,8 +23,10 @@ Graphs and their stable input/output names
   first ``min(top_k, num_valid)`` entries are real choices; ``num_valid == 0`` means "no kernel"
   (e.g. the degenerate N=1 or K=1 GEMMs).
 
-Inside the selector the problem row is broadcast against the constant catalogue
-(``[B*C, P+Q]``), run through the same pipeline nodes as the scorer, reshaped to ``[B, C]``,
+Inside the selector the features of every (problem, catalogue kernel) pair are computed with
+the catalogue as a constant: whatever depends on kernel fields only is evaluated at export,
+what depends on the problem only once per problem (:mod:`ckpred.export.factorise`). The
+``[B*C, F]`` features go through the same trees as the scorer's, are reshaped to ``[B, C]``,
 masked by the op's validity rules (compiled to ONNX arithmetic, see :mod:`ckpred.export.validity`)
 and ranked by ``TopK``.
 
@@ -101,6 +103,28 @@ class GraphBuilder:
 MaskBuilder = Callable[..., str]
 
 
+def _convert(model: Any, initial_types: list[tuple[str, Any]]) -> onnx.ModelProto:
+    """skl2onnx conversion to :data:`OPSET` with output ``pipeline_score`` double ``[N, 1]``."""
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import DoubleTensorType
+
+    from ckpred.export import lightgbm as lgbm_conv
+
+    lgbm_conv.register()
+    onx = convert_sklearn(
+        model,
+        initial_types=initial_types,
+        final_types=[(PIPELINE_OUTPUT, DoubleTensorType([None, 1]))],
+        # skl2onnx 1.20 knows ai.onnx.ml up to 3; the TreeEnsemble node needs 5 (set below).
+        target_opset={**OPSET, "ai.onnx.ml": 3},
+    )
+    for entry in onx.opset_import:
+        if entry.domain == "ai.onnx.ml":
+            entry.version = OPSET["ai.onnx.ml"]
+    onx.ir_version = IR_VERSION
+    return onx
+
+
 def convert_pipeline(pipeline: Any, op: OpDefinition) -> onnx.ModelProto:
     """Convert a fitted pipeline (raw int64 X -> score) with skl2onnx.
 
@@ -113,24 +137,21 @@ def convert_pipeline(pipeline: Any, op: OpDefinition) -> onnx.ModelProto:
         From skl2onnx when a step has no converter (the message names the step's class), or
         from the LightGBM shape calculator when features reach the trees as float32.
     """
-    from skl2onnx import convert_sklearn
-    from skl2onnx.common.data_types import DoubleTensorType, Int64TensorType
+    from skl2onnx.common.data_types import Int64TensorType
 
-    from ckpred.export import lightgbm as lgbm_conv
+    return _convert(pipeline, [(PIPELINE_INPUT, Int64TensorType([None, len(op.input_names)]))])
 
-    lgbm_conv.register()
-    model = convert_sklearn(
-        pipeline,
-        initial_types=[(PIPELINE_INPUT, Int64TensorType([None, len(op.input_names)]))],
-        final_types=[(PIPELINE_OUTPUT, DoubleTensorType([None, 1]))],
-        # skl2onnx 1.20 knows ai.onnx.ml up to 3; the TreeEnsemble node needs 5 (set below).
-        target_opset={**OPSET, "ai.onnx.ml": 3},
-    )
-    for entry in model.opset_import:
-        if entry.domain == "ai.onnx.ml":
-            entry.version = OPSET["ai.onnx.ml"]
-    model.ir_version = IR_VERSION
-    return model
+
+def convert_model_step(pipeline: Any) -> onnx.ModelProto:
+    """Convert the pipeline's last step alone (double features ``X [N, F]`` -> ``pipeline_score``).
+
+    The selector computes the features itself (:mod:`ckpred.export.factorise`) and feeds them
+    to this graph: the trees and the target's inverse, exactly as in :func:`convert_pipeline`.
+    """
+    from skl2onnx.common.data_types import DoubleTensorType
+
+    n_features = len(pipeline[:-1].get_feature_names_out())
+    return _convert(pipeline.steps[-1][1], [(PIPELINE_INPUT, DoubleTensorType([None, n_features]))])
 
 
 def _add_pipeline(g: GraphBuilder, pipe: onnx.ModelProto, x: str, out: str) -> None:
@@ -167,15 +188,21 @@ def build_scorer(pipe: onnx.ModelProto, op: OpDefinition) -> onnx.ModelProto:
                   f"kernel {list(op.kernel_names)} -> score (higher is better)")
 
 
-def build_selector(pipe: onnx.ModelProto, op: OpDefinition, catalogue: pd.DataFrame, *, arch: Any, dtype: Any,
+def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, arch: Any, dtype: Any,
                    layout: Any, mask_builder: MaskBuilder, keep: np.ndarray | None = None) -> onnx.ModelProto:
     """The selector graph (see the module docstring): catalogue constant, validity mask, TopK.
+
+    ``pipeline`` is the fitted sklearn pipeline: its features are compiled with the candidate
+    kernels as constants (:func:`ckpred.export.factorise.selector_features`, kernel-only parts
+    evaluated at export), its model step by skl2onnx (:func:`convert_model_step`).
 
     With ``keep`` (distinct catalogue ids, :mod:`ckpred.export.strategies`), only those rows are
     scored and masked and a final ``Gather`` maps TopK's positions back to catalogue ids; the
     inputs and outputs are the same, and ``num_valid`` counts the valid *candidates*.
     """
-    P, Q, C = len(op.problem_names), len(op.kernel_names), len(catalogue)
+    from ckpred.export.factorise import selector_features
+
+    P, C = len(op.problem_names), len(catalogue)
     if C == 0:
         raise ValueError(f"empty catalogue for op {op.name}: nothing to select from")
     if not np.array_equal(catalogue["kernel_id"].to_numpy(), np.arange(C)):
@@ -183,16 +210,11 @@ def build_selector(pipe: onnx.ModelProto, op: OpDefinition, catalogue: pd.DataFr
     scored = catalogue if keep is None else catalogue.iloc[np.asarray(keep, dtype=np.int64)].reset_index(drop=True)
     K = len(scored)
     g = GraphBuilder()
-    kernels = op.encode(scored, op.kernel_names)  # [K, Q] int64
-    cat = g.const(kernels[None, :, :], "catalogue", dtype=np.int64)  # [1, K, Q]
     b = g.op("Slice", g.op("Shape", "problem"), g.const([0], dtype=np.int64), g.const([1], dtype=np.int64))
     c = g.const([K], dtype=np.int64)
-    prob3 = g.op("Expand", g.op("Unsqueeze", "problem", g.const([1], dtype=np.int64)),
-                 g.op("Concat", b, c, g.const([P], dtype=np.int64), axis=0))  # [B, K, P]
-    kern3 = g.op("Expand", cat, g.op("Concat", b, c, g.const([Q], dtype=np.int64), axis=0))  # [B, K, Q]
-    x = g.op("Reshape", g.op("Concat", prob3, kern3, axis=2), g.const([-1, P + Q], dtype=np.int64))
+    x = selector_features(g, pipeline, op, op.encode(scored, op.kernel_names), "problem")  # [B*K, F]
     raw = g.name("score2d")
-    _add_pipeline(g, pipe, x, raw)
+    _add_pipeline(g, convert_model_step(pipeline), x, raw)
     score = g.op("Reshape", raw, g.op("Concat", b, c, axis=0))  # [B, K]
     mask = mask_builder(g, "problem", scored, op=op, arch=arch, dtype=dtype, layout=layout)
     masked = g.op("Where", mask, score, g.const(-np.inf, dtype=np.float64))

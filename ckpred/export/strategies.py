@@ -93,7 +93,7 @@ def probe_validity(op: OpDefinition, catalogue: pd.DataFrame, problems: pd.DataF
     return np.asarray(valid, dtype=bool).reshape(P, C)
 
 
-def build_pruned_selector(pipe: onnx.ModelProto, op: OpDefinition, catalogue: pd.DataFrame, keep: np.ndarray, *,
+def build_pruned_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, keep: np.ndarray, *,
                           arch: Any, dtype: Any, layout: Any, mask_builder: xo.MaskBuilder) -> onnx.ModelProto:
     """The selector graph (same inputs/outputs as ``full``) scoring only catalogue rows ``keep``.
 
@@ -104,7 +104,7 @@ def build_pruned_selector(pipe: onnx.ModelProto, op: OpDefinition, catalogue: pd
     C = len(catalogue)
     if not len(keep) or keep.min() < 0 or keep.max() >= C or len(np.unique(keep)) != len(keep):
         raise ValueError(f"keep must be distinct catalogue ids in [0, {C}), got {len(keep)} ids")
-    return xo.build_selector(pipe, op, catalogue, arch=arch, dtype=dtype, layout=layout,
+    return xo.build_selector(pipeline, op, catalogue, arch=arch, dtype=dtype, layout=layout,
                              mask_builder=mask_builder, keep=keep)
 
 

@@ -1,0 +1,240 @@
+"""The selector's features, factorised into a kernel part fixed at export and a problem part.
+
+Inside the selector every candidate kernel is a constant of the graph, so every feature (and
+every sub-expression of a feature) that reads kernel fields only — tile areas, pipeline traits,
+``log2(tile_m)``, the kernel half of an interaction — has the same value for every problem.
+Evaluating them per call, as the generic pipeline graph does on the ``[B*K, P+Q]`` input, costs
+one ONNX node (a few microseconds) each, which dominated the latency of a small candidate set.
+
+:func:`selector_features` runs each feature group's own ``_compute`` with :class:`HybridOps`,
+an ``xp`` namespace whose values are either
+
+* **static** numpy arrays — kernel columns ``[1, K, 1]`` and anything computed from kernel
+  columns and numbers only. They are evaluated *now*, with :class:`ckpred.features.base.NumpyOps`
+  (the very functions ``transform`` uses, so the values are the pipeline's, bit for bit), and
+  enter the graph as initializers;
+* or **symbolic** ONNX tensors — problem columns ``[B, 1, 1]`` and whatever depends on them:
+  ``[B, 1, 1]`` while they depend on the problem only (computed once per problem, not once
+  per candidate), ``[B, K, 1]`` once a kernel value joins in. Their nodes are emitted by
+  :class:`ckpred.export.converters.OnnxOps`, the namespace of the scorer graph.
+
+The feature columns are then assembled into ``[B*K, F]`` in the pipeline's feature order: one
+constant block for the static features, one broadcast block for the problem-only ones, one
+block for the rest, and a ``Gather`` restoring the order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto
+from sklearn.pipeline import FeatureUnion
+
+from ckpred.export.converters import OnnxOps, Sym
+from ckpred.features.base import FeatureGroup, NumpyOps
+
+__all__ = ["HybridOps", "selector_features", "feature_groups"]
+
+
+def _static(x: Any) -> bool:
+    """True for values known at export time (numpy arrays and Python numbers)."""
+    return not isinstance(x, Sym)
+
+
+class HybridOps(OnnxOps):
+    """``xp`` namespace of the selector: numpy on static values, ONNX nodes on symbolic ones.
+
+    Every tensor is 3-D: ``[B or 1, K or 1, R]`` (R = 1 except inside :meth:`row` blocks).
+
+    Parameters
+    ----------
+    g : ckpred.export.onnx.GraphBuilder
+        The graph receiving nodes and initializers.
+    """
+
+    # pylint: disable=super-init-not-called  (no skl2onnx scope or container here)
+    def __init__(self, g: Any) -> None:
+        self.g = g
+        self._consts: dict[tuple[int, float], str] = {}
+        self._numpy = NumpyOps(1)
+        self.per_kernel: dict[str, bool] = {}  # tensor name -> varies along the candidate axis
+
+    # -- plumbing (GraphBuilder instead of skl2onnx's scope and container) ----------------------
+    def node(self, op_type: str, inputs: list[str], hint: str | None = None, **attrs: Any) -> str:
+        out = self.g.op(op_type, *inputs, **attrs)
+        self.per_kernel[out] = any(self.per_kernel.get(i, False) for i in inputs)
+        return out
+
+    def const(self, value: float, dtype: int = TensorProto.DOUBLE) -> str:
+        key = (dtype, float(value))
+        if key not in self._consts:
+            np_dtype = np.int64 if dtype == TensorProto.INT64 else np.float64
+            self._consts[key] = self.g.const([value], "cst", dtype=np_dtype)
+        return self._consts[key]
+
+    def array(self, value: np.ndarray) -> str:
+        """An initializer holding a static array (its candidate axis recorded)."""
+        array = np.asarray(value)
+        name = self.g.const(array, "static", dtype=array.dtype)
+        self.per_kernel[name] = array.ndim == 3 and array.shape[1] > 1
+        return name
+
+    def _arg(self, x: Any) -> str:
+        if isinstance(x, np.ndarray):
+            return self.array(x)
+        return super()._arg(x)
+
+    def symbol(self, name: str) -> Sym:
+        """A symbolic value of the graph tensor ``name``."""
+        return Sym(self, name)
+
+    def varies_by_kernel(self, x: Sym) -> bool:
+        """Whether a symbolic value differs between candidates (``[B, K, 1]``, not ``[B, 1, 1]``)."""
+        return self.per_kernel.get(x.name, False)
+
+    def _lift(self, x: Any) -> Any:
+        """Static arrays as symbolic constants (numbers stay numbers: OnnxOps takes those)."""
+        return Sym(self, self.array(x)) if isinstance(x, np.ndarray) else x
+
+    def _dispatch(self, fn: str, *args: Any) -> Any:
+        if all(_static(a) for a in args):
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                return getattr(self._numpy, fn)(*args)
+        return getattr(OnnxOps, fn)(self, *(self._lift(a) for a in args))
+
+    # -- the xp namespace --------------------------------------------------------------------
+    def full(self, value: float) -> np.ndarray:
+        return np.full((1, 1, 1), float(value))
+
+    def log2(self, x: Any) -> Any:
+        return self._dispatch("log2", x)
+
+    def ceil(self, x: Any) -> Any:
+        return self._dispatch("ceil", x)
+
+    def floor(self, x: Any) -> Any:
+        return self._dispatch("floor", x)
+
+    def fmod(self, a: Any, b: Any) -> Any:
+        return self._dispatch("fmod", a, b)
+
+    def minimum(self, a: Any, b: Any) -> Any:
+        return self._dispatch("minimum", a, b)
+
+    def maximum(self, a: Any, b: Any) -> Any:
+        return self._dispatch("maximum", a, b)
+
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        return self._dispatch("where", cond, a, b)
+
+    def equal(self, a: Any, b: Any) -> Any:
+        return self._dispatch("equal", a, b)
+
+    def less(self, a: Any, b: Any) -> Any:
+        return self._dispatch("less", a, b)
+
+    def indicator(self, cond: Any) -> Any:
+        return self._dispatch("indicator", cond)
+
+    def as_column(self, x: Any) -> Any:
+        return x  # already [., ., 1]
+
+    def row(self, values: Any) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64)[None, None, :]
+
+    def min_across(self, x: Any) -> Any:
+        if _static(x):
+            return np.asarray(x).min(axis=-1, keepdims=True)
+        axes = self.g.const([-1], "axes", dtype=np.int64)
+        return Sym(self, self.node("ReduceMin", [x.name, axes], keepdims=1))
+
+
+def feature_groups(pipeline: Any) -> list[FeatureGroup]:
+    """The fitted feature groups of a ckpred pipeline (``features`` FeatureUnion, then a model).
+
+    Raises
+    ------
+    TypeError
+        When the pipeline is not a ``FeatureUnion`` of ckpred feature groups followed by one
+        estimator (the layout :func:`ckpred.models.build_pipeline` makes), naming what it found.
+    """
+    steps = getattr(pipeline, "steps", None)
+    if not steps or len(steps) != 2 or not isinstance(steps[0][1], FeatureUnion):
+        found = [type(s).__name__ for _, s in steps] if steps else type(pipeline).__name__
+        raise TypeError(f"the selector needs a Pipeline of a FeatureUnion of ckpred feature groups and one "
+                        f"estimator (ckpred.models.build_pipeline); got {found}")
+    union = steps[0][1]
+    groups = [t for _, t in union.transformer_list]
+    bad = [type(t).__name__ for t in groups if not isinstance(t, FeatureGroup)]
+    if bad or union.transformer_weights:
+        raise TypeError(f"the selector's FeatureUnion must hold unweighted ckpred feature groups only; "
+                        f"found {bad or 'transformer_weights'}")
+    return groups
+
+
+def selector_features(g: Any, pipeline: Any, op: Any, kernels: np.ndarray, problem: str) -> str:
+    """Emit the feature matrix of every (problem, candidate) pair; returns its name.
+
+    Parameters
+    ----------
+    g : ckpred.export.onnx.GraphBuilder
+    pipeline : sklearn.pipeline.Pipeline
+        Fitted ckpred pipeline (see :func:`feature_groups`).
+    op : OpDefinition
+    kernels : ndarray of int64, shape (K, Q)
+        The candidates' kernel fields (``op.kernel_names`` order, categories encoded).
+    problem : str
+        Name of the int64 ``[B, P]`` problem input.
+
+    Returns
+    -------
+    str
+        Name of a double ``[B*K, F]`` tensor, row ``b*K + j`` = problem ``b`` with candidate
+        ``j``, columns in the pipeline's feature order.
+    """
+    groups = feature_groups(pipeline)
+    ops = HybridOps(g)
+    n_kernels = kernels.shape[0]
+    problem3 = g.op("Unsqueeze", g.op("Cast", problem, to=TensorProto.DOUBLE), g.const([1], dtype=np.int64))
+    columns: dict[str, Any] = {}
+    for j, name in enumerate(op.problem_names):  # [B, 1, 1] each, gathered once
+        columns[name] = ops.symbol(g.op("Gather", problem3, g.const([j], dtype=np.int64), axis=2))
+    for q, name in enumerate(op.kernel_names):  # [1, K, 1] each, known now
+        columns[name] = kernels[:, q].astype(np.float64).reshape(1, n_kernels, 1)
+
+    static, per_problem, per_pair = [], [], []  # (feature position, value)
+    position = 0
+    for group in groups:
+        outputs = group._compute({c: columns[c] for c in group.input_columns}, ops)
+        if len(outputs) != group.n_features_out_:
+            raise RuntimeError(f"{type(group).__name__}: {len(outputs)} selector columns for "
+                               f"{group.n_features_out_} features")
+        for value in outputs:
+            if _static(value):
+                static.append((position, np.broadcast_to(np.asarray(value, dtype=np.float64), (1, n_kernels, 1))))
+            elif ops.varies_by_kernel(value):
+                per_pair.append((position, value.name))
+            else:
+                per_problem.append((position, value.name))
+            position += 1
+
+    b = g.op("Slice", g.op("Shape", problem), g.const([0], dtype=np.int64), g.const([1], dtype=np.int64))
+    target = g.op("Concat", b, g.const([n_kernels, 1], dtype=np.int64), axis=0)  # [B, K, 1]
+    blocks, order = [], []
+    if static:
+        values = np.concatenate([v for _, v in static], axis=2)  # [1, K, Fs]
+        blocks.append(g.op("Expand", g.const(values, "static_features", dtype=np.float64), target))
+    if per_problem:
+        names = [n for _, n in per_problem]
+        block = names[0] if len(names) == 1 else g.op("Concat", *names, axis=2)
+        blocks.append(g.op("Expand", block, target))
+    if per_pair:
+        names = [n for _, n in per_pair]
+        blocks.append(names[0] if len(names) == 1 else g.op("Concat", *names, axis=2))
+    for part in (static, per_problem, per_pair):
+        order.extend(p for p, _ in part)
+    x3 = blocks[0] if len(blocks) == 1 else g.op("Concat", *blocks, axis=2)
+    if order != sorted(order):
+        x3 = g.op("Gather", x3, g.const(np.argsort(order), "feature_order", dtype=np.int64), axis=2)
+    return g.op("Reshape", x3, g.const([-1, position], dtype=np.int64))
