@@ -201,7 +201,41 @@ def test_est_vs_best_is_zero_for_the_analytically_best_tile(conv_cfg) -> None:
     assert f["conv_tile__iterations_vs_best"].min() == 0.0
 
 
-@pytest.mark.parametrize("name", ["conv_full", "conv_minimal"])
+def test_conv_latency_features_by_hand(conv_cfg) -> None:
+    # The by-hand problem of test_conv_features_by_hand: one wave, one K iteration, 12 tiles.
+    X = _raw(_problem(n=2, c=8, k=16, g=4, hi=10, wi=12, y=3, x=1, pad_h=0, pad_w=0), tile=(64, 64, 128))
+    f = _conv_features(conv_cfg, "conv_latency", X)
+    m, n, k = 2 * 8 * 12, 16, 8 * 3
+    traffic = 4 * (m * k * 1 + k * n * 3) * 2 + 4 * m * n * 2
+    est = max(64 * 64 * 128 * 2 / (2517e6 / 256), traffic / 8000e3) + 0.3 + 0.05
+    cu_load = 1 * (64 + 64) * 128 * 2 / (8000e3 / 256)  # one iteration at 1/256 of the bandwidth
+    total = 3.5 + max(est, cu_load)
+    assert f["conv_latency__log2_total_us"][0] == pytest.approx(np.log2(total), rel=2.0**-24)
+    assert f["conv_latency__launch_share"][0] == pytest.approx(3.5 / total, rel=1e-15)
+    assert f["conv_latency__tiles_per_cu"][0] == pytest.approx(12 / 256, rel=1e-15)
+    assert f["conv_latency__log2_cu_load_us"][0] == pytest.approx(np.log2(cu_load), rel=2.0**-24)
+
+
+def test_launch_cost_marks_the_launch_bound_regime(conv_cfg) -> None:
+    """On a few-microsecond conv the fixed launch cost dominates every tile's total and the
+    predicted loss of the worst tile shrinks; on a large conv the launch cost is negligible."""
+    from ckpred.kernels.grouped_conv_fwd import TILES_2BYTE
+
+    def features(problem: pd.DataFrame) -> dict[str, np.ndarray]:
+        X = pd.concat([_raw(problem, tile=t) for t in TILES_2BYTE], ignore_index=True)
+        f = _conv_features(conv_cfg, "conv_latency", X)
+        assert f["conv_latency__total_vs_best"].min() == 0.0 and (f["conv_latency__total_vs_best"] >= 0).all()
+        return f
+
+    # AMD's worst problem: N=4, C=5, K=20, 28x28, 1x1 (best kernel 3.7 us, < 0.2 TFLOPS).
+    tiny = features(_problem(n=4, c=5, k=20, hi=28, wi=28, y=1, x=1, pad_h=0, pad_w=0))
+    big = features(_problem(n=8, c=512, k=512, hi=56, wi=56))
+    assert tiny["conv_latency__launch_share"].min() > 0.6 > 0.02 > big["conv_latency__launch_share"].max()
+    assert tiny["conv_latency__total_vs_best"].max() < 0.5  # every tile within 1.41x of the best
+    assert big["conv_latency__total_vs_best"].max() > 2.0  # the worst tile > 4x slower
+
+
+@pytest.mark.parametrize("name", ["conv_full", "conv_minimal", "conv_latency"])
 def test_conv_feature_sets_export_to_onnx_with_parity(conv_cfg, name: str) -> None:
     import onnxruntime as ort
     from skl2onnx import to_onnx

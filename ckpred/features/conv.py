@@ -323,3 +323,89 @@ class ConvTileFeatures(_ConvHardware):
         # onnxruntime's Log would send the best tile down another branch.
         out += [xp.log2(est[key] / best[key]) for _, key in self._RELATIVE]
         return out
+
+
+class ConvLatencyFeatures(ConvTileFeatures):
+    """The latency regime of a kernel on a conv: its estimated total time with a fixed launch cost.
+
+    Efficiency is a ratio of *total* kernel times, and every kernel pays a fixed cost (launch,
+    prologue, epilogue) that :class:`ConvTileFeatures`' throughput estimate leaves out. On a
+    launch-bound problem (a few microseconds of work) that cost dominates and the tiles' times
+    differ by tens of percent, not by the factors the throughput estimate predicts. On a grid
+    smaller than the chip, the time of a tile is bounded by how fast its own CU can load it,
+    which the chip-wide traffic term misses. The estimate here is::
+
+        total_us = launch_us + max(est_us, cu_load_us)
+        cu_load_us = iterations * (tile_m + tile_n) * tile_k * bytes / (bandwidth / cus)
+
+    with ``est_us`` and ``iterations`` from :func:`tile_estimates` (the busiest CU's K-loop
+    iterations).
+
+    Features (in order): ``log2_total_us``; ``total_vs_best``, log2 of ``total_us`` over the
+    smallest ``total_us`` among ``reference_tiles`` for the same problem (the predicted
+    efficiency loss once the fixed cost is counted); ``launch_share = launch_us / total_us``
+    (near 1: launch-bound); ``tiles_per_cu = g*tiles_m*tiles_n / cus`` (unrounded: below 1 the
+    grid leaves CUs idle); ``log2_cu_load_us`` and ``cu_load_vs_best`` (same construction).
+
+    On AMD's gfx950 conv data these features did not move the selection measurably
+    (README, "Grouped convolution forward": within 0.05 points of ``conv_full`` on the
+    training-table CV), so the default conv set leaves them out; ``features=conv_latency``
+    adds them.
+
+    Parameters
+    ----------
+    launch_us : float, default=3.5
+        Fixed cost of a kernel launch in microseconds: the floor of the training table's
+        measured times (the fastest kernel of AMD's 20-kernel gfx950 table runs in 3.7 us).
+    cus, bytes_per_element, c_bytes_per_element, peak_tflops, memory_bandwidth_gbs, \
+iteration_latency_us, tile_latency_us, reference_tiles, input_names
+        As in :class:`ConvTileFeatures` (``est_us`` is the same estimate).
+    """
+
+    input_columns: ClassVar[tuple[str, ...]] = (*PROBLEM_FIELDS, *TILE_FIELDS)
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        **ConvTileFeatures._parameter_constraints,
+        "launch_us": [Interval(Real, 0, None, closed="left")],
+    }
+
+    def __init__(self, *, launch_us: float = 3.5, cus: int = 256, bytes_per_element: int = 2,
+                 c_bytes_per_element: int = 2, peak_tflops: float = 2517.0,
+                 memory_bandwidth_gbs: float = 8000.0, iteration_latency_us: float = 0.05,
+                 tile_latency_us: float = 0.3, reference_tiles: Sequence[Sequence[int]] | None = None,
+                 input_names: Sequence[str] | None = None) -> None:
+        super().__init__(cus=cus, bytes_per_element=bytes_per_element, c_bytes_per_element=c_bytes_per_element,
+                         peak_tflops=peak_tflops, memory_bandwidth_gbs=memory_bandwidth_gbs,
+                         iteration_latency_us=iteration_latency_us, tile_latency_us=tile_latency_us,
+                         reference_tiles=reference_tiles, input_names=input_names)
+        self.launch_us = launch_us
+
+    def _feature_names(self) -> list[str]:
+        return ["log2_total_us", "total_vs_best", "launch_share", "tiles_per_cu", "log2_cu_load_us",
+                "cu_load_vs_best"]
+
+    def _compute(self, cols: dict[str, Any], xp: Any) -> list[Any]:
+        gemm = implicit_gemm(cols, xp)
+        consts = dict(cus=self.cus, peak_tflops=float(self.peak_tflops),
+                      memory_bandwidth_gbs=float(self.memory_bandwidth_gbs),
+                      bytes_per_element=self.bytes_per_element, c_bytes_per_element=self.c_bytes_per_element,
+                      iteration_latency_us=float(self.iteration_latency_us),
+                      tile_latency_us=float(self.tile_latency_us))
+        launch = float(self.launch_us)
+        per_cu_bytes_per_us = float(self.memory_bandwidth_gbs) * 1e3 / float(self.cus)
+
+        def times(tm: Any, tn: Any, tk: Any) -> tuple[Any, Any]:
+            est = tile_estimates(gemm, tm, tn, tk, xp, **consts)
+            # The busiest CU loads its A and B tiles at its share of the bandwidth: on a grid
+            # smaller than the chip this, not the chip-wide traffic, bounds the time.
+            load = est["iterations"] * (tm + tn) * tk * float(self.bytes_per_element) / per_cu_bytes_per_us
+            return launch + xp.maximum(est["est_us"], load), load
+
+        total, load = times(cols["tile_m"], cols["tile_n"], cols["tile_k"])
+        best_total = best_load = None
+        for rm, rn, rk in (TILES_2BYTE if self.reference_tiles is None else self.reference_tiles):
+            t, ld = times(float(rm), float(rn), float(rk))
+            best_total = t if best_total is None else xp.minimum(best_total, t)
+            best_load = ld if best_load is None else xp.minimum(best_load, ld)
+        tiles = ceil_div(gemm["m"], cols["tile_m"], xp) * ceil_div(gemm["n"], cols["tile_n"], xp) * gemm["g"]
+        return [xp.log2(total), xp.log2(total / best_total), launch / total, tiles / float(self.cus),
+                xp.log2(load), xp.log2(load / best_load)]

@@ -22,6 +22,7 @@ FEATURE_GROUPS: dict[str, str] = {
     "conv_problem": "ckpred.features.conv:ConvProblemFeatures",
     "conv_kernel": "ckpred.features.conv:ConvKernelFeatures",
     "conv_tile": "ckpred.features.conv:ConvTileFeatures",
+    "conv_latency": "ckpred.features.conv:ConvLatencyFeatures",
 }
 
 
