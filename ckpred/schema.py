@@ -453,8 +453,21 @@ class TrainConfig(RecipeConfig):
 
 # -- export and select (export owner) ------------------------------------------------------------
 #: ``full``: every catalogue kernel scored by the full model; ``pruned``: only the candidates
-#: learned from the training data (:mod:`ckpred.export.strategies`).
-EXPORT_SELECT: tuple[str, ...] = ("full", "pruned")
+#: learned from the training data; ``reranked``: those candidates scored by a small model fitted
+#: on their rows only (:mod:`ckpred.export.strategies`).
+EXPORT_SELECT: tuple[str, ...] = ("full", "pruned", "reranked")
+
+
+@dataclass
+class ExportRerankerConfig:
+    """Size of the ``select=reranked`` model (the rest of the model config is the recipe's)."""
+
+    n_estimators: int = 100
+    num_leaves: int = 31
+
+    def __post_init__(self) -> None:
+        check("reranker.n_estimators", self.n_estimators, self.n_estimators >= 1, "an integer >= 1")
+        check("reranker.num_leaves", self.num_leaves, self.num_leaves >= 2, "an integer >= 2")
 
 
 @dataclass
@@ -481,9 +494,11 @@ class ExportConfig(RecipeConfig):
     #: Root of the exports; the model goes to ``<out_dir>/<op>_<arch>_<dtype>_<layout>/``.
     out_dir: str = "exports"
     #: Selection strategy compiled into the selector graph.
-    select: str = "pruned"
-    #: ``select=pruned``: kernels kept per training shape (its ``prune_top_n`` fastest valid ones).
+    select: str = "reranked"
+    #: ``select=pruned|reranked``: kernels kept per training shape (its ``prune_top_n`` fastest valid ones).
     prune_top_n: int = 1
+    #: ``select=reranked``: the candidates' model size.
+    reranker: ExportRerankerConfig = field(default_factory=ExportRerankerConfig)
     parity: ExportParityConfig = field(default_factory=ExportParityConfig)
 
     def __post_init__(self) -> None:

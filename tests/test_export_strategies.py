@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ckpred.config import compose
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
 from ckpred.export import strategies as st
@@ -79,9 +80,72 @@ def test_pruned_export_records_strategy_and_meets_parity(setup, pruned) -> None:
     assert max(man["parity"]["max_abs_diff_scorer"], man["parity"]["max_abs_diff_selector"]) <= 1e-6
 
 
-def test_pruned_selector_equals_pipeline_on_the_candidates(setup, pruned) -> None:
+#: Recipe of the reranker tests: the export defaults (full features, lambdarank), one thread.
+RERANKER = {"n_estimators": 20, "num_leaves": 7}
+
+
+@pytest.fixture(scope="module")
+def reranked(setup, tmp_path_factory):
+    op, cfg, table = setup
+    recipe = compose("export", ["features=minimal", "model.n_jobs=1"])
+    pipe = fit_pipeline(op, cfg, table, model="ranker", target="rank")
+    keep = st.keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=2)
+    reranker = st.fit_reranker(table, op, recipe, keep, reranker=RERANKER, arch=cfg.arch, dtype=cfg.dtype,
+                               layout=cfg.layout)
+    probs = pd.DataFrame(EDGE_SHAPES + TRAIN_SHAPES, columns=["m", "n", "k"]).assign(split_k=1)
+    d = tmp_path_factory.mktemp("reranked") / "gemm_universal_gfx950_fp8_rcr"
+    man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
+                          training=mf.training_section(table, op), parity_problems=probs, select="reranked",
+                          candidates=keep, selection={"top_n": 2, "reranker": RERANKER}, reranker=reranker)
+    return reranker, keep, d, man
+
+
+def test_reranker_is_the_recipe_sized_down_and_fitted_on_candidate_rows_only(setup, reranked, monkeypatch) -> None:
+    import ckpred.models
+
+    op, cfg, table = setup
+    reranker, keep, _, man = reranked
+    model = reranker.named_steps["model"]
+    assert (model.n_estimators, model.num_leaves, model.n_jobs) == (20, 7, 1)
+    assert model.objective == "lambdarank" and reranker.ckpred_target_ == "rank"
+    assert list(reranker[:-1].get_feature_names_out()) == man["features"]  # the recipe's features
+    rows = st.candidate_rows(table, op, keep, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+    assert 0 < rows.sum() < len(table)
+    assert model.booster_.num_trees() == 20
+    fitted_on = []
+    real = ckpred.models.fit_pipeline
+    monkeypatch.setattr(ckpred.models, "fit_pipeline", lambda pipe, X, *a, **kw: fitted_on.append(X) or real(pipe, X, *a, **kw))
+    st.fit_reranker(table, op, compose("export", ["features=minimal"]), keep, reranker=RERANKER, arch=cfg.arch,
+                    dtype=cfg.dtype, layout=cfg.layout)
+    X = fitted_on[0]
+    kernels = list(op.kernel_names)
+    candidates = op.encode_frame(op.catalogue(cfg.arch, cfg.dtype, cfg.layout).iloc[keep], tuple(kernels))
+    assert len(X) == rows.sum()
+    assert set(map(tuple, X[kernels].to_numpy())) <= set(map(tuple, candidates.to_numpy()))
+
+
+def test_reranked_export_records_both_models_and_meets_parity(setup, reranked) -> None:
+    _, keep, _, man = reranked
+    assert man["select"] == "reranked" and man["selection"]["reranker"] == RERANKER
+    assert man["selection"]["candidate_ids"] == keep.tolist()
+    assert man["selector_model"]["n_trees"] == 20 and man["selector_model"]["params"]["num_leaves"] == 7
+    assert man["model"]["n_trees"] == 40  # the scorer keeps the full model
+    assert man["parity"]["checked"] and man["parity"]["top1_agreement"] == 1.0
+    assert max(man["parity"]["max_abs_diff_scorer"], man["parity"]["max_abs_diff_selector"]) <= 1e-6
+
+
+def test_reranked_export_needs_its_reranker(setup, tmp_path) -> None:
+    op, cfg, table = setup
+    pipe = fit_pipeline(op, cfg, table, model="ranker", target="rank", n_estimators=5)
+    with pytest.raises(ValueError, match="reranked.*reranker"):
+        export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=tmp_path / "x",
+                        training={}, select="reranked", candidates=np.array([0, 1]))
+
+
+@pytest.mark.parametrize("strategy", ["pruned", "reranked"])
+def test_selector_equals_its_pipeline_on_the_candidates(setup, strategy, request) -> None:
     op, cfg, _ = setup
-    pipe, keep, d, _ = pruned
+    pipe, keep, d, _ = request.getfixturevalue(strategy)
     cat = op.catalogue(cfg.arch, cfg.dtype, cfg.layout)
     sess = xo.session(open(d / mf.SELECTOR_FILE, "rb").read())
     sub = cat.iloc[keep].reset_index(drop=True)
@@ -126,3 +190,32 @@ def test_cv_efficiency_learns_each_folds_candidates_from_its_training_shapes(set
     first = full.index[0]  # shape 0 is tested in fold 0, whose candidates come from fold 1's shapes only
     assert pruned.loc[first, "efficiency"] <= 0.5 + 1e-9
     assert (pruned["candidates"] < len(op.catalogue(cfg.arch, cfg.dtype, cfg.layout))).all()
+
+
+def test_cv_reranker_of_each_fold_sees_its_training_shapes_only(setup, monkeypatch) -> None:
+    op, cfg, table = setup
+    t = table.reset_index(drop=True)
+    keys = np.asarray(op.shape_keys(t))
+    shapes = pd.unique(keys)
+    fold = pd.Series(keys).map({k: i % 3 for i, k in enumerate(shapes)}).to_numpy()
+    valid, _ = op.validity(t, t, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+    perf = np.where(t["is_valid"].to_numpy(), t["tflops"].to_numpy(), 0.0)
+    oof = pd.DataFrame({"shape": keys, "fold": fold, "kernel_name": t["kernel_name"], "perf": perf,
+                        "selectable": valid, "score_model": -perf})  # picks the slowest candidate
+    seen: list[set] = []
+    real = st.fit_reranker
+
+    def spy(tab, *a, **kw):
+        seen.append(set(op.shape_keys(tab)))
+        return real(tab, *a, **kw)
+
+    monkeypatch.setattr(st, "fit_reranker", spy)
+    kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+    out = st.cv_efficiency(oof, t, op, top_n=2, reranker=RERANKER, recipe=compose("export", ["model.n_jobs=1"]), **kw)
+    assert len(seen) == 3
+    for f, train_shapes in enumerate(seen):
+        assert train_shapes == set(shapes[[i % 3 != f for i in range(len(shapes))]])
+    # the reranker's scores replaced the out-of-fold ones, which pick the slowest candidate
+    assert out["efficiency"].mean() > st.cv_efficiency(oof, t, op, top_n=2, **kw)["efficiency"].mean()
+    with pytest.raises(ValueError, match="top_n"):
+        st.cv_efficiency(oof, t, op, top_n=None, reranker=RERANKER, recipe=compose("export"), **kw)

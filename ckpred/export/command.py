@@ -88,11 +88,13 @@ def reference_selection(scores: np.ndarray, valid: np.ndarray, top_k: int) -> tu
 
 def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, problems: pd.DataFrame, *,
                  scorer: onnx.ModelProto, selector: onnx.ModelProto, arch: Any, dtype: Any, layout: Any,
-                 top_k: int = 5, batch: int = 8, candidates: np.ndarray | None = None) -> dict[str, Any]:
+                 top_k: int = 5, batch: int = 8, candidates: np.ndarray | None = None,
+                 selector_pipeline: Any = None) -> dict[str, Any]:
     """sklearn pipeline vs ONNX scorer vs selector on ``problems`` x the whole catalogue.
 
-    ``candidates`` (catalogue ids, ``select=pruned``): the reference selection ranks only these,
-    exactly as the pruned selector must.
+    ``candidates`` (catalogue ids, ``select=pruned|reranked``): the reference selection ranks
+    only these, exactly as the pruned selector must. ``selector_pipeline`` (``reranked``): the
+    pipeline the selector compiles, when it is not ``pipeline`` (the scorer's).
 
     Returns
     -------
@@ -122,6 +124,7 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
         full = pd.concat([rows, cat_rows.drop(columns=["kernel_id", "kernel_name"])], axis=1)
         X = op.encode_frame(full)
         ref = np.asarray(pipeline.predict(X), dtype=np.float64).ravel()
+        ref_sel = ref if selector_pipeline is None else np.asarray(selector_pipeline.predict(X), dtype=np.float64).ravel()
         p = chunk.to_numpy(np.int64)
         onx = scorer_s.run(["score"], {"problem": np.repeat(p, C, axis=0), "kernel": np.tile(kernels, (len(chunk), 1))})[0]
         max_scorer = max(max_scorer, float(np.max(np.abs(onx - ref))) if len(ref) else 0.0)
@@ -131,7 +134,7 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
                                              {"problem": p, "top_k": np.array([top_k], dtype=np.int64)})
         for j in range(len(chunk)):
             sl = slice(j * C, (j + 1) * C)
-            r_ids, r_scores, r_n = reference_selection(ref[sl], valid[sl] & allowed, top_k)
+            r_ids, r_scores, r_n = reference_selection(ref_sel[sl], valid[sl] & allowed, top_k)
             n = min(top_k, r_n)
             same_n = int(nvalid[j]) == r_n
             ok1 = same_n and (r_n == 0 or ids[j, 0] == r_ids[0])
@@ -139,7 +142,7 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
             top1 += ok1
             topk += okk
             if n:
-                max_selector = max(max_selector, float(np.max(np.abs(scores[j, :n] - ref[sl][ids[j, :n]]))))
+                max_selector = max(max_selector, float(np.max(np.abs(scores[j, :n] - ref_sel[sl][ids[j, :n]]))))
             if not ok1 and len(mismatched) < 10:
                 mismatched.append({name: int(v) for name, v in zip(op.problem_names, p[j])})
     shapes = len(probs)
@@ -157,7 +160,7 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
                     out_dir: str | Path, training: Mapping[str, Any], parity_problems: pd.DataFrame | None = None,
                     metrics: Any = None, select: str = "full", max_abs_diff: float = 1e-6,
                     source: Mapping[str, Any] | None = None, candidates: np.ndarray | None = None,
-                    selection: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    selection: Mapping[str, Any] | None = None, reranker: Any = None) -> dict[str, Any]:
     """Compile ``pipeline`` into ``out_dir`` (selector, scorer, manifest), atomically.
 
     Parameters
@@ -176,11 +179,16 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         CV metrics to record.
     select : str
         Selection strategy (``full``: every catalogue kernel scored by the full model;
-        ``pruned``: only ``candidates``, see :mod:`ckpred.export.strategies`).
+        ``pruned``: only ``candidates``; ``reranked``: only ``candidates``, scored by
+        ``reranker``; see :mod:`ckpred.export.strategies`).
     max_abs_diff : float
         Parity bar on |sklearn - ONNX| scores.
     candidates : ndarray of int or None
-        Catalogue ids the ``pruned`` selector scores (required for it, ignored by ``full``).
+        Catalogue ids the ``pruned`` and ``reranked`` selectors score (required for them,
+        ignored by ``full``).
+    reranker : sklearn Pipeline or None
+        ``reranked``: the fitted pipeline the selector compiles (:func:`ckpred.export.strategies.fit_reranker`);
+        the scorer always compiles ``pipeline``.
     selection : mapping or None
         How the candidates were learned (recorded in the manifest's ``selection`` section).
 
@@ -200,13 +208,16 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
     t0 = time.perf_counter()
     pipe_onnx = xo.convert_pipeline(pipeline, op)
     scorer = xo.build_scorer(pipe_onnx, op)
-    if select == "pruned":
+    if select == "reranked" and reranker is None:
+        raise ValueError("export.select='reranked' needs the fitted reranker pipeline")
+    selector_pipe = reranker if select == "reranked" else pipeline
+    if select in ("pruned", "reranked"):
         from ckpred.export.strategies import build_pruned_selector
 
         if candidates is None:
-            raise ValueError("export.select='pruned' needs the candidate kernel ids (learned from the training data)")
+            raise ValueError(f"export.select={select!r} needs the candidate kernel ids (learned from the training data)")
         candidates = np.asarray(candidates, dtype=np.int64)
-        selector = build_pruned_selector(pipeline, op, catalogue, candidates, arch=arch, dtype=dtype,
+        selector = build_pruned_selector(selector_pipe, op, catalogue, candidates, arch=arch, dtype=dtype,
                                          layout=layout, mask_builder=mask_builder_for(op))
     else:
         candidates = None
@@ -218,7 +229,8 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         t0 = time.perf_counter()
         parity = {"checked": True, **parity_check(pipeline, op, catalogue, parity_problems, scorer=scorer,
                                                  selector=selector, arch=arch, dtype=dtype, layout=layout,
-                                                 candidates=candidates)}
+                                                 candidates=candidates,
+                                                 selector_pipeline=None if selector_pipe is pipeline else selector_pipe)}
         parity["seconds"] = round(time.perf_counter() - t0, 2)
         parity["max_abs_diff_allowed"] = max_abs_diff
         worst = max(parity["max_abs_diff_scorer"], parity["max_abs_diff_selector"])
@@ -243,6 +255,8 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         "catalogue": mf.catalogue_section(op, catalogue),
         "features": _feature_names(pipeline),
         "model": _model_section(pipeline),
+        # the selector's model when it is not the scorer's (select=reranked)
+        "selector_model": None if selector_pipe is pipeline else _model_section(selector_pipe),
         "training": dict(training),
         "metrics": metrics,
         "parity": parity,
@@ -356,17 +370,23 @@ def export_command(cfg: Any) -> str:
     problems = table[list(op.problem_names)].drop_duplicates()
     if cfg.parity.shapes and len(problems) > cfg.parity.shapes:
         problems = problems.sample(cfg.parity.shapes, random_state=int(cfg.get("seed", 0)))
-    candidates, selection = None, None
-    if cfg.select == "pruned":
-        from ckpred.export.strategies import keep_for_table
+    candidates, selection, reranker = None, None, None
+    if cfg.select in ("pruned", "reranked"):
+        from ckpred.export.strategies import fit_reranker, keep_for_table
 
         top_n = int(cfg.get("prune_top_n", 1))
         candidates = keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=top_n)
         selection = {"top_n": top_n, "learned_from_shapes": int(len(table[list(op.problem_names)].drop_duplicates()))}
+        if cfg.select == "reranked":
+            # The reranker follows the recipe the pipeline was trained with (the run's, for run_dir).
+            size = OmegaConf.to_container(cfg.reranker, resolve=True)
+            reranker = fit_reranker(table, op, data_cfg, candidates, reranker=size, arch=cfg.arch, dtype=cfg.dtype,
+                                    layout=cfg.layout, seed=int(cfg.get("seed", 0)))
+            selection["reranker"] = size
     manifest = export_pipeline(pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=target,
                                training=training, parity_problems=problems if cfg.parity.check else None,
                                metrics=metrics, select=cfg.select, max_abs_diff=cfg.parity.max_abs_diff,
-                               source=source, candidates=candidates, selection=selection)
+                               source=source, candidates=candidates, selection=selection, reranker=reranker)
     par = manifest["parity"]
     if par.get("checked"):
         print(f"parity on {par['shapes']} shapes x {manifest['catalogue']['count']} kernels: top-1 agreement "

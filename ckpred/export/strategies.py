@@ -8,10 +8,17 @@
     fallback kernel valid for (nearly) every problem so that a problem some catalogue kernel can
     run never ends with no candidate. Kernels that never reached the top ``top_n`` of any
     training shape are the ones that cannot win in the data the model knows; dropping them
-    shrinks the tree work by ``C / len(keep)`` (4,608 -> a few hundred on the default data).
+    shrinks the tree work by ``C / len(keep)`` (4,608 -> a few dozen on the default data).
     The graph is the ``full`` selector over the kept rows of the catalogue, whose local TopK
     indices are mapped back to catalogue ids with a ``Gather``; its Python counterpart is
     ``pipeline.predict`` on the same rows (:func:`reference_scores`).
+``reranked``
+    The ``pruned`` candidate set, ranked by a *reranker*: the same recipe (features, model,
+    target) with a small model (``export.reranker``: 100 trees of 31 leaves by default) fitted
+    only on the candidates' rows of the training shapes (:func:`fit_reranker`). Telling a few
+    dozen strong kernels apart is an easier problem than ranking all 4,608, so a model a
+    fraction of the size ranks them as well as the full one, and its trees (which dominate the
+    pruned selector's time) cost a fraction. The scorer graph keeps the full model.
 
 Quality is measured under the same shape-grouped CV as ``train``: the candidate set is learned
 from each fold's training shapes only (:func:`learn_keep`) and applied to the fold's test shapes
@@ -118,6 +125,21 @@ def _kernel_ids(op: OpDefinition, catalogue: pd.DataFrame, table: pd.DataFrame) 
     return got.to_numpy(np.int64)
 
 
+def _among(keys: np.ndarray, wanted: Any) -> np.ndarray:
+    """bool per key: is it one of ``wanted`` (hashed; np.isin sorts object arrays, seconds per call)."""
+    return pd.Series(keys).isin(set(wanted)).to_numpy()
+
+
+def _table_rows(table: pd.DataFrame, table_keys: np.ndarray, oof: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """Positions in ``table`` of the out-of-fold rows ``rows`` (matched by shape and kernel)."""
+    index = pd.MultiIndex.from_arrays([table_keys, table["kernel_name"].to_numpy()])
+    wanted = pd.MultiIndex.from_arrays([oof["shape"].to_numpy()[rows], oof["kernel_name"].to_numpy()[rows]])
+    pos = index.get_indexer(wanted)
+    if (pos < 0).any():
+        raise ValueError("out-of-fold rows not found in the table: was the run trained on this data?")
+    return pos
+
+
 def keep_for_table(table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: Any, layout: Any,
                    top_n: int, shapes: Any = None) -> np.ndarray:
     """:func:`learn_keep` on a canonical table (optionally only the shapes ``shapes`` of it).
@@ -131,7 +153,7 @@ def keep_for_table(table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: A
     table = table.reset_index(drop=True)
     keys = np.asarray(op.shape_keys(table))
     codes, _ = pd.factorize(keys)
-    rows = np.arange(len(table)) if shapes is None else np.flatnonzero(np.isin(keys, np.asarray(list(shapes))))
+    rows = np.arange(len(table)) if shapes is None else np.flatnonzero(_among(keys, shapes))
     if not len(rows):
         raise ValueError("no training rows to learn the candidate set from")
     sub = table.iloc[rows].reset_index(drop=True)
@@ -144,8 +166,67 @@ def keep_for_table(table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: A
                       len(catalogue), top_n=top_n, fallback_valid=probes)
 
 
+def candidate_rows(table: pd.DataFrame, op: OpDefinition, keep: np.ndarray, *, arch: Any, dtype: Any,
+                   layout: Any) -> np.ndarray:
+    """bool per table row: a kept candidate the op's rules allow on the row's problem."""
+    catalogue = op.catalogue(arch, dtype, layout)
+    valid, _ = op.validity(table[list(op.problem_names)], table[list(op.kernel_names)], arch=arch, dtype=dtype,
+                           layout=layout)
+    return np.isin(_kernel_ids(op, catalogue, table), keep) & np.asarray(valid, dtype=bool)
+
+
+def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.ndarray, *, reranker: Any,
+                 arch: Any, dtype: Any, layout: Any, seed: int = 0) -> Any:
+    """The ``reranked`` strategy's model: the recipe's pipeline, sized by ``reranker``, fitted on
+    the rows of ``table`` whose kernel is a candidate (``keep``) and rule-valid.
+
+    Parameters
+    ----------
+    table : DataFrame
+        Canonical table of the training shapes (rows contiguous per shape, as ``load_table``
+        returns them).
+    recipe : config node
+        ``features``, ``model`` and ``target`` of the run (a train or export config).
+    keep : ndarray of int
+        The candidate set (:func:`keep_for_table` on the same shapes).
+    reranker : config node or mapping
+        ``n_estimators`` and ``num_leaves`` replacing the recipe model's; every other model
+        parameter is the recipe's (early stopping off: every training shape is used; one thread).
+
+    Returns
+    -------
+    sklearn.pipeline.Pipeline
+        Fitted; ``ckpred_target_`` set like ``train``'s pipelines.
+    """
+    from omegaconf import OmegaConf
+
+    from ckpred.evaluate import measured_perf
+    from ckpred.models import build_pipeline, fit_pipeline, target_name, training_target
+
+    rows = candidate_rows(table, op, keep, arch=arch, dtype=dtype, layout=layout)
+    if not rows.any():
+        raise ValueError("no training row of a candidate kernel: nothing to fit the reranker on")
+    sub = table.iloc[np.flatnonzero(rows)]
+    codes = pd.factorize(np.asarray(op.shape_keys(sub)))[0]
+    model_cfg = OmegaConf.merge(recipe.model, {"n_estimators": int(reranker["n_estimators"]),
+                                               "num_leaves": int(reranker["num_leaves"]), "early_stopping_rounds": 0,
+                                               # a few thousand rows fit in a second on one thread;
+                                               # more OpenMP threads only spin on a busy machine
+                                               "n_jobs": 1})
+    cfg = OmegaConf.create({"features": OmegaConf.to_container(recipe.features, resolve=True),
+                            "model": OmegaConf.to_container(model_cfg, resolve=True),
+                            "target": OmegaConf.to_container(recipe.target, resolve=True), "seed": int(seed),
+                            "layout": layout})
+    pipe = build_pipeline(cfg, op, arch, dtype)
+    perf = measured_perf(sub["tflops"].to_numpy(), sub["is_valid"].to_numpy())
+    y = training_target(perf, codes, cfg.model, cfg.target)
+    return fit_pipeline(pipe, op.encode_frame(sub), y, codes, model_cfg=cfg.model,
+                        target=target_name(cfg.model, cfg.target))
+
+
 def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: Any,
-                  layout: Any, top_n: int | None, score: str = "score_model") -> pd.DataFrame:
+                  layout: Any, top_n: int | None, score: str = "score_model", reranker: Any = None,
+                  recipe: Any = None, seed: int = 0) -> pd.DataFrame:
     """Per-shape selection metrics of a strategy on ``train``'s out-of-fold predictions.
 
     Parameters
@@ -158,6 +239,9 @@ def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, a
     top_n : int or None
         ``None`` = ``full`` (every kernel); else ``pruned`` with this ``top_n``, the candidate
         set learned for each fold from the *other* folds' shapes only (its training shapes).
+    reranker, recipe : config nodes, optional
+        ``reranked``: for each fold, :func:`fit_reranker` on that fold's training shapes scores
+        its test shapes' candidates (instead of the run's out-of-fold ``score``).
 
     Returns
     -------
@@ -172,15 +256,27 @@ def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, a
     allowed = np.ones(len(oof), dtype=bool)
     n_cand = np.full(len(oof), len(catalogue))
     fold = oof["fold"].to_numpy()
+    scores = oof[score].to_numpy(np.float64).copy()
+    if reranker is not None and top_n is None:
+        raise ValueError("the reranker scores a candidate set: give top_n")
     if top_n is not None:
+        table = table.reset_index(drop=True)
+        table_keys = np.asarray(op.shape_keys(table))
         for f in np.unique(fold):
             train_keys = pd.unique(oof["shape"].to_numpy()[fold != f])
             keep = keep_for_table(table, op, arch=arch, dtype=dtype, layout=layout, top_n=top_n, shapes=train_keys)
             rows = fold == f
             allowed[rows] = np.isin(kid[rows], keep)
             n_cand[rows] = len(keep)
+            if reranker is not None:
+                train_rows = _among(table_keys, train_keys)
+                pipe = fit_reranker(table[train_rows], op, recipe, keep, reranker=reranker, arch=arch, dtype=dtype,
+                                    layout=layout, seed=seed)
+                test = np.flatnonzero(rows & allowed)
+                test_rows = table.iloc[_table_rows(table, table_keys, oof, test)]
+                scores[test] = pipe.predict(op.encode_frame(test_rows))
     groups = ev.ShapeGroups.from_keys(oof["shape"].to_numpy())
-    out = ev.shape_metrics(oof["perf"].to_numpy(), oof[score].to_numpy(), groups,
+    out = ev.shape_metrics(oof["perf"].to_numpy(), scores, groups,
                            oof["selectable"].to_numpy(bool) & allowed)
     first = groups.first_rows()
     out["fold"] = fold[first]
