@@ -87,3 +87,18 @@ def test_selector_refuses_a_pipeline_it_cannot_factorise() -> None:
     union = FeatureUnion([("other", DummyRegressor())])
     with pytest.raises(TypeError, match="DummyRegressor"):
         feature_groups(Pipeline([("features", union), ("model", DummyRegressor())]))
+
+
+def test_shared_sub_expressions_are_emitted_once() -> None:
+    op, X, _ = _fitted("full")
+    _, kernels, _ = _pairs(op, X, 2, 30)
+
+    def count(n_copies: int) -> int:
+        groups = [(f"roofline{i}", group_class("roofline")(input_names=list(op.input_names)).fit(X))
+                  for i in range(n_copies)]
+        model = _features_graph(Pipeline([("features", FeatureUnion(groups)), ("model", DummyRegressor())]), op,
+                                kernels)
+        return sum(n.op_type not in {"Concat", "Gather", "Expand"} for n in model.graph.node)
+
+    # the second copy of the group adds no arithmetic: every node is found already emitted
+    assert count(2) == count(1) > 10

@@ -59,12 +59,19 @@ class HybridOps(OnnxOps):
         self._consts: dict[tuple[int, float], str] = {}
         self._numpy = NumpyOps(1)
         self.per_kernel: dict[str, bool] = {}  # tensor name -> varies along the candidate axis
+        # Feature groups share sub-expressions (log2(m), ceil(m / tile_m), ...): each distinct
+        # node and constant is emitted once (every node costs microseconds per call).
+        self._nodes: dict[tuple[Any, ...], str] = {}
+        self._arrays: dict[tuple[Any, ...], str] = {}
 
     # -- plumbing (GraphBuilder instead of skl2onnx's scope and container) ----------------------
     def node(self, op_type: str, inputs: list[str], hint: str | None = None, **attrs: Any) -> str:
-        out = self.g.op(op_type, *inputs, **attrs)
-        self.per_kernel[out] = any(self.per_kernel.get(i, False) for i in inputs)
-        return out
+        key = (op_type, tuple(inputs), tuple(sorted(attrs.items())))
+        if key not in self._nodes:
+            out = self.g.op(op_type, *inputs, **attrs)
+            self.per_kernel[out] = any(self.per_kernel.get(i, False) for i in inputs)
+            self._nodes[key] = out
+        return self._nodes[key]
 
     def const(self, value: float, dtype: int = TensorProto.DOUBLE) -> str:
         key = (dtype, float(value))
@@ -76,9 +83,12 @@ class HybridOps(OnnxOps):
     def array(self, value: np.ndarray) -> str:
         """An initializer holding a static array (its candidate axis recorded)."""
         array = np.asarray(value)
-        name = self.g.const(array, "static", dtype=array.dtype)
-        self.per_kernel[name] = array.ndim == 3 and array.shape[1] > 1
-        return name
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._arrays:
+            name = self.g.const(array, "static", dtype=array.dtype)
+            self.per_kernel[name] = array.ndim == 3 and array.shape[1] > 1
+            self._arrays[key] = name
+        return self._arrays[key]
 
     def _arg(self, x: Any) -> str:
         if isinstance(x, np.ndarray):
