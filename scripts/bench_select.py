@@ -16,9 +16,12 @@ export's parity figures.
 
     python scripts/bench_select.py [--shapes 300] [--out-dir exports/bench] [hydra overrides...]
 
-This times the ``full`` selector (every kernel scored). Latency against CV efficiency
-for every option (``full``, ``pruned`` at several ``prune_top_n``), cached latency and the
-trade-off plot: ``scripts/bench_strategies.py --train-run <train run dir>``.
+This times the ``full`` selector (every kernel scored). With ``--train-run <train run dir>`` the
+same run then measures every selection strategy (``full``, ``pruned``, ``reranked``; the default
+export is ``reranked``): latency against CV efficiency, cached latency and the trade-off plot,
+through ``scripts/bench_strategies.py`` on the same pipeline::
+
+    python scripts/bench_select.py --train-run runs/train/<time> rows.max_per_shape=512 rows.keep_top=128
 """
 
 from __future__ import annotations
@@ -103,6 +106,8 @@ def main() -> int:
     parser.add_argument("--float32-check", action="store_true",
                         help="also score every training row with onnxmltools' stock float32 trees and count "
                              "rows and top-1 choices that differ from sklearn")
+    parser.add_argument("--train-run", default="",
+                        help="a train run (oof_predictions.parquet): also measure every selection strategy")
     parser.add_argument("overrides", nargs="*", help="hydra overrides of the export config")
     args = parser.parse_args()
 
@@ -254,6 +259,13 @@ def main() -> int:
         Path(args.json).write_text(json.dumps({"latency_us": {k: {"median": v[0], "p99": v[1]} for k, v in results.items()},
                                                "files": man["files"], "parity": par, "fit_seconds": fit_s,
                                                "float32_check": f32}, indent=1))
+    if args.train_run:
+        import bench_strategies
+
+        print("\nselection strategies (scripts/bench_strategies.py, same pipeline):", flush=True)
+        return bench_strategies.main(["--train-run", args.train_run, "--shapes", str(min(args.shapes, 100)),
+                                      "--out-dir", args.out_dir, "--reuse", "--top-n", "1", "2", "5",
+                                      *args.overrides])
     return 0
 
 

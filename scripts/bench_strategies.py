@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Selection strategies (``export.select``): latency per shape against efficiency under CV.
 
-One run, for ``full`` and ``pruned`` at each ``--top-n``:
+One run, for ``full``, ``pruned`` at each ``--top-n`` and ``reranked`` (``--reranked-top-n``) at
+each ``--reranker`` size:
 
 * quality: mean / P10 / min per-shape efficiency of the strategy on the out-of-fold predictions
   of a finished ``train`` run (``--train-run``, same shape-grouped folds; the pruned candidate
@@ -9,6 +10,8 @@ One run, for ``full`` and ``pruned`` at each ``--top-n``:
 * latency: the strategy exported from the final pipeline (parity-checked on ``--parity-shapes``
   training shapes), then per unseen shape with one thread:
   C++ selector (``scripts/cpp``) median / p99 wall and median CPU time, repeated (cached) median;
+  (``reranked``: the candidate set's reranker is fitted per fold on that fold's training shapes
+  for the quality figures, and on every shape for the export);
   Python ``KernelSelector.select`` median wall and CPU time without cache, and cached;
 * a PNG of efficiency against C++ latency (``--plot``) and, with ``--json``, every figure.
 
@@ -45,10 +48,12 @@ def load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def quality(oof: pd.DataFrame, table: pd.DataFrame, op, cfg, top_n: int | None) -> dict[str, float]:
+def quality(oof: pd.DataFrame, table: pd.DataFrame, op, cfg, top_n: int | None,
+            reranker: dict | None = None) -> dict[str, float]:
     from ckpred.export.strategies import cv_efficiency
 
-    m = cv_efficiency(oof, table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=top_n)
+    m = cv_efficiency(oof, table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=top_n,
+                      reranker=reranker, recipe=cfg, seed=int(cfg.seed))
     eff = m["efficiency"].dropna().to_numpy() * 100
     return {"mean": float(eff.mean()), "p10": float(np.percentile(eff, 10)), "min": float(eff.min()),
             "shapes": int(len(eff)), "candidates_per_fold": sorted(set(int(c) for c in m["candidates"]))}
@@ -89,21 +94,24 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, marker in (("cpp_median_ms", "o"), ("cpp_cpu_ms", "s")):
-        x = [r[key] for r in rows]
-        y = [r["mean"] for r in rows]
-        ax.plot(x, y, marker=marker, linestyle="-" if key == "cpp_cpu_ms" else ":",
-                label="C++ CPU time (median)" if key == "cpp_cpu_ms" else "C++ wall time (median)")
-        if key == "cpp_cpu_ms":
-            for i, r in enumerate(rows):
-                label = "full" if r["option"] == "full" else r["option"].replace("pruned top_n=", "n=")
-                ax.annotate(f"{label}: {r['candidates']} kernels", (r[key], r["mean"]), textcoords="offset points",
-                            xytext=(4, 6 + 9 * (i % 3)), fontsize=7)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    # one series per strategy (points of a series differ in top_n or reranker size)
+    families: dict[str, list[dict]] = {}
+    for r in rows:
+        families.setdefault(r["option"].split()[0], []).append(r)
+    for (family, members), marker in zip(families.items(), "osD^v"):
+        members = sorted(members, key=lambda r: r["cpp_median_ms"])
+        ax.plot([r["cpp_median_ms"] for r in members], [r["mean"] for r in members], marker=marker,
+                linestyle=":" if len(members) > 1 else "none", label=f"{family} (C++ median wall time)")
+        for r in members:
+            detail = r["option"][len(family):].strip().replace("top_n=", "n=")
+            ax.annotate(f"{detail + ': ' if detail else ''}{r['candidates']} kernels", (r["cpp_median_ms"], r["mean"]),
+                        textcoords="offset points", xytext=(5, -10 if family == "pruned" else 5), fontsize=7)
     full = rows[0]["mean"]
     ax.axhline(0.995 * full, color="grey", linestyle="--", linewidth=0.8, label="99.5% of full mean")
     ax.axvline(1.0, color="red", linestyle="--", linewidth=0.8, label="1 ms target")
     ax.set_xscale("log")
+    ax.margins(x=0.15, y=0.12)
     ax.set_xlabel("selection latency per unseen shape, ms (one thread, log scale)")
     ax.set_ylabel("mean efficiency under CV, %")
     ax.set_title(title, fontsize=9)
@@ -113,10 +121,13 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train-run", required=True, help="train run dir with oof_predictions.parquet")
-    parser.add_argument("--top-n", type=int, nargs="+", default=[1, 2, 3, 5, 8], help="pruned options to measure")
+    parser.add_argument("--top-n", type=int, nargs="*", default=[1, 2, 3, 5, 8], help="pruned options to measure")
+    parser.add_argument("--reranked-top-n", type=int, nargs="*", default=[1], help="candidate sets of the reranked options")
+    parser.add_argument("--reranker", nargs="*", default=["50x15", "100x31", "300x127"],
+                        help="reranker sizes TREESxLEAVES of the reranked options")
     parser.add_argument("--shapes", type=int, default=200, help="unseen shapes to time (default 200)")
     parser.add_argument("--parity-shapes", type=int, default=40, help="training shapes in each export's parity check")
     parser.add_argument("--out-dir", default=str(REPO / "exports" / "bench_strategies"), help="export root (git-ignored)")
@@ -124,7 +135,7 @@ def main() -> int:
     parser.add_argument("--plot", default=str(REPO / "docs" / "select_tradeoff.png"), help="trade-off PNG path")
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     parser.add_argument("overrides", nargs="*", help="hydra overrides of the export config (match the train run)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import joblib
 
@@ -133,7 +144,7 @@ def main() -> int:
     from ckpred.data import load_table
     from ckpred.export import manifest as mf
     from ckpred.export.command import export_name, export_pipeline, fit_final
-    from ckpred.export.strategies import keep_for_table
+    from ckpred.export.strategies import fit_reranker, keep_for_table
     from ckpred.kernels.base import load_op
 
     print(f"load average (1/5/15 min) at start: {load()}", flush=True)
@@ -148,8 +159,18 @@ def main() -> int:
     n_folds = oof["fold"].nunique()
     print(f"data: {len(table):,} rows; OOF: {oof['shape'].nunique()} shapes in {n_folds} folds", flush=True)
 
-    options: list[tuple[str, int | None]] = [("full", None)] + [(f"pruned top_n={n}", n) for n in args.top_n]
-    qual = {name: quality(oof, table, op, cfg, n) for name, n in options}
+    options: list[tuple[str, int | None, dict | None]] = [("full", None, None)]
+    options += [(f"pruned top_n={n}", n, None) for n in args.top_n]
+    for n in args.reranked_top_n:
+        for size in args.reranker:
+            trees_, leaves_ = (int(v) for v in size.split("x"))
+            options.append((f"reranked top_n={n} {size}", n, {"n_estimators": trees_, "num_leaves": leaves_}))
+    qual = {}
+    for name, n, rr in options:
+        t0 = time.perf_counter()
+        qual[name] = quality(oof, table, op, cfg, n, rr)
+        print(f"{name}: CV quality {qual[name]['mean']:.2f} / {qual[name]['p10']:.2f} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
     root = Path(args.out_dir)
     saved = root / "pipeline.joblib"
@@ -179,15 +200,18 @@ def main() -> int:
             fh.write(",".join(str(int(v)) for v in r) + "\n")
 
     rows = []
-    for name, n in options:
+    for name, n, rr in options:
         out = root / (name.replace(" ", "_").replace("=", "")) / export_name(op.name, cfg.arch.name, cfg.dtype.name,
                                                                              cfg.layout.name)
         keep = None if n is None else keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype,
                                                      layout=cfg.layout, top_n=n)
+        reranker = None if rr is None else fit_reranker(table, op, cfg, keep, reranker=rr, arch=cfg.arch,
+                                                        dtype=cfg.dtype, layout=cfg.layout, seed=int(cfg.seed))
         man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=out,
                               training=mf.training_section(table, op), parity_problems=parity,
-                              select="full" if n is None else "pruned", candidates=keep,
-                              selection=None if n is None else {"top_n": n},
+                              select="full" if n is None else "pruned" if rr is None else "reranked",
+                              candidates=keep, reranker=reranker,
+                              selection=None if n is None else {"top_n": n, **({"reranker": rr} if rr else {})},
                               # the bar is checked below and printed in the table, not enforced here,
                               # so a parity miss of the model itself still shows every figure
                               max_abs_diff=float("inf"))
@@ -209,12 +233,12 @@ def main() -> int:
           f"catalogue kernels, 1 thread, {trees} trees x {leaves} leaves ({cfg.model.name}, features "
           f"{cfg.features.name}); efficiency under {n_folds}-fold shape-grouped CV ({full['shapes']} shapes, "
           f"{args.train_run}); load average at end {load()}")
-    head = (f"{'option':<16} {'cands':>6} {'C++ med ms':>10} {'C++ p99 ms':>10} {'C++ cpu ms':>10} {'C++ hit us':>10} "
+    head = (f"{'option':<28} {'cands':>6} {'C++ med ms':>10} {'C++ p99 ms':>10} {'C++ cpu ms':>10} {'C++ hit us':>10} "
             f"{'Py med ms':>9} {'Py cpu ms':>9} {'Py hit us':>9} {'mean %':>7} {'P10 %':>6} {'min %':>6} "
             f"{'mean/full':>9} {'dP10':>6} {'parity':>13}")
     print(head)
     for r in rows:
-        print(f"{r['option']:<16} {r['candidates']:>6} {r['cpp_median_ms']:>10.3f} {r['cpp_p99_ms']:>10.3f} "
+        print(f"{r['option']:<28} {r['candidates']:>6} {r['cpp_median_ms']:>10.3f} {r['cpp_p99_ms']:>10.3f} "
               f"{r['cpp_cpu_ms']:>10.3f} {r['cpp_hit_us']:>10.2f} {r['py_median_ms']:>9.3f} {r['py_cpu_ms']:>9.3f} "
               f"{r['py_hit_us']:>9.2f} {r['mean']:>7.2f} {r['p10']:>6.2f} {r['min']:>6.2f} "
               f"{r['mean'] / full['mean']:>9.4f} {r['p10'] - full['p10']:>+6.2f} "
