@@ -49,11 +49,34 @@ def model(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.fixture(scope="module")
+def reranked_model(tmp_path_factory) -> Path:
+    """The default strategy: learned candidates ranked by a small reranker of the same recipe."""
+    from ckpred.config import compose
+    from ckpred.export import strategies as st
+
+    op, cfg = gemm(), configs()
+    table = synthetic_table(op, cfg, TRAIN_SHAPES)
+    pipe = fit_pipeline(op, cfg, table, n_estimators=30)
+    keep = st.keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=2)
+    recipe = compose("export", ["features=minimal", "model=lgbm_regressor", "target=log1p", "model.n_jobs=1"])
+    size = {"n_estimators": 15, "num_leaves": 7}
+    reranker = st.fit_reranker(table, op, recipe, keep, reranker=size, arch=cfg.arch, dtype=cfg.dtype,
+                               layout=cfg.layout)
+    d = tmp_path_factory.mktemp("cpp_reranked") / "gemm_universal_gfx950_fp8_rcr"
+    export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
+                    training=mf.training_section(table, op), select="reranked", candidates=keep, reranker=reranker,
+                    selection={"top_n": 2, "reranker": size})
+    return d
+
+
 def _run(binary: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
-def test_cpp_output_equals_python_runtime(binary, model, tmp_path) -> None:
+@pytest.mark.parametrize("strategy", ["model", "reranked_model"])
+def test_cpp_output_equals_python_runtime(binary, strategy, tmp_path, request) -> None:
+    model = request.getfixturevalue(strategy)
     shapes = EDGE_SHAPES + TRAIN_SHAPES + [(100000, 1536, 7168)]
     shape_file = tmp_path / "shapes.txt"
     shape_file.write_text("# m,n,k\n" + "\n".join(f"{m},{n},{k}" for m, n, k in shapes) + "\n")
