@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,15 @@ def run_dir(cfg: Any, command: str) -> Path:
             out = resolve_path(Path("runs") / command / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks (pipelines and exports record it)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def package_versions(packages: tuple[str, ...]) -> dict[str, str]:

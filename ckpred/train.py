@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 
 from ckpred import evaluate as ev
-from ckpred.config import package_versions, run_dir
+from ckpred.config import package_versions, run_dir, sha256_file
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.models import booster, build_pipeline, fit_pipeline, target_name, training_target
 
@@ -484,7 +484,7 @@ def _write_outputs(out_dir: Path, cfg: DictConfig, op: OpDefinition, data: Prepa
 
     pipeline_sha = None
     if final is not None:
-        pipeline_sha = hashlib.sha256((out_dir / "pipeline.joblib").read_bytes()).hexdigest()
+        pipeline_sha = sha256_file(out_dir / "pipeline.joblib")
     manifest = {
         "command": "train",
         "created": datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -26,7 +26,6 @@ but its CV numbers measure memorisation and are flagged ``cv.leakage: true``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from omegaconf import DictConfig
 from sklearn.pipeline import Pipeline
 
 from ckpred import evaluate as ev
-from ckpred.config import resolve_path
+from ckpred.config import resolve_path, sha256_file
 from ckpred.errors import InputFileError, ModelMismatchError
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import booster, build_pipeline, target_name
@@ -95,7 +94,7 @@ def load_base(run_dir: str | Path) -> BaseModel:
     if not pipeline_file.exists():
         raise InputFileError(str(pipeline_file), "warm_start: missing; the base run was trained with "
                                                  "save_pipeline=false, rerun it with save_pipeline=true")
-    sha = hashlib.sha256(pipeline_file.read_bytes()).hexdigest()
+    sha = sha256_file(pipeline_file)
     expected = (manifest.get("pipeline") or {}).get("sha256")
     if sha != expected:
         raise ModelMismatchError(f"warm_start: {pipeline_file} has sha256 {sha}, but its manifest records "

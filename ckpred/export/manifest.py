@@ -46,12 +46,8 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+#: Re-exported: the exports record file hashes with the same helper as train runs.
+sha256_file = config.sha256_file
 
 
 def package_versions() -> dict[str, str]:
