@@ -122,3 +122,21 @@ def test_run_dir_without_pipeline_is_refused(tmp_path, monkeypatch) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="pipeline.joblib.*save_pipeline=true"):
         export_command(compose("export", ["run_dir=empty"]))
+
+
+def test_export_of_a_train_run_reports_the_strategy_under_the_runs_cv(tmp_path, monkeypatch) -> None:
+    from ckpred.train import train
+
+    monkeypatch.chdir(tmp_path)
+    small = ["shapes=tiny", "model.n_estimators=8", "model.num_leaves=7", "model.n_jobs=1", "rows.max_per_shape=192",
+             "rows.keep_top=32"]
+    train(compose("train", [*small, "cv.n_splits=3", "progress=false", "plots=false", "out_dir=run",
+                            "baselines.reference.enabled=false"]))
+    reported = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    out = export_command(compose("export", [*small, "run_dir=run", "out_dir=ex", "parity.shapes=3",
+                                            "reranker.n_estimators=10", "reranker.num_leaves=7"]))
+    cv = json.loads((Path(out) / "manifest.json").read_text())["selection"]["cv"]
+    assert cv["folds"] == 3 and cv["full"]["shapes"] == cv["reranked"]["shapes"] == 12
+    # "full" is the run's own out-of-fold result, recomputed: it must equal what train reported
+    assert cv["full"]["mean"] == pytest.approx(reported["model"]["mean"], abs=1e-12)
+    assert 0.3 < cv["reranked"]["mean"] <= 1.0 and cv["reranked"]["p10"] <= cv["reranked"]["mean"]

@@ -296,6 +296,28 @@ def fit_final(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> Any:
     return pipe
 
 
+def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Any, recipe: Any) -> dict[str, Any]:
+    """Per-shape efficiency of the exported strategy under the run's CV, next to the full model's.
+
+    The candidate set (and the reranker) of each fold are learned from its training shapes only
+    (:func:`ckpred.export.strategies.cv_efficiency`), so the figures say what the selector being
+    exported achieves on unseen shapes, not what ``train`` reported for the full model.
+    """
+    from omegaconf import OmegaConf
+
+    from ckpred.export.strategies import cv_efficiency
+
+    oof = pd.read_parquet(run_dir / "oof_predictions.parquet")
+    kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+    reranker = OmegaConf.to_container(cfg.reranker, resolve=True) if cfg.select == "reranked" else None
+    out: dict[str, Any] = {"folds": int(oof["fold"].nunique())}
+    for name, top_n, rr in (("full", None, None), (cfg.select, int(cfg.prune_top_n), reranker)):
+        eff = cv_efficiency(oof, table, op, top_n=top_n, reranker=rr, recipe=recipe, seed=int(cfg.get("seed", 0)),
+                            **kw)["efficiency"].dropna().to_numpy()
+        out[name] = {"shapes": int(len(eff)), "mean": float(eff.mean()), "p10": float(np.percentile(eff, 10))}
+    return out
+
+
 def _check_run_matches(cfg: Any, run_cfg: Any, run_dir: Path) -> None:
     diffs = []
     for key in ("op", "arch", "dtype", "layout"):
@@ -383,6 +405,8 @@ def export_command(cfg: Any) -> str:
             reranker = fit_reranker(table, op, data_cfg, candidates, reranker=size, arch=cfg.arch, dtype=cfg.dtype,
                                     layout=cfg.layout, seed=int(cfg.get("seed", 0)))
             selection["reranker"] = size
+        if cfg.run_dir and (resolve_path(cfg.run_dir) / "oof_predictions.parquet").is_file():
+            selection["cv"] = strategy_cv(resolve_path(cfg.run_dir), table, op, cfg, data_cfg)
     manifest = export_pipeline(pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=target,
                                training=training, parity_problems=problems if cfg.parity.check else None,
                                metrics=metrics, select=cfg.select, max_abs_diff=cfg.parity.max_abs_diff,
@@ -392,6 +416,11 @@ def export_command(cfg: Any) -> str:
         print(f"parity on {par['shapes']} shapes x {manifest['catalogue']['count']} kernels: top-1 agreement "
               f"{par['top1_agreement']:.2%}, top-{par['top_k']} {par['topk_agreement']:.2%}, max |diff| scorer "
               f"{par['max_abs_diff_scorer']:.3g}, selector {par['max_abs_diff_selector']:.3g}")
+    cv = (manifest["selection"] or {}).get("cv")
+    if cv:
+        print(f"under the run's {cv['folds']}-fold CV: {cfg.select} selector mean efficiency "
+              f"{cv[cfg.select]['mean']:.2%}, P10 {cv[cfg.select]['p10']:.2%} (full model {cv['full']['mean']:.2%}, "
+              f"P10 {cv['full']['p10']:.2%}) on {cv['full']['shapes']} shapes")
     sizes = ", ".join(f"{k} {v['bytes'] / 1e6:.2f} MB" for k, v in manifest["files"].items())
     print(f"exported {target} ({sizes})")
     return str(target)
