@@ -97,7 +97,7 @@ class OnnxOps:
 
     def __init__(self, scope: Any, container: Any, x_name: str) -> None:
         self.scope, self.container, self.x_name = scope, container, x_name
-        self._consts: dict[tuple[int, float], str] = {}
+        self._consts: dict[tuple[int, str], str] = {}
         self._zeros: Sym | None = None
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -112,7 +112,7 @@ class OnnxOps:
 
     def const(self, value: float, dtype: int = TensorProto.DOUBLE) -> str:
         """Name of a [1]-shaped constant initializer (deduplicated per value)."""
-        key = (dtype, float(value))
+        key = (dtype, repr(float(value)))  # repr keeps -0.0 apart from 0.0 (1 / -0.0 = -inf)
         if key not in self._consts:
             name = self._name("cst")
             self.container.add_initializer(name, dtype, [1], [int(value) if dtype == TensorProto.INT64

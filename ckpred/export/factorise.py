@@ -56,7 +56,7 @@ class HybridOps(OnnxOps):
     # pylint: disable=super-init-not-called  (no skl2onnx scope or container here)
     def __init__(self, g: Any) -> None:
         self.g = g
-        self._consts: dict[tuple[int, float], str] = {}
+        self._consts: dict[tuple[int, str], str] = {}
         self._numpy = NumpyOps(1)
         self.per_kernel: dict[str, bool] = {}  # tensor name -> varies along the candidate axis
         # Feature groups share sub-expressions (log2(m), ceil(m / tile_m), ...): each distinct
@@ -74,7 +74,7 @@ class HybridOps(OnnxOps):
         return self._nodes[key]
 
     def const(self, value: float, dtype: int = TensorProto.DOUBLE) -> str:
-        key = (dtype, float(value))
+        key = (dtype, repr(float(value)))  # repr keeps -0.0 apart from 0.0 (1 / -0.0 = -inf)
         if key not in self._consts:
             np_dtype = np.int64 if dtype == TensorProto.INT64 else np.float64
             self._consts[key] = self.g.const([value], "cst", dtype=np_dtype)
