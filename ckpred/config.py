@@ -66,11 +66,24 @@ def resolve_path(path: str | Path) -> Path:
 
 def run_dir(cfg: Any, command: str) -> Path:
     """Output folder of a command run: ``cfg.out_dir`` if set, else Hydra's run dir, else
-    (outside ``@hydra.main``: tests, notebooks) ``runs/<command>/<time>``; created if missing."""
+    (outside ``@hydra.main``: tests, notebooks) ``runs/<command>/<time>``; created if missing.
+
+    Under ``-m`` a set ``out_dir`` gets the job number appended (``<out_dir>/<job.num>``, like
+    Hydra's sweep dir): every job of the sweep would otherwise write into the same folder.
+    """
     from datetime import datetime
 
     if cfg.get("out_dir"):
         out = resolve_path(cfg.out_dir)
+        try:
+            from hydra.core.hydra_config import HydraConfig
+            from hydra.types import RunMode
+
+            hydra_cfg = HydraConfig.get()
+            if hydra_cfg.mode == RunMode.MULTIRUN:
+                out = out / str(hydra_cfg.job.num)
+        except ValueError:  # not under @hydra.main
+            pass
     else:
         try:
             from hydra.core.hydra_config import HydraConfig

@@ -438,7 +438,8 @@ class TrainConfig(RecipeConfig):
 
     cv: CVConfig = MISSING
     baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
-    #: Output folder; empty = Hydra's run dir (``runs/train/<time>``).
+    #: Output folder; empty = Hydra's run dir (``runs/train/<time>``). Under ``-m`` each job
+    #: writes to ``<out_dir>/<job number>``.
     out_dir: str = ""
     #: Fit the final pipeline on all data and save it (``pipeline.joblib``).
     save_pipeline: bool = True

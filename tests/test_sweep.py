@@ -42,6 +42,16 @@ def joblib_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return sweep_dir, proc.stdout + proc.stderr
 
 
+def test_sweep_with_out_dir_gives_each_job_its_own_folder(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = _sweep(tmp_path / "multirun", "model.num_leaves=3,4", f"out_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["0", "1"]
+    leaves = sorted(json.loads((out / job / "manifest.json").read_text())["config"]["model"]["num_leaves"]
+                    for job in ("0", "1"))
+    assert leaves == [3, 4]  # nothing overwritten: each job's own run
+
+
 def _job_mean_from_log(job_dir: Path) -> float:
     # train() logs the value it returns to the sweeper.
     match = re.search(r"model mean efficiency (\d\.\d+)", (job_dir / "train.log").read_text())
