@@ -308,3 +308,34 @@ def test_onnx_validity_mask_equals_python_rules() -> None:
     expected, _ = OP.validity(rows[list(OP.problem_names)], rows[list(OP.kernel_names)])
     np.testing.assert_array_equal(got, expected.reshape(len(problems), len(cat)))
     assert got[0].sum() == 30 and not got[1].any() and got[2, :30].all() and not got[:, 30].any()
+
+
+# -- scripts/conv_proof.py protocols ---------------------------------------------------------------
+def _conv_proof():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "conv_proof.py"
+    spec = importlib.util.spec_from_file_location("conv_proof", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_selection_protocol_never_sees_the_benchmark(tmp_path) -> None:
+    """Protocol T (where the recipe is chosen) trains and tests on the training table only;
+    A tests on the benchmark, B trains and tests on it."""
+    from pathlib import Path
+
+    from ckpred.config import compose
+
+    proof = _conv_proof()
+    data_dir = Path("/data/conv")
+    cfgs = {p: compose("train", proof.protocol_overrides(p, data_dir, tmp_path)) for p in ("T", "A", "B")}
+    assert cfgs["T"].data.path == str(data_dir / proof.TRAIN) and cfgs["T"].cv.name == "group_kfold"
+    assert proof.BENCH not in str(dict(cfgs["T"]))
+    assert cfgs["A"].data.path == str(data_dir / proof.TRAIN) and cfgs["A"].cv.data.path == str(data_dir / proof.BENCH)
+    assert cfgs["B"].data.path == str(data_dir / proof.BENCH) and cfgs["B"].cv.name == "group_kfold"
+    assert cfgs["T"].model.relevance_exponent == 0.5  # the recipe chosen on T (experiment config)
+    with pytest.raises(ValueError, match="allowed: A, B, T"):
+        proof.protocol_overrides("C", data_dir, tmp_path)
