@@ -5,7 +5,7 @@ CK Tile runs a grouped 2-D convolution forward as one implicit GEMM per group (s
 ``gemm_k = c*y*x`` with ``c``/``k`` the channels per group and
 ``ho = floor((hi + 2*pad_h - dilation_h*(y-1) - 1) / stride_h) + 1`` (``wo`` likewise).
 
-Three groups, each written once against the ``xp`` namespace so the ONNX converter of
+Four groups, each written once against the ``xp`` namespace so the ONNX converter of
 :mod:`ckpred.export.converters` evaluates the very same formulas:
 
 - :class:`ConvProblemFeatures` (``conv_problem``): the conv, its implicit GEMM, arithmetic
@@ -24,6 +24,9 @@ Three groups, each written once against the ``xp`` namespace so the ONNX convert
   estimate and the best estimate among the catalogue tiles. Absolute sizes shift between data
   sets; "how far is this tile from the analytically best tile for this problem" does not, which
   is what lets a model trained on one problem set rank kernels on another.
+- :class:`ConvLatencyFeatures` (``conv_latency``, feature set ``conv_latency`` only): the same
+  estimate with a fixed launch cost and the busiest CU's tile loads, relative to the best tile.
+  It did not move AMD's figures (README), so the default ``conv_full`` leaves it out.
 """
 
 from __future__ import annotations
