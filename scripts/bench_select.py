@@ -263,9 +263,11 @@ def main() -> int:
         import bench_strategies
 
         print("\nselection strategies (scripts/bench_strategies.py, same pipeline):", flush=True)
-        return bench_strategies.main(["--train-run", args.train_run, "--shapes", str(min(args.shapes, 100)),
-                                      "--out-dir", args.out_dir, "--reuse", "--top-n", "1", "2", "5",
-                                      *args.overrides])
+        # overrides first: argparse would read them as more --top-n values after it
+        extra = ["--json", str(Path(args.json).with_suffix(".strategies.json"))] if args.json else []
+        return bench_strategies.main([*args.overrides, "--train-run", args.train_run, "--shapes",
+                                      str(min(args.shapes, 100)), "--out-dir", args.out_dir, "--reuse",
+                                      "--top-n", "1", "2", "5", *extra])
     return 0
 
 
