@@ -574,6 +574,13 @@ class TuneSettings:
     n_startup_trials: int = 10
     #: Keep each trial's plots and final fitted pipeline (one extra fit per trial).
     trial_outputs: bool = False
+    #: ``median``: stop a trial after a fold when its running CV mean is below the median of
+    #: the earlier trials at that fold (optuna MedianPruner); ``none``: run every fold.
+    pruner: str = "median"
+    #: Complete trials before any is pruned.
+    pruner_startup_trials: int = 5
+    #: Folds every trial runs before it may be pruned.
+    pruner_warmup_folds: int = 1
     #: ``model.<name>`` -> range. ``conf/tune.yaml`` declares every tunable parameter (most with
     #: ``enabled: false``), so any of them is switched on and resized with plain overrides.
     space: dict[str, TuneParamConfig] = field(default_factory=dict)
@@ -582,6 +589,10 @@ class TuneSettings:
         check("tune.n_trials", self.n_trials, self.n_trials >= 1, "an integer >= 1")
         check("tune.timeout_s", self.timeout_s, self.timeout_s >= 0, "a number of seconds >= 0 (0 = no limit)")
         check("tune.n_startup_trials", self.n_startup_trials, self.n_startup_trials >= 0, "an integer >= 0")
+        check("tune.pruner", self.pruner, self.pruner in ("median", "none"), "one of ['median', 'none']")
+        check("tune.pruner_startup_trials", self.pruner_startup_trials, self.pruner_startup_trials >= 0,
+              "an integer >= 0")
+        check("tune.pruner_warmup_folds", self.pruner_warmup_folds, self.pruner_warmup_folds >= 0, "an integer >= 0")
         # An empty space is refused by ``ckpred.tune`` when it runs: the schema default must compose.
         for name, entry in self.space.items():
             tune_param(name, entry)

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import joblib
 import numpy as np
@@ -302,13 +302,17 @@ class _Progress:
             self.bar.__exit__(*exc)
 
 
-def train(cfg: DictConfig) -> float:
+def train(cfg: DictConfig, on_fold: Callable[[int, float], None] | None = None) -> float:
     """Train, cross-validate and evaluate against the baselines; write the run directory.
 
     Parameters
     ----------
     cfg : DictConfig
         A composed ``train`` config (``conf/train.yaml``).
+    on_fold : callable, optional
+        Called after each fold as ``on_fold(fold_index, mean)`` with the model's mean per-shape
+        efficiency over the shapes tested so far (``ckpred tune`` prunes trials with it). An
+        exception it raises stops the run before anything is written.
 
     Returns
     -------
@@ -369,6 +373,12 @@ def train(cfg: DictConfig) -> float:
                 if cfg.cv.name == "external" and method.name == "model":
                     fitted_external = pipe
                 progress.advance()
+            if on_fold is not None:
+                so_far = fold_of_row >= 0
+                running = ev.shape_metrics(test.perf[so_far], scores["model"][so_far],
+                                           ev.ShapeGroups.from_keys(test.groups.codes[so_far]),
+                                           test.selectable[so_far])["efficiency"].mean()
+                on_fold(i, float(running))
             if cfg.baselines.best_static:
                 train_rows = _rows_of(data.groups, fold.train_shapes)
                 sub = ev.ShapeGroups.from_keys(data.groups.codes[train_rows])

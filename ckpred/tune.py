@@ -95,6 +95,17 @@ def _fmt(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
+def make_pruner(settings: Any) -> Any:
+    """optuna pruner of ``tune.pruner``: ``median`` (stop a trial whose running CV mean after a
+    fold is below the median of earlier trials at that fold) or ``none``."""
+    import optuna
+
+    if settings.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=int(settings.pruner_startup_trials),
+                                           n_warmup_steps=int(settings.pruner_warmup_folds))
+    return optuna.pruners.NopPruner()
+
+
 def tune(cfg: DictConfig) -> float:
     """Run the optuna study; write trials.csv and best_params.json; print the best trial.
 
@@ -119,7 +130,8 @@ def tune(cfg: DictConfig) -> float:
     base_overrides = _command_overrides()
     sampler = optuna.samplers.TPESampler(seed=int(settings.sampler_seed),
                                          n_startup_trials=int(settings.n_startup_trials))
-    study = optuna.create_study(direction="maximize", sampler=sampler, study_name=f"ckpred-tune-{out_dir.name}")
+    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=make_pruner(settings),
+                                study_name=f"ckpred-tune-{out_dir.name}")
 
     def objective(trial: optuna.Trial) -> float:
         params = {name: suggest(trial, name, p) for name, p in space.items()}
@@ -128,7 +140,16 @@ def tune(cfg: DictConfig) -> float:
         overrides = [*base_overrides, *(f"model.{k}={_fmt(v)}" for k, v in params.items())]
         (trial_dir / "overrides.yaml").write_text(yaml.safe_dump(overrides))
         t = time.perf_counter()
-        value = train(trial_config(cfg, params, trial_dir, bool(settings.trial_outputs)))
+
+        def report(fold: int, running_mean: float) -> None:
+            # The folds are the same in every trial (same seed), so fold i's running mean is
+            # comparable across trials; a pruned trial writes no outputs.
+            trial.report(running_mean, fold)
+            if trial.should_prune():
+                trial.set_user_attr("wall_s", round(time.perf_counter() - t, 2))
+                raise optuna.TrialPruned(f"fold {fold}: running mean {running_mean:.4f}")
+
+        value = train(trial_config(cfg, params, trial_dir, bool(settings.trial_outputs)), on_fold=report)
         metrics = json.loads((trial_dir / "metrics.json").read_text())["model"]
         trial.set_user_attr("p10", metrics.get("p10"))
         trial.set_user_attr("wall_s", round(time.perf_counter() - t, 2))
@@ -144,6 +165,9 @@ def tune(cfg: DictConfig) -> float:
 
     frame = study.trials_dataframe()
     frame.to_csv(out_dir / "trials.csv", index=False)
+    if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
+        raise RuntimeError(f"tune: none of the {len(study.trials)} trials finished (all pruned or failed; see "
+                           f"{out_dir / 'trials.csv'}); raise tune.n_trials or set tune.pruner=none")
     best = study.best_trial
     overrides = [f"model.{k}={_fmt(v)}" for k, v in best.params.items()]
     result = {
@@ -168,7 +192,8 @@ def print_study(study: Any, out_dir: Path, result: dict[str, Any]) -> None:
     console = Console(width=None if sys.stdout.isatty() else 160)
     done = sorted((t for t in study.trials if t.value is not None), key=lambda t: (-t.value, t.number))
     names = list(result["space"])
-    table = Table(title=f"tune: {len(done)} of {len(study.trials)} trials finished, best first "
+    pruned = sum(t.state.name == "PRUNED" for t in study.trials)
+    table = Table(title=f"tune: {len(done)} of {len(study.trials)} trials finished ({pruned} pruned), best first "
                         f"(efficiency %, {result['cv']})")
     for col in ("trial", "mean", "P10", "wall s", *names):
         table.add_column(col, justify="right")

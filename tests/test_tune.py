@@ -136,3 +136,44 @@ def test_sampled_value_outside_the_model_schema_names_the_model_key(tmp_path: Pa
     ok = trial_config(cfg, {"num_leaves": 5, "learning_rate": 0.1}, tmp_path, keep_outputs=False)
     assert (ok.model.num_leaves, ok.model.learning_rate, ok.out_dir, ok.save_pipeline) == (5, 0.1, str(tmp_path), False)
     assert cfg.model.num_leaves != 5 or cfg.model.learning_rate != 0.1  # the study's config is untouched
+
+
+def test_train_reports_the_running_mean_after_each_fold(tmp_path: Path) -> None:
+    from ckpred.train import train
+
+    seen: list[tuple[int, float]] = []
+    cfg = compose("train", [*SMALL[:5], "cv.n_splits=3", "model.n_estimators=4", "baselines.reference.enabled=false",
+                            "progress=false", "plots=false", "save_pipeline=false", f"out_dir={tmp_path}"])
+    value = train(cfg, on_fold=lambda i, mean: seen.append((i, mean)))
+    assert [i for i, _ in seen] == [0, 1, 2]
+    assert seen[-1][1] == pytest.approx(value, abs=1e-12)  # after the last fold: the reported mean
+
+
+def test_median_pruner_stops_trials_below_the_median_and_they_write_nothing(tmp_path: Path, monkeypatch) -> None:
+    import numpy as np
+    import optuna
+
+    studies: list[optuna.Study] = []
+    real = optuna.create_study
+    monkeypatch.setattr(optuna, "create_study", lambda **kw: studies.append(real(**kw)) or studies[-1])
+    out = tmp_path / "study"
+    tune(compose("tune", [*SMALL, "cv.n_splits=3", "tune.n_trials=8", "tune.pruner_startup_trials=1",
+                          "tune.pruner_warmup_folds=0", f"out_dir={out}"]))
+    trials = studies[0].trials
+    pruned = [t for t in trials if t.state == optuna.trial.TrialState.PRUNED]
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert pruned and complete  # fixed sampler seed: the same trials every run
+    for t in pruned:
+        step = max(t.intermediate_values)
+        earlier = [c.intermediate_values[step] for c in complete if c.number < t.number]
+        assert t.intermediate_values[step] < np.median(earlier)  # below the median at that fold
+        assert not (out / "trials" / f"{t.number:03d}" / "metrics.json").exists()
+    for t in complete:  # one report per fold, the last one is the trial's value
+        assert sorted(t.intermediate_values) == [0, 1, 2]
+        assert t.intermediate_values[2] == pytest.approx(t.value, abs=1e-12)
+    assert set(pd.read_csv(out / "trials.csv")["state"]) == {"COMPLETE", "PRUNED"}
+
+
+def test_pruner_option_is_checked() -> None:
+    with pytest.raises(ConfigValueError, match="tune.pruner"):
+        compose("tune", ["tune.pruner=hyperband"])
