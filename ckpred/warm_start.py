@@ -38,8 +38,7 @@ from omegaconf import DictConfig
 from sklearn.pipeline import Pipeline
 
 from ckpred import evaluate as ev
-from ckpred.config import resolve_path, sha256_file
-from ckpred.errors import InputFileError, ModelMismatchError
+from ckpred.errors import ModelMismatchError
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import booster, build_pipeline, target_name
 
@@ -80,26 +79,10 @@ def load_base(run_dir: str | Path) -> BaseModel:
     ckpred.errors.ModelMismatchError
         When ``pipeline.joblib`` is not the file the manifest describes.
     """
-    path = resolve_path(run_dir)
-    manifest_file, pipeline_file = path / "manifest.json", path / "pipeline.joblib"
-    if not path.is_dir():
-        raise InputFileError(str(path), "warm_start: no such directory (expected a train run dir, "
-                                        "e.g. runs/train/<time>)")
-    if not manifest_file.exists():
-        raise InputFileError(str(manifest_file), "warm_start: missing; the directory is not a finished train run")
-    manifest = json.loads(manifest_file.read_text())
-    if manifest.get("command") != "train":
-        raise InputFileError(str(manifest_file), f"warm_start: written by command {manifest.get('command')!r}, "
-                                                 "expected a 'train' run dir")
-    if not pipeline_file.exists():
-        raise InputFileError(str(pipeline_file), "warm_start: missing; the base run was trained with "
-                                                 "save_pipeline=false, rerun it with save_pipeline=true")
-    sha = sha256_file(pipeline_file)
-    expected = (manifest.get("pipeline") or {}).get("sha256")
-    if sha != expected:
-        raise ModelMismatchError(f"warm_start: {pipeline_file} has sha256 {sha}, but its manifest records "
-                                 f"{expected}; the pipeline was replaced or damaged after training")
-    pipe = joblib.load(pipeline_file)
+    from ckpred.runs import load_train_run
+
+    run = load_train_run(run_dir, purpose="warm_start", require_manifest=True)
+    path, pipe, manifest, sha = run.path, run.pipeline, run.manifest, run.sha256
     folds_file = path / "folds.json"
     trained: set[str] = set()
     if folds_file.exists():

@@ -140,3 +140,13 @@ def test_export_of_a_train_run_reports_the_strategy_under_the_runs_cv(tmp_path, 
     # "full" is the run's own out-of-fold result, recomputed: it must equal what train reported
     assert cv["full"]["mean"] == pytest.approx(reported["model"]["mean"], abs=1e-12)
     assert 0.3 < cv["reranked"]["mean"] <= 1.0 and cv["reranked"]["p10"] <= cv["reranked"]["mean"]
+
+
+def test_run_dir_without_manifest_is_compiled_from_its_hydra_config(run_dir, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (run_dir / "manifest.json").unlink()  # e.g. a run copied without it: the pipeline alone still exports
+    out = export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex", "parity.shapes=2", "select=full"]))
+    man = json.loads((Path(out) / "manifest.json").read_text())
+    assert man["source"]["pipeline_sha256"] == sha256_file(run_dir / "pipeline.joblib")
+    assert man["source"]["train_data_hash"] is None and man["metrics"] is None
+    assert man["training"]["shapes"] == 12  # the run's .hydra/config.yaml (tiny shapes), not this config's data

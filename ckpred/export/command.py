@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 import pandas as pd
 
-from ckpred.errors import MissingFileError, ModelMismatchError
+from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
 from ckpred.export.validity import mask_builder_for
@@ -341,21 +341,15 @@ def export_command(cfg: Any) -> str:
     metrics = None
     source: dict[str, Any] = {}
     if cfg.run_dir:
-        import joblib
+        from ckpred.runs import load_train_run
 
-        run_dir = resolve_path(cfg.run_dir)
-        pipe_path = run_dir / "pipeline.joblib"
-        if not pipe_path.is_file():
-            raise MissingFileError(str(pipe_path), f"no fitted pipeline in run_dir={cfg.run_dir} "
-                                                   "(train with save_pipeline=true)")
-        train_manifest: dict[str, Any] = {}
-        if (run_dir / "manifest.json").is_file():
-            train_manifest = json.loads((run_dir / "manifest.json").read_text())
-            for key in ("op", "arch", "dtype", "layout"):
-                theirs = train_manifest.get(key)
-                if isinstance(theirs, str) and theirs != _name(cfg[key]):
-                    raise ModelMismatchError(f"{run_dir}/manifest.json: {key} is {theirs!r}, this export config "
-                                             f"has {_name(cfg[key])!r} (pass {key}={theirs})")
+        run = load_train_run(cfg.run_dir, purpose="export", require_manifest=False)
+        run_dir, train_manifest = run.path, run.manifest
+        for key in ("op", "arch", "dtype", "layout"):
+            theirs = train_manifest.get(key)
+            if isinstance(theirs, str) and theirs != _name(cfg[key]):
+                raise ModelMismatchError(f"{run_dir}/manifest.json: {key} is {theirs!r}, this export config "
+                                         f"has {_name(cfg[key])!r} (pass {key}={theirs})")
         # The run's own config says which data it trained on (for the ranges and the parity shapes).
         run_cfg_path = run_dir / ".hydra" / "config.yaml"
         data_cfg = cfg
@@ -365,13 +359,9 @@ def export_command(cfg: Any) -> str:
             data_cfg = OmegaConf.load(run_cfg_path)
         if data_cfg is not cfg:
             _check_run_matches(cfg, data_cfg, run_dir)
-        pipe_sha = mf.sha256_file(pipe_path)
-        recorded = (train_manifest.get("pipeline") or {}).get("sha256")
-        if recorded and recorded != pipe_sha:
-            raise ModelMismatchError(f"{pipe_path}: sha256 {pipe_sha} differs from the run manifest's {recorded} "
-                                     "(pipeline replaced after training)")
         metrics = train_manifest.get("metrics")
-        pipeline = joblib.load(pipe_path)
+        pipeline = run.pipeline
+        pipe_sha = run.sha256
         table = load_table(data_cfg)
         train_hash = (train_manifest.get("data") or {}).get("hash")
         source = {"kind": "run_dir", "run_dir": str(run_dir), "pipeline_sha256": pipe_sha,
