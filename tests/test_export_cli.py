@@ -150,3 +150,17 @@ def test_run_dir_without_manifest_is_compiled_from_its_hydra_config(run_dir, tmp
     assert man["source"]["pipeline_sha256"] == sha256_file(run_dir / "pipeline.joblib")
     assert man["source"]["train_data_hash"] is None and man["metrics"] is None
     assert man["training"]["shapes"] == 12  # the run's .hydra/config.yaml (tiny shapes), not this config's data
+
+
+def test_export_of_a_holdout_run_says_why_it_has_no_cv_report(tmp_path, monkeypatch) -> None:
+    from ckpred.train import train
+
+    monkeypatch.chdir(tmp_path)
+    small = ["shapes=tiny", "model.n_estimators=8", "model.num_leaves=7", "model.n_jobs=1", "rows.max_per_shape=192",
+             "rows.keep_top=32"]
+    train(compose("train", [*small, "cv=holdout", "progress=false", "plots=false", "out_dir=run",
+                            "baselines.reference.enabled=false"]))
+    out = export_command(compose("export", [*small, "run_dir=run", "out_dir=ex", "parity.shapes=2",
+                                            "reranker.n_estimators=5", "reranker.num_leaves=3"]))
+    cv = json.loads((Path(out) / "manifest.json").read_text())["selection"]["cv"]
+    assert "1 fold(s)" in cv["skipped"] and "k-fold CV" in cv["skipped"]  # holdout tests a part of the shapes

@@ -308,6 +308,13 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Any, 
     from ckpred.export.strategies import cv_efficiency
 
     oof = pd.read_parquet(run_dir / "oof_predictions.parquet")
+    tested, trained = set(pd.unique(oof["shape"])), set(pd.unique(np.asarray(op.shape_keys(table))))
+    if tested != trained or oof["fold"].nunique() < 2:
+        # external / holdout CV: the tested shapes are not the training table's folds, so the
+        # candidates and reranker of a fold cannot be relearned from "the other folds".
+        return {"skipped": f"the run's CV tested {len(tested)} shapes in {oof['fold'].nunique()} fold(s), "
+                           f"its training table has {len(trained)}: a per-fold report needs k-fold CV over "
+                           "the training shapes"}
     kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
     reranker = OmegaConf.to_container(cfg.reranker, resolve=True) if cfg.select == "reranked" else None
     out: dict[str, Any] = {"folds": int(oof["fold"].nunique())}
@@ -407,7 +414,9 @@ def export_command(cfg: Any) -> str:
               f"{par['top1_agreement']:.2%}, top-{par['top_k']} {par['topk_agreement']:.2%}, max |diff| scorer "
               f"{par['max_abs_diff_scorer']:.3g}, selector {par['max_abs_diff_selector']:.3g}")
     cv = (manifest["selection"] or {}).get("cv")
-    if cv:
+    if cv and "skipped" in cv:
+        print(f"no CV report of the {cfg.select} selector: {cv['skipped']}")
+    elif cv:
         print(f"under the run's {cv['folds']}-fold CV: {cfg.select} selector mean efficiency "
               f"{cv[cfg.select]['mean']:.2%}, P10 {cv[cfg.select]['p10']:.2%} (full model {cv['full']['mean']:.2%}, "
               f"P10 {cv['full']['p10']:.2%}) on {cv['full']['shapes']} shapes")
