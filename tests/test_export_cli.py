@@ -124,18 +124,24 @@ def test_run_dir_without_pipeline_is_refused(tmp_path, monkeypatch) -> None:
         export_command(compose("export", ["run_dir=empty"]))
 
 
-def test_export_of_a_train_run_reports_the_strategy_under_the_runs_cv(tmp_path, monkeypatch) -> None:
+def _train_then_export(cv: str) -> dict:
+    """A tiny train run (``cv`` override) in ./run, exported with a small reranker: the manifest's
+    ``selection.cv``."""
     from ckpred.train import train
 
-    monkeypatch.chdir(tmp_path)
     small = ["shapes=tiny", "model.n_estimators=8", "model.num_leaves=7", "model.n_jobs=1", "rows.max_per_shape=192",
              "rows.keep_top=32"]
-    train(compose("train", [*small, "cv.n_splits=3", "progress=false", "plots=false", "out_dir=run",
+    train(compose("train", [*small, cv, "progress=false", "plots=false", "out_dir=run",
                             "baselines.reference.enabled=false"]))
-    reported = json.loads((tmp_path / "run" / "metrics.json").read_text())
     out = export_command(compose("export", [*small, "run_dir=run", "out_dir=ex", "parity.shapes=3",
                                             "reranker.n_estimators=10", "reranker.num_leaves=7"]))
-    cv = json.loads((Path(out) / "manifest.json").read_text())["selection"]["cv"]
+    return json.loads((Path(out) / "manifest.json").read_text())["selection"]["cv"]
+
+
+def test_export_of_a_train_run_reports_the_strategy_under_the_runs_cv(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cv = _train_then_export("cv.n_splits=3")
+    reported = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert cv["folds"] == 3 and cv["full"]["shapes"] == cv["reranked"]["shapes"] == 12
     # "full" is the run's own out-of-fold result, recomputed: it must equal what train reported
     assert cv["full"]["mean"] == pytest.approx(reported["model"]["mean"], abs=1e-12)
@@ -153,14 +159,6 @@ def test_run_dir_without_manifest_is_compiled_from_its_hydra_config(run_dir, tmp
 
 
 def test_export_of_a_holdout_run_says_why_it_has_no_cv_report(tmp_path, monkeypatch) -> None:
-    from ckpred.train import train
-
     monkeypatch.chdir(tmp_path)
-    small = ["shapes=tiny", "model.n_estimators=8", "model.num_leaves=7", "model.n_jobs=1", "rows.max_per_shape=192",
-             "rows.keep_top=32"]
-    train(compose("train", [*small, "cv=holdout", "progress=false", "plots=false", "out_dir=run",
-                            "baselines.reference.enabled=false"]))
-    out = export_command(compose("export", [*small, "run_dir=run", "out_dir=ex", "parity.shapes=2",
-                                            "reranker.n_estimators=5", "reranker.num_leaves=3"]))
-    cv = json.loads((Path(out) / "manifest.json").read_text())["selection"]["cv"]
+    cv = _train_then_export("cv=holdout")
     assert "1 fold(s)" in cv["skipped"] and "k-fold CV" in cv["skipped"]  # holdout tests a part of the shapes
