@@ -219,3 +219,14 @@ def test_cv_reranker_of_each_fold_sees_its_training_shapes_only(setup, monkeypat
     assert out["efficiency"].mean() > st.cv_efficiency(oof, t, op, top_n=2, **kw)["efficiency"].mean()
     with pytest.raises(ValueError, match="top_n"):
         st.cv_efficiency(oof, t, op, top_n=None, reranker=RERANKER, recipe=compose("export"), **kw)
+
+
+@pytest.mark.parametrize("keep", [[], [0, 0], [-1], [10**6]])
+def test_selector_refuses_a_bad_candidate_set(setup, pruned, keep) -> None:
+    from ckpred.export.validity import mask_builder_for
+
+    op, cfg, _ = setup
+    cat = op.catalogue(cfg.arch, cfg.dtype, cfg.layout)
+    with pytest.raises(ValueError, match=rf"keep must be distinct catalogue ids in \[0, {len(cat)}\), got {len(keep)} ids"):
+        xo.build_selector(pruned[0], op, cat, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout,
+                          mask_builder=mask_builder_for(op), keep=np.array(keep, dtype=np.int64))

@@ -211,18 +211,14 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
     if select == "reranked" and reranker is None:
         raise ValueError("export.select='reranked' needs the fitted reranker pipeline")
     selector_pipe = reranker if select == "reranked" else pipeline
-    if select in ("pruned", "reranked"):
-        from ckpred.export.strategies import build_pruned_selector
-
-        if candidates is None:
-            raise ValueError(f"export.select={select!r} needs the candidate kernel ids (learned from the training data)")
-        candidates = np.asarray(candidates, dtype=np.int64)
-        selector = build_pruned_selector(selector_pipe, op, catalogue, candidates, arch=arch, dtype=dtype,
-                                         layout=layout, mask_builder=mask_builder_for(op))
-    else:
+    if select == "full":
         candidates = None
-        selector = xo.build_selector(pipeline, op, catalogue, arch=arch, dtype=dtype, layout=layout,
-                                     mask_builder=mask_builder_for(op))
+    elif candidates is None:
+        raise ValueError(f"export.select={select!r} needs the candidate kernel ids (learned from the training data)")
+    else:
+        candidates = np.asarray(candidates, dtype=np.int64)
+    selector = xo.build_selector(selector_pipe, op, catalogue, arch=arch, dtype=dtype, layout=layout,
+                                 mask_builder=mask_builder_for(op), keep=candidates)
     convert_s = time.perf_counter() - t0
     parity: dict[str, Any] = {"checked": False}
     if parity_problems is not None and len(parity_problems):

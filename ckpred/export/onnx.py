@@ -198,7 +198,14 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
 
     With ``keep`` (distinct catalogue ids, :mod:`ckpred.export.strategies`), only those rows are
     scored and masked and a final ``Gather`` maps TopK's positions back to catalogue ids; the
-    inputs and outputs are the same, and ``num_valid`` counts the valid *candidates*.
+    inputs and outputs are the same, and ``num_valid`` counts the valid *candidates*, so
+    ``min(top_k, num_valid)`` is still the number of real choices.
+
+    Raises
+    ------
+    ValueError
+        On an empty catalogue, ``kernel_id`` not ``0..C-1`` in row order, or ``keep`` not
+        distinct catalogue ids.
     """
     from ckpred.export.factorise import selector_features
 
@@ -207,15 +214,18 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
         raise ValueError(f"empty catalogue for op {op.name}: nothing to select from")
     if not np.array_equal(catalogue["kernel_id"].to_numpy(), np.arange(C)):
         raise ValueError("catalogue kernel_id must be 0..n-1 in row order (the selector returns row indices)")
-    scored = catalogue if keep is None else catalogue.iloc[np.asarray(keep, dtype=np.int64)].reset_index(drop=True)
+    if keep is not None:
+        keep = np.asarray(keep, dtype=np.int64)
+        if not len(keep) or keep.min() < 0 or keep.max() >= C or len(np.unique(keep)) != len(keep):
+            raise ValueError(f"keep must be distinct catalogue ids in [0, {C}), got {len(keep)} ids")
+    scored = catalogue if keep is None else catalogue.iloc[keep].reset_index(drop=True)
     K = len(scored)
     g = GraphBuilder()
-    b = g.op("Slice", g.op("Shape", "problem"), g.const([0], dtype=np.int64), g.const([1], dtype=np.int64))
     c = g.const([K], dtype=np.int64)
     x = selector_features(g, pipeline, op, op.encode(scored, op.kernel_names), "problem")  # [B*K, F]
     raw = g.name("score2d")
     _add_pipeline(g, convert_model_step(pipeline), x, raw)
-    score = g.op("Reshape", raw, g.op("Concat", b, c, axis=0))  # [B, K]
+    score = g.op("Reshape", raw, g.const([-1, K], dtype=np.int64))  # [B, K]
     mask = mask_builder(g, "problem", scored, op=op, arch=arch, dtype=dtype, layout=layout)
     masked = g.op("Where", mask, score, g.const(-np.inf, dtype=np.float64))
     k = g.op("Min", "top_k", c)
@@ -224,7 +234,7 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
     else:
         local = g.name("local_ids")
         g.op("TopK", masked, k, axis=1, largest=1, sorted=1, out=["scores", local])
-        g.op("Gather", g.const(np.asarray(keep, dtype=np.int64), "candidate_ids", dtype=np.int64), local,
+        g.op("Gather", g.const(keep, "candidate_ids", dtype=np.int64), local,
              axis=0, out="kernel_ids")
     g.op("ReduceSum", g.op("Cast", mask, to=TensorProto.INT64), g.const([1], dtype=np.int64), keepdims=0,
          out="num_valid")

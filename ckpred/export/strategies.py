@@ -9,9 +9,10 @@
     run never ends with no candidate. Kernels that never reached the top ``top_n`` of any
     training shape are the ones that cannot win in the data the model knows; dropping them
     shrinks the tree work by ``C / len(keep)`` (4,608 -> a few dozen on the default data).
-    The graph is the ``full`` selector over the kept rows of the catalogue, whose local TopK
-    indices are mapped back to catalogue ids with a ``Gather``; its Python counterpart is
-    ``pipeline.predict`` on the same rows (:func:`reference_scores`).
+    The graph is the ``full`` selector over the kept rows of the catalogue
+    (:func:`ckpred.export.onnx.build_selector` with ``keep``), whose local TopK indices are
+    mapped back to catalogue ids with a ``Gather``; its Python counterpart is
+    ``pipeline.predict`` on the same rows.
 ``reranked``
     The ``pruned`` candidate set, ranked by a *reranker*: the same recipe (features, model,
     target) with a small model (``export.reranker``: 100 trees of 31 leaves by default) fitted
@@ -30,10 +31,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import onnx
 import pandas as pd
 
-from ckpred.export import onnx as xo
 from ckpred.kernels.base import OpDefinition
 
 
@@ -98,21 +97,6 @@ def probe_validity(op: OpDefinition, catalogue: pd.DataFrame, problems: pd.DataF
     kern = catalogue.iloc[np.tile(np.arange(C), P)].reset_index(drop=True)
     valid, _ = op.validity(rows, kern, arch=arch, dtype=dtype, layout=layout)
     return np.asarray(valid, dtype=bool).reshape(P, C)
-
-
-def build_pruned_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, keep: np.ndarray, *,
-                          arch: Any, dtype: Any, layout: Any, mask_builder: xo.MaskBuilder) -> onnx.ModelProto:
-    """The selector graph (same inputs/outputs as ``full``) scoring only catalogue rows ``keep``.
-
-    ``num_valid`` counts the valid *candidates* (kept kernels), so ``min(top_k, num_valid)`` is
-    still the number of real choices.
-    """
-    keep = np.asarray(keep, dtype=np.int64)
-    C = len(catalogue)
-    if not len(keep) or keep.min() < 0 or keep.max() >= C or len(np.unique(keep)) != len(keep):
-        raise ValueError(f"keep must be distinct catalogue ids in [0, {C}), got {len(keep)} ids")
-    return xo.build_selector(pipeline, op, catalogue, arch=arch, dtype=dtype, layout=layout,
-                             mask_builder=mask_builder, keep=keep)
 
 
 def _kernel_ids(op: OpDefinition, catalogue: pd.DataFrame, table: pd.DataFrame) -> np.ndarray:
