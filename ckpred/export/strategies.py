@@ -153,10 +153,12 @@ def keep_for_table(table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: A
 def candidate_rows(table: pd.DataFrame, op: OpDefinition, keep: np.ndarray, *, arch: Any, dtype: Any,
                    layout: Any) -> np.ndarray:
     """bool per table row: a kept candidate the op's rules allow on the row's problem."""
-    catalogue = op.catalogue(arch, dtype, layout)
-    valid, _ = op.validity(table[list(op.problem_names)], table[list(op.kernel_names)], arch=arch, dtype=dtype,
+    out = np.isin(_kernel_ids(op, op.catalogue(arch, dtype, layout), table), keep)
+    rows = table.iloc[np.flatnonzero(out)]  # the rules only on the candidates' rows (a few % of them)
+    valid, _ = op.validity(rows[list(op.problem_names)], rows[list(op.kernel_names)], arch=arch, dtype=dtype,
                            layout=layout)
-    return np.isin(_kernel_ids(op, catalogue, table), keep) & np.asarray(valid, dtype=bool)
+    out[out] = np.asarray(valid, dtype=bool)
+    return out
 
 
 def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.ndarray, *, reranker: Any,
@@ -247,14 +249,14 @@ def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, a
         table = table.reset_index(drop=True)
         table_keys = np.asarray(op.shape_keys(table))
         for f in np.unique(fold):
-            train_keys = pd.unique(oof["shape"].to_numpy()[fold != f])
-            keep = keep_for_table(table, op, arch=arch, dtype=dtype, layout=layout, top_n=top_n, shapes=train_keys)
+            # the fold's training shapes: the other folds' (candidates and reranker learned there only)
+            train_table = table[_among(table_keys, pd.unique(oof["shape"].to_numpy()[fold != f]))]
+            keep = keep_for_table(train_table, op, arch=arch, dtype=dtype, layout=layout, top_n=top_n)
             rows = fold == f
             allowed[rows] = np.isin(kid[rows], keep)
             n_cand[rows] = len(keep)
             if reranker is not None:
-                train_rows = _among(table_keys, train_keys)
-                pipe = fit_reranker(table[train_rows], op, recipe, keep, reranker=reranker, arch=arch, dtype=dtype,
+                pipe = fit_reranker(train_table, op, recipe, keep, reranker=reranker, arch=arch, dtype=dtype,
                                     layout=layout, seed=seed)
                 test = np.flatnonzero(rows & allowed)
                 test_rows = table.iloc[_table_rows(table, table_keys, oof, test)]
