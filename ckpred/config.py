@@ -73,24 +73,18 @@ def run_dir(cfg: Any, command: str) -> Path:
     """
     from datetime import datetime
 
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None  # None outside @hydra.main
     if cfg.get("out_dir"):
         out = resolve_path(cfg.out_dir)
-        try:
-            from hydra.core.hydra_config import HydraConfig
-            from hydra.types import RunMode
-
-            hydra_cfg = HydraConfig.get()
-            if hydra_cfg.mode == RunMode.MULTIRUN:
-                out = out / str(hydra_cfg.job.num)
-        except ValueError:  # not under @hydra.main
-            pass
+        if hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN:
+            out = out / str(hydra_cfg.job.num)
+    elif hydra_cfg is not None:
+        out = Path(hydra_cfg.runtime.output_dir)
     else:
-        try:
-            from hydra.core.hydra_config import HydraConfig
-
-            out = Path(HydraConfig.get().runtime.output_dir)
-        except ValueError:  # not under @hydra.main
-            out = resolve_path(Path("runs") / command / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+        out = resolve_path(Path("runs") / command / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
     out.mkdir(parents=True, exist_ok=True)
     return out
 

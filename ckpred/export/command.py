@@ -398,8 +398,8 @@ def export_command(cfg: Any) -> str:
             reranker = fit_reranker(table, op, data_cfg, candidates, reranker=size, arch=cfg.arch, dtype=cfg.dtype,
                                     layout=cfg.layout, seed=int(cfg.get("seed", 0)))
             selection["reranker"] = size
-        if cfg.run_dir and (resolve_path(cfg.run_dir) / "oof_predictions.parquet").is_file():
-            selection["cv"] = strategy_cv(resolve_path(cfg.run_dir), table, op, cfg, data_cfg)
+        if cfg.run_dir and (run_dir / "oof_predictions.parquet").is_file():
+            selection["cv"] = strategy_cv(run_dir, table, op, cfg, data_cfg)
     manifest = export_pipeline(pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=target,
                                training=training, parity_problems=problems if cfg.parity.check else None,
                                metrics=metrics, select=cfg.select, max_abs_diff=cfg.parity.max_abs_diff,
