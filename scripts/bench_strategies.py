@@ -121,12 +121,25 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def reranker_size(text: str) -> dict[str, int]:
+    """``--reranker`` value TREESxLEAVES, checked by the export config's schema."""
+    from ckpred.errors import ConfigValueError
+    from ckpred.schema import ExportRerankerConfig
+
+    trees, _, leaves = text.partition("x")
+    try:
+        size = ExportRerankerConfig(n_estimators=int(trees), num_leaves=int(leaves))
+    except (ValueError, ConfigValueError) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected TREESxLEAVES such as 100x31 ({exc})") from None
+    return {"n_estimators": size.n_estimators, "num_leaves": size.num_leaves}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train-run", required=True, help="train run dir with oof_predictions.parquet")
     parser.add_argument("--top-n", type=int, nargs="*", default=[1, 2, 3, 5, 8], help="pruned options to measure")
     parser.add_argument("--reranked-top-n", type=int, nargs="*", default=[1], help="candidate sets of the reranked options")
-    parser.add_argument("--reranker", nargs="*", default=["50x15", "100x31", "300x127"],
+    parser.add_argument("--reranker", nargs="*", type=reranker_size, default=["50x15", "100x31", "300x127"],
                         help="reranker sizes TREESxLEAVES of the reranked options")
     parser.add_argument("--shapes", type=int, default=200, help="unseen shapes to time (default 200)")
     parser.add_argument("--parity-shapes", type=int, default=40, help="training shapes in each export's parity check")
@@ -163,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     options += [(f"pruned top_n={n}", n, None) for n in args.top_n]
     for n in args.reranked_top_n:
         for size in args.reranker:
-            trees_, leaves_ = (int(v) for v in size.split("x"))
-            options.append((f"reranked top_n={n} {size}", n, {"n_estimators": trees_, "num_leaves": leaves_}))
+            options.append((f"reranked top_n={n} {size['n_estimators']}x{size['num_leaves']}", n, size))
     qual = {}
     for name, n, rr in options:
         t0 = time.perf_counter()
