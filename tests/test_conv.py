@@ -291,6 +291,30 @@ def test_reduced_protocol_b_beats_baselines_on_amd_data(tmp_path) -> None:
     assert len(folds["folds"]) == 5 and len(tested) == len(set(tested)) == 230  # each shape tested once
 
 
+def test_experiment_exports_like_it_trains(tmp_path) -> None:
+    """``export experiment=ck_conv_gfx950`` composes (the experiment holds recipe keys only) and
+    fits, compiles and parity-checks the conv selector on AMD's table."""
+    import json
+
+    from ckpred.config import compose
+    from ckpred.export.command import export_command
+
+    bench = shared_file(CONV_DIR, "benchmark_forward_300_bf16_gfx950.csv")
+    recipe = ["experiment=ck_conv_gfx950", f"data.path={bench}", "model.n_estimators=20"]
+    train_cfg = compose("train", recipe)
+    cfg = compose("export", [*recipe, f"out_dir={tmp_path}", "parity.shapes=8", "reranker.n_estimators=10",
+                             "reranker.num_leaves=7"])
+    # the same recipe in both commands
+    for key in ("op", "arch", "dtype", "features", "model", "target", "data"):
+        assert cfg[key] == train_cfg[key], key
+    from pathlib import Path
+
+    manifest = json.loads((Path(export_command(cfg)) / "manifest.json").read_text())
+    assert manifest["op"] == "grouped_conv_fwd" and manifest["dtype"] == "bf16" and manifest["arch"] == "gfx950"
+    assert manifest["catalogue"]["count"] == 30 and manifest["training"]["shapes"] == 230
+    assert manifest["parity"]["checked"] and manifest["parity"]["top1_agreement"] == 1.0
+
+
 def test_onnx_validity_mask_equals_python_rules() -> None:
     from ckpred.export.onnx import build_mask_model, session
     from ckpred.export.validity import mask_builder_for
