@@ -363,3 +363,36 @@ def test_selection_protocol_never_sees_the_benchmark(tmp_path) -> None:
     assert cfgs["T"].model.relevance_exponent == 0.5  # the recipe chosen on T (experiment config)
     with pytest.raises(ValueError, match="allowed: A, B, T"):
         proof.protocol_overrides("C", data_dir, tmp_path)
+
+
+def test_noise_regimes_of_the_proof_table() -> None:
+    """conv_proof's per-regime table: best time, compv3/compv5 twin spread, twin-blind oracle."""
+    proof = _conv_proof()
+
+    def problem(idx: int, c: int, times: dict[str, float]) -> list[dict]:
+        fields = dict(problem_idx=idx, N=1, C=c, K=64, G=1, Hi=8, Wi=8, Y=1, X=1, stride_h=1, stride_w=1, pad_h=0,
+                      pad_w=0, tflops=1.0, non_zero=0)
+        return [{**fields, "kernel": f"grouped_conv_forward_bf16_2d_{name}", "latency_ms": us / 1e3}
+                for name, us in times.items()]
+
+    small = {"16x64x64_compv3": 4.0, "16x64x64_compv5": 5.0, "16x64x64_compv4": 8.0,
+             "64x64x64_compv3": 10.0, "64x64x64_compv5": 10.0, "64x64x64_compv4": 6.0}
+    large = {"16x64x64_compv3": 40.0, "16x64x64_compv5": 40.0, "16x64x64_compv4": 50.0,
+             "64x64x64_compv3": 30.0, "64x64x64_compv5": 33.0, "64x64x64_compv4": 60.0}
+    bench = pd.DataFrame(problem(0, 8, small) + problem(1, 16, large)
+                         + problem(2, 16, {k: 2 * v for k, v in large.items()}))  # a repeat of problem 1: dropped
+    noise = proof.problem_noise(bench).set_index("C")
+    assert list(noise.index) == [8, 16]
+    assert noise.loc[8, "best_us"] == pytest.approx(4.0) and noise.loc[16, "best_us"] == pytest.approx(30.0)
+    # twin spread: median over tiles of |log(t_compv5 / t_compv3)|
+    assert noise.loc[8, "twin_spread"] == pytest.approx(np.median([np.log(5 / 4), 0.0]))
+    # oracle: the class with the fastest member; a twin class scores the mean of its twins
+    assert noise.loc[8, "oracle"] == pytest.approx((4 / 4 + 4 / 5) / 2)
+    assert noise.loc[16, "oracle"] == pytest.approx((30 / 30 + 30 / 33) / 2)
+    per_shape = pd.DataFrame({"n": [1, 1], "c": [8, 16], "k": [64, 64], "g": 1, "hi": 8, "wi": 8, "y": 1, "x": 1,
+                              "stride_h": 1, "stride_w": 1, "pad_h": 0, "pad_w": 0, "model_efficiency": [0.95, 1.0]})
+    table = proof.regime_table(noise.reset_index(), {"B": per_shape}).splitlines()
+    assert table[0].startswith("| best kernel time | problems |") and table[0].endswith("| B ckpred |")
+    assert table[2].startswith("| 0-5 us | 1 |") and table[2].endswith("| 95.0 / 1 |")
+    assert table[3].startswith("| >= 20 us | 1 |") and table[3].endswith("| 100.0 / 0 |")
+    assert table[-1].startswith("| all | 2 |") and table[-1].endswith("| 97.5 / 1 |")
