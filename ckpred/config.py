@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from ckpred import schema
+from ckpred.errors import ConfigValueError
 
 #: Folder of the packaged config tree (a Python package so ``python -m`` finds it).
 CONF_DIR = Path(__file__).parent / "conf"
@@ -20,10 +22,15 @@ def to_object(cfg: DictConfig) -> Any:
     Raises
     ------
     ckpred.errors.ConfigValueError
-        When a key holds a value outside its allowed set; the message names key, value and
-        the allowed values.
+        When a key holds a value outside its allowed set, or a mandatory key (``???``, such as
+        ``problem.y`` of a conv ``select``) was not given; the message names key, value and
+        what is allowed.
     """
-    return OmegaConf.to_object(cfg)
+    try:
+        return OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as exc:
+        key = str(exc.full_key)
+        raise ConfigValueError(key, "???", f"a value: the key is mandatory, pass {key}=<value>") from exc
 
 
 def compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:

@@ -88,6 +88,14 @@ def test_bad_value_names_key_value_allowed(override: str, key: str, allowed: str
     assert key in str(err.value) and override.split("=")[1] in str(err.value) and allowed in str(err.value)
 
 
+def test_missing_mandatory_key_is_named_with_how_to_give_it() -> None:
+    """A conv ``select`` without its filter height: the key and the override to pass, not a traceback."""
+    with pytest.raises(ConfigValueError) as err:
+        compose("select", ["op=grouped_conv_fwd", "dtype=bf16", "problem.n=1", "problem.c=8", "problem.k=8",
+                           "problem.hi=4", "problem.wi=4", "problem.x=1"])
+    assert err.value.key == "problem.y" and "pass problem.y=<value>" in str(err.value)
+
+
 def test_wrong_type_is_rejected_at_composition() -> None:
     from hydra.errors import ConfigCompositionException
 
