@@ -396,3 +396,44 @@ def test_noise_regimes_of_the_proof_table() -> None:
     assert table[2].startswith("| 0-5 us | 1 |") and table[2].endswith("| 95.0 / 1 |")
     assert table[3].startswith("| >= 20 us | 1 |") and table[3].endswith("| 100.0 / 0 |")
     assert table[-1].startswith("| all | 2 |") and table[-1].endswith("| 97.5 / 1 |")
+
+
+# -- scripts/conv_variants.py ----------------------------------------------------------------------
+def _conv_variants():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    sys.path.insert(0, str(scripts))  # conv_variants imports its sibling conv_proof
+    spec = importlib.util.spec_from_file_location("conv_variants", scripts / "conv_variants.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["conv_variants"] = module  # its dataclasses resolve their annotations there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_conv_variants_refuses_bad_arguments(capsys) -> None:
+    variants = _conv_variants()
+    assert variants.main(["--list"]) == 0 and "plus_training_table" in capsys.readouterr().out
+    for argv, message in ((["--variants", "base,bogus"], "unknown variant(s) ['bogus']"),
+                          (["--protocols", "T,C"], "allowed T, A, B"),
+                          (["--variants", "plus_training_table", "--protocols", "T,B"], "only with --protocols B")):
+        with pytest.raises(SystemExit) as err:
+            variants.main(argv)
+        assert err.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_conv_variants_scores_every_problem_once_out_of_fold() -> None:
+    """The fold loop covers each test row once: a fold-independent score (the analytical
+    estimate) gives exactly the summary of scoring the whole table at once."""
+    from ckpred import evaluate as ev
+
+    variants = _conv_variants()
+    shared_file(CONV_DIR, "training_data_forward_bf16_20.csv")
+    ctx = variants.load_context("T", 0, variants.conv_proof.DATA_DIR)
+    est = ctx.names.index("log2_est_us")
+    got = variants.evaluate(ctx, lambda fit: -fit.X_test[:, est])
+    whole = ev.summarize(ev.shape_metrics(ctx.test.perf, -ctx.test_features[:, est], ctx.test.groups,
+                                          ctx.test.selectable))
+    assert got == whole and got["n_shapes"] == 185 and 0.5 < got["mean"] < 0.99

@@ -1,0 +1,285 @@
+"""Quick recipe experiments for grouped_conv_fwd on AMD's gfx950 measurements.
+
+``scripts/conv_proof.py`` runs the real thing (``ckpred.train``, every baseline, one seed).
+This script is for trying recipe *variants* the config cannot express (label gains,
+lambdarank truncation, extra per-problem features, bagging, extra training data) over
+several seeds fast: the ``experiment=ck_conv_gfx950`` features are computed once per protocol
+and seed, then each variant fits one LightGBM ranker per fold on the same folds ``train`` uses
+(:func:`ckpred.train.make_folds`) and is scored with :func:`ckpred.evaluate.shape_metrics`.
+Figures are the mean over seeds of mean / P10 / min efficiency, in %. ``base`` is the chosen
+recipe; it can differ from ``train``'s report by a few hundredths, because ``train`` also
+thins and orders the training rows its own way.
+
+Usage (from the repository root)::
+
+    python scripts/conv_variants.py                                  # base, protocols T and B, seeds 0-2
+    python scripts/conv_variants.py --variants base,trunc3,bag5 --protocols T,A,B --seeds 0,1
+    python scripts/conv_variants.py --list
+
+Protocols as in ``conv_proof.py``: T (CV on the training table: where choices are made),
+A (train on the training table, test on the benchmark), B (CV on the benchmark).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import conv_proof  # noqa: E402  (sibling script: protocol overrides and data paths)
+
+
+@dataclass
+class Context:
+    """What one protocol and seed needs: prepared tables, features, folds."""
+
+    cfg: Any
+    data: Any
+    test: Any
+    features: np.ndarray
+    test_features: np.ndarray
+    names: list[str]
+    folds: list[Any]
+
+
+@dataclass
+class Fit:
+    """One fold's training rows (contiguous per problem) and its test rows."""
+
+    X: np.ndarray
+    perf: np.ndarray
+    codes: np.ndarray
+    X_test: np.ndarray
+    test_codes: np.ndarray
+    seed: int
+    ctx: Context
+
+
+Variant = Callable[[Fit], np.ndarray]
+
+
+def load_context(protocol: str, seed: int, data_dir: Path) -> Context:
+    """Prepare the protocol's tables and compute the experiment's features once."""
+    from ckpred import models
+    from ckpred import train as tr
+    from ckpred.config import compose
+    from ckpred.data import load_table
+    from ckpred.kernels.base import load_op
+
+    cfg = compose("train", [*conv_proof.protocol_overrides(protocol, data_dir, Path("unused")), f"seed={seed}"])
+    op = load_op(cfg.op)
+    data = tr.prepare(load_table(cfg), op, cfg)
+    test = tr.prepare(load_table(tr._external_cfg(cfg)), op, cfg) if cfg.cv.name == "external" else data
+    features = models.build_pipeline(cfg, op, cfg.arch, cfg.dtype)[:-1]
+    X = np.asarray(features.fit_transform(data.X), dtype=np.float64)
+    X_test = X if test is data else np.asarray(features.transform(test.X), dtype=np.float64)
+    names = [n.split("__", 1)[1] for n in features.get_feature_names_out()]
+    return Context(cfg, data, test, X, X_test, names, tr.make_folds(cfg.cv, data, seed, test))
+
+
+def evaluate(ctx: Context, variant: Variant) -> dict[str, float]:
+    """Out-of-fold scores of ``variant`` on every fold; the per-problem summary."""
+    from ckpred import evaluate as ev
+    from ckpred import train as tr
+
+    scores = np.full(len(ctx.test.table), np.nan)
+    for i, fold in enumerate(ctx.folds):
+        rows = tr._rows_of(ctx.data.groups, fold.train_shapes)
+        rows = rows[np.argsort(ctx.data.groups.codes[rows], kind="stable")]  # a query's rows together
+        test_rows = tr._rows_of(ctx.test.groups, fold.test_shapes)
+        fit = Fit(ctx.features[rows], ctx.data.perf[rows], ctx.data.groups.codes[rows],
+                  ctx.test_features[test_rows], ctx.test.groups.codes[test_rows], int(ctx.cfg.seed) + i, ctx)
+        scores[test_rows] = variant(fit)
+    return ev.summarize(ev.shape_metrics(ctx.test.perf, scores, ctx.test.groups, ctx.test.selectable))
+
+
+# ---------------------------------------------------------------------------------------------
+# Variants
+# ---------------------------------------------------------------------------------------------
+def ranker(*, exponent: float | None = None, gain: str = "exp2", **params: Any) -> Variant:
+    """The experiment's lambdarank with some parameters changed (LightGBM names)."""
+
+    def fit_predict(fit: Fit) -> np.ndarray:
+        import lightgbm as lgb
+
+        from ckpred import models
+
+        model_cfg = fit.ctx.cfg.model
+        grades = int(model_cfg.relevance_grades)
+        y = models.relevance_grades(fit.perf, fit.codes, n_grades=grades,
+                                    exponent=float(model_cfg.relevance_exponent if exponent is None else exponent))
+        label_gain = {"exp2": [2.0 ** g - 1 for g in range(grades)], "linear": [float(g) for g in range(grades)],
+                      "square": [float(g * g) for g in range(grades)]}[gain]
+        kwargs = {**models._lgbm_params(model_cfg, fit.seed), "objective": "lambdarank", **params}
+        model = lgb.LGBMRanker(label_gain=label_gain, **kwargs)
+        model.fit(fit.X, y, group=models._query_sizes(fit.codes))
+        return model.predict(fit.X_test)
+
+    return fit_predict
+
+
+def with_columns(extra: Callable[[np.ndarray, np.ndarray, dict[str, int]], np.ndarray] | None = None,
+                 drop: tuple[str, ...] = (), inner: Variant | None = None) -> Variant:
+    """``inner`` (default: the base ranker) on the features plus ``extra(X, codes, index)``
+    columns and without the ``drop`` features."""
+    inner = inner or ranker()
+
+    def fit_predict(fit: Fit) -> np.ndarray:
+        index = {name: i for i, name in enumerate(fit.ctx.names)}
+        keep = [i for i, name in enumerate(fit.ctx.names) if name not in drop]
+
+        def view(X: np.ndarray, codes: np.ndarray) -> np.ndarray:
+            return X[:, keep] if extra is None else np.column_stack([X[:, keep], extra(X, codes, index)])
+
+        return inner(Fit(view(fit.X, fit.codes), fit.perf, fit.codes, view(fit.X_test, fit.test_codes),
+                         fit.test_codes, fit.seed, fit.ctx))
+
+    return fit_predict
+
+
+def _minus_query_min(values: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    return values - pd.Series(values).groupby(codes).transform("min").to_numpy()
+
+
+def occupancy_columns(X: np.ndarray, codes: np.ndarray, at: dict[str, int]) -> np.ndarray:
+    """Waves, wave efficiency, K-loop iterations and the estimate (log2, minus the problem's
+    best) with 2 and 4 blocks resident per CU instead of 1 (same constants as conv_tile)."""
+    cus, peak, tile_us, iteration_us = 256.0, 2517.0, 0.3, 0.05
+    tiles, tiles_k = X[:, at["output_tiles"]], X[:, at["tiles_k"]]
+    volume = X[:, at["tile_m"]] * X[:, at["tile_n"]] * X[:, at["tile_k"]]
+    out = []
+    for blocks in (2.0, 4.0):
+        waves = np.ceil(tiles / (cus * blocks))
+        iterations = waves * tiles_k
+        compute = iterations * volume * 2.0 / (peak * 1e6 / cus) * blocks  # resident blocks share the CU
+        est = np.log2(np.maximum(compute, 2.0 ** X[:, at["log2_memory_us"]]) + waves * tile_us + iterations * iteration_us)
+        out += [waves, tiles / (waves * cus * blocks), np.log2(iterations), _minus_query_min(est, codes)]
+    return np.column_stack(out)
+
+
+def rank_columns(X: np.ndarray, codes: np.ndarray, at: dict[str, int]) -> np.ndarray:
+    """Each kernel's analytical estimate ranked within its problem, and distance to the median."""
+    est = pd.Series(X[:, at["log2_est_us"]])
+    by = est.groupby(codes)
+    return np.column_stack([by.rank(pct=True).to_numpy(), (est - by.transform("median")).to_numpy(),
+                            _minus_query_min(X[:, at["log2_iterations"]], codes),
+                            _minus_query_min(X[:, at["waves"]], codes)])
+
+
+def alignment_columns(X: np.ndarray, codes: np.ndarray, at: dict[str, int]) -> np.ndarray:
+    """gcd of the channels per group (c) and of the filters (k) with 8: vector-load width."""
+    return np.column_stack([np.gcd(X[:, at["c"]].astype(np.int64), 8), np.gcd(X[:, at["k"]].astype(np.int64), 8)])
+
+
+def bag(members: int = 5, **params: Any) -> Variant:
+    """Mean of ``members`` rankers on different seeds, each score standardised per problem."""
+    parts = [ranker(**params) for _ in range(members)]
+
+    def fit_predict(fit: Fit) -> np.ndarray:
+        total = np.zeros(len(fit.X_test))
+        for j, part in enumerate(parts):
+            s = pd.Series(part(Fit(fit.X, fit.perf, fit.codes, fit.X_test, fit.test_codes, fit.seed * 101 + j,
+                                   fit.ctx)))
+            by = s.groupby(fit.test_codes)
+            total += ((s - by.transform("mean")) / (by.transform("std") + 1e-12)).to_numpy()
+        return total
+
+    return fit_predict
+
+
+def plus_training_table(data_dir: Path) -> Variant:
+    """The base ranker with every problem of AMD's 20-kernel training table added to each fold's
+    training problems (not Protocol B: it asks whether more problems would help B)."""
+    cache: dict[int, Context] = {}
+    inner = ranker()
+
+    def fit_predict(fit: Fit) -> np.ndarray:
+        seed = int(fit.ctx.cfg.seed)
+        if seed not in cache:
+            cache[seed] = load_context("T", seed, data_dir)
+        extra = cache[seed]
+        offset = fit.codes.max() + 1
+        return inner(Fit(np.vstack([fit.X, extra.features]), np.concatenate([fit.perf, extra.data.perf]),
+                         np.concatenate([fit.codes, extra.data.groups.codes + offset]), fit.X_test, fit.test_codes,
+                         fit.seed, fit.ctx))
+
+    return fit_predict
+
+
+SIZE_FIELDS = ("n", "c", "k", "g", "y", "x", "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w",
+               "ho", "wo")
+
+
+def variants(data_dir: Path) -> dict[str, tuple[str, Variant]]:
+    """Named variants: (what it changes, fit-predict)."""
+    return {
+        "base": ("the experiment's recipe", ranker()),
+        "linear_gain": ("label gain = grade, exponent 1", ranker(exponent=1.0, gain="linear")),
+        "square_gain": ("label gain = grade^2, exponent 1", ranker(exponent=1.0, gain="square")),
+        "trunc1": ("lambdarank_truncation_level 1", ranker(lambdarank_truncation_level=1)),
+        "trunc3": ("lambdarank_truncation_level 3", ranker(lambdarank_truncation_level=3)),
+        "trunc5": ("lambdarank_truncation_level 5", ranker(lambdarank_truncation_level=5)),
+        "occupancy": ("+ waves/estimate at 2 and 4 blocks per CU", with_columns(occupancy_columns)),
+        "occupancy_rank": ("+ occupancy + estimate ranked within the problem",
+                           with_columns(lambda X, c, at: np.column_stack([occupancy_columns(X, c, at),
+                                                                          rank_columns(X, c, at)]))),
+        "no_sizes": ("- the raw size fields", with_columns(drop=SIZE_FIELDS)),
+        "alignment": ("+ gcd(c, 8), gcd(k, 8)", with_columns(alignment_columns)),
+        "bag5": ("mean of 5 rankers, 80% rows and columns", bag(5, subsample=0.8, subsample_freq=1,
+                                                             colsample_bytree=0.8)),
+        "extra_trees": ("extra_trees", ranker(extra_trees=True)),
+        "leaves7": ("7 leaves, 1000 trees", ranker(num_leaves=7, n_estimators=1000)),
+        "path_smooth": ("path_smooth 10", ranker(path_smooth=10.0)),
+        "plus_training_table": ("+ the training table's problems (B only: not a protocol)",
+                                plus_training_table(data_dir)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=conv_proof.DATA_DIR, help="AMD conv data folder")
+    parser.add_argument("--variants", default="base", help="comma-separated names (see --list)")
+    parser.add_argument("--protocols", default="T,B", help="comma-separated subset of T,A,B")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (B's folds follow the seed)")
+    parser.add_argument("--list", action="store_true", help="list the variants and exit")
+    args = parser.parse_args(argv)
+    known = variants(args.data_dir)
+    if args.list:
+        for name, (what, _) in known.items():
+            print(f"{name:22s} {what}")
+        return 0
+    names = args.variants.split(",")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"unknown variant(s) {unknown}; known: {', '.join(known)}")
+    protocols = args.protocols.split(",")
+    if set(protocols) - {"T", "A", "B"}:
+        parser.error(f"--protocols {args.protocols!r}: allowed T, A, B")
+    if not (args.data_dir / conv_proof.BENCH).exists():
+        parser.error(f"AMD's conv measurements not found in {args.data_dir}")
+    if "plus_training_table" in names and protocols != ["B"]:
+        parser.error("plus_training_table adds the training table's problems: only with --protocols B "
+                     "(T and A already train on that table)")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    contexts = {(p, s): load_context(p, s, args.data_dir) for p in protocols for s in seeds}
+    print("| variant | " + " | ".join(f"{p} mean / P10 / min" for p in protocols) + " | seconds |")
+    print("|---|" + "---|" * (len(protocols) + 1))
+    for name in names:
+        t = time.perf_counter()
+        cells = []
+        for p in protocols:
+            runs = [evaluate(contexts[p, s], known[name][1]) for s in seeds]
+            cells.append(" / ".join(f"{100 * np.mean([r[k] for r in runs]):.2f}" for k in ("mean", "p10", "min")))
+        print(f"| {name} | " + " | ".join(cells) + f" | {time.perf_counter() - t:.0f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
