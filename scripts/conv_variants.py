@@ -178,6 +178,39 @@ def alignment_columns(X: np.ndarray, codes: np.ndarray, at: dict[str, int]) -> n
     return np.column_stack([np.gcd(X[:, at["c"]].astype(np.int64), 8), np.gcd(X[:, at["k"]].astype(np.int64), 8)])
 
 
+def gather_columns(X: np.ndarray, codes: np.ndarray, at: dict[str, int]) -> np.ndarray:
+    """How contiguous a tile's input gathers are: channels per K tile (log2 c / tile_k, whether
+    tile_k divides c, the filled share of a K tile by channels) and output rows per M tile
+    (log2 and ceil of tile_m / wo), and K-tile over channels for spatial filters."""
+    c, tk, tm, wo = X[:, at["c"]], X[:, at["tile_k"]], X[:, at["tile_m"]], X[:, at["wo"]]
+    return np.column_stack([np.log2(c / tk), (np.mod(c, tk) == 0).astype(float), np.log2(np.minimum(c, tk) / tk),
+                            np.log2(tm / wo), np.ceil(tm / wo), np.log2(tk / c) * (X[:, at["y"]] > 1)])
+
+
+PIPELINE_COLUMNS = ("lds_buffers", "prefetch_stages", "lds_bytes_est", "lds_ratio")
+
+
+def two_stage() -> Variant:
+    """Tile first, then pipeline: a ranker over each problem's tiles (label: the tile's best
+    pipeline, pipeline columns dropped) orders the tiles; the base ranker orders the kernels
+    within a tile."""
+    inner = ranker()
+
+    def fit_predict(fit: Fit) -> np.ndarray:
+        at = {name: i for i, name in enumerate(fit.ctx.names)}
+        keep = [i for name, i in at.items() if name not in PIPELINE_COLUMNS]
+        tile = fit.X[:, at["tile_m"]] * 1e6 + fit.X[:, at["tile_n"]] * 1e3 + fit.X[:, at["tile_k"]]
+        rows = pd.DataFrame({"q": fit.codes, "t": tile, "perf": fit.perf, "row": np.arange(len(tile))})
+        tiles = rows.groupby(["q", "t"], sort=False).agg(perf=("perf", "max"), row=("row", "first")).reset_index()
+        tiles = tiles.sort_values("q", kind="stable")
+        tile_score = inner(Fit(fit.X[tiles["row"].to_numpy()][:, keep], tiles["perf"].to_numpy(),
+                               tiles["q"].to_numpy(), fit.X_test[:, keep], fit.test_codes, fit.seed, fit.ctx))
+        tile_rank = pd.Series(tile_score).groupby(fit.test_codes).rank(method="dense").to_numpy()
+        return tile_rank * 1e3 + inner(fit)  # base scores span far less than 1e3
+
+    return fit_predict
+
+
 def bag(members: int = 5, **params: Any) -> Variant:
     """Mean of ``members`` rankers on different seeds, each score standardised per problem."""
     parts = [ranker(**params) for _ in range(members)]
@@ -232,6 +265,9 @@ def variants(data_dir: Path) -> dict[str, tuple[str, Variant]]:
                                                                           rank_columns(X, c, at)]))),
         "no_sizes": ("- the raw size fields", with_columns(drop=SIZE_FIELDS)),
         "alignment": ("+ gcd(c, 8), gcd(k, 8)", with_columns(alignment_columns)),
+        "gather": ("+ input-gather contiguity (channels per K tile, output rows per M tile)",
+                   with_columns(gather_columns)),
+        "two_stage": ("tile ranker first, the base ranker within a tile", two_stage()),
         "bag5": ("mean of 5 rankers, 80% rows and columns", bag(5, subsample=0.8, subsample_freq=1,
                                                              colsample_bytree=0.8)),
         "extra_trees": ("extra_trees", ranker(extra_trees=True)),
