@@ -109,6 +109,24 @@ PROBLEM_CSV_COLUMNS: tuple[str, ...] = ("N", "C", "K", "G", "Hi", "Wi", "Y", "X"
                                         "pad_h", "pad_w")
 
 
+#: The issue's goals for the model (fractions): protocol -> metric -> bar.
+GOALS: dict[str, dict[str, float]] = {"A": {"mean": 0.97, "p10": 0.92, "min": 0.80},
+                                      "B": {"mean": 0.985, "p10": 0.96, "min": 0.80}}
+
+
+def goal_lines(results: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """One line per protocol: each goal metric of the model, its bar and met / missed."""
+    lines = []
+    for protocol, bars in GOALS.items():
+        model = results.get(protocol, {}).get("model_selector")
+        if model is None:
+            continue
+        cells = [f"{metric} {100 * model[metric]:.1f} (goal >= {100 * bar:g}: {'met' if model[metric] >= bar else 'missed'})"
+                 for metric, bar in bars.items()]
+        lines.append(f"{protocol}: " + ", ".join(cells))
+    return lines
+
+
 def problem_noise(bench: pd.DataFrame) -> pd.DataFrame:
     """Per distinct problem of the benchmark table: best time, twin spread and twin-blind oracle.
 
@@ -229,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         results[protocol] = run_protocol(protocol, args.data_dir, args.out.resolve(), extra)
         print(f"protocol {protocol}: {results[protocol]['_seconds']['mean']:.0f} s", flush=True)
     table = format_table(results, amd_figures(args.data_dir))
+    goals = goal_lines(results)
+    if goals:
+        table += "\n\nGoals (ckpred, selector tie order):\n\n" + "\n".join(f"- {line}" for line in goals)
     per_shape = {p: pd.read_csv(args.out.resolve() / p / "per_shape.csv") for p in results if p in ("A", "B")}
     if per_shape:
         noise = problem_noise(pd.read_csv(args.data_dir / BENCH))

@@ -437,3 +437,11 @@ def test_conv_variants_scores_every_problem_once_out_of_fold() -> None:
     whole = ev.summarize(ev.shape_metrics(ctx.test.perf, -ctx.test_features[:, est], ctx.test.groups,
                                           ctx.test.selectable))
     assert got == whole and got["n_shapes"] == 185 and 0.5 < got["mean"] < 0.99
+
+
+def test_proof_states_each_goal_met_or_missed() -> None:
+    proof = _conv_proof()
+    results = {"A": {"model_selector": {"mean": 0.978, "p10": 0.934, "min": 0.404}},
+               "T": {"model_selector": {"mean": 0.99, "p10": 0.97, "min": 0.8}}}
+    assert proof.goal_lines(results) == [
+        "A: mean 97.8 (goal >= 97: met), p10 93.4 (goal >= 92: met), min 40.4 (goal >= 80: missed)"]
