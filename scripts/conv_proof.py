@@ -139,9 +139,14 @@ def problem_noise(bench: pd.DataFrame) -> pd.DataFrame:
     ~5 us compv5 is also systematically faster (median 3%), so there the oracle is a pessimistic
     reading, not a bound.
     """
-    table = bench.assign(us=bench["latency_ms"] * 1e3)
-    parts = table["kernel"].str.extract(r"_(?P<tile>\d+x\d+x\d+)_(?P<pipeline>\w+)$")
-    table = pd.concat([table, parts], axis=1)
+    from ckpred.kernels.grouped_conv_fwd import OP
+
+    # the op's own name grammar (a bad name raises KernelNameError naming it and the rule)
+    names = pd.unique(bench["kernel"])
+    kernels = pd.DataFrame([OP.parse_name(name) for name in names], index=names)
+    tile = kernels["tile_m"].astype(str) + "x" + kernels["tile_n"].astype(str) + "x" + kernels["tile_k"].astype(str)
+    table = bench.assign(us=bench["latency_ms"] * 1e3, tile=bench["kernel"].map(tile),
+                         pipeline=bench["kernel"].map(kernels["pipeline"]))
     first = table.groupby(list(PROBLEM_CSV_COLUMNS))["problem_idx"].transform("min")
     table = table[table["problem_idx"] == first]  # one measurement of a repeated problem
     rows = []
