@@ -47,6 +47,13 @@ class Context:
     test_features: np.ndarray
     names: list[str]
     folds: list[Any]
+    #: The fitted ``conv_tile`` group: its hardware and latency constants.
+    tile_features: Any
+
+    @property
+    def index(self) -> dict[str, int]:
+        """Feature name -> column of ``features``."""
+        return {name: i for i, name in enumerate(self.names)}
 
 
 @dataclass
@@ -81,7 +88,8 @@ def load_context(protocol: str, seed: int, data_dir: Path) -> Context:
     X = np.asarray(features.fit_transform(data.X), dtype=np.float64)
     X_test = X if test is data else np.asarray(features.transform(test.X), dtype=np.float64)
     names = [n.split("__", 1)[1] for n in features.get_feature_names_out()]
-    return Context(cfg, data, test, X, X_test, names, tr.make_folds(cfg.cv, data, seed, test))
+    return Context(cfg, data, test, X, X_test, names, tr.make_folds(cfg.cv, data, seed, test),
+                   features.named_steps["features"].named_transformers["conv_tile"])
 
 
 def evaluate(ctx: Context, variant: Variant) -> dict[str, float]:
@@ -107,36 +115,34 @@ def ranker(*, exponent: float | None = None, gain: str = "exp2", **params: Any) 
     """The experiment's lambdarank with some parameters changed (LightGBM names)."""
 
     def fit_predict(fit: Fit) -> np.ndarray:
-        import lightgbm as lgb
-
         from ckpred import models
 
-        model_cfg = fit.ctx.cfg.model
-        grades = int(model_cfg.relevance_grades)
+        cfg = fit.ctx.cfg
+        grades = int(cfg.model.relevance_grades)
         y = models.relevance_grades(fit.perf, fit.codes, n_grades=grades,
-                                    exponent=float(model_cfg.relevance_exponent if exponent is None else exponent))
-        label_gain = {"exp2": [2.0 ** g - 1 for g in range(grades)], "linear": [float(g) for g in range(grades)],
-                      "square": [float(g * g) for g in range(grades)]}[gain]
-        kwargs = {**models._lgbm_params(model_cfg, fit.seed), "objective": "lambdarank", **params}
-        model = lgb.LGBMRanker(label_gain=label_gain, **kwargs)
+                                    exponent=float(cfg.model.relevance_exponent if exponent is None else exponent))
+        model = models.build_estimator(cfg.model, cfg.target, fit.seed)  # the experiment's ranker (gain 2^g - 1)
+        if gain != "exp2":
+            model.set_params(label_gain={"linear": [float(g) for g in range(grades)],
+                                         "square": [float(g * g) for g in range(grades)]}[gain])
+        model.set_params(**params)
         model.fit(fit.X, y, group=models._query_sizes(fit.codes))
         return model.predict(fit.X_test)
 
     return fit_predict
 
 
-def with_columns(extra: Callable[[np.ndarray, np.ndarray, dict[str, int]], np.ndarray] | None = None,
+def with_columns(extra: Callable[[np.ndarray, np.ndarray, Context], np.ndarray] | None = None,
                  drop: tuple[str, ...] = (), inner: Variant | None = None) -> Variant:
-    """``inner`` (default: the base ranker) on the features plus ``extra(X, codes, index)``
+    """``inner`` (default: the base ranker) on the features plus ``extra(X, codes, ctx)``
     columns and without the ``drop`` features."""
     inner = inner or ranker()
 
     def fit_predict(fit: Fit) -> np.ndarray:
-        index = {name: i for i, name in enumerate(fit.ctx.names)}
         keep = [i for i, name in enumerate(fit.ctx.names) if name not in drop]
 
         def view(X: np.ndarray, codes: np.ndarray) -> np.ndarray:
-            return X[:, keep] if extra is None else np.column_stack([X[:, keep], extra(X, codes, index)])
+            return X[:, keep] if extra is None else np.column_stack([X[:, keep], extra(X, codes, fit.ctx)])
 
         return inner(Fit(view(fit.X, fit.codes), fit.perf, fit.codes, view(fit.X_test, fit.test_codes),
                          fit.test_codes, fit.seed, fit.ctx))
@@ -148,24 +154,32 @@ def _minus_query_min(values: np.ndarray, codes: np.ndarray) -> np.ndarray:
     return values - pd.Series(values).groupby(codes).transform("min").to_numpy()
 
 
-def occupancy_columns(X: np.ndarray, codes: np.ndarray, at: dict[str, int]) -> np.ndarray:
+def occupancy_columns(X: np.ndarray, codes: np.ndarray, ctx: Context) -> np.ndarray:
     """Waves, wave efficiency, K-loop iterations and the estimate (log2, minus the problem's
-    best) with 2 and 4 blocks resident per CU instead of 1 (same constants as conv_tile)."""
-    cus, peak, tile_us, iteration_us = 256.0, 2517.0, 0.3, 0.05
-    tiles, tiles_k = X[:, at["output_tiles"]], X[:, at["tiles_k"]]
-    volume = X[:, at["tile_m"]] * X[:, at["tile_n"]] * X[:, at["tile_k"]]
+    best) with 2 and 4 blocks resident per CU instead of 1: conv_tile's own
+    :func:`~ckpred.features.conv.tile_estimates` and constants, over ``blocks x cus`` slots
+    (resident blocks share a CU's throughput, so that is the same per-slot arithmetic)."""
+    from ckpred.features.base import NumpyOps
+    from ckpred.features.conv import tile_estimates
+
+    at, tile = ctx.index, ctx.tile_features
+    gemm = {"m": X[:, at["gemm_m"]], "n": X[:, at["gemm_n"]], "k": X[:, at["gemm_k"]], "g": X[:, at["g"]]}
+    consts = dict(peak_tflops=float(tile.peak_tflops), memory_bandwidth_gbs=float(tile.memory_bandwidth_gbs),
+                  bytes_per_element=tile.bytes_per_element, c_bytes_per_element=tile.c_bytes_per_element,
+                  iteration_latency_us=float(tile.iteration_latency_us), tile_latency_us=float(tile.tile_latency_us))
     out = []
-    for blocks in (2.0, 4.0):
-        waves = np.ceil(tiles / (cus * blocks))
-        iterations = waves * tiles_k
-        compute = iterations * volume * 2.0 / (peak * 1e6 / cus) * blocks  # resident blocks share the CU
-        est = np.log2(np.maximum(compute, 2.0 ** X[:, at["log2_memory_us"]]) + waves * tile_us + iterations * iteration_us)
-        out += [waves, tiles / (waves * cus * blocks), np.log2(iterations), _minus_query_min(est, codes)]
+    for blocks in (2, 4):
+        slots = tile.cus * blocks
+        est = tile_estimates(gemm, X[:, at["tile_m"]], X[:, at["tile_n"]], X[:, at["tile_k"]], NumpyOps(len(X)),
+                             cus=slots, **consts)
+        out += [est["waves"], est["output_tiles"] / (est["waves"] * slots), np.log2(est["iterations"]),
+                _minus_query_min(np.log2(est["est_us"]), codes)]
     return np.column_stack(out)
 
 
-def rank_columns(X: np.ndarray, codes: np.ndarray, at: dict[str, int]) -> np.ndarray:
+def rank_columns(X: np.ndarray, codes: np.ndarray, ctx: Context) -> np.ndarray:
     """Each kernel's analytical estimate ranked within its problem, and distance to the median."""
+    at = ctx.index
     est = pd.Series(X[:, at["log2_est_us"]])
     by = est.groupby(codes)
     return np.column_stack([by.rank(pct=True).to_numpy(), (est - by.transform("median")).to_numpy(),
@@ -173,15 +187,17 @@ def rank_columns(X: np.ndarray, codes: np.ndarray, at: dict[str, int]) -> np.nda
                             _minus_query_min(X[:, at["waves"]], codes)])
 
 
-def alignment_columns(X: np.ndarray, codes: np.ndarray, at: dict[str, int]) -> np.ndarray:
+def alignment_columns(X: np.ndarray, codes: np.ndarray, ctx: Context) -> np.ndarray:
     """gcd of the channels per group (c) and of the filters (k) with 8: vector-load width."""
+    at = ctx.index
     return np.column_stack([np.gcd(X[:, at["c"]].astype(np.int64), 8), np.gcd(X[:, at["k"]].astype(np.int64), 8)])
 
 
-def gather_columns(X: np.ndarray, codes: np.ndarray, at: dict[str, int]) -> np.ndarray:
+def gather_columns(X: np.ndarray, codes: np.ndarray, ctx: Context) -> np.ndarray:
     """How contiguous a tile's input gathers are: channels per K tile (log2 c / tile_k, whether
     tile_k divides c, the filled share of a K tile by channels) and output rows per M tile
     (log2 and ceil of tile_m / wo), and K-tile over channels for spatial filters."""
+    at = ctx.index
     c, tk, tm, wo = X[:, at["c"]], X[:, at["tile_k"]], X[:, at["tile_m"]], X[:, at["wo"]]
     return np.column_stack([np.log2(c / tk), (np.mod(c, tk) == 0).astype(float), np.log2(np.minimum(c, tk) / tk),
                             np.log2(tm / wo), np.ceil(tm / wo), np.log2(tk / c) * (X[:, at["y"]] > 1)])
@@ -197,7 +213,7 @@ def two_stage() -> Variant:
     inner = ranker()
 
     def fit_predict(fit: Fit) -> np.ndarray:
-        at = {name: i for i, name in enumerate(fit.ctx.names)}
+        at = fit.ctx.index
         keep = [i for name, i in at.items() if name not in PIPELINE_COLUMNS]
         tile = fit.X[:, at["tile_m"]] * 1e6 + fit.X[:, at["tile_n"]] * 1e3 + fit.X[:, at["tile_k"]]
         rows = pd.DataFrame({"q": fit.codes, "t": tile, "perf": fit.perf, "row": np.arange(len(tile))})
@@ -261,8 +277,8 @@ def variants(data_dir: Path) -> dict[str, tuple[str, Variant]]:
         "trunc5": ("lambdarank_truncation_level 5", ranker(lambdarank_truncation_level=5)),
         "occupancy": ("+ waves/estimate at 2 and 4 blocks per CU", with_columns(occupancy_columns)),
         "occupancy_rank": ("+ occupancy + estimate ranked within the problem",
-                           with_columns(lambda X, c, at: np.column_stack([occupancy_columns(X, c, at),
-                                                                          rank_columns(X, c, at)]))),
+                           with_columns(lambda X, c, ctx: np.column_stack([occupancy_columns(X, c, ctx),
+                                                                           rank_columns(X, c, ctx)]))),
         "no_sizes": ("- the raw size fields", with_columns(drop=SIZE_FIELDS)),
         "alignment": ("+ gcd(c, 8), gcd(k, 8)", with_columns(alignment_columns)),
         "gather": ("+ input-gather contiguity (channels per K tile, output rows per M tile)",
