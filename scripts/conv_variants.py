@@ -319,7 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     if "plus_training_table" in names and protocols != ["B"]:
         parser.error("plus_training_table adds the training table's problems: only with --protocols B "
                      "(T and A already train on that table)")
-    seeds = [int(s) for s in args.seeds.split(",")]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds {args.seeds!r}: allowed comma-separated integers, e.g. 0,1,2")
     contexts = {(p, s): load_context(p, s, args.data_dir) for p in protocols for s in seeds}
     print("| variant | " + " | ".join(f"{p} mean / P10 / min" for p in protocols) + " | seconds |")
     print("|---|" + "---|" * (len(protocols) + 1))

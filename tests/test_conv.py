@@ -418,6 +418,7 @@ def test_conv_variants_refuses_bad_arguments(capsys) -> None:
     assert variants.main(["--list"]) == 0 and "plus_training_table" in capsys.readouterr().out
     for argv, message in ((["--variants", "base,bogus"], "unknown variant(s) ['bogus']"),
                           (["--protocols", "T,C"], "allowed T, A, B"),
+                          (["--seeds", "0,x"], "allowed comma-separated integers"),
                           (["--variants", "plus_training_table", "--protocols", "T,B"], "only with --protocols B")):
         with pytest.raises(SystemExit) as err:
             variants.main(argv)
