@@ -314,8 +314,6 @@ def main(argv: list[str] | None = None) -> int:
     protocols = args.protocols.split(",")
     if set(protocols) - {"T", "A", "B"}:
         parser.error(f"--protocols {args.protocols!r}: allowed T, A, B")
-    if not (args.data_dir / conv_proof.BENCH).exists():
-        parser.error(f"AMD's conv measurements not found in {args.data_dir}")
     if "plus_training_table" in names and protocols != ["B"]:
         parser.error("plus_training_table adds the training table's problems: only with --protocols B "
                      "(T and A already train on that table)")
@@ -323,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
         parser.error(f"--seeds {args.seeds!r}: allowed comma-separated integers, e.g. 0,1,2")
+    if not (args.data_dir / conv_proof.BENCH).exists():
+        parser.error(f"AMD's conv measurements not found in {args.data_dir} (need {conv_proof.BENCH}, {conv_proof.TRAIN})")
     contexts = {(p, s): load_context(p, s, args.data_dir) for p in protocols for s in seeds}
     print("| variant | " + " | ".join(f"{p} mean / P10 / min" for p in protocols) + " | seconds |")
     print("|---|" + "---|" * (len(protocols) + 1))
