@@ -335,15 +335,21 @@ def test_onnx_validity_mask_equals_python_rules() -> None:
 
 
 # -- scripts/conv_proof.py protocols ---------------------------------------------------------------
-def _conv_proof():
-    import importlib.util
+def _script(name: str):
+    """Import ``scripts/<name>.py`` (scripts import their siblings, so the folder goes on the path;
+    the module is registered so its dataclasses resolve their annotations)."""
+    import importlib
+    import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "conv_proof.py"
-    spec = importlib.util.spec_from_file_location("conv_proof", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module(name)
+
+
+def _conv_proof():
+    return _script("conv_proof")
 
 
 def test_selection_protocol_never_sees_the_benchmark(tmp_path) -> None:
@@ -400,17 +406,7 @@ def test_noise_regimes_of_the_proof_table() -> None:
 
 # -- scripts/conv_variants.py ----------------------------------------------------------------------
 def _conv_variants():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    scripts = Path(__file__).resolve().parents[1] / "scripts"
-    sys.path.insert(0, str(scripts))  # conv_variants imports its sibling conv_proof
-    spec = importlib.util.spec_from_file_location("conv_variants", scripts / "conv_variants.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["conv_variants"] = module  # its dataclasses resolve their annotations there
-    spec.loader.exec_module(module)
-    return module
+    return _script("conv_variants")
 
 
 def test_conv_variants_refuses_bad_arguments(capsys) -> None:
