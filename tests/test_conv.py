@@ -372,7 +372,8 @@ def test_selection_protocol_never_sees_the_benchmark(tmp_path) -> None:
 
 
 def test_noise_regimes_of_the_proof_table() -> None:
-    """conv_proof's per-regime table: best time, compv3/compv5 twin spread, twin-blind oracle."""
+    """conv_proof's per-regime table: best time, compv3/compv5 twin spread, twin-blind and
+    re-measured oracles; the repeated-problem check."""
     proof = _conv_proof()
 
     def problem(idx: int, c: int, times: dict[str, float]) -> list[dict]:
@@ -385,23 +386,35 @@ def test_noise_regimes_of_the_proof_table() -> None:
              "64x64x64_compv3": 10.0, "64x64x64_compv5": 10.0, "64x64x64_compv4": 6.0}
     large = {"16x64x64_compv3": 40.0, "16x64x64_compv5": 40.0, "16x64x64_compv4": 50.0,
              "64x64x64_compv3": 30.0, "64x64x64_compv5": 33.0, "64x64x64_compv4": 60.0}
-    bench = pd.DataFrame(problem(0, 8, small) + problem(1, 16, large)
+    crossed = {"16x64x64_compv3": 20.0, "16x64x64_compv5": 22.0, "16x64x64_compv4": 50.0,
+               "64x64x64_compv3": 21.0, "64x64x64_compv5": 21.0, "64x64x64_compv4": 60.0}
+    bench = pd.DataFrame(problem(0, 8, small) + problem(1, 16, large) + problem(3, 32, crossed)
                          + problem(2, 16, {k: 2 * v for k, v in large.items()}))  # a repeat of problem 1: dropped
     noise = proof.problem_noise(bench).set_index("C")
-    assert list(noise.index) == [8, 16]
+    assert list(noise.index) == [8, 16, 32]
     assert noise.loc[8, "best_us"] == pytest.approx(4.0) and noise.loc[16, "best_us"] == pytest.approx(30.0)
     # twin spread: median over tiles of |log(t_compv5 / t_compv3)|
     assert noise.loc[8, "twin_spread"] == pytest.approx(np.median([np.log(5 / 4), 0.0]))
     # oracle: the class with the fastest member; a twin class scores the mean of its twins
     assert noise.loc[8, "oracle"] == pytest.approx((4 / 4 + 4 / 5) / 2)
     assert noise.loc[16, "oracle"] == pytest.approx((30 / 30 + 30 / 33) / 2)
+    # re-measured: the tile fastest in the compv3 run scored by the compv5 run, and the reverse
+    assert noise.loc[8, "remeasured"] == pytest.approx(1.0) and noise.loc[16, "remeasured"] == pytest.approx(1.0)
+    assert noise.loc[32, "remeasured"] == pytest.approx((21 / 22 + 20 / 21) / 2)
+    (repeat,) = proof.repeated_problems(bench)
+    # problem 2 times every kernel of problem 1 twice as long: the same kernel wins in both runs
+    assert repeat.startswith("problem_idx 1 / 2 (") and "best 30.0 us" in repeat
+    assert "fastest in 1 scores 100.0% in 2; fastest in 2 scores 100.0% in 1" in repeat
+    assert "median per-kernel difference 69.31%" in repeat
     per_shape = pd.DataFrame({"n": [1, 1], "c": [8, 16], "k": [64, 64], "g": 1, "hi": 8, "wi": 8, "y": 1, "x": 1,
                               "stride_h": 1, "stride_w": 1, "pad_h": 0, "pad_w": 0, "model_efficiency": [0.95, 1.0]})
     table = proof.regime_table(noise.reset_index(), {"B": per_shape}).splitlines()
-    assert table[0].startswith("| best kernel time | problems |") and table[0].endswith("| B ckpred |")
+    assert table[0].startswith("| best kernel time | problems |")
+    assert table[0].endswith("| twin-blind oracle | re-measured oracle | B ckpred |")
     assert table[2].startswith("| 0-5 us | 1 |") and table[2].endswith("| 95.0 / 1 |")
-    assert table[3].startswith("| >= 20 us | 1 |") and table[3].endswith("| 100.0 / 0 |")
-    assert table[-1].startswith("| all | 2 |") and table[-1].endswith("| 97.5 / 1 |")
+    # the crossed problem has no model row: the model's cell counts only problem 1
+    assert table[3].startswith("| >= 20 us | 2 |") and table[3].endswith("| 97.7 / 1 | 100.0 / 0 |")
+    assert table[-1].startswith("| all | 3 |") and table[-1].endswith("| 97.5 / 1 |")
 
 
 # -- scripts/conv_variants.py ----------------------------------------------------------------------
