@@ -154,6 +154,20 @@ def _minus_query_min(values: np.ndarray, codes: np.ndarray) -> np.ndarray:
     return values - pd.Series(values).groupby(codes).transform("min").to_numpy()
 
 
+def _per_problem_z(scores: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Scores standardised within each problem (mean 0, std 1), so two models can be added."""
+    s = pd.Series(scores)
+    by = s.groupby(codes)
+    return ((s - by.transform("mean")) / (by.transform("std") + 1e-12)).to_numpy()
+
+
+def _tile_constants(tile: Any) -> dict[str, Any]:
+    """conv_tile's hardware and latency constants, as :func:`tile_estimates` keywords (no CUs)."""
+    return dict(peak_tflops=float(tile.peak_tflops), memory_bandwidth_gbs=float(tile.memory_bandwidth_gbs),
+                bytes_per_element=tile.bytes_per_element, c_bytes_per_element=tile.c_bytes_per_element,
+                iteration_latency_us=float(tile.iteration_latency_us), tile_latency_us=float(tile.tile_latency_us))
+
+
 def occupancy_columns(X: np.ndarray, codes: np.ndarray, ctx: Context) -> np.ndarray:
     """Waves, wave efficiency, K-loop iterations and the estimate (log2, minus the problem's
     best) with 2 and 4 blocks resident per CU instead of 1: conv_tile's own
@@ -164,9 +178,7 @@ def occupancy_columns(X: np.ndarray, codes: np.ndarray, ctx: Context) -> np.ndar
 
     at, tile = ctx.index, ctx.tile_features
     gemm = {"m": X[:, at["gemm_m"]], "n": X[:, at["gemm_n"]], "k": X[:, at["gemm_k"]], "g": X[:, at["g"]]}
-    consts = dict(peak_tflops=float(tile.peak_tflops), memory_bandwidth_gbs=float(tile.memory_bandwidth_gbs),
-                  bytes_per_element=tile.bytes_per_element, c_bytes_per_element=tile.c_bytes_per_element,
-                  iteration_latency_us=float(tile.iteration_latency_us), tile_latency_us=float(tile.tile_latency_us))
+    consts = _tile_constants(tile)
     out = []
     for blocks in (2, 4):
         slots = tile.cus * blocks
@@ -234,10 +246,8 @@ def bag(members: int = 5, **params: Any) -> Variant:
     def fit_predict(fit: Fit) -> np.ndarray:
         total = np.zeros(len(fit.X_test))
         for j, part in enumerate(parts):
-            s = pd.Series(part(Fit(fit.X, fit.perf, fit.codes, fit.X_test, fit.test_codes, fit.seed * 101 + j,
-                                   fit.ctx)))
-            by = s.groupby(fit.test_codes)
-            total += ((s - by.transform("mean")) / (by.transform("std") + 1e-12)).to_numpy()
+            total += _per_problem_z(part(Fit(fit.X, fit.perf, fit.codes, fit.X_test, fit.test_codes,
+                                             fit.seed * 101 + j, fit.ctx)), fit.test_codes)
         return total
 
     return fit_predict
@@ -258,6 +268,120 @@ def plus_training_table(data_dir: Path) -> Variant:
         return inner(Fit(np.vstack([fit.X, extra.features]), np.concatenate([fit.perf, extra.data.perf]),
                          np.concatenate([fit.codes, extra.data.groups.codes + offset]), fit.X_test, fit.test_codes,
                          fit.seed, fit.ctx))
+
+    return fit_predict
+
+
+def relative_regressor() -> Variant:
+    """The experiment's tree shape as a regressor of log(perf / best of the problem)."""
+
+    def fit_predict(fit: Fit) -> np.ndarray:
+        from omegaconf import OmegaConf
+
+        from ckpred import models
+
+        cfg = fit.ctx.cfg
+        model_cfg = OmegaConf.merge(cfg.model, {"name": "lgbm_regressor"})
+        model = models.build_estimator(model_cfg, cfg.target, fit.seed)
+        model.fit(fit.X, models.relative_target(fit.perf, fit.codes, floor=float(cfg.target.floor)))
+        return model.predict(fit.X_test)
+
+    return fit_predict
+
+
+def ranker_plus_regressor() -> Variant:
+    """Sum of the base ranker's and the relative regressor's per-problem standardised scores."""
+    rank, regress = ranker(), relative_regressor()
+    return lambda fit: _per_problem_z(rank(fit), fit.test_codes) + _per_problem_z(regress(fit), fit.test_codes)
+
+
+def monotone_estimate() -> Variant:
+    """The base ranker constrained to score a kernel no higher as its analytical slowdown
+    against the problem's best tile (``est_vs_best``) grows."""
+
+    def fit_predict(fit: Fit) -> np.ndarray:
+        constraints = [0] * fit.X.shape[1]
+        constraints[fit.ctx.index["est_vs_best"]] = -1
+        return ranker(monotone_constraints=constraints, monotone_constraints_method="advanced")(fit)
+
+    return fit_predict
+
+
+def _kernel_ids(X: np.ndarray, at: dict[str, int]) -> np.ndarray:
+    """One number per kernel: its tile and its pipeline's LDS buffers and prefetch stages."""
+    return ((X[:, at["tile_m"]] * 1e3 + X[:, at["tile_n"]]) * 1e3 + X[:, at["tile_k"]]) * 100 \
+        + X[:, at["lds_buffers"]] * 10 + X[:, at["prefetch_stages"]]
+
+
+def per_kernel_cost() -> Variant:
+    """The base ranker plus a cost model fitted on the fold's training problems: each kernel's
+    median measured time per K-loop iteration of the busiest CU, times its iterations on the
+    problem (log2, and log2 over the problem's smallest): the per-tile throughput that the
+    peak-based estimate assumes, measured instead."""
+    inner = ranker()
+
+    def fit_predict(fit: Fit) -> np.ndarray:
+        at = fit.ctx.index
+        us = 2.0 ** fit.X[:, at["log2_flops"]] / (fit.perf * 1e6)  # perf is TFLOPS
+        ids, test_ids = _kernel_ids(fit.X, at), _kernel_ids(fit.X_test, at)
+        per_iteration = pd.Series(us / 2.0 ** fit.X[:, at["log2_iterations"]]).groupby(ids).median()
+
+        def columns(X: np.ndarray, kernels: np.ndarray, codes: np.ndarray) -> np.ndarray:
+            cost = np.log2(pd.Series(kernels).map(per_iteration).to_numpy()) + X[:, at["log2_iterations"]]
+            return np.column_stack([X, cost, _minus_query_min(cost, codes)])
+
+        return inner(Fit(columns(fit.X, ids, fit.codes), fit.perf, fit.codes,
+                         columns(fit.X_test, test_ids, fit.test_codes), fit.test_codes, fit.seed, fit.ctx))
+
+    return fit_predict
+
+
+def tile_context_columns(X: np.ndarray, codes: np.ndarray, ctx: Context) -> np.ndarray:
+    """The problem as every catalogue tile sees it, on each of its kernels' rows: per tile the
+    analytical estimate (log2 over the best tile's), log2 of its waves and its wave efficiency —
+    so a tree can compare this kernel's tile with the others directly."""
+    from ckpred.features.base import NumpyOps
+    from ckpred.features.conv import tile_estimates
+    from ckpred.kernels.grouped_conv_fwd import TILES_2BYTE
+
+    at, tile = ctx.index, ctx.tile_features
+    gemm = {"m": X[:, at["gemm_m"]], "n": X[:, at["gemm_n"]], "k": X[:, at["gemm_k"]], "g": X[:, at["g"]]}
+    consts = dict(cus=tile.cus, **_tile_constants(tile))
+    estimates, waves, efficiency = [], [], []
+    for rm, rn, rk in TILES_2BYTE:
+        est = tile_estimates(gemm, float(rm), float(rn), float(rk), NumpyOps(len(X)), **consts)
+        estimates.append(np.log2(est["est_us"]))
+        waves.append(np.log2(est["waves"]))
+        efficiency.append(est["output_tiles"] / (est["waves"] * tile.cus))
+    estimates_ = np.column_stack(estimates)
+    return np.column_stack([estimates_ - estimates_.min(axis=1, keepdims=True), *waves, *efficiency])
+
+
+def stacked(inner_folds: int = 4) -> Variant:
+    """Two stages: the base ranker's out-of-fold scores on the training problems (``inner_folds``
+    folds by problem) become features of a second ranker — the score, its gap to the problem's
+    top score, its rank and its per-problem z-score — so the second stage sees each kernel
+    against its competitors."""
+    base = ranker()
+
+    def context(scores: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        s = pd.Series(scores)
+        by = s.groupby(codes)
+        return np.column_stack([scores, (s - by.transform("max")).to_numpy(),
+                                by.rank(ascending=False).to_numpy(), _per_problem_z(scores, codes)])
+
+    def fit_predict(fit: Fit) -> np.ndarray:
+        problems = np.unique(fit.codes)
+        np.random.default_rng(fit.seed).shuffle(problems)
+        oof = np.zeros(len(fit.X))
+        for part in np.array_split(problems, inner_folds):
+            held = np.isin(fit.codes, part)
+            oof[held] = base(Fit(fit.X[~held], fit.perf[~held], fit.codes[~held], fit.X[held], fit.codes[held],
+                                 fit.seed, fit.ctx))
+        first = base(fit)
+        return base(Fit(np.column_stack([fit.X, context(oof, fit.codes)]), fit.perf, fit.codes,
+                        np.column_stack([fit.X_test, context(first, fit.test_codes)]), fit.test_codes,
+                        fit.seed + 1, fit.ctx))
 
     return fit_predict
 
@@ -289,6 +413,15 @@ def variants(data_dir: Path) -> dict[str, tuple[str, Variant]]:
         "extra_trees": ("extra_trees", ranker(extra_trees=True)),
         "leaves7": ("7 leaves, 1000 trees", ranker(num_leaves=7, n_estimators=1000)),
         "path_smooth": ("path_smooth 10", ranker(path_smooth=10.0)),
+        "xendcg": ("objective rank_xendcg instead of lambdarank", ranker(objective="rank_xendcg")),
+        "ranker_plus_regressor": ("sum of the ranker's and a log(perf/best) regressor's per-problem z-scores",
+                                  ranker_plus_regressor()),
+        "monotone_estimate": ("score monotone decreasing in est_vs_best", monotone_estimate()),
+        "per_kernel_cost": ("+ each kernel's measured time per K iteration (fold's training problems) x iterations",
+                            per_kernel_cost()),
+        "tile_context": ("+ every catalogue tile's estimate, waves and wave efficiency on the problem",
+                         with_columns(tile_context_columns)),
+        "stacked": ("a second ranker on the first's out-of-fold scores against the problem's others", stacked()),
         "plus_training_table": ("+ the training table's problems (B only: not a protocol)",
                                 plus_training_table(data_dir)),
     }
