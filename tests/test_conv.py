@@ -455,3 +455,23 @@ def test_proof_states_each_goal_met_or_missed() -> None:
                "T": {"model_selector": {"mean": 0.99, "p10": 0.97, "min": 0.8}}}
     assert proof.goal_lines(results) == [
         "A: mean 97.8 (goal >= 97: met), p10 93.4 (goal >= 92: met), min 40.4 (goal >= 80: missed)"]
+
+
+def test_conv_variants_tile_context_agrees_with_conv_tile() -> None:
+    """tile_context's per-tile estimates are conv_tile's: on each row, the column of the row's
+    own tile equals its est_vs_best, and the best catalogue tile's column is 0."""
+    from ckpred.kernels.grouped_conv_fwd import TILES_2BYTE
+
+    variants = _conv_variants()
+    shared_file(CONV_DIR, "training_data_forward_bf16_20.csv")
+    ctx = variants.load_context("T", 0, variants.conv_proof.DATA_DIR)
+    X, at = ctx.features[:2000], ctx.index
+    columns = variants.tile_context_columns(X, ctx.data.groups.codes[:2000], ctx)
+    assert columns.shape == (2000, 3 * len(TILES_2BYTE))
+    estimates = columns[:, :len(TILES_2BYTE)]
+    own = [TILES_2BYTE.index((int(m), int(n), int(k)))
+           for m, n, k in X[:, [at["tile_m"], at["tile_n"], at["tile_k"]]]]
+    np.testing.assert_allclose(estimates[np.arange(2000), own], X[:, at["est_vs_best"]], atol=1e-9)
+    np.testing.assert_array_equal(estimates.min(axis=1), 0.0)
+    z = variants._per_problem_z(np.array([1.0, 2.0, 3.0, 10.0, 30.0]), np.array([0, 0, 0, 1, 1]))
+    np.testing.assert_allclose(z, [-1.0, 0.0, 1.0, -np.sqrt(0.5), np.sqrt(0.5)])
