@@ -333,8 +333,9 @@ def select_command(cfg: Any) -> dict[str, Any]:
         resolve_path(cfg.exports_dir) / export_name(op_name, names["arch"], names["dtype"], names["layout"])
     if not (model_dir / mf.MANIFEST).is_file():
         raise MissingFileError(str(model_dir / mf.MANIFEST),
-                               f"no exported model in {model_dir}; run `python -m ckpred export arch={names['arch']} "
-                               f"dtype={names['dtype']} layout={names['layout']}` first or pass model_dir=<dir>")
+                               f"no exported model in {model_dir}; run `python -m ckpred export op={op_name} "
+                               f"arch={names['arch']} dtype={names['dtype']} layout={names['layout']}` (or the "
+                               f"same experiment=...) first or pass model_dir=<dir>")
     selector = KernelSelector.load(model_dir, threads=int(cfg.threads), cache_size=0, **names)
     answer = selector.select(dict(cfg.problem), top_k=int(cfg.top_k))
     result = answer.to_dict()

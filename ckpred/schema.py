@@ -508,13 +508,14 @@ class ExportConfig(RecipeConfig):
 
 
 @dataclass
-class SelectConfig:
-    """Primary config of ``ckpred select``: one problem, answered by an exported model."""
+class SelectConfig(RecipeConfig):
+    """Primary config of ``ckpred select``: one problem, answered by an exported model.
 
-    arch: ArchConfig = MISSING
-    dtype: DtypeConfig = MISSING
-    layout: LayoutConfig = MISSING
-    op: OpConfig = MISSING
+    Only ``arch``, ``dtype``, ``layout`` and ``op`` of the recipe are used (they name the
+    export); the rest is composed so that ``experiment=<name>``, which sets a whole recipe,
+    picks the same export for ``select`` as for ``train`` and ``export``.
+    """
+
     #: Problem fields of the op, e.g. ``problem.m=128 problem.n=1536 problem.k=7168``; the keys
     #: come from ``conf/problem/<op>.yaml`` (required ones are ``???``).
     problem: dict[str, int] = MISSING

@@ -313,6 +313,15 @@ def test_experiment_exports_like_it_trains(tmp_path) -> None:
     assert manifest["op"] == "grouped_conv_fwd" and manifest["dtype"] == "bf16" and manifest["arch"] == "gfx950"
     assert manifest["catalogue"]["count"] == 30 and manifest["training"]["shapes"] == 230
     assert manifest["parity"]["checked"] and manifest["parity"]["top1_agreement"] == 1.0
+    # `select experiment=...` finds the same export: the experiment names op, arch, dtype, layout
+    from ckpred.runtime import select_command
+
+    problem = ["problem.n=1", "problem.c=256", "problem.k=768", "problem.hi=64", "problem.wi=64", "problem.y=1",
+               "problem.x=1"]
+    answer = select_command(compose("select", ["experiment=ck_conv_gfx950", f"exports_dir={tmp_path}", "json=true",
+                                               "top_k=3", *problem]))
+    assert answer["ok"] and len(answer["kernels"]) == 3
+    assert all(k["name"].startswith("grouped_conv_forward_bf16_2d_") for k in answer["kernels"])
 
 
 def test_onnx_validity_mask_equals_python_rules() -> None:

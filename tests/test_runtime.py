@@ -178,4 +178,4 @@ def test_select_cli(model, tmp_path) -> None:
     wrong = _cli("select", f"model_dir={d}", "arch=gfx942", "problem.m=1", "problem.n=2", "problem.k=3", cwd=tmp_path)
     assert wrong.returncode != 0 and "arch: model is for 'gfx950', asked for 'gfx942'" in wrong.stderr
     missing = _cli("select", "problem.m=1", "problem.n=2", "problem.k=3", cwd=tmp_path)
-    assert missing.returncode != 0 and "python -m ckpred export arch=gfx950" in missing.stderr
+    assert missing.returncode != 0 and "python -m ckpred export op=gemm_universal arch=gfx950" in missing.stderr
