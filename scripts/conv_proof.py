@@ -170,21 +170,22 @@ def problem_noise(bench: pd.DataFrame) -> pd.DataFrame:
 
 
 def repeated_problems(bench: pd.DataFrame) -> list[str]:
-    """For every convolution measured under two problem_idx values (143 and 212 in AMD's set):
-    the efficiency of the kernel that was fastest in one run, scored by the other run, both
-    ways — the only direct reading of run-to-run timing noise the data hold."""
+    """For every convolution measured under several problem_idx values (143 and 212 in AMD's
+    set), each later run against the first: the efficiency of the kernel that was fastest in
+    one run, scored by the other run, both ways — the only direct reading of run-to-run timing
+    noise the data hold."""
     lines = []
     for key, one in bench.groupby(list(PROBLEM_CSV_COLUMNS), sort=False):
         runs = one.pivot_table(index="kernel", columns="problem_idx", values="latency_ms")
-        if runs.shape[1] < 2:
-            continue
-        first, second = runs.columns[:2]
-        a, b = runs[first], runs[second]
-        lines.append(f"problem_idx {first} / {second} ({dict(zip(PROBLEM_CSV_COLUMNS, key))}, best "
-                     f"{1e3 * min(a.min(), b.min()):.1f} us): fastest in {first} scores "
-                     f"{100 * b.min() / b[a.idxmin()]:.1f}% in {second}; fastest in {second} scores "
-                     f"{100 * a.min() / a[b.idxmin()]:.1f}% in {first}; median per-kernel difference "
-                     f"{100 * float(np.median(np.abs(np.log(b / a)))):.2f}%, largest {100 * float(np.max(np.abs(np.log(b / a)))):.1f}%")
+        first, a = runs.columns[0], runs[runs.columns[0]]
+        for second in runs.columns[1:]:
+            b = runs[second]
+            difference = np.abs(np.log(b / a))
+            lines.append(f"problem_idx {first} / {second} ({dict(zip(PROBLEM_CSV_COLUMNS, key))}, best "
+                         f"{1e3 * min(a.min(), b.min()):.1f} us): fastest in {first} scores "
+                         f"{100 * b.min() / b[a.idxmin()]:.1f}% in {second}; fastest in {second} scores "
+                         f"{100 * a.min() / a[b.idxmin()]:.1f}% in {first}; median per-kernel difference "
+                         f"{100 * float(difference.median()):.2f}%, largest {100 * float(difference.max()):.1f}%")
     return lines
 
 

@@ -161,11 +161,9 @@ def _per_problem_z(scores: np.ndarray, codes: np.ndarray) -> np.ndarray:
     return ((s - by.transform("mean")) / (by.transform("std") + 1e-12)).to_numpy()
 
 
-def _tile_constants(tile: Any) -> dict[str, Any]:
-    """conv_tile's hardware and latency constants, as :func:`tile_estimates` keywords (no CUs)."""
-    return dict(peak_tflops=float(tile.peak_tflops), memory_bandwidth_gbs=float(tile.memory_bandwidth_gbs),
-                bytes_per_element=tile.bytes_per_element, c_bytes_per_element=tile.c_bytes_per_element,
-                iteration_latency_us=float(tile.iteration_latency_us), tile_latency_us=float(tile.tile_latency_us))
+def _gemm_view(X: np.ndarray, at: dict[str, int]) -> dict[str, np.ndarray]:
+    """The implicit-GEMM sizes of each row, from conv_problem's feature columns."""
+    return {"m": X[:, at["gemm_m"]], "n": X[:, at["gemm_n"]], "k": X[:, at["gemm_k"]], "g": X[:, at["g"]]}
 
 
 def occupancy_columns(X: np.ndarray, codes: np.ndarray, ctx: Context) -> np.ndarray:
@@ -177,13 +175,12 @@ def occupancy_columns(X: np.ndarray, codes: np.ndarray, ctx: Context) -> np.ndar
     from ckpred.features.conv import tile_estimates
 
     at, tile = ctx.index, ctx.tile_features
-    gemm = {"m": X[:, at["gemm_m"]], "n": X[:, at["gemm_n"]], "k": X[:, at["gemm_k"]], "g": X[:, at["g"]]}
-    consts = _tile_constants(tile)
+    gemm = _gemm_view(X, at)
     out = []
     for blocks in (2, 4):
         slots = tile.cus * blocks
         est = tile_estimates(gemm, X[:, at["tile_m"]], X[:, at["tile_n"]], X[:, at["tile_k"]], NumpyOps(len(X)),
-                             cus=slots, **consts)
+                             **{**tile.estimate_constants(), "cus": slots})
         out += [est["waves"], est["output_tiles"] / (est["waves"] * slots), np.log2(est["iterations"]),
                 _minus_query_min(np.log2(est["est_us"]), codes)]
     return np.column_stack(out)
@@ -345,11 +342,10 @@ def tile_context_columns(X: np.ndarray, codes: np.ndarray, ctx: Context) -> np.n
     from ckpred.kernels.grouped_conv_fwd import TILES_2BYTE
 
     at, tile = ctx.index, ctx.tile_features
-    gemm = {"m": X[:, at["gemm_m"]], "n": X[:, at["gemm_n"]], "k": X[:, at["gemm_k"]], "g": X[:, at["g"]]}
-    consts = dict(cus=tile.cus, **_tile_constants(tile))
+    gemm = _gemm_view(X, at)
     estimates, waves, efficiency = [], [], []
     for rm, rn, rk in TILES_2BYTE:
-        est = tile_estimates(gemm, float(rm), float(rn), float(rk), NumpyOps(len(X)), **consts)
+        est = tile_estimates(gemm, float(rm), float(rn), float(rk), NumpyOps(len(X)), **tile.estimate_constants())
         estimates.append(np.log2(est["est_us"]))
         waves.append(np.log2(est["waves"]))
         efficiency.append(est["output_tiles"] / (est["waves"] * tile.cus))

@@ -291,6 +291,14 @@ class ConvTileFeatures(_ConvHardware):
         ("iterations_vs_best", "iterations"), ("compute_vs_best", "compute_us"),
         ("memory_vs_best", "memory_us"), ("est_vs_best", "est_us"))
 
+    def estimate_constants(self) -> dict[str, Any]:
+        """The hardware and latency constants of the estimate, as :func:`tile_estimates` keywords."""
+        return dict(cus=self.cus, peak_tflops=float(self.peak_tflops),
+                    memory_bandwidth_gbs=float(self.memory_bandwidth_gbs),
+                    bytes_per_element=self.bytes_per_element, c_bytes_per_element=self.c_bytes_per_element,
+                    iteration_latency_us=float(self.iteration_latency_us),
+                    tile_latency_us=float(self.tile_latency_us))
+
     def _feature_names(self) -> list[str]:
         return ["tiles_m", "tiles_n", "tiles_k", "output_tiles", "fill_m", "fill_n", "fill_k",
                 "mn_efficiency", "k_efficiency", "waves", "wave_efficiency", "cu_occupancy",
@@ -300,11 +308,7 @@ class ConvTileFeatures(_ConvHardware):
     def _compute(self, cols: dict[str, Any], xp: Any) -> list[Any]:
         gemm = implicit_gemm(cols, xp)
         tm, tn, tk = cols["tile_m"], cols["tile_n"], cols["tile_k"]
-        consts = dict(cus=self.cus, peak_tflops=float(self.peak_tflops),
-                      memory_bandwidth_gbs=float(self.memory_bandwidth_gbs),
-                      bytes_per_element=self.bytes_per_element, c_bytes_per_element=self.c_bytes_per_element,
-                      iteration_latency_us=float(self.iteration_latency_us),
-                      tile_latency_us=float(self.tile_latency_us))
+        consts = self.estimate_constants()
         est = tile_estimates(gemm, tm, tn, tk, xp, **consts)
         m, n, k = gemm["m"], gemm["n"], gemm["k"]
         out = [est["tiles_m"], est["tiles_n"], est["tiles_k"], est["output_tiles"],
@@ -388,11 +392,7 @@ iteration_latency_us, tile_latency_us, reference_tiles, input_names
 
     def _compute(self, cols: dict[str, Any], xp: Any) -> list[Any]:
         gemm = implicit_gemm(cols, xp)
-        consts = dict(cus=self.cus, peak_tflops=float(self.peak_tflops),
-                      memory_bandwidth_gbs=float(self.memory_bandwidth_gbs),
-                      bytes_per_element=self.bytes_per_element, c_bytes_per_element=self.c_bytes_per_element,
-                      iteration_latency_us=float(self.iteration_latency_us),
-                      tile_latency_us=float(self.tile_latency_us))
+        consts = self.estimate_constants()
         launch = float(self.launch_us)
         per_cu_bytes_per_us = float(self.memory_bandwidth_gbs) * 1e3 / float(self.cus)
 
