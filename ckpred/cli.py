@@ -90,7 +90,7 @@ def run_command(name: str, argv: list[str]) -> Any:
     argv = _positional_to_override(argv, command.positional)
     schema.register()
 
-    @hydra.main(version_base="1.3", config_path="conf", config_name=command.config_name)
+    @hydra.main(version_base="1.3", config_path="pkg://ckpred.conf", config_name=command.config_name)
     def entry(cfg: DictConfig) -> Any:
         try:
             to_object(cfg)  # value checks of every schema, before any work starts

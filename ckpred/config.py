@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,8 @@ from omegaconf.errors import MissingMandatoryValue
 from ckpred import schema
 from ckpred.errors import ConfigValueError
 
-#: Folder of the packaged config tree (a Python package so ``python -m`` finds it).
-CONF_DIR = Path(__file__).parent / "conf"
+#: Folder of the config tree: top-level conf/ in a checkout, shipped as the package ckpred.conf.
+CONF_DIR = Path(str(importlib.resources.files("ckpred.conf")))
 
 
 def to_object(cfg: DictConfig) -> Any:

@@ -264,7 +264,7 @@ class SimulateConfig:
     #: Print the calibration report against real measurements instead of only simulating.
     calibrate: bool = False
     #: Real oracle-best table (m, n, k, oracle_best_tflops, oracle_best_kernel) to calibrate on.
-    calibration_file: str = "../shared/data/ck_gemm_gfx950_results/p1_oracle_best_results.csv"
+    calibration_file: str = "data/ck_gemm_gfx950_results/p1_oracle_best_results.csv"
 
 # -- train: models, targets, cv, baselines (train owner) -----------------------------------------
 MODEL_NAMES: tuple[str, ...] = ("lgbm_regressor", "lgbm_ranker")

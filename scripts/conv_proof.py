@@ -1,7 +1,7 @@
 """Real-data proof for grouped_conv_fwd on gfx950 (bf16): Protocols A and B beside AMD's figures.
 
 Runs ``ckpred.train.train`` twice with ``experiment=ck_conv_gfx950`` on AMD's public CK Tile
-measurements (../shared/data/ck_grouped_conv_fwd_bf16_gfx950):
+measurements (data/ck_grouped_conv_fwd_bf16_gfx950):
 
 * Protocol A: train on the 20-kernel training table (compv3/compv4 only), select among the 30
   kernels of the 300-problem benchmark table (``cv=external``);
@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
-DATA_DIR = REPO.parent / "shared" / "data" / "ck_grouped_conv_fwd_bf16_gfx950"
+DATA_DIR = REPO / "data" / "ck_grouped_conv_fwd_bf16_gfx950"
 BENCH = "benchmark_forward_300_bf16_gfx950.csv"
 TRAIN = "training_data_forward_bf16_20.csv"
 AMD_SUMMARY = "comparison_summary_300.csv"

@@ -1,4 +1,9 @@
-"""Shared test helpers. Real CK Tile data is read from ../shared/data when it is present."""
+"""Shared test helpers.
+
+The small CK tables ship in ``data/``; the larger real tables (MIOpen find-db, Kernel Tuner
+caches) are read from ``../shared/data`` beside the checkout and their tests skip when it is
+absent.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "data"
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def data_file(*parts: str) -> Path:
+    """Path of a file shipped under ``data/`` (a missing one is a broken checkout, not a skip)."""
+    path = DATA.joinpath(*parts)
+    assert path.exists(), f"shipped data file missing: {path}"
+    return path
 
 
 def shared_file(*parts: str) -> Path:

@@ -8,7 +8,7 @@ import pytest
 
 from ckpred.errors import KernelNameError
 from ckpred.kernels.base import load_op
-from tests.conftest import shared_file
+from tests.conftest import data_file
 
 CONV_DIR = "ck_grouped_conv_fwd_bf16_gfx950"
 OP = load_op("grouped_conv_fwd")
@@ -22,7 +22,7 @@ def _problem(**kw: int) -> pd.DataFrame:
 
 
 def _read_amd(name: str) -> pd.DataFrame:
-    frame = pd.read_csv(shared_file(CONV_DIR, name))
+    frame = pd.read_csv(data_file(CONV_DIR, name))
     frame.columns = [c.lower() for c in frame.columns]
     return frame
 
@@ -273,7 +273,7 @@ def test_reduced_protocol_b_beats_baselines_on_amd_data(tmp_path) -> None:
     from ckpred.config import compose
     from ckpred.train import train
 
-    bench = shared_file(CONV_DIR, "benchmark_forward_300_bf16_gfx950.csv")
+    bench = data_file(CONV_DIR, "benchmark_forward_300_bf16_gfx950.csv")
     cfg = compose("train", ["experiment=ck_conv_gfx950", f"data.path={bench}", f"out_dir={tmp_path}",
                             "model.n_estimators=40", "model.n_jobs=1", "baselines.reference.enabled=false",
                             "plots=false", "progress=false", "save_pipeline=false"])
@@ -299,7 +299,7 @@ def test_experiment_exports_like_it_trains(tmp_path) -> None:
     from ckpred.config import compose
     from ckpred.export.command import export_command
 
-    bench = shared_file(CONV_DIR, "benchmark_forward_300_bf16_gfx950.csv")
+    bench = data_file(CONV_DIR, "benchmark_forward_300_bf16_gfx950.csv")
     recipe = ["experiment=ck_conv_gfx950", f"data.path={bench}", "model.n_estimators=20"]
     train_cfg = compose("train", recipe)
     cfg = compose("export", [*recipe, f"out_dir={tmp_path}", "parity.shapes=8", "reranker.n_estimators=10",
@@ -449,7 +449,7 @@ def test_conv_variants_scores_every_problem_once_out_of_fold() -> None:
     from ckpred import evaluate as ev
 
     variants = _conv_variants()
-    shared_file(CONV_DIR, "training_data_forward_bf16_20.csv")
+    data_file(CONV_DIR, "training_data_forward_bf16_20.csv")
     ctx = variants.load_context("T", 0, variants.conv_proof.DATA_DIR)
     est = ctx.names.index("log2_est_us")
     got = variants.evaluate(ctx, lambda fit: -fit.X_test[:, est])
@@ -472,7 +472,7 @@ def test_conv_variants_tile_context_agrees_with_conv_tile() -> None:
     from ckpred.kernels.grouped_conv_fwd import TILES_2BYTE
 
     variants = _conv_variants()
-    shared_file(CONV_DIR, "training_data_forward_bf16_20.csv")
+    data_file(CONV_DIR, "training_data_forward_bf16_20.csv")
     ctx = variants.load_context("T", 0, variants.conv_proof.DATA_DIR)
     X, at = ctx.features[:2000], ctx.index
     columns = variants.tile_context_columns(X, ctx.data.groups.codes[:2000], ctx)

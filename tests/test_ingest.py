@@ -22,7 +22,7 @@ from ckpred.errors import ConfigValueError, InputFileError, KernelNameError
 from ckpred.kernels.base import Field, OpDefinition
 from ckpred.kernels.gemm_universal import OP
 from tests import fixtures_gen as fg
-from tests.conftest import REPO, shared_file
+from tests.conftest import REPO, data_file
 
 KERNELS = fg.kernel_names(24)
 SAMPLE = REPO / "tests" / "fixtures" / "sample_sweep.csv"
@@ -421,8 +421,8 @@ def test_two_name_forms_of_one_kernel_merge(tmp_path: Path) -> None:
 
 # -- real data ---------------------------------------------------------------------------------
 def test_real_parity_sweeps_merge_by_median() -> None:
-    a = shared_file("ck_gemm_gfx950_results", "parity_sweep_results.csv")
-    b = shared_file("ck_gemm_gfx950_results", "parity_sweep_results_b.csv")
+    a = data_file("ck_gemm_gfx950_results", "parity_sweep_results.csv")
+    b = data_file("ck_gemm_gfx950_results", "parity_sweep_results_b.csv")
     kw = {"arch": "gfx942", "dtype": "fp16"}
     ra, rb = read(a, **kw), read(b, **kw)
     for r in (ra, rb):
@@ -490,7 +490,7 @@ class _ConvLikeOp(OpDefinition):
 
 
 def test_csv_reader_is_op_generic_on_real_grouped_conv_data() -> None:
-    path = shared_file("ck_grouped_conv_fwd_bf16_gfx950", "training_data_forward_bf16_20.csv")
+    path = data_file("ck_grouped_conv_fwd_bf16_gfx950", "training_data_forward_bf16_20.csv")
     op = _ConvLikeOp()
     result = read_files(path, op, arch="gfx950", dtype="bf16", layout="rcr")
     s = result.summary
@@ -503,7 +503,7 @@ def test_csv_reader_is_op_generic_on_real_grouped_conv_data() -> None:
 
 
 def test_real_grouped_conv_table_through_its_op_config(capsys: pytest.CaptureFixture[str]) -> None:
-    path = shared_file("ck_grouped_conv_fwd_bf16_gfx950", "benchmark_forward_300_bf16_gfx950.csv")
+    path = data_file("ck_grouped_conv_fwd_bf16_gfx950", "benchmark_forward_300_bf16_gfx950.csv")
     cfg = compose("ingest", [f"data.path={path}", "op=grouped_conv_fwd", "dtype=bf16"])
     table = load_table(cfg)
     # 231 problem ids x 30 kernels; two ids name the same convolution, merged by median

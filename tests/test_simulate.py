@@ -16,7 +16,7 @@ from ckpred.data.shapes import load_shapes, read_shapes_csv
 from ckpred.data.table import canonical_columns, read_table
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.gemm_universal import OP
-from tests.conftest import shared_file
+from tests.conftest import data_file
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +220,7 @@ def test_cli_writes_table_and_log(tmp_path: Path) -> None:
 
 # -- calibration against real gfx950 measurements --------------------------------------------------
 def test_calibration_meets_targets() -> None:
-    path = shared_file("ck_gemm_gfx950_results", "p1_oracle_best_results.csv")
+    path = data_file("ck_gemm_gfx950_results", "p1_oracle_best_results.csv")
     cfg = compose("simulate", [f"calibration_file={path}"])
     lines: list[str] = []
     report = sim.calibrate(cfg, out=lines.append)
@@ -233,7 +233,7 @@ def test_calibration_meets_targets() -> None:
 
 
 def test_calibration_refuses_another_dtype(tmp_path: Path) -> None:
-    path = shared_file("ck_gemm_gfx950_results", "p1_oracle_best_results.csv")
+    path = data_file("ck_gemm_gfx950_results", "p1_oracle_best_results.csv")
     cfg = compose("simulate", ["dtype=fp16", f"calibration_file={path}"])
     with pytest.raises(ConfigValueError, match="dtype=fp8 layout=rcr"):
         sim.calibrate(cfg)
