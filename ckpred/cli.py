@@ -27,19 +27,19 @@ class Command(NamedTuple):
 
 #: Every command, with the primary config it composes and a one-line summary for ``--help``.
 COMMANDS: dict[str, Command] = {
-    "train": Command("train", "ckpred.train:train",
+    "train": Command("train", "ckpred.commands.train:train",
                      "train the kernel-selection model with shape-grouped CV; report it against baselines"),
-    "ingest": Command("ingest", "ckpred.data.ingest:ingest_command",
+    "ingest": Command("ingest", "ckpred.commands.ingest:ingest_command",
                       "read benchmark output (JSON, streaming log, CSV, parquet) into the canonical table"),
-    "export": Command("export", "ckpred.export.command:export_command",
+    "export": Command("export", "ckpred.commands.export:export_command",
                       "compile the model to ONNX (selector + scorer) with a manifest, parity-checked"),
-    "select": Command("select", "ckpred.runtime:select_command",
+    "select": Command("select", "ckpred.commands.select:select_command",
                       "pick the top-k kernels for one problem with an exported model"),
-    "simulate": Command("simulate", "ckpred.data.simulate:simulate_command",
+    "simulate": Command("simulate", "ckpred.commands.simulate:simulate_command",
                         "simulate CK Tile GEMM benchmarks (embedded default data); calibrate=true reports vs real"),
-    "tune": Command("tune", "ckpred.tune:tune",
+    "tune": Command("tune", "ckpred.commands.tune:tune",
                     "optuna search over model hyperparameters; objective = CV mean efficiency of train"),
-    "sweep-report": Command("sweep_report", "ckpred.sweep:sweep_report",
+    "sweep-report": Command("sweep_report", "ckpred.commands.sweep_report:sweep_report",
                             "one table of a sweep's jobs (train -m / tune), best mean efficiency first",
                             positional="dir"),
 }
@@ -82,13 +82,12 @@ def run_command(name: str, argv: list[str]) -> Any:
     """Run command ``name`` with Hydra arguments ``argv`` (as if typed after the command)."""
     import hydra
 
-    from ckpred import schema
-    from ckpred.config import to_object
+    from ckpred.config import register_schemas, to_object
     from ckpred.errors import CkpredError
 
     command = COMMANDS[name]
     argv = _positional_to_override(argv, command.positional)
-    schema.register()
+    register_schemas()
 
     @hydra.main(version_base="1.3", config_path="pkg://ckpred.conf", config_name=command.config_name)
     def entry(cfg: DictConfig) -> Any:

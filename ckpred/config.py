@@ -1,8 +1,13 @@
-"""Composing and validating configs outside the CLI (tests, notebooks, scripts)."""
+"""The config layer: composing and validating Hydra configs (commands, tests, notebooks, scripts).
+
+Only the command layer (:mod:`ckpred.cli`, :mod:`ckpred.commands`) and callers outside the
+package use this module; engine modules take the composed config or plain arguments.
+"""
 
 from __future__ import annotations
 
-import hashlib
+import copy
+import functools
 import importlib.resources
 from pathlib import Path
 from typing import Any
@@ -12,6 +17,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from ckpred import schema
 from ckpred.errors import ConfigValueError
+from ckpred.util import resolve_path
 
 #: Folder of the config tree: top-level conf/ in a checkout, shipped as the package ckpred.conf.
 CONF_DIR = Path(str(importlib.resources.files("ckpred.conf")))
@@ -44,32 +50,12 @@ def compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    schema.register()
+    register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="ckpred.conf", version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=list(overrides or []))
     to_object(cfg)
     return cfg
-
-
-def original_cwd() -> Path:
-    """The directory the user started the command in (Hydra may run jobs elsewhere)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if HydraConfig.initialized():
-            from hydra.utils import get_original_cwd
-
-            return Path(get_original_cwd())
-    except ValueError:
-        pass
-    return Path.cwd()
-
-
-def resolve_path(path: str | Path) -> Path:
-    """Resolve ``path`` against the user's original working directory."""
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else original_cwd() / p
 
 
 def run_dir(cfg: Any, command: str) -> Path:
@@ -97,25 +83,50 @@ def run_dir(cfg: Any, command: str) -> Path:
     return out
 
 
-def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks (pipelines and exports record it)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def register_schemas() -> None:
+    """Register every schema under ``base_<group>`` (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(group="arch", name="base_arch", node=schema.ArchConfig)
+    cs.store(group="dtype", name="base_dtype", node=schema.DtypeConfig)
+    cs.store(group="layout", name="base_layout", node=schema.LayoutConfig)
+    cs.store(group="op", name="base_op", node=schema.OpConfig)
+    cs.store(group="data", name="base_data", node=schema.DataConfig)
+    cs.store(name="base_ingest", node=schema.IngestConfig)
+    cs.store(group="shapes", name="base_shapes", node=schema.ShapesConfig)
+    cs.store(name="base_simulate", node=schema.SimulateConfig)
+    cs.store(group="features", name="base_features", node=schema.FeaturesConfig)
+    cs.store(group="model", name="base_model", node=schema.ModelConfig)
+    cs.store(group="target", name="base_target", node=schema.TargetConfig)
+    cs.store(group="cv", name="base_cv", node=schema.CVConfig)
+    cs.store(name="base_train", node=schema.TrainConfig)
+    cs.store(name="base_export", node=schema.ExportConfig)
+    cs.store(name="base_select", node=schema.SelectConfig)
+    cs.store(name="base_tune", node=schema.TuneConfig)
+    cs.store(name="base_sweep_report", node=schema.SweepReportConfig)
+    cs.store(group="problem", name="base_problem", node={})
 
 
-def package_versions(packages: tuple[str, ...]) -> dict[str, str]:
-    """Python's and each package's installed version ("not installed" when absent), for the
-    provenance records of train runs and exports."""
-    import platform
-    from importlib import metadata
+def feature_set(name: str) -> Any:
+    """Compose ``conf/features/<name>.yaml`` on its own and return it validated.
 
-    out = {"python": platform.python_version()}
-    for name in packages:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
+    Returns
+    -------
+    ckpred.schema.FeaturesConfig
+        A fresh copy (composition is cached per name: it costs a Hydra initialisation).
+    """
+    return copy.deepcopy(_feature_set(name))
+
+
+@functools.lru_cache(maxsize=None)
+def _feature_set(name: str) -> Any:
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_schemas()
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="ckpred.conf", version_base="1.3"):
+        cfg = compose(config_name=None, overrides=[f"+features={name}"])
+    GlobalHydra.instance().clear()
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema.FeaturesConfig), cfg.features))

@@ -37,6 +37,7 @@ expected max of k draws without replacement, ``topk = 1 - C(n - n_best, k) / C(n
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -439,3 +440,38 @@ def plot_feature_importance(names: Sequence[str], gains: np.ndarray, path: Path,
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: Path,
+                  timings: dict[str, float]) -> None:
+    """Rich tables: every method side by side, overall and by M family (percent)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    cols = [("mean", "mean"), ("p10", "P10"), ("p50", "P50"), ("min", "min"), ("top1", "top1"),
+            ("top5", "top5"), ("efficiency@5", "eff@5"), ("efficiency@20", "eff@20"), ("ndcg@10", "ndcg@10")]
+    table = Table(title="efficiency on unseen shapes, % (chosen kernel / best kernel)")
+    table.add_column("method")
+    for _, title in cols:
+        table.add_column(title, justify="right")
+    scored = {m: r for m, r in metrics.items() if "mean" in r}
+    for method, rep in metrics.items():
+        if method in scored:
+            table.add_row(method, *[f"{100 * rep[key]:.2f}" for key, _ in cols])
+        else:
+            table.add_row(method, rep.get("skipped", ""))
+    console.print(table)
+    present = [f for f in families if any(f in r["by_family"] for r in scored.values())]
+    if present:
+        fam = Table(title="mean / P10 efficiency by M family, %")
+        fam.add_column("method")
+        for f in present:
+            n = next(r["by_family"][f]["n_shapes"] for r in scored.values() if f in r["by_family"])
+            fam.add_column(f"{f} (n={n})", justify="right")
+        for method, rep in scored.items():
+            fam.add_row(method, *[f"{100 * rep['by_family'][f]['mean']:.2f} / {100 * rep['by_family'][f]['p10']:.2f}"
+                                  if f in rep["by_family"] else "-" for f in present])
+        console.print(fam)
+    n = metrics["model"].get("n_shapes", 0)
+    console.print(f"{n} test shapes; wall time {timings.get('total_s', 0):.1f}s; outputs in {out_dir}")

@@ -15,7 +15,7 @@ from typing import Any
 
 import joblib
 
-from ckpred.config import resolve_path, sha256_file
+from ckpred.util import resolve_path, sha256_file
 from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError
 
 __all__ = ["TrainRun", "load_train_run"]

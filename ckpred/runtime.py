@@ -320,37 +320,3 @@ def _first_catalogue_difference(model_cat: pd.DataFrame, other: pd.DataFrame) ->
         if a != b:
             return f"(first difference at kernel_id {i}: model {a!r}, runtime {b!r})"
     return "(same names, different fields)"
-
-
-def select_command(cfg: Any) -> dict[str, Any]:
-    """Task function of ``python -m ckpred select``: print the top-k kernels of one problem."""
-    from ckpred.config import resolve_path
-    from ckpred.export.command import export_name
-
-    names = {key: str(getattr(cfg[key], "name", cfg[key])) for key in ("arch", "dtype", "layout")}
-    op_name = load_op(cfg.op).name
-    model_dir = resolve_path(cfg.model_dir) if cfg.model_dir else \
-        resolve_path(cfg.exports_dir) / export_name(op_name, names["arch"], names["dtype"], names["layout"])
-    if not (model_dir / mf.MANIFEST).is_file():
-        raise MissingFileError(str(model_dir / mf.MANIFEST),
-                               f"no exported model in {model_dir}; run `python -m ckpred export op={op_name} "
-                               f"arch={names['arch']} dtype={names['dtype']} layout={names['layout']}` (or the "
-                               f"same experiment=...) first or pass model_dir=<dir>")
-    selector = KernelSelector.load(model_dir, threads=int(cfg.threads), cache_size=0, **names)
-    answer = selector.select(dict(cfg.problem), top_k=int(cfg.top_k))
-    result = answer.to_dict()
-    if cfg.json:
-        print(json.dumps(result))
-        return result
-    problem = " ".join(f"{k}={v}" for k, v in answer.problem.items())
-    print(f"{op_name} {names['arch']} {names['dtype']} {names['layout']}: {problem}  (model {model_dir})")
-    if answer.out_of_distribution:
-        ranges = ", ".join(f"{k}={v} outside [{r[0]}, {r[1]}]" for k, (v, r) in answer.ood_fields.items())
-        print(f"warning: out of the training distribution: {ranges}")
-    if not answer.ok:
-        print(f"no kernel: {answer.reason}")
-        return result
-    print(f"{answer.num_valid} valid kernels; top {len(answer.ids)}:")
-    for rank, (i, name, score) in enumerate(zip(answer.ids, answer.kernels, answer.scores), 1):
-        print(f"{rank:>3}  {i:>5}  {score:>14.6f}  {name}")
-    return result

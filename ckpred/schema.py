@@ -654,28 +654,3 @@ class SweepReportConfig:
 
     def __post_init__(self) -> None:
         check("sort_by", self.sort_by, self.sort_by in SWEEP_SORT, f"one of {list(SWEEP_SORT)}")
-
-
-def register() -> None:
-    """Register every schema under ``base_<group>`` (idempotent)."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    cs.store(group="arch", name="base_arch", node=ArchConfig)
-    cs.store(group="dtype", name="base_dtype", node=DtypeConfig)
-    cs.store(group="layout", name="base_layout", node=LayoutConfig)
-    cs.store(group="op", name="base_op", node=OpConfig)
-    cs.store(group="data", name="base_data", node=DataConfig)
-    cs.store(name="base_ingest", node=IngestConfig)
-    cs.store(group="shapes", name="base_shapes", node=ShapesConfig)
-    cs.store(name="base_simulate", node=SimulateConfig)
-    cs.store(group="features", name="base_features", node=FeaturesConfig)
-    cs.store(group="model", name="base_model", node=ModelConfig)
-    cs.store(group="target", name="base_target", node=TargetConfig)
-    cs.store(group="cv", name="base_cv", node=CVConfig)
-    cs.store(name="base_train", node=TrainConfig)
-    cs.store(name="base_export", node=ExportConfig)
-    cs.store(name="base_select", node=SelectConfig)
-    cs.store(name="base_tune", node=TuneConfig)
-    cs.store(name="base_sweep_report", node=SweepReportConfig)
-    cs.store(group="problem", name="base_problem", node={})

@@ -120,7 +120,8 @@ def main() -> int:
     from ckpred.export import lightgbm as xl
     from ckpred.export import manifest as mf
     from ckpred.export import onnx as xo
-    from ckpred.export.command import export_name, export_pipeline, fit_final
+    from ckpred.export.build import export_name, export_pipeline
+    from ckpred.fitting import fit_final
     from ckpred.kernels.base import load_op
     from ckpred.runtime import KernelSelector
 

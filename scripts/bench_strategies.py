@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     from ckpred.config import compose
     from ckpred.data import load_table
     from ckpred.export import manifest as mf
-    from ckpred.export.command import export_name, export_pipeline, fit_final
+    from ckpred.export.build import export_name, export_pipeline
+    from ckpred.fitting import fit_final
     from ckpred.export.strategies import fit_reranker, keep_for_table
     from ckpred.kernels.base import load_op
 

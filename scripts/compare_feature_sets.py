@@ -29,7 +29,8 @@ from sklearn.model_selection import GroupKFold
 
 from ckpred.config import compose
 from ckpred.data import load_table
-from ckpred.features import build_features, feature_set
+from ckpred.features import build_features
+from ckpred.config import feature_set
 from ckpred.kernels.base import load_op
 
 

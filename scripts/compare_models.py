@@ -20,7 +20,8 @@ from ckpred import evaluate as ev
 from ckpred.config import compose
 from ckpred.data import load_table
 from ckpred.kernels.base import load_op
-from ckpred.train import LearnedMethod, _predict, _recipe, _rows_of, fit_method, make_folds, prepare
+from ckpred.cv import make_folds
+from ckpred.fitting import LearnedMethod, fit_method, predict, prepare, recipe_config, rows_of
 
 
 def main() -> None:
@@ -36,14 +37,14 @@ def main() -> None:
     folds = make_folds(base.cv, data, int(base.seed))[: args.folds]
     for variant in args.variants:
         cfg = compose("train", variant.split())
-        method = LearnedMethod("model", _recipe(cfg, cfg.features, cfg.model, cfg.target), cfg.rows)
+        method = LearnedMethod("model", recipe_config(cfg, cfg.features, cfg.model, cfg.target), cfg.rows)
         start = time.perf_counter()
         parts = []
         for i, fold in enumerate(folds):
             pipe, info = fit_method(method, data, fold.train_shapes, op, cfg, int(cfg.seed) + i)
-            rows = _rows_of(data.groups, fold.test_shapes)
+            rows = rows_of(data.groups, fold.test_shapes)
             groups = ev.ShapeGroups.from_keys(data.groups.codes[rows])
-            parts.append(ev.shape_metrics(data.perf[rows], _predict(pipe, data.X.iloc[rows]), groups,
+            parts.append(ev.shape_metrics(data.perf[rows], predict(pipe, data.X.iloc[rows]), groups,
                                           data.selectable[rows]))
         r = ev.summarize(pd.concat(parts))
         print(f"{variant!r}: mean {100 * r['mean']:.2f} P10 {100 * r['p10']:.2f} min {100 * r['min']:.2f} "

@@ -229,7 +229,7 @@ def amd_figures(data_dir: Path) -> dict[str, float]:
 def run_protocol(protocol: str, data_dir: Path, out: Path, extra: list[str]) -> dict[str, dict[str, float]]:
     """Train and evaluate one protocol; per-method summaries (fractions)."""
     from ckpred.config import compose
-    from ckpred.train import train
+    from ckpred.commands.train import train
 
     cfg = compose("train", [*protocol_overrides(protocol, data_dir, out), *extra])
     t = time.perf_counter()

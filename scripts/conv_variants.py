@@ -75,33 +75,33 @@ Variant = Callable[[Fit], np.ndarray]
 def load_context(protocol: str, seed: int, data_dir: Path) -> Context:
     """Prepare the protocol's tables and compute the experiment's features once."""
     from ckpred import models
-    from ckpred import train as tr
+    from ckpred import cv, fitting
     from ckpred.config import compose
     from ckpred.data import load_table
     from ckpred.kernels.base import load_op
 
     cfg = compose("train", [*conv_proof.protocol_overrides(protocol, data_dir, Path("unused")), f"seed={seed}"])
     op = load_op(cfg.op)
-    data = tr.prepare(load_table(cfg), op, cfg)
-    test = tr.prepare(load_table(tr._external_cfg(cfg)), op, cfg) if cfg.cv.name == "external" else data
+    data = fitting.prepare(load_table(cfg), op, cfg)
+    test = fitting.prepare(load_table(cv.external_data_config(cfg)), op, cfg) if cfg.cv.name == "external" else data
     features = models.build_pipeline(cfg, op, cfg.arch, cfg.dtype)[:-1]
     X = np.asarray(features.fit_transform(data.X), dtype=np.float64)
     X_test = X if test is data else np.asarray(features.transform(test.X), dtype=np.float64)
     names = [n.split("__", 1)[1] for n in features.get_feature_names_out()]
-    return Context(cfg, data, test, X, X_test, names, tr.make_folds(cfg.cv, data, seed, test),
+    return Context(cfg, data, test, X, X_test, names, cv.make_folds(cfg.cv, data, seed, test),
                    features.named_steps["features"].named_transformers["conv_tile"])
 
 
 def evaluate(ctx: Context, variant: Variant) -> dict[str, float]:
     """Out-of-fold scores of ``variant`` on every fold; the per-problem summary."""
     from ckpred import evaluate as ev
-    from ckpred import train as tr
+    from ckpred import cv, fitting
 
     scores = np.full(len(ctx.test.table), np.nan)
     for i, fold in enumerate(ctx.folds):
-        rows = tr._rows_of(ctx.data.groups, fold.train_shapes)
+        rows = fitting.rows_of(ctx.data.groups, fold.train_shapes)
         rows = rows[np.argsort(ctx.data.groups.codes[rows], kind="stable")]  # a query's rows together
-        test_rows = tr._rows_of(ctx.test.groups, fold.test_shapes)
+        test_rows = fitting.rows_of(ctx.test.groups, fold.test_shapes)
         fit = Fit(ctx.features[rows], ctx.data.perf[rows], ctx.data.groups.codes[rows],
                   ctx.test_features[test_rows], ctx.test.groups.codes[test_rows], int(ctx.cfg.seed) + i, ctx)
         scores[test_rows] = variant(fit)

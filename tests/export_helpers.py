@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 
 from ckpred.config import compose
-from ckpred.features import build_features, feature_set
+from ckpred.features import build_features
+from ckpred.config import feature_set
 from ckpred.kernels.base import OpDefinition, load_op
 
 #: Training shapes: every M family, a prime, multiples that make most tiles valid.

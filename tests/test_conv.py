@@ -145,7 +145,8 @@ def _raw(problems: pd.DataFrame, tile: tuple[int, int, int] = (64, 64, 64), pipe
 
 
 def _conv_features(cfg, name: str, X: pd.DataFrame) -> dict[str, np.ndarray]:
-    from ckpred.features import build_features, feature_set
+    from ckpred.features import build_features
+    from ckpred.config import feature_set
 
     union = build_features(feature_set(name), OP, cfg.arch, cfg.dtype, cfg.layout).fit(X)
     return dict(zip(union.get_feature_names_out(), union.transform(X).T))
@@ -242,7 +243,8 @@ def test_conv_feature_sets_export_to_onnx_with_parity(conv_cfg, name: str) -> No
     from skl2onnx.common.data_types import Int64TensorType
 
     import ckpred.export.converters  # noqa: F401 - registers the converters
-    from ckpred.features import build_features, feature_set
+    from ckpred.features import build_features
+    from ckpred.config import feature_set
 
     cat = OP.catalogue("gfx950", "bf16", "rcr")
     problems = pd.concat([_problem(), _problem(n=8, c=3, k=5, hi=1025, wi=7, y=7, x=7, stride_h=4, stride_w=16,
@@ -271,7 +273,7 @@ def test_reduced_protocol_b_beats_baselines_on_amd_data(tmp_path) -> None:
     import json
 
     from ckpred.config import compose
-    from ckpred.train import train
+    from ckpred.commands.train import train
 
     bench = data_file(CONV_DIR, "benchmark_forward_300_bf16_gfx950.csv")
     cfg = compose("train", ["experiment=ck_conv_gfx950", f"data.path={bench}", f"out_dir={tmp_path}",
@@ -297,7 +299,7 @@ def test_experiment_exports_like_it_trains(tmp_path) -> None:
     import json
 
     from ckpred.config import compose
-    from ckpred.export.command import export_command
+    from ckpred.commands.export import export_command
 
     bench = data_file(CONV_DIR, "benchmark_forward_300_bf16_gfx950.csv")
     recipe = ["experiment=ck_conv_gfx950", f"data.path={bench}", "model.n_estimators=20"]
@@ -314,7 +316,7 @@ def test_experiment_exports_like_it_trains(tmp_path) -> None:
     assert manifest["catalogue"]["count"] == 30 and manifest["training"]["shapes"] == 230
     assert manifest["parity"]["checked"] and manifest["parity"]["top1_agreement"] == 1.0
     # `select experiment=...` finds the same export: the experiment names op, arch, dtype, layout
-    from ckpred.runtime import select_command
+    from ckpred.commands.select import select_command
 
     problem = ["problem.n=1", "problem.c=256", "problem.k=768", "problem.hi=64", "problem.wi=64", "problem.y=1",
                "problem.x=1"]

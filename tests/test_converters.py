@@ -12,7 +12,8 @@ from skl2onnx.common.data_types import Int64TensorType
 
 from ckpred.config import CONF_DIR, compose
 from ckpred.export.converters import alias, registered_aliases
-from ckpred.features import FEATURE_GROUPS, build_features, feature_set, group_class
+from ckpred.features import FEATURE_GROUPS, build_features, group_class
+from ckpred.config import feature_set
 from ckpred.kernels.base import load_op
 
 FEATURE_SETS = sorted(p.stem for p in (CONF_DIR / "features").glob("*.yaml"))

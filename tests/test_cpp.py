@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ckpred.export import manifest as mf
-from ckpred.export.command import export_pipeline
+from ckpred.export.build import export_pipeline
 from ckpred.runtime import KernelSelector
 from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
 

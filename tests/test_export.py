@@ -14,7 +14,7 @@ import pytest
 from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
-from ckpred.export.command import export_pipeline, reference_selection
+from ckpred.export.build import export_pipeline, reference_selection
 from ckpred.export.validity import mask_builder_for
 from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
 
@@ -260,7 +260,7 @@ def test_interrupted_export_keeps_previous_export(setup, exported, tmp_path, mon
 def test_failed_parity_writes_nothing(setup, exported, tmp_path, monkeypatch) -> None:
     op, cfg, table = setup
     pipe, _, _ = exported[("regressor", "log1p")]
-    import ckpred.export.command as cmd
+    import ckpred.export.build as cmd
 
     real = cmd.parity_check
 

@@ -13,10 +13,10 @@ from omegaconf import OmegaConf
 
 from ckpred.config import compose
 from ckpred.data import load_table
-from ckpred.export.manifest import sha256_file
-from ckpred.train import data_hash
+from ckpred.util import sha256_file
+from ckpred.data.table import data_hash
 from ckpred.errors import ModelMismatchError
-from ckpred.export.command import export_command
+from ckpred.commands.export import export_command
 from ckpred.runtime import KernelSelector
 from export_helpers import TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
 
@@ -127,7 +127,7 @@ def test_run_dir_without_pipeline_is_refused(tmp_path, monkeypatch) -> None:
 def _train_then_export(cv: str) -> dict:
     """A tiny train run (``cv`` override) in ./run, exported with a small reranker: the manifest's
     ``selection.cv``."""
-    from ckpred.train import train
+    from ckpred.commands.train import train
 
     small = ["shapes=tiny", "model.n_estimators=8", "model.num_leaves=7", "model.n_jobs=1", "rows.max_per_shape=192",
              "rows.keep_top=32"]

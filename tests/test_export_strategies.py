@@ -10,7 +10,7 @@ from ckpred.config import compose
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
 from ckpred.export import strategies as st
-from ckpred.export.command import export_pipeline
+from ckpred.export.build import export_pipeline
 from ckpred.runtime import KernelSelector
 from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
 

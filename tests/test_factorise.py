@@ -15,7 +15,8 @@ from sklearn.pipeline import FeatureUnion, Pipeline
 from ckpred.config import compose
 from ckpred.export import onnx as xo
 from ckpred.export.factorise import HybridOps, feature_groups, selector_features
-from ckpred.features import build_features, feature_set
+from ckpred.features import build_features
+from ckpred.config import feature_set
 from ckpred.features.base import NumpyOps
 from ckpred.features.registry import group_class
 from test_converters import FEATURE_SETS, _op_for, _rows

@@ -11,7 +11,8 @@ from sklearn.utils.estimator_checks import check_estimator, estimator_checks_gen
 
 from ckpred.config import CONF_DIR, compose
 from ckpred.errors import ConfigValueError
-from ckpred.features import FEATURE_GROUPS, build_features, feature_set, group_class
+from ckpred.features import FEATURE_GROUPS, build_features, group_class
+from ckpred.config import feature_set
 from ckpred.kernels.base import load_op
 
 OP = load_op("gemm_universal")

@@ -66,3 +66,77 @@ def test_user_config_dir_adds_an_option_without_editing_the_package(tmp_path: Pa
                           "arch=mygpu", "--cfg", "job"], cwd=tmp_path, capture_output=True, text=True)
     assert job.returncode == 0, job.stderr
     assert "name: mygpu" in job.stdout and "cus: 128" in job.stdout
+
+
+#: Engine stages in data-flow order; a module may import only from its own stage or earlier ones.
+#: The command layer (cli, config, commands) sits on top and may import anything.
+STAGES = [
+    # features.registry is the table of group names the schema validates ``kind`` against.
+    {"errors", "util", "schema", "expressions", "features.registry"},
+    {"kernels"},
+    {"data"},
+    {"features"},
+    {"models"},
+    {"evaluate"},
+    {"fitting", "runs", "warm_start"},
+    {"cv"},
+    {"export"},
+    {"runtime", "autotune"},
+]
+COMMAND_LAYER = {"cli", "config", "commands", "__main__", "conf"}
+
+
+def _stage_of(module: str) -> int | None:
+    parts = module.split(".")[1:]
+    for name in (".".join(parts[:2]), parts[0] if parts else ""):
+        for i, names in enumerate(STAGES):
+            if name in names:
+                return i
+    return None
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names if node.module == "ckpred"}
+    return found
+
+
+def _engine_modules() -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted((REPO / "ckpred").rglob("*.py")):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        top = module.split(".")[1] if module.count(".") else ""
+        if top in COMMAND_LAYER or module == "ckpred.__init__":
+            continue
+        out.append((module, path))
+    return out
+
+
+def test_every_engine_module_has_a_stage() -> None:
+    modules = _engine_modules()
+    assert len(modules) > 30
+    missing = [m for m, _ in modules if _stage_of(m) is None]
+    assert not missing, f"modules outside the declared stages: {missing}"
+
+
+def test_data_flows_one_way_and_only_commands_touch_hydra() -> None:
+    problems = []
+    for module, path in _engine_modules():
+        mine = _stage_of(module)
+        for imported in _imports(path):
+            if imported.split(".")[0] in ("hydra",) or imported.startswith(("ckpred.config", "ckpred.commands",
+                                                                              "ckpred.cli")):
+                problems.append(f"{module} imports {imported} (only the command layer may)")
+            elif imported.startswith("ckpred.") and mine is not None:
+                theirs = _stage_of(imported)
+                if theirs is not None and theirs > mine:
+                    problems.append(f"{module} (stage {mine}) imports {imported} (later stage {theirs})")
+    assert not problems, "\n".join(problems)

@@ -14,7 +14,7 @@ import pytest
 
 from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
-from ckpred.export.command import export_pipeline, reference_selection
+from ckpred.export.build import export_pipeline, reference_selection
 from ckpred.runtime import KernelSelector
 from export_helpers import TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
 

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 import ckpred.data.simulate as sim
+from ckpred.commands.simulate import simulate_command
 from ckpred.config import compose
 from ckpred.data.shapes import load_shapes, read_shapes_csv
 from ckpred.data.table import canonical_columns, read_table
@@ -182,10 +183,10 @@ def test_cache_is_reused_and_regenerated_on_version_change(tmp_path: Path, monke
 
 def test_command_writes_out_and_reuses_the_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["shapes=tiny", "shapes.max_shapes=2", f"data.cache_dir={tmp_path / 'cache'}"]
-    share = sim.simulate_command(compose("simulate", [*base, f"out={tmp_path / 'a.parquet'}"]))
+    share = simulate_command(compose("simulate", [*base, f"out={tmp_path / 'a.parquet'}"]))
     first = read_table(tmp_path / "a.parquet", OP)
     assert share == pytest.approx(first.is_valid.mean()) and len(first) == 2 * 4608
-    sim.simulate_command(compose("simulate", [*base, f"out={tmp_path / 'b' / 'b.parquet'}"]))
+    simulate_command(compose("simulate", [*base, f"out={tmp_path / 'b' / 'b.parquet'}"]))
     (cached,) = (tmp_path / "cache").glob("*.parquet")
     assert (tmp_path / "b" / "b.parquet").read_bytes() == cached.read_bytes()
     assert "9,216 rows" in capsys.readouterr().out

@@ -18,7 +18,7 @@ import yaml
 from ckpred.cli import _positional_to_override, run_command
 from ckpred.config import compose
 from ckpred.errors import ConfigValueError, InputFileError
-from ckpred.sweep import collect, report_frame, sweep_report
+from ckpred.commands.sweep_report import collect, report_frame, sweep_report
 
 REPO = Path(__file__).resolve().parents[1]
 

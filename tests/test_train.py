@@ -18,7 +18,7 @@ from ckpred.config import compose
 from ckpred.errors import ConfigValueError
 from ckpred.evaluate import METHODS, ShapeGroups
 from ckpred.models import IdentityTarget, Log1pTarget, relative_target, relevance_grades
-from ckpred.train import train
+from ckpred.commands.train import train
 
 #: Small, fast, single-threaded settings for every run in this file.
 SMALL = ["shapes=tiny", "model.n_estimators=8", "model.num_leaves=7", "model.n_jobs=1",
@@ -163,7 +163,7 @@ def test_every_model_target_cv(tmp_path: Path, model: str, target: str, cv: str)
 
 
 def test_early_stopping_never_sees_test_shapes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import ckpred.train as tr
+    import ckpred.fitting as tr
 
     seen: list[set[str]] = []
     real_fit = tr.fit_pipeline
@@ -254,7 +254,7 @@ def test_relative_target_and_relevance_grades() -> None:
 def test_training_rows_cap_keeps_the_fastest() -> None:
     from types import SimpleNamespace
 
-    from ckpred.train import Prepared, training_rows
+    from ckpred.fitting import Prepared, training_rows
 
     perf = np.array([1.0, 9.0, 3.0, 8.0, 0.0, 2.0, 0.0, 0.0])
     codes = ["a"] * 6 + ["b"] * 2  # shape b has no valid kernel: skipped

@@ -11,7 +11,7 @@ import yaml
 
 from ckpred.config import compose
 from ckpred.errors import ConfigValueError
-from ckpred.tune import search_space, trial_config, tune
+from ckpred.commands.tune import search_space, trial_config, tune
 
 #: Tiny data, tiny models, a small space: a trial is one 2-fold CV of a few trees.
 SMALL = ["shapes=tiny", "model.n_jobs=1", "rows.max_per_shape=32", "rows.keep_top=8", "cv.n_splits=2",
@@ -71,7 +71,7 @@ def test_same_seed_same_trials(study_dir: tuple[Path, float, str], tmp_path: Pat
 def test_other_seed_other_params() -> None:
     import optuna
 
-    from ckpred.tune import suggest
+    from ckpred.commands.tune import suggest
 
     cfg = compose("tune", SMALL)
     space = search_space(cfg)
@@ -139,7 +139,7 @@ def test_sampled_value_outside_the_model_schema_names_the_model_key(tmp_path: Pa
 
 
 def test_train_reports_the_running_mean_after_each_fold(tmp_path: Path) -> None:
-    from ckpred.train import train
+    from ckpred.commands.train import train
 
     seen: list[tuple[int, float]] = []
     cfg = compose("train", [*SMALL[:5], "cv.n_splits=3", "model.n_estimators=4", "baselines.reference.enabled=false",

@@ -16,7 +16,7 @@ from ckpred.config import compose
 from ckpred.errors import InputFileError, ModelMismatchError
 from ckpred.kernels.base import load_op
 from ckpred.models import booster
-from ckpred.train import train
+from ckpred.commands.train import train
 
 #: The base's recipe, pinned (the train defaults may change): regressor on log1p.
 REG = ["model=lgbm_regressor", "target=log1p"]

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import glob
 import math
-import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,12 +39,13 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from ckpred.config import resolve_path
+from ckpred.util import resolve_path
 from ckpred.data.readers import READERS, FileRead, ReadContext, detect_format
 from ckpred.data.readers.common import KernelResolver, Reject, RowBuffer
 from ckpred.data.table import conform, write_table
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.base import OpDefinition, load_op
+from ckpred.util import atomic_path
 
 #: Relative tolerance of the check ``tflops * latency == FLOPs`` (beyond printing steps).
 CONSISTENCY_RTOL = 0.02
@@ -427,15 +426,8 @@ def print_summary(summary: IngestSummary, *, out: Path | None = None, rejects: P
 def write_rejects(rejects: pd.DataFrame, path: str | Path) -> Path:
     """Write the rejects as CSV (source, reason, raw), atomically."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         rejects.to_csv(tmp, index=False, columns=list(REJECT_COLUMNS))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 
@@ -449,7 +441,7 @@ def _path_spec(value: Any) -> Any:
     return [str(v) for v in container]  # type: ignore[union-attr]
 
 
-def _read_config(cfg: Any) -> tuple[OpDefinition, IngestResult]:
+def read_config_inputs(cfg: Any) -> tuple[OpDefinition, IngestResult]:
     op = load_op(cfg.op)
     result = read_files(_path_spec(cfg.data.path), op, arch=cfg.arch.name, dtype=cfg.dtype.name,
                         layout=cfg.layout.name, fmt=cfg.data.get("format", "auto") or "auto",
@@ -457,7 +449,7 @@ def _read_config(cfg: Any) -> tuple[OpDefinition, IngestResult]:
     return op, result
 
 
-def _nothing_usable(result: IngestResult) -> str:
+def nothing_usable_message(result: IngestResult) -> str:
     top = sorted({**result.summary.rejected, **result.summary.invalid}.items(), key=lambda kv: -kv[1])[:3]
     reasons = "; ".join(f"{k} ({v})" for k, v in top) or "the files hold no measurement"
     return (f"no valid measurement in {', '.join(result.summary.files)}; {result.summary.records} record(s) read, "
@@ -474,26 +466,8 @@ def ingest_for_config(cfg: Any) -> pd.DataFrame:
     ckpred.errors.InputFileError
         A file cannot be read, or no valid measurement was read at all.
     """
-    _, result = _read_config(cfg)
+    _, result = read_config_inputs(cfg)
     print_summary(result.summary)
     if result.summary.valid_rows == 0:
-        raise InputFileError(str(cfg.data.path), _nothing_usable(result))
+        raise InputFileError(str(cfg.data.path), nothing_usable_message(result))
     return result.table
-
-
-def ingest_command(cfg: Any) -> int:
-    """``ckpred ingest``: write the canonical parquet ``out`` and the rejects CSV, print the summary.
-
-    Returns the number of valid table rows. Exits with status 1 (``SystemExit``) only when
-    nothing usable was read; the rejects are still written then, to show why.
-    """
-    op, result = _read_config(cfg)
-    out = resolve_path(cfg.out)
-    rejects = resolve_path(cfg.rejects) if cfg.get("rejects") else out.with_name(f"{out.stem}.rejects.csv")
-    write_rejects(result.rejects, rejects)
-    if result.summary.valid_rows == 0:
-        print_summary(result.summary, rejects=rejects)
-        raise SystemExit(f"ckpred ingest: {_nothing_usable(result)}; nothing written to {out}")
-    write_table(result.table, out, op)
-    print_summary(result.summary, out=out, rejects=rejects)
-    return result.summary.valid_rows

@@ -120,7 +120,7 @@ def load_shapes(shapes_cfg: Any) -> pd.DataFrame:
         A composed ``shapes`` group (:class:`ckpred.schema.ShapesConfig`). ``path`` (resolved
         against the original working directory) wins over ``families``.
     """
-    from ckpred.config import resolve_path
+    from ckpred.util import resolve_path
 
     if shapes_cfg.path:
         frame = read_shapes_csv(resolve_path(shapes_cfg.path))

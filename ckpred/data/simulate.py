@@ -102,8 +102,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +111,7 @@ import numpy as np
 import pandas as pd
 
 from ckpred.kernels.base import OpDefinition
+from ckpred.util import atomic_path
 
 #: Bump when the model changes: cached tables of older versions are regenerated.
 SIMULATOR_VERSION = "1.0.0"
@@ -570,7 +569,7 @@ def cache_key(cfg: Any, shapes: pd.DataFrame) -> str:
 
 def cache_path(cfg: Any, shapes: pd.DataFrame) -> Path:
     """Where :func:`simulated_table` caches the table of ``cfg`` (under ``data.cache_dir``)."""
-    from ckpred.config import resolve_path
+    from ckpred.util import resolve_path
 
     name = f"simulated-{cfg.op.name}-{cfg.arch.name}-{cfg.dtype.name}-{cfg.layout.name}-{cfg.shapes.name}"
     return resolve_path(cfg.data.cache_dir) / f"{name}-{cache_key(cfg, shapes)}.parquet"
@@ -640,7 +639,7 @@ def calibrate(cfg: Any, *, out: Any = print) -> dict[str, Any]:
     The config's arch, dtype and layout must match the file's (gfx950, fp8, rcr for AMD's
     p1_oracle_best_results.csv, whose kernel names carry dtype and layout).
     """
-    from ckpred.config import resolve_path
+    from ckpred.util import resolve_path
     from ckpred.errors import ConfigValueError
     from ckpred.kernels.base import load_op
 
@@ -655,32 +654,3 @@ def calibrate(cfg: Any, *, out: Any = print) -> dict[str, Any]:
     report = calibration_report(table, real, op)
     out(format_calibration(report))
     return report
-
-
-def simulate_command(cfg: Any) -> float:
-    """``ckpred simulate``: write the simulated table (and log); optionally the calibration report.
-
-    Returns the calibration's median |log(sim best / real best)| with ``calibrate=true`` (what a
-    sweep would minimise), else the share of valid rows in the written table.
-    """
-    from ckpred.config import resolve_path
-    from ckpred.data.shapes import load_shapes
-
-    table = simulated_table(cfg)
-    out = resolve_path(cfg.out)
-    cached = cache_path(cfg, load_shapes(cfg.shapes))  # written by simulated_table
-    if out.resolve() != cached.resolve():
-        # The cache file is already the canonical parquet of this table: copy it atomically.
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        shutil.copyfile(cached, tmp)
-        os.replace(tmp, out)
-    shapes = table.groupby(["m", "n", "k", "split_k"], sort=False).ngroups
-    print(f"simulated {len(table):,} rows ({shapes} shapes x {len(table) // max(shapes, 1):,} kernels, "
-          f"{table['is_valid'].mean():.1%} valid) -> {out}")
-    if cfg.log:
-        log = write_log(table, resolve_path(cfg.log), acc_dtype=cfg.dtype.accumulator, c_dtype=cfg.dtype.c_dtype)
-        print(f"streaming log -> {log}")
-    if cfg.calibrate:
-        return calibrate(cfg)["summary"]["median_abs_log"]
-    return float(table["is_valid"].mean())

@@ -13,8 +13,7 @@ reason: a selector that picks one of them scores 0 for that shape.
 
 from __future__ import annotations
 
-import os
-import tempfile
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ckpred.errors import TableSchemaError
+from ckpred.util import atomic_path
 from ckpred.kernels.base import Field, OpDefinition
 
 HEADER_COLUMNS: tuple[str, ...] = ("op", "arch", "dtype", "layout")
@@ -106,16 +106,9 @@ def conform(frame: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
 def write_table(frame: pd.DataFrame, path: str | Path, op: OpDefinition) -> Path:
     """Write ``frame`` as canonical parquet, atomically (temp file in the same dir + rename)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pandas(conform(frame, op), schema=canonical_schema(op), preserve_index=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 
@@ -126,3 +119,10 @@ def read_table(path: str | Path, op: OpDefinition) -> pd.DataFrame:
     if missing:
         raise TableSchemaError(f"{path}: not a canonical ckpred table for op {op.name!r}; missing columns {missing}")
     return conform(table.to_pandas(), op)
+
+
+def data_hash(table: pd.DataFrame) -> str:
+    """sha256 over the table's row hashes (content, column order and row order)."""
+    digest = hashlib.sha256(",".join(table.columns).encode())
+    digest.update(pd.util.hash_pandas_object(table, index=False).to_numpy().tobytes())
+    return digest.hexdigest()

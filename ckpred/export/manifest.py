@@ -29,9 +29,11 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from ckpred import config
 from ckpred.errors import MissingFileError, ModelMismatchError
+from ckpred.data.table import data_hash
 from ckpred.kernels.base import OpDefinition
+from ckpred.util import package_versions as _package_versions
+from ckpred.util import sha256_file
 
 FORMAT = "ckpred.export/1"
 MANIFEST = "manifest.json"
@@ -46,13 +48,9 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-#: Re-exported: the exports record file hashes with the same helper as train runs.
-sha256_file = config.sha256_file
-
-
 def package_versions() -> dict[str, str]:
-    """Versions of :data:`PACKAGES` (see :func:`ckpred.config.package_versions`)."""
-    return config.package_versions(PACKAGES)
+    """Versions of :data:`PACKAGES` (see :func:`ckpred.util.package_versions`)."""
+    return _package_versions(PACKAGES)
 
 
 def _json_value(value: Any) -> Any:
@@ -85,11 +83,9 @@ def fields_section(fields: Any) -> list[dict[str, Any]]:
 def training_section(table: pd.DataFrame, op: OpDefinition, **extra: Any) -> dict[str, Any]:
     """Hash, size and per-field problem ranges of the training table.
 
-    The hash is :func:`ckpred.train.data_hash` of the table, the same value ``train`` records
-    in its run manifest (``data.hash``), so an export can be tied to the run it came from.
+    The hash is :func:`ckpred.data.table.data_hash` of the table, the same value ``train``
+    records in its run manifest (``data.hash``), so an export can be tied to the run it came from.
     """
-    from ckpred.train import data_hash
-
     problems = table[list(op.problem_names)].drop_duplicates()
     ranges = {name: [int(problems[name].min()), int(problems[name].max())] for name in op.problem_names}
     return {

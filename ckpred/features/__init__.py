@@ -31,8 +31,6 @@ figure that counts.
 
 from __future__ import annotations
 
-import copy
-import functools
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -41,7 +39,7 @@ from sklearn.pipeline import FeatureUnion
 from ckpred.errors import ConfigValueError
 from ckpred.features.registry import FEATURE_GROUPS, group_class
 
-__all__ = ["FEATURE_GROUPS", "build_features", "catalogue_tiles", "constants_from_config", "feature_set",
+__all__ = ["FEATURE_GROUPS", "build_features", "catalogue_tiles", "constants_from_config",
            "group_class"]
 
 #: Bytes per element of each dtype name (for the C matrix, whose dtype config is only a name).
@@ -168,29 +166,3 @@ def build_features(features_cfg: Any, op: Any, arch_cfg: Any, dtype_cfg: Any,
         kwargs["input_names"] = input_names
         parts.append((group.kind, cls(**kwargs)))
     return FeatureUnion(parts)
-
-
-def feature_set(name: str) -> Any:
-    """Compose ``conf/features/<name>.yaml`` on its own and return it validated.
-
-    Returns
-    -------
-    ckpred.schema.FeaturesConfig
-        A fresh copy (composition is cached per name: it costs a Hydra initialisation).
-    """
-    return copy.deepcopy(_feature_set(name))
-
-
-@functools.lru_cache(maxsize=None)
-def _feature_set(name: str) -> Any:
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
-    from ckpred import schema
-
-    schema.register()
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="ckpred.conf", version_base="1.3"):
-        cfg = compose(config_name=None, overrides=[f"+features={name}"])
-    GlobalHydra.instance().clear()
-    return _as_features_config(cfg.features)

@@ -121,7 +121,7 @@ def tune(cfg: DictConfig) -> float:
     """
     import optuna
 
-    from ckpred.train import train
+    from ckpred.commands.train import train
 
     settings = cfg.tune
     space = search_space(cfg)

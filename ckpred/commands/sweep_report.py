@@ -31,7 +31,7 @@ import pandas as pd
 import yaml
 from omegaconf import DictConfig
 
-from ckpred.config import resolve_path
+from ckpred.util import resolve_path
 from ckpred.errors import InputFileError
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,27 @@
+"""``python -m ckpred ingest``: benchmark output -> canonical parquet + rejects CSV, with the reconciliation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckpred.data.ingest import nothing_usable_message, read_config_inputs, print_summary, write_rejects
+from ckpred.data.table import write_table
+from ckpred.util import resolve_path
+
+
+def ingest_command(cfg: Any) -> int:
+    """``ckpred ingest``: write the canonical parquet ``out`` and the rejects CSV, print the summary.
+
+    Returns the number of valid table rows. Exits with status 1 (``SystemExit``) only when
+    nothing usable was read; the rejects are still written then, to show why.
+    """
+    op, result = read_config_inputs(cfg)
+    out = resolve_path(cfg.out)
+    rejects = resolve_path(cfg.rejects) if cfg.get("rejects") else out.with_name(f"{out.stem}.rejects.csv")
+    write_rejects(result.rejects, rejects)
+    if result.summary.valid_rows == 0:
+        print_summary(result.summary, rejects=rejects)
+        raise SystemExit(f"ckpred ingest: {nothing_usable_message(result)}; nothing written to {out}")
+    write_table(result.table, out, op)
+    print_summary(result.summary, out=out, rejects=rejects)
+    return result.summary.valid_rows

@@ -1,0 +1,44 @@
+"""``python -m ckpred select``: the top-k kernels of one problem from an exported model."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ckpred.errors import MissingFileError
+from ckpred.export import manifest as mf
+from ckpred.export.build import export_name
+from ckpred.kernels.base import load_op
+from ckpred.runtime import KernelSelector
+from ckpred.util import resolve_path
+
+
+def select_command(cfg: Any) -> dict[str, Any]:
+    """Task function of ``python -m ckpred select``: print the top-k kernels of one problem."""
+    names = {key: str(getattr(cfg[key], "name", cfg[key])) for key in ("arch", "dtype", "layout")}
+    op_name = load_op(cfg.op).name
+    model_dir = resolve_path(cfg.model_dir) if cfg.model_dir else \
+        resolve_path(cfg.exports_dir) / export_name(op_name, names["arch"], names["dtype"], names["layout"])
+    if not (model_dir / mf.MANIFEST).is_file():
+        raise MissingFileError(str(model_dir / mf.MANIFEST),
+                               f"no exported model in {model_dir}; run `python -m ckpred export op={op_name} "
+                               f"arch={names['arch']} dtype={names['dtype']} layout={names['layout']}` (or the "
+                               f"same experiment=...) first or pass model_dir=<dir>")
+    selector = KernelSelector.load(model_dir, threads=int(cfg.threads), cache_size=0, **names)
+    answer = selector.select(dict(cfg.problem), top_k=int(cfg.top_k))
+    result = answer.to_dict()
+    if cfg.json:
+        print(json.dumps(result))
+        return result
+    problem = " ".join(f"{k}={v}" for k, v in answer.problem.items())
+    print(f"{op_name} {names['arch']} {names['dtype']} {names['layout']}: {problem}  (model {model_dir})")
+    if answer.out_of_distribution:
+        ranges = ", ".join(f"{k}={v} outside [{r[0]}, {r[1]}]" for k, (v, r) in answer.ood_fields.items())
+        print(f"warning: out of the training distribution: {ranges}")
+    if not answer.ok:
+        print(f"no kernel: {answer.reason}")
+        return result
+    print(f"{answer.num_valid} valid kernels; top {len(answer.ids)}:")
+    for rank, (i, name, score) in enumerate(zip(answer.ids, answer.kernels, answer.scores), 1):
+        print(f"{rank:>3}  {i:>5}  {score:>14.6f}  {name}")
+    return result

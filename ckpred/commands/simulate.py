@@ -1,0 +1,34 @@
+"""``python -m ckpred simulate``: write a simulated benchmark table (the embedded default data)."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+from ckpred.data.shapes import load_shapes
+from ckpred.data.simulate import cache_path, calibrate, simulated_table, write_log
+from ckpred.util import atomic_path, resolve_path
+
+
+def simulate_command(cfg: Any) -> float:
+    """``ckpred simulate``: write the simulated table (and log); optionally the calibration report.
+
+    Returns the calibration's median |log(sim best / real best)| with ``calibrate=true`` (what a
+    sweep would minimise), else the share of valid rows in the written table.
+    """
+    table = simulated_table(cfg)
+    out = resolve_path(cfg.out)
+    cached = cache_path(cfg, load_shapes(cfg.shapes))  # written by simulated_table
+    if out.resolve() != cached.resolve():
+        # The cache file is already the canonical parquet of this table: copy it atomically.
+        with atomic_path(out) as tmp:
+            shutil.copyfile(cached, tmp)
+    shapes = table.groupby(["m", "n", "k", "split_k"], sort=False).ngroups
+    print(f"simulated {len(table):,} rows ({shapes} shapes x {len(table) // max(shapes, 1):,} kernels, "
+          f"{table['is_valid'].mean():.1%} valid) -> {out}")
+    if cfg.log:
+        log = write_log(table, resolve_path(cfg.log), acc_dtype=cfg.dtype.accumulator, c_dtype=cfg.dtype.c_dtype)
+        print(f"streaming log -> {log}")
+    if cfg.calibrate:
+        return calibrate(cfg)["summary"]["median_abs_log"]
+    return float(table["is_valid"].mean())

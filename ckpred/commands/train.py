@@ -1,0 +1,33 @@
+"""``python -m ckpred train``: cross-validate the model against the baselines and write the run.
+
+:func:`train` is the plain task function sweeps and ``ckpred tune`` call: it picks the run
+folder and hands the composed config to the engine (:func:`ckpred.cv.cross_validate`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from omegaconf import DictConfig
+
+from ckpred.config import run_dir
+from ckpred.cv import cross_validate
+
+
+def train(cfg: DictConfig, on_fold: Callable[[int, float], None] | None = None) -> float:
+    """Train, cross-validate and evaluate against the baselines; write the run directory.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        A composed ``train`` config (:class:`ckpred.schema.TrainConfig`).
+    on_fold : callable, optional
+        Called after each fold as ``on_fold(fold_index, mean)`` with the model's mean per-shape
+        efficiency over the shapes tested so far (``ckpred tune`` prunes trials with it).
+
+    Returns
+    -------
+    float
+        The model's mean per-shape efficiency over the test shapes (what sweeps maximise).
+    """
+    return cross_validate(cfg, run_dir(cfg, "train"), on_fold)

@@ -1,0 +1,170 @@
+"""Fitting engine: a canonical table prepared once, training rows, and one recipe fitted on shapes.
+
+Used alike by cross-validation (:mod:`ckpred.cv`) and by export (:func:`fit_final`), so the
+pipeline ``export`` fits is the one ``train`` would have saved for the same config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+from sklearn.model_selection import GroupShuffleSplit
+
+from ckpred import evaluate as ev
+from ckpred.kernels.base import OpDefinition
+from ckpred.models import booster, build_pipeline, fit_pipeline, target_name, training_target
+
+
+@dataclass
+class Prepared:
+    """A canonical table with everything training and evaluation need, row-aligned."""
+
+    table: pd.DataFrame
+    X: pd.DataFrame
+    perf: np.ndarray
+    selectable: np.ndarray
+    groups: ev.ShapeGroups
+    #: Per shape (index = shape index): problem fields, family, best pipeline.
+    shapes: pd.DataFrame = field(repr=False)
+
+
+def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any) -> Prepared:
+    """Encode the model input, measured perf, validity mask and shape groups of ``table``."""
+    if len(table) == 0:
+        raise ValueError("the training table is empty: no rows for this op/arch/dtype/layout")
+    table = table.reset_index(drop=True)
+    X = op.encode_frame(table)
+    perf = ev.measured_perf(table["tflops"].to_numpy(), table["is_valid"].to_numpy())
+    problems = table[list(op.problem_names)]
+    kernels = table[list(op.kernel_names)]
+    selectable, _ = op.validity(problems, kernels, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+    groups = ev.ShapeGroups.from_keys(op.shape_keys(table))
+    first = groups.first_rows()
+    shapes = table.loc[first, list(op.problem_names)].reset_index(drop=True)
+    shapes.insert(0, "shape", groups.keys)
+    shapes["family"] = op.family(shapes)
+    best_row = np.full(groups.n_shapes, -1)
+    for s in range(groups.n_shapes):
+        rows = groups.rows(s)
+        if perf[rows].max() > 0:
+            best_row[s] = rows[int(np.argmax(perf[rows]))]
+    ok = best_row >= 0
+    shapes["best_tflops"] = np.where(ok, perf[np.maximum(best_row, 0)], 0.0)
+    shapes["best_kernel"] = np.where(ok, table["kernel_name"].to_numpy()[np.maximum(best_row, 0)], "")
+    if "pipeline" in table.columns:
+        shapes["best_pipeline"] = np.where(ok, table["pipeline"].to_numpy()[np.maximum(best_row, 0)], "")
+    return Prepared(table=table, X=X, perf=perf, selectable=np.asarray(selectable, dtype=bool),
+                    groups=groups, shapes=shapes)
+
+
+def validation_split(shapes: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split training shape indices into (fit, validation) for early stopping."""
+    if len(shapes) < 2:
+        raise ValueError("early stopping needs at least 2 training shapes to carve a validation set")
+    splitter = GroupShuffleSplit(n_splits=1, test_size=fraction, random_state=seed)
+    fit_pos, val_pos = next(splitter.split(shapes, groups=shapes))
+    return np.sort(shapes[fit_pos]), np.sort(shapes[val_pos])
+
+
+def training_rows(data: Prepared, shapes: np.ndarray, rows_cfg: Any, *, max_rows: int,
+                  rng: np.random.Generator) -> np.ndarray:
+    """Row indices a model trains on, contiguous per shape (in ``shapes`` order).
+
+    Shapes without any valid kernel carry no ranking signal and are skipped. With
+    ``rows.drop_rule_invalid`` rows the validity rules reject are dropped (the selector masks
+    them). With a row cap, the ``keep_top`` fastest rows of a shape are kept and the rest is a
+    seeded uniform sample; evaluation never sees this subsampling.
+    """
+    cap = int(rows_cfg.max_per_shape) or max_rows
+    cap = min(cap, max_rows)
+    out = []
+    for s in shapes:
+        rows = data.groups.rows(int(s))
+        if data.perf[rows].max() <= 0:
+            continue
+        if rows_cfg.drop_rule_invalid:
+            rows = rows[data.selectable[rows]]
+        if len(rows) > cap:
+            top = min(int(rows_cfg.keep_top), cap)
+            by_perf = np.argsort(-data.perf[rows], kind="stable")
+            keep = by_perf[:top]
+            rest = by_perf[top:]
+            keep = np.concatenate([keep, rng.choice(rest, size=cap - top, replace=False)])
+            rows = rows[np.sort(keep)]
+        out.append(rows)
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class LearnedMethod:
+    """A pipeline recipe: what ``model`` and ``reference`` share."""
+
+    name: str
+    recipe: DictConfig  # features, model, target, seed, layout
+    rows: Any
+    #: Warm start (:mod:`ckpred.warm_start`): booster every fit of this method continues from.
+    init_model: Any = None
+
+
+def recipe_config(cfg: Any, features: Any, model: Any, target: Any) -> DictConfig:
+    """The recipe of one learned method: its features, model and target with the run's seed and layout."""
+    return OmegaConf.create({"features": OmegaConf.to_container(features, resolve=True),
+                             "model": OmegaConf.to_container(model, resolve=True),
+                             "target": OmegaConf.to_container(target, resolve=True),
+                             "seed": int(cfg.seed), "layout": OmegaConf.to_container(cfg.layout, resolve=True)})
+
+
+def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any,
+               seed: int) -> tuple[Any, dict[str, Any]]:
+    """Fit ``method`` on the training ``shapes`` of ``data``; returns (pipeline, fit info)."""
+    recipe = method.recipe
+    rng = np.random.default_rng(seed)
+    max_rows = int(recipe.model.max_rows_per_query) if recipe.model.name == "lgbm_ranker" else 2 ** 62
+    info: dict[str, Any] = {}
+    val_shapes = np.zeros(0, dtype=np.int64)
+    fit_shapes = np.asarray(shapes)
+    if int(recipe.model.early_stopping_rounds) > 0:
+        fit_shapes, val_shapes = validation_split(fit_shapes, float(recipe.model.validation_fraction), seed)
+    rows = training_rows(data, fit_shapes, method.rows, max_rows=max_rows, rng=rng)
+    codes = data.groups.codes[rows]
+    y = training_target(data.perf[rows], codes, recipe.model, recipe.target)
+    val_kwargs: dict[str, Any] = {}
+    if len(val_shapes):
+        vrows = training_rows(data, val_shapes, method.rows, max_rows=max_rows, rng=rng)
+        vcodes = data.groups.codes[vrows]
+        val_kwargs = dict(X_val=data.X.iloc[vrows], val_codes=vcodes,
+                          y_val=training_target(data.perf[vrows], vcodes, recipe.model, recipe.target))
+    pipe = build_pipeline(recipe, op, cfg.arch, cfg.dtype)
+    fit_pipeline(pipe, data.X.iloc[rows], y, codes, model_cfg=recipe.model,
+                 target=target_name(recipe.model, recipe.target), **val_kwargs, init_model=method.init_model)
+    info.update(train_rows=int(len(rows)), train_shapes=[str(k) for k in data.groups.keys[fit_shapes]],
+                validation_shapes=[str(k) for k in data.groups.keys[val_shapes]],
+                trees=int(booster(pipe).current_iteration()))
+    best_iter = getattr(pipe.named_steps["model"], "best_iteration_", None)
+    if best_iter is None and hasattr(pipe.named_steps["model"], "regressor_"):
+        best_iter = getattr(pipe.named_steps["model"].regressor_, "best_iteration_", None)
+    if best_iter:
+        info["best_iteration"] = int(best_iter)
+    return pipe, info
+
+
+def rows_of(groups: ev.ShapeGroups, shapes: np.ndarray) -> np.ndarray:
+    return np.concatenate([groups.rows(int(s)) for s in shapes]) if len(shapes) else np.zeros(0, dtype=np.int64)
+
+
+def predict(pipe: Any, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
+    # Batches bound the feature matrix held in memory at once.
+    return np.concatenate([np.asarray(pipe.predict(X.iloc[i:i + batch]), dtype=np.float64)
+                           for i in range(0, len(X), batch)])
+
+
+def fit_final(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> Any:
+    """Fit the config's model recipe on every shape of ``table``, exactly as ``train`` fits its final model."""
+    data = prepare(table, op, cfg)
+    method = LearnedMethod("model", recipe_config(cfg, cfg.features, cfg.model, cfg.target), cfg.rows)
+    pipe, _ = fit_method(method, data, np.arange(data.groups.n_shapes), op, cfg, int(cfg.seed))
+    return pipe
