@@ -192,6 +192,33 @@ class OnnxOps:
     def indicator(self, cond: Sym) -> Sym:
         return Sym(self, self.node("Cast", [cond.name], hint="indicator", to=TensorProto.DOUBLE))
 
+    def greater(self, a: Any, b: Any) -> Sym:
+        return self.binary("Greater", a, b)
+
+    def less_equal(self, a: Any, b: Any) -> Sym:
+        return self.binary("LessOrEqual", a, b)
+
+    def greater_equal(self, a: Any, b: Any) -> Sym:
+        return self.binary("GreaterOrEqual", a, b)
+
+    def logical_and(self, a: Sym, b: Sym) -> Sym:
+        return self.binary("And", a, b)
+
+    def logical_or(self, a: Sym, b: Sym) -> Sym:
+        return self.binary("Or", a, b)
+
+    def logical_not(self, a: Sym) -> Sym:
+        return self.unary("Not", a)
+
+    def power(self, a: Any, b: Any) -> Sym:
+        return self.binary("Pow", a, b)
+
+    def sqrt(self, x: Any) -> Sym:
+        return self.unary("Sqrt", x)
+
+    def abs(self, x: Any) -> Sym:
+        return self.unary("Abs", x)
+
     def as_column(self, x: Sym) -> Sym:
         return x  # columns are [N, 1] already
 

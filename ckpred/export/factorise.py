@@ -147,6 +147,33 @@ class HybridOps(OnnxOps):
     def indicator(self, cond: Any) -> Any:
         return self._dispatch("indicator", cond)
 
+    def greater(self, a: Any, b: Any) -> Any:
+        return self._dispatch("greater", a, b)
+
+    def less_equal(self, a: Any, b: Any) -> Any:
+        return self._dispatch("less_equal", a, b)
+
+    def greater_equal(self, a: Any, b: Any) -> Any:
+        return self._dispatch("greater_equal", a, b)
+
+    def logical_and(self, a: Any, b: Any) -> Any:
+        return self._dispatch("logical_and", a, b)
+
+    def logical_or(self, a: Any, b: Any) -> Any:
+        return self._dispatch("logical_or", a, b)
+
+    def logical_not(self, a: Any) -> Any:
+        return self._dispatch("logical_not", a)
+
+    def power(self, a: Any, b: Any) -> Any:
+        return self._dispatch("power", a, b)
+
+    def sqrt(self, x: Any) -> Any:
+        return self._dispatch("sqrt", x)
+
+    def abs(self, x: Any) -> Any:
+        return self._dispatch("abs", x)
+
     def as_column(self, x: Any) -> Any:
         return x  # already [., ., 1]
 

@@ -253,6 +253,42 @@ class NumpyOps:
         """1.0 where ``cond`` else 0.0 (ONNX: Cast to double)."""
         return np.asarray(cond, dtype=np.float64)
 
+    def greater(self, a: Any, b: Any) -> np.ndarray:
+        """Boolean a > b (ONNX: Greater)."""
+        return np.greater(a, b)
+
+    def less_equal(self, a: Any, b: Any) -> np.ndarray:
+        """Boolean a <= b (ONNX: LessOrEqual)."""
+        return np.less_equal(a, b)
+
+    def greater_equal(self, a: Any, b: Any) -> np.ndarray:
+        """Boolean a >= b (ONNX: GreaterOrEqual)."""
+        return np.greater_equal(a, b)
+
+    def logical_and(self, a: Any, b: Any) -> np.ndarray:
+        """ONNX: And."""
+        return np.logical_and(a, b)
+
+    def logical_or(self, a: Any, b: Any) -> np.ndarray:
+        """ONNX: Or."""
+        return np.logical_or(a, b)
+
+    def logical_not(self, a: Any) -> np.ndarray:
+        """ONNX: Not."""
+        return np.logical_not(a)
+
+    def power(self, a: Any, b: Any) -> np.ndarray:
+        """a ** b (ONNX: Pow; not correctly rounded in general, like ``log``)."""
+        return np.power(a, b)
+
+    def sqrt(self, x: Any) -> np.ndarray:
+        """Correctly rounded square root (ONNX: Sqrt)."""
+        return np.sqrt(x)
+
+    def abs(self, x: Any) -> np.ndarray:
+        """ONNX: Abs."""
+        return np.abs(x)
+
     # A feature evaluated for several constants at once (e.g. every reference tile) runs as
     # one broadcast [N, R] chain: the same IEEE operations per element as R scalar chains,
     # at a fraction of the graph nodes (each ONNX node costs microseconds per call).
