@@ -71,8 +71,9 @@ def test_user_config_dir_adds_an_option_without_editing_the_package(tmp_path: Pa
 #: Engine stages in data-flow order; a module may import only from its own stage or earlier ones.
 #: The command layer (cli, config, commands) sits on top and may import anything.
 STAGES = [
-    # features.registry is the table of group names the schema validates ``kind`` against.
-    {"errors", "util", "schema", "expressions", "features.registry"},
+    # features.registry is the table of group names the schema validates ``kind`` against;
+    # features.base holds the array namespaces (numpy / ONNX) the expression evaluator runs on.
+    {"errors", "util", "schema", "expressions", "features.registry", "features.base"},
     {"kernels"},
     {"data"},
     {"features"},
