@@ -48,6 +48,9 @@ class ArchConfig:
 
     name: str = MISSING
     product: str = MISSING
+    #: ISA target (``gfx90a``); empty = ``name``. Two products of one ISA (MI250X and MI210 are
+    #: both gfx90a) are two arch configs with different names and the same ``gfx``.
+    gfx: str = ""
     cus: int = MISSING
     xcds: int = 1
     shader_engines: int = 1
@@ -78,6 +81,34 @@ class ArchConfig:
     @property
     def lds_bytes(self) -> int:
         return self.lds_kib * 1024
+
+
+#: Numeric keys of :class:`ArchConfig` that expressions read as ``hw.<key>``; besides them
+#: ``hw.lds_bytes`` and ``hw.peak_tflops_<dtype>`` (see :func:`arch_constants`).
+ARCH_NUMBERS: tuple[str, ...] = ("cus", "xcds", "shader_engines", "simds_per_cu", "wave_size", "max_waves_per_cu",
+                                 "clock_mhz", "lds_kib", "l1_kib", "l2_mib_per_xcd", "llc_mib",
+                                 "memory_bandwidth_gbs")
+
+
+def arch_constant_names() -> tuple[str, ...]:
+    """Every ``hw.<name>`` an expression may read (the same for every arch config)."""
+    return ARCH_NUMBERS + ("lds_bytes",) + tuple(f"peak_tflops_{d}" for d in DTYPES)
+
+
+def arch_constants(arch: Any) -> dict[str, float]:
+    """The hardware constants of one arch config as ``{name: number}`` (``hw.<name>``).
+
+    ``arch`` is an :class:`ArchConfig`, a composed ``arch`` node or a mapping. A dtype the arch
+    has no peak for gets ``peak_tflops_<dtype> = nan`` (an expression using it yields NaN rather
+    than a number from another arch).
+    """
+    get = arch.get if hasattr(arch, "get") else (lambda k, d=None: getattr(arch, k, d))
+    out = {k: float(get(k)) for k in ARCH_NUMBERS}
+    out["lds_bytes"] = out["lds_kib"] * 1024.0
+    peaks = get("peak_tflops") or {}
+    for d in DTYPES:
+        out[f"peak_tflops_{d}"] = float(peaks[d]) if d in peaks else float("nan")
+    return out
 
 
 @dataclass
@@ -114,16 +145,141 @@ class LayoutConfig:
               f"'{self.a}{self.b}{self.c}' (the a, b, c fields spelled together)")
 
 
+# -- the op as data (ckpred.kernels.declared) -------------------------------------------------------
+#: Kinds of an op field. ``categorical`` fields hold one of ``values`` (encoded as its index).
+FIELD_KINDS: tuple[str, ...] = ("int", "float", "categorical", "bool")
+#: Metric units, as the factor to the canonical unit: times to milliseconds, throughputs to TFLOPS.
+TIME_UNITS: dict[str, float] = {"s": 1e3, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
+THROUGHPUT_UNITS: dict[str, float] = {"tflops": 1.0, "gflops": 1e-3, "mflops": 1e-6, "flops": 1e-12}
+#: How a failed measurement may be written in the metric column.
+FAILURE_VALUES: tuple[str, ...] = ("inf", "nan", "missing", "zero", "negative")
+#: Names a kernel-id template may use besides the op's fields (the run's dtype and layout).
+TEMPLATE_CONTEXT: tuple[str, ...] = ("dtype", "layout")
+
+
+@dataclass
+class FieldSpec:
+    """One problem or kernel field of a declared op."""
+
+    #: ``int`` | ``float`` | ``categorical`` | ``bool``.
+    kind: str = "int"
+    #: ``categorical``: the allowed values in code order (append only: codes are model inputs).
+    values: list[Any] = field(default_factory=list)
+    #: Value when a source does not carry the field (null = the field is required).
+    default: Any = None
+
+
+@dataclass
+class KernelIdConfig:
+    """How a kernel configuration is named: a template, or a tuple of fields."""
+
+    #: ``bm{block_m}_w{num_warps}``: formats a name and parses it back (checked at compose).
+    template: str = ""
+    #: A tuple id: the name is ``(v1,v2,...)`` of these kernel fields.
+    fields: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MetricConfig:
+    """The measurement: which column, which direction is better, its unit."""
+
+    #: Column (after the input mapping) holding the measurement.
+    column: str = "tflops"
+    #: ``lower`` (a time) or ``higher`` (a throughput).
+    better: str = "higher"
+    #: A time unit (:data:`TIME_UNITS`) for ``lower``, a throughput unit for ``higher``.
+    unit: str = "tflops"
+
+
+@dataclass
+class FailureConfig:
+    """How a failed kernel run is encoded in the table."""
+
+    #: Metric values that mean "failed" (:data:`FAILURE_VALUES`).
+    metric_values: list[str] = field(default_factory=lambda: ["inf", "nan", "missing"])
+    #: A column saying whether the run was valid (null = none).
+    valid_column: Optional[str] = None
+    true_values: list[str] = field(default_factory=lambda: ["true", "1", "yes"])
+    false_values: list[str] = field(default_factory=lambda: ["false", "0", "no"])
+
+
+@dataclass
+class RuleConfig:
+    """A validity rule: a kernel can run a problem only where ``expr`` holds."""
+
+    #: Condition over kernel, problem and ``hw.<constant>`` fields (see :mod:`ckpred.expressions`).
+    expr: str = MISSING
+    #: Why a kernel is invalid where the rule fails (the table's ``invalid_reason``).
+    message: str = MISSING
+
+
+@dataclass
+class FamilyConfig:
+    """Problem families by bins of an expression (e.g. CK's tiny/small/medium/large by M)."""
+
+    #: Expression over problem fields whose value is binned.
+    expr: str = ""
+    #: Ascending bin edges: label i holds values in [bounds[i-1], bounds[i]).
+    bounds: list[float] = field(default_factory=list)
+    #: ``len(bounds) + 1`` labels.
+    labels: list[str] = field(default_factory=list)
+
+
+@dataclass
+class OpKeysConfig:
+    """The three keys: what a selection is for, what a fold holds out, what a report splits by."""
+
+    #: Problem fields of one query (the ranking group and unit of efficiency); empty = all.
+    query: list[str] = field(default_factory=list)
+    #: Problem fields a CV fold holds out together (a subset of ``query``); empty = ``query``.
+    cv_group: list[str] = field(default_factory=list)
+    #: Report breakdowns: categorical/bool problem fields, or ``family`` when the op declares one.
+    breakdowns: list[str] = field(default_factory=list)
+
+
+@dataclass
+class OpInputConfig:
+    """How a raw table becomes canonical rows (read by :mod:`ckpred.data`).
+
+    ``columns`` maps a canonical field to its source: a string (a source column to rename),
+    ``{value: <constant>}`` or ``{expr: "<expression over source columns>"}``.
+    """
+
+    #: ``auto`` (by extension/content) or a registered reader's name.
+    format: str = "auto"
+    columns: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class OpConfig:
-    """Which op definition module to load (see :mod:`ckpred.kernels`)."""
+    """An op as data: fields, kernel id, metric, failure encoding, expressions, rules, keys.
+
+    Built into an :class:`ckpred.kernels.declared.DeclaredOp`; ``plugin`` names an optional
+    ``package.module:OBJECT`` for what data cannot say (see :mod:`ckpred.kernels`). Every
+    check runs when the config is composed, naming the key, the bad value and what is allowed.
+    """
 
     name: str = MISSING
-    #: Importable module exposing ``OP`` (an :class:`ckpred.kernels.base.OpDefinition`).
-    module: str = MISSING
+    #: ``package.module:OBJECT``: hooks for catalogue, name grammar, validity... (null = none).
+    plugin: Optional[str] = None
+    problem_fields: dict[str, FieldSpec] = field(default_factory=dict)
+    kernel_fields: dict[str, FieldSpec] = field(default_factory=dict)
+    kernel_id: KernelIdConfig = field(default_factory=KernelIdConfig)
+    metric: MetricConfig = field(default_factory=MetricConfig)
+    failure: FailureConfig = field(default_factory=FailureConfig)
+    #: Floating-point operations of a problem (expression over problem fields); null = none.
+    flops: Optional[str] = None
+    #: Bytes moved by a problem (expression over problem fields); null = none.
+    bytes: Optional[str] = None
+    rules: list[RuleConfig] = field(default_factory=list)
+    family: FamilyConfig = field(default_factory=FamilyConfig)
+    keys: OpKeysConfig = field(default_factory=OpKeysConfig)
+    input: OpInputConfig = field(default_factory=OpInputConfig)
 
     def __post_init__(self) -> None:
-        check("op.module", self.module, bool(self.module), "an importable module name")
+        from ckpred.kernels.declared import validate_op_config
+
+        validate_op_config(self)
 
 
 @dataclass

@@ -39,16 +39,24 @@ def test_parse_name_3d_kernel() -> None:
 
 
 @pytest.mark.parametrize(("name", "fragment"), [
-    ("grouped_conv_backward_bf16_2d_64x64x64_compv3", "prefix"),
-    ("grouped_conv_forward_bf16_4d_64x64x64_compv3", "'4d'"),
-    ("grouped_conv_forward_bf16_2d_64x64_compv3", "'64x64'"),
-    ("grouped_conv_forward_bf16_2d_64x64x64_compv9", "'compv9'"),
-    ("grouped_conv_forward_bf16_2d", "parts"),
+    ("grouped_conv_backward_bf16_2d_64x64x64_compv3", "expected the text 'grouped_conv_forward_'"),
+    ("grouped_conv_forward_bf16_2d_64x64_compv3", "expected the text 'x' at '_compv3'"),
+    ("grouped_conv_forward_bf16_2d_64x64x64_compv9", "at 'compv9'"),
+    ("grouped_conv_forward_bf16_2d", "expected the text 'd_' at 'd'"),
+    ("grouped_conv_forward_bf16_2d_64x64x64_compv3_x", "unexpected text '_x'"),
 ])
 def test_parse_name_errors_say_which_part(name: str, fragment: str) -> None:
     with pytest.raises(KernelNameError) as err:
         OP.parse_name(name)
     assert name in str(err.value) and fragment in str(err.value)
+
+
+def test_a_4d_name_parses_and_its_kernel_is_invalid() -> None:
+    """The template reads any integer dimension count; the op's rule refuses non-2-D kernels."""
+    kernel = OP.parse_name("grouped_conv_forward_bf16_4d_64x64x64_compv3")
+    assert kernel["spatial_dims"] == 4
+    valid, reason = OP.validity(_problem(), pd.DataFrame([kernel]))
+    assert not valid[0] and "not a 2-D" in reason[0]
 
 
 def test_catalogue_round_trips_through_the_grammar() -> None:

@@ -25,7 +25,7 @@ import pandas as pd
 
 from ckpred.errors import ConfigValueError
 
-FieldKind = Literal["int", "bool", "category"]
+FieldKind = Literal["int", "float", "bool", "category"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ class Field:
             # values outside ``categories`` get code -1.
             codes = pd.Categorical(np.asarray(values, dtype=object), categories=list(self.categories)).codes
             return codes.astype(np.int64)
+        if self.kind == "float":
+            return np.asarray(values, dtype=np.float64)
         return np.asarray(values, dtype=np.int64)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
@@ -169,13 +171,28 @@ class OpDefinition(ABC):
         names = self.input_names if names is None else names
         return pd.DataFrame(self.encode(frame, names), columns=list(names), index=frame.index)
 
-    def shape_keys(self, frame: pd.DataFrame) -> pd.Series:
-        """One hashable key per row identifying its shape (the group key), e.g. for folds."""
-        cols = [frame[c].astype("int64").astype(str) for c in self.group_key]
+    #: Problem fields a CV fold holds out together (a subset of :attr:`group_key`); ``None`` =
+    #: the group key itself.
+    cv_group_key: tuple[str, ...] | None = None
+
+    def _key(self, frame: pd.DataFrame, names: tuple[str, ...]) -> pd.Series:
+        cols = []
+        for c in names:
+            kind = next((f.kind for f in self.problem_fields + self.kernel_fields if f.name == c), "int")
+            cols.append(frame[c].astype(str) if kind in ("category", "float") else frame[c].astype("int64").astype(str))
         key = cols[0]
         for c in cols[1:]:
             key = key + "x" + c
         return key
+
+    def shape_keys(self, frame: pd.DataFrame) -> pd.Series:
+        """One key per row identifying its query (the group key): the ranking group, the unit of
+        per-shape efficiency."""
+        return self._key(frame, self.group_key)
+
+    def cv_group_keys(self, frame: pd.DataFrame) -> pd.Series:
+        """One key per row identifying what a CV fold holds out together (:attr:`cv_group_key`)."""
+        return self._key(frame, self.cv_group_key or self.group_key)
 
     def catalogue_hash(self, catalogue: pd.DataFrame) -> str:
         """sha256 of the catalogue's ids, names and fields (binds a model to its candidates)."""
@@ -184,16 +201,52 @@ class OpDefinition(ABC):
         return hashlib.sha256(blob).hexdigest()
 
 
+_LOADED: dict[str, OpDefinition] = {}
+
+
+def packaged_op_config(name: str) -> Any:
+    """The packaged ``conf/op/<name>.yaml`` as a plain mapping, or ``None`` when there is none."""
+    from importlib import resources
+
+    from omegaconf import OmegaConf
+
+    entry = resources.files("ckpred.conf") / "op" / f"{name}.yaml"
+    if not entry.is_file():
+        return None
+    raw = OmegaConf.to_container(OmegaConf.create(entry.read_text()), resolve=True)
+    return {k: v for k, v in raw.items() if k != "defaults"}
+
+
 def load_op(op_cfg: Any) -> OpDefinition:
-    """Import the op module named by ``op_cfg.module`` (or a name) and return its ``OP``."""
-    module_name = op_cfg if isinstance(op_cfg, str) else op_cfg.module
+    """The op of a composed ``op`` config (or a packaged op's name, or a legacy module path).
+
+    A declared op (``conf/op/<name>.yaml`` with fields; see :mod:`ckpred.kernels.declared`) is
+    built once per distinct config and reused, so a catalogue bound to it stays bound. A
+    string without a dot is a packaged op's name; a dotted string, or a config with a
+    ``module`` key, names a module exposing ``OP`` (the pre-declarative form, still read).
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(op_cfg, DictConfig):
+        op_cfg = OmegaConf.to_container(op_cfg, resolve=True)
     if isinstance(op_cfg, str) and "." not in op_cfg:
-        module_name = f"ckpred.kernels.{op_cfg}"
+        declared = packaged_op_config(op_cfg)
+        op_cfg = declared if declared is not None else f"ckpred.kernels.{op_cfg}"
+    if isinstance(op_cfg, Mapping) and "module" in op_cfg:
+        op_cfg = op_cfg["module"]
+    if not isinstance(op_cfg, str):
+        from ckpred.kernels.declared import load_declared, op_config
+
+        checked = op_config(op_cfg)
+        key = json.dumps(OmegaConf.to_container(OmegaConf.structured(checked)), sort_keys=True, default=str)
+        if key not in _LOADED:
+            _LOADED[key] = load_declared(checked)
+        return _LOADED[key]
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(op_cfg)
     except ImportError as exc:
-        raise ConfigValueError("op.module", module_name, f"an importable module ({exc})") from exc
+        raise ConfigValueError("op.module", op_cfg, f"an importable module ({exc})") from exc
     op = getattr(module, "OP", None)
     if not isinstance(op, OpDefinition):
-        raise ConfigValueError("op.module", module_name, "a module exposing OP = <OpDefinition>")
+        raise ConfigValueError("op.module", op_cfg, "a module exposing OP = <OpDefinition>")
     return op

@@ -27,18 +27,19 @@ carry those as invalid rows with the run's reason.
 from __future__ import annotations
 
 import itertools
-import re
 from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
-from ckpred.errors import KernelNameError
-from ckpred.kernels.base import Field, OpDefinition
+from ckpred.kernels.base import load_op, packaged_op_config
+from ckpred.kernels.declared import DeclaredOp
 
-PIPELINES = ("compv3", "compv4", "mem", "compv5", "preshufflev2", "comp_tdm_v2")
-SCHEDULERS = ("intrawave", "interwave", "default")
-EPILOGUES = ("default", "cshuffle")
+#: Category values of the op's YAML (their code order is the model input's).
+_KERNEL_FIELDS = packaged_op_config("gemm_universal")["kernel_fields"]
+PIPELINES: tuple[str, ...] = tuple(_KERNEL_FIELDS["pipeline"]["values"])
+SCHEDULERS: tuple[str, ...] = tuple(_KERNEL_FIELDS["scheduler"]["values"])
+EPILOGUES: tuple[str, ...] = tuple(_KERNEL_FIELDS["epilogue"]["values"])
 
 WARP_LAYOUTS: tuple[tuple[int, int, int], ...] = ((1, 4, 1), (2, 2, 1), (4, 1, 1))
 TILE_MN: tuple[int, ...] = (64, 128, 192, 256)
@@ -69,75 +70,35 @@ TRAITS: tuple[tuple[str, str, str, bool], ...] = tuple(
     + [("mem", e, s, p) for e in EPILOGUES for s in ("intrawave", "interwave") for p in (False, True)]
 )
 
-_DIMS = re.compile(r"^(\d+)x(\d+)x(\d+)$")
-_BOOL = {"True": True, "False": False}
-_TRIPLES = (("tile_m", "tile_n", "tile_k"), ("warp_m", "warp_n", "warp_k"),
-            ("warp_tile_m", "warp_tile_n", "warp_tile_k"))
-_FLAGS = ("pad_m", "pad_n", "pad_k", "persistent")
-#: Name prefixes: tile-engine form and parity-sweep form.
+#: Name prefixes: tile-engine form (the op's kernel-id template) and parity-sweep form.
 PREFIXES = {"tile_engine": "gemm_universal_", "parity": "gemm_"}
 
 
-class GemmUniversal(OpDefinition):
-    """CK Tile universal GEMM, C[M, N] = A[M, K] @ B[K, N]."""
+class GemmUniversal(DeclaredOp):
+    """CK Tile universal GEMM, C[M, N] = A[M, K] @ B[K, N].
 
-    name = "gemm_universal"
-    problem_fields = (Field("m"), Field("n"), Field("k"), Field("split_k", default=1))
-    kernel_fields = (
-        Field("tile_m"), Field("tile_n"), Field("tile_k"),
-        Field("warp_m"), Field("warp_n"), Field("warp_k"),
-        Field("warp_tile_m"), Field("warp_tile_n"), Field("warp_tile_k"),
-        Field("pipeline", "category", PIPELINES),
-        Field("scheduler", "category", SCHEDULERS),
-        Field("epilogue", "category", EPILOGUES),
-        Field("pad_m", "bool", default=False), Field("pad_n", "bool", default=False),
-        Field("pad_k", "bool", default=False), Field("persistent", "bool", default=False),
-    )
-    group_key = ("m", "n", "k", "split_k")
-    families = ("tiny", "small", "medium", "large")
-    #: Family bounds on M: tiny M < 8 <= small < 128 <= medium < 1024 <= large.
-    family_bounds = (8, 128, 1024)
+    Fields, kernel-id template, FLOPs, families and keys are in ``conf/op/gemm_universal.yaml``;
+    this plug-in adds what the YAML cannot say: the second (parity-sweep) name prefix, the
+    tile-engine catalogue, and the layout-dependent validity rules (the layout is a run-level
+    config, not a field an expression reads).
+    """
+
+    #: The ONNX mask is the builder registered in :mod:`ckpred.export.validity` (layout-dependent).
+    validity_onnx = None
 
     # -- names ---------------------------------------------------------------------------------
     def parse_name(self, name: str) -> dict[str, Any]:
-        if not isinstance(name, str):
-            raise KernelNameError(str(name), "not a string")
-        for form, prefix in (("tile_engine", PREFIXES["tile_engine"]), ("parity", PREFIXES["parity"])):
-            if name.startswith(prefix):
-                body = name[len(prefix):]
-                break
-        else:
-            raise KernelNameError(name, "expected prefix 'gemm_universal_' or 'gemm_'")
-        parts = body.split("_")
-        # dtype, layout, pipeline(>=1 part), epilogue, scheduler, 4 flags, 3 dim triples
-        if len(parts) < 12:
-            raise KernelNameError(name, f"expected at least 12 '_'-separated parts after the prefix, got {len(parts)}")
-        out: dict[str, Any] = {"dtype": parts[0], "layout": parts[1], "name_form": form}
-        for names, text in zip(_TRIPLES, parts[-3:]):
-            match = _DIMS.match(text)
-            if not match:
-                raise KernelNameError(name, f"expected {'x'.join(names)} as '<int>x<int>x<int>', got {text!r}")
-            out.update(zip(names, (int(g) for g in match.groups())))
-        for flag, text in zip(_FLAGS, parts[-7:-3]):
-            if text not in _BOOL:
-                raise KernelNameError(name, f"expected {flag} 'True' or 'False', got {text!r}")
-            out[flag] = _BOOL[text]
-        out["scheduler"], out["epilogue"] = parts[-8], parts[-9]
-        out["pipeline"] = "_".join(parts[2:-9])
-        if out["scheduler"] not in SCHEDULERS:
-            raise KernelNameError(name, f"scheduler {out['scheduler']!r} not in {list(SCHEDULERS)}")
-        if out["epilogue"] not in EPILOGUES:
-            raise KernelNameError(name, f"epilogue {out['epilogue']!r} not in {list(EPILOGUES)}")
-        if out["pipeline"] not in PIPELINES:
-            raise KernelNameError(name, f"pipeline {out['pipeline']!r} not in {list(PIPELINES)}")
-        return out
+        """Either prefix (``gemm_universal_`` or the parity sweep's ``gemm_``), else the template's error."""
+        form = "tile_engine"
+        if isinstance(name, str) and name.startswith(PREFIXES["parity"]) \
+                and not name.startswith(PREFIXES["tile_engine"]):
+            form, name = "parity", PREFIXES["tile_engine"] + name[len(PREFIXES["parity"]):]
+        return {**super().parse_name(name), "name_form": form}
 
     def format_name(self, kernel: Mapping[str, Any], *, dtype: str, layout: str,
                     form: str = "tile_engine") -> str:
-        flags = "_".join(str(bool(kernel[f])) for f in _FLAGS)
-        dims = "_".join("x".join(str(int(kernel[n])) for n in names) for names in _TRIPLES)
-        return (f"{PREFIXES[form]}{dtype}_{layout}_{kernel['pipeline']}_{kernel['epilogue']}_"
-                f"{kernel['scheduler']}_{flags}_{dims}")
+        name = super().format_name(kernel, dtype=dtype, layout=layout)
+        return PREFIXES[form] + name[len(PREFIXES["tile_engine"]):]
 
     # -- candidate space -----------------------------------------------------------------------
     def tile_configs(self, arch: str, dtype: str, bytes_per_element: int) -> list[dict[str, int]]:
@@ -159,7 +120,7 @@ class GemmUniversal(OpDefinition):
         return configs
 
     def catalogue(self, arch: Any, dtype: Any, layout: Any) -> pd.DataFrame:
-        arch_name = getattr(arch, "name", arch)
+        arch_name = getattr(arch, "gfx", "") or getattr(arch, "name", arch)
         dtype_name = getattr(dtype, "name", dtype)
         layout_name = getattr(layout, "name", layout)
         bytes_per_element = getattr(dtype, "bytes_per_element", None) or _BYTES[dtype_name]
@@ -204,15 +165,6 @@ class GemmUniversal(OpDefinition):
     def gemm_view(self, problems: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return tuple(problems[c].to_numpy(np.int64) for c in ("m", "n", "k"))  # type: ignore[return-value]
 
-    def flops(self, problems: pd.DataFrame) -> np.ndarray:
-        return 2.0 * problems["m"].to_numpy(np.float64) * problems["n"].to_numpy(np.float64) \
-            * problems["k"].to_numpy(np.float64)
-
-    def family(self, problems: pd.DataFrame) -> np.ndarray:
-        m = problems["m"].to_numpy(np.int64)
-        return np.asarray(self.families, dtype=object)[np.searchsorted(self.family_bounds, m, side="right")]
-
-
 _BYTES = {"fp8": 1, "bf8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
 
-OP = GemmUniversal()
+OP = load_op("gemm_universal")

@@ -31,17 +31,16 @@ quantisation dominates kernel choice for convs as it does for GEMMs.
 
 from __future__ import annotations
 
-import re
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ckpred.errors import KernelNameError
-from ckpred.kernels.base import Field, OpDefinition
+from ckpred.kernels.base import load_op, packaged_op_config
+from ckpred.kernels.declared import DeclaredOp
 
-#: Pipeline category codes (append only: codes are model inputs).
-PIPELINES: tuple[str, ...] = ("compv3", "compv4", "compv5", "mem", "compv6")
+#: Pipeline category codes of the op's YAML (append only: codes are model inputs).
+PIPELINES: tuple[str, ...] = tuple(packaged_op_config("grouped_conv_fwd")["kernel_fields"]["pipeline"]["values"])
 
 #: Static traits of each pipeline from CK Tile's ``BaseGemmPipelineAgBgCrCompV*`` structs:
 #: LDS buffers (compv4 ping-pongs two), global prefetch stages. Features describe a pipeline by
@@ -73,9 +72,6 @@ CATALOGUE_PIPELINES: tuple[str, ...] = ("compv5", "compv4", "compv3")
 #: Tile lists per dtype (the tile engine has one list per element width).
 TILES: dict[str, tuple[tuple[int, int, int], ...]] = {"bf16": TILES_2BYTE, "fp16": TILES_2BYTE}
 
-PREFIX = "grouped_conv_forward_"
-_TILE = re.compile(r"^(\d+)x(\d+)x(\d+)$")
-_DIMS = re.compile(r"^([23])d$")
 
 
 def output_size(size: np.ndarray, kernel: np.ndarray, stride: np.ndarray, pad: np.ndarray,
@@ -86,55 +82,13 @@ def output_size(size: np.ndarray, kernel: np.ndarray, stride: np.ndarray, pad: n
     return (size + 2 * pad - dilation * (kernel - 1) - 1) // np.maximum(stride, 1) + 1
 
 
-class GroupedConvFwd(OpDefinition):
-    """CK Tile grouped 2-D convolution forward, run as one implicit GEMM per group."""
+class GroupedConvFwd(DeclaredOp):
+    """CK Tile grouped 2-D convolution forward, run as one implicit GEMM per group.
 
-    name = "grouped_conv_fwd"
-    problem_fields = (
-        Field("n"), Field("c"), Field("k"), Field("g"), Field("hi"), Field("wi"), Field("y"),
-        Field("x"), Field("stride_h"), Field("stride_w"), Field("pad_h"), Field("pad_w"),
-        Field("dilation_h", default=1), Field("dilation_w", default=1),
-    )
-    kernel_fields = (
-        Field("tile_m"), Field("tile_n"), Field("tile_k"),
-        Field("pipeline", "category", PIPELINES),
-        Field("spatial_dims", default=2),
-    )
-    #: Every problem field: two problems are the same convolution only when all agree.
-    group_key = ("n", "c", "k", "g", "hi", "wi", "y", "x", "stride_h", "stride_w", "pad_h",
-                 "pad_w", "dilation_h", "dilation_w")
-    families = ("tiny", "small", "medium", "large")
-    #: Family bounds on the implicit-GEMM M = n*ho*wo (same bounds as gemm_universal's M).
-    family_bounds = (8, 128, 1024)
-
-    # -- names ---------------------------------------------------------------------------------
-    def parse_name(self, name: str) -> dict[str, Any]:
-        if not isinstance(name, str):
-            raise KernelNameError(str(name), "not a string")
-        if not name.startswith(PREFIX):
-            raise KernelNameError(name, f"expected prefix {PREFIX!r} (grouped convolution forward)")
-        parts = name[len(PREFIX):].split("_")
-        # dtype, spatial dims, tile triple, pipeline (>= 1 part)
-        if len(parts) < 4:
-            raise KernelNameError(name, "expected '<dtype>_<2d|3d>_<tile_m>x<tile_n>x<tile_k>_<pipeline>' "
-                                        f"after the prefix, got {len(parts)} '_'-separated parts")
-        dims = _DIMS.match(parts[1])
-        if not dims:
-            raise KernelNameError(name, f"expected spatial dims '2d' or '3d', got {parts[1]!r}")
-        tile = _TILE.match(parts[2])
-        if not tile:
-            raise KernelNameError(name, f"expected tile_m x tile_n x tile_k as '<int>x<int>x<int>', got {parts[2]!r}")
-        pipeline = "_".join(parts[3:])
-        if pipeline not in PIPELINES:
-            raise KernelNameError(name, f"pipeline {pipeline!r} not in {list(PIPELINES)}")
-        tm, tn, tk = (int(v) for v in tile.groups())
-        return {"dtype": parts[0], "spatial_dims": int(dims.group(1)), "tile_m": tm, "tile_n": tn,
-                "tile_k": tk, "pipeline": pipeline}
-
-    def format_name(self, kernel: Mapping[str, Any], *, dtype: str, layout: str = "rcr") -> str:
-        dims = int(kernel.get("spatial_dims", 2))
-        tile = "x".join(str(int(kernel[f])) for f in ("tile_m", "tile_n", "tile_k"))
-        return f"{PREFIX}{dtype}_{dims}d_{tile}_{kernel['pipeline']}"
+    Fields, kernel-id template, validity rules, FLOPs, families and keys are in
+    ``conf/op/grouped_conv_fwd.yaml``; this plug-in adds the tile engine's hand-picked
+    catalogue and the implicit-GEMM view the analytical baseline reads.
+    """
 
     # -- candidate space -----------------------------------------------------------------------
     def catalogue(self, arch: Any, dtype: Any, layout: Any) -> pd.DataFrame:
@@ -158,61 +112,11 @@ class GroupedConvFwd(OpDefinition):
         wo = output_size(col("wi"), col("x"), col("stride_w"), col("pad_w"), col("dilation_w"))
         return ho, wo
 
-    def validity(self, problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any = None,
-                 dtype: Any = None, layout: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        col = _columns(problems)
-        reason = np.full(len(problems), "", dtype=object)
-
-        def mark(bad: np.ndarray, text: str) -> None:
-            reason[bad & (reason == "")] = text
-
-        sizes = ("n", "c", "k", "g", "hi", "wi", "y", "x", "stride_h", "stride_w", "dilation_h", "dilation_w")
-        mark(np.any([col(f) < 1 for f in sizes], axis=0), f"degenerate problem: one of {list(sizes)} < 1")
-        mark((col("pad_h") < 0) | (col("pad_w") < 0), "negative padding")
-        ho, wo = self.output_hw(problems)
-        mark((ho < 1) | (wo < 1), "empty output (Ho or Wo < 1): no kernel supports it")
-        dims = kernels["spatial_dims"].to_numpy(np.int64) if "spatial_dims" in kernels else np.full(len(problems), 2)
-        mark(dims != 2, "kernel is not a 2-D convolution kernel")
-        return reason == "", reason
-
-    def validity_onnx(self, g: Any, problem: str, catalogue: pd.DataFrame, *, arch: Any = None,
-                      dtype: Any = None, layout: Any = None) -> str:
-        """:meth:`validity` as ONNX nodes for the exported selector: a bool [B, C] mask.
-
-        ``ho >= 1`` is tested as ``hi + 2*pad_h - dilation_h*(y - 1) - 1 >= 0`` (the same
-        condition without a division: ONNX integer Div truncates where Python floors).
-        """
-        names = list(self.problem_names)
-        col = {f: g.column(problem, names.index(f), f) for f in names}
-        one, zero = g.const(1, dtype=np.int64), g.const(0, dtype=np.int64)
-        bad = None
-        for f in ("n", "c", "k", "g", "hi", "wi", "y", "x", "stride_h", "stride_w", "dilation_h", "dilation_w"):
-            term = g.op("Less", col[f], one)
-            bad = term if bad is None else g.op("Or", bad, term)
-        for f in ("pad_h", "pad_w"):
-            bad = g.op("Or", bad, g.op("Less", col[f], zero))
-        for size, pad, kern, dil in (("hi", "pad_h", "y", "dilation_h"), ("wi", "pad_w", "x", "dilation_w")):
-            span = g.op("Add", g.op("Mul", col[dil], g.op("Sub", col[kern], one)), one)
-            room = g.op("Sub", g.op("Add", col[size], g.op("Add", col[pad], col[pad])), span)
-            bad = g.op("Or", bad, g.op("Less", room, zero))  # [B, 1]
-        dims = catalogue["spatial_dims"].to_numpy(np.int64)[None, :] if "spatial_dims" in catalogue \
-            else np.full((1, len(catalogue)), 2, dtype=np.int64)
-        kernel_ok = g.const(dims == 2, "kernel_is_2d")  # [1, C]
-        return g.op("And", g.op("Not", bad), kernel_ok)
-
     def gemm_view(self, problems: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Implicit-GEMM sizes per group: (M = n*ho*wo, N = k, K = c*y*x)."""
         col = _columns(problems)
         ho, wo = self.output_hw(problems)
         return col("n") * ho * wo, col("k"), col("c") * col("y") * col("x")
-
-    def flops(self, problems: pd.DataFrame) -> np.ndarray:
-        m, n, k = (v.astype(np.float64) for v in self.gemm_view(problems))
-        return 2.0 * _columns(problems)("g").astype(np.float64) * m * n * k
-
-    def family(self, problems: pd.DataFrame) -> np.ndarray:
-        m = self.gemm_view(problems)[0]
-        return np.asarray(self.families, dtype=object)[np.searchsorted(self.family_bounds, m, side="right")]
 
 
 def _columns(problems: pd.DataFrame):  # noqa: ANN202 - small local accessor
@@ -228,4 +132,4 @@ def _columns(problems: pd.DataFrame):  # noqa: ANN202 - small local accessor
     return col
 
 
-OP = GroupedConvFwd()
+OP = load_op("grouped_conv_fwd")

@@ -1,0 +1,193 @@
+"""Kernel-name templates: one string that formats a kernel's name and parses it back.
+
+A template is text with ``{field}`` placeholders, e.g. ``bm{block_m}_bn{block_n}_{dtype}``.
+Formatting substitutes the values; parsing matches a regular expression built from the same
+template, where each placeholder matches what its field's kind allows (an integer, a number,
+``True``/``False`` or one of a categorical field's values). A template whose names do not
+parse back to the values that formatted them (two integers side by side, a categorical value
+that contains the separator...) is refused when the op config is composed: see
+:func:`check_round_trip`.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from typing import Any, Mapping, Sequence
+
+from ckpred.errors import ConfigValueError, KernelNameError
+
+#: Regular expression of a placeholder per field kind (categoricals: their values).
+_KIND_PATTERNS = {"int": r"-?\d+", "float": r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?",
+                  "bool": r"True|False|true|false"}
+_BOOL_TEXT = {"True": True, "true": True, "False": False, "false": False}
+
+
+class KernelTemplate:
+    """A compiled template over fields of known kinds.
+
+    Parameters
+    ----------
+    text : str
+        The template.
+    kinds : mapping
+        Field name -> ``(kind, values)`` for every name the template may use; ``kind`` is
+        ``int``, ``float``, ``bool`` or ``categorical`` (``values`` its allowed strings).
+    key : str
+        The config key of the template (named in errors).
+    """
+
+    def __init__(self, text: str, kinds: Mapping[str, tuple[str, Sequence[str]]], *, key: str) -> None:
+        self.text, self.key = text, key
+        self.parts: list[tuple[str, str | None]] = []  # (literal, placeholder or None)
+        try:
+            parsed = list(string.Formatter().parse(text))
+        except ValueError as exc:
+            raise ConfigValueError(key, text, f"a template with balanced {{field}} placeholders ({exc})") from None
+        pattern = ["^"]
+        seen: list[str] = []
+        for literal, name, spec, conversion in parsed:
+            pattern.append(re.escape(literal))
+            if name is None:
+                self.parts.append((literal, None))
+                continue
+            if spec or conversion or not name.isidentifier():
+                raise ConfigValueError(key, text, f"plain {{field}} placeholders (got {{{name}"
+                                                  f"{'!' + conversion if conversion else ''}"
+                                                  f"{':' + spec if spec else ''}}})")
+            if name not in kinds:
+                raise ConfigValueError(key, name, f"a placeholder naming one of {sorted(kinds)} "
+                                                  f"(in template {text!r})")
+            if name in seen:
+                raise ConfigValueError(key, name, f"each field at most once in the template {text!r}")
+            seen.append(name)
+            kind, values = kinds[name]
+            if kind == "categorical":
+                alternatives = sorted((str(v) for v in values), key=len, reverse=True)
+                regex = "|".join(re.escape(v) for v in alternatives)
+            else:
+                regex = _KIND_PATTERNS[kind]
+            pattern.append(f"(?P<{name}>{regex})")
+            self.parts.append((literal, name))
+        pattern.append("$")
+        self.names: tuple[str, ...] = tuple(seen)
+        self.kinds = {n: kinds[n] for n in seen}
+        self.regex = re.compile("".join(pattern))
+
+    def format(self, values: Mapping[str, Any]) -> str:
+        """The name of ``values`` (a mapping holding every placeholder's value)."""
+        out = []
+        for literal, name in self.parts:
+            out.append(literal)
+            if name is not None:
+                out.append(_text(values[name], self.kinds[name][0]))
+        return "".join(out)
+
+    def parse(self, name: str) -> dict[str, Any]:
+        """The placeholder values of ``name``.
+
+        Raises
+        ------
+        ckpred.errors.KernelNameError
+            When ``name`` does not match the template.
+        """
+        if not isinstance(name, str):
+            raise KernelNameError(str(name), "not a string")
+        match = self.regex.match(name)
+        if match is None:
+            raise KernelNameError(name, self._diagnose(name))
+        out: dict[str, Any] = {}
+        for field_name in self.names:
+            text = match.group(field_name)
+            kind = self.kinds[field_name][0]
+            out[field_name] = (int(text) if kind == "int" else float(text) if kind == "float"
+                               else _BOOL_TEXT[text] if kind == "bool" else text)
+        return out
+
+
+    def _diagnose(self, name: str) -> str:
+        """Which part of the template ``name`` first fails to match, and the text found there."""
+        pattern = "^"
+        for literal, field_name in self.parts:
+            for piece, what in ((re.escape(literal), f"the text {literal!r}"),
+                                (self._group(field_name), self._describe(field_name))):
+                if not piece:
+                    continue
+                trial = re.compile(pattern + piece)
+                if trial.match(name) is None:
+                    done = re.compile(pattern).match(name)
+                    rest = name[done.end():] if done else name
+                    return f"expected {what} at {rest!r} (template {self.text!r})"
+                pattern += piece
+        done = re.compile(pattern).match(name)
+        rest = name[done.end():] if done else name
+        return f"unexpected text {rest!r} after the template's last part (template {self.text!r})"
+
+    def _group(self, field_name: str | None) -> str:
+        if field_name is None:
+            return ""
+        kind, values = self.kinds[field_name]
+        if kind == "categorical":
+            return "(?:" + "|".join(re.escape(v) for v in sorted(values, key=len, reverse=True)) + ")"
+        return "(?:" + _KIND_PATTERNS[kind] + ")"
+
+    def _describe(self, field_name: str | None) -> str:
+        if field_name is None:
+            return ""
+        kind, values = self.kinds[field_name]
+        allowed = f"one of {list(values)}" if kind == "categorical" else \
+            {"int": "an integer", "float": "a number", "bool": "True or False"}[kind]
+        return f"{field_name} ({allowed})"
+
+
+def _text(value: Any, kind: str) -> str:
+    if kind == "int":
+        return str(int(value))
+    if kind == "float":
+        return repr(float(value))
+    if kind == "bool":
+        return str(bool(value))
+    return str(value)
+
+
+def sample_values(kinds: Mapping[str, tuple[str, Sequence[str]]], names: Sequence[str]) -> list[dict[str, Any]]:
+    """Values that exercise a template: distinct multi-digit integers per field (so that two
+    integer placeholders side by side cannot split back the same way), each bool both ways,
+    every categorical value at least once."""
+    rounds = max([2] + [len(kinds[n][1]) for n in names if kinds[n][0] == "categorical"])
+    out = []
+    for r in range(rounds):
+        row: dict[str, Any] = {}
+        for i, n in enumerate(names):
+            kind, values = kinds[n]
+            if kind == "int":
+                row[n] = int(f"{i + 1}{r + 2}{i + 3}")
+            elif kind == "float":
+                row[n] = float(f"{i + 1}.{r + 2}5")
+            elif kind == "bool":
+                row[n] = (r + i) % 2 == 0
+            else:
+                row[n] = str(values[(r + i) % len(values)])
+        out.append(row)
+    return out
+
+
+def check_round_trip(template: KernelTemplate) -> None:
+    """Refuse a template whose formatted names do not parse back to the same values.
+
+    Raises
+    ------
+    ckpred.errors.ConfigValueError
+        Naming the template's key, the template, and the example that came back different.
+    """
+    for values in sample_values(template.kinds, template.names):
+        name = template.format(values)
+        try:
+            back = template.parse(name)
+        except KernelNameError:
+            back = None
+        if back != values:
+            raise ConfigValueError(template.key, template.text,
+                                   f"a template whose names parse back to their fields: {values} formats as "
+                                   f"{name!r}, which parses as {back} (separate placeholders with text that "
+                                   f"no value contains)")
