@@ -95,6 +95,27 @@ def arch_constant_names() -> tuple[str, ...]:
     return ARCH_NUMBERS + ("lds_bytes",) + tuple(f"peak_tflops_{d}" for d in DTYPES)
 
 
+def arch_config(name: str) -> "ArchConfig":
+    """The packaged ``conf/arch/<name>.yaml``, checked (e.g. to find a table's own arch by the
+    name in its ``arch`` column).
+
+    Raises
+    ------
+    ckpred.errors.ConfigValueError
+        When no packaged arch config has that name, listing the ones there are.
+    """
+    from importlib import resources
+
+    from omegaconf import OmegaConf
+
+    folder = resources.files("ckpred.conf") / "arch"
+    known = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    check("arch", name, name in known, f"one of the packaged arch configs {known} (or pass the arch config)")
+    raw = OmegaConf.to_container(OmegaConf.create((folder / f"{name}.yaml").read_text()))
+    raw.pop("defaults", None)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArchConfig), raw))
+
+
 def arch_constants(arch: Any) -> dict[str, float]:
     """The hardware constants of one arch config as ``{name: number}`` (``hw.<name>``).
 
