@@ -41,9 +41,10 @@ from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 
 from ckpred import evaluate as ev
 from ckpred.data.table import data_hash
-from ckpred.fitting import (LearnedMethod, Prepared, fit_method, predict, prepare, recipe_config,
+from ckpred.fitting import (LearnedMethod, Prepared, fit_method, for_arch, predict, prepare, recipe_config,
                             rows_of)
 from ckpred.kernels.base import OpDefinition, load_op
+from ckpred.kernels.declared import bind_training_catalogue
 from ckpred.models import booster, target_name
 from ckpred.util import package_versions, sha256_file
 
@@ -76,12 +77,16 @@ def make_folds(cv: Any, data: Prepared, seed: int, test: Prepared | None = None)
     if cv.name == "group_kfold":
         if n < cv.n_splits:
             raise ValueError(f"cv.n_splits={cv.n_splits} needs at least that many shapes; the data has {n}")
+        groups = data.cv_groups if len(data.cv_groups) == n else idx
+        if len(np.unique(groups)) < cv.n_splits:
+            raise ValueError(f"cv.n_splits={cv.n_splits} needs at least that many CV groups; the data has "
+                             f"{len(np.unique(groups))}")
         splitter = GroupKFold(n_splits=int(cv.n_splits), shuffle=bool(cv.shuffle),
                               random_state=int(seed) if cv.shuffle else None)
-        return [Fold(f"fold{i}", tr, te) for i, (tr, te) in enumerate(splitter.split(idx, groups=idx))]
+        return [Fold(f"fold{i}", tr, te) for i, (tr, te) in enumerate(splitter.split(idx, groups=groups))]
     if cv.name == "holdout":
         splitter = GroupShuffleSplit(n_splits=1, test_size=float(cv.test_fraction), random_state=int(seed))
-        tr, te = next(splitter.split(idx, groups=idx))
+        tr, te = next(splitter.split(idx, groups=data.cv_groups if len(data.cv_groups) == n else idx))
         return [Fold("holdout", tr, te)]
     if cv.name == "leave_family_out":
         family = data.shapes["family"].to_numpy()
@@ -101,6 +106,22 @@ def external_data_config(cfg: DictConfig) -> DictConfig:
                              OmegaConf.to_container(cfg.cv.data, resolve=True))
     ext["data"] = OmegaConf.to_container(merged)
     return OmegaConf.create(ext)
+
+
+def external_arch(cfg: DictConfig, test_table: pd.DataFrame) -> Any:
+    """The arch of ``cv=external``'s test table: ``cv.arch`` when given, else the packaged arch
+    config named by the table's ``arch`` column when it holds one name other than the training
+    arch's, else the training arch. Its constants drive the test table's validity rules and
+    hardware features."""
+    from ckpred.schema import arch_config
+
+    if cfg.cv.get("arch") is not None:
+        return cfg.cv.arch
+    names = pd.unique(test_table["arch"].astype(str)) if "arch" in test_table else []
+    if len(names) == 1 and names[0] != cfg.arch.name:
+        log.info("cv=external: the test table's arch is %s (its own hardware constants)", names[0])
+        return arch_config(str(names[0]))
+    return cfg.arch
 
 
 def _catalogue_hash(op: OpDefinition, cfg: Any) -> str | None:
@@ -167,10 +188,13 @@ def cross_validate(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, float
 
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    data = prepare(load_table(cfg), op, cfg)
+    table = load_table(cfg)
+    bind_training_catalogue(op, table, cfg)
+    data = prepare(table, op, cfg)
     test = data
     if cfg.cv.name == "external":
-        test = prepare(load_table(external_data_config(cfg)), op, cfg)
+        test_table = load_table(external_data_config(cfg))
+        test = prepare(test_table, op, cfg, arch=external_arch(cfg, test_table))
     timings["load_s"] = time.perf_counter() - t
     log.info("data: %d rows, %d shapes (test table: %d rows, %d shapes)", len(data.table),
              data.groups.n_shapes, len(test.table), test.groups.n_shapes)
@@ -206,7 +230,8 @@ def cross_validate(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, float
                 progress.describe(f"{fold.name}: {method.name}")
                 t = time.perf_counter()
                 pipe, info = fit_method(method, data, fold.train_shapes, op, cfg, seed + i)
-                scores[method.name][test_rows] = predict(pipe, test.X.iloc[test_rows])
+                scorer = pipe if test.arch is data.arch else for_arch(pipe, method, op, cfg, test.arch, test.X)
+                scores[method.name][test_rows] = predict(scorer, test.X.iloc[test_rows])
                 info["fit_predict_s"] = round(time.perf_counter() - t, 2)
                 timings[f"{method.name}_s"] = timings.get(f"{method.name}_s", 0.0) + info["fit_predict_s"]
                 entry[method.name] = info

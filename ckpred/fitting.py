@@ -30,10 +30,20 @@ class Prepared:
     groups: ev.ShapeGroups
     #: Per shape (index = shape index): problem fields, family, best pipeline.
     shapes: pd.DataFrame = field(repr=False)
+    #: Per shape: code of its CV group (the op's ``cv_group`` key; shapes of one group share a fold).
+    cv_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
+    #: The arch config of the table (its validity rules' and features' hardware constants).
+    arch: Any = field(default=None, repr=False)
 
 
-def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any) -> Prepared:
-    """Encode the model input, measured perf, validity mask and shape groups of ``table``."""
+def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None) -> Prepared:
+    """Encode the model input, measured perf, validity mask and shape groups of ``table``.
+
+    Shapes are the op's queries (``shape_keys``: the ranking group and unit of efficiency);
+    ``cv_groups`` codes each shape's CV group. ``arch`` is the table's own arch config
+    (default ``cfg.arch``).
+    """
+    arch = cfg.arch if arch is None else arch
     if len(table) == 0:
         raise ValueError("the training table is empty: no rows for this op/arch/dtype/layout")
     table = table.reset_index(drop=True)
@@ -41,7 +51,7 @@ def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any) -> Prepared:
     perf = ev.measured_perf(table["tflops"].to_numpy(), table["is_valid"].to_numpy())
     problems = table[list(op.problem_names)]
     kernels = table[list(op.kernel_names)]
-    selectable, _ = op.validity(problems, kernels, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+    selectable, _ = op.validity(problems, kernels, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
     groups = ev.ShapeGroups.from_keys(op.shape_keys(table))
     first = groups.first_rows()
     shapes = table.loc[first, list(op.problem_names)].reset_index(drop=True)
@@ -57,16 +67,19 @@ def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any) -> Prepared:
     shapes["best_kernel"] = np.where(ok, table["kernel_name"].to_numpy()[np.maximum(best_row, 0)], "")
     if "pipeline" in table.columns:
         shapes["best_pipeline"] = np.where(ok, table["pipeline"].to_numpy()[np.maximum(best_row, 0)], "")
+    cv_groups = pd.factorize(np.asarray(op.cv_group_keys(shapes)))[0].astype(np.int64)
     return Prepared(table=table, X=X, perf=perf, selectable=np.asarray(selectable, dtype=bool),
-                    groups=groups, shapes=shapes)
+                    groups=groups, shapes=shapes, cv_groups=cv_groups, arch=arch)
 
 
-def validation_split(shapes: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Split training shape indices into (fit, validation) for early stopping."""
+def validation_split(shapes: np.ndarray, fraction: float, seed: int,
+                     groups: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Split training shape indices into (fit, validation) for early stopping; ``groups`` (the
+    CV group of each of ``shapes``, default the shapes themselves) are kept on one side."""
     if len(shapes) < 2:
         raise ValueError("early stopping needs at least 2 training shapes to carve a validation set")
     splitter = GroupShuffleSplit(n_splits=1, test_size=fraction, random_state=seed)
-    fit_pos, val_pos = next(splitter.split(shapes, groups=shapes))
+    fit_pos, val_pos = next(splitter.split(shapes, groups=shapes if groups is None else groups))
     return np.sort(shapes[fit_pos]), np.sort(shapes[val_pos])
 
 
@@ -128,7 +141,9 @@ def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: Op
     val_shapes = np.zeros(0, dtype=np.int64)
     fit_shapes = np.asarray(shapes)
     if int(recipe.model.early_stopping_rounds) > 0:
-        fit_shapes, val_shapes = validation_split(fit_shapes, float(recipe.model.validation_fraction), seed)
+        fit_shapes, val_shapes = validation_split(fit_shapes, float(recipe.model.validation_fraction), seed,
+                                                  groups=data.cv_groups[fit_shapes]
+                                                  if len(data.cv_groups) == data.groups.n_shapes else None)
     rows = training_rows(data, fit_shapes, method.rows, max_rows=max_rows, rng=rng)
     codes = data.groups.codes[rows]
     y = training_target(data.perf[rows], codes, recipe.model, recipe.target)
@@ -138,7 +153,7 @@ def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: Op
         vcodes = data.groups.codes[vrows]
         val_kwargs = dict(X_val=data.X.iloc[vrows], val_codes=vcodes,
                           y_val=training_target(data.perf[vrows], vcodes, recipe.model, recipe.target))
-    pipe = build_pipeline(recipe, op, cfg.arch, cfg.dtype)
+    pipe = build_pipeline(recipe, op, data.arch if data.arch is not None else cfg.arch, cfg.dtype)
     fit_pipeline(pipe, data.X.iloc[rows], y, codes, model_cfg=recipe.model,
                  target=target_name(recipe.model, recipe.target), **val_kwargs, init_model=method.init_model)
     info.update(train_rows=int(len(rows)), train_shapes=[str(k) for k in data.groups.keys[fit_shapes]],
@@ -150,6 +165,17 @@ def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: Op
     if best_iter:
         info["best_iteration"] = int(best_iter)
     return pipe, info
+
+
+def for_arch(pipe: Any, method: LearnedMethod, op: OpDefinition, cfg: Any, arch: Any, X: pd.DataFrame) -> Any:
+    """``pipe`` scoring a table of another arch: the same fitted model behind features built with
+    ``arch``'s hardware constants (feature groups learn no statistics, so refitting them on
+    ``X`` only records the input columns)."""
+    from sklearn.pipeline import Pipeline
+
+    features = build_pipeline(method.recipe, op, arch, cfg.dtype).named_steps["features"]
+    features.fit(X.head(8))
+    return Pipeline([("features", features), ("model", pipe.named_steps["model"])])
 
 
 def rows_of(groups: ev.ShapeGroups, shapes: np.ndarray) -> np.ndarray:

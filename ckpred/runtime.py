@@ -158,12 +158,14 @@ class KernelSelector:
                  for key, v in wanted.items() if v is not None and getattr(v, "name", v) != manifest[key]]
         if diffs:
             raise ModelMismatchError(f"{model_dir} does not match: " + "; ".join(diffs))
-        op = load_op(manifest["op"])
+        op = load_op(manifest.get("op_config") or manifest["op"])
         section = manifest["catalogue"]
         own = mf.catalogue_frame(section)
         if op.catalogue_hash(own) != section["hash"]:
             raise ModelMismatchError(f"{model_dir}/{mf.MANIFEST}: catalogue rows do not hash to the recorded "
                                      f"{section['hash']} (manifest edited?)")
+        if getattr(op, "catalogue_from_data", False):  # learned from the training table: the manifest's
+            op.bind_catalogue(own)
         if catalogue is None and check_catalogue:
             catalogue = op.catalogue(manifest["arch"], manifest["dtype"], manifest["layout"])
         if catalogue is not None:

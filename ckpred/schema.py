@@ -298,7 +298,7 @@ class OpConfig:
     input: OpInputConfig = field(default_factory=OpInputConfig)
 
     def __post_init__(self) -> None:
-        from ckpred.kernels.declared import validate_op_config
+        from ckpred.kernels.opschema import validate_op_config
 
         validate_op_config(self)
 
@@ -539,6 +539,10 @@ class CVConfig:
     test_fraction: float = 0.2
     #: ``external``: the test table (train on the config's ``data``, test on this source).
     data: Optional[DataConfig] = None
+    #: ``external``: the test table's arch (``arch@cv.arch=<name>``); null = the packaged arch
+    #: named by the table's ``arch`` column, else the training arch. Its constants drive the
+    #: test table's validity rules and hardware features.
+    arch: Optional[ArchConfig] = None
 
     def __post_init__(self) -> None:
         check("cv.name", self.name, self.name in CV_NAMES, f"one of {list(CV_NAMES)}")

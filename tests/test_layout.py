@@ -73,7 +73,9 @@ def test_user_config_dir_adds_an_option_without_editing_the_package(tmp_path: Pa
 STAGES = [
     # features.registry is the table of group names the schema validates ``kind`` against;
     # features.base holds the array namespaces (numpy / ONNX) the expression evaluator runs on.
-    {"errors", "util", "schema", "expressions", "features.registry", "features.base"},
+    # kernels.opschema (and the kernel-name templates it checks) run when an op config is composed.
+    {"errors", "util", "schema", "expressions", "features.registry", "features.base", "kernels.opschema",
+     "kernels.template"},
     {"kernels"},
     {"data"},
     {"features"},

@@ -26,6 +26,7 @@ from ckpred.export import manifest as mf
 from ckpred.export.build import export_name, export_pipeline, node_name
 from ckpred.fitting import fit_final
 from ckpred.kernels.base import OpDefinition, load_op
+from ckpred.kernels.declared import bind_training_catalogue
 
 
 def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Any, recipe: Any) -> dict[str, Any]:
@@ -102,12 +103,14 @@ def export_command(cfg: Any) -> str:
         pipeline = run.pipeline
         pipe_sha = run.sha256
         table = load_table(data_cfg)
+        bind_training_catalogue(op, table, data_cfg)
         train_hash = (train_manifest.get("data") or {}).get("hash")
         source = {"kind": "run_dir", "run_dir": str(run_dir), "pipeline_sha256": pipe_sha,
                   "train_data_hash": train_hash}
     else:
         data_cfg = cfg
         table = load_table(cfg)
+        bind_training_catalogue(op, table, cfg)
         t0 = time.perf_counter()
         pipeline = fit_final(cfg, table, op)
         source = {"kind": "fit", "fit_seconds": round(time.perf_counter() - t0, 2),

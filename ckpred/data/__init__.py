@@ -48,7 +48,11 @@ def canonical_order(table: pd.DataFrame, op: Any, cfg: Any) -> pd.DataFrame:
     if len(table) == 0:
         return table
     try:
-        catalogue = op.catalogue(cfg.arch, cfg.dtype, cfg.layout)
+        if getattr(op, "catalogue_from_data", False):
+            # a data catalogue is sorted by field values: any table's own kernels keep that order
+            catalogue = op.catalogue_from_table(table, dtype=cfg.dtype, layout=cfg.layout)
+        else:
+            catalogue = op.catalogue(cfg.arch, cfg.dtype, cfg.layout)
         kernel_rank = dict(zip(catalogue["kernel_name"], catalogue["kernel_id"]))
     except ValueError:
         kernel_rank = {}

@@ -232,6 +232,8 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         "format": mf.FORMAT,
         "created_utc": mf.now_utc(),
         "op": op.name, "arch": node_name(arch), "dtype": node_name(dtype), "layout": node_name(layout),
+        # the declared op's config: a runtime rebuilds the op from it (a user op is in no package)
+        "op_config": op.config_section() if hasattr(op, "config_section") else None,
         "select": select,
         "selection": {"strategy": select, **dict(selection or {}),
                       "candidates": len(catalogue) if candidates is None else int(len(candidates)),

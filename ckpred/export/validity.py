@@ -1,11 +1,13 @@
 """Validity rules as ONNX arithmetic: the selector's mask of kernels that can run a problem.
 
-An op provides its mask builder in one of two ways:
+An op provides its mask builder in one of three ways:
 
 * it overrides :meth:`ckpred.kernels.base.OpDefinition.validity_onnx` (the hook new ops use:
   the ONNX rules live next to the Python rules of :meth:`~ckpred.kernels.base.OpDefinition.validity`);
 * or a builder is registered here in :data:`MASK_BUILDERS` under the op's name (gemm_universal's
-  is below, so the op module stays free of ONNX code).
+  is below, so the op module stays free of ONNX code);
+* or, for a declared op (:class:`ckpred.kernels.declared.DeclaredOp`) whose validity is its
+  YAML rules, :func:`rules_mask` compiles the same expressions.
 
 A builder is ``builder(g, problem, catalogue, *, op, arch, dtype, layout) -> name`` where ``g``
 is a :class:`ckpred.export.onnx.GraphBuilder`, ``problem`` names the int64 ``[B, P]`` input
@@ -58,6 +60,42 @@ def gemm_universal_mask(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, 
     return valid
 
 
+def rules_mask(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: OpDefinition, arch: Any,
+               dtype: Any, layout: Any) -> str:
+    """A declared op's rules (``op.rules``) as a bool ``[B, C]`` mask: the expressions
+    ``op.validity`` evaluates in numpy, walked with the selector's
+    :class:`~ckpred.export.factorise.HybridOps` (kernel fields are catalogue constants, problem
+    fields columns of the ``[B, P]`` input, ``hw.<name>`` the arch's constants)."""
+    from onnx import TensorProto
+
+    from ckpred.export.factorise import HybridOps, _static
+    from ckpred.schema import arch_constants
+
+    ops = HybridOps(g)
+    n_kernels = len(catalogue)
+    problem3 = g.op("Unsqueeze", g.op("Cast", problem, to=TensorProto.DOUBLE), g.const([1], dtype=np.int64))
+    columns: dict[str, Any] = {}
+    for j, name in enumerate(op.problem_names):  # [B, 1, 1]
+        columns[name] = ops.symbol(g.op("Gather", problem3, g.const([j], dtype=np.int64), axis=2))
+    for name, values in op.columns(catalogue, op.kernel_names).items():  # [1, C, 1]
+        columns[name] = values.reshape(1, n_kernels, 1)
+    hw = arch_constants(arch) if arch is not None and not isinstance(arch, str) else {}
+    valid: Any = np.ones((1, n_kernels, 1), dtype=bool)
+    for expr, _ in op.rules:
+        ok = expr.evaluate_bool({n: columns[n] for n in expr.names}, hw, ops, categories=op.categories)
+        if isinstance(ok, (bool, np.bool_)):
+            ok = np.full((1, 1, 1), bool(ok))
+        valid = ops.logical_and(valid, ok)
+    b = g.op("Slice", g.op("Shape", problem), g.const([0], dtype=np.int64), g.const([1], dtype=np.int64))
+    target = g.op("Concat", b, g.const([n_kernels, 1], dtype=np.int64), axis=0)  # [B, C, 1]
+    if _static(valid):
+        name = g.const(np.broadcast_to(np.asarray(valid, dtype=bool), (1, n_kernels, 1)).copy(), "rules_valid",
+                       dtype=bool)
+    else:
+        name = g.op("Cast", valid.name, to=TensorProto.BOOL)
+    return g.op("Reshape", g.op("Expand", name, target), g.const([-1, n_kernels], dtype=np.int64))
+
+
 #: Op name -> mask builder, for ops that do not override ``validity_onnx``.
 MASK_BUILDERS: dict[str, MaskBuilder] = {"gemm_universal": gemm_universal_mask}
 
@@ -78,6 +116,8 @@ def mask_builder_for(op: OpDefinition) -> MaskBuilder:
         return from_hook
     if op.name in MASK_BUILDERS:
         return MASK_BUILDERS[op.name]
+    if hasattr(op, "rules") and "validity" not in getattr(op, "plugin_hooks", ("validity",)):
+        return rules_mask  # a declared op whose validity is its rules
     raise NotImplementedError(
         f"op {op.name!r} has no ONNX validity mask: override OpDefinition.validity_onnx in its module "
         f"({type(op).__module__}) or register a builder in ckpred.export.validity.MASK_BUILDERS; "

@@ -24,7 +24,6 @@ with the op's config, so it reads its fields and keys from the YAML like any oth
 
 from __future__ import annotations
 
-import importlib
 from functools import cached_property
 from typing import Any, Mapping, Sequence
 
@@ -33,263 +32,12 @@ import pandas as pd
 
 from ckpred.errors import ConfigValueError, KernelNameError
 from ckpred.kernels.base import Field, OpDefinition
-from ckpred.kernels.template import KernelTemplate, check_round_trip
-
-#: Canonical-table columns an op field may not be named after.
-RESERVED_NAMES: tuple[str, ...] = ("hw", "kernel_name", "kernel_id", "tflops", "latency_ms", "is_valid",
-                                   "invalid_reason", "op", "arch", "family", "shape", "perf")
-#: Hooks a plug-in class may override (documented in docs/ops.md).
-PLUGIN_HOOKS: tuple[str, ...] = ("catalogue", "parse_name", "format_name", "validity", "validity_onnx", "flops",
-                                 "family", "gemm_view")
-
+from ckpred.kernels.opschema import (PLUGIN_HOOKS, _get, field_kinds, load_plugin, parse_expression, template_kinds,
+                                     vars_of)
+from ckpred.kernels.template import KernelTemplate
 
 class CatalogueUnavailable(ValueError):
     """A declared op without a plug-in catalogue has not been bound to one (no training table yet)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Compose-time checks
-# ---------------------------------------------------------------------------------------------
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    if isinstance(cfg, Mapping):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
-
-
-def field_kinds(cfg: Any) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Field name -> (kind, categorical values as strings) of every problem and kernel field."""
-    out = {}
-    for group in ("problem_fields", "kernel_fields"):
-        for name, spec in (_get(cfg, group) or {}).items():
-            out[str(name)] = (str(_get(spec, "kind", "int")), tuple(str(v) for v in (_get(spec, "values") or ())))
-    return out
-
-
-def _check_fields(cfg: Any) -> None:
-    from ckpred.schema import FIELD_KINDS, check
-
-    seen: dict[str, str] = {}
-    for group in ("problem_fields", "kernel_fields"):
-        specs = _get(cfg, group) or {}
-        check(f"op.{group}", dict(specs), len(specs) > 0 or _get(cfg, "plugin"),
-              "a non-empty mapping of field name -> {kind: int|float|categorical|bool}")
-        for name, spec in specs.items():
-            key = f"op.{group}.{name}"
-            check(key, name, str(name).isidentifier() and name not in RESERVED_NAMES,
-                  f"an identifier that is not one of the canonical columns {list(RESERVED_NAMES)}")
-            check(key, name, name not in seen, f"a name used once across problem and kernel fields "
-                                               f"(already in op.{seen.get(name)})")
-            seen[name] = group
-            kind, values, default = _get(spec, "kind"), list(_get(spec, "values") or []), _get(spec, "default")
-            check(f"{key}.kind", kind, kind in FIELD_KINDS, f"one of {list(FIELD_KINDS)}")
-            if kind == "categorical":
-                check(f"{key}.values", values, len(values) > 0 and all(isinstance(v, str) for v in values),
-                      "a non-empty list of strings (the allowed values, in code order)")
-                check(f"{key}.values", values, len(set(values)) == len(values), "values listed once each")
-                check(f"{key}.default", default, default is None or default in values, f"null or one of {values}")
-            else:
-                check(f"{key}.values", values, not values, f"no values for kind={kind} (only categorical fields list them)")
-                ok = (default is None or (kind == "bool" and isinstance(default, bool))
-                      or (kind == "int" and isinstance(default, int) and not isinstance(default, bool))
-                      or (kind == "float" and isinstance(default, (int, float)) and not isinstance(default, bool)))
-                check(f"{key}.default", default, ok, f"null or a value of kind {kind}")
-
-
-def _template_kinds(cfg: Any) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Names a kernel-id template may use: kernel fields, categorical problem fields, and the
-    run's ``dtype``/``layout`` when no field has those names."""
-    from ckpred.schema import DTYPES, LAYOUTS
-
-    kinds = field_kinds(cfg)
-    problem = set((_get(cfg, "problem_fields") or {}).keys())
-    allowed = {n: k for n, k in kinds.items() if n not in problem or k[0] == "categorical"}
-    allowed.setdefault("dtype", ("categorical", DTYPES))
-    allowed.setdefault("layout", ("categorical", LAYOUTS))
-    return allowed
-
-
-def _check_kernel_id(cfg: Any, plugin: type | None) -> None:
-    from ckpred.schema import check
-
-    kid = _get(cfg, "kernel_id")
-    template, fields = _get(kid, "template") or "", list(_get(kid, "fields") or [])
-    kernel = list((_get(cfg, "kernel_fields") or {}).keys())
-    names_by_plugin = plugin is not None and all(h in vars_of(plugin) for h in ("parse_name", "format_name"))
-    if template and fields:
-        raise ConfigValueError("op.kernel_id", {"template": template, "fields": fields},
-                               "either a template or a list of fields, not both")
-    if not template and not fields:
-        check("op.kernel_id", {}, names_by_plugin,
-              "a template (kernel_id.template) or a tuple of fields (kernel_id.fields), unless the plugin "
-              "defines parse_name and format_name")
-        return
-    if fields:
-        for i, name in enumerate(fields):
-            check(f"op.kernel_id.fields[{i}]", name, name in kernel, f"a kernel field: {kernel}")
-        missing = [n for n in kernel if n not in fields]
-        check("op.kernel_id.fields", fields, not missing and len(set(fields)) == len(fields),
-              f"every kernel field once (missing {missing}): a name identifies one kernel")
-        return
-    tpl = KernelTemplate(template, _template_kinds(cfg), key="op.kernel_id.template")
-    missing = [n for n in kernel if n not in tpl.names]
-    check("op.kernel_id.template", template, not missing,
-          f"a template using every kernel field (missing {missing}): a name identifies one kernel")
-    check_round_trip(tpl)
-
-
-def vars_of(cls: type) -> set[str]:
-    """Attributes defined by ``cls`` or its bases below :class:`DeclaredOp` (a plug-in's hooks)."""
-    out: set[str] = set()
-    for klass in cls.__mro__:
-        if klass in (DeclaredOp, OpDefinition, object):
-            break
-        out.update(vars(klass))
-    return out
-
-
-def load_plugin(spec: str, key: str = "op.plugin") -> type:
-    """Import ``package.module:Class`` and check it is a :class:`DeclaredOp` subclass."""
-    module_name, sep, attr = str(spec).partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigValueError(key, spec, "'package.module:Class' (a DeclaredOp subclass)")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigValueError(key, spec, f"an importable module ({exc})") from None
-    obj = getattr(module, attr, None)
-    if not (isinstance(obj, type) and issubclass(obj, DeclaredOp)):
-        raise ConfigValueError(key, spec, f"a subclass of ckpred.kernels.declared.DeclaredOp in {module_name} "
-                                          f"(found {type(obj).__name__ if obj is not None else 'nothing'})")
-    return obj
-
-
-def parse_expression(text: Any, key: str, fields: Sequence[str], kinds: Mapping[str, tuple[str, tuple[str, ...]]],
-                     *, hw: bool) -> Any:
-    """Parse ``text`` and check its names: ``fields`` (+ ``hw.<constant>`` when ``hw``)."""
-    from ckpred import expressions
-    from ckpred.schema import arch_constant_names
-
-    categories = {n: v for n, (k, v) in kinds.items() if k == "categorical"}
-    expr = expressions.parse(text, key=key)
-    return expr.validate(fields, arch_constant_names() if hw else (), categories=categories)
-
-
-def _check_expressions(cfg: Any) -> None:
-    from ckpred.schema import check
-
-    kinds = field_kinds(cfg)
-    problem = list((_get(cfg, "problem_fields") or {}).keys())
-    every = list(kinds)
-    for key in ("flops", "bytes"):
-        text = _get(cfg, key)
-        if text is not None:
-            parse_expression(text, f"op.{key}", problem, kinds, hw=False)
-    for i, rule in enumerate(_get(cfg, "rules") or []):
-        parse_expression(_get(rule, "expr"), f"op.rules[{i}].expr", every, kinds, hw=True)
-        message = _get(rule, "message")
-        check(f"op.rules[{i}].message", message, isinstance(message, str) and bool(message.strip()),
-              "a non-empty message saying why a kernel is invalid where the rule fails")
-    fam = _get(cfg, "family")
-    if fam is not None and _get(fam, "expr"):
-        parse_expression(_get(fam, "expr"), "op.family.expr", problem, kinds, hw=False)
-        bounds, labels = list(_get(fam, "bounds") or []), list(_get(fam, "labels") or [])
-        check("op.family.bounds", bounds, len(bounds) > 0 and all(a < b for a, b in zip(bounds, bounds[1:])),
-              "a non-empty ascending list of bin edges")
-        check("op.family.labels", labels, len(labels) == len(bounds) + 1 and len(set(labels)) == len(labels),
-              f"{len(bounds) + 1} distinct labels (one more than bounds)")
-    elif fam is not None:
-        check("op.family", dict(bounds=list(_get(fam, "bounds") or []), labels=list(_get(fam, "labels") or [])),
-              not _get(fam, "bounds") and not _get(fam, "labels"), "bounds and labels only with family.expr")
-
-
-def _check_keys(cfg: Any) -> None:
-    from ckpred.schema import check
-
-    kinds = field_kinds(cfg)
-    problem = list((_get(cfg, "problem_fields") or {}).keys())
-    keys = _get(cfg, "keys")
-    query = list(_get(keys, "query") or [])
-    for name, values in (("query", query), ("cv_group", list(_get(keys, "cv_group") or []))):
-        for i, f in enumerate(values):
-            check(f"op.keys.{name}[{i}]", f, f in problem, f"a problem field: {problem}")
-        check(f"op.keys.{name}", values, len(set(values)) == len(values), "each field once")
-    cv_group = list(_get(keys, "cv_group") or [])
-    effective = query or problem
-    for i, f in enumerate(cv_group):
-        check(f"op.keys.cv_group[{i}]", f, f in effective,
-              f"a field of the query key {effective}: a fold must hold a whole query")
-    has_family = bool(_get(_get(cfg, "family") or {}, "expr"))
-    allowed = [n for n in problem if kinds[n][0] in ("categorical", "bool")] + (["family"] if has_family else [])
-    for i, f in enumerate(_get(keys, "breakdowns") or []):
-        check(f"op.keys.breakdowns[{i}]", f, f in allowed,
-              f"a categorical or bool problem field, or 'family' when op.family is declared: {allowed}")
-
-
-def _check_metric(cfg: Any) -> None:
-    from ckpred.schema import FAILURE_VALUES, THROUGHPUT_UNITS, TIME_UNITS, check
-
-    metric = _get(cfg, "metric")
-    column, better, unit = _get(metric, "column"), _get(metric, "better"), _get(metric, "unit")
-    check("op.metric.column", column, isinstance(column, str) and bool(column), "a column name")
-    check("op.metric.better", better, better in ("lower", "higher"), "'lower' (a time) or 'higher' (a throughput)")
-    units = TIME_UNITS if better == "lower" else THROUGHPUT_UNITS
-    check("op.metric.unit", unit, unit in units, f"for better={better}: one of {list(units)}")
-    failure = _get(cfg, "failure")
-    for i, v in enumerate(_get(failure, "metric_values") or []):
-        check(f"op.failure.metric_values[{i}]", v, v in FAILURE_VALUES, f"one of {list(FAILURE_VALUES)}")
-    true_values = [str(v).lower() for v in _get(failure, "true_values") or []]
-    false_values = [str(v).lower() for v in _get(failure, "false_values") or []]
-    if _get(failure, "valid_column"):
-        check("op.failure.true_values", true_values, bool(true_values), "a non-empty list of strings")
-        check("op.failure.false_values", false_values, bool(false_values), "a non-empty list of strings")
-    both = sorted(set(true_values) & set(false_values))
-    check("op.failure.false_values", both, not both, "strings not also listed in true_values")
-
-
-def _check_input(cfg: Any) -> None:
-    from ckpred import expressions
-    from ckpred.schema import check
-
-    spec = _get(cfg, "input")
-    if spec is None:
-        return
-    fmt = _get(spec, "format")
-    check("op.input.format", fmt, isinstance(fmt, str) and bool(fmt), "'auto' or a registered reader's name")
-    for name, source in (_get(spec, "columns") or {}).items():
-        key = f"op.input.columns.{name}"
-        check(key, name, str(name).isidentifier(), "a canonical column name (an identifier)")
-        if isinstance(source, str):
-            check(key, source, bool(source), "a source column name, {value: <constant>} or {expr: <expression>}")
-            continue
-        keys = sorted(source.keys()) if isinstance(source, Mapping) else None
-        check(key, source, keys in (["value"], ["expr"]),
-              "a source column name, {value: <constant>} or {expr: <expression>}")
-        if keys == ["expr"]:
-            expressions.parse(source["expr"], key=f"{key}.expr")
-
-
-def validate_op_config(cfg: Any) -> None:
-    """Every compose-time check of an op config (:class:`ckpred.schema.OpConfig` or a mapping).
-
-    Raises
-    ------
-    ckpred.errors.ConfigValueError
-        Naming the key (``op.rules[2].expr``, ``op.kernel_id.template``...), the bad value and
-        what is allowed: an unknown field in an expression, a wrong kind, a template that does
-        not round-trip, a key field that is not a problem field...
-    """
-    from ckpred.schema import check
-
-    name = _get(cfg, "name")
-    check("op.name", name, isinstance(name, str) and name.replace("-", "_").isidentifier(),
-          "an op name (letters, digits, '_' or '-')")
-    plugin = load_plugin(_get(cfg, "plugin")) if _get(cfg, "plugin") else None
-    _check_fields(cfg)
-    _check_kernel_id(cfg, plugin)
-    _check_metric(cfg)
-    _check_expressions(cfg)
-    _check_keys(cfg)
-    _check_input(cfg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,8 +53,8 @@ def op_config(cfg: Any) -> Any:
     """``cfg`` (a composed ``op`` node, a mapping, or an :class:`OpConfig`) as a checked
     :class:`ckpred.schema.OpConfig`."""
     from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import MissingMandatoryValue
 
-    from ckpred.config import to_object
     from ckpred.schema import OpConfig
 
     if isinstance(cfg, OpConfig):
@@ -314,7 +62,10 @@ def op_config(cfg: Any) -> Any:
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_container(cfg, resolve=True)
     cfg = {k: v for k, v in dict(cfg).items() if k != "defaults"}
-    return to_object(OmegaConf.merge(OmegaConf.structured(OpConfig), cfg))
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(OpConfig), cfg))
+    except MissingMandatoryValue as exc:
+        raise ConfigValueError(f"op.{exc.full_key}", "???", "a value: the key is mandatory") from None
 
 
 class DeclaredOp(OpDefinition):
@@ -325,6 +76,9 @@ class DeclaredOp(OpDefinition):
     cfg : OpConfig, DictConfig or mapping
         The op's config (``conf/op/<name>.yaml``), checked on construction.
     """
+
+    #: Marks the class plug-ins subclass (:func:`ckpred.kernels.opschema.load_plugin` checks it).
+    __ckpred_declared_op__ = True
 
     def __init__(self, cfg: Any) -> None:
         self.config = op_config(cfg)
@@ -339,7 +93,7 @@ class DeclaredOp(OpDefinition):
         self._kinds = field_kinds(c)
         self._catalogue: pd.DataFrame | None = None
         if c.kernel_id.template:
-            self.template: KernelTemplate | None = KernelTemplate(c.kernel_id.template, _template_kinds(c),
+            self.template: KernelTemplate | None = KernelTemplate(c.kernel_id.template, template_kinds(c),
                                                                   key="op.kernel_id.template")
         else:
             self.template = None
@@ -349,11 +103,13 @@ class DeclaredOp(OpDefinition):
 
     # -- expressions ---------------------------------------------------------------------------
     @cached_property
-    def _categories(self) -> dict[str, tuple[str, ...]]:
+    def categories(self) -> dict[str, tuple[str, ...]]:
+        """Categorical field -> its values in code order (what expressions compare strings with)."""
         return {f.name: f.categories for f in self.problem_fields + self.kernel_fields if f.kind == "category"}
 
     @cached_property
-    def _rules(self) -> list[tuple[Any, str]]:
+    def rules(self) -> list[tuple[Any, str]]:
+        """The validity rules as (parsed expression, message), in YAML order."""
         every = list(self._kinds)
         return [(parse_expression(r.expr, f"op.rules[{i}].expr", every, self._kinds, hw=True), r.message)
                 for i, r in enumerate(self.config.rules)]
@@ -384,7 +140,7 @@ class DeclaredOp(OpDefinition):
         from ckpred.features.base import NumpyOps
 
         cols = self.columns(frame, sorted(expr.names))
-        out = expr.evaluate(cols, hw or {}, NumpyOps(len(frame)), categories=self._categories)
+        out = expr.evaluate(cols, hw or {}, NumpyOps(len(frame)), categories=self.categories)
         return np.asarray(out, dtype=np.float64)
 
     # -- names ---------------------------------------------------------------------------------
@@ -445,6 +201,23 @@ class DeclaredOp(OpDefinition):
         frame.insert(0, "kernel_id", np.arange(len(frame), dtype=np.int64))
         return frame
 
+    @property
+    def plugin_hooks(self) -> tuple[str, ...]:
+        """The hooks (:data:`~ckpred.kernels.opschema.PLUGIN_HOOKS`) the op's plug-in overrides."""
+        own = vars_of(type(self))
+        return tuple(h for h in PLUGIN_HOOKS if h in own)
+
+    @property
+    def catalogue_from_data(self) -> bool:
+        """True when the candidate set is learned from the training table (no plug-in catalogue)."""
+        return "catalogue" not in vars_of(type(self))
+
+    def config_section(self) -> dict[str, Any]:
+        """The op config as plain data (stored in model manifests, so a runtime rebuilds the op)."""
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(OmegaConf.structured(self.config))  # type: ignore[return-value]
+
     def bind_catalogue(self, catalogue: pd.DataFrame) -> None:
         """Use ``catalogue`` (e.g. from :meth:`catalogue_from_table` or a model's manifest) as
         the op's candidate set from now on."""
@@ -464,7 +237,7 @@ class DeclaredOp(OpDefinition):
 
         n = len(problems)
         reason = np.full(n, "", dtype=object)
-        if not self._rules:
+        if not self.rules:
             return np.ones(n, dtype=bool), reason
         problem_names = set(self.problem_names)
         frame = pd.DataFrame({c: (problems if c in problem_names else kernels)[c].to_numpy()
@@ -472,50 +245,14 @@ class DeclaredOp(OpDefinition):
         hw = arch_constants(arch) if arch is not None and not isinstance(arch, str) else {}
         from ckpred.features.base import NumpyOps
 
-        for expr, message in self._rules:
+        for expr, message in self.rules:
             if expr.hw_names and not hw:
                 raise ValueError(f"op {self.name!r}: rule {expr.text!r} reads hw constants; pass the arch config")
             ok = expr.evaluate_bool(self.columns(frame, sorted(expr.names)), hw, NumpyOps(n),
-                                    categories=self._categories)
+                                    categories=self.categories)
             ok = np.broadcast_to(np.asarray(ok, dtype=bool), (n,))
             reason[~ok & (reason == "")] = message
         return reason == "", reason
-
-    def validity_onnx(self, g: Any, problem: str, catalogue: pd.DataFrame, *, arch: Any = None,
-                      dtype: Any = None, layout: Any = None) -> str:
-        """The rules as a bool ``[B, C]`` ONNX mask: the same expressions as :meth:`validity`,
-        walked with the selector's :class:`ckpred.export.factorise.HybridOps` (kernel fields
-        are catalogue constants, problem fields the ``[B, P]`` input)."""
-        from onnx import TensorProto
-
-        from ckpred.export.factorise import HybridOps, _static
-        from ckpred.schema import arch_constants
-
-        ops = HybridOps(g)
-        n_kernels = len(catalogue)
-        problem3 = g.op("Unsqueeze", g.op("Cast", problem, to=TensorProto.DOUBLE), g.const([1], dtype=np.int64))
-        columns: dict[str, Any] = {}
-        for j, name in enumerate(self.problem_names):  # [B, 1, 1]
-            columns[name] = ops.symbol(g.op("Gather", problem3, g.const([j], dtype=np.int64), axis=2))
-        kernel_cols = self.columns(catalogue, self.kernel_names)
-        for name, values in kernel_cols.items():  # [1, C, 1]
-            columns[name] = values.reshape(1, n_kernels, 1)
-        hw = arch_constants(arch) if arch is not None and not isinstance(arch, str) else {}
-        valid: Any = np.ones((1, n_kernels, 1), dtype=bool)
-        for expr, _ in self._rules:
-            ok = expr.evaluate_bool({n: columns[n] for n in expr.names}, hw, ops, categories=self._categories)
-            if isinstance(ok, (bool, np.bool_)):
-                ok = np.full((1, 1, 1), bool(ok))
-            valid = ops.logical_and(valid, ok)
-        b = g.op("Slice", g.op("Shape", problem), g.const([0], dtype=np.int64), g.const([1], dtype=np.int64))
-        target = g.op("Concat", b, g.const([n_kernels, 1], dtype=np.int64), axis=0)
-        if _static(valid):
-            name = g.const(np.broadcast_to(np.asarray(valid, dtype=bool), (1, n_kernels, 1)).copy(), "rules_valid",
-                           dtype=bool)
-        else:
-            name = g.op("Cast", valid.name, to=TensorProto.BOOL)
-        full = g.op("Expand", name, target)
-        return g.op("Reshape", full, g.const([-1, n_kernels], dtype=np.int64))
 
     # -- problems ------------------------------------------------------------------------------
     def flops(self, problems: pd.DataFrame) -> np.ndarray:
@@ -563,6 +300,17 @@ class DeclaredOp(OpDefinition):
         for p in parts[1:]:
             out = out + "/" + p
         return np.asarray(out, dtype=object)
+
+
+def bind_training_catalogue(op: OpDefinition, table: pd.DataFrame, cfg: Any) -> None:
+    """Bind a data-catalogue op to the kernels of its training ``table`` (no-op for other ops).
+
+    Called by the commands that fit a model on ``table`` (train, export) before anything asks
+    the op for its catalogue; a model's manifest stores the catalogue, and the runtime binds
+    that one.
+    """
+    if isinstance(op, DeclaredOp) and op.catalogue_from_data:
+        op.bind_catalogue(op.catalogue_from_table(table, dtype=cfg.dtype, layout=cfg.layout))
 
 
 def load_declared(cfg: Any) -> DeclaredOp:

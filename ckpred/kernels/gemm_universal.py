@@ -80,11 +80,9 @@ class GemmUniversal(DeclaredOp):
     Fields, kernel-id template, FLOPs, families and keys are in ``conf/op/gemm_universal.yaml``;
     this plug-in adds what the YAML cannot say: the second (parity-sweep) name prefix, the
     tile-engine catalogue, and the layout-dependent validity rules (the layout is a run-level
-    config, not a field an expression reads).
+    config, not a field an expression reads; their ONNX mask is the builder registered in
+    :mod:`ckpred.export.validity`).
     """
-
-    #: The ONNX mask is the builder registered in :mod:`ckpred.export.validity` (layout-dependent).
-    validity_onnx = None
 
     # -- names ---------------------------------------------------------------------------------
     def parse_name(self, name: str) -> dict[str, Any]:
