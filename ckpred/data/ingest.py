@@ -40,8 +40,10 @@ import numpy as np
 import pandas as pd
 
 from ckpred.util import resolve_path
-from ckpred.data.readers import READERS, FileRead, ReadContext, detect_format
+from ckpred.data.mapping import InputMapping, map_rows, op_flops
+from ckpred.data.readers import READERS, TABLE_READERS, FileRead, ReadContext, detect_format, detect_table_format
 from ckpred.data.readers.common import KernelResolver, Reject, RowBuffer
+from ckpred.data.readers.table_parquet import is_canonical
 from ckpred.data.table import conform, write_table
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.base import OpDefinition, load_op
@@ -134,7 +136,8 @@ def expand_paths(spec: str | Path | Iterable[str | Path]) -> list[Path]:
 
 # -- reading -----------------------------------------------------------------------------------
 def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: str, dtype: str,
-               layout: str, fmt: str = "auto", run_id: str = "") -> IngestResult:
+               layout: str, fmt: str = "auto", run_id: str = "",
+               mapping: InputMapping | None = None) -> IngestResult:
     """Read benchmark output files into the canonical table of ``op``.
 
     Parameters
@@ -151,6 +154,10 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
         ``parquet``.
     run_id
         Stored in ``run_id``; empty means the file's name.
+    mapping
+        How a table reader's columns become canonical rows (:mod:`ckpred.data.mapping`);
+        default: the op's own ``input``/``metric``/``failure`` sections, none for a Python-only
+        op (which reads the CK formats only).
 
     Returns
     -------
@@ -166,27 +173,39 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
     """
     if fmt not in FORMATS:
         raise ConfigValueError("data.format", fmt, f"one of {list(FORMATS)}")
+    mapping = mapping if mapping is not None else InputMapping.of_op(op)
+    if mapping is not None and mapping.format not in ("auto", *TABLE_READERS, *READERS):
+        raise ConfigValueError("op.input.format", mapping.format,
+                               f"'auto' or a registered reader {sorted({*TABLE_READERS, *READERS})}")
     files = expand_paths(paths)
-    resolver = KernelResolver(op, dtype=dtype, layout=layout)
+    # A field of the op is judged per row, not against the run's config.
+    resolver = KernelResolver(op, dtype=None if "dtype" in op.problem_names else dtype,
+                              layout=None if "layout" in op.problem_names else layout)
     frames: list[pd.DataFrame] = []
     rejects: list[Reject] = []
     labels = _labels(files)
     summary = IngestSummary(files=[labels[p] for p in files])
     for path in files:
         label = labels[path]
-        file_fmt = detect_format(path) if fmt == "auto" else fmt
+        table_reader, file_fmt = _reader_of(path, fmt, mapping, op)
         summary.formats.append(file_fmt or "empty")
         if file_fmt is None:  # empty file: nothing to read, nothing lost
             continue
         ctx = ReadContext(op=op, resolver=resolver, dtype=dtype, layout=layout, arch=arch, label=label)
         try:
-            read = READERS[file_fmt](path, ctx)
+            if table_reader:
+                raw = TABLE_READERS[file_fmt](path, ctx)
+                mapped = map_rows(raw, op, mapping, resolver, label=label, run_id=run_id or label)  # type: ignore[arg-type]
+                frames.append(mapped.frame)
+                rejects += raw.rejects + mapped.rejects
+            else:
+                read = READERS[file_fmt](path, ctx)
+                frames.append(_buffer_frame(read, op, run_id or label, label))
+                rejects += read.rejects
         except InputFileError:
             raise
         except OSError as exc:
             raise InputFileError(str(path), exc.strerror or str(exc)) from exc
-        frames.append(_buffer_frame(read, op, run_id or label, label))
-        rejects += read.rejects
     rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames \
         else _buffer_frame(None, op, "")
     del frames  # peak memory: no second copy of a large input
@@ -205,7 +224,8 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
         # take() on the unique-kernel columns: string fields stay compact arrow arrays
         table[name] = kernels[name].array.take(codes) if len(kernels) else np.array([], dtype=object)
     for name, value in (("op", op.name), ("arch", arch), ("dtype", dtype), ("layout", layout)):
-        table[name] = value
+        if name not in op.problem_names:  # a problem field of the op is the row's own value
+            table[name] = value
     table = conform(table, op)
     summary.rows = len(table)
     summary.valid_rows = int(table["is_valid"].sum())
@@ -223,6 +243,29 @@ def _labels(files: Sequence[Path]) -> dict[Path, str]:
         except ValueError:
             out[path] = str(path)
     return out
+
+
+def _reader_of(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefinition) -> tuple[bool, str | None]:
+    """(is a table reader, format name) for one file; ``None`` for an empty file.
+
+    ``data.format`` forces a CK record reader; ``op.input.format`` a table reader (or a record
+    reader by its name). With ``auto``, an op without a column map whose problem fields are all
+    integers or flags reads the CK formats as before; any other file goes to the table reader
+    of its extension or content (a canonical ckpred table always to its own reader).
+    """
+    if fmt != "auto" or mapping is None:
+        return False, detect_format(path) if fmt == "auto" else fmt
+    if mapping.format != "auto":
+        return mapping.format in TABLE_READERS, mapping.format
+    if mapping.is_identity and all(f.kind in ("int", "bool") for f in op.problem_fields):
+        try:
+            return False, detect_format(path)
+        except InputFileError:
+            pass
+    table_fmt = detect_table_format(path)
+    if table_fmt == "parquet" and is_canonical(path):
+        return False, "parquet"
+    return table_fmt is not None, table_fmt
 
 
 def _category(reason: str) -> str:
@@ -268,6 +311,9 @@ def _validate(rows: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
     bw = rows["bandwidth_gbs"].to_numpy(np.float64)
     reason = rows["invalid_reason"].to_numpy(dtype=object).copy()
     free = reason == ""
+    # A throughput metric without a FLOPs formula gives no latency: NaN there is not a defect.
+    latency_known = (rows["latency_known"].fillna(True).to_numpy(dtype=bool) if "latency_known" in rows
+                     else np.ones(len(rows), dtype=bool))
 
     def mark(mask: np.ndarray, text: Any) -> None:
         hit = np.flatnonzero(mask & free)
@@ -277,7 +323,7 @@ def _validate(rows: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
 
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         for name, v, zero_bad in (("tflops", t, True), ("latency_ms", lat, False)):
-            mark(np.isnan(v), f"NaN value: {name}")
+            mark(np.isnan(v) & (latency_known if name == "latency_ms" else True), f"NaN value: {name}")
             mark(np.isinf(v), lambda i, v=v, name=name: f"infinite value: {name}={v[i]}")
             mark(v < 0, lambda i, v=v, name=name: f"negative value: {name}={v[i]}")
             if zero_bad:
@@ -285,7 +331,7 @@ def _validate(rows: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
         mark(np.isinf(bw), lambda i: f"infinite value: bandwidth_gbs={bw[i]}")
         mark(bw < 0, lambda i: f"negative value: bandwidth_gbs={bw[i]}")
         if free.any():
-            flops = _flops(rows, op)
+            flops = op_flops(op, rows)
             qt = rows["quantum_tflops"].to_numpy(np.float64)
             ql = rows["quantum_ms"].to_numpy(np.float64)
             lo = np.maximum(t - qt, 0.0) * np.maximum(lat - ql, 0.0) * 1e9
@@ -300,27 +346,17 @@ def _validate(rows: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
 
             mark(known & ~ok, inconsistent)
     valid = reason == ""
-    out = rows.drop(columns=["quantum_ms", "quantum_tflops"])
+    out = rows.drop(columns=[c for c in ("quantum_ms", "quantum_tflops", "latency_known") if c in rows])
     out["invalid_reason"] = reason
     out["is_valid"] = valid
     # The canonical table's convention for failures: TFLOPS 0, latency a real number.
     out.loc[~valid, "tflops"] = 0.0
-    bad_latency = ~valid & ~(np.isfinite(lat) & (lat >= 0))
+    bad_latency = ~valid & ~(np.isfinite(lat) & (lat >= 0))  # valid rows of unknown latency keep NaN
     out.loc[bad_latency, "latency_ms"] = 0.0
     out.loc[~valid & ~(np.isfinite(bw) & (bw >= 0)), "bandwidth_gbs"] = np.nan
     return out
 
 
-def _flops(rows: pd.DataFrame, op: OpDefinition) -> np.ndarray:
-    """FLOPs of each row's problem; NaN where the op cannot compute them."""
-    if not len(rows):
-        return np.zeros(0)
-    try:
-        with np.errstate(all="ignore"):
-            flops = np.asarray(op.flops(rows[list(op.problem_names)]), dtype=np.float64)
-    except Exception:  # a problem the op's formula cannot handle is judged by other checks
-        return np.full(len(rows), np.nan)
-    return flops if flops.shape == (len(rows),) else np.full(len(rows), np.nan)
 
 
 # -- merging -----------------------------------------------------------------------------------
