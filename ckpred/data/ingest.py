@@ -75,6 +75,12 @@ class IngestSummary:
     #: Rows of the merged table, and how many of them are valid.
     rows: int = 0
     valid_rows: int = 0
+    #: Per file whose metadata declares more records than it holds (a truncated file): the
+    #: number of declared records that are absent. They were never read, so they are not in
+    #: ``records``; the summary prints them so the loss is seen.
+    missing: dict[str, int] = field(default_factory=dict)
+    #: The fields repeats are merged on (besides the kernel).
+    merge_key: tuple[str, ...] = ()
 
     @property
     def merged(self) -> int:
@@ -86,7 +92,7 @@ class IngestSummary:
                 "valid": self.valid,
                 "invalid": dict(self.invalid), "rejected": dict(self.rejected),
                 "superseded": self.superseded, "merged": self.merged, "rows": self.rows,
-                "valid_rows": self.valid_rows}
+                "valid_rows": self.valid_rows, "missing": dict(self.missing), "merge_key": list(self.merge_key)}
 
 
 @dataclass
@@ -137,7 +143,7 @@ def expand_paths(spec: str | Path | Iterable[str | Path]) -> list[Path]:
 # -- reading -----------------------------------------------------------------------------------
 def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: str, dtype: str,
                layout: str, fmt: str = "auto", run_id: str = "",
-               mapping: InputMapping | None = None) -> IngestResult:
+               mapping: InputMapping | None = None, arch_config: Any = None) -> IngestResult:
     """Read benchmark output files into the canonical table of ``op``.
 
     Parameters
@@ -158,6 +164,9 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
         How a table reader's columns become canonical rows (:mod:`ckpred.data.mapping`);
         default: the op's own ``input``/``metric``/``failure`` sections, none for a Python-only
         op (which reads the CK formats only).
+    arch_config
+        The arch config (its hardware constants feed rules that read ``hw.<constant>``);
+        default: the name ``arch`` only.
 
     Returns
     -------
@@ -202,6 +211,9 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
                 read = READERS[file_fmt](path, ctx)
                 frames.append(_buffer_frame(read, op, run_id or label, label))
                 rejects += read.rejects
+                if read.declared_records is not None and read.found_records is not None \
+                        and read.found_records < read.declared_records:
+                    summary.missing[label] = read.declared_records - read.found_records
         except InputFileError:
             raise
         except OSError as exc:
@@ -210,10 +222,13 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
         else _buffer_frame(None, op, "")
     del frames  # peak memory: no second copy of a large input
     rows = _validate(rows, op)
+    rows = _check_rules(rows, op, resolver, arch=arch_config if arch_config is not None else arch, dtype=dtype,
+                        layout=layout)
     summary.records = len(rows) + len(rejects)
     summary.valid = int(rows["is_valid"].sum())
     summary.invalid = dict(Counter(_category(r) for r in rows.loc[~rows["is_valid"], "invalid_reason"]))
     summary.rejected = dict(Counter(_category(r.reason) for r in rejects))
+    summary.merge_key = tuple(op.problem_names)
     table, superseded = _merge(rows, op)
     del rows
     summary.superseded = len(superseded)
@@ -359,6 +374,48 @@ def _validate(rows: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
 
 
 
+def _check_rules(rows: pd.DataFrame, op: OpDefinition, resolver: KernelResolver, *, arch: Any, dtype: str,
+                 layout: str) -> pd.DataFrame:
+    """Mark invalid the measurements of a problem the op's rules say no kernel can run.
+
+    When the op's validity rules (:meth:`OpDefinition.validity`) refuse *every* kernel measured
+    valid on a problem -- a degenerate problem such as ``split_k=0`` -- the measurements
+    contradict the op: they become invalid with the reason ``rule violation: <rule message>``.
+    A problem some measured kernel may run is left as measured (a rule that is stricter than
+    the hardware must not erase data). An op whose rules cannot be evaluated here (a rule
+    needing an arch constant the run does not have) is not judged.
+    """
+    valid = rows["is_valid"].to_numpy(dtype=bool)
+    if not valid.any():
+        return rows
+    kernels = resolver.frame()
+    idx = np.flatnonzero(valid)
+    codes = rows["kernel"].to_numpy()[idx]
+    problems = rows.iloc[idx][list(op.problem_names)].reset_index(drop=True)
+    kernel_rows = kernels.iloc[codes][list(op.kernel_names)].reset_index(drop=True)
+    try:
+        with np.errstate(all="ignore"):
+            ok, why = op.validity(problems, kernel_rows, arch=arch, dtype=dtype, layout=layout)
+        ok = np.asarray(ok, dtype=bool)
+    except Exception:  # rules this run cannot evaluate: the measurements are kept as they are
+        return rows
+    if ok.shape != idx.shape or ok.all():
+        return rows
+    problem_id = problems.groupby(list(op.problem_names), sort=False, dropna=False).ngroup().to_numpy()
+    runnable = np.bincount(problem_id, weights=ok.astype(np.float64), minlength=problem_id.max() + 1)
+    dead = runnable[problem_id] == 0
+    if not dead.any():
+        return rows
+    bad = idx[dead]
+    reasons = rows["invalid_reason"].to_numpy(dtype=object).copy()
+    reasons[bad] = [f"rule violation: {w or 'the op rules out every kernel for this problem'}"
+                    for w in np.asarray(why, dtype=object)[dead]]
+    rows = rows.assign(invalid_reason=reasons)
+    rows.loc[bad, "is_valid"] = False
+    rows.loc[bad, "tflops"] = 0.0
+    return rows
+
+
 # -- merging -----------------------------------------------------------------------------------
 def _merge(rows: pd.DataFrame, op: OpDefinition) -> tuple[pd.DataFrame, list[Reject]]:
     """One row per (problem, kernel): medians over valid repeats (see the module docstring).
@@ -444,7 +501,8 @@ def print_summary(summary: IngestSummary, *, out: Path | None = None, rejects: P
     for reason, count in sorted(summary.rejected.items(), key=lambda kv: -kv[1]):
         table.add_row(f"  {reason}", str(count))
     table.add_row("superseded by a valid repeat", str(summary.superseded))
-    table.add_row("merged into repeats", str(summary.merged))
+    key = ", ".join(summary.merge_key) or "the problem"
+    table.add_row(f"merged into repeats (same {key} and kernel)", str(summary.merged))
     table.add_row("table rows (valid)", f"{summary.rows} ({summary.valid_rows})")
     if len(summary.files) <= 10:
         for name, fmt in zip(summary.files, summary.formats):
@@ -453,6 +511,9 @@ def print_summary(summary: IngestSummary, *, out: Path | None = None, rejects: P
         counts = ", ".join(f"{n} {fmt}" for fmt, n in Counter(summary.formats).items())
         console.print(f"read {len(summary.files)} files ({counts})")
     console.print(table)
+    for name, count in summary.missing.items():
+        console.print(f"[bold red]{name}: {count} record(s) its metadata declares are absent "
+                      f"(num_kernels x num_problems; the file is truncated?)[/]")
     if out is not None:
         console.print(f"table   -> {out}")
     if rejects is not None:
@@ -477,11 +538,31 @@ def _path_spec(value: Any) -> Any:
     return [str(v) for v in container]  # type: ignore[union-attr]
 
 
+def output_paths(cfg: Any) -> tuple[Path, Path]:
+    """(``out``, rejects file) of an ingest config, refusing any that would overwrite an input.
+
+    Raises
+    ------
+    ckpred.errors.ConfigValueError
+        ``out`` or ``rejects`` is one of the input files, or the two are the same file.
+    """
+    out = resolve_path(cfg.out)
+    rejects = resolve_path(cfg.rejects) if cfg.get("rejects") else out.with_name(f"{out.stem}.rejects.csv")
+    inputs = {p.resolve() for p in expand_paths(_path_spec(cfg.data.path))}
+    for key, path in (("out", out), ("rejects", rejects)):
+        if path.resolve() in inputs:
+            raise ConfigValueError(key, str(path), "a path that is not one of the input files (data.path); "
+                                                   "ingest never overwrites its input")
+    if out.resolve() == rejects.resolve():
+        raise ConfigValueError("rejects", str(rejects), f"a path other than out={out}")
+    return out, rejects
+
+
 def read_config_inputs(cfg: Any) -> tuple[OpDefinition, IngestResult]:
     op = load_op(cfg.op)
     result = read_files(_path_spec(cfg.data.path), op, arch=cfg.arch.name, dtype=cfg.dtype.name,
                         layout=cfg.layout.name, fmt=cfg.data.get("format", "auto") or "auto",
-                        run_id=str(cfg.get("run_id", "") or ""))
+                        run_id=str(cfg.get("run_id", "") or ""), arch_config=cfg.arch)
     return op, result
 
 

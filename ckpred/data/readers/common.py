@@ -254,6 +254,10 @@ class FileRead:
 
     rows: RowBuffer
     rejects: list[Reject]
+    #: Records the file's own metadata says it holds (``None`` = it does not say), and how
+    #: many record objects were found; a shortfall is a truncated file, reported by ingest.
+    declared_records: int | None = None
+    found_records: int | None = None
 
 
 @dataclass
