@@ -135,7 +135,10 @@ def read(path: Path, ctx: ReadContext) -> RawTable:
                 pos += 1
             if pos >= n or text[pos] != ":":
                 raise json.JSONDecodeError("Expecting ':' delimiter", text, pos)
-            entry, pos = decoder.raw_decode(text, pos + 1)
+            pos += 1
+            while pos < n and text[pos] in " \t\r\n":
+                pos += 1
+            entry, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
             rejects.append(Reject(f"{ctx.label}:{line_of(start)}",
                                   f"malformed JSON: {exc.msg} after {len(records)} cache entries (file truncated "

@@ -51,9 +51,14 @@ class FindDbKeyError(ValueError):
     """A key that does not follow the serialisation (the message says which part)."""
 
 
+def _int(text: str) -> int | None:
+    """A non-negative decimal integer (what every number of a key is), else ``None``."""
+    return int(text) if text.isdigit() else to_int(text)
+
+
 def _dims(text: str, count: int, what: str) -> list[int]:
     parts = text.split("x")
-    values = [to_int(p) for p in parts]
+    values = [_int(p) for p in parts]
     if len(parts) != count or any(v is None for v in values):
         raise FindDbKeyError(f"{what} {text!r} is not {count} integers joined by 'x'")
     return values  # type: ignore[return-value]
@@ -86,9 +91,9 @@ def parse_key(key: str) -> dict[str, Any]:
     if len(head) != 8 + 2 * d:
         raise FindDbKeyError(f"a {d}-D key (layout {layout_fields[0]}) has {8 + 2 * d} fields before the layout, "
                         f"got {len(head)}")
-    first = [to_int(v) for v in head[:1 + d]]
-    second = [to_int(v) for v in head[2 + d:3 + 2 * d]]
-    batch, bias = to_int(head[3 + 2 * d]), to_int(head[7 + 2 * d])
+    first = [_int(v) for v in head[:1 + d]]
+    second = [_int(v) for v in head[2 + d:3 + 2 * d]]
+    batch, bias = _int(head[3 + 2 * d]), _int(head[7 + 2 * d])
     if any(v is None for v in (*first, *second, batch, bias)):
         raise FindDbKeyError("a channel, spatial, batch or bias field is not an integer")
     filt = _dims(head[1 + d], d, "filter")
@@ -98,8 +103,8 @@ def parse_key(key: str) -> dict[str, Any]:
     x_side, y_side = (first, second) if direction == "F" else (second, first)
     groups, casts = 1, []
     for part in suffix.split("_") if suffix else []:
-        if part.startswith("g") and to_int(part[1:]) is not None:
-            groups = to_int(part[1:])  # type: ignore[assignment]
+        if part.startswith("g") and _int(part[1:]) is not None:
+            groups = _int(part[1:])  # type: ignore[assignment]
         elif part[:2] in ("ci", "cw", "co"):
             casts.append(part)
         else:
@@ -129,8 +134,9 @@ def read(path: Path, ctx: ReadContext) -> RawTable:
     ckpred.errors.InputFileError
         When the compressed stream is damaged.
     """
-    columns: dict[str, list[Any]] = {c: [] for c in COLUMNS}
-    sources: list[str] = []
+    problems: list[dict[str, Any]] = []
+    line_sources: list[str] = []
+    entries: dict[str, list[Any]] = {"line": [], "solver": [], "time_ms": [], "workspace": [], "algorithm": []}
     rejects: list[Reject] = []
     lineno = 0
     try:
@@ -149,6 +155,8 @@ def read(path: Path, ctx: ReadContext) -> RawTable:
                 except FindDbKeyError as exc:
                     rejects.append(Reject(source, f"bad find-db key: {exc}", text))
                     continue
+                at = len(problems)
+                used = False
                 for entry in value.split(";"):
                     if not entry:
                         continue
@@ -158,14 +166,21 @@ def read(path: Path, ctx: ReadContext) -> RawTable:
                         rejects.append(Reject(source, "bad solver entry: expected NAME:time_ms,workspace,"
                                                       f"algorithm, got {entry!r}", text))
                         continue
-                    for c, v in problem.items():
-                        columns[c].append(v)
-                    columns["solver"].append(name)
-                    columns["time_ms"].append(parts[0])
-                    columns["workspace"].append(parts[1])
-                    columns["algorithm"].append(parts[2])
-                    sources.append(source)
+                    used = True
+                    entries["line"].append(at)
+                    entries["solver"].append(name)
+                    entries["time_ms"].append(parts[0])
+                    entries["workspace"].append(parts[1])
+                    entries["algorithm"].append(parts[2])
+                if used:
+                    problems.append(problem)
+                    line_sources.append(source)
     except (OSError, EOFError) as exc:
         raise InputFileError(str(path), f"damaged compressed stream after line {lineno} ({exc})") from exc
-    frame = pd.DataFrame({c: pd.Series(v, dtype=object) for c, v in columns.items()})
-    return RawTable(frame, np.asarray(sources, dtype=object), rejects)
+    line = np.asarray(entries.pop("line"), dtype=np.int64)
+    by_line = pd.DataFrame.from_records(problems, columns=list(COLUMNS[:-4]))
+    frame = by_line.take(line).reset_index(drop=True) if len(line) else by_line.iloc[:0]
+    for c, v in entries.items():
+        frame[c] = pd.Series(v, dtype=object)
+    sources = np.asarray(line_sources, dtype=object)[line] if len(line) else np.zeros(0, dtype=object)
+    return RawTable(frame, sources, rejects)
