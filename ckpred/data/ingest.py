@@ -272,12 +272,18 @@ def _reader_of(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefinit
         return False, detect_format(path) if fmt == "auto" else fmt
     if mapping.format != "auto":
         return mapping.format in TABLE_READERS, mapping.format
+    ck_error: InputFileError | None = None
     if mapping.is_identity and all(f.kind in ("int", "bool") for f in op.problem_fields):
         try:
             return False, detect_format(path)
-        except InputFileError:
-            pass
-    table_fmt = detect_table_format(path)
+        except InputFileError as exc:
+            ck_error = exc
+    try:
+        table_fmt = detect_table_format(path)
+    except InputFileError:
+        if ck_error is not None:  # neither kind: the CK message names data.format
+            raise ck_error from None
+        raise
     if table_fmt == "parquet" and is_canonical(path):
         return False, "parquet"
     return table_fmt is not None, table_fmt

@@ -104,11 +104,9 @@ class KernelResolver:
         return hit
 
     def _add(self, fields: dict[str, Any], name: str, dtype: str, layout: str) -> int | str:
-        check = getattr(self.op, "kernel_reason", None)
-        if check is not None:  # the op's rules over kernel fields alone: a kernel it cannot build
-            why = check(fields)
-            if why:
-                return f"impossible kernel: {why}"
+        why = kernel_rule_reason(self.op, fields)
+        if why:  # no problem can make this kernel valid: no configuration of the op is this kernel
+            return f"impossible kernel: {why}"
         try:
             canonical = self.op.format_name(fields, dtype=self.dtype or dtype, layout=self.layout or layout)
         except Exception:  # keep the given name when the op cannot format it back
@@ -126,6 +124,55 @@ class KernelResolver:
         frame = pd.DataFrame(self.kernels, columns=list(self.op.kernel_names))
         frame["kernel_name"] = self.canonical_names
         return frame
+
+
+def _kernel_rules(op: OpDefinition) -> list[tuple[Any, str]]:
+    """The op's validity rules that read kernel fields only (no problem field, no ``hw``)."""
+    cached = getattr(op, "_ckpred_kernel_rules", None)
+    if cached is not None:
+        return cached
+    rules: list[tuple[Any, str]] = []
+    config = getattr(op, "config", None)
+    kernel_names = set(op.kernel_names)
+    for i, rule in enumerate(getattr(config, "rules", None) or []):
+        from ckpred import expressions
+
+        expr = expressions.parse(rule.expr, key=f"op.rules[{i}].expr")
+        if expr.names and expr.names <= kernel_names and not expr.hw_names:
+            rules.append((expr, str(rule.message)))
+    try:
+        op._ckpred_kernel_rules = rules  # type: ignore[attr-defined]
+    except AttributeError:  # an op object that takes no attributes: recompute next time
+        pass
+    return rules
+
+
+def kernel_rule_reason(op: OpDefinition, fields: dict[str, Any]) -> str:
+    """The message of the first rule of ``op`` over kernel fields alone that ``fields`` fail.
+
+    Such a rule holds or fails whatever the problem: a kernel failing it is one no
+    configuration of the op can be (for example a 7x7x7 block tile over 3x3x3 warp tiles,
+    against ``tile_m % (warp_m * warp_tile_m) == 0``). Empty when every such rule holds.
+    """
+    rules = _kernel_rules(op)
+    if not rules:
+        return ""
+    categories = {f.name: f.categories for f in op.kernel_fields if f.kind == "category"}
+    columns: dict[str, np.ndarray] = {}
+    for f in op.kernel_fields:
+        value = fields.get(f.name, f.default)
+        if value is None:
+            return ""  # a field the rules need is unknown: not judged here
+        columns[f.name] = (f.encode(np.asarray([value], dtype=object)).astype(np.float64)
+                           if f.kind in ("category", "bool") else np.asarray([value], dtype=np.float64))
+    from ckpred.features.base import NumpyOps
+
+    for expr, message in rules:
+        with np.errstate(all="ignore"):
+            ok = expr.evaluate_bool({n: columns[n] for n in expr.names}, {}, NumpyOps(1), categories=categories)
+        if not bool(np.all(ok)):
+            return message
+    return ""
 
 
 def to_float(value: Any) -> float | None:
