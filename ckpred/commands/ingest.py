@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckpred.data.ingest import nothing_usable_message, read_config_inputs, print_summary, write_rejects
+from ckpred.data.ingest import nothing_usable_message, output_paths, print_summary, read_config_inputs, write_rejects
 from ckpred.data.table import write_table
-from ckpred.util import resolve_path
 
 
 def ingest_command(cfg: Any) -> int:
@@ -15,9 +14,8 @@ def ingest_command(cfg: Any) -> int:
     Returns the number of valid table rows. Exits with status 1 (``SystemExit``) only when
     nothing usable was read; the rejects are still written then, to show why.
     """
+    out, rejects = output_paths(cfg)
     op, result = read_config_inputs(cfg)
-    out = resolve_path(cfg.out)
-    rejects = resolve_path(cfg.rejects) if cfg.get("rejects") else out.with_name(f"{out.stem}.rejects.csv")
     write_rejects(result.rejects, rejects)
     if result.summary.valid_rows == 0:
         print_summary(result.summary, rejects=rejects)

@@ -40,8 +40,10 @@ import numpy as np
 import pandas as pd
 
 from ckpred.util import resolve_path
-from ckpred.data.readers import READERS, FileRead, ReadContext, detect_format
+from ckpred.data.mapping import InputMapping, map_rows, op_flops
+from ckpred.data.readers import READERS, TABLE_READERS, FileRead, ReadContext, detect_format, detect_table_format
 from ckpred.data.readers.common import KernelResolver, Reject, RowBuffer
+from ckpred.data.readers.table_parquet import is_canonical
 from ckpred.data.table import conform, write_table
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.base import OpDefinition, load_op
@@ -73,6 +75,12 @@ class IngestSummary:
     #: Rows of the merged table, and how many of them are valid.
     rows: int = 0
     valid_rows: int = 0
+    #: Per file whose metadata declares more records than it holds (a truncated file): the
+    #: number of declared records that are absent. They were never read, so they are not in
+    #: ``records``; the summary prints them so the loss is seen.
+    missing: dict[str, int] = field(default_factory=dict)
+    #: The fields repeats are merged on (besides the kernel).
+    merge_key: tuple[str, ...] = ()
 
     @property
     def merged(self) -> int:
@@ -84,7 +92,7 @@ class IngestSummary:
                 "valid": self.valid,
                 "invalid": dict(self.invalid), "rejected": dict(self.rejected),
                 "superseded": self.superseded, "merged": self.merged, "rows": self.rows,
-                "valid_rows": self.valid_rows}
+                "valid_rows": self.valid_rows, "missing": dict(self.missing), "merge_key": list(self.merge_key)}
 
 
 @dataclass
@@ -134,7 +142,8 @@ def expand_paths(spec: str | Path | Iterable[str | Path]) -> list[Path]:
 
 # -- reading -----------------------------------------------------------------------------------
 def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: str, dtype: str,
-               layout: str, fmt: str = "auto", run_id: str = "") -> IngestResult:
+               layout: str, fmt: str = "auto", run_id: str = "",
+               mapping: InputMapping | None = None, arch_config: Any = None) -> IngestResult:
     """Read benchmark output files into the canonical table of ``op``.
 
     Parameters
@@ -151,6 +160,13 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
         ``parquet``.
     run_id
         Stored in ``run_id``; empty means the file's name.
+    mapping
+        How a table reader's columns become canonical rows (:mod:`ckpred.data.mapping`);
+        default: the op's own ``input``/``metric``/``failure`` sections, none for a Python-only
+        op (which reads the CK formats only).
+    arch_config
+        The arch config (its hardware constants feed rules that read ``hw.<constant>``);
+        default: the name ``arch`` only.
 
     Returns
     -------
@@ -166,35 +182,53 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
     """
     if fmt not in FORMATS:
         raise ConfigValueError("data.format", fmt, f"one of {list(FORMATS)}")
+    mapping = mapping if mapping is not None else InputMapping.of_op(op)
+    if mapping is not None and mapping.format not in ("auto", *TABLE_READERS, *READERS):
+        raise ConfigValueError("op.input.format", mapping.format,
+                               f"'auto' or a registered reader {sorted({*TABLE_READERS, *READERS})}")
     files = expand_paths(paths)
-    resolver = KernelResolver(op, dtype=dtype, layout=layout)
+    # A field of the op is judged per row, not against the run's config.
+    resolver = KernelResolver(op, dtype=None if "dtype" in op.problem_names else dtype,
+                              layout=None if "layout" in op.problem_names else layout)
     frames: list[pd.DataFrame] = []
     rejects: list[Reject] = []
     labels = _labels(files)
     summary = IngestSummary(files=[labels[p] for p in files])
     for path in files:
         label = labels[path]
-        file_fmt = detect_format(path) if fmt == "auto" else fmt
+        table_reader, file_fmt = _reader_of(path, fmt, mapping, op)
         summary.formats.append(file_fmt or "empty")
         if file_fmt is None:  # empty file: nothing to read, nothing lost
             continue
         ctx = ReadContext(op=op, resolver=resolver, dtype=dtype, layout=layout, arch=arch, label=label)
         try:
-            read = READERS[file_fmt](path, ctx)
+            if table_reader:
+                raw = TABLE_READERS[file_fmt](path, ctx)
+                mapped = map_rows(raw, op, mapping, resolver, label=label, run_id=run_id or label)  # type: ignore[arg-type]
+                frames.append(mapped.frame)
+                rejects += raw.rejects + mapped.rejects
+            else:
+                read = READERS[file_fmt](path, ctx)
+                frames.append(_buffer_frame(read, op, run_id or label, label))
+                rejects += read.rejects
+                if read.declared_records is not None and read.found_records is not None \
+                        and read.found_records < read.declared_records:
+                    summary.missing[label] = read.declared_records - read.found_records
         except InputFileError:
             raise
         except OSError as exc:
             raise InputFileError(str(path), exc.strerror or str(exc)) from exc
-        frames.append(_buffer_frame(read, op, run_id or label, label))
-        rejects += read.rejects
     rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames \
         else _buffer_frame(None, op, "")
     del frames  # peak memory: no second copy of a large input
     rows = _validate(rows, op)
+    rows = _check_rules(rows, op, resolver, arch=arch_config if arch_config is not None else arch, dtype=dtype,
+                        layout=layout)
     summary.records = len(rows) + len(rejects)
     summary.valid = int(rows["is_valid"].sum())
     summary.invalid = dict(Counter(_category(r) for r in rows.loc[~rows["is_valid"], "invalid_reason"]))
     summary.rejected = dict(Counter(_category(r.reason) for r in rejects))
+    summary.merge_key = tuple(op.problem_names)
     table, superseded = _merge(rows, op)
     del rows
     summary.superseded = len(superseded)
@@ -205,7 +239,8 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
         # take() on the unique-kernel columns: string fields stay compact arrow arrays
         table[name] = kernels[name].array.take(codes) if len(kernels) else np.array([], dtype=object)
     for name, value in (("op", op.name), ("arch", arch), ("dtype", dtype), ("layout", layout)):
-        table[name] = value
+        if name not in op.problem_names:  # a problem field of the op is the row's own value
+            table[name] = value
     table = conform(table, op)
     summary.rows = len(table)
     summary.valid_rows = int(table["is_valid"].sum())
@@ -223,6 +258,35 @@ def _labels(files: Sequence[Path]) -> dict[Path, str]:
         except ValueError:
             out[path] = str(path)
     return out
+
+
+def _reader_of(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefinition) -> tuple[bool, str | None]:
+    """(is a table reader, format name) for one file; ``None`` for an empty file.
+
+    ``data.format`` forces a CK record reader; ``op.input.format`` a table reader (or a record
+    reader by its name). With ``auto``, an op without a column map whose problem fields are all
+    integers or flags reads the CK formats as before; any other file goes to the table reader
+    of its extension or content (a canonical ckpred table always to its own reader).
+    """
+    if fmt != "auto" or mapping is None:
+        return False, detect_format(path) if fmt == "auto" else fmt
+    if mapping.format != "auto":
+        return mapping.format in TABLE_READERS, mapping.format
+    ck_error: InputFileError | None = None
+    if mapping.is_identity and all(f.kind in ("int", "bool") for f in op.problem_fields):
+        try:
+            return False, detect_format(path)
+        except InputFileError as exc:
+            ck_error = exc
+    try:
+        table_fmt = detect_table_format(path)
+    except InputFileError:
+        if ck_error is not None:  # neither kind: the CK message names data.format
+            raise ck_error from None
+        raise
+    if table_fmt == "parquet" and is_canonical(path):
+        return False, "parquet"
+    return table_fmt is not None, table_fmt
 
 
 def _category(reason: str) -> str:
@@ -268,6 +332,9 @@ def _validate(rows: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
     bw = rows["bandwidth_gbs"].to_numpy(np.float64)
     reason = rows["invalid_reason"].to_numpy(dtype=object).copy()
     free = reason == ""
+    # A throughput metric without a FLOPs formula gives no latency: NaN there is not a defect.
+    latency_known = (rows["latency_known"].fillna(True).to_numpy(dtype=bool) if "latency_known" in rows
+                     else np.ones(len(rows), dtype=bool))
 
     def mark(mask: np.ndarray, text: Any) -> None:
         hit = np.flatnonzero(mask & free)
@@ -277,7 +344,7 @@ def _validate(rows: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
 
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         for name, v, zero_bad in (("tflops", t, True), ("latency_ms", lat, False)):
-            mark(np.isnan(v), f"NaN value: {name}")
+            mark(np.isnan(v) & (latency_known if name == "latency_ms" else True), f"NaN value: {name}")
             mark(np.isinf(v), lambda i, v=v, name=name: f"infinite value: {name}={v[i]}")
             mark(v < 0, lambda i, v=v, name=name: f"negative value: {name}={v[i]}")
             if zero_bad:
@@ -285,7 +352,7 @@ def _validate(rows: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
         mark(np.isinf(bw), lambda i: f"infinite value: bandwidth_gbs={bw[i]}")
         mark(bw < 0, lambda i: f"negative value: bandwidth_gbs={bw[i]}")
         if free.any():
-            flops = _flops(rows, op)
+            flops = op_flops(op, rows)
             qt = rows["quantum_tflops"].to_numpy(np.float64)
             ql = rows["quantum_ms"].to_numpy(np.float64)
             lo = np.maximum(t - qt, 0.0) * np.maximum(lat - ql, 0.0) * 1e9
@@ -300,27 +367,59 @@ def _validate(rows: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
 
             mark(known & ~ok, inconsistent)
     valid = reason == ""
-    out = rows.drop(columns=["quantum_ms", "quantum_tflops"])
+    out = rows.drop(columns=[c for c in ("quantum_ms", "quantum_tflops", "latency_known") if c in rows])
     out["invalid_reason"] = reason
     out["is_valid"] = valid
     # The canonical table's convention for failures: TFLOPS 0, latency a real number.
     out.loc[~valid, "tflops"] = 0.0
-    bad_latency = ~valid & ~(np.isfinite(lat) & (lat >= 0))
+    bad_latency = ~valid & ~(np.isfinite(lat) & (lat >= 0))  # valid rows of unknown latency keep NaN
     out.loc[bad_latency, "latency_ms"] = 0.0
     out.loc[~valid & ~(np.isfinite(bw) & (bw >= 0)), "bandwidth_gbs"] = np.nan
     return out
 
 
-def _flops(rows: pd.DataFrame, op: OpDefinition) -> np.ndarray:
-    """FLOPs of each row's problem; NaN where the op cannot compute them."""
-    if not len(rows):
-        return np.zeros(0)
+
+
+def _check_rules(rows: pd.DataFrame, op: OpDefinition, resolver: KernelResolver, *, arch: Any, dtype: str,
+                 layout: str) -> pd.DataFrame:
+    """Mark invalid the measurements of a problem the op's rules say no kernel can run.
+
+    When the op's validity rules (:meth:`OpDefinition.validity`) refuse *every* kernel measured
+    valid on a problem -- a degenerate problem such as ``split_k=0`` -- the measurements
+    contradict the op: they become invalid with the reason ``rule violation: <rule message>``.
+    A problem some measured kernel may run is left as measured (a rule that is stricter than
+    the hardware must not erase data). An op whose rules cannot be evaluated here (a rule
+    needing an arch constant the run does not have) is not judged.
+    """
+    valid = rows["is_valid"].to_numpy(dtype=bool)
+    if not valid.any():
+        return rows
+    kernels = resolver.frame()
+    idx = np.flatnonzero(valid)
+    codes = rows["kernel"].to_numpy()[idx]
+    problems = rows.iloc[idx][list(op.problem_names)].reset_index(drop=True)
+    kernel_rows = kernels.iloc[codes][list(op.kernel_names)].reset_index(drop=True)
     try:
         with np.errstate(all="ignore"):
-            flops = np.asarray(op.flops(rows[list(op.problem_names)]), dtype=np.float64)
-    except Exception:  # a problem the op's formula cannot handle is judged by other checks
-        return np.full(len(rows), np.nan)
-    return flops if flops.shape == (len(rows),) else np.full(len(rows), np.nan)
+            ok, why = op.validity(problems, kernel_rows, arch=arch, dtype=dtype, layout=layout)
+        ok = np.asarray(ok, dtype=bool)
+    except Exception:  # rules this run cannot evaluate: the measurements are kept as they are
+        return rows
+    if ok.shape != idx.shape or ok.all():
+        return rows
+    problem_id = problems.groupby(list(op.problem_names), sort=False, dropna=False).ngroup().to_numpy()
+    runnable = np.bincount(problem_id, weights=ok.astype(np.float64), minlength=problem_id.max() + 1)
+    dead = runnable[problem_id] == 0
+    if not dead.any():
+        return rows
+    bad = idx[dead]
+    reasons = rows["invalid_reason"].to_numpy(dtype=object).copy()
+    reasons[bad] = [f"rule violation: {w or 'the op rules out every kernel for this problem'}"
+                    for w in np.asarray(why, dtype=object)[dead]]
+    rows = rows.assign(invalid_reason=reasons)
+    rows.loc[bad, "is_valid"] = False
+    rows.loc[bad, "tflops"] = 0.0
+    return rows
 
 
 # -- merging -----------------------------------------------------------------------------------
@@ -408,7 +507,8 @@ def print_summary(summary: IngestSummary, *, out: Path | None = None, rejects: P
     for reason, count in sorted(summary.rejected.items(), key=lambda kv: -kv[1]):
         table.add_row(f"  {reason}", str(count))
     table.add_row("superseded by a valid repeat", str(summary.superseded))
-    table.add_row("merged into repeats", str(summary.merged))
+    key = ", ".join(summary.merge_key) or "the problem"
+    table.add_row(f"merged into repeats (same {key} and kernel)", str(summary.merged))
     table.add_row("table rows (valid)", f"{summary.rows} ({summary.valid_rows})")
     if len(summary.files) <= 10:
         for name, fmt in zip(summary.files, summary.formats):
@@ -417,6 +517,9 @@ def print_summary(summary: IngestSummary, *, out: Path | None = None, rejects: P
         counts = ", ".join(f"{n} {fmt}" for fmt, n in Counter(summary.formats).items())
         console.print(f"read {len(summary.files)} files ({counts})")
     console.print(table)
+    for name, count in summary.missing.items():
+        console.print(f"[bold red]{name}: {count} record(s) its metadata declares are absent "
+                      f"(num_kernels x num_problems; the file is truncated?)[/]")
     if out is not None:
         console.print(f"table   -> {out}")
     if rejects is not None:
@@ -441,11 +544,31 @@ def _path_spec(value: Any) -> Any:
     return [str(v) for v in container]  # type: ignore[union-attr]
 
 
+def output_paths(cfg: Any) -> tuple[Path, Path]:
+    """(``out``, rejects file) of an ingest config, refusing any that would overwrite an input.
+
+    Raises
+    ------
+    ckpred.errors.ConfigValueError
+        ``out`` or ``rejects`` is one of the input files, or the two are the same file.
+    """
+    out = resolve_path(cfg.out)
+    rejects = resolve_path(cfg.rejects) if cfg.get("rejects") else out.with_name(f"{out.stem}.rejects.csv")
+    inputs = {p.resolve() for p in expand_paths(_path_spec(cfg.data.path))}
+    for key, path in (("out", out), ("rejects", rejects)):
+        if path.resolve() in inputs:
+            raise ConfigValueError(key, str(path), "a path that is not one of the input files (data.path); "
+                                                   "ingest never overwrites its input")
+    if out.resolve() == rejects.resolve():
+        raise ConfigValueError("rejects", str(rejects), f"a path other than out={out}")
+    return out, rejects
+
+
 def read_config_inputs(cfg: Any) -> tuple[OpDefinition, IngestResult]:
     op = load_op(cfg.op)
     result = read_files(_path_spec(cfg.data.path), op, arch=cfg.arch.name, dtype=cfg.dtype.name,
                         layout=cfg.layout.name, fmt=cfg.data.get("format", "auto") or "auto",
-                        run_id=str(cfg.get("run_id", "") or ""))
+                        run_id=str(cfg.get("run_id", "") or ""), arch_config=cfg.arch)
     return op, result
 
 

@@ -1,11 +1,13 @@
 """The canonical benchmark table: one row per (problem, kernel), the same for every source.
 
-Columns (in order): the common header ``op, arch, dtype, layout``; the op's problem fields;
+Columns (in order): the common header ``op, arch, dtype, layout`` (less any of them the op
+declares as a problem field: a table mixing dtypes carries ``dtype`` as a problem column); the
+op's problem fields;
 the op's kernel fields; then the measurement block ``kernel_name, tflops, latency_ms,
 bandwidth_gbs, is_valid, invalid_reason, repeats, spread, source, run_id``.
 
-Types: problem fields and int kernel fields are int64, bool fields bool, category fields
-string; ``tflops``/``latency_ms``/``bandwidth_gbs``/``spread`` float64 (``bandwidth_gbs`` may be
+Types: int fields int64, float fields float64, bool fields bool, category (categorical)
+fields string; ``tflops``/``latency_ms``/``bandwidth_gbs``/``spread`` float64 (``bandwidth_gbs`` may be
 null when a source does not report it); ``repeats`` int64 (number of merged measurements).
 Failed or unsupported kernels stay in the table with ``is_valid=False``, ``tflops=0`` and a
 reason: a selector that picks one of them scores 0 for that shape.
@@ -40,13 +42,23 @@ MEASUREMENT_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
 )
 
 
+_ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "category": pa.string(),
+                "categorical": pa.string()}
+
+
 def _arrow_type(field: Field) -> pa.DataType:
-    return {"int": pa.int64(), "bool": pa.bool_(), "category": pa.string()}[field.kind]
+    return _ARROW_TYPES[field.kind]
+
+
+def header_columns(op: OpDefinition) -> tuple[str, ...]:
+    """The header columns of ``op``'s table: ``op, arch, dtype, layout`` less its problem fields."""
+    problem = set(op.problem_names)
+    return tuple(c for c in HEADER_COLUMNS if c not in problem)
 
 
 def canonical_schema(op: OpDefinition) -> pa.Schema:
     """The pyarrow schema of the canonical table for ``op``."""
-    fields = [pa.field(c, pa.string(), nullable=False) for c in HEADER_COLUMNS]
+    fields = [pa.field(c, pa.string(), nullable=False) for c in header_columns(op)]
     fields += [pa.field(f.name, _arrow_type(f), nullable=False) for f in op.problem_fields]
     fields += [pa.field(f.name, _arrow_type(f), nullable=False) for f in op.kernel_fields]
     fields += [pa.field(name, typ, nullable=(name in ("bandwidth_gbs", "spread"))) for name, typ in MEASUREMENT_COLUMNS]

@@ -20,8 +20,11 @@ object is rejected with its line and text ("malformed JSON"), as is a leaf objec
 kind ("unrecognised JSON object"). Kernel fields come from the
 kernel name; a ``kernel_config`` of the same name that disagrees with it makes the rows
 invalid (``kernel_config mismatch``). A benchmark whose problem is not among an intact
-``problem_sizes`` list is invalid (``shape mismatch``); metadata naming another dtype or
-layout than the config rejects the file's rows.
+``problem_sizes`` list is invalid (``shape mismatch``); metadata naming another dtype, layout
+or arch than the config rejects the file's rows. ``is_valid`` is read as a truth value
+(``true/1/yes``, ``false/0/no``; anything else is a ``bad validity value``). The number of
+benchmarks found is compared with ``num_kernels x num_problems`` of the metadata, and a
+shortfall (a truncated file) is reported in the summary.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer, to_float, to_int
+from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer, to_float, to_int, truth
 
 NAME = "json"
 _BENCHMARK_KEYS = frozenset(("kernel_name", "avg_time_ms", "tflops", "is_valid", "error"))
@@ -120,7 +123,17 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
             rejects.append(Reject(source, file_reject, raw))
             continue
         _read_benchmark(lineno, source, obj, raw, ctx, configs, problem_sizes, size_keys, rows, rejects)
-    return FileRead(rows, rejects)
+    return FileRead(rows, rejects, declared_records=_declared(metadata), found_records=len(benchmarks))
+
+
+def _declared(metadata: dict[str, Any] | None) -> int | None:
+    """Benchmarks the metadata says the file holds (``num_kernels x num_problems``), if it says."""
+    if not metadata:
+        return None
+    kernels, problems = to_int(metadata.get("num_kernels")), to_int(metadata.get("num_problems"))
+    if kernels is None or problems is None or kernels < 0 or problems < 0:
+        return None
+    return kernels * problems
 
 
 def _too_deep_at(text: str, start: int, limit: int = 500) -> int:
@@ -166,13 +179,19 @@ def _problem_sizes(value: Any, ctx: ReadContext) -> tuple[set[tuple[int, ...]] |
     return sizes, keys
 
 
+#: Metadata keys naming the GPU architecture a file was measured on.
+ARCH_KEYS = ("arch", "gpu_arch", "gfx_arch")
+
+
 def _metadata_reject(metadata: dict[str, Any] | None, ctx: ReadContext) -> str:
     if not metadata:
         return ""
-    for key, want in (("dtype", ctx.dtype), ("layout", ctx.layout)):
+    checks = [("dtype", "dtype", ctx.dtype), ("layout", "layout", ctx.layout)]
+    checks += [(key, "arch", ctx.arch) for key in ARCH_KEYS]
+    for key, what, want in checks:
         got = metadata.get(key)
         if got is not None and got != want:
-            return f"{key} mismatch: file metadata says {key}={got}, config has {key}={want}"
+            return f"{what} mismatch: file metadata says {key}={got}, config has {what}={want}"
     return ""
 
 
@@ -210,8 +229,11 @@ def _read_benchmark(lineno: int, source: str, obj: dict[str, Any], raw: str, ctx
             reason = f"negative problem field: {field.name}={value}"
         problem.append(value)
 
-    valid = obj.get("is_valid", True)
-    if valid is False or (isinstance(valid, str) and valid.lower() == "false") or valid == 0:
+    valid = truth(obj.get("is_valid", True))
+    if valid is None:
+        reason = reason or (f"bad validity value: is_valid={obj.get('is_valid')!r} is none of true/1/yes "
+                            "(valid) or false/0/no (failed)")
+    elif not valid:
         error = obj.get("error") or "is_valid false, no error text"
         reason = reason or f"kernel failed: {error}"
     values = []

@@ -13,10 +13,13 @@ value and no per-row pandas work.
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import math
 from array import array
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 import pandas as pd
@@ -46,9 +49,9 @@ class KernelResolver:
     kernel written in two name forms merges into one row.
     """
 
-    def __init__(self, op: OpDefinition, *, dtype: str, layout: str) -> None:
+    def __init__(self, op: OpDefinition, *, dtype: str | None, layout: str | None) -> None:
         self.op, self.dtype, self.layout = op, dtype, layout
-        self._cache: dict[str, int | str] = {}
+        self._cache: dict[Any, int | str] = {}
         #: Parsed kernel fields of each accepted unique kernel, in code order.
         self.kernels: list[dict[str, Any]] = []
         self.canonical_names: list[str] = []
@@ -73,7 +76,7 @@ class KernelResolver:
             return f"unparseable kernel name: {type(exc).__name__}: {exc}"
         for key, want in (("dtype", self.dtype), ("layout", self.layout)):
             got = parsed.get(key)
-            if got is not None and got != want:
+            if want is not None and got is not None and got != want:
                 return f"{key} mismatch: kernel name says {key}={got}, config has {key}={want}"
         fields: dict[str, Any] = {}
         for f in self.op.kernel_fields:
@@ -83,8 +86,29 @@ class KernelResolver:
                 fields[f.name] = f.default
             else:
                 return f"unparseable kernel name: the name gives no {f.name}"
+        return self._add(fields, name, parsed.get("dtype", ""), parsed.get("layout", ""))
+
+    def resolve_fields(self, fields: dict[str, Any]) -> int | str:
+        """The kernel code of a kernel given by its fields (named by the op's kernel id), or a
+        reject reason; cached per distinct field tuple like :meth:`resolve`."""
+        key = tuple(sorted((k, repr(v)) for k, v in fields.items()))
+        hit = self._cache.get(key)
+        if hit is None:
+            try:
+                name = self.op.format_name(fields, dtype=self.dtype or "", layout=self.layout or "")
+            except Exception as exc:  # a kernel id the op cannot format
+                hit = f"unnamed kernel: the op cannot name {fields} ({type(exc).__name__}: {exc})"
+            else:
+                hit = self._add(dict(fields), name, "", "")
+            self._cache[key] = hit
+        return hit
+
+    def _add(self, fields: dict[str, Any], name: str, dtype: str, layout: str) -> int | str:
+        why = kernel_rule_reason(self.op, fields)
+        if why:  # no problem can make this kernel valid: no configuration of the op is this kernel
+            return f"impossible kernel: {why}"
         try:
-            canonical = self.op.format_name(fields, dtype=self.dtype, layout=self.layout)
+            canonical = self.op.format_name(fields, dtype=self.dtype or dtype, layout=self.layout or layout)
         except Exception:  # keep the given name when the op cannot format it back
             canonical = name
         code = self._by_canonical.get(canonical)
@@ -102,6 +126,55 @@ class KernelResolver:
         return frame
 
 
+def _kernel_rules(op: OpDefinition) -> list[tuple[Any, str]]:
+    """The op's validity rules that read kernel fields only (no problem field, no ``hw``)."""
+    cached = getattr(op, "_ckpred_kernel_rules", None)
+    if cached is not None:
+        return cached
+    rules: list[tuple[Any, str]] = []
+    config = getattr(op, "config", None)
+    kernel_names = set(op.kernel_names)
+    for i, rule in enumerate(getattr(config, "rules", None) or []):
+        from ckpred import expressions
+
+        expr = expressions.parse(rule.expr, key=f"op.rules[{i}].expr")
+        if expr.names and expr.names <= kernel_names and not expr.hw_names:
+            rules.append((expr, str(rule.message)))
+    try:
+        op._ckpred_kernel_rules = rules  # type: ignore[attr-defined]
+    except AttributeError:  # an op object that takes no attributes: recompute next time
+        pass
+    return rules
+
+
+def kernel_rule_reason(op: OpDefinition, fields: dict[str, Any]) -> str:
+    """The message of the first rule of ``op`` over kernel fields alone that ``fields`` fail.
+
+    Such a rule holds or fails whatever the problem: a kernel failing it is one no
+    configuration of the op can be (for example a 7x7x7 block tile over 3x3x3 warp tiles,
+    against ``tile_m % (warp_m * warp_tile_m) == 0``). Empty when every such rule holds.
+    """
+    rules = _kernel_rules(op)
+    if not rules:
+        return ""
+    categories = {f.name: f.categories for f in op.kernel_fields if f.kind == "category"}
+    columns: dict[str, np.ndarray] = {}
+    for f in op.kernel_fields:
+        value = fields.get(f.name, f.default)
+        if value is None:
+            return ""  # a field the rules need is unknown: not judged here
+        columns[f.name] = (f.encode(np.asarray([value], dtype=object)).astype(np.float64)
+                           if f.kind in ("category", "bool") else np.asarray([value], dtype=np.float64))
+    from ckpred.features.base import NumpyOps
+
+    for expr, message in rules:
+        with np.errstate(all="ignore"):
+            ok = expr.evaluate_bool({n: columns[n] for n in expr.names}, {}, NumpyOps(1), categories=categories)
+        if not bool(np.all(ok)):
+            return message
+    return ""
+
+
 def to_float(value: Any) -> float | None:
     """``value`` as a float (NaN/inf pass through for later checks); ``None`` if not a number."""
     if type(value) is float:
@@ -117,6 +190,31 @@ def to_float(value: Any) -> float | None:
             return None
     if isinstance(value, (int, float, np.integer, np.floating)):
         return float(value)
+    return None
+
+
+#: Strings read as true / false in a validity column or flag (compared lower-cased and stripped).
+TRUE_STRINGS = ("true", "1", "yes")
+FALSE_STRINGS = ("false", "0", "no")
+
+
+def truth(value: Any, true_values: tuple[str, ...] = TRUE_STRINGS,
+          false_values: tuple[str, ...] = FALSE_STRINGS) -> bool | None:
+    """``value`` as a truth value: ``True``/``False`` for a listed string (or a bool, or the
+    numbers 1/0), ``None`` for anything else (the caller names it as a bad value)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        text = "1" if value == 1 else "0" if value == 0 else str(value)
+    elif isinstance(value, str):
+        text = value
+    else:
+        return None
+    text = text.strip().lower()
+    if text in true_values:
+        return True
+    if text in false_values:
+        return False
     return None
 
 
@@ -203,3 +301,67 @@ class FileRead:
 
     rows: RowBuffer
     rejects: list[Reject]
+    #: Records the file's own metadata says it holds (``None`` = it does not say), and how
+    #: many record objects were found; a shortfall is a truncated file, reported by ingest.
+    declared_records: int | None = None
+    found_records: int | None = None
+
+
+@dataclass
+class RawTable:
+    """What a table reader returns: the file's records as source columns, not yet mapped.
+
+    A table reader (CSV, Parquet, JSON lines, MIOpen find-db, Kernel Tuner cache) knows the
+    file's syntax but not the op: the op's ``input`` section
+    (:mod:`ckpred.data.mapping`) turns these columns into canonical rows.
+    """
+
+    #: One row per measurement record, with the file's own column names.
+    frame: pd.DataFrame
+    #: ``file:line`` (or ``file:row n``) of each row, for ``source`` and rejects.
+    sources: np.ndarray
+    #: Records that are not rows at all (malformed lines, truncated objects).
+    rejects: list[Reject] = field(default_factory=list)
+    #: Measurement records the file says it holds (a header's count), when it says so; a
+    #: reader compares it with what it read and reports the difference as a reject.
+    declared_records: int | None = None
+
+
+#: Magic bytes of the compressions a table file may use.
+_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bz2"}
+
+
+def compression(path: Path) -> str | None:
+    """``gzip``, ``bz2`` or ``None`` (plain), from the file's first bytes."""
+    with open(path, "rb") as fh:
+        head = fh.read(3)
+    for magic, name in _MAGIC.items():
+        if head.startswith(magic):
+            return name
+    return None
+
+
+def open_binary(path: Path) -> IO[bytes]:
+    """``path`` opened for reading bytes, decompressed when it is gzip or bz2."""
+    kind = compression(path)
+    if kind == "gzip":
+        return gzip.open(path, "rb")
+    if kind == "bz2":
+        return bz2.open(path, "rb")
+    return open(path, "rb")
+
+
+def read_head(path: Path, size: int) -> bytes:
+    """The first ``size`` bytes of ``path`` after decompression ('' when it is damaged)."""
+    try:
+        with open_binary(path) as fh:
+            return fh.read(size)
+    except (OSError, EOFError, ValueError):
+        return b""
+
+
+def decode_line(raw: bytes) -> str:
+    """One line as text: UTF-8 (bad bytes replaced), a leading BOM and the line end removed."""
+    text = raw.decode("utf-8", "replace").rstrip("\r\n")
+    return text[1:] if text.startswith("\ufeff") else text
+

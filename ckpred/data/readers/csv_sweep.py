@@ -3,7 +3,8 @@
 The reader is op-generic: the problem columns are the op's problem fields, matched to the
 header case-insensitively (``M,N,K`` for GEMM; ``N,C,K,G,Hi,Wi,...`` for grouped conv), fields
 with a default may be absent, and the kernel fields always come from ``op.parse_name(kernel)``.
-Other columns (``problem_idx``, ``non_zero``) are ignored.
+Other columns (``problem_idx``, ``non_zero``) are ignored. A column the reader needs that
+appears twice in the header is refused (the file does not say which one holds the value).
 
 Lines are split on commas by hand rather than with :mod:`csv`: CK writes no quoted fields, and
 one stray quote must not swallow the lines after it.
@@ -54,7 +55,12 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
 
 def _column_index(path: Path, header: list[str], ctx: ReadContext) -> dict[str, int | None]:
     lower: dict[str, int] = {}
+    wanted = {KERNEL_COLUMN, LATENCY_COLUMN, TFLOPS_COLUMN, *(f.name.lower() for f in ctx.op.problem_fields)}
     for i, name in enumerate(header):
+        if name.lower() in lower and name.lower() in wanted:
+            raise InputFileError(str(path), f"CSV header has column {name!r} twice (columns {lower[name.lower()] + 1} "
+                                            f"and {i + 1}, matched case-insensitively); which one holds the value "
+                                            "is ambiguous, so the file is refused")
         lower.setdefault(name.lower(), i)
     index: dict[str, int | None] = {}
     missing = []

@@ -12,8 +12,9 @@ printing step on each. Failed kernels print nothing, so every row here is a meas
 Per line: rules and blank lines are skipped; a header sets the current shape (a header that
 does not parse is rejected and clears it, so no row is checked against a stale shape); a JSON
 line becomes a row; anything else is rejected as an unrecognised line. A row whose problem
-disagrees with its shape header is kept invalid (``shape mismatch``); a header whose dtype or
-layout differs from the config rejects the rows under it.
+disagrees with its shape header is kept invalid (``shape mismatch``); a header whose dtype,
+layout or arch differs from the config rejects the rows under it. A UTF-8 byte-order mark
+before the first line is dropped.
 
 Speed: one ``orjson.loads`` per row and a handful of dict lookups; the kernel name is parsed
 once per distinct name (see :class:`~ckpred.data.readers.common.KernelResolver`).
@@ -37,6 +38,7 @@ QUANTUM = 0.005
 HEADER = re.compile(r"^\s*Shape\s+(\d+)\s*:(.*)$")
 RULE = re.compile(rb"^\s*=+\s*$")
 _KV = re.compile(r"(\w+)\s*=\s*(\S+)")
+BOM = "\ufeff".encode()
 #: Keys of the perf_result object (first found wins).
 LATENCY_KEYS = ("latency(ms)", "latency_ms")
 TFLOPS_KEYS = ("tflops(TFlops)", "tflops")
@@ -53,8 +55,8 @@ class _Header:
         fields = {f.name.lower(): f.name for f in ctx.op.problem_fields}
         for key, value in _KV.findall(text):
             low = key.lower()
-            if low in ("dtype", "layout"):
-                want = ctx.dtype if low == "dtype" else ctx.layout
+            if low in ("dtype", "layout", "arch"):
+                want = {"dtype": ctx.dtype, "layout": ctx.layout, "arch": ctx.arch}[low]
                 if value != want and not self.reject:
                     self.reject = (f"{low} mismatch: shape header (line {lineno}) says {low}={value}, "
                                    f"config has {low}={want}")
@@ -87,6 +89,8 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
     header: _Header | None = None
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
+            if lineno == 1 and raw.startswith(BOM):  # a byte-order mark before the first line
+                raw = raw[len(BOM):]
             if raw[:1] in b" \t":  # an indented row or header
                 raw = raw.lstrip(b" \t")
             if raw[:1] == b"{":

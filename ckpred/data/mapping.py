@@ -1,0 +1,490 @@
+"""Input mapping: the records of a table reader -> canonical rows of a declared op.
+
+An op's ``input``, ``metric`` and ``failure`` sections (:class:`ckpred.schema.OpConfig`) say how a
+raw table (CSV, Parquet, JSON lines, MIOpen find-db, Kernel Tuner cache...) becomes rows:
+
+* ``input.columns`` maps a canonical field to its source: a string renames a source column,
+  ``{value: <constant>}`` fills a constant, ``{expr: "<expression>"}`` derives it with the one
+  expression evaluator (:mod:`ckpred.expressions`) from source columns and other mapped
+  fields, in dependency order (a cycle is refused naming its columns). A field the map does not
+  name is read from the source column of the same name (exact, else the only
+  case-insensitive match), else from the field's default.
+* Each field is typed by its kind: ``int`` (an exact integer), ``float`` (a finite number),
+  ``bool`` (true/false strings, 1/0), ``categorical`` (text, one of ``values`` when they are
+  listed). A record whose problem or kernel field cannot be typed is rejected with the field,
+  the value and what is allowed.
+* The metric column is converted to the canonical unit (times to ``latency_ms``, throughputs
+  to ``tflops``). With a ``flops`` expression the other of the two follows from the problem's
+  FLOPs; without one, a time metric's ``tflops`` column holds ``1 / latency_ms`` (a throughput
+  in 1/ms) so that ratios of it -- every per-query efficiency -- are ratios of latencies, and a
+  throughput metric leaves ``latency_ms`` unknown (NaN, not judged).
+* Failures: a metric value listed in ``failure.metric_values`` (``inf``, ``nan``, ``missing``,
+  ``zero``, ``negative``) makes the row invalid with the reason ``kernel failed: ...``; the same
+  value when not listed is still invalid, under its own category (``NaN value``, ``missing
+  value``...), so nothing passes as a measurement. ``failure.valid_column`` is read with the
+  op's true/false strings (compared lower-cased); a value in neither list makes the row
+  invalid (``bad validity value``).
+
+A duplicated source column that the map reads is refused (it cannot know which one is meant),
+as is a text column the map does not read that differs between records the op would merge as
+repeats of one (problem, kernel): that is how a table mixing dtypes, read by an op without a
+dtype field, would otherwise be folded into medians of different problems.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ckpred.data.readers.common import KernelResolver, RawTable, Reject, to_float, to_int, truth
+from ckpred.errors import ConfigValueError, InputFileError
+from ckpred.kernels.base import Field, OpDefinition
+
+#: Most distinct values a text column may have to be checked as a hidden problem field.
+HIDDEN_FIELD_MAX_VALUES = 64
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    if obj is None:
+        return default
+    if isinstance(obj, Mapping):
+        return obj.get(key, default)
+    try:
+        return obj.get(key, default)  # DictConfig
+    except AttributeError:
+        return getattr(obj, key, default)
+
+
+@dataclass(frozen=True)
+class InputMapping:
+    """The ``input``, ``metric``, ``failure`` and ``keys.query`` sections of an op, as ingestion
+    uses them (see the module docstring)."""
+
+    format: str = "auto"
+    columns: tuple[tuple[str, Any], ...] = ()
+    metric_column: str = "tflops"
+    better: str = "higher"
+    unit: str = "tflops"
+    failure_values: tuple[str, ...] = ("inf", "nan", "missing")
+    valid_column: str | None = None
+    true_values: tuple[str, ...] = ("true", "1", "yes")
+    false_values: tuple[str, ...] = ("false", "0", "no")
+    query: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "InputMapping":
+        """From an op config (:class:`ckpred.schema.OpConfig`, a composed node or a mapping)."""
+        spec, metric, failure = _get(cfg, "input"), _get(cfg, "metric"), _get(cfg, "failure")
+        columns = _get(spec, "columns") or {}
+        if hasattr(columns, "items"):
+            items = tuple((str(k), _plain(v)) for k, v in columns.items())
+        else:
+            raise ConfigValueError("op.input.columns", columns, "a mapping of canonical field -> source")
+        lower = lambda values: tuple(str(v).strip().lower() for v in values)  # noqa: E731
+        return cls(format=str(_get(spec, "format", "auto") or "auto"), columns=items,
+                   metric_column=str(_get(metric, "column", "tflops")), better=str(_get(metric, "better", "higher")),
+                   unit=str(_get(metric, "unit", "tflops")).lower(),
+                   failure_values=lower(_get(failure, "metric_values", cls.failure_values)),
+                   valid_column=_get(failure, "valid_column") or None,
+                   true_values=lower(_get(failure, "true_values", cls.true_values)),
+                   false_values=lower(_get(failure, "false_values", cls.false_values)),
+                   query=tuple(_get(_get(cfg, "keys"), "query", ()) or ()))
+
+    @classmethod
+    def of_op(cls, op: OpDefinition) -> "InputMapping | None":
+        """The mapping of a declared op (one built from config); ``None`` for a Python-only op."""
+        cfg = getattr(op, "config", None)
+        return None if cfg is None or _get(cfg, "input") is None else cls.from_config(cfg)
+
+    @property
+    def is_identity(self) -> bool:
+        """No column map and no forced format: the CK formats may be read as they are."""
+        return not self.columns and self.format == "auto"
+
+    def metric_factor(self) -> tuple[str, float]:
+        """(``latency_ms`` or ``tflops``, factor to that unit) of the metric.
+
+        Raises
+        ------
+        ckpred.errors.ConfigValueError
+            When the unit does not fit ``better`` (a time must be lower-is-better...).
+        """
+        from ckpred.schema import THROUGHPUT_UNITS, TIME_UNITS
+
+        if self.better == "lower" and self.unit in TIME_UNITS:
+            return "latency_ms", TIME_UNITS[self.unit]
+        if self.better == "higher" and self.unit in THROUGHPUT_UNITS:
+            return "tflops", THROUGHPUT_UNITS[self.unit]
+        allowed = (f"a time unit {sorted(TIME_UNITS)} with better=lower, or a throughput unit "
+                   f"{sorted(THROUGHPUT_UNITS)} with better=higher")
+        raise ConfigValueError("op.metric.unit", self.unit, allowed)
+
+
+def _plain(value: Any) -> Any:
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(value):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    return value
+
+
+def op_flops(op: OpDefinition, problems: pd.DataFrame) -> np.ndarray:
+    """FLOPs of each problem; NaN where the op cannot compute them (no formula, a bad row)."""
+    if not len(problems):
+        return np.zeros(0)
+    try:
+        with np.errstate(all="ignore"):
+            flops = np.asarray(op.flops(problems[list(op.problem_names)]), dtype=np.float64)
+    except Exception:  # a problem the op's formula cannot handle is judged by other checks
+        return np.full(len(problems), np.nan)
+    return flops if flops.shape == (len(problems),) else np.full(len(problems), np.nan)
+
+
+# -- typing values -----------------------------------------------------------------------------------
+def _per_unique(values: pd.Series, convert: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``convert`` applied once per distinct value: (results as object array, ok mask)."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    converted = [convert(u) for u in uniques]
+    ok_u = np.array([c is not None for c in converted] + [False], dtype=bool)
+    out_u = np.empty(len(converted) + 1, dtype=object)
+    out_u[:-1] = converted
+    out_u[-1] = None
+    return out_u[codes], ok_u[codes]
+
+
+def _typed(field: Field, values: pd.Series) -> tuple[np.ndarray, np.ndarray, str]:
+    """(typed values, ok mask, what is allowed) of one field's column."""
+    if field.kind == "int":
+        out, ok = _per_unique(values, to_int)
+        return np.where(ok, out, 0).astype(np.int64), ok, "an integer"
+    if field.kind == "float":
+        def finite(v: Any) -> float | None:
+            number = to_float(v)
+            return number if number is not None and math.isfinite(number) else None
+        out, ok = _per_unique(values, finite)
+        return np.where(ok, out, 0.0).astype(np.float64), ok, "a finite number"
+    if field.kind == "bool":
+        out, ok = _per_unique(values, truth)
+        return np.where(ok, out, False).astype(bool), ok, "true or false (true/1/yes, false/0/no)"
+    allowed = set(field.categories)
+
+    def category(v: Any) -> str | None:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return None
+        text = str(v).strip()
+        if isinstance(v, (float, np.floating)) and float(v).is_integer():
+            text = str(int(v))  # a numeric category read from a typed column: 16.0 -> "16"
+        return text if text and (not allowed or text in allowed) else None
+
+    out, ok = _per_unique(values, category)
+    what = f"one of {list(field.categories)}" if allowed else "a non-empty text value"
+    return np.where(ok, out, "").astype(object), ok, what
+
+
+# -- metric and validity ------------------------------------------------------------------------------
+def _metric_class(value: Any) -> tuple[str, float]:
+    """(class, number): class is ``ok``, ``missing``, ``nan``, ``inf``, ``negative``, ``zero`` or
+    ``non-numeric``."""
+    if value is None or value is pd.NA or (isinstance(value, str) and not value.strip()):
+        return "missing", math.nan
+    number = to_float(value)
+    if number is None:
+        return "non-numeric", math.nan
+    if math.isnan(number):
+        return "nan", number
+    if math.isinf(number):
+        return ("inf" if number > 0 else "negative"), number
+    if number < 0:
+        return "negative", number
+    if number == 0:
+        return "zero", number
+    return "ok", number
+
+
+def _metric_reason(cls: str, column: str, raw: Any, number: float, mapping: InputMapping, target: str) -> str:
+    shown = f"{column}={raw!r}" if isinstance(raw, str) else f"{column}={number:g}"
+    if cls in mapping.failure_values:
+        return f"kernel failed: {shown} (a failure encoding of the op: {cls})"
+    return {"missing": f"missing value: {column}",
+            "non-numeric": f"non-numeric value: {column}={raw!r}",
+            "nan": f"NaN value: {column}",
+            "inf": f"infinite value: {column}={number}",
+            "negative": f"negative value: {column}={number:g}",
+            "zero": ("zero tflops: a kernel that ran cannot have 0 TFLOPS" if target == "tflops"
+                     else f"zero time: {column}=0, a kernel that ran cannot take no time")}[cls]
+
+
+# -- the mapping ---------------------------------------------------------------------------------------
+@dataclass
+class MappedRows:
+    """Canonical rows of one file (the ingest row frame) and its rejects."""
+
+    frame: pd.DataFrame
+    rejects: list[Reject]
+
+
+class _Sources:
+    """The raw table's columns by name, refusing duplicated and missing ones with their key."""
+
+    def __init__(self, raw: RawTable, label: str, op: OpDefinition) -> None:
+        self.frame, self.label, self.op = raw.frame, label, op
+        names = [str(c) for c in raw.frame.columns]
+        self.names = names
+        self.counts = pd.Series(names, dtype=object).value_counts().to_dict() if names else {}
+        self.used: set[str] = set()
+
+    def find(self, name: str) -> str | None:
+        """The source column called ``name`` (exact, else the only case-insensitive match)."""
+        if name in self.counts:
+            return name
+        matches = sorted({n for n in self.names if n.lower() == name.lower()})
+        return matches[0] if len(matches) == 1 else None
+
+    def get(self, name: str, key: str) -> pd.Series:
+        column = self.find(name)
+        if column is None:
+            raise InputFileError(self.label, f"op {self.op.name!r} reads column {name!r} ({key}) but the file "
+                                             f"has none; its columns are {self.names}")
+        if self.counts[column] > 1:
+            raise InputFileError(self.label, f"column {column!r} appears {self.counts[column]} times in the file; "
+                                             f"{key} cannot tell which one is meant (rename or drop one)")
+        self.used.add(column)
+        return self.frame.loc[:, column]
+
+
+def _numeric(values: Any) -> np.ndarray:
+    """A column as float64 for an expression (text that is no number becomes NaN)."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "fiub":
+        return values.astype(np.float64)
+    series = values if isinstance(values, pd.Series) else pd.Series(values)
+    if series.dtype.kind in "fiub":
+        return series.to_numpy(np.float64)
+    return pd.to_numeric(series.map(lambda v: v.strip() if isinstance(v, str) else v), errors="coerce") \
+        .to_numpy(np.float64)
+
+
+def _mapped_columns(src: _Sources, mapping: InputMapping, wanted: Sequence[str], n: int,
+                    optional: set[str]) -> dict[str, Any]:
+    """Every wanted canonical column (rename, constant, derived, identity); see the module docstring."""
+    from ckpred import expressions
+
+    values: dict[str, Any] = {}
+    exprs: dict[str, Any] = {}
+    for target, spec in mapping.columns:
+        key = f"op.input.columns.{target}"
+        if isinstance(spec, str):
+            values[target] = src.get(spec, key)
+        elif isinstance(spec, Mapping) and "value" in spec:
+            values[target] = pd.Series([spec["value"]] * n, dtype=object)
+        elif isinstance(spec, Mapping) and "expr" in spec:
+            exprs[target] = expressions.parse(spec["expr"], key=f"{key}.expr")
+        else:
+            raise ConfigValueError(key, spec, "a source column name, {value: <constant>} or {expr: <expression>}")
+    if exprs:
+        names = set().union(*(e.names for e in exprs.values()))
+        columns: dict[str, np.ndarray] = {}
+        for name in sorted(names):
+            if name in values:
+                columns[name] = _numeric(values[name])
+            elif src.find(name) is not None:
+                columns[name] = _numeric(src.get(name, "op.input.columns (an expression)"))
+            elif name not in exprs:
+                raise InputFileError(src.label, f"an expression of op.input.columns reads {name!r}, which is "
+                                                f"neither a column of the file nor a mapped field; the file's "
+                                                f"columns are {src.names}")
+        from ckpred.features.base import NumpyOps
+
+        with np.errstate(all="ignore"):
+            out = expressions.evaluate_derived(exprs, columns, xp=NumpyOps(n), key="op.input.columns")
+        for target in exprs:
+            values[target] = np.broadcast_to(np.asarray(out[target], dtype=np.float64), (n,))
+    for target in wanted:
+        if target in values:
+            continue
+        if src.find(target) is not None:
+            values[target] = src.get(target, f"op field {target!r}")
+        elif target not in optional:
+            raise InputFileError(src.label, f"op {src.op.name!r} needs column {target!r} but the file has none and "
+                                            f"op.input.columns does not map it; the file's columns are {src.names}")
+    return values
+
+
+def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: KernelResolver, *, label: str,
+             run_id: str) -> MappedRows:
+    """Canonical rows (the ingest row frame) of one raw table; see the module docstring.
+
+    Raises
+    ------
+    ckpred.errors.InputFileError
+        A column the op reads is missing or duplicated; an unread text column differs between
+        repeats of one (problem, kernel).
+    ckpred.errors.ConfigValueError
+        A bad column map or metric unit (named by key).
+    """
+    n = len(raw.frame)
+    src = _Sources(raw, label, op)
+    target, factor = mapping.metric_factor()
+    kernel_by_fields = all(f.name in dict(mapping.columns) or src.find(f.name) is not None or f.default is not None
+                           for f in op.kernel_fields)
+    defaults = {f.name for f in op.problem_fields + op.kernel_fields if f.default is not None}
+    wanted = [*op.problem_names, mapping.metric_column]
+    wanted += list(op.kernel_names) if kernel_by_fields else ["kernel_name"]
+    if mapping.valid_column:
+        wanted.append(mapping.valid_column)
+    values = _mapped_columns(src, mapping, wanted, n, optional=defaults)
+    sources = raw.sources
+    reject_reason = np.full(n, "", dtype=object)
+
+    def reject(bad: np.ndarray, text: Any) -> None:
+        for i in np.flatnonzero(bad & (reject_reason == "")):
+            reject_reason[i] = text(i)
+
+    def column(f: Field) -> pd.Series:
+        if f.name in values:
+            v = values[f.name]
+            return v if isinstance(v, pd.Series) else pd.Series(v)
+        return pd.Series([f.default] * n, dtype=object)
+
+    typed: dict[str, np.ndarray] = {}
+    for group, fields in (("problem", op.problem_fields), ("kernel", op.kernel_fields if kernel_by_fields else ())):
+        for f in fields:
+            raw_values = column(f)
+            out, ok, allowed = _typed(f, raw_values)
+            shown = raw_values.to_numpy(dtype=object)
+            reject(~ok, lambda i, f=f, shown=shown, allowed=allowed, group=group:
+                   f"bad {group} field: {f.name}={_show(shown[i])} is not {allowed}")
+            typed[f.name] = out
+
+    # kernels: from their fields (formatted by the op's kernel id) or from a kernel_name column
+    codes = np.full(n, -1, dtype=np.int64)
+    live = np.flatnonzero(reject_reason == "")
+    if kernel_by_fields:
+        names = list(op.kernel_names)
+        keys = pd.MultiIndex.from_arrays([typed[k][live] for k in names]) if names else None
+        if keys is not None and len(live):
+            kcodes, uniques = pd.factorize(keys)
+            resolved = [resolver.resolve_fields(dict(zip(names, u if isinstance(u, tuple) else (u,))))
+                        for u in uniques]
+            for j, i in enumerate(live):
+                r = resolved[kcodes[j]]
+                if isinstance(r, str):
+                    reject_reason[i] = r
+                else:
+                    codes[i] = r
+    else:
+        names_col = column(Field("kernel_name", "category")).to_numpy(dtype=object)
+        for i in live:
+            r = resolver.resolve(names_col[i])
+            if isinstance(r, str):
+                reject_reason[i] = r
+            else:
+                codes[i] = r
+
+    keep = reject_reason == ""
+    rejects = [Reject(str(sources[i]), reject_reason[i], _row_text(raw.frame, int(i)))
+               for i in np.flatnonzero(~keep)]
+    idx = np.flatnonzero(keep)
+    _check_hidden_fields(src, typed, codes, idx, op, label)
+
+    # metric, validity
+    metric_raw = values[mapping.metric_column]
+    metric_raw = metric_raw.to_numpy(dtype=object) if isinstance(metric_raw, pd.Series) else np.asarray(metric_raw)
+    reason = np.full(len(idx), "", dtype=object)
+    if mapping.valid_column:
+        flags = values[mapping.valid_column]
+        flags = flags.to_numpy(dtype=object) if isinstance(flags, pd.Series) else np.asarray(flags, dtype=object)
+        judged = {}
+        for j, i in enumerate(idx):
+            v = flags[i]
+            key_v = v if isinstance(v, (str, int, float, bool)) else repr(v)
+            if key_v not in judged:
+                t = truth(v, mapping.true_values, mapping.false_values)
+                judged[key_v] = ("" if t else
+                                 f"kernel failed: {mapping.valid_column}={_show(v)}" if t is False else
+                                 f"bad validity value: {mapping.valid_column}={_show(v)} is none of "
+                                 f"{list(mapping.true_values)} (valid) or {list(mapping.false_values)} (failed)")
+            reason[j] = judged[key_v]
+    number = np.full(len(idx), math.nan)
+    classes: dict[Any, tuple[str, float]] = {}
+    for j, i in enumerate(idx):
+        v = metric_raw[i]
+        key_v = v if isinstance(v, (str, int, float)) and not isinstance(v, bool) else repr(v)
+        if key_v not in classes:
+            classes[key_v] = _metric_class(v)
+        cls, num = classes[key_v]
+        number[j] = num * factor if cls == "ok" else num
+        if cls != "ok" and not reason[j]:
+            reason[j] = _metric_reason(cls, mapping.metric_column, v, num, mapping, target)
+
+    out: dict[str, Any] = {name: typed[name][idx] for name in op.problem_names}
+    out["kernel"] = codes[idx]
+    problems = pd.DataFrame({name: out[name] for name in op.problem_names})
+    flops = op_flops(op, problems)
+    known = np.isfinite(flops) & (flops > 0)
+    good = reason == ""
+    with np.errstate(all="ignore"):
+        if target == "latency_ms":
+            latency = number
+            tflops = np.where(known, flops / (latency * 1e9), 1.0 / latency)
+            latency_known = np.ones(len(idx), dtype=bool)
+        else:
+            tflops = number
+            latency = np.where(known, flops / (tflops * 1e9), math.nan)
+            latency_known = known | ~good
+    out.update(tflops=np.where(good, tflops, 0.0), latency_ms=np.where(good, latency, 0.0),
+               bandwidth_gbs=np.full(len(idx), math.nan), invalid_reason=reason,
+               source=np.asarray(sources, dtype=object)[idx] if len(idx) else np.zeros(0, dtype=object),
+               run_id=np.full(len(idx), run_id, dtype=object), repeats=np.ones(len(idx), dtype=np.int64),
+               spread=np.full(len(idx), math.nan), quantum_ms=np.full(len(idx), math.inf),
+               quantum_tflops=np.full(len(idx), math.inf), latency_known=latency_known)
+    # a failed row keeps a real latency where one was measured (the table's convention)
+    if target == "latency_ms":
+        out["latency_ms"] = np.where(good | ~np.isfinite(number) | (number < 0), out["latency_ms"], number)
+    return MappedRows(pd.DataFrame(out), rejects)
+
+
+def _show(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _row_text(frame: pd.DataFrame, i: int) -> str:
+    return ",".join(f"{c}={v}" for c, v in zip(frame.columns, frame.iloc[i].tolist()))
+
+
+def _check_hidden_fields(src: _Sources, typed: Mapping[str, np.ndarray], codes: np.ndarray, idx: np.ndarray,
+                         op: OpDefinition, label: str) -> None:
+    """Refuse a text column the op does not read that differs between repeats (module docstring)."""
+    if len(idx) < 2:
+        return
+    key_cols = [typed[n][idx] for n in op.problem_names] + [codes[idx]]
+    gid = pd.MultiIndex.from_arrays(key_cols).factorize()[0] if key_cols else np.zeros(len(idx), dtype=np.int64)
+    if gid.max() + 1 == len(idx):  # no repeats at all
+        return
+    for name in src.names:
+        if name in src.used or src.counts.get(name, 0) != 1:
+            continue
+        col = src.frame[name]
+        if col.dtype.kind != "O":
+            continue
+        values = col.to_numpy(dtype=object)[idx]
+        distinct = pd.unique(values)
+        if not 1 < len(distinct) <= HIDDEN_FIELD_MAX_VALUES:
+            continue
+        if all(to_float(v) is not None for v in distinct if v is not None):
+            continue  # numbers (ids, counts, times) are measurements, not problem fields
+        per_group = pd.DataFrame({"g": gid, "v": values}).groupby("g")["v"].nunique()
+        if (per_group > 1).any():
+            g = int(per_group.index[per_group.to_numpy() > 1][0])
+            rows = np.flatnonzero(gid == g)
+            shown = sorted({str(v) for v in values[rows]})
+            raise InputFileError(label, f"column {name!r} is not read by op {op.name!r} but differs between records "
+                                        f"the op would merge as repeats of one problem and kernel (values {shown}); "
+                                        f"declare it a problem field in the op (or map/filter it) so different "
+                                        f"problems are not merged")

@@ -1,0 +1,169 @@
+"""Reader of Kernel Tuner cache files (``*.json`` / ``*.json.gz``): one tuned kernel, one problem,
+one GPU per file.
+
+Format::
+
+    {"device_name": "...", "kernel_name": "...", "problem_size": [4096, 4096],
+     "tune_params_keys": [...], "tune_params": {...}, "objective": "time",
+     "cache": {"16,1,1,...": {<tune params>, "time": 3.44, "times": [...], "GFLOP/s": ..., ...}, ...}}
+
+One row per cache entry: the entry's scalar fields (tunable parameters, ``time``, ``GFLOP/s``,
+``compile_time``...; the list ``times`` is left out), the entry's cache key as ``config``, and
+the file's ``device_name``, ``kernel_function`` (the document's ``kernel_name``),
+``problem_size_0``, ``problem_size_1``... and ``gpu``. A failed configuration has a string in
+``time`` (``CompilationFailedConfig``, ``RuntimeFailedConfig``, ``InvalidConfig``): the row
+gets ``time`` empty and the string in ``status``; a measured one has ``status`` ``ok``.
+
+``gpu`` is the last word of ``device_name``; where the cache leaves ``device_name`` empty (it
+does on some GPUs), the last ``_``-separated word of the file name (caches are stored as
+``<GPU>.json.gz``). An entry whose tunable parameters disagree with its cache key is rejected
+(``config mismatch``).
+
+A truncated or damaged file keeps the entries before the damage: the cache is decoded entry by
+entry, and the damage is one reject naming the entry count reached.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ckpred.data.readers.common import RawTable, ReadContext, Reject, compression
+from ckpred.errors import InputFileError
+
+NAME = "kernel_tuner"
+#: Top-level keys that mark a Kernel Tuner cache.
+MARKERS = ("tune_params_keys", "cache")
+_HEADER_KEYS = ("device_name", "kernel_name", "problem_size", "tune_params_keys", "objective")
+_CACHE = re.compile(r'"cache"\s*:\s*\{')
+RAW_LIMIT = 2000
+
+
+def _text(path: Path) -> str:
+    """The file's text; a truncated gzip stream gives what was decompressed before the cut."""
+    data = path.read_bytes()
+    if compression(path) == "gzip":
+        data = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data)
+    elif compression(path) == "bz2":
+        import bz2
+
+        try:
+            data = bz2.decompress(data)
+        except (OSError, ValueError) as exc:
+            raise InputFileError(str(path), f"damaged bzip2 stream ({exc})") from exc
+    return data.decode("utf-8", "replace").lstrip("\ufeff")
+
+
+def _header(text: str, cache_at: int, path: Path) -> dict[str, Any]:
+    """The document's top-level fields, read one by one (the cache may be cut short)."""
+    decoder = json.JSONDecoder()
+    out: dict[str, Any] = {}
+    for key in _HEADER_KEYS:
+        match = re.search(r'"%s"\s*:\s*' % re.escape(key), text[:cache_at] if cache_at >= 0 else text)
+        if match:
+            try:
+                out[key], _ = decoder.raw_decode(text, match.end())
+            except json.JSONDecodeError:
+                pass
+    if "tune_params_keys" not in out or not isinstance(out["tune_params_keys"], list):
+        raise InputFileError(str(path), "not a Kernel Tuner cache: no readable 'tune_params_keys' list")
+    return out
+
+
+def gpu_name(device_name: str, path: Path) -> str:
+    """The GPU a cache was timed on (see the module docstring)."""
+    if device_name.strip():
+        return device_name.split()[-1]
+    stem = path.name
+    for suffix in (".gz", ".bz2", ".json"):
+        stem = stem.removesuffix(suffix)
+    return stem.rsplit("_", 1)[-1]
+
+
+def read(path: Path, ctx: ReadContext) -> RawTable:
+    """Read one cache file; see the module docstring.
+
+    Raises
+    ------
+    ckpred.errors.InputFileError
+        When the file has no ``tune_params_keys`` or no ``cache`` object at all.
+    """
+    text = _text(path)
+    match = _CACHE.search(text)
+    cache_at = match.start() if match else -1
+    header = _header(text, cache_at, path)
+    if match is None:
+        raise InputFileError(str(path), "not a Kernel Tuner cache: no 'cache' object")
+    keys = [str(k) for k in header["tune_params_keys"]]
+    device = str(header.get("device_name") or "")
+    common: dict[str, Any] = {"device_name": device, "gpu": gpu_name(device, path),
+                              "kernel_function": header.get("kernel_name", ""),
+                              "objective": header.get("objective", "")}
+    size = header.get("problem_size")
+    for i, value in enumerate(size if isinstance(size, list) else []):
+        common[f"problem_size_{i}"] = value
+
+    records: list[dict[str, Any]] = []
+    sources: list[str] = []
+    rejects: list[Reject] = []
+    decoder = json.JSONDecoder()
+    pos = match.end()
+    line, counted = 1, 0  # line of ``counted``, advanced incrementally (one pass over the text)
+
+    def line_of(at: int) -> int:
+        nonlocal line, counted
+        line += text.count("\n", counted, at)
+        counted = at
+        return line
+
+    n = len(text)
+    while True:
+        while pos < n and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos < n and text[pos] == "}":
+            break
+        start = pos
+        try:
+            name, pos = decoder.raw_decode(text, pos)
+            while pos < n and text[pos] in " \t\r\n":
+                pos += 1
+            if pos >= n or text[pos] != ":":
+                raise json.JSONDecodeError("Expecting ':' delimiter", text, pos)
+            pos += 1
+            while pos < n and text[pos] in " \t\r\n":
+                pos += 1
+            entry, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            rejects.append(Reject(f"{ctx.label}:{line_of(start)}",
+                                  f"malformed JSON: {exc.msg} after {len(records)} cache entries (file truncated "
+                                  "or damaged; the entries after this point are lost)", text[start:start + RAW_LIMIT]))
+            break
+        source = f"{ctx.label}:{line_of(start)}"
+        if not isinstance(entry, dict):
+            rejects.append(Reject(source, "unrecognised JSON object: a cache entry is not an object",
+                                  text[start:pos][:RAW_LIMIT]))
+            continue
+        row = {k: v for k, v in entry.items() if not isinstance(v, (list, dict))}
+        given = [str(entry.get(k)) for k in keys]
+        if str(name).split(",") != given:
+            rejects.append(Reject(source, f"config mismatch: cache key {name!r} but the entry's parameters are "
+                                          f"{','.join(given)}", text[start:pos][:RAW_LIMIT]))
+            continue
+        time = entry.get("time")
+        if isinstance(time, (int, float)) and not isinstance(time, bool):
+            row["status"] = "ok"
+        else:
+            row["status"] = "" if time is None else str(time)
+            row["time"] = ""
+        row["config"] = str(name)
+        row.update(common)
+        records.append(row)
+        sources.append(source)
+    frame = pd.DataFrame.from_records(records) if records else pd.DataFrame()
+    return RawTable(frame, np.asarray(sources, dtype=object), rejects)
