@@ -170,8 +170,9 @@ class DeclaredOp(OpDefinition):
         defaults = {f.name: f.default for f in self.kernel_fields if f.default is not None}
         kernel = {**defaults, **dict(kernel)}
         if self.template is not None:
+            # The run's dtype/layout name the kernel even when the mapping carries parsed ones.
             context = {"dtype": getattr(dtype, "name", dtype), "layout": getattr(layout, "name", layout)}
-            return self.template.format({**context, **kernel})
+            return self.template.format({**kernel, **{k: v for k, v in context.items() if v}})
         parts = []
         for f in self.config.kernel_id.fields:
             kind = self._kinds[f][0]
