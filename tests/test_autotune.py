@@ -215,3 +215,124 @@ def test_autotune_ranked_core_matches_replay_rules() -> None:
     result = at.autotune_ranked([7, 8, 9], ["a", "b", "c"], [3.0, 2.0, 1.0],
                                 lambda i: seen.append(i) or {7: np.inf, 8: 2.0, 9: 1.0}[i], at.FixedK(1), pass_id=True)
     assert seen == [7, 8] and result.kernel == "b" and result.stop == "budget spent"
+
+
+# -- C++ (scripts/cpp/ckpred_autotune.hpp) against the same store ------------------------------
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    import shutil
+    import subprocess
+
+    if shutil.which("c++") is None:
+        pytest.skip("C++ autotune demo not built: no c++ compiler (apt-get install g++)")
+    out = tmp_path_factory.mktemp("cppdemo") / "ckpred_autotune_demo"
+    cpp = REPO / "scripts" / "cpp"
+    done = subprocess.run(["c++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{cpp}",
+                           str(cpp / "ckpred_autotune_demo.cpp"), "-o", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _demo(demo: Path, model: Path, store: Path, times: dict, rankings: list, *args: str) -> list[dict]:
+    import subprocess
+
+    times_file = store.with_name(store.name + ".times.json")
+    times_file.write_text(json.dumps(times))
+    done = subprocess.run([str(demo), str(model), "--store", str(store), "--times", str(times_file), *args],
+                          input="".join(json.dumps(r.to_dict()) + "\n" for r in rankings), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_cpp_and_python_read_each_others_store_entries(selector, model, demo, tmp_path) -> None:
+    store = tmp_path / "shared.jsonl"
+    py = selector.autotune(PROBLEM, Bench(), at.FixedK(2), store=store)
+    other = {"m": 256, "n": 4096, "k": 512}
+    ranked = selector.select(other, top_k=16)
+    k = ranked.kernels
+    times = {k[0]: "throw", k[1]: "nan", k[2]: 3e-3, k[3]: 2e-3}
+    got = _demo(demo, model, store, times, [selector.select(PROBLEM, top_k=16), ranked])
+    # C++ serves Python's entry without benchmarking ...
+    assert got[0]["from_store"] and got[0]["kernel"] == py.kernel and got[0]["benchmarks"] == 0
+    # ... and tunes the new problem: two failures skipped, two successes (fixed:2), the faster kept
+    assert not got[1]["from_store"] and got[1]["kernel"] == k[3] and got[1]["benchmarks"] == 4
+    assert got[1]["failures"] == 2 and got[1]["stop"] == "budget spent"
+    # Python serves C++'s entry, with its failures recorded
+    bench = Bench()
+    again = selector.autotune(other, bench, at.FixedK(2), store=store)
+    assert again.from_store and again.kernel == k[3] and bench.calls == []
+    entry = at.ResultStore(store).get(at.model_hash(selector.manifest), "gemm_universal", again.problem)
+    assert entry["writer"] == "cpp" and entry["seconds"] == 2e-3
+    assert [m.get("error", "")[:9] for m in entry["measured"]][:2] == ["exception", "non-finit"]
+
+
+def test_cpp_ignores_stale_models_and_reports_budget_exhaustion(selector, model, demo, tmp_path) -> None:
+    store = tmp_path / "s.jsonl"
+    ranked = selector.select(PROBLEM, top_k=16)
+    key = "m=128,n=1536,k=7168,split_k=1"
+    store.write_text(json.dumps({"format": at.STORE_FORMAT, "model": "f" * 64, "op": "gemm_universal",
+                                 "problem": key, "kernel_id": 0, "kernel": "stale", "seconds": 1e-9}) + "\n")
+    got = _demo(demo, model, store, {}, [ranked], "--budget", "fixed:2", "--max-benchmarks", "5")
+    assert not got[0]["from_store"] and not got[0]["ok"] and got[0]["benchmarks"] == 5
+    assert got[0]["stop"] == "max_benchmarks=5 reached: all 5 benchmarks failed"
+    assert len(store.read_text().splitlines()) == 1  # nothing stored for a failed search
+
+
+def test_cpp_budgets_match_python(selector, model, demo, tmp_path) -> None:
+    ranked = selector.select(PROBLEM, top_k=16)
+    times = {name: 0.4 for name in ranked.kernels}
+    got = _demo(demo, model, tmp_path / "t.jsonl", times, [ranked], "--budget", "time:1.0")
+    assert got[0]["benchmarks"] == selector.autotune(PROBLEM, Bench(times), at.TimeBudget(1.0)).benchmarks == 3
+    # confidence: a copy of the export whose manifest carries a calibration table
+    import shutil
+
+    copy = tmp_path / "m"
+    shutil.copytree(model, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    gap = at.score_gap(ranked.scores)
+    table = {"format": at.CALIBRATION_FORMAT, "within": [0.05], "edges": [gap / 2, 2 * gap + 1], "counts": [5, 5, 5],
+             "probability": [[[0.1, 0.2, 0.3], [0.5, 0.6, 0.91], [0.99, 1.0, 1.0]]]}
+    manifest["autotune"] = table
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    want = at.Confidence(0.9, 0.05, table).planned(ranked.scores)
+    assert want == 3  # the middle bin
+    got = _demo(demo, copy, tmp_path / "c.jsonl", times, [ranked], "--budget", "confidence:0.9:0.05")
+    assert got[0]["benchmarks"] == want
+
+
+def _cpp_writer(demo: str, model: str, store: str, times: str, rankings: str) -> None:
+    import subprocess
+
+    with open(rankings) as fh:
+        subprocess.run([demo, model, "--store", store, "--times", times, "--max-entries", "20"], stdin=fh,
+                       capture_output=True, check=True, timeout=120)
+
+
+def test_cpp_and_python_writers_at_once(selector, model, demo, tmp_path) -> None:
+    store = tmp_path / "s.jsonl"
+    problems = [{"m": m, "n": 1536, "k": 7168} for m in range(64, 64 + 8 * 30, 8)]
+    rankings = [selector.select(p, top_k=4) for p in problems]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r.to_dict()) + "\n" for r in rankings))
+    times = {name: 1e-3 for r in rankings for name in r.kernels}
+    (tmp_path / "t.json").write_text(json.dumps(times))
+    ctx = mp.get_context("fork")
+    cpp = [ctx.Process(target=_cpp_writer, args=(str(demo), str(model), str(store), str(tmp_path / "t.json"),
+                                                  str(tmp_path / "r.jsonl"))) for _ in range(2)]
+    for p in cpp:
+        p.start()
+    py = at.ResultStore(store, max_entries=20)
+    for i in range(60):
+        py.put(_entry(i, model="python-side"))
+    for p in cpp:
+        p.join(120)
+        assert p.exitcode == 0
+    reader = at.ResultStore(store)
+    entries = reader.entries()
+    assert reader.skipped_lines == 0
+    assert len(store.read_text().splitlines()) <= 2 * 20 + 1
+    assert {e["writer"] for e in entries} <= {"python", "cpp"} and entries
