@@ -71,7 +71,7 @@ from ckpred.errors import CkpredError, ModelMismatchError
 log = logging.getLogger(__name__)
 
 __all__ = ["STORE_FORMAT", "Measurement", "TuneResult", "Budget", "FixedK", "TimeBudget", "Confidence",
-           "Calibration", "calibrate", "ResultStore", "problem_key", "autotune", "autotune_ranked"]
+           "Calibration", "calibrate", "calibration_from_oof", "ResultStore", "problem_key", "autotune", "autotune_ranked"]
 
 #: Format tag of every store line.
 STORE_FORMAT = "ckpred.autotune/1"
@@ -434,6 +434,8 @@ def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[flo
     finite = gaps_a[np.isfinite(gaps_a)]
     qs = np.quantile(finite, np.linspace(0, 1, bins + 1)[1:-1]) if len(finite) else np.array([])
     edges = np.unique(qs)
+    if len(finite):
+        edges = edges[edges > finite.min()]  # an edge at the smallest gap would leave its left bin empty
     which = np.searchsorted(edges, gaps_a, side="right")
     n_bins = len(edges) + 1
     counts = np.bincount(which, minlength=n_bins)
@@ -455,6 +457,23 @@ def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[flo
         prob = np.maximum.accumulate(prob, axis=1)
         tables.append(tuple(tuple(round(float(p), 6) for p in row) for row in prob))
     return Calibration(within, tuple(float(e) for e in edges), tuple(tables), tuple(int(c) for c in counts))
+
+
+def calibration_from_oof(oof: Any, kernel_ids: Mapping[str, int] | None = None, **options: Any) -> dict[str, Any]:
+    """The manifest's ``autotune`` section from a train run's ``oof_predictions.parquet`` frame.
+
+    Parameters
+    ----------
+    oof : DataFrame
+        Columns ``shape``, ``kernel_name``, ``perf``, ``selectable``, ``score_model``.
+    kernel_ids : mapping, optional
+        Kernel name -> catalogue id, so equal scores rank as the exported selector ranks them.
+    **options
+        Passed to :func:`calibrate`.
+    """
+    ties = None if kernel_ids is None else oof["kernel_name"].map(dict(kernel_ids)).to_numpy()
+    return calibrate(oof["shape"].to_numpy(), oof["perf"].to_numpy(), oof["score_model"].to_numpy(),
+                     oof["selectable"].to_numpy(), tie_order=ties, **options).to_dict()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 
 from ckpred import autotune as at
 from ckpred.export import manifest as mf
-from ckpred.export.command import export_pipeline
+from ckpred.export.build import export_pipeline
 from ckpred.runtime import KernelSelector
 from export_helpers import TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
 
