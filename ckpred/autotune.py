@@ -242,8 +242,10 @@ class TimeBudget(Budget):
 class Calibration:
     """P(best of the model's top j is within ``within`` of the best kernel), by score-gap bin.
 
-    The *score gap* of a problem is the model's top score minus its second score (the model
-    output's own units; infinite when only one kernel is valid). Problems are binned by it
+    The *score gap* of a problem is the model's top score minus its ``gap_to``-th score (the
+    model output's own units; infinite when fewer kernels are valid). ``gap_to=2`` is the margin
+    of the top candidate over the next; a larger ``gap_to`` looks past near-duplicate kernels
+    (two pipelines of one tile) that a model scores alike. Problems are binned by it
     (``edges``: the inner bin edges, increasing), and ``probability[w][b][j - 1]`` is the
     probability for ``within[w]``, bin ``b`` and the top ``j`` candidates, non-decreasing in
     ``j`` and in the gap.
@@ -264,13 +266,15 @@ class Calibration:
     edges: tuple[float, ...]
     probability: tuple[tuple[tuple[float, ...], ...], ...]
     counts: tuple[int, ...]
+    gap_to: int = 2
 
     @property
     def max_k(self) -> int:
         return len(self.probability[0][0])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": CALIBRATION_FORMAT, "feature": "score_gap", "within": list(self.within),
+        return {"format": CALIBRATION_FORMAT, "feature": "score_gap", "gap_to": self.gap_to,
+                "within": list(self.within),
                 "edges": list(self.edges), "counts": list(self.counts),
                 "probability": [[list(row) for row in table] for table in self.probability]}
 
@@ -284,6 +288,7 @@ class Calibration:
             edges = tuple(float(x) for x in d["edges"])
             prob = tuple(tuple(tuple(float(p) for p in row) for row in table) for table in d["probability"])
             counts = tuple(int(c) for c in d["counts"])
+            gap_to = int(d.get("gap_to", 2))
         except (KeyError, TypeError, ValueError) as exc:
             raise AutotuneError(f"{where}: malformed table ({exc!r}); keys: within, edges, counts, probability") from exc
         bins = len(edges) + 1
@@ -291,7 +296,9 @@ class Calibration:
                 or len({len(r) for t in prob for r in t}) != 1:
             raise AutotuneError(f"{where}: probability must be [{len(within)} within][{bins} bins][max_k], "
                                 f"counts [{bins}]")
-        return cls(within, edges, prob, counts)
+        if gap_to < 2:
+            raise AutotuneError(f"{where}: gap_to={gap_to}; allowed: an integer >= 2")
+        return cls(within, edges, prob, counts, gap_to)
 
     def bin_of(self, gap: float) -> int:
         return int(np.searchsorted(np.asarray(self.edges), gap, side="right"))
@@ -303,7 +310,7 @@ class Calibration:
         table = self.probability[self.within.index(within)]
         if len(scores) < 2:
             return 1
-        row = table[self.bin_of(score_gap(scores))]
+        row = table[self.bin_of(score_gap(scores, self.gap_to))]
         for j, p in enumerate(row, 1):
             if p >= target:
                 return j
@@ -353,14 +360,14 @@ class Confidence(Budget):
         return f"confidence(target={self.target:g},within={self.within:g})"
 
 
-def score_gap(scores: Sequence[float]) -> float:
-    """Top score minus the second (inf with fewer than two finite scores)."""
+def score_gap(scores: Sequence[float], gap_to: int = 2) -> float:
+    """Top score minus the ``gap_to``-th highest (inf with fewer finite scores)."""
     s = np.asarray(scores, dtype=np.float64)
     s = s[np.isfinite(s)]
-    if len(s) < 2:
+    if len(s) < gap_to:
         return math.inf
     top = np.sort(s)[::-1]
-    return float(top[0] - top[1])
+    return float(top[0] - top[gap_to - 1])
 
 
 def _pav(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -378,7 +385,7 @@ def _pav(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
 def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[float],
               selectable: Sequence[bool] | None = None, *, within: Iterable[float] = (0.01, 0.02, 0.05, 0.1),
               bins: int = 6, max_k: int = 10, prior_failures: float = 1.0,
-              tie_order: Sequence[Any] | None = None) -> Calibration:
+              tie_order: Sequence[Any] | None = None, gap_to: int = 2) -> Calibration:
     """Fit the :class:`Calibration` table from out-of-fold predictions.
 
     Parameters
@@ -403,6 +410,8 @@ def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[flo
         small bin that never missed still does not claim certainty.
     tie_order : array-like, optional
         Secondary sort key for equal scores (the exported selector's kernel id); default row order.
+    gap_to : int
+        The score gap is the top score minus the ``gap_to``-th (see :class:`Calibration`).
 
     Returns
     -------
@@ -415,8 +424,9 @@ def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[flo
                           "sel": np.ones(len(perf), bool) if selectable is None else np.asarray(selectable, bool),
                           "tie": np.arange(len(perf)) if tie_order is None else np.asarray(tie_order)})
     within = tuple(float(w) for w in within)
-    if bins < 1 or max_k < 1:
-        raise AutotuneError(f"calibrate: bins={bins!r}, max_k={max_k!r}; allowed: integers >= 1")
+    if bins < 1 or max_k < 1 or gap_to < 2:
+        raise AutotuneError(f"calibrate: bins={bins!r}, max_k={max_k!r}, gap_to={gap_to!r}; allowed: integers "
+                            ">= 1 (gap_to >= 2)")
     gaps, rel_top = [], []
     for _, one in frame.groupby("shape", sort=False):
         best = one["perf"].max()
@@ -426,7 +436,7 @@ def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[flo
         cand = cand.sort_values(["score", "tie"], ascending=[False, True], kind="stable")
         rel = np.maximum.accumulate(cand["perf"].to_numpy()[:max_k] / best)
         rel = np.concatenate([rel, np.full(max_k - len(rel), rel[-1])])
-        gaps.append(score_gap(cand["score"].to_numpy()))
+        gaps.append(score_gap(cand["score"].to_numpy(), gap_to))
         rel_top.append(rel)
     if not gaps:
         raise AutotuneError("calibrate: no problem with a valid measured kernel")
@@ -456,7 +466,7 @@ def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[flo
                     prob[b, j] = prob[below[-1], j] if len(below) else prob[np.flatnonzero(filled)[0], j]
         prob = np.maximum.accumulate(prob, axis=1)
         tables.append(tuple(tuple(round(float(p), 6) for p in row) for row in prob))
-    return Calibration(within, tuple(float(e) for e in edges), tuple(tables), tuple(int(c) for c in counts))
+    return Calibration(within, tuple(float(e) for e in edges), tuple(tables), tuple(int(c) for c in counts), gap_to)
 
 
 def calibration_from_oof(oof: Any, kernel_ids: Mapping[str, int] | None = None, **options: Any) -> dict[str, Any]:

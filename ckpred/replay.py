@@ -1,8 +1,8 @@
 """Offline replay of :func:`ckpred.autotune.autotune` on measured tables.
 
 Every problem of a train run's out-of-fold predictions is "autotuned" against its own measured
-table: the benchmark of a kernel returns its measured time (``latency_ms`` when the table has
-it, else ``1 / perf``) and raises for a failed row, and the search runs through the same
+table: the benchmark of a kernel returns its measured time (``1 / perf``, which orders and
+scales a problem's kernels like their times) and raises for a failed row, and the search runs through the same
 :func:`ckpred.autotune.autotune_ranked` the runtime uses. Per policy and candidate order (the
 model's, or a uniformly random order of the valid kernels) the replay reports the efficiency of
 the measured winner (its perf / the problem's best) -- mean, P10 and min over problems -- and
@@ -40,8 +40,22 @@ class ReplayData:
 
     frame: pd.DataFrame
 
-    def problems(self) -> list[tuple[Any, pd.DataFrame]]:
-        return list(self.frame.groupby("shape", sort=False))
+    def problems(self) -> list[dict[str, Any]]:
+        """Per problem with a valid measured kernel: its valid candidates in model order."""
+        cached = getattr(self, "_problems", None)
+        if cached is not None and cached[0] is self.frame:
+            return cached[1]
+        out = []
+        for shape, one in self.frame.groupby("shape", sort=False):
+            best = float(one["perf"].max())
+            if not best > 0:
+                continue
+            cand = one[one["selectable"]].sort_values(["score", "tie"], ascending=[False, True], kind="stable")
+            out.append({"shape": shape, "fold": one["fold"].iloc[0], "best": best,
+                        "names": cand["kernel_name"].tolist(), "perf": cand["perf"].to_numpy(float),
+                        "seconds": cand["seconds"].to_numpy(float), "scores": cand["score"].to_numpy(float)})
+        self._problems = (self.frame, out)
+        return out
 
 
 @dataclass(frozen=True)
@@ -61,35 +75,50 @@ class Hindsight(at.Budget):
         return f"hindsight(within={self.within:g})"
 
 
-def load_run(run_dir: str | Path, table: pd.DataFrame | None = None, *, score: str = "score_model",
-             kernel_ids: pd.Series | None = None, shape_keys: Sequence[Any] | None = None) -> ReplayData:
+def load_run(run_dir: str | Path, *, score: str = "score_model") -> ReplayData:
     """Read a train run's ``oof_predictions.parquet`` as :class:`ReplayData`.
 
-    Parameters
-    ----------
-    run_dir : path
-        A ``train`` run directory.
-    table : DataFrame, optional
-        The canonical table the run tested on; its ``latency_ms`` becomes the benchmark time
-        (joined on shape key and kernel name, ``shape_keys`` being the table's keys).
-    score : str
-        The out-of-fold score column.
-    kernel_ids : Series, optional
-        Kernel name -> catalogue id: equal scores are then broken as the exported selector
-        breaks them (lower id first); default row order.
+    The benchmark time of a kernel is ``1 / perf`` (perf is work / time, so within a problem
+    it orders and scales kernels like their times). Equal scores are broken as the exported
+    selector breaks them, by catalogue kernel id, when the run's ``manifest.json`` names the
+    op, arch, dtype and layout (else by row order). A run with a single test fold (external
+    or holdout CV) gets pseudo-folds by problem key, for cross-fitting the calibration.
+
+    Raises
+    ------
+    ckpred.errors.MissingFileError
+        When the run has no ``oof_predictions.parquet``.
     """
-    oof = pd.read_parquet(Path(run_dir) / "oof_predictions.parquet")
+    import json
+
+    from ckpred.errors import MissingFileError
+    from ckpred.kernels.base import load_op
+
+    run_dir = Path(run_dir)
+    path = run_dir / "oof_predictions.parquet"
+    if not path.is_file():
+        raise MissingFileError(str(path), "no out-of-fold predictions; is this a `python -m ckpred train` run dir?")
+    oof = pd.read_parquet(path)
+    if score not in oof:
+        from ckpred.errors import TableSchemaError
+
+        raise TableSchemaError(f"{path}: no column {score!r}; score columns: "
+                               f"{[c for c in oof.columns if c.startswith('score_')]}")
     frame = pd.DataFrame({"shape": oof["shape"].astype(str), "kernel_name": oof["kernel_name"],
                           "perf": oof["perf"].to_numpy(float), "selectable": oof["selectable"].to_numpy(bool),
                           "score": oof[score].to_numpy(float), "fold": oof["fold"].to_numpy()})
     frame["seconds"] = np.where(frame["perf"] > 0, 1.0 / np.maximum(frame["perf"], 1e-300), np.nan)
-    if table is not None and "latency_ms" in table and shape_keys is not None:
-        lat = pd.DataFrame({"shape": np.asarray(shape_keys).astype(str), "kernel_name": table["kernel_name"].to_numpy(),
-                            "latency": table["latency_ms"].to_numpy(float) / 1e3}).drop_duplicates(["shape", "kernel_name"])
-        frame = frame.merge(lat, on=["shape", "kernel_name"], how="left")
-        frame["seconds"] = np.where(frame["latency"].notna() & (frame["perf"] > 0), frame["latency"], frame["seconds"])
-        frame = frame.drop(columns="latency")
-    frame["tie"] = np.arange(len(frame)) if kernel_ids is None else frame["kernel_name"].map(kernel_ids).to_numpy()
+    frame["tie"] = np.arange(len(frame))
+    manifest = run_dir / "manifest.json"
+    if manifest.is_file():
+        m = json.loads(manifest.read_text())
+        if all(isinstance(m.get(k), str) for k in ("op", "arch", "dtype", "layout")):
+            ids = load_op(m["op"]).catalogue(m["arch"], m["dtype"], m["layout"]).set_index("kernel_name")["kernel_id"]
+            tie = frame["kernel_name"].map(ids)
+            if tie.notna().all():
+                frame["tie"] = tie.to_numpy(np.int64)
+    if frame["fold"].nunique() < 2:  # one test fold (external / holdout): pseudo-folds by problem key
+        frame["fold"] = frame["shape"].map(_pseudo_fold)
     return ReplayData(frame)
 
 
@@ -105,9 +134,6 @@ def calibrations(data: ReplayData, calibration_data: ReplayData | None = None,
         c = calibration_data.frame
         one = at.calibrate(c["shape"], c["perf"], c["score"], c["selectable"], tie_order=c["tie"], **options)
         return {fold: one for fold in pd.unique(f["fold"])}
-    folds = f["fold"] if f["fold"].nunique() > 1 else f["shape"].map(_pseudo_fold)
-    f = f.assign(fold=folds.to_numpy())
-    data.frame = f
     out = {}
     for fold in pd.unique(f["fold"]):
         rest = f[f["fold"] != fold]
@@ -130,37 +156,29 @@ def replay(data: ReplayData, budget: at.Budget, *, order: str = "model", seed: i
         raise at.AutotuneError(f"replay order={order!r}; allowed: 'model', 'random'")
     rng = np.random.default_rng(seed)
     rows = []
-    for shape, one in data.problems():
-        best = one["perf"].max()
-        if not best > 0:
-            continue
-        cand = one[one["selectable"]].sort_values(["score", "tie"], ascending=[False, True], kind="stable")
-        if order == "random":
-            cand = cand.iloc[rng.permutation(len(cand))]
-        names = cand["kernel_name"].tolist()
-        seconds = dict(zip(names, cand["seconds"].to_numpy(float)))
-        perf = dict(zip(names, cand["perf"].to_numpy(float)))
-        # the budget sees the model's scores, best first, whatever order is measured
-        scores = np.sort(one.loc[one["selectable"], "score"].to_numpy(float))[::-1]
-
-        def bench(name: str) -> float:
-            if not perf[name] > 0:
-                raise RuntimeError("failed in the measured table")
-            return seconds[name]
-
+    for p in data.problems():
+        order_idx = np.arange(len(p["names"])) if order == "model" else rng.permutation(len(p["names"]))
+        perf, seconds = p["perf"], p["seconds"]
+        rel = perf[order_idx] / p["best"]
         if isinstance(budget, Hindsight):
-            rel = np.asarray([perf[n] for n in names]) / best
             hit = np.flatnonzero(rel >= 1 - budget.within - 1e-12)
-            n = int(hit[0]) + 1 if len(hit) else len(names)
-            rows.append((shape, float(rel[:n].max()) if n else 0.0, n))
+            n = int(hit[0]) + 1 if len(hit) else len(rel)
+            rows.append((p["shape"], float(rel[:n].max()) if n else 0.0, n))
             continue
+
+        def bench(i: int) -> float:
+            if not perf[i] > 0:
+                raise RuntimeError("failed in the measured table")
+            return float(seconds[i])
+
         use = budget
         if isinstance(budget, at.Confidence):
-            use = at.Confidence(budget.target, budget.within, calibration[one["fold"].iloc[0]],  # type: ignore[index]
+            use = at.Confidence(budget.target, budget.within, calibration[p["fold"]],  # type: ignore[index]
                                 budget.max_benchmarks)
-        result = at.autotune_ranked(range(len(names)), names, scores, bench, use)
-        eff = perf[result.kernel] / best if result.ok else 0.0
-        rows.append((shape, eff, result.benchmarks))
+        # the budget sees the model's scores, best first, whatever order is measured
+        result = at.autotune_ranked(order_idx, [str(i) for i in order_idx], p["scores"], bench, use, pass_id=True)
+        eff = perf[result.kernel_id] / p["best"] if result.ok else 0.0
+        rows.append((p["shape"], float(eff), result.benchmarks))
     return pd.DataFrame(rows, columns=["shape", "efficiency", "benchmarks"])
 
 
@@ -181,18 +199,20 @@ def default_policies(ks: Iterable[int] = (1, 2, 3, 5), targets: Iterable[float] 
 
 
 def replay_table(data: ReplayData, policies: Sequence[at.Budget], *, calibration_data: ReplayData | None = None,
-                 random_seeds: int = 20, within: Iterable[float] = (0.01, 0.02, 0.05)) -> pd.DataFrame:
+                 random_seeds: int = 20, within: Iterable[float] = (0.01, 0.02, 0.05),
+                 **calibrate_options: Any) -> pd.DataFrame:
     """:func:`summarize` of every policy in model order and in random order (mean over seeds).
 
     Returns
     -------
     DataFrame
         Columns ``policy``, ``order``, ``problems``, ``benchmarks``, ``mean``, ``p10``, ``min``
-        (the random-order figures are the means over ``random_seeds`` orders).
+        (the random-order figures are the means over ``random_seeds`` orders). ``calibrate_options``
+    go to :func:`ckpred.autotune.calibrate` (``gap_to``, ``bins``, ...).
     """
     cal = None
     if any(isinstance(p, at.Confidence) for p in policies):
-        cal = calibrations(data, calibration_data, within=tuple(within))
+        cal = calibrations(data, calibration_data, within=tuple(within), **calibrate_options)
     rows = []
     for policy in policies:
         rows.append({"policy": policy.describe(), "order": "model",

@@ -71,19 +71,21 @@ struct Candidate {
   double score;
 };
 
-inline double score_gap(const std::vector<double>& scores) {
+// Top score minus the gap_to-th highest (infinite with fewer finite scores).
+inline double score_gap(const std::vector<double>& scores, size_t gap_to = 2) {
   std::vector<double> s;
   for (double v : scores)
     if (std::isfinite(v)) s.push_back(v);
-  if (s.size() < 2) return std::numeric_limits<double>::infinity();
-  std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<double>());
-  return s[0] - s[1];
+  if (s.size() < gap_to) return std::numeric_limits<double>::infinity();
+  std::partial_sort(s.begin(), s.begin() + static_cast<long>(gap_to), s.end(), std::greater<double>());
+  return s[0] - s[gap_to - 1];
 }
 
 // P(best of the top j within `within` of the best kernel) by score-gap bin (see ckpred.autotune.Calibration).
 struct Calibration {
   std::vector<double> within, edges;
   std::vector<std::vector<std::vector<double>>> probability;  // [within][bin][j-1]
+  size_t gap_to = 2;
 
   static Calibration from_json(const json::Value& v) {
     if (v.is_null() || v.kind != json::Value::Kind::Object || v["format"].str() != kCalibrationFormat)
@@ -91,6 +93,9 @@ struct Calibration {
     Calibration c;
     for (const auto& x : v["within"].arr()) c.within.push_back(x.num());
     for (const auto& x : v["edges"].arr()) c.edges.push_back(x.num());
+    auto g = v.o.find("gap_to");
+    if (g != v.o.end()) c.gap_to = static_cast<size_t>(g->second.num());
+    if (c.gap_to < 2) throw Error("autotune calibration: gap_to must be >= 2");
     for (const auto& table : v["probability"].arr()) {
       std::vector<std::vector<double>> t;
       for (const auto& row : table.arr()) {
@@ -110,7 +115,7 @@ struct Calibration {
     if (it == within.end()) throw Error("autotune calibration: no table for within=" + std::to_string(within_));
     const auto& table = probability[static_cast<size_t>(it - within.begin())];
     if (scores.size() < 2) return 1;
-    double gap = score_gap(scores);
+    double gap = score_gap(scores, gap_to);
     size_t bin = static_cast<size_t>(std::upper_bound(edges.begin(), edges.end(), gap) - edges.begin());
     const auto& row = table[bin];
     for (size_t j = 0; j < row.size(); ++j)
