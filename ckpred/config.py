@@ -105,6 +105,7 @@ def register_schemas() -> None:
     cs.store(name="base_select", node=schema.SelectConfig)
     cs.store(name="base_tune", node=schema.TuneConfig)
     cs.store(name="base_sweep_report", node=schema.SweepReportConfig)
+    cs.store(name="base_replay", node=schema.ReplayConfig)
     cs.store(group="problem", name="base_problem", node={})
 
 

@@ -265,6 +265,13 @@ class KernelSelector:
                 self._cache.popitem(last=False)
         return answer
 
+    def autotune(self, problem: Mapping[str, Any], benchmark: Any, budget: Any = None, **options: Any) -> Any:
+        """Benchmark the best valid kernels of ``problem`` with the caller's ``benchmark`` and keep
+        the fastest (see :func:`ckpred.autotune.autotune` for the budgets, the store and options)."""
+        from ckpred.autotune import autotune
+
+        return autotune(self, problem, benchmark, budget, **options)
+
     def select_many(self, problems: pd.DataFrame | list[Mapping[str, Any]], top_k: int = 5,
                     batch: int = 16) -> list[Selection]:
         """:meth:`select` for many problems, ``batch`` of them per graph run (no cache)."""

@@ -835,3 +835,33 @@ class SweepReportConfig:
 
     def __post_init__(self) -> None:
         check("sort_by", self.sort_by, self.sort_by in SWEEP_SORT, f"one of {list(SWEEP_SORT)}")
+
+
+@dataclass
+class ReplayConfig:
+    """Primary config of ``ckpred replay``."""
+
+    #: A train run dir (its ``oof_predictions.parquet`` is replayed).
+    run_dir: str = MISSING
+    #: A train run whose out-of-fold predictions calibrate the confidence budget (e.g. CV on the
+    #: training table of an external-test run); empty: cross-fitted over ``run_dir``'s own folds.
+    calibration_run_dir: str = ""
+    #: Fixed budgets (benchmarks per problem).
+    ks: list[int] = field(default_factory=lambda: [1, 2, 3, 5])
+    #: Confidence targets: P(measured best within ``within`` of the best).
+    targets: list[float] = field(default_factory=lambda: [0.7, 0.8, 0.9, 0.95])
+    #: Tolerance of the confidence budget (fraction of the best).
+    within: float = 0.02
+    #: The calibration's score gap: top score minus the ``gap_to``-th.
+    gap_to: int = 2
+    #: Random candidate orders averaged for the random-order rows (0: none).
+    seeds: int = 20
+    #: Output folder (replay.md, replay.csv, replay.png); empty: ``<run_dir>/replay``.
+    out: str = ""
+
+    def __post_init__(self) -> None:
+        check("ks", self.ks, len(self.ks) > 0 and all(int(k) >= 1 for k in self.ks), "a list of integers >= 1")
+        check("targets", self.targets, all(0 < float(t) <= 1 for t in self.targets), "probabilities in (0, 1]")
+        check("within", self.within, 0 < self.within < 1, "a fraction in (0, 1)")
+        check("gap_to", self.gap_to, self.gap_to >= 2, "an integer >= 2")
+        check("seeds", self.seeds, self.seeds >= 0, "an integer >= 0")

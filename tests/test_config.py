@@ -11,7 +11,7 @@ from ckpred.errors import ConfigValueError
 #: Primary configs and the overrides they need to compose on their own.
 PRIMARY = {"ingest": ["data.path=x.csv"], "train": [], "simulate": [], "export": [],
            "select": ["problem.m=128", "problem.n=1536", "problem.k=7168"], "tune": [],
-           "sweep_report": ["dir=multirun/train/x"]}
+           "sweep_report": ["dir=multirun/train/x"], "replay": ["run_dir=runs/train/x"]}
 
 
 #: Required problem fields of each op's ``problem`` option (``select``).

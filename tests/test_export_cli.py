@@ -96,6 +96,33 @@ def test_export_of_a_train_run_dir(run_dir, tmp_path, monkeypatch) -> None:
     assert man["training"]["shapes"] == 12  # ranges of the run's own (tiny) data
 
 
+def test_export_of_a_run_with_oof_predictions_carries_the_autotune_calibration(run_dir, tmp_path, monkeypatch) -> None:
+    import numpy as np
+    import pandas as pd
+
+    from ckpred import autotune as at
+
+    monkeypatch.chdir(tmp_path)
+    op, cfg = gemm(), configs()
+    table = synthetic_table(op, cfg, TRAIN_SHAPES)
+    pipe = joblib.load(run_dir / "pipeline.joblib")
+    oof = pd.DataFrame({"shape": op.shape_keys(table), "fold": np.arange(len(table)) % 3,
+                        "kernel_name": table["kernel_name"], "perf": table["tflops"], "selectable": table["is_valid"],
+                        "score_model": pipe.predict(op.encode_frame(table))})
+    oof.to_parquet(run_dir / "oof_predictions.parquet")
+    out = export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex", "parity.shapes=2", "select=full"]))
+    man = json.loads((Path(out) / "manifest.json").read_text())
+    cal = at.Calibration.from_dict(man["autotune"])
+    assert cal.within == (0.01, 0.02, 0.05, 0.1) and sum(cal.counts) == len(TRAIN_SHAPES)
+    sel = KernelSelector.load(out)
+    calls = []
+    result = sel.autotune({"m": 128, "n": 1536, "k": 7168}, lambda name: calls.append(name) or 1e-3,
+                          at.Confidence(target=0.5, within=0.05))
+    assert result.ok and len(calls) == cal.needed(sel.select(128, 1536, 7168, top_k=16).scores, 0.5, 0.05)
+    reranked = export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex2", "parity.shapes=2"]))
+    assert json.loads((Path(reranked) / "manifest.json").read_text())["autotune"] is None  # reranker's own scores
+
+
 def test_run_dir_for_another_arch_is_refused(run_dir, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     man = json.loads((run_dir / "manifest.json").read_text())

@@ -84,7 +84,7 @@ STAGES = [
     {"fitting", "runs", "warm_start"},
     {"cv"},
     {"export"},
-    {"runtime", "autotune"},
+    {"runtime", "autotune", "replay", "guided_search"},
 ]
 COMMAND_LAYER = {"cli", "config", "commands", "__main__", "conf"}
 

@@ -139,10 +139,19 @@ def export_command(cfg: Any) -> str:
             selection["reranker"] = size
         if cfg.run_dir and (run_dir / "oof_predictions.parquet").is_file():
             selection["cv"] = strategy_cv(run_dir, table, op, cfg, data_cfg)
+    calibration = None
+    # The confidence budget's calibration: the run's out-of-fold scores are the full model's, so
+    # it holds only for selectors that rank with that model (full, pruned; not the reranker).
+    if cfg.run_dir and cfg.select in ("full", "pruned") and (run_dir / "oof_predictions.parquet").is_file():
+        from ckpred.autotune import calibration_from_oof
+
+        ids = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).set_index("kernel_name")["kernel_id"]
+        calibration = calibration_from_oof(pd.read_parquet(run_dir / "oof_predictions.parquet"), ids)
     manifest = export_pipeline(pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=target,
                                training=training, parity_problems=problems if cfg.parity.check else None,
                                metrics=metrics, select=cfg.select, max_abs_diff=cfg.parity.max_abs_diff,
-                               source=source, candidates=candidates, selection=selection, reranker=reranker)
+                               source=source, candidates=candidates, selection=selection, reranker=reranker,
+                               autotune=calibration)
     par = manifest["parity"]
     if par.get("checked"):
         print(f"parity on {par['shapes']} shapes x {manifest['catalogue']['count']} kernels: top-1 agreement "

@@ -152,7 +152,8 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
                     out_dir: str | Path, training: Mapping[str, Any], parity_problems: pd.DataFrame | None = None,
                     metrics: Any = None, select: str = "full", max_abs_diff: float = 1e-6,
                     source: Mapping[str, Any] | None = None, candidates: np.ndarray | None = None,
-                    selection: Mapping[str, Any] | None = None, reranker: Any = None) -> dict[str, Any]:
+                    selection: Mapping[str, Any] | None = None, reranker: Any = None,
+                    autotune: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Compile ``pipeline`` into ``out_dir`` (selector, scorer, manifest), atomically.
 
     Parameters
@@ -183,6 +184,9 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         the scorer always compiles ``pipeline``.
     selection : mapping or None
         How the candidates were learned (recorded in the manifest's ``selection`` section).
+    autotune : mapping or None
+        The confidence budget's calibration table (:func:`ckpred.autotune.calibration_from_oof`),
+        recorded as the manifest's ``autotune`` section (None: the budget is unavailable).
 
     Returns
     -------
@@ -249,6 +253,7 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         "selector_model": None if selector_pipe is pipeline else _model_section(selector_pipe),
         "training": dict(training),
         "metrics": metrics,
+        "autotune": None if autotune is None else dict(autotune),
         "parity": parity,
         "source": dict(source or {}),
         "convert_seconds": round(convert_s, 2),

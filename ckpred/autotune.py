@@ -1,0 +1,775 @@
+"""Tune on first call: benchmark a few of the model's top kernels, keep the fastest, remember it.
+
+A model ranks the kernels of a problem it has never seen; it cannot see timing noise or which
+of several near-equal kernels a given GPU runs fastest. Measuring the model's first few
+candidates fixes most of what the ranking misses, and a persistent :class:`ResultStore` makes
+that cost a one-off per (model, op, problem): the next call, process or run reads the measured
+winner back instead of benchmarking again.
+
+:func:`autotune` walks the valid kernels in model order and calls the caller's ``benchmark``
+on each until its :class:`Budget` says stop. A benchmark that raises or returns a non-finite or
+non-positive time is recorded as a failure and skipped. The budgets:
+
+* :class:`FixedK` -- the first ``k`` successful measurements;
+* :class:`TimeBudget` -- until the measured kernel seconds (or wall seconds spent inside
+  ``benchmark``) reach a limit;
+* :class:`Confidence` -- per problem, as many candidates as needed for the probability that
+  the best of them is within ``within`` of the best kernel to reach ``target``. That
+  probability comes from a :class:`Calibration` table fitted on out-of-fold predictions
+  (:func:`calibrate`): problems where the model's top score stands clear of the second cost one
+  benchmark, problems where it does not cost more. The table is exported in the model's
+  manifest (key ``autotune``).
+
+Every budget stops at ``max_benchmarks`` calls; when the soft budget is spent but every call so
+far failed, :func:`autotune` keeps going (within ``max_benchmarks``) until one succeeds.
+
+Store format (``ckpred.autotune/1``)
+-------------------------------------
+A UTF-8 text file of JSON objects, one per line (JSON lines), append-only. Each line::
+
+    {"format": "ckpred.autotune/1", "model": "<sha256 of the selector graph>",
+     "op": "grouped_conv_fwd", "problem": "n=1,c=256,...", "kernel_id": 3,
+     "kernel": "<name>", "seconds": 1.2e-05, "policy": "fixed(k=2)",
+     "measured": [{"kernel_id": 3, "kernel": "<name>", "seconds": 1.2e-05},
+                  {"kernel_id": 7, "kernel": "<name>", "error": "RuntimeError: ..."}],
+     "created": "2026-11-25T08:40:00Z", "writer": "python"}
+
+* The key is ``(model, op, problem)``; ``problem`` is ``field=value`` pairs joined by commas in
+  the manifest's problem-field order (defaults filled in). The last line of a key wins.
+* ``model`` is the sha256 of the selector graph recorded in the manifest; entries of any other
+  model (a re-trained or re-exported one) are ignored on lookup, so a stale model's winners are
+  never served.
+* Writers hold an exclusive ``flock`` on ``<store>.lock`` while appending; a line is written
+  with one ``write`` call. Readers read complete lines only and skip a line that does not parse
+  (logged, counted in :attr:`ResultStore.skipped_lines`).
+* Bounded: when the file holds more than twice ``max_entries`` lines, the writer compacts it
+  under the lock (last line per key, the newest ``max_entries`` keys) into a temporary file
+  that replaces the store atomically (``rename``).
+
+The C++ header ``scripts/cpp/ckpred_autotune.hpp`` reads and writes the same file.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ckpred.errors import CkpredError, ModelMismatchError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["STORE_FORMAT", "Measurement", "TuneResult", "Budget", "FixedK", "TimeBudget", "Confidence",
+           "Calibration", "calibrate", "calibration_from_oof", "ResultStore", "problem_key", "autotune", "autotune_ranked"]
+
+#: Format tag of every store line.
+STORE_FORMAT = "ckpred.autotune/1"
+#: Format tag of a calibration table.
+CALIBRATION_FORMAT = "ckpred.autotune.calibration/1"
+#: Default cap on benchmark calls per problem, failures included.
+MAX_BENCHMARKS = 16
+
+
+class AutotuneError(CkpredError, ValueError):
+    """Bad autotune input: a budget, a calibration table or a store line."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Measurement:
+    """One benchmark call: the kernel, its time in seconds, or why it failed."""
+
+    kernel_id: int
+    kernel: str
+    seconds: float | None = None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.seconds is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kernel_id": self.kernel_id, "kernel": self.kernel}
+        if self.ok:
+            out["seconds"] = self.seconds
+        else:
+            out["error"] = self.error
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Measurement":
+        seconds = d.get("seconds")
+        return cls(int(d["kernel_id"]), str(d["kernel"]), None if seconds is None else float(seconds),
+                   str(d.get("error", "")))
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What :func:`autotune` found for one problem.
+
+    Attributes
+    ----------
+    problem : str
+        The problem key (see :func:`problem_key`).
+    kernel, kernel_id, seconds
+        The measured best (``None`` when nothing was measured successfully).
+    measured : tuple of Measurement
+        Every benchmark call in order (empty when the answer came from the store).
+    from_store : bool
+        The answer was read from the store; nothing was benchmarked.
+    policy : str
+        The budget that was spent.
+    stop : str
+        Why the search stopped.
+    """
+
+    problem: str
+    kernel: str | None
+    kernel_id: int | None
+    seconds: float | None
+    measured: tuple[Measurement, ...] = ()
+    from_store: bool = False
+    policy: str = ""
+    stop: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.kernel is not None
+
+    @property
+    def benchmarks(self) -> int:
+        return len(self.measured)
+
+
+# ---------------------------------------------------------------------------------------------
+# Budgets
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class _Spent:
+    attempts: int = 0
+    successes: int = 0
+    kernel_s: float = 0.0
+    wall_s: float = 0.0
+
+
+class Budget:
+    """How many candidates to benchmark. Subclasses say when the soft budget is spent.
+
+    Parameters
+    ----------
+    max_benchmarks : int
+        Hard cap on benchmark calls per problem, failures included.
+    """
+
+    max_benchmarks: int
+
+    def _check(self) -> None:
+        if int(self.max_benchmarks) < 1:
+            raise AutotuneError(f"{type(self).__name__}.max_benchmarks={self.max_benchmarks!r}; allowed: an integer >= 1")
+
+    def planned(self, scores: Sequence[float]) -> int | None:
+        """Successful measurements wanted for a problem with these ranked scores (None: no count)."""
+        return None
+
+    def spent(self, scores: Sequence[float], spent: _Spent) -> bool:
+        """True when the soft budget is used up."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass
+class FixedK(Budget):
+    """Benchmark the model's first ``k`` candidates (``k`` successful measurements)."""
+
+    k: int = 2
+    max_benchmarks: int = MAX_BENCHMARKS
+
+    def __post_init__(self) -> None:
+        if int(self.k) < 1:
+            raise AutotuneError(f"FixedK.k={self.k!r}; allowed: an integer >= 1")
+        self._check()
+
+    def planned(self, scores: Sequence[float]) -> int:
+        return int(self.k)
+
+    def spent(self, scores: Sequence[float], spent: _Spent) -> bool:
+        return spent.successes >= int(self.k)
+
+    def describe(self) -> str:
+        return f"fixed(k={self.k})"
+
+
+@dataclass
+class TimeBudget(Budget):
+    """Benchmark until ``seconds`` are spent: measured kernel time (``clock="kernel"``, the sum of
+    the times ``benchmark`` returned) or wall time inside ``benchmark`` (``clock="wall"``)."""
+
+    seconds: float = 1.0
+    clock: str = "kernel"
+    max_benchmarks: int = MAX_BENCHMARKS
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(float(self.seconds)) and float(self.seconds) > 0):
+            raise AutotuneError(f"TimeBudget.seconds={self.seconds!r}; allowed: a finite number > 0")
+        if self.clock not in ("kernel", "wall"):
+            raise AutotuneError(f"TimeBudget.clock={self.clock!r}; allowed: 'kernel', 'wall'")
+        self._check()
+
+    def spent(self, scores: Sequence[float], spent: _Spent) -> bool:
+        used = spent.kernel_s if self.clock == "kernel" else spent.wall_s
+        return used >= float(self.seconds)
+
+    def describe(self) -> str:
+        return f"time({self.clock}={self.seconds:g}s)"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """P(best of the model's top j is within ``within`` of the best kernel), by score-gap bin.
+
+    The *score gap* of a problem is the model's top score minus its ``gap_to``-th score (the
+    model output's own units; infinite when fewer kernels are valid). ``gap_to=2`` is the margin
+    of the top candidate over the next; a larger ``gap_to`` looks past near-duplicate kernels
+    (two pipelines of one tile) that a model scores alike. Problems are binned by it
+    (``edges``: the inner bin edges, increasing), and ``probability[w][b][j - 1]`` is the
+    probability for ``within[w]``, bin ``b`` and the top ``j`` candidates, non-decreasing in
+    ``j`` and in the gap.
+
+    Attributes
+    ----------
+    within : tuple of float
+        Tolerances (0.02 = within 2% of the best).
+    edges : tuple of float
+        Inner edges of the score-gap bins (len = bins - 1).
+    probability : tuple
+        ``[len(within)][bins][max_k]`` probabilities.
+    counts : tuple of int
+        Problems per bin in the fit.
+    """
+
+    within: tuple[float, ...]
+    edges: tuple[float, ...]
+    probability: tuple[tuple[tuple[float, ...], ...], ...]
+    counts: tuple[int, ...]
+    gap_to: int = 2
+
+    @property
+    def max_k(self) -> int:
+        return len(self.probability[0][0])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": CALIBRATION_FORMAT, "feature": "score_gap", "gap_to": self.gap_to,
+                "within": list(self.within),
+                "edges": list(self.edges), "counts": list(self.counts),
+                "probability": [[list(row) for row in table] for table in self.probability]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "calibration") -> "Calibration":
+        if not isinstance(d, Mapping) or d.get("format") != CALIBRATION_FORMAT:
+            got = d.get("format") if isinstance(d, Mapping) else type(d).__name__
+            raise AutotuneError(f"{where}: format {got!r}, expected {CALIBRATION_FORMAT!r}")
+        try:
+            within = tuple(float(x) for x in d["within"])
+            edges = tuple(float(x) for x in d["edges"])
+            prob = tuple(tuple(tuple(float(p) for p in row) for row in table) for table in d["probability"])
+            counts = tuple(int(c) for c in d["counts"])
+            gap_to = int(d.get("gap_to", 2))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AutotuneError(f"{where}: malformed table ({exc!r}); keys: within, edges, counts, probability") from exc
+        bins = len(edges) + 1
+        if len(prob) != len(within) or any(len(t) != bins for t in prob) or len(counts) != bins \
+                or len({len(r) for t in prob for r in t}) != 1:
+            raise AutotuneError(f"{where}: probability must be [{len(within)} within][{bins} bins][max_k], "
+                                f"counts [{bins}]")
+        if gap_to < 2:
+            raise AutotuneError(f"{where}: gap_to={gap_to}; allowed: an integer >= 2")
+        return cls(within, edges, prob, counts, gap_to)
+
+    def bin_of(self, gap: float) -> int:
+        return int(np.searchsorted(np.asarray(self.edges), gap, side="right"))
+
+    def needed(self, scores: Sequence[float], target: float, within: float) -> int:
+        """Smallest j whose probability reaches ``target``; ``max_k`` when none does."""
+        if within not in self.within:
+            raise AutotuneError(f"no calibration for within={within!r}; calibrated: {list(self.within)}")
+        table = self.probability[self.within.index(within)]
+        if len(scores) < 2:
+            return 1
+        row = table[self.bin_of(score_gap(scores, self.gap_to))]
+        for j, p in enumerate(row, 1):
+            if p >= target:
+                return j
+        return self.max_k
+
+
+@dataclass
+class Confidence(Budget):
+    """As many candidates as the calibration says are needed for
+    P(best measured within ``within`` of the best) >= ``target``.
+
+    ``calibration`` is a :class:`Calibration` (or its dict); :meth:`KernelSelector.autotune
+    <ckpred.runtime.KernelSelector.autotune>` fills it from the model's manifest when omitted.
+    """
+
+    target: float = 0.95
+    within: float = 0.05
+    calibration: Calibration | Mapping[str, Any] | None = None
+    max_benchmarks: int = MAX_BENCHMARKS
+
+    def __post_init__(self) -> None:
+        if not 0 < float(self.target) <= 1:
+            raise AutotuneError(f"Confidence.target={self.target!r}; allowed: a probability in (0, 1]")
+        if isinstance(self.calibration, Mapping):
+            self.calibration = Calibration.from_dict(self.calibration)
+        if self.calibration is not None and float(self.within) not in self.calibration.within:
+            raise AutotuneError(f"Confidence.within={self.within!r}; calibrated: {list(self.calibration.within)}")
+        self._check()
+
+    def with_calibration(self, calibration: Calibration | Mapping[str, Any] | None, where: str) -> "Confidence":
+        if self.calibration is not None:
+            return self
+        if calibration is None:
+            raise AutotuneError(f"{where}: no autotune calibration (export the model from a train run, whose "
+                                "out-of-fold predictions calibrate it), and Confidence(calibration=...) not given")
+        return Confidence(self.target, self.within, calibration, self.max_benchmarks)
+
+    def planned(self, scores: Sequence[float]) -> int:
+        if self.calibration is None:
+            raise AutotuneError("Confidence budget without a calibration table")
+        return self.calibration.needed(scores, float(self.target), float(self.within))
+
+    def spent(self, scores: Sequence[float], spent: _Spent) -> bool:
+        return spent.successes >= self.planned(scores)
+
+    def describe(self) -> str:
+        return f"confidence(target={self.target:g},within={self.within:g})"
+
+
+def score_gap(scores: Sequence[float], gap_to: int = 2) -> float:
+    """Top score minus the ``gap_to``-th highest (inf with fewer finite scores)."""
+    s = np.asarray(scores, dtype=np.float64)
+    s = s[np.isfinite(s)]
+    if len(s) < gap_to:
+        return math.inf
+    top = np.sort(s)[::-1]
+    return float(top[0] - top[gap_to - 1])
+
+
+def _pav(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Weighted isotonic (non-decreasing) regression by pool-adjacent-violators."""
+    blocks: list[list[float]] = []  # [value, weight, length]
+    for v, w in zip(values, weights):
+        blocks.append([float(v), float(max(w, 1e-12)), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return np.concatenate([[v] * n for v, _, n in blocks])
+
+
+def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[float],
+              selectable: Sequence[bool] | None = None, *, within: Iterable[float] = (0.01, 0.02, 0.05, 0.1),
+              bins: int = 6, max_k: int = 10, prior_failures: float = 1.0,
+              tie_order: Sequence[Any] | None = None, gap_to: int = 2) -> Calibration:
+    """Fit the :class:`Calibration` table from out-of-fold predictions.
+
+    Parameters
+    ----------
+    shapes : array-like
+        Problem key of each row (rows of a problem need not be contiguous).
+    perf : array-like of float
+        Measured performance, higher is better, 0 for failed rows (as in ``train``'s
+        ``oof_predictions.parquet`` column ``perf``).
+    scores : array-like of float
+        Out-of-fold model scores (``score_model``), higher is better.
+    selectable : array-like of bool, optional
+        Rows the selector may pick (the validity mask); default all.
+    within : iterable of float
+        Tolerances to calibrate.
+    bins : int
+        Score-gap bins (quantiles of the gap over problems).
+    max_k : int
+        Largest top-j tabulated.
+    prior_failures : float
+        Pseudo-count of misses added to every bin (``hits / (n + prior_failures)``), so a
+        small bin that never missed still does not claim certainty.
+    tie_order : array-like, optional
+        Secondary sort key for equal scores (the exported selector's kernel id); default row order.
+    gap_to : int
+        The score gap is the top score minus the ``gap_to``-th (see :class:`Calibration`).
+
+    Returns
+    -------
+    Calibration
+    """
+    import pandas as pd
+
+    frame = pd.DataFrame({"shape": np.asarray(shapes, dtype=object), "perf": np.asarray(perf, dtype=np.float64),
+                          "score": np.asarray(scores, dtype=np.float64),
+                          "sel": np.ones(len(perf), bool) if selectable is None else np.asarray(selectable, bool),
+                          "tie": np.arange(len(perf)) if tie_order is None else np.asarray(tie_order)})
+    within = tuple(float(w) for w in within)
+    if bins < 1 or max_k < 1 or gap_to < 2:
+        raise AutotuneError(f"calibrate: bins={bins!r}, max_k={max_k!r}, gap_to={gap_to!r}; allowed: integers "
+                            ">= 1 (gap_to >= 2)")
+    gaps, rel_top = [], []
+    for _, one in frame.groupby("shape", sort=False):
+        best = one["perf"].max()
+        cand = one[one["sel"]]
+        if best <= 0 or cand.empty:
+            continue
+        cand = cand.sort_values(["score", "tie"], ascending=[False, True], kind="stable")
+        rel = np.maximum.accumulate(cand["perf"].to_numpy()[:max_k] / best)
+        rel = np.concatenate([rel, np.full(max_k - len(rel), rel[-1])])
+        gaps.append(score_gap(cand["score"].to_numpy(), gap_to))
+        rel_top.append(rel)
+    if not gaps:
+        raise AutotuneError("calibrate: no problem with a valid measured kernel")
+    gaps_a, rel_a = np.asarray(gaps), np.vstack(rel_top)
+    finite = gaps_a[np.isfinite(gaps_a)]
+    qs = np.quantile(finite, np.linspace(0, 1, bins + 1)[1:-1]) if len(finite) else np.array([])
+    edges = np.unique(qs)
+    if len(finite):
+        edges = edges[edges > finite.min()]  # an edge at the smallest gap would leave its left bin empty
+    which = np.searchsorted(edges, gaps_a, side="right")
+    n_bins = len(edges) + 1
+    counts = np.bincount(which, minlength=n_bins)
+    tables = []
+    for w in within:
+        hit = rel_a >= 1.0 - w - 1e-12
+        prob = np.zeros((n_bins, max_k))
+        for b in range(n_bins):
+            if counts[b]:
+                prob[b] = hit[which == b].sum(axis=0) / (counts[b] + prior_failures)
+        for j in range(max_k):  # non-decreasing in the gap
+            filled = counts > 0
+            if filled.any():
+                prob[filled, j] = _pav(prob[filled, j], counts[filled])
+                # an empty bin takes the nearest filled bin below it (or above, at the bottom)
+                for b in np.flatnonzero(~filled):
+                    below = np.flatnonzero(filled[:b])
+                    prob[b, j] = prob[below[-1], j] if len(below) else prob[np.flatnonzero(filled)[0], j]
+        prob = np.maximum.accumulate(prob, axis=1)
+        tables.append(tuple(tuple(round(float(p), 6) for p in row) for row in prob))
+    return Calibration(within, tuple(float(e) for e in edges), tuple(tables), tuple(int(c) for c in counts), gap_to)
+
+
+def calibration_from_oof(oof: Any, kernel_ids: Mapping[str, int] | None = None, **options: Any) -> dict[str, Any]:
+    """The manifest's ``autotune`` section from a train run's ``oof_predictions.parquet`` frame.
+
+    Parameters
+    ----------
+    oof : DataFrame
+        Columns ``shape``, ``kernel_name``, ``perf``, ``selectable``, ``score_model``.
+    kernel_ids : mapping, optional
+        Kernel name -> catalogue id, so equal scores rank as the exported selector ranks them.
+    **options
+        Passed to :func:`calibrate`.
+    """
+    ties = None if kernel_ids is None else oof["kernel_name"].map(dict(kernel_ids)).to_numpy()
+    return calibrate(oof["shape"].to_numpy(), oof["perf"].to_numpy(), oof["score_model"].to_numpy(),
+                     oof["selectable"].to_numpy(), tie_order=ties, **options).to_dict()
+
+
+# ---------------------------------------------------------------------------------------------
+# The persistent store
+# ---------------------------------------------------------------------------------------------
+def problem_key(problem: Mapping[str, Any], fields: Sequence[str] | None = None) -> str:
+    """``field=value`` pairs joined by commas, in ``fields`` order (default: the mapping's)."""
+    names = list(fields) if fields is not None else list(problem)
+    return ",".join(f"{name}={int(problem[name])}" for name in names)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ResultStore:
+    """The persistent, process-safe, bounded store of measured winners (format in the module doc).
+
+    Parameters
+    ----------
+    path : path
+        The JSON-lines file (created on first write; its directory too).
+    max_entries : int, default=10000
+        Keys kept by compaction (newest first).
+    """
+
+    def __init__(self, path: str | Path, *, max_entries: int = 10000) -> None:
+        if int(max_entries) < 1:
+            raise AutotuneError(f"ResultStore.max_entries={max_entries!r}; allowed: an integer >= 1")
+        self.path = Path(path)
+        self.max_entries = int(max_entries)
+        self.skipped_lines = 0
+        self._index: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._lines = 0
+        self._offset = 0
+        self._ino: tuple[int, int] | None = None
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    # -- reading ---------------------------------------------------------------------------
+    def _parse(self, line: bytes, lineno: int) -> dict[str, Any] | None:
+        try:
+            entry = json.loads(line)
+            if not isinstance(entry, dict) or entry.get("format") != STORE_FORMAT:
+                raise ValueError(f"format {entry.get('format') if isinstance(entry, dict) else None!r}, "
+                                 f"expected {STORE_FORMAT!r}")
+            for key in ("model", "op", "problem", "kernel", "kernel_id", "seconds"):
+                if key not in entry:
+                    raise ValueError(f"missing key {key!r}")
+            return entry
+        except ValueError as exc:
+            self.skipped_lines += 1
+            log.warning("%s:%d: skipped a store line that does not parse (%s)", self.path, lineno, exc)
+            return None
+
+    def refresh(self) -> None:
+        """Read what other processes appended since the last read (all of it after a compaction)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._index, self._lines, self._offset, self._ino = {}, 0, 0, None
+            return
+        ino = (st.st_dev, st.st_ino)
+        if ino != self._ino or st.st_size < self._offset:
+            self._index, self._lines, self._offset, self._ino = {}, 0, 0, ino
+        if st.st_size == self._offset:
+            return
+        with open(self.path, "rb") as fh:
+            fh.seek(self._offset)
+            data = fh.read()
+        end = data.rfind(b"\n") + 1  # complete lines only; a line being written is read next time
+        for raw in data[:end].splitlines():
+            self._lines += 1
+            if not raw.strip():
+                continue
+            entry = self._parse(raw, self._lines)
+            if entry is not None:
+                self._index.pop(self._key(entry), None)  # re-insert: dict order = newest last
+                self._index[self._key(entry)] = entry
+        self._offset += end
+
+    @staticmethod
+    def _key(entry: Mapping[str, Any]) -> tuple[str, str, str]:
+        return (str(entry["model"]), str(entry["op"]), str(entry["problem"]))
+
+    def get(self, model: str, op: str, problem: str) -> dict[str, Any] | None:
+        """The newest entry of ``(model, op, problem)``, or None (entries of other models never match)."""
+        self.refresh()
+        return self._index.get((model, op, problem))
+
+    def entries(self, model: str | None = None) -> list[dict[str, Any]]:
+        """Current entries (last per key), oldest first; only ``model``'s when given."""
+        self.refresh()
+        return [e for e in self._index.values() if model is None or e["model"] == model]
+
+    # -- writing ---------------------------------------------------------------------------
+    def _locked(self) -> Any:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def put(self, entry: Mapping[str, Any]) -> None:
+        """Append one entry (adds ``format``, ``created`` and ``writer`` when absent); compacts
+        when the file holds more than ``2 * max_entries`` lines."""
+        record = {"format": STORE_FORMAT, **entry}
+        record.setdefault("created", _now())
+        record.setdefault("writer", "python")
+        for key in ("model", "op", "problem", "kernel", "kernel_id", "seconds"):
+            if key not in record:
+                raise AutotuneError(f"store entry lacks {key!r}; required: model, op, problem, kernel, kernel_id, seconds")
+        line = json.dumps(record, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+        fd = self._locked()
+        try:
+            out = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                size = os.fstat(out).st_size
+                if size:  # a crashed writer's partial line must not swallow ours
+                    with open(self.path, "rb") as fh:
+                        fh.seek(size - 1)
+                        if fh.read(1) != b"\n":
+                            line = b"\n" + line
+                os.write(out, line)
+            finally:
+                os.close(out)
+            self.refresh()
+            if self._lines > 2 * self.max_entries:
+                self._compact_locked()
+        finally:
+            os.close(fd)
+
+    def compact(self) -> None:
+        """Rewrite the file with the last line of each key, newest ``max_entries`` keys."""
+        fd = self._locked()
+        try:
+            self._compact_locked()
+        finally:
+            os.close(fd)
+
+    def _compact_locked(self) -> None:
+        self.refresh()
+        keep = list(self._index.values())[-self.max_entries:]
+        tmp = tempfile.NamedTemporaryFile("wb", dir=self.path.parent, prefix=f".{self.path.name}.", delete=False)
+        try:
+            with tmp:
+                for e in keep:
+                    tmp.write(json.dumps(e, separators=(",", ":"), allow_nan=False).encode() + b"\n")
+                tmp.flush()
+                os.fsync(tmp.fileno())
+            os.chmod(tmp.name, 0o644)
+            os.replace(tmp.name, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp.name)
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+            raise
+        self._ino = None
+        self.refresh()
+
+
+# ---------------------------------------------------------------------------------------------
+# The search
+# ---------------------------------------------------------------------------------------------
+def _call(benchmark: Callable[[Any], float], arg: Any, kernel_id: int, name: str) -> tuple[Measurement, float]:
+    t0 = time.perf_counter()
+    try:
+        value = benchmark(arg)
+        seconds = float(value)
+        if not math.isfinite(seconds) or seconds <= 0:
+            m = Measurement(kernel_id, name, None, f"non-finite or non-positive time {value!r}")
+        else:
+            m = Measurement(kernel_id, name, seconds)
+    except Exception as exc:  # the caller's kernel failed: record it, try the next one
+        m = Measurement(kernel_id, name, None, f"{type(exc).__name__}: {exc}"[:500])
+    return m, time.perf_counter() - t0
+
+
+def autotune_ranked(ids: Sequence[int], names: Sequence[str], scores: Sequence[float],
+                    benchmark: Callable[[Any], float], budget: Budget, *, pass_id: bool = False,
+                    problem: str = "") -> TuneResult:
+    """Benchmark ranked candidates (valid ones, best first) until ``budget`` is spent.
+
+    This is the store-free core of :func:`autotune`; the replay and the C++ header follow the
+    same rules: count successes against the soft budget, stop at ``budget.max_benchmarks``
+    calls, and past the soft budget continue only while nothing has succeeded.
+    """
+    if not isinstance(budget, Budget):
+        raise AutotuneError(f"budget={budget!r}; allowed: FixedK, TimeBudget or Confidence")
+    spent = _Spent()
+    measured: list[Measurement] = []
+    candidates = list(zip(ids, names))
+    stop = "no valid kernel" if not candidates else "candidates exhausted"
+    for kernel_id, name in candidates:
+        if spent.successes and budget.spent(scores, spent):
+            stop = "budget spent"
+            break
+        if spent.attempts >= int(budget.max_benchmarks):
+            stop = f"max_benchmarks={budget.max_benchmarks} reached"
+            break
+        m, wall = _call(benchmark, int(kernel_id) if pass_id else name, int(kernel_id), name)
+        measured.append(m)
+        spent.attempts += 1
+        spent.wall_s += wall
+        if m.ok:
+            spent.successes += 1
+            spent.kernel_s += float(m.seconds)  # type: ignore[arg-type]
+    else:
+        if spent.successes and budget.spent(scores, spent):
+            stop = "budget spent"
+        elif spent.attempts >= int(budget.max_benchmarks):
+            stop = f"max_benchmarks={budget.max_benchmarks} reached"
+    good = [m for m in measured if m.ok]
+    if not good:
+        if measured:
+            stop = f"{stop}: all {len(measured)} benchmarks failed"
+        return TuneResult(problem, None, None, None, tuple(measured), False, budget.describe(), stop)
+    best = min(good, key=lambda m: m.seconds)  # type: ignore[arg-type, return-value]
+    return TuneResult(problem, best.kernel, best.kernel_id, best.seconds, tuple(measured), False,
+                      budget.describe(), stop)
+
+
+def model_hash(manifest: Mapping[str, Any]) -> str:
+    """The store's model key: the sha256 of the selector graph recorded in the manifest."""
+    selector = manifest["graphs"]["selector"]["file"]
+    try:
+        return str(manifest["files"][selector]["sha256"])
+    except KeyError as exc:
+        raise ModelMismatchError(f"manifest has no sha256 for {selector}") from exc
+
+
+def autotune(selector: Any, problem: Mapping[str, Any], benchmark: Callable[[Any], float],
+             budget: Budget | None = None, *, store: ResultStore | str | Path | None = None,
+             pass_id: bool = False, refresh: bool = False) -> TuneResult:
+    """Benchmark the model's best valid kernels for ``problem`` and return the fastest.
+
+    Parameters
+    ----------
+    selector : KernelSelector
+        A loaded selector (ranks the candidates; its manifest gives the model hash and the
+        confidence calibration).
+    problem : mapping
+        Problem fields (defaults filled in as in ``select``).
+    benchmark : callable
+        ``benchmark(kernel_name) -> seconds`` (``benchmark(kernel_id)`` with ``pass_id``). An
+        exception or a non-finite/non-positive result is recorded and the kernel skipped.
+    budget : Budget, default=FixedK(2)
+        When to stop (:class:`FixedK`, :class:`TimeBudget`, :class:`Confidence`).
+    store : ResultStore or path, optional
+        Read first (a stored winner of this model is returned without benchmarking) and
+        written after a successful search.
+    refresh : bool, default=False
+        Benchmark even when the store has an answer (and overwrite it).
+
+    Returns
+    -------
+    TuneResult
+    """
+    budget = FixedK(2) if budget is None else budget
+    if isinstance(budget, Confidence):
+        budget = budget.with_calibration(selector.manifest.get("autotune"), str(selector.model_dir))
+    if store is not None and not isinstance(store, ResultStore):
+        store = ResultStore(store)
+    row = selector.problem_row(dict(problem))
+    key = problem_key(row, selector.problem_fields)
+    model, op = model_hash(selector.manifest), selector.manifest["op"]
+    if store is not None and not refresh:
+        hit = store.get(model, op, key)
+        if hit is not None:
+            return TuneResult(key, str(hit["kernel"]), int(hit["kernel_id"]), float(hit["seconds"]), (), True,
+                              str(hit.get("policy", "")), "from store")
+    answer = selector.select(row, top_k=max(1, min(int(budget.max_benchmarks), len(selector.catalogue))))
+    result = autotune_ranked(answer.ids, answer.kernels, answer.scores, benchmark, budget, pass_id=pass_id,
+                             problem=key)
+    if not answer.ok:
+        result = TuneResult(key, None, None, None, (), False, budget.describe(), answer.reason)
+    if store is not None and result.ok:
+        store.put({"model": model, "op": op, "arch": selector.manifest["arch"], "dtype": selector.manifest["dtype"],
+                   "layout": selector.manifest["layout"], "problem": key, "kernel_id": result.kernel_id,
+                   "kernel": result.kernel, "seconds": result.seconds, "policy": result.policy,
+                   "measured": [m.to_dict() for m in result.measured]})
+    return result

@@ -1,0 +1,132 @@
+"""Model-guided search on a new GPU, re-ranking as measurements come in.
+
+Where no model fits the target well enough to pick one kernel (a tunable kernel on a GPU it was
+never measured on), a model trained on other GPUs still orders the search: measure the
+configuration it ranks best, then correct the ranking with what the new GPU has shown so far,
+and measure the next. :func:`guided_search` does this with
+
+* a LightGBM regressor of the relative log time (log(time / best time of that GPU)) on the
+  tunable parameters, trained on the source GPUs' complete measurements;
+* after every measurement, a kernel-weighted correction: each configuration's prediction is
+  shifted by the Gaussian-weighted mean residual (measured log time minus prediction, centred
+  by their median) of the measured configurations near it in standardised parameter space,
+  shrunk towards zero by a unit pseudo-weight, so a region that ran faster than predicted is
+  promoted and one that ran slower is demoted; failed configurations push their neighbours
+  down the list.
+
+:func:`evaluations_to_reach` reads the number of measurements until the first configuration
+within a tolerance of the best, the figure random search is compared on.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["read_cache", "guided_search", "evaluations_to_reach", "random_evaluations"]
+
+
+def read_cache(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
+    """A Kernel Tuner cache (``.json`` or ``.json.gz``) as a frame: the tunable parameters that
+    vary, ``time`` in ms (NaN for failed configurations), indexed by the cache key."""
+    from ckpred.errors import InputFileError
+
+    path = Path(path)
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as fh:
+            doc = json.load(fh)
+        keys, cache = list(doc["tune_params_keys"]), doc["cache"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputFileError(str(path), f"not a Kernel Tuner cache ({exc!r}); need tune_params_keys and cache") from exc
+    frame = pd.DataFrame.from_dict(cache, orient="index")
+    frame["time"] = pd.to_numeric(frame["time"], errors="coerce")  # failed configs hold a string
+    varying = [k for k in keys if frame[k].nunique() > 1]
+    return frame[[*varying, "time"]].sort_index(), varying
+
+
+def _relative_log_time(time: np.ndarray) -> np.ndarray:
+    return np.log(time / np.nanmin(time))
+
+
+def source_model(params: np.ndarray, times: Sequence[np.ndarray], *, seed: int = 0) -> Any:
+    """LightGBM regressor of the relative log time on the source GPUs (failed rows dropped)."""
+    import lightgbm as lgb
+
+    X = np.vstack([params] * len(times))
+    y = np.concatenate([_relative_log_time(t) for t in times])
+    ok = np.isfinite(y)
+    model = lgb.LGBMRegressor(n_estimators=300, num_leaves=15, learning_rate=0.05, min_child_samples=5,
+                              random_state=seed, n_jobs=1, verbose=-1)
+    return model.fit(X[ok], y[ok])
+
+
+def guided_search(params: np.ndarray, prior: np.ndarray, measure: Any, budget: int, *,
+                  bandwidth: float = 1.0, adapt: bool = True) -> list[int]:
+    """Measure ``budget`` configurations, best-predicted first, re-ranking after each one.
+
+    Parameters
+    ----------
+    params : ndarray, shape (n, p)
+        Tunable parameters of every configuration.
+    prior : ndarray, shape (n,)
+        The source model's predicted relative log time (lower is better).
+    measure : callable
+        ``measure(index) -> time`` (NaN or inf for a failed configuration).
+    budget : int
+        Measurements to make.
+    bandwidth : float
+        Kernel width in standardised parameter units.
+    adapt : bool
+        False: measure in the prior's order only (no re-ranking).
+
+    Returns
+    -------
+    list of int
+        Configuration indices in the order measured.
+    """
+    z = (params - params.mean(0)) / np.where(params.std(0) > 0, params.std(0), 1.0)
+    score = np.asarray(prior, dtype=float).copy()
+    measured: list[int] = []
+    times: list[float] = []
+    left = np.ones(len(score), bool)
+    for _ in range(min(budget, len(score))):
+        cand = np.flatnonzero(left)
+        nxt = int(cand[np.argmin(score[cand])])
+        measured.append(nxt)
+        left[nxt] = False
+        times.append(float(measure(nxt)))
+        if not adapt:
+            continue
+        t = np.asarray(times)
+        idx = np.asarray(measured)
+        ok = np.isfinite(t) & (t > 0)
+        score = np.asarray(prior, dtype=float).copy()
+        if ok.sum() >= 2:
+            res = np.log(t[ok]) - prior[idx[ok]]
+            res -= np.median(res)
+            w = np.exp(-((z[:, None, :] - z[None, idx[ok], :]) ** 2).sum(-1) / bandwidth ** 2)
+            score += (w * res).sum(1) / (w.sum(1) + 1.0)
+        if (~ok).any():
+            wb = np.exp(-((z[:, None, :] - z[None, idx[~ok], :]) ** 2).sum(-1) / bandwidth ** 2)
+            score += wb.sum(1)
+    return measured
+
+
+def evaluations_to_reach(order: Sequence[int], time: np.ndarray, within: float) -> int | None:
+    """Measurements until the first configuration with time <= (1 + within) * best (None: never)."""
+    t = np.asarray(time, dtype=float)[np.asarray(order, dtype=int)]
+    hit = np.flatnonzero(t <= (1 + within) * np.nanmin(time))
+    return int(hit[0]) + 1 if len(hit) else None
+
+
+def random_evaluations(time: np.ndarray, within: float) -> float:
+    """Expected draws without replacement until the first within ``within``: (N + 1) / (k + 1)."""
+    t = np.asarray(time, dtype=float)
+    k = int(np.sum(t <= (1 + within) * np.nanmin(t)))
+    return (len(t) + 1) / (k + 1)

@@ -1,0 +1,460 @@
+// ckpred_autotune.hpp: tune on first call from C++ -- benchmark a few of the model's top kernels,
+// keep the fastest, and remember it in the result store the Python runtime shares.
+//
+// Same rules and file format as ckpred/autotune.py (docs/autotune.md):
+//   * candidates (valid kernels, model order, e.g. ckpred_select's answer) are benchmarked by the
+//     caller's std::function until the budget is spent; a benchmark that throws or returns a
+//     non-finite or non-positive time is recorded and skipped;
+//   * budgets: fixed k successes, a time budget (kernel seconds or wall seconds), or a confidence
+//     budget sized by the calibration table exported in manifest.json ("autotune"); every budget
+//     stops at max_benchmarks calls and, once spent, continues only while nothing succeeded;
+//   * the store: JSON lines ("format":"ckpred.autotune/1"), keyed by (model sha256, op, problem),
+//     appended under an exclusive flock on <store>.lock, compacted past 2 * max_entries lines.
+// Header-only; needs json.hpp (this directory) and POSIX (flock, rename).
+#pragma once
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "json.hpp"
+
+namespace ckpred {
+namespace autotune {
+
+inline const char* kStoreFormat = "ckpred.autotune/1";
+inline const char* kCalibrationFormat = "ckpred.autotune.calibration/1";
+
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Measurement {
+  int64_t kernel_id = -1;
+  std::string kernel;
+  double seconds = std::numeric_limits<double>::quiet_NaN();  // NaN: failed
+  std::string error;
+  bool ok() const { return !std::isnan(seconds); }
+};
+
+struct Result {
+  std::string problem;
+  std::string kernel;  // empty: nothing measured successfully
+  int64_t kernel_id = -1;
+  double seconds = std::numeric_limits<double>::quiet_NaN();
+  std::vector<Measurement> measured;
+  bool from_store = false;
+  std::string policy, stop;
+  bool ok() const { return !kernel.empty(); }
+};
+
+// One ranked candidate (a valid kernel, best first).
+struct Candidate {
+  int64_t id;
+  std::string name;
+  double score;
+};
+
+// Top score minus the gap_to-th highest (infinite with fewer finite scores).
+inline double score_gap(const std::vector<double>& scores, size_t gap_to = 2) {
+  std::vector<double> s;
+  for (double v : scores)
+    if (std::isfinite(v)) s.push_back(v);
+  if (s.size() < gap_to) return std::numeric_limits<double>::infinity();
+  std::partial_sort(s.begin(), s.begin() + static_cast<long>(gap_to), s.end(), std::greater<double>());
+  return s[0] - s[gap_to - 1];
+}
+
+// P(best of the top j within `within` of the best kernel) by score-gap bin (see ckpred.autotune.Calibration).
+struct Calibration {
+  std::vector<double> within, edges;
+  std::vector<std::vector<std::vector<double>>> probability;  // [within][bin][j-1]
+  size_t gap_to = 2;
+
+  static Calibration from_json(const json::Value& v) {
+    if (v.is_null() || v.kind != json::Value::Kind::Object || v["format"].str() != kCalibrationFormat)
+      throw Error(std::string("autotune calibration: expected format '") + kCalibrationFormat + "'");
+    Calibration c;
+    for (const auto& x : v["within"].arr()) c.within.push_back(x.num());
+    for (const auto& x : v["edges"].arr()) c.edges.push_back(x.num());
+    auto g = v.o.find("gap_to");
+    if (g != v.o.end()) c.gap_to = static_cast<size_t>(g->second.num());
+    if (c.gap_to < 2) throw Error("autotune calibration: gap_to must be >= 2");
+    for (const auto& table : v["probability"].arr()) {
+      std::vector<std::vector<double>> t;
+      for (const auto& row : table.arr()) {
+        std::vector<double> r;
+        for (const auto& p : row.arr()) r.push_back(p.num());
+        t.push_back(r);
+      }
+      if (t.size() != c.edges.size() + 1) throw Error("autotune calibration: probability rows != bins");
+      c.probability.push_back(t);
+    }
+    if (c.probability.size() != c.within.size()) throw Error("autotune calibration: probability tables != within");
+    return c;
+  }
+
+  int needed(const std::vector<double>& scores, double target, double within_) const {
+    auto it = std::find(within.begin(), within.end(), within_);
+    if (it == within.end()) throw Error("autotune calibration: no table for within=" + std::to_string(within_));
+    const auto& table = probability[static_cast<size_t>(it - within.begin())];
+    if (scores.size() < 2) return 1;
+    double gap = score_gap(scores, gap_to);
+    size_t bin = static_cast<size_t>(std::upper_bound(edges.begin(), edges.end(), gap) - edges.begin());
+    const auto& row = table[bin];
+    for (size_t j = 0; j < row.size(); ++j)
+      if (row[j] >= target) return static_cast<int>(j + 1);
+    return static_cast<int>(row.size());
+  }
+};
+
+struct Budget {
+  enum class Kind { Fixed, Time, Confidence } kind = Kind::Fixed;
+  int k = 2;                  // Fixed
+  double seconds = 1.0;       // Time
+  bool wall = false;          // Time: wall seconds inside benchmark instead of kernel seconds
+  double target = 0.95;       // Confidence
+  double within = 0.05;       // Confidence
+  const Calibration* calibration = nullptr;
+  int max_benchmarks = 16;
+
+  static Budget fixed(int k, int max_benchmarks = 16) {
+    if (k < 1 || max_benchmarks < 1) throw Error("fixed budget: k and max_benchmarks must be >= 1");
+    Budget b;
+    b.kind = Kind::Fixed, b.k = k, b.max_benchmarks = max_benchmarks;
+    return b;
+  }
+  static Budget time(double seconds, bool wall = false, int max_benchmarks = 16) {
+    if (!(std::isfinite(seconds) && seconds > 0)) throw Error("time budget: seconds must be finite and > 0");
+    Budget b;
+    b.kind = Kind::Time, b.seconds = seconds, b.wall = wall, b.max_benchmarks = max_benchmarks;
+    return b;
+  }
+  static Budget confidence(double target, double within, const Calibration* cal, int max_benchmarks = 16) {
+    if (!(target > 0 && target <= 1)) throw Error("confidence budget: target must be in (0, 1]");
+    if (cal == nullptr) throw Error("confidence budget: the model's manifest has no autotune calibration");
+    Budget b;
+    b.kind = Kind::Confidence, b.target = target, b.within = within, b.calibration = cal;
+    b.max_benchmarks = max_benchmarks;
+    return b;
+  }
+
+  bool spent(const std::vector<double>& scores, int successes, double kernel_s, double wall_s) const {
+    switch (kind) {
+      case Kind::Fixed: return successes >= k;
+      case Kind::Time: return (wall ? wall_s : kernel_s) >= seconds;
+      case Kind::Confidence: return successes >= calibration->needed(scores, target, within);
+    }
+    return true;
+  }
+
+  std::string describe() const {
+    std::ostringstream o;
+    o << std::defaultfloat;
+    if (kind == Kind::Fixed) o << "fixed(k=" << k << ")";
+    else if (kind == Kind::Time) o << "time(" << (wall ? "wall" : "kernel") << "=" << seconds << "s)";
+    else o << "confidence(target=" << target << ",within=" << within << ")";
+    return o.str();
+  }
+};
+
+using Benchmark = std::function<double(const Candidate&)>;
+
+// The store-free search (ckpred.autotune.autotune_ranked).
+inline Result autotune_ranked(const std::vector<Candidate>& ranked, const Benchmark& benchmark, const Budget& budget,
+                              const std::string& problem = "") {
+  Result r;
+  r.problem = problem;
+  r.policy = budget.describe();
+  std::vector<double> scores;
+  for (const auto& c : ranked) scores.push_back(c.score);
+  int successes = 0;
+  double kernel_s = 0, wall_s = 0;
+  r.stop = ranked.empty() ? "no valid kernel" : "candidates exhausted";
+  bool stopped = false;
+  for (const auto& c : ranked) {
+    if (successes && budget.spent(scores, successes, kernel_s, wall_s)) {
+      r.stop = "budget spent", stopped = true;
+      break;
+    }
+    if (static_cast<int>(r.measured.size()) >= budget.max_benchmarks) {
+      r.stop = "max_benchmarks=" + std::to_string(budget.max_benchmarks) + " reached", stopped = true;
+      break;
+    }
+    Measurement m;
+    m.kernel_id = c.id;
+    m.kernel = c.name;
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      double s = benchmark(c);
+      if (std::isfinite(s) && s > 0) m.seconds = s;
+      else {
+        std::ostringstream o;
+        o << "non-finite or non-positive time " << s;
+        m.error = o.str();
+      }
+    } catch (const std::exception& e) {
+      m.error = std::string("exception: ") + e.what();
+    } catch (...) {
+      m.error = "exception: unknown";
+    }
+    wall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (m.ok()) ++successes, kernel_s += m.seconds;
+    r.measured.push_back(m);
+  }
+  if (!stopped) {
+    if (successes && budget.spent(scores, successes, kernel_s, wall_s)) r.stop = "budget spent";
+    else if (static_cast<int>(r.measured.size()) >= budget.max_benchmarks)
+      r.stop = "max_benchmarks=" + std::to_string(budget.max_benchmarks) + " reached";
+  }
+  const Measurement* best = nullptr;
+  for (const auto& m : r.measured)
+    if (m.ok() && (best == nullptr || m.seconds < best->seconds)) best = &m;
+  if (best == nullptr) {
+    if (!r.measured.empty()) r.stop += ": all " + std::to_string(r.measured.size()) + " benchmarks failed";
+    return r;
+  }
+  r.kernel = best->kernel, r.kernel_id = best->kernel_id, r.seconds = best->seconds;
+  return r;
+}
+
+// ---- JSON writing -------------------------------------------------------------------------------
+inline std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') out += '\\', out += static_cast<char>(c);
+    else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else out += static_cast<char>(c);
+  }
+  return out + "\"";
+}
+
+inline std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+inline std::string now_utc() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// The problem key: field=value pairs in the manifest's problem-field order.
+inline std::string problem_key(const std::vector<std::string>& fields, const std::vector<int64_t>& values) {
+  std::string out;
+  for (size_t i = 0; i < fields.size(); ++i) out += (i ? "," : "") + fields[i] + "=" + std::to_string(values.at(i));
+  return out;
+}
+
+// What the store needs from an export's manifest.json.
+struct ModelInfo {
+  std::string model, op, arch, dtype, layout;  // model: sha256 of the selector graph
+  std::vector<std::string> fields;
+  std::optional<Calibration> calibration;
+};
+
+inline ModelInfo load_model_info(const std::string& model_dir) {
+  std::ifstream in(model_dir + "/manifest.json", std::ios::binary);
+  if (!in) throw Error("cannot read " + model_dir + "/manifest.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json::Value m = json::parse(ss.str());
+  ModelInfo info;
+  info.model = m["files"][m["graphs"]["selector"]["file"].str()]["sha256"].str();
+  info.op = m["op"].str(), info.arch = m["arch"].str(), info.dtype = m["dtype"].str(), info.layout = m["layout"].str();
+  for (const auto& f : m["problem_fields"].arr()) info.fields.push_back(f["name"].str());
+  auto it = m.o.find("autotune");
+  if (it != m.o.end() && !it->second.is_null()) info.calibration = Calibration::from_json(it->second);
+  return info;
+}
+
+// ---- the store ----------------------------------------------------------------------------------
+struct Entry {
+  std::string model, op, problem, kernel, policy, line;  // line: the raw JSON line (kept verbatim)
+  int64_t kernel_id = -1;
+  double seconds = 0;
+};
+
+class ResultStore {
+ public:
+  explicit ResultStore(std::string path, size_t max_entries = 10000) : path_(std::move(path)), max_entries_(max_entries) {
+    if (max_entries_ < 1) throw Error("ResultStore: max_entries must be >= 1");
+  }
+
+  const std::string& path() const { return path_; }
+  size_t skipped_lines() const { return skipped_; }
+
+  // Newest entry of (model, op, problem); entries of any other model never match.
+  std::optional<Entry> get(const std::string& model, const std::string& op, const std::string& problem) {
+    size_t lines = 0;
+    auto all = read(lines);
+    for (auto it = all.rbegin(); it != all.rend(); ++it)
+      if (it->model == model && it->op == op && it->problem == problem) return *it;
+    return std::nullopt;
+  }
+
+  // Current entries (last per key), oldest first.
+  std::vector<Entry> entries() {
+    size_t lines = 0;
+    return latest(read(lines));
+  }
+
+  void put(const ModelInfo& info, const Result& r) {
+    std::ostringstream o;
+    o << "{\"format\":" << quote(kStoreFormat) << ",\"model\":" << quote(info.model) << ",\"op\":" << quote(info.op)
+      << ",\"arch\":" << quote(info.arch) << ",\"dtype\":" << quote(info.dtype) << ",\"layout\":" << quote(info.layout)
+      << ",\"problem\":" << quote(r.problem) << ",\"kernel_id\":" << r.kernel_id << ",\"kernel\":" << quote(r.kernel)
+      << ",\"seconds\":" << number(r.seconds) << ",\"policy\":" << quote(r.policy) << ",\"measured\":[";
+    for (size_t i = 0; i < r.measured.size(); ++i) {
+      const auto& m = r.measured[i];
+      o << (i ? "," : "") << "{\"kernel_id\":" << m.kernel_id << ",\"kernel\":" << quote(m.kernel);
+      if (m.ok()) o << ",\"seconds\":" << number(m.seconds) << "}";
+      else o << ",\"error\":" << quote(m.error) << "}";
+    }
+    o << "],\"created\":" << quote(now_utc()) << ",\"writer\":\"cpp\"}\n";
+    append(o.str());
+  }
+
+  void compact() {
+    Lock lock(path_ + ".lock");
+    compact_locked();
+  }
+
+ private:
+  struct Lock {
+    int fd;
+    explicit Lock(const std::string& p) : fd(::open(p.c_str(), O_RDWR | O_CREAT, 0644)) {
+      if (fd < 0 || ::flock(fd, LOCK_EX) != 0) throw Error("cannot lock " + p);
+    }
+    ~Lock() { ::close(fd); }
+  };
+
+  std::vector<Entry> read(size_t& lines) {
+    std::vector<Entry> out;
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) return out;
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string data = ss.str();
+    size_t end = data.rfind('\n');
+    if (end == std::string::npos) return out;  // no complete line yet
+    std::istringstream body(data.substr(0, end + 1));
+    std::string line;
+    while (std::getline(body, line)) {
+      ++lines;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      try {
+        json::Value v = json::parse(line);
+        if (v["format"].str() != kStoreFormat) throw json::Error("format");
+        Entry e;
+        e.model = v["model"].str(), e.op = v["op"].str(), e.problem = v["problem"].str();
+        e.kernel = v["kernel"].str(), e.kernel_id = static_cast<int64_t>(v["kernel_id"].num());
+        e.seconds = v["seconds"].num();
+        auto p = v.o.find("policy");
+        if (p != v.o.end() && p->second.kind == json::Value::Kind::String) e.policy = p->second.s;
+        e.line = line;
+        out.push_back(e);
+      } catch (const json::Error&) {
+        ++skipped_;  // a torn or foreign line: skipped and counted (skipped_lines())
+      }
+    }
+    return out;
+  }
+
+  static std::vector<Entry> latest(const std::vector<Entry>& all) {
+    std::map<std::string, size_t> last;  // key -> index of its last line
+    auto key = [](const Entry& e) { return e.model + '\x1f' + e.op + '\x1f' + e.problem; };
+    for (size_t i = 0; i < all.size(); ++i) last[key(all[i])] = i;
+    std::vector<Entry> out;
+    for (size_t i = 0; i < all.size(); ++i)
+      if (last[key(all[i])] == i) out.push_back(all[i]);
+    return out;
+  }
+
+  void append(std::string line) {
+    Lock lock(path_ + ".lock");
+    int fd = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT, 0644);
+    if (fd < 0) throw Error("cannot open " + path_ + " for appending");
+    struct stat st{};
+    if (::fstat(fd, &st) == 0 && st.st_size > 0) {  // a crashed writer's partial line must not swallow ours
+      std::ifstream in(path_, std::ios::binary);
+      in.seekg(st.st_size - 1);
+      if (in.get() != '\n') line = "\n" + line;
+    }
+    ssize_t n = ::write(fd, line.data(), line.size());
+    ::close(fd);
+    if (n != static_cast<ssize_t>(line.size())) throw Error("short write to " + path_);
+    size_t lines = 0;
+    read(lines);
+    if (lines > 2 * max_entries_) compact_locked();
+  }
+
+  void compact_locked() {
+    size_t lines = 0;
+    auto keep = latest(read(lines));
+    if (keep.size() > max_entries_) keep.erase(keep.begin(), keep.end() - static_cast<long>(max_entries_));
+    std::string tmp = path_ + ".tmp." + std::to_string(::getpid());
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      if (!out) throw Error("cannot write " + tmp);
+      for (const auto& e : keep) out << e.line << "\n";
+      out.flush();
+      if (!out) throw Error("cannot write " + tmp);
+    }
+    int fd = ::open(tmp.c_str(), O_RDONLY);
+    if (fd >= 0) ::fsync(fd), ::close(fd);
+    if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      throw Error("cannot replace " + path_);
+    }
+  }
+
+  std::string path_;
+  size_t max_entries_;
+  size_t skipped_ = 0;
+};
+
+// Autotune one problem: the stored winner of this model when there is one, else benchmark the
+// ranked candidates and store the winner.
+inline Result autotune(ResultStore* store, const ModelInfo& info, const std::string& problem,
+                       const std::vector<Candidate>& ranked, const Benchmark& benchmark, const Budget& budget,
+                       bool refresh = false) {
+  if (store != nullptr && !refresh) {
+    if (auto hit = store->get(info.model, info.op, problem)) {
+      Result r;
+      r.problem = problem, r.kernel = hit->kernel, r.kernel_id = hit->kernel_id, r.seconds = hit->seconds;
+      r.from_store = true, r.policy = hit->policy, r.stop = "from store";
+      return r;
+    }
+  }
+  Result r = autotune_ranked(ranked, benchmark, budget, problem);
+  if (store != nullptr && r.ok()) store->put(info, r);
+  return r;
+}
+
+}  // namespace autotune
+}  // namespace ckpred

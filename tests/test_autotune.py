@@ -1,0 +1,338 @@
+"""Autotune: measured search in model order, budgets, calibration, the shared result store."""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mp
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ckpred import autotune as at
+from ckpred.export import manifest as mf
+from ckpred.export.build import export_pipeline
+from ckpred.runtime import KernelSelector
+from export_helpers import TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    op, cfg = gemm(), configs()
+    table = synthetic_table(op, cfg, TRAIN_SHAPES)
+    pipe = fit_pipeline(op, cfg, table, n_estimators=20)
+    d = tmp_path_factory.mktemp("autotune") / "gemm_universal_gfx950_fp8_rcr"
+    export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
+                    training=mf.training_section(table, op))
+    return d
+
+
+@pytest.fixture(scope="module")
+def selector(model) -> KernelSelector:
+    return KernelSelector.load(model, cache_size=0)
+
+
+PROBLEM = {"m": 128, "n": 1536, "k": 7168}
+
+
+class Bench:
+    """A fake GPU: kernel -> seconds, the listed kernels fail (raise / NaN / inf / negative)."""
+
+    def __init__(self, times: dict[str, float] | None = None, fail: dict[str, object] | None = None) -> None:
+        self.times, self.fail, self.calls = times or {}, fail or {}, []
+
+    def __call__(self, name: str) -> float:
+        self.calls.append(name)
+        if name in self.fail:
+            how = self.fail[name]
+            if isinstance(how, Exception):
+                raise how
+            return how  # type: ignore[return-value]
+        return self.times.get(name, 1e-3 + 1e-6 * len(self.calls))
+
+
+def test_autotune_measures_in_model_order_and_returns_the_measured_best(selector) -> None:
+    ranked = selector.select(PROBLEM, top_k=5)
+    times = {name: t for name, t in zip(ranked.kernels, [5e-3, 4e-3, 1e-3, 2e-3, 3e-3])}
+    bench = Bench(times)
+    result = selector.autotune(PROBLEM, bench, at.FixedK(3))
+    assert bench.calls == list(ranked.kernels[:3])
+    assert result.ok and result.kernel == ranked.kernels[2] and result.seconds == 1e-3
+    assert result.kernel_id == ranked.ids[2] and result.benchmarks == 3 and not result.from_store
+    assert [m.kernel for m in result.measured] == list(ranked.kernels[:3])
+
+
+def test_failures_are_recorded_skipped_and_do_not_count_as_successes(selector) -> None:
+    ranked = selector.select(PROBLEM, top_k=6)
+    k = ranked.kernels
+    bench = Bench({k[3]: 2e-3, k[4]: 1e-3}, {k[0]: RuntimeError("launch failed"), k[1]: math.nan, k[2]: -1.0})
+    result = selector.autotune(PROBLEM, bench, at.FixedK(2))
+    assert bench.calls == list(k[:5])  # three failures, then two successes
+    assert result.kernel == k[4]
+    errors = [m.error for m in result.measured if not m.ok]
+    assert errors[0] == "RuntimeError: launch failed" and "nan" in errors[1] and "-1.0" in errors[2]
+
+
+def test_budget_exhaustion_when_everything_fails(selector) -> None:
+    ranked = selector.select(PROBLEM, top_k=10)
+    bench = Bench(fail={name: OSError("no") for name in ranked.kernels})
+    result = selector.autotune(PROBLEM, bench, at.FixedK(2, max_benchmarks=4))
+    assert not result.ok and result.kernel is None and result.benchmarks == 4
+    assert "max_benchmarks=4 reached" in result.stop and "all 4 benchmarks failed" in result.stop
+
+
+def test_time_budget_stops_once_the_measured_seconds_are_spent(selector) -> None:
+    ranked = selector.select(PROBLEM, top_k=8)
+    bench = Bench({name: 0.4 for name in ranked.kernels})
+    result = selector.autotune(PROBLEM, bench, at.TimeBudget(1.0))
+    assert result.benchmarks == 3  # 0.4 + 0.4 < 1.0 <= 1.2
+    wall = selector.autotune(PROBLEM, bench, at.TimeBudget(1e-9, clock="wall"))
+    assert wall.benchmarks == 1
+
+
+def test_confidence_budget_follows_the_calibration_table(selector) -> None:
+    # Two bins split at gap 0.5: a narrow gap needs 3 candidates, a wide one 1.
+    table = {"format": at.CALIBRATION_FORMAT, "within": [0.05], "edges": [0.5], "counts": [10, 10],
+             "probability": [[[0.5, 0.8, 0.96, 0.99], [0.97, 0.99, 1.0, 1.0]]]}
+    budget = at.Confidence(target=0.95, within=0.05, calibration=table)
+    assert budget.planned([3.0, 2.9, 1.0]) == 3
+    assert budget.planned([3.0, 2.0, 1.0]) == 1
+    assert budget.planned([3.0]) == 1
+    assert at.Confidence(target=0.999, within=0.05, calibration=table).planned([3.0, 2.9]) == 4  # max_k
+    with pytest.raises(at.AutotuneError, match="no autotune calibration"):
+        selector.autotune(PROBLEM, Bench(), at.Confidence())  # this export has none
+    with pytest.raises(at.AutotuneError, match=r"within=0.02.*calibrated: \[0.05\]"):
+        at.Confidence(within=0.02, calibration=table)
+
+
+def test_calibrate_is_monotone_and_matches_hand_counts() -> None:
+    # Six problems, two kernels each; score gap large for 0-2 (the top one is right), small
+    # for 3-5 (the top one is 20% slow in two of them).
+    shapes, perf, scores = [], [], []
+    for s, (gap, first, second) in enumerate([(2, 1.0, 0.5), (3, 1.0, 0.5), (4, 1.0, 0.9),
+                                              (0.1, 0.8, 1.0), (0.2, 1.0, 0.9), (0.1, 0.8, 1.0)]):
+        shapes += [s, s]
+        perf += [first, second]
+        scores += [gap, 0.0]
+    cal = at.calibrate(shapes, perf, scores, within=(0.05,), bins=2, max_k=2, prior_failures=0)
+    assert cal.edges == (1.1,) and cal.counts == (3, 3)
+    assert np.allclose(cal.probability[0], [[1 / 3, 1.0], [1.0, 1.0]], atol=1e-6)
+    again = at.Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert again == cal
+    # a violating bin order is pooled: make the wide-gap bin worse than the narrow one
+    perf2 = [0.5, 1.0, 0.5, 1.0, 0.5, 1.0] + perf[6:]  # the wide-gap top kernels are now 50% slow
+    cal2 = at.calibrate(shapes, perf2, scores, within=(0.05,), bins=2, max_k=2, prior_failures=0)
+    top1 = [row[0] for row in cal2.probability[0]]
+    assert top1[0] == top1[1] == pytest.approx((1 / 3 + 0) / 2, abs=1e-6)  # 1/3 and 0 pooled
+
+
+def test_store_round_trip_stale_model_and_other_process_view(selector, tmp_path) -> None:
+    path = tmp_path / "store" / "autotune.jsonl"
+    bench = Bench()
+    first = selector.autotune(PROBLEM, bench, at.FixedK(2), store=path)
+    assert first.ok and len(bench.calls) == 2
+    again = selector.autotune(PROBLEM, bench, at.FixedK(2), store=path)
+    assert again.from_store and again.kernel == first.kernel and len(bench.calls) == 2
+    # a fresh store object (as another process) sees the same entry
+    entry = at.ResultStore(path).get(at.model_hash(selector.manifest), "gemm_universal",
+                                     "m=128,n=1536,k=7168,split_k=1")
+    assert entry["kernel"] == first.kernel and entry["writer"] == "python" and len(entry["measured"]) == 2
+    # a stale model (different selector hash) is ignored: it benchmarks again
+    stale = json.loads(path.read_text().splitlines()[0])
+    path.write_text(json.dumps({**stale, "model": "0" * 64, "kernel": "stale"}) + "\n")
+    bench2 = Bench()
+    fresh = selector.autotune(PROBLEM, bench2, at.FixedK(1), store=path)
+    assert not fresh.from_store and fresh.kernel != "stale" and len(bench2.calls) == 1
+
+
+def test_store_skips_a_torn_line_and_appends_after_it(tmp_path, caplog) -> None:
+    path = tmp_path / "s.jsonl"
+    store = at.ResultStore(path)
+    store.put(_entry(1))
+    with open(path, "ab") as fh:
+        fh.write(b'{"format":"ckpred.autotune/1","model":"m"')  # a writer died mid-line
+    store.put(_entry(2))
+    reader = at.ResultStore(path)
+    assert [e["problem"] for e in reader.entries()] == ["p=1", "p=2"]
+    assert reader.skipped_lines == 1 and "does not parse" in caplog.text
+
+
+def _entry(i: int, model: str = "m") -> dict:
+    return {"model": model, "op": "op", "problem": f"p={i}", "kernel": f"k{i}", "kernel_id": i, "seconds": 1e-3 * i}
+
+
+def _writer(path: str, worker: int, n: int) -> None:
+    store = at.ResultStore(path, max_entries=40)
+    for i in range(n):  # ten keys per writer, each rewritten four times: version i // 10
+        store.put({**_entry(worker * 1000 + i % 10), "kernel": f"v{i // 10}"})
+
+
+def test_store_under_concurrent_writers_compacts_and_loses_no_write(tmp_path) -> None:
+    path = tmp_path / "s.jsonl"
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(str(path), w, 40)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    lines = path.read_text().splitlines()
+    assert all(json.loads(line)["format"] == at.STORE_FORMAT for line in lines)  # no torn or merged line
+    assert len(lines) < 160  # 160 writes of 40 keys: compacted at > 80 lines
+    store = at.ResultStore(path, max_entries=40)
+    latest = {e["problem"]: e["kernel"] for e in store.entries()}
+    assert store.skipped_lines == 0
+    # every key holds its writer's last version: no write was lost to a concurrent compaction
+    assert latest == {f"p={w * 1000 + j}": "v3" for w in range(4) for j in range(10)}
+
+
+def test_compaction_keeps_the_last_entry_per_key_and_the_newest_keys(tmp_path) -> None:
+    path = tmp_path / "s.jsonl"
+    store = at.ResultStore(path, max_entries=3)
+    for i in range(5):
+        store.put(_entry(i))
+    store.put({**_entry(1), "kernel": "k1-new"})
+    store.compact()
+    got = [(e["problem"], e["kernel"]) for e in at.ResultStore(path).entries()]
+    assert got == [("p=3", "k3"), ("p=4", "k4"), ("p=1", "k1-new")]
+    assert len(path.read_text().splitlines()) == 3
+
+
+def test_bad_budgets_are_one_line_errors() -> None:
+    with pytest.raises(at.AutotuneError, match=r"FixedK.k=0; allowed: an integer >= 1"):
+        at.FixedK(0)
+    with pytest.raises(at.AutotuneError, match=r"TimeBudget.clock='gpu'; allowed: 'kernel', 'wall'"):
+        at.TimeBudget(1.0, clock="gpu")
+    with pytest.raises(at.AutotuneError, match="format None"):
+        at.Calibration.from_dict({"within": [0.05]})
+    with pytest.raises(at.AutotuneError, match="budget=3"):
+        at.autotune_ranked([1], ["a"], [1.0], lambda k: 1.0, 3)  # type: ignore[arg-type]
+
+
+def test_autotune_ranked_core_matches_replay_rules() -> None:
+    seen = []
+    result = at.autotune_ranked([7, 8, 9], ["a", "b", "c"], [3.0, 2.0, 1.0],
+                                lambda i: seen.append(i) or {7: np.inf, 8: 2.0, 9: 1.0}[i], at.FixedK(1), pass_id=True)
+    assert seen == [7, 8] and result.kernel == "b" and result.stop == "budget spent"
+
+
+# -- C++ (scripts/cpp/ckpred_autotune.hpp) against the same store ------------------------------
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    import shutil
+    import subprocess
+
+    if shutil.which("c++") is None:
+        pytest.skip("C++ autotune demo not built: no c++ compiler (apt-get install g++)")
+    out = tmp_path_factory.mktemp("cppdemo") / "ckpred_autotune_demo"
+    cpp = REPO / "scripts" / "cpp"
+    done = subprocess.run(["c++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{cpp}",
+                           str(cpp / "ckpred_autotune_demo.cpp"), "-o", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _demo(demo: Path, model: Path, store: Path, times: dict, rankings: list, *args: str) -> list[dict]:
+    import subprocess
+
+    times_file = store.with_name(store.name + ".times.json")
+    times_file.write_text(json.dumps(times))
+    done = subprocess.run([str(demo), str(model), "--store", str(store), "--times", str(times_file), *args],
+                          input="".join(json.dumps(r.to_dict()) + "\n" for r in rankings), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_cpp_and_python_read_each_others_store_entries(selector, model, demo, tmp_path) -> None:
+    store = tmp_path / "shared.jsonl"
+    py = selector.autotune(PROBLEM, Bench(), at.FixedK(2), store=store)
+    other = {"m": 256, "n": 4096, "k": 512}
+    ranked = selector.select(other, top_k=16)
+    k = ranked.kernels
+    times = {k[0]: "throw", k[1]: "nan", k[2]: 3e-3, k[3]: 2e-3}
+    got = _demo(demo, model, store, times, [selector.select(PROBLEM, top_k=16), ranked])
+    # C++ serves Python's entry without benchmarking ...
+    assert got[0]["from_store"] and got[0]["kernel"] == py.kernel and got[0]["benchmarks"] == 0
+    # ... and tunes the new problem: two failures skipped, two successes (fixed:2), the faster kept
+    assert not got[1]["from_store"] and got[1]["kernel"] == k[3] and got[1]["benchmarks"] == 4
+    assert got[1]["failures"] == 2 and got[1]["stop"] == "budget spent"
+    # Python serves C++'s entry, with its failures recorded
+    bench = Bench()
+    again = selector.autotune(other, bench, at.FixedK(2), store=store)
+    assert again.from_store and again.kernel == k[3] and bench.calls == []
+    entry = at.ResultStore(store).get(at.model_hash(selector.manifest), "gemm_universal", again.problem)
+    assert entry["writer"] == "cpp" and entry["seconds"] == 2e-3
+    assert [m.get("error", "")[:9] for m in entry["measured"]][:2] == ["exception", "non-finit"]
+
+
+def test_cpp_ignores_stale_models_and_reports_budget_exhaustion(selector, model, demo, tmp_path) -> None:
+    store = tmp_path / "s.jsonl"
+    ranked = selector.select(PROBLEM, top_k=16)
+    key = "m=128,n=1536,k=7168,split_k=1"
+    store.write_text(json.dumps({"format": at.STORE_FORMAT, "model": "f" * 64, "op": "gemm_universal",
+                                 "problem": key, "kernel_id": 0, "kernel": "stale", "seconds": 1e-9}) + "\n")
+    got = _demo(demo, model, store, {}, [ranked], "--budget", "fixed:2", "--max-benchmarks", "5")
+    assert not got[0]["from_store"] and not got[0]["ok"] and got[0]["benchmarks"] == 5
+    assert got[0]["stop"] == "max_benchmarks=5 reached: all 5 benchmarks failed"
+    assert len(store.read_text().splitlines()) == 1  # nothing stored for a failed search
+
+
+def test_cpp_budgets_match_python(selector, model, demo, tmp_path) -> None:
+    ranked = selector.select(PROBLEM, top_k=16)
+    times = {name: 0.4 for name in ranked.kernels}
+    got = _demo(demo, model, tmp_path / "t.jsonl", times, [ranked], "--budget", "time:1.0")
+    assert got[0]["benchmarks"] == selector.autotune(PROBLEM, Bench(times), at.TimeBudget(1.0)).benchmarks == 3
+    # confidence: a copy of the export whose manifest carries a calibration table
+    import shutil
+
+    copy = tmp_path / "m"
+    shutil.copytree(model, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    gap = at.score_gap(ranked.scores)
+    table = {"format": at.CALIBRATION_FORMAT, "within": [0.05], "edges": [gap / 2, 2 * gap + 1], "counts": [5, 5, 5],
+             "probability": [[[0.1, 0.2, 0.3], [0.5, 0.6, 0.91], [0.99, 1.0, 1.0]]]}
+    manifest["autotune"] = table
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    want = at.Confidence(0.9, 0.05, table).planned(ranked.scores)
+    assert want == 3  # the middle bin
+    got = _demo(demo, copy, tmp_path / "c.jsonl", times, [ranked], "--budget", "confidence:0.9:0.05")
+    assert got[0]["benchmarks"] == want
+
+
+def _cpp_writer(demo: str, model: str, store: str, times: str, rankings: str) -> None:
+    import subprocess
+
+    with open(rankings) as fh:
+        subprocess.run([demo, model, "--store", store, "--times", times, "--max-entries", "20"], stdin=fh,
+                       capture_output=True, check=True, timeout=120)
+
+
+def test_cpp_and_python_writers_at_once(selector, model, demo, tmp_path) -> None:
+    store = tmp_path / "s.jsonl"
+    problems = [{"m": m, "n": 1536, "k": 7168} for m in range(64, 64 + 8 * 30, 8)]
+    rankings = [selector.select(p, top_k=4) for p in problems]
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r.to_dict()) + "\n" for r in rankings))
+    times = {name: 1e-3 for r in rankings for name in r.kernels}
+    (tmp_path / "t.json").write_text(json.dumps(times))
+    ctx = mp.get_context("fork")
+    cpp = [ctx.Process(target=_cpp_writer, args=(str(demo), str(model), str(store), str(tmp_path / "t.json"),
+                                                  str(tmp_path / "r.jsonl"))) for _ in range(2)]
+    for p in cpp:
+        p.start()
+    py = at.ResultStore(store, max_entries=20)
+    for i in range(60):
+        py.put(_entry(i, model="python-side"))
+    for p in cpp:
+        p.join(120)
+        assert p.exitcode == 0
+    reader = at.ResultStore(store)
+    entries = reader.entries()
+    assert reader.skipped_lines == 0
+    assert len(store.read_text().splitlines()) <= 2 * 20 + 1
+    assert {e["writer"] for e in entries} <= {"python", "cpp"} and entries

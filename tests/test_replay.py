@@ -1,0 +1,111 @@
+"""Replay of autotune budgets on measured tables, and the cross-GPU guided search."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ckpred import autotune as at
+from ckpred import guided_search as gs
+from ckpred import replay as rp
+
+
+def _oof(tmp_path: Path) -> Path:
+    """Four problems of three kernels, two folds. Model order is a, b, c everywhere (scores 3, 2, 1).
+    perf by problem: p0 a best; p1 b best (a at 50%); p2 c best (a 90%, b failed); p3 a fails, b best."""
+    perf = {"p0": [10, 5, 1], "p1": [5, 10, 1], "p2": [9, 0, 10], "p3": [0, 8, 4]}
+    rows = []
+    for i, (shape, ps) in enumerate(perf.items()):
+        for name, p, score in zip("abc", ps, (3.0, 2.0, 1.0)):
+            rows.append({"shape": shape, "fold": i % 2, "kernel_name": name, "perf": float(p),
+                         "selectable": True, "score_model": score + 0.1 * i})
+    run = tmp_path / "run"
+    run.mkdir()
+    pd.DataFrame(rows).to_parquet(run / "oof_predictions.parquet")
+    return run
+
+
+def test_fixed_budgets_and_hindsight_by_hand(tmp_path) -> None:
+    data = rp.load_run(_oof(tmp_path))
+    one = rp.replay(data, at.FixedK(1))
+    # p3: a fails, so fixed(1) goes on to b (failures do not count as successes)
+    assert one["efficiency"].tolist() == [1.0, 0.5, 0.9, 1.0] and one["benchmarks"].tolist() == [1, 1, 1, 2]
+    two = rp.replay(data, at.FixedK(2))
+    assert two["efficiency"].tolist() == [1.0, 1.0, 1.0, 1.0] and two["benchmarks"].tolist() == [2, 2, 3, 3]
+    hind = rp.replay(data, rp.Hindsight(0.05))
+    assert hind["benchmarks"].tolist() == [1, 2, 3, 2]
+    s = rp.summarize(one)
+    assert s["benchmarks"] == 1.25 and s["mean"] == pytest.approx(0.85) and s["min"] == 0.5
+
+
+def test_random_order_is_seeded_and_every_order_is_a_permutation(tmp_path) -> None:
+    data = rp.load_run(_oof(tmp_path))
+    a = rp.replay(data, at.FixedK(3), order="random", seed=1)
+    b = rp.replay(data, at.FixedK(3), order="random", seed=1)
+    pd.testing.assert_frame_equal(a, b)
+    assert (a["efficiency"] == 1.0).all()  # three valid kernels measured: the best is always found
+    with pytest.raises(at.AutotuneError, match="order='best'"):
+        rp.replay(data, at.FixedK(1), order="best")
+
+
+def test_cross_fitted_calibration_leaves_each_fold_out(tmp_path) -> None:
+    data = rp.load_run(_oof(tmp_path))
+    cals = rp.calibrations(data, within=(0.05,), bins=1, max_k=3, prior_failures=0)
+    assert sorted(cals) == [0, 1]
+    # fold 0 holds p0, p2: its calibration is fitted on p1 and p3 only, and the reverse
+    assert sum(cals[0].counts) == 2 and sum(cals[1].counts) == 2
+    assert cals[0].probability[0][0][0] == 0.0  # p1 (50%) and p3 (failed) both miss at top-1
+    assert cals[1].probability[0][0][0] == 0.5  # p0 hits, p2 (90%) misses
+
+
+def test_replay_command_writes_table_and_curve(tmp_path) -> None:
+    run = _oof(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "ckpred", "replay", str(run), "seeds=2", "ks=[1,2]",
+                          "targets=[0.5]", f"out={tmp_path / 'r'}"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = (tmp_path / "r" / "replay.md").read_text()
+    assert "| fixed(k=1) | model | 1.25 | 85.00 |" in text and "| fixed(k=2) | random |" in text
+    assert (tmp_path / "r" / "replay.png").stat().st_size > 1000
+    bad = subprocess.run([sys.executable, "-m", "ckpred", "replay", str(run), "within=2"], capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode != 0 and "within" in bad.stderr and "a fraction in (0, 1)" in bad.stderr
+    missing = subprocess.run([sys.executable, "-m", "ckpred", "replay", str(tmp_path)], capture_output=True,
+                             text=True, timeout=300)
+    assert missing.returncode != 0 and "no out-of-fold predictions" in missing.stderr
+
+
+def test_guided_search_re_ranks_towards_what_the_new_gpu_shows() -> None:
+    # x = 0..19. The prior interleaves two regions (0, 10, 1, 11, ...); on the new GPU the upper
+    # region is fast (best at 19) and the lower one slow, which the first two measurements show.
+    params = np.arange(20, dtype=float)[:, None]
+    prior = (params[:, 0] % 10) + 0.5 * (params[:, 0] >= 10)
+    time = np.where(params[:, 0] >= 10, 1.0 + 0.01 * (19 - params[:, 0]), 10.0)
+    static = gs.guided_search(params, prior, lambda i: time[i], 20, adapt=False)
+    guided = gs.guided_search(params, prior, lambda i: time[i], 20, bandwidth=0.5)
+    assert static[:4] == [0, 10, 1, 11] and gs.evaluations_to_reach(static, time, 0.0) == 20
+    assert sorted(guided) == list(range(20))
+    assert gs.evaluations_to_reach(guided, time, 0.0) == 15  # mostly the upper region after the first look
+    assert gs.random_evaluations(time, 0.0) == 21 / 2
+
+
+def test_read_cache_parses_failures_and_varying_parameters(tmp_path) -> None:
+    doc = {"tune_params_keys": ["bx", "by", "f"], "cache": {
+        "1,1,3": {"bx": 1, "by": 1, "f": 3, "time": 2.0}, "2,1,3": {"bx": 2, "by": 1, "f": 3, "time": 1.0},
+        "4,1,3": {"bx": 4, "by": 1, "f": 3, "time": "CompilationFailedConfig"}}}
+    path = tmp_path / "c.json.gz"
+    with gzip.open(path, "wt") as fh:
+        json.dump(doc, fh)
+    frame, varying = gs.read_cache(path)
+    assert varying == ["bx"] and frame["time"].isna().tolist() == [False, False, True]
+    (tmp_path / "bad.json").write_text("{}")
+    from ckpred.errors import InputFileError
+
+    with pytest.raises(InputFileError, match="not a Kernel Tuner cache"):
+        gs.read_cache(tmp_path / "bad.json")
