@@ -268,3 +268,55 @@ def test_hardware_constants_come_from_the_arch_given(tmp_path: Path) -> None:
     table = _scaled_mm_fixture().iloc[[4]]
     assert not op.validity(table, table, arch=arch_config("gfx1151"))[0][0]
     assert op.validity(table, table, arch=arch_config("gfx950"))[0][0]
+
+
+# -- the three keys in the engine ------------------------------------------------------------------
+def _tmm_table(op) -> pd.DataFrame:
+    """4 shapes x 2 dtypes = 8 queries (4 CV groups), 3 kernels each."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for r in (16, 32, 64, 128):
+        for p in ("fp16", "fp32"):
+            for bm in (32, 64, 128):
+                kernel = {"block_m": bm, "block_n": 32, "num_warps": 4, "num_stages": 2}
+                rows.append({"rows": r, "cols": 64, "depth": 64, "precision": p, **kernel,
+                             "kernel_name": op.format_name(kernel), "tflops": float(rng.uniform(1, 10)),
+                             "is_valid": True})
+    return pd.DataFrame(rows)
+
+
+def test_folds_hold_out_cv_groups_while_queries_stay_apart(tmp_path: Path) -> None:
+    from ckpred.cv import make_folds
+    from ckpred.fitting import prepare
+
+    cfg = _compose_op(tmp_path, MATMUL, "tmm", "cv.n_splits=2")
+    op = load_op(cfg.op)
+    data = prepare(_tmm_table(op), op, cfg)
+    assert data.groups.n_shapes == 8 and len(np.unique(data.cv_groups)) == 4
+    folds = make_folds(cfg.cv, data, seed=0)
+    assert len(folds) == 2
+    for fold in folds:
+        assert not set(data.cv_groups[fold.train_shapes]) & set(data.cv_groups[fold.test_shapes])
+        # a held-out shape is tested in both dtypes
+        held = data.shapes.precision[fold.test_shapes].tolist()
+        assert held.count("fp16") == held.count("fp32") == len(held) // 2
+    tested = np.concatenate([f.test_shapes for f in folds])
+    assert sorted(tested.tolist()) == list(range(8))
+    with pytest.raises(ValueError, match="at least that many CV groups"):
+        make_folds(_compose_op(tmp_path, MATMUL, "tmm", "cv.n_splits=5").cv, data, seed=0)
+
+
+def test_external_test_table_uses_its_own_arch(tmp_path: Path) -> None:
+    from ckpred.cv import external_arch
+
+    cfg = _compose_op(tmp_path, MATMUL, "tmm", "arch=gfx950")
+    same = pd.DataFrame({"arch": ["gfx950"] * 3})
+    other = pd.DataFrame({"arch": ["gfx1100"] * 3})
+    assert external_arch(cfg, same) is cfg.arch
+    assert external_arch(cfg, other).cus == 70
+    cfg.cv.arch = arch_config("gfx1032")
+    assert external_arch(cfg, other).name == "gfx1032"
+    # on the command line: +arch@cv.arch=<name>
+    given = _compose_op(tmp_path, MATMUL, "tmm", "cv=external", "cv.data.source=path", "cv.data.path=t.csv",
+                        "+arch@cv.arch=gfx1100")
+    assert external_arch(given, same).cus == 70

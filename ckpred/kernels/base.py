@@ -1,11 +1,11 @@
 """The op definition contract: what ckpred needs to know about one kernel family.
 
-An op (CK Tile ``gemm_universal``, ``grouped_conv_fwd``, a HIP scaled-mm family...) is a module
-that exposes ``OP``, an :class:`OpDefinition`. The op's YAML (``conf/op/<name>.yaml``) names the
-module, so a new op is new config plus a new module; training, evaluation and export only talk
-to this interface.
+An op (CK Tile ``gemm_universal``, ``grouped_conv_fwd``, a HIP scaled-mm family...) is a YAML
+file, ``conf/op/<name>.yaml``, built into an :class:`OpDefinition` by
+:class:`ckpred.kernels.declared.DeclaredOp` (with an optional Python plug-in for what data
+cannot say); training, evaluation and export only talk to this interface.
 
-Fields are typed: ``int`` and ``bool`` fields are stored as such in the canonical table;
+Fields are typed: ``int``, ``float`` and ``bool`` fields are stored as such in the canonical table;
 ``category`` fields are stored as strings and encoded as the index of the value in
 ``Field.categories`` wherever a number is needed (model inputs, the ONNX graphs). Category
 lists only ever grow at the end, so codes stay stable across versions.

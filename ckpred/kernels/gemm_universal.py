@@ -1,6 +1,10 @@
-"""CK Tile ``gemm_universal``: fields, kernel-name grammar, candidate catalogue, validity rules.
+"""CK Tile ``gemm_universal``'s plug-in: the candidate catalogue, the layout-dependent validity
+rules and the parity sweep's name prefix.
 
-Catalogue (tile-engine rules, CK_TILE_FACTS.md section 2): 256 threads per block; warps per
+The op itself (fields, kernel-id template, FLOPs, families, keys) is ``conf/op/gemm_universal.yaml``;
+this module holds what that file cannot say.
+
+Catalogue (the tile engine's rules): 256 threads per block; warps per
 block (warp_m x warp_n x warp_k) in {1x4x1, 2x2x1, 4x1x1}; tile_m, tile_n in {64, 128, 192, 256},
 tile_k in {64, 128, 256}; the per-arch/dtype warp-tile list; alignment
 ``tile_d % (warp_d * warp_tile_d) == 0`` for d in m, n, k; LDS estimate

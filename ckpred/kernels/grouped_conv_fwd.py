@@ -1,4 +1,8 @@
-"""CK Tile grouped convolution forward (2-D): fields, kernel-name grammar, catalogue, validity.
+"""CK Tile grouped convolution forward (2-D)'s plug-in: the catalogue and the implicit-GEMM view.
+
+The op itself (fields, kernel-id template, validity rules, FLOPs, families, keys) is
+``conf/op/grouped_conv_fwd.yaml``; this module holds what that file cannot say: the tile
+engine's hand-picked tile list and the implicit-GEMM sizes the analytical baseline reads.
 
 Conventions follow CK's ``ConvParam`` (the tile engine that produced the measurements builds
 one from the same columns): ``g`` groups, ``n`` batch, ``k`` output channels **per group**,
@@ -14,15 +18,15 @@ reduction dimension is contiguous) and C[M, N] row-major — i.e. layout ``rcr``
 the op needs no new layout option: ``layout=rcr`` is the truthful description of the GEMM
 the kernels run (see the op YAML).
 
-Kernel names: ``grouped_conv_forward_{dtype}_{2d|3d}_{tile_m}x{tile_n}x{tile_k}_{pipeline}``;
-the pipeline is everything after the tile triple (it may contain ``_`` in newer versions).
+Kernel names: ``grouped_conv_forward_{dtype}_{spatial_dims}d_{tile_m}x{tile_n}x{tile_k}_{pipeline}``
+(the YAML's template; a pipeline value may contain ``_``).
 
 Catalogue: the tile engine's grouped-conv forward tile list for bf16/fp16 (10 block tiles,
 all with 256 threads) times the compute pipelines compv5, compv4, compv3 (30 kernels, the
-kernel set of AMD's 300-problem gfx950 table). Validity: every kernel of the list runs every
-well-formed problem (the measurements have no failed kernel, including C = K = 3); a problem
-with an empty output (ho or wo < 1), a non-positive size or a 3-D kernel on a 2-D problem has
-no kernel.
+kernel set of AMD's 300-problem gfx950 table). Validity (the YAML's rules): every kernel of
+the list runs every well-formed problem (the measurements have no failed kernel, including
+C = K = 3); a problem with an empty output (ho or wo < 1), a non-positive size or a 3-D kernel
+on a 2-D problem has no kernel.
 
 Families: by implicit-GEMM M = n*ho*wo with the GEMM bounds (tiny < 8 <= small < 128 <= medium
 < 1024 <= large), so conv and GEMM reports read the same way; M is the dimension whose tile
