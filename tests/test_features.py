@@ -11,17 +11,20 @@ from sklearn.utils.estimator_checks import check_estimator, estimator_checks_gen
 
 from ckpred.config import CONF_DIR, compose
 from ckpred.errors import ConfigValueError
-from ckpred.features import FEATURE_GROUPS, build_features, group_class
 from ckpred.config import feature_set
+from ckpred.features import FEATURE_GROUPS, build_features, group_class, group_input_columns
+from ckpred.features.expression import ExpressionFeatures
 from ckpred.kernels.base import load_op
 
 OP = load_op("gemm_universal")
 FEATURE_SETS = sorted(p.stem for p in (CONF_DIR / "features").glob("*.yaml"))
 #: Feature sets whose groups read gemm_universal's columns (other ops' sets are tested with them).
 GEMM_SETS = [name for name in FEATURE_SETS
-             if all(set(group_class(g.kind).input_columns) <= set(OP.input_names)
+             if all(set(group_input_columns(g.kind, g.params)) <= set(OP.input_names)
                     for g in feature_set(name).groups)]
 CLASSES = [group_class(kind) for kind in FEATURE_GROUPS]
+#: Declared expression groups of gemm_universal (conf/feature_groups).
+DECLARED = ("problem", "kernel", "interaction", "tile_quantization", "wave", "occupancy", "hardware")
 
 
 @pytest.fixture(scope="module")
@@ -223,27 +226,38 @@ def test_array_input_uses_input_names_positions(cfg) -> None:
                                   union.fit(X).transform(X))
 
 
+def _group(kind: str) -> ExpressionFeatures:
+    """A declared group as build_features makes it (gfx950 fp8 rcr), unfitted, without input_names."""
+    cfg = compose("ingest", ["data.path=x", "arch=gfx950", "dtype=fp8", "layout=rcr"])
+    union = build_features({"name": "x", "groups": [{"kind": kind}]}, OP, cfg.arch, cfg.dtype, cfg.layout)
+    return union.transformer_list[0][1].set_params(input_names=None)
+
+
 def test_missing_column_is_named() -> None:
     X = _frame([dict(m=5, n=77, k=1000)]).drop(columns=["tile_k"])
     with pytest.raises(ValueError, match=r"lacks \['tile_k'\]"):
-        group_class("interaction")().fit(X)
+        _group("interaction").fit(X)
 
 
 def test_negative_values_are_refused() -> None:
     X = _frame([dict(m=-5, n=77, k=1000)])
     with pytest.raises(ValueError, match=r"Negative values .* 'm' is -5 in row 0"):
-        group_class("problem")().fit(X)
-    model = group_class("kernel")().fit(_frame([dict(m=5, n=77, k=1000)]))
-    with pytest.raises(ValueError, match=r"KernelFeatures.transform: 'm' is -5 in row 0"):
+        _group("problem").fit(X)
+    model = _group("kernel").fit(_frame([dict(m=5, n=77, k=1000)]))
+    with pytest.raises(ValueError, match=r"ExpressionFeatures.transform: 'm' is -5 in row 0"):
         model.transform(X)
 
 
 def test_unknown_parameter_names_key_and_allowed(cfg) -> None:
-    bad = {"name": "x", "groups": [{"kind": "problem", "params": {"include_layuot": True}}]}
+    bad = {"name": "x", "groups": [{"kind": "roofline", "params": {"reference_tilse": "catalogue"}}]}
     with pytest.raises(ConfigValueError) as err:
         build_features(bad, OP, cfg.arch, cfg.dtype)
-    assert err.value.key == "features.groups[0].params.include_layuot"
-    assert "include_layout" in err.value.allowed
+    assert err.value.key == "features.groups[0].params.reference_tilse"
+    assert "reference_tiles" in err.value.allowed
+    bad = {"name": "x", "groups": [{"kind": "problem", "params": {"include_layout": False}}]}
+    with pytest.raises(ConfigValueError) as err:
+        build_features(bad, OP, cfg.arch, cfg.dtype)
+    assert err.value.key == "features.groups[0].params.include_layout" and "exclude" in err.value.allowed
 
 
 def test_unknown_kind_names_allowed_kinds(cfg) -> None:
@@ -277,10 +291,15 @@ NARROW_DATA_CHECKS = (
 )
 
 
+#: Every Python group, and expression groups with terms, a categorical comparison and none of
+#: the input columns (the hardware constants).
+ESTIMATORS = [cls() for cls in CLASSES] + [_group("occupancy"), _group("hardware")]
+
+
 def _expected_failures(estimator) -> dict[str, str]:
-    if not type(estimator).input_columns:
+    if not estimator.input_columns:
         return {}
-    reason = (f"generic check data is narrower than the {len(type(estimator).input_columns)} "
+    reason = (f"generic check data is narrower than the {len(estimator.input_columns)} "
               f"input columns {type(estimator).__name__} reads by name")
     return {name: reason for name in NARROW_DATA_CHECKS}
 
@@ -294,7 +313,7 @@ def _compliance_cases() -> list:
         return f"{func.__name__}({', '.join(f'{k}={v}' for k, v in getattr(check, 'keywords', {}).items())})"
 
     return [pytest.param(est, check, id=f"{type(est).__name__}-{name(check)}")
-            for est in (cls() for cls in CLASSES)
+            for est in ESTIMATORS
             for _, check in estimator_checks_generator(est, expected_failed_checks=_expected_failures(est),
                                                        mark="skip")]
 
@@ -324,10 +343,10 @@ def _any_width(cls: type) -> type:
     return sub
 
 
-@pytest.mark.parametrize("cls", [cls for cls in CLASSES if cls.input_columns], ids=lambda c: c.__name__)
-def test_sklearn_compliance_any_width(cls: type) -> None:
+@pytest.mark.parametrize("estimator", [e for e in ESTIMATORS if e.input_columns], ids=lambda e: type(e).__name__)
+def test_sklearn_compliance_any_width(estimator) -> None:
     # One test per class running the whole suite (cheaper than ~45 parametrized tests each).
-    results = check_estimator(_any_width(cls)(), on_fail=None)
+    results = check_estimator(_any_width(type(estimator))(**estimator.get_params()), on_fail=None)
     failed = {r["check_name"]: str(r["exception"])[:200] for r in results if r["status"] == "failed"}
     assert not failed, failed
     assert sum(r["status"] == "passed" for r in results) >= 40

@@ -264,6 +264,10 @@ def register() -> None:
     """
     global _REGISTERED
     if _REGISTERED:
+        # Feature groups loaded since (an op's own module:Class group) get their converter too.
+        from ckpred.export.converters import register_converters
+
+        register_converters()
         return
     from lightgbm import LGBMRanker, LGBMRegressor
     from sklearn.compose import TransformedTargetRegressor
