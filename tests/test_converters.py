@@ -131,3 +131,42 @@ def test_wrong_input_width_is_refused() -> None:
     model = _transformer("problem", OPS["gemm_universal"]).fit(X)
     with pytest.raises(RuntimeError, match="fitted on 20 input columns"):
         to_onnx(model, initial_types=[("X", Int64TensorType([None, 4]))], target_opset=OPSETS[0])
+
+
+# -- expression groups and an op's own Python group ------------------------------------------------
+def test_expression_and_module_path_groups_export_bit_for_bit() -> None:
+    from ckpred.export.lightgbm import register
+    from test_features import INLINE
+
+    op = OPS["gemm_universal"]
+    cfg = compose("ingest", ["data.path=x", "arch=gfx950", "dtype=fp8", "layout=rcr"])
+    fs = {"name": "x", "groups": [*INLINE["groups"], {"kind": "test_features:TileArea"}, {"kind": "occupancy"}]}
+    X = _rows(op, n_rows=300, seed=3)
+    union = build_features(fs, op, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    register()  # what every export does first: converters for every loaded group class
+    got, want = _run(union, X, OPSETS[0]), union.transform(X)
+    assert got.shape == want.shape and np.array_equal(got, want, equal_nan=True)
+
+
+def test_a_group_class_loaded_late_gets_its_converter_at_conversion() -> None:
+    from ckpred.export.lightgbm import register
+    from ckpred.features.base import FeatureGroup
+
+    class LateGroup(FeatureGroup):
+        input_columns = ("m",)
+
+        def __init__(self, *, input_names=None) -> None:
+            self.input_names = input_names
+
+        def _feature_names(self):
+            return ["m_squared"]
+
+        def _compute(self, cols, xp):
+            return [cols["m"] * cols["m"]]
+
+    assert LateGroup not in registered_aliases()  # defined after the converters module loaded
+    register()
+    assert registered_aliases()[LateGroup] == "CkpredLateGroup"
+    X = _rows(OPS["gemm_universal"], n_rows=20)
+    model = LateGroup().fit(X)
+    assert np.array_equal(_run(model, X, OPSETS[0]), model.transform(X))

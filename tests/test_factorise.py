@@ -20,6 +20,7 @@ from ckpred.config import feature_set
 from ckpred.features.base import NumpyOps
 from ckpred.features import group_input_columns
 from ckpred.features.registry import group_class
+from ckpred.kernels.base import load_op
 from test_converters import FEATURE_SETS, _op_for, _rows, _transformer
 
 
@@ -104,3 +105,16 @@ def test_shared_sub_expressions_are_emitted_once() -> None:
 
     # the second copy of the group adds no arithmetic: every node is found already emitted
     assert count(2) == count(1) > 10
+
+
+def test_selector_features_of_inline_expression_groups_bit_for_bit() -> None:
+    from test_features import INLINE
+
+    op = load_op("gemm_universal")
+    cfg = compose("ingest", ["data.path=x", "arch=gfx950", "dtype=fp8", "layout=rcr"])
+    X = _rows(op, n_rows=300, seed=4)
+    union = build_features(INLINE, op, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    pipe = Pipeline([("features", union), ("model", DummyRegressor())])
+    problems, kernels, rows = _pairs(op, X, 5, 17)
+    got = xo.session(_features_graph(pipe, op, kernels)).run(["features"], {"problem": problems})[0]
+    assert np.array_equal(got, pipe[:-1].transform(rows), equal_nan=True)

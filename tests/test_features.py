@@ -12,7 +12,9 @@ from sklearn.utils.estimator_checks import check_estimator, estimator_checks_gen
 from ckpred.config import CONF_DIR, compose
 from ckpred.errors import ConfigValueError
 from ckpred.config import feature_set
-from ckpred.features import FEATURE_GROUPS, build_features, group_class, group_input_columns
+from ckpred.features import (FEATURE_GROUPS, build_features, constants_from_config, group_class, group_input_columns,
+                             with_hardware)
+from ckpred.features.base import FeatureGroup
 from ckpred.features.expression import ExpressionFeatures
 from ckpred.kernels.base import load_op
 
@@ -363,3 +365,132 @@ def test_est_vs_best_is_zero_for_the_analytically_best_catalogue_tile(cfg) -> No
         rel, est = f["roofline__est_vs_best"], f["roofline__log2_est_us"]
         assert rel.min() == 0.0 and (rel >= 0).all()
         np.testing.assert_allclose(rel, est - est.min(), rtol=0, atol=1e-12)
+
+
+# -- features as configuration: inline expression groups, the open registry, hardware -----------
+#: An inline feature set over gemm_universal's fields: raw, log2, ratio, ceil-div tiles, waves
+#: over CUs, roofline terms, a categorical comparison and a one-hot expansion, in two groups.
+INLINE = {"name": "inline", "groups": [
+    {"kind": "expressions", "name": "custom", "params": {
+        "terms": {"flops": "2 * m * n * k",
+                  "bytes": "(m * k + k * n + m * n) * dtype_bytes('fp8')"},
+        "features": {"raw_m": "m", "log2_n": "log2(n)", "m_over_k": "m / k",
+                     "tiles_m": "ceil_div(m, tile_m)",
+                     "waves": "ceil(ceil_div(m, tile_m) * ceil_div(n, tile_n) * split_k / hw.cus)",
+                     "compute_us": "flops / (hw.peak_tflops * 1e6)",
+                     "memory_us": "bytes / (hw.memory_bandwidth_gbs * 1e3)",
+                     "compute_bound": "compute_us > memory_us",
+                     "is_compv4": "pipeline == 'compv4'"},
+        "one_hot": ["epilogue"]}},
+    {"kind": "expressions", "name": "more", "params": {"features": {"tile_mn": "tile_m * tile_n"}}},
+]}
+
+
+class TileArea(FeatureGroup):
+    """An op's own Python group, loaded by ``test_features:TileArea`` (the extension point)."""
+
+    input_columns = ("tile_m", "tile_n")
+
+    def __init__(self, *, input_names=None) -> None:
+        self.input_names = input_names
+
+    def _feature_names(self) -> list[str]:
+        return ["tile_area"]
+
+    def _compute(self, cols, xp):
+        return [cols["tile_m"] * cols["tile_n"]]
+
+
+def test_inline_expression_groups_values_by_hand(cfg) -> None:
+    X = _frame([dict(m=1000, n=7, k=4096, pipeline=1, epilogue=1), dict(m=4096, n=4096, k=4096, pipeline=0,
+                                                                      epilogue=0)])
+    union = build_features(INLINE, OP, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    f = dict(zip(union.get_feature_names_out(), union.transform(X).T))
+    assert list(f) == ["custom__raw_m", "custom__log2_n", "custom__m_over_k", "custom__tiles_m", "custom__waves",
+                       "custom__compute_us", "custom__memory_us", "custom__compute_bound", "custom__is_compv4",
+                       "custom__epilogue_default", "custom__epilogue_cshuffle", "more__tile_mn"]
+    # Row 0 on gfx950 fp8 (256 CUs, 5033 TFLOPS, 8000 GB/s) with a 64x128 tile, split_k 1.
+    assert f["custom__raw_m"][0] == 1000 and f["custom__m_over_k"][0] == 1000 / 4096
+    assert f["custom__log2_n"][0] == float(np.float32(math.log(7) / math.log(2)))
+    assert f["custom__tiles_m"][0] == 16 and f["custom__waves"][0] == 1  # 16 x 1 blocks on 256 CUs
+    assert f["custom__waves"][1] == 8  # 4096/64 x 4096/128 = 2048 blocks over 256 CUs
+    assert f["custom__compute_us"][0] == 2 * 1000 * 7 * 4096 / (5033.0 * 1e6)
+    assert f["custom__memory_us"][0] == (1000 * 4096 + 4096 * 7 + 1000 * 7) / (8000.0 * 1e3)
+    assert list(f["custom__compute_bound"]) == [0.0, 1.0]
+    assert list(f["custom__is_compv4"]) == [1.0, 0.0]
+    assert list(f["custom__epilogue_default"]) == [0.0, 1.0] and list(f["custom__epilogue_cshuffle"]) == [1.0, 0.0]
+    assert list(f["more__tile_mn"]) == [64 * 128] * 2
+
+
+@pytest.mark.parametrize("group, key, value", [
+    ({"kind": "expressions", "params": {"features": {"x": "m * foo"}}}, "features.groups[0].params.features.x", "foo"),
+    ({"kind": "expressions", "params": {"features": {"x": "m +"}}}, "features.groups[0].params.features.x", "m +"),
+    ({"kind": "expressions", "params": {"features": {"x": "m * hw.nope"}}}, "features.groups[0].params.features.x",
+     "hw.nope"),
+    ({"kind": "expressions", "params": {"features": {"x": "pipeline == 'compv9'"}}},
+     "features.groups[0].params.features.x", "compv9"),
+    ({"kind": "expressions", "params": {"features": {"a": "b + 1"}, "terms": {"b": "a * 2"}}},
+     "features.groups[0].params.terms.b", "b -> a -> b"),
+    ({"kind": "expressions", "params": {"features": {"x": "m"}, "one_hot": ["m"]}}, "features.groups[0].params.one_hot",
+     "m"),
+    ({"kind": "expressions", "params": {"features": {"x": "m"}, "exclude": ["x"]}},
+     "features.groups[0].params.exclude", ["x"]),
+    ({"kind": "expressions", "params": {}}, "features.groups[0].params.features", None),
+    ({"kind": "problem", "params": {"exclude": ["log2_q"]}}, "features.groups[0].params.exclude", "log2_q"),
+    ({"kind": "problme"}, "features.groups[0].kind", "problme"),
+    ({"kind": "no_such_module_xyz:Group"}, "features.groups[0].kind", "no_such_module_xyz:Group"),
+    ({"kind": "collections:OrderedDict"}, "features.groups[0].kind", "collections:OrderedDict"),
+    ({"kind": "conv_problem"}, "features.groups[0].kind", "conv_problem"),
+])
+def test_bad_groups_are_refused_naming_the_key(cfg, group, key, value) -> None:
+    with pytest.raises(ConfigValueError) as err:
+        build_features({"name": "x", "groups": [group]}, OP, cfg.arch, cfg.dtype, cfg.layout)
+    assert (err.value.key, err.value.value) == (key, value)
+
+
+def test_group_names_are_unique_per_set(cfg) -> None:
+    two = {"kind": "expressions", "params": {"features": {"x": "m"}}}
+    with pytest.raises(ConfigValueError) as err:
+        build_features({"name": "x", "groups": [two, two]}, OP, cfg.arch, cfg.dtype)
+    assert err.value.key == "features.groups[1].name" and err.value.value == "expressions"
+    union = build_features({"name": "x", "groups": [two, {**two, "name": "again"}]}, OP, cfg.arch, cfg.dtype)
+    assert [name for name, _ in union.transformer_list] == ["expressions", "again"]
+
+
+def test_declared_group_exclude_and_extend(cfg) -> None:
+    group = {"kind": "problem", "params": {"exclude": ["layout_code", "log2_mnk"],
+                                           "features": {"mnk_bits": "log2_mnk * 2"}}}
+    X = _frame([dict(m=16, n=32, k=64)])
+    union = build_features({"name": "x", "groups": [group]}, OP, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    f = dict(zip(union.get_feature_names_out(), union.transform(X)[0]))
+    assert "problem__layout_code" not in f and "problem__log2_mnk" not in f
+    assert f["problem__mnk_bits"] == 30.0 and f["problem__m"] == 16  # an excluded feature stays readable
+
+
+def test_a_python_group_by_module_path(cfg) -> None:
+    X = _frame([dict(m=16, n=32, k=64)])
+    fs = {"name": "x", "groups": [{"kind": "test_features:TileArea"}, {"kind": "problem"}]}
+    union = build_features(fs, OP, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    names = list(union.get_feature_names_out())
+    assert names[0] == "TileArea__tile_area" and union.transform(X)[0, 0] == 64 * 128
+
+
+def test_with_hardware_uses_the_other_tables_arch(cfg) -> None:
+    X = _frame([dict(m=300, n=256, k=4096)])
+    union = build_features(feature_set("anchor55"), OP, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    other = compose("ingest", ["data.path=x", "arch=gfx942", "dtype=fp16", "layout=crr"])
+    moved = with_hardware(union, other.arch, other.dtype, other.layout)
+    f = dict(zip(moved.get_feature_names_out(), moved.transform(X)[0]))
+    g = dict(zip(union.get_feature_names_out(), union.transform(X)[0]))
+    assert (f["hardware__hw_cus"], g["hardware__hw_cus"]) == (304, 256)
+    assert f["interaction__output_tiles_per_cu"] == 5 * 2 / 304 and g["interaction__output_tiles_per_cu"] == 10 / 256
+    assert f["kernel__lds_bytes_est"] == (64 * 64 + 128 * 64) * 2 and f["problem__layout_code"] == 2
+    # Same as building the set for that arch from scratch.
+    fresh = build_features(feature_set("anchor55"), OP, other.arch, other.dtype, other.layout).fit(X)
+    np.testing.assert_array_equal(moved.transform(X), fresh.transform(X))
+
+
+def test_constants_are_the_hw_namespace(cfg) -> None:
+    hw = constants_from_config(cfg.arch, cfg.dtype, cfg.layout)
+    assert hw["peak_tflops"] == hw["peak_tflops_fp8"] == 5033.0 and hw["peak_tflops_fp16"] == 2517.0
+    assert hw["c_bytes_per_element"] == 2 and hw["lds_bytes"] == 160 * 1024 and hw["l2_mib"] == 32.0

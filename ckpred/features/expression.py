@@ -59,8 +59,12 @@ class _Program:
         self.outputs = tuple(name for name, _ in features)
         self.one_hot = one_hot
         # A derived name reading itself means the input field of that name (``m: m``).
-        self.order = topological_order(self.exprs, key=key,
-                                       external=[n for n, e in self.exprs.items() if n in e.names])
+        try:
+            self.order = topological_order(self.exprs, key=key,
+                                           external=[n for n, e in self.exprs.items() if n in e.names])
+        except ConfigValueError as exc:  # name the section of the cycle's first member
+            first = str(exc.value).split(" -> ")[0]
+            raise ConfigValueError(f"{key}.{seen[first]}.{first}", exc.value, exc.allowed) from None
         free: list[str] = []
         for name in self.order:
             for field in sorted(self.exprs[name].names):
