@@ -7,7 +7,7 @@ converter in :mod:`ckpred.export.converters`; its ``kind`` (see :mod:`ckpred.fea
 is
 
 * an expression group: inline (``kind: expressions`` with ``params.features``) or declared in
-  ``conf/feature_groups/<kind>.yaml`` (``problem``, ``kernel``, ``interaction``,
+  ``conf/features/groups/<kind>.yaml`` (``problem``, ``kernel``, ``interaction``,
   ``tile_quantization``, ``wave``, ``occupancy``, ``hardware``), all computed by
   :class:`~ckpred.features.expression.ExpressionFeatures` with ``hw.*`` = :func:`constants_from_config`;
 * a Python group for what expressions cannot say (``roofline``: a minimum over the catalogue's
@@ -52,7 +52,7 @@ from ckpred.features.registry import (EXPRESSIONS, FEATURE_GROUPS, declaration, 
                                       known_kinds)
 
 __all__ = ["FEATURE_GROUPS", "build_features", "catalogue_tiles", "constants_from_config",
-           "group_class", "group_input_columns", "known_kinds", "op_categories", "with_hardware"]
+           "group_class", "group_input_columns", "known_kinds", "op_categories"]
 
 
 def _get(cfg: Any, key: str) -> Any:
@@ -74,12 +74,12 @@ def constants_from_config(arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None)
     Returns
     -------
     dict
-        Name -> value: the arch's sizes (``cus``, ``xcds``, ``lds_bytes``, ``l2_mib`` for the
-        whole chip, ...), the dtype's (``bytes_per_element``, ``c_bytes_per_element``,
-        ``peak_tflops`` of the run's dtype and ``peak_tflops_<dtype>`` of each dtype the arch
-        lists) and ``layout_code``. A Python transformer takes the ones it has parameters for.
+        Name -> value: :func:`ckpred.schema.arch_constants` of the arch (``cus``, ``xcds``,
+        ``lds_bytes``, ``l2_mib_per_xcd``, ``peak_tflops_<dtype>``, ...) plus ``l2_mib`` (the
+        whole chip), the dtype's ``bytes_per_element``, ``c_bytes_per_element`` and
+        ``peak_tflops`` and ``layout_code``. A Python transformer takes the ones it has parameters for.
     """
-    from ckpred.schema import LAYOUTS
+    from ckpred.schema import LAYOUTS, arch_constants
 
     dtype_name = _get(dtype_cfg, "name")
     peaks = _get(arch_cfg, "peak_tflops") or {}
@@ -88,10 +88,12 @@ def constants_from_config(arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None)
                                f"a peak TFLOPS for dtype {dtype_name} (arch {_get(arch_cfg, 'name')} "
                                f"lists {sorted(peaks)})")
     xcds = int(_get(arch_cfg, "xcds"))
-    bytes_of = dtype_bytes_table()
+    # Every hw.<name> the op's rules see (schema.arch_constants), then the run's own: integer
+    # sizes for the Python groups' parameters, the whole chip's L2, the dtype and the layout.
     values: dict[str, Any] = {
+        **arch_constants(arch_cfg),
         "bytes_per_element": int(_get(dtype_cfg, "bytes_per_element")),
-        "c_bytes_per_element": bytes_of[_get(dtype_cfg, "c_dtype")],
+        "c_bytes_per_element": dtype_bytes_table()[_get(dtype_cfg, "c_dtype")],
         "cus": int(_get(arch_cfg, "cus")),
         "xcds": xcds,
         "simds_per_cu": int(_get(arch_cfg, "simds_per_cu")),
@@ -106,7 +108,6 @@ def constants_from_config(arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None)
         "llc_mib": float(_get(arch_cfg, "llc_mib")),
         "memory_bandwidth_gbs": float(_get(arch_cfg, "memory_bandwidth_gbs")),
         "peak_tflops": float(peaks[dtype_name]),
-        **{f"peak_tflops_{name}": float(peak) for name, peak in peaks.items()},
         "layout_code": 0 if layout_cfg is None else LAYOUTS.index(_get(layout_cfg, "name")),
     }
     return values
@@ -231,7 +232,7 @@ def _expression_group(kind: str, params: dict[str, Any], key: str, op: Any, cons
     if not features and not one_hot:
         raise ConfigValueError(f"{key}.params.features", params.get("features"),
                                "a non-empty mapping of feature name -> expression (or one_hot fields)")
-    where = f"{key}.params" if declared is None else f"conf/feature_groups/{kind}.yaml"
+    where = f"{key}.params" if declared is None else f"conf/features/groups/{kind}.yaml"
     program = compile_features(features, terms, one_hot, key=where)
     categories = op_categories(op)
     fields = list(op.input_names)
@@ -264,36 +265,3 @@ def group_input_columns(kind: str, params: dict[str, Any] | None = None) -> tupl
         one_hot = [*(base.get("one_hot") or []), *(params.get("one_hot") or [])]
         return compile_features(features, terms, one_hot).input_columns
     return tuple(group_class(kind)().input_columns)
-
-
-def with_hardware(estimator: Any, arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None) -> Any:
-    """A copy of a (fitted) pipeline or feature union whose groups use another arch's constants.
-
-    Feature groups learn nothing but column positions, so a model fitted on one arch's table
-    scores another arch's table with that table's own hardware constants by swapping them in:
-    ``hw`` of expression groups and the constant parameters of Python groups.
-
-    Parameters
-    ----------
-    estimator : Pipeline, FeatureUnion or FeatureGroup
-    arch_cfg, dtype_cfg, layout_cfg : config nodes of the other table
-
-    Returns
-    -------
-    A deep copy; ``estimator`` is unchanged.
-    """
-    from ckpred.features.base import FeatureGroup
-    from ckpred.features.expression import ExpressionFeatures
-
-    constants = constants_from_config(arch_cfg, dtype_cfg, layout_cfg)
-    out = copy.deepcopy(estimator)
-    stack = [out]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ExpressionFeatures):
-            node.hw = dict(constants)
-        elif isinstance(node, FeatureGroup):
-            node.set_params(**{k: v for k, v in constants.items() if k in node.get_params(deep=False)})
-        stack.extend(step for _, step in getattr(node, "steps", []))
-        stack.extend(part for _, part in getattr(node, "transformer_list", []))
-    return out

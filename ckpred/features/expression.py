@@ -22,7 +22,7 @@ naming it). :class:`ExpressionFeatures` evaluates them through the ``xp`` namesp
 :mod:`ckpred.features.base`, so the shared ONNX converter and the selector's factorisation
 (:mod:`ckpred.export.factorise`) compute the very same values, with no code per group.
 The built-in groups ``problem``, ``kernel``, ``interaction``, ``tile_quantization``, ``wave``,
-``occupancy`` and ``hardware`` are such declarations (``conf/feature_groups/<kind>.yaml``).
+``occupancy`` and ``hardware`` are such declarations (``conf/features/groups/<kind>.yaml``).
 """
 
 from __future__ import annotations

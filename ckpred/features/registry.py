@@ -4,7 +4,7 @@ A ``kind`` is one of
 
 * ``expressions``: an inline declaration, :class:`ckpred.features.expression.ExpressionFeatures`
   with the group's ``params`` (``features``, ``terms``, ``one_hot``);
-* a *declared* group: a file ``conf/feature_groups/<kind>.yaml`` of the package holding the same
+* a *declared* group: a file ``conf/features/groups/<kind>.yaml`` of the package holding the same
   keys (``problem``, ``kernel``, ``interaction``, ...); see :func:`declared_groups`;
 * a built-in Python group, a key of :data:`FEATURE_GROUPS`: what expressions cannot say (a
   minimum over the catalogue's tiles, the conv groups' shared estimates);
@@ -50,13 +50,13 @@ _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 def declared_groups() -> dict[str, dict[str, Any]]:
     """Declared groups of the package: ``kind`` -> its ``features``/``terms``/``one_hot``.
 
-    Read once from ``conf/feature_groups/*.yaml`` (package data of ``ckpred.conf``).
+    Read once from ``conf/features/groups/*.yaml`` (package data of ``ckpred.conf``).
     """
     from importlib import resources
 
     from omegaconf import OmegaConf
 
-    folder = resources.files("ckpred.conf") / "feature_groups"
+    folder = resources.files("ckpred.conf") / "features" / "groups"
     groups: dict[str, dict[str, Any]] = {}
     for entry in sorted(folder.iterdir(), key=lambda p: p.name):
         if entry.name.endswith(".yaml"):
