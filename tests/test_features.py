@@ -483,3 +483,17 @@ def test_constants_are_the_hw_namespace(cfg) -> None:
     rules_hw = arch_constants(cfg.arch)
     assert all(hw[k] == v or (v != v and hw[k] != hw[k]) for k, v in rules_hw.items())
 
+
+
+def test_expression_groups_read_the_ops_flops_expression(cfg) -> None:
+    """gemm_universal declares ``flops: 2 * m * n * k``; a group reads it by name (unused: no cost)."""
+    X = _frame([dict(m=1000, n=7, k=4096)])
+    fs = {"name": "x", "groups": [{"kind": "expressions", "params": {
+        "features": {"log2_flops": "log2(flops)", "flops_per_tile": "flops / (tile_m * tile_n)"}}}]}
+    union = build_features(fs, OP, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    f = dict(zip(union.get_feature_names_out(), union.transform(X)[0]))
+    assert f["expressions__log2_flops"] == float(np.float32(math.log2(2 * 1000 * 7 * 4096)))
+    assert f["expressions__flops_per_tile"] == 2 * 1000 * 7 * 4096 / (64 * 128)
+    unused = build_features({"name": "x", "groups": [{"kind": "expressions", "params": {"features": {"t": "tile_m"}}}]},
+                            OP, cfg.arch, cfg.dtype, cfg.layout)
+    assert unused.transformer_list[0][1].input_columns == ("tile_m",)

@@ -223,7 +223,7 @@ def _expression_group(kind: str, params: dict[str, Any], key: str, op: Any, cons
                                    "a list of categorical fields" if name == "one_hot"
                                    else "a mapping of name -> expression")
     features = {**(base.get("features") or {}), **(params.get("features") or {})}
-    terms = {**(base.get("terms") or {}), **(params.get("terms") or {})}
+    terms = {**_op_terms(op), **(base.get("terms") or {}), **(params.get("terms") or {})}
     one_hot = [*(base.get("one_hot") or []), *(params.get("one_hot") or [])]
     for name in params.get("exclude") or []:
         if name not in features:
@@ -237,7 +237,7 @@ def _expression_group(kind: str, params: dict[str, Any], key: str, op: Any, cons
     categories = op_categories(op)
     fields = list(op.input_names)
     if declared is None:  # inline: name the exact expression that reads what the op lacks
-        for name in program.order:
+        for name in program.exprs:
             program.exprs[name].validate([*fields, *program.exprs], constants, categories=categories)
     for field in one_hot:
         if field not in categories:
@@ -250,6 +250,17 @@ def _expression_group(kind: str, params: dict[str, Any], key: str, op: Any, cons
                               hw=dict(constants), categories={f: categories[f] for f in categories
                                                               if f in program.input_columns} or None,
                               input_names=tuple(op.input_names))
+
+
+def _op_terms(op: Any) -> dict[str, str]:
+    """The op's ``flops`` and ``bytes`` expressions, readable by name in expression groups."""
+    config = getattr(op, "config", None)
+    out = {}
+    for name in ("flops", "bytes"):
+        text = getattr(config, name, None)
+        if isinstance(text, str) and text.strip() and name not in op.input_names:
+            out[name] = text
+    return out
 
 
 def group_input_columns(kind: str, params: dict[str, Any] | None = None) -> tuple[str, ...]:

@@ -18,7 +18,8 @@ language)::
         one_hot: [dtype]               # dtype_fp8, dtype_fp16, ... (1.0 / 0.0)
 
 Features and terms may read each other (evaluated in dependency order; a cycle is refused,
-naming it). :class:`ExpressionFeatures` evaluates them through the ``xp`` namespace of
+naming it); only what the outputs need is evaluated. :func:`ckpred.features.build_features`
+adds the op's ``flops`` and ``bytes`` expressions as terms. :class:`ExpressionFeatures` evaluates them through the ``xp`` namespace of
 :mod:`ckpred.features.base`, so the shared ONNX converter and the selector's factorisation
 (:mod:`ckpred.export.factorise`) compute the very same values, with no code per group.
 The built-in groups ``problem``, ``kernel``, ``interaction``, ``tile_quantization``, ``wave``,
@@ -60,11 +61,18 @@ class _Program:
         self.one_hot = one_hot
         # A derived name reading itself means the input field of that name (``m: m``).
         try:
-            self.order = topological_order(self.exprs, key=key,
-                                           external=[n for n, e in self.exprs.items() if n in e.names])
+            order = topological_order(self.exprs, key=key,
+                                      external=[n for n, e in self.exprs.items() if n in e.names])
         except ConfigValueError as exc:  # name the section of the cycle's first member
             first = str(exc.value).split(" -> ")[0]
             raise ConfigValueError(f"{key}.{seen[first]}.{first}", exc.value, exc.allowed) from None
+        # Only what the outputs need is evaluated (and read from the input): an unused term
+        # costs nothing.
+        needed = set(self.outputs)
+        for name in reversed(order):
+            if name in needed:
+                needed.update(n for n in self.exprs[name].names if n in self.exprs and n != name)
+        self.order = [name for name in order if name in needed]
         free: list[str] = []
         for name in self.order:
             for field in sorted(self.exprs[name].names):
@@ -74,7 +82,7 @@ class _Program:
             if field not in free:
                 free.append(field)
         self.input_columns = tuple(free)
-        self.hw_names = frozenset().union(*(e.hw_names for e in self.exprs.values()))
+        self.hw_names = frozenset().union(*(self.exprs[n].hw_names for n in self.order))
 
 
 @functools.lru_cache(maxsize=256)
