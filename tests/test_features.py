@@ -277,7 +277,7 @@ def test_group_needing_columns_the_op_lacks_is_refused(cfg) -> None:
 # -- scikit-learn compliance ----------------------------------------------------------------------
 #: Checks that feed generic arrays with 1-10 columns. A feature group reads its inputs by name
 #: (or by position from ``input_names``) and refuses an array narrower than the columns it
-#: needs (ProblemFeatures: 4, TileInteractionFeatures: 6, KernelFeatures: 16), so these checks
+#: needs (RooflineFeatures: 7, ConvKernelFeatures: 5, the occupancy declaration: 10), so these checks
 #: fail on it by design. Non-strict, because which of them happen to use wide enough data
 #: depends on the group's column count. Everything else these checks verify is exercised by
 #: ``test_sklearn_compliance_any_width`` below.
@@ -425,6 +425,9 @@ def test_inline_expression_groups_values_by_hand(cfg) -> None:
 @pytest.mark.parametrize("group, key, value", [
     ({"kind": "expressions", "params": {"features": {"x": "m * foo"}}}, "features.groups[0].params.features.x", "foo"),
     ({"kind": "expressions", "params": {"features": {"x": "m +"}}}, "features.groups[0].params.features.x", "m +"),
+    ({"kind": "expressions", "params": {"features": {"x": ["m"]}}}, "features.groups[0].params.features.x", ["m"]),
+    ({"kind": "expressions", "params": {"features": {"log 2": "m"}}}, "features.groups[0].params.features.log 2",
+     "log 2"),
     ({"kind": "expressions", "params": {"features": {"x": "m * hw.nope"}}}, "features.groups[0].params.features.x",
      "hw.nope"),
     ({"kind": "expressions", "params": {"features": {"x": "pipeline == 'compv9'"}}},

@@ -96,7 +96,12 @@ def _items(mapping: Any, key: str) -> tuple[tuple[str, str], ...]:
         return ()
     if not isinstance(mapping, Mapping):
         raise ConfigValueError(key, mapping, "a mapping of feature name -> expression")
-    return tuple((str(k), v if isinstance(v, str) else v) for k, v in mapping.items())
+    out = []
+    for name, text in mapping.items():
+        if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+            raise ConfigValueError(f"{key}.{name}", text, "an expression string (Python syntax, e.g. 'log2(m * n)')")
+        out.append((str(name), text))
+    return tuple(out)
 
 
 def compile_features(features: Mapping[str, Any] | None, terms: Mapping[str, Any] | None = None,
