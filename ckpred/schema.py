@@ -345,11 +345,16 @@ class IngestConfig:
 # -- features (ckpred.features) -------------------------------------------------------------------
 @dataclass
 class FeatureGroupConfig:
-    """One feature group of a feature set: which transformer, and its scalar options."""
+    """One feature group of a feature set: which transformer, its name and its options."""
 
-    #: Key of ``ckpred.features.registry.FEATURE_GROUPS`` (e.g. ``problem``, ``kernel``).
+    #: ``expressions``, a declared or built-in group (``ckpred.features.registry``) or
+    #: ``package.module:Class`` of a FeatureGroup.
     kind: str = MISSING
-    #: Constructor parameters set by YAML (hardware/dtype constants come from arch/dtype).
+    #: Name in the FeatureUnion, the prefix of its output names (default: the kind, or the
+    #: class name of a ``module:Class`` kind).
+    name: Optional[str] = None
+    #: Constructor parameters set by YAML (hardware/dtype constants come from arch/dtype); an
+    #: expression group takes ``features``, ``terms``, ``one_hot`` (and ``exclude`` when declared).
     params: dict[str, Any] = field(default_factory=dict)
 
 
@@ -361,16 +366,18 @@ class FeaturesConfig:
     groups: list[FeatureGroupConfig] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        from ckpred.features.registry import FEATURE_GROUPS
+        from ckpred.features.registry import check_kind, default_name
 
         check("features.groups", self.groups, len(self.groups) > 0, "a non-empty list of groups")
         seen: set[str] = set()
         for i, group in enumerate(self.groups):
-            check(f"features.groups[{i}].kind", group.kind, group.kind in FEATURE_GROUPS,
-                  f"one of {sorted(FEATURE_GROUPS)}")
-            check(f"features.groups[{i}].kind", group.kind, group.kind not in seen,
-                  "each kind at most once per feature set")
-            seen.add(group.kind)
+            check_kind(f"features.groups[{i}].kind", group.kind)
+            name = group.name or default_name(group.kind)
+            check(f"features.groups[{i}].name", name, name.isidentifier(),
+                  "a name of letters, digits and _ (the prefix of the group's feature names)")
+            check(f"features.groups[{i}].name", name, name not in seen,
+                  "each group name at most once per feature set (set name: to tell two apart)")
+            seen.add(name)
 
 
 # -- shapes and simulate (simulator owner) -------------------------------------------------------

@@ -12,8 +12,9 @@ from skl2onnx.common.data_types import Int64TensorType
 
 from ckpred.config import CONF_DIR, compose
 from ckpred.export.converters import alias, registered_aliases
-from ckpred.features import FEATURE_GROUPS, build_features, group_class
 from ckpred.config import feature_set
+from ckpred.features import FEATURE_GROUPS, build_features, group_class, group_input_columns
+from ckpred.features.registry import declared_groups
 from ckpred.kernels.base import load_op
 
 FEATURE_SETS = sorted(p.stem for p in (CONF_DIR / "features").glob("*.yaml"))
@@ -77,6 +78,13 @@ def _assert_parity(got: np.ndarray, want: np.ndarray) -> None:
     assert err.max(initial=0.0) <= RTOL, f"max relative difference {err.max():.3g}"
 
 
+def _transformer(kind: str, op):
+    """A group of ``kind`` as build_features makes it for ``op`` (gfx950), without input_names."""
+    cfg = compose("ingest", ["data.path=x", "arch=gfx950", "dtype=fp8" if op.name == "gemm_universal" else "dtype=bf16"])
+    union = build_features({"name": "x", "groups": [{"kind": kind}]}, op, cfg.arch, cfg.dtype, cfg.layout)
+    return union.transformer_list[0][1].set_params(input_names=None)
+
+
 # -- completeness ------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", FEATURE_SETS)
 def test_every_transformer_of_every_feature_set_has_a_converter(name: str) -> None:
@@ -93,26 +101,25 @@ def test_every_registered_group_has_a_converter() -> None:
 
 # -- parity ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("opset", OPSETS, ids=lambda o: f"opset{o['']}")
-@pytest.mark.parametrize("kind", sorted(FEATURE_GROUPS))
+@pytest.mark.parametrize("kind", sorted(FEATURE_GROUPS) + sorted(declared_groups()))
 def test_transformer_parity(kind: str, opset: dict[str, int]) -> None:
-    cls = group_class(kind)
-    op = _op_for(set(cls.input_columns))
+    op = _op_for(set(group_input_columns(kind)))
     X = _rows(op)
-    model = cls().fit(X)
+    model = _transformer(kind, op).fit(X)
     _assert_parity(_run(model, X, opset), model.transform(X))
 
 
 def test_parity_on_a_column_order_other_than_the_op_order() -> None:
     X = _rows(OPS["gemm_universal"], n_rows=50)
     X = X[list(reversed(X.columns))]
-    model = group_class("interaction")().fit(X)
+    model = _transformer("interaction", OPS["gemm_universal"]).fit(X)
     _assert_parity(_run(model, X, OPSETS[0]), model.transform(X))
 
 
 @pytest.mark.parametrize("name", FEATURE_SETS)
 def test_feature_union_parity(name: str) -> None:
     fs = feature_set(name)
-    op = _op_for(set().union(*(group_class(g.kind).input_columns for g in fs.groups)))
+    op = _op_for(set().union(*(group_input_columns(g.kind, g.params) for g in fs.groups)))
     cfg = compose("ingest", ["data.path=x", "arch=gfx950", "dtype=fp8" if op.name == "gemm_universal" else "dtype=bf16"])
     X = _rows(op, n_rows=200, seed=1)
     union = build_features(fs, op, cfg.arch, cfg.dtype, cfg.layout).fit(X)
@@ -121,6 +128,45 @@ def test_feature_union_parity(name: str) -> None:
 
 def test_wrong_input_width_is_refused() -> None:
     X = _rows(OPS["gemm_universal"], n_rows=5)
-    model = group_class("problem")().fit(X)
+    model = _transformer("problem", OPS["gemm_universal"]).fit(X)
     with pytest.raises(RuntimeError, match="fitted on 20 input columns"):
         to_onnx(model, initial_types=[("X", Int64TensorType([None, 4]))], target_opset=OPSETS[0])
+
+
+# -- expression groups and an op's own Python group ------------------------------------------------
+def test_expression_and_module_path_groups_export_bit_for_bit() -> None:
+    from ckpred.export.lightgbm import register
+    from test_features import INLINE
+
+    op = OPS["gemm_universal"]
+    cfg = compose("ingest", ["data.path=x", "arch=gfx950", "dtype=fp8", "layout=rcr"])
+    fs = {"name": "x", "groups": [*INLINE["groups"], {"kind": "test_features:TileArea"}, {"kind": "occupancy"}]}
+    X = _rows(op, n_rows=300, seed=3)
+    union = build_features(fs, op, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    register()  # what every export does first: converters for every loaded group class
+    got, want = _run(union, X, OPSETS[0]), union.transform(X)
+    assert got.shape == want.shape and np.array_equal(got, want, equal_nan=True)
+
+
+def test_a_group_class_loaded_late_gets_its_converter_at_conversion() -> None:
+    from ckpred.export.lightgbm import register
+    from ckpred.features.base import FeatureGroup
+
+    class LateGroup(FeatureGroup):
+        input_columns = ("m",)
+
+        def __init__(self, *, input_names=None) -> None:
+            self.input_names = input_names
+
+        def _feature_names(self):
+            return ["m_squared"]
+
+        def _compute(self, cols, xp):
+            return [cols["m"] * cols["m"]]
+
+    assert LateGroup not in registered_aliases()  # defined after the converters module loaded
+    register()
+    assert registered_aliases()[LateGroup] == "CkpredLateGroup"
+    X = _rows(OPS["gemm_universal"], n_rows=20)
+    model = LateGroup().fit(X)
+    assert np.array_equal(_run(model, X, OPSETS[0]), model.transform(X))

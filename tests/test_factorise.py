@@ -18,8 +18,10 @@ from ckpred.export.factorise import HybridOps, feature_groups, selector_features
 from ckpred.features import build_features
 from ckpred.config import feature_set
 from ckpred.features.base import NumpyOps
+from ckpred.features import group_input_columns
 from ckpred.features.registry import group_class
-from test_converters import FEATURE_SETS, _op_for, _rows
+from ckpred.kernels.base import load_op
+from test_converters import FEATURE_SETS, _op_for, _rows, _transformer
 
 
 def _features_graph(pipe: Pipeline, op, kernels: np.ndarray) -> onnx.ModelProto:
@@ -35,7 +37,7 @@ def _features_graph(pipe: Pipeline, op, kernels: np.ndarray) -> onnx.ModelProto:
 
 def _fitted(name: str):
     fs = feature_set(name)
-    op = _op_for(set().union(*(group_class(g.kind).input_columns for g in fs.groups)))
+    op = _op_for(set().union(*(group_input_columns(g.kind, g.params) for g in fs.groups)))
     cfg = compose("ingest", ["data.path=x", "arch=gfx950", "dtype=fp8" if op.name == "gemm_universal" else "dtype=bf16"])
     X = _rows(op, n_rows=300, seed=2)
     union = build_features(fs, op, cfg.arch, cfg.dtype, cfg.layout).fit(X)
@@ -66,7 +68,7 @@ def test_selector_features_equal_the_pipeline_bit_for_bit(name: str, n_problems:
 
 def test_kernel_only_features_cost_no_node_per_call() -> None:
     op, X, _ = _fitted("full")
-    union = FeatureUnion([("kernel", group_class("kernel")(input_names=list(op.input_names)).fit(X))])
+    union = FeatureUnion([("kernel", _transformer("kernel", op).set_params(input_names=list(op.input_names)).fit(X))])
     pipe = Pipeline([("features", union), ("model", DummyRegressor())])
     _, kernels, _ = _pairs(op, X, 2, 40)
     model = _features_graph(pipe, op, kernels)
@@ -103,3 +105,16 @@ def test_shared_sub_expressions_are_emitted_once() -> None:
 
     # the second copy of the group adds no arithmetic: every node is found already emitted
     assert count(2) == count(1) > 10
+
+
+def test_selector_features_of_inline_expression_groups_bit_for_bit() -> None:
+    from test_features import INLINE
+
+    op = load_op("gemm_universal")
+    cfg = compose("ingest", ["data.path=x", "arch=gfx950", "dtype=fp8", "layout=rcr"])
+    X = _rows(op, n_rows=300, seed=4)
+    union = build_features(INLINE, op, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    pipe = Pipeline([("features", union), ("model", DummyRegressor())])
+    problems, kernels, rows = _pairs(op, X, 5, 17)
+    got = xo.session(_features_graph(pipe, op, kernels)).run(["features"], {"problem": problems})[0]
+    assert np.array_equal(got, pipe[:-1].transform(rows), equal_nan=True)

@@ -11,17 +11,22 @@ from sklearn.utils.estimator_checks import check_estimator, estimator_checks_gen
 
 from ckpred.config import CONF_DIR, compose
 from ckpred.errors import ConfigValueError
-from ckpred.features import FEATURE_GROUPS, build_features, group_class
 from ckpred.config import feature_set
+from ckpred.features import FEATURE_GROUPS, build_features, constants_from_config, group_class, group_input_columns
+from ckpred.features.base import FeatureGroup
+from ckpred.schema import arch_constants
+from ckpred.features.expression import ExpressionFeatures
 from ckpred.kernels.base import load_op
 
 OP = load_op("gemm_universal")
 FEATURE_SETS = sorted(p.stem for p in (CONF_DIR / "features").glob("*.yaml"))
 #: Feature sets whose groups read gemm_universal's columns (other ops' sets are tested with them).
 GEMM_SETS = [name for name in FEATURE_SETS
-             if all(set(group_class(g.kind).input_columns) <= set(OP.input_names)
+             if all(set(group_input_columns(g.kind, g.params)) <= set(OP.input_names)
                     for g in feature_set(name).groups)]
 CLASSES = [group_class(kind) for kind in FEATURE_GROUPS]
+#: Declared expression groups of gemm_universal (conf/features/groups).
+DECLARED = ("problem", "kernel", "interaction", "tile_quantization", "wave", "occupancy", "hardware")
 
 
 @pytest.fixture(scope="module")
@@ -223,27 +228,38 @@ def test_array_input_uses_input_names_positions(cfg) -> None:
                                   union.fit(X).transform(X))
 
 
+def _group(kind: str) -> ExpressionFeatures:
+    """A declared group as build_features makes it (gfx950 fp8 rcr), unfitted, without input_names."""
+    cfg = compose("ingest", ["data.path=x", "arch=gfx950", "dtype=fp8", "layout=rcr"])
+    union = build_features({"name": "x", "groups": [{"kind": kind}]}, OP, cfg.arch, cfg.dtype, cfg.layout)
+    return union.transformer_list[0][1].set_params(input_names=None)
+
+
 def test_missing_column_is_named() -> None:
     X = _frame([dict(m=5, n=77, k=1000)]).drop(columns=["tile_k"])
     with pytest.raises(ValueError, match=r"lacks \['tile_k'\]"):
-        group_class("interaction")().fit(X)
+        _group("interaction").fit(X)
 
 
 def test_negative_values_are_refused() -> None:
     X = _frame([dict(m=-5, n=77, k=1000)])
     with pytest.raises(ValueError, match=r"Negative values .* 'm' is -5 in row 0"):
-        group_class("problem")().fit(X)
-    model = group_class("kernel")().fit(_frame([dict(m=5, n=77, k=1000)]))
-    with pytest.raises(ValueError, match=r"KernelFeatures.transform: 'm' is -5 in row 0"):
+        _group("problem").fit(X)
+    model = _group("kernel").fit(_frame([dict(m=5, n=77, k=1000)]))
+    with pytest.raises(ValueError, match=r"ExpressionFeatures.transform: 'm' is -5 in row 0"):
         model.transform(X)
 
 
 def test_unknown_parameter_names_key_and_allowed(cfg) -> None:
-    bad = {"name": "x", "groups": [{"kind": "problem", "params": {"include_layuot": True}}]}
+    bad = {"name": "x", "groups": [{"kind": "roofline", "params": {"reference_tilse": "catalogue"}}]}
     with pytest.raises(ConfigValueError) as err:
         build_features(bad, OP, cfg.arch, cfg.dtype)
-    assert err.value.key == "features.groups[0].params.include_layuot"
-    assert "include_layout" in err.value.allowed
+    assert err.value.key == "features.groups[0].params.reference_tilse"
+    assert "reference_tiles" in err.value.allowed
+    bad = {"name": "x", "groups": [{"kind": "problem", "params": {"include_layout": False}}]}
+    with pytest.raises(ConfigValueError) as err:
+        build_features(bad, OP, cfg.arch, cfg.dtype)
+    assert err.value.key == "features.groups[0].params.include_layout" and "exclude" in err.value.allowed
 
 
 def test_unknown_kind_names_allowed_kinds(cfg) -> None:
@@ -261,7 +277,7 @@ def test_group_needing_columns_the_op_lacks_is_refused(cfg) -> None:
 # -- scikit-learn compliance ----------------------------------------------------------------------
 #: Checks that feed generic arrays with 1-10 columns. A feature group reads its inputs by name
 #: (or by position from ``input_names``) and refuses an array narrower than the columns it
-#: needs (ProblemFeatures: 4, TileInteractionFeatures: 6, KernelFeatures: 16), so these checks
+#: needs (RooflineFeatures: 7, ConvKernelFeatures: 5, the occupancy declaration: 10), so these checks
 #: fail on it by design. Non-strict, because which of them happen to use wide enough data
 #: depends on the group's column count. Everything else these checks verify is exercised by
 #: ``test_sklearn_compliance_any_width`` below.
@@ -277,10 +293,15 @@ NARROW_DATA_CHECKS = (
 )
 
 
+#: Every Python group, and expression groups with terms, a categorical comparison and none of
+#: the input columns (the hardware constants).
+ESTIMATORS = [cls() for cls in CLASSES] + [_group("occupancy"), _group("hardware")]
+
+
 def _expected_failures(estimator) -> dict[str, str]:
-    if not type(estimator).input_columns:
+    if not estimator.input_columns:
         return {}
-    reason = (f"generic check data is narrower than the {len(type(estimator).input_columns)} "
+    reason = (f"generic check data is narrower than the {len(estimator.input_columns)} "
               f"input columns {type(estimator).__name__} reads by name")
     return {name: reason for name in NARROW_DATA_CHECKS}
 
@@ -294,7 +315,7 @@ def _compliance_cases() -> list:
         return f"{func.__name__}({', '.join(f'{k}={v}' for k, v in getattr(check, 'keywords', {}).items())})"
 
     return [pytest.param(est, check, id=f"{type(est).__name__}-{name(check)}")
-            for est in (cls() for cls in CLASSES)
+            for est in ESTIMATORS
             for _, check in estimator_checks_generator(est, expected_failed_checks=_expected_failures(est),
                                                        mark="skip")]
 
@@ -324,10 +345,10 @@ def _any_width(cls: type) -> type:
     return sub
 
 
-@pytest.mark.parametrize("cls", [cls for cls in CLASSES if cls.input_columns], ids=lambda c: c.__name__)
-def test_sklearn_compliance_any_width(cls: type) -> None:
+@pytest.mark.parametrize("estimator", [e for e in ESTIMATORS if e.input_columns], ids=lambda e: type(e).__name__)
+def test_sklearn_compliance_any_width(estimator) -> None:
     # One test per class running the whole suite (cheaper than ~45 parametrized tests each).
-    results = check_estimator(_any_width(cls)(), on_fail=None)
+    results = check_estimator(_any_width(type(estimator))(**estimator.get_params()), on_fail=None)
     failed = {r["check_name"]: str(r["exception"])[:200] for r in results if r["status"] == "failed"}
     assert not failed, failed
     assert sum(r["status"] == "passed" for r in results) >= 40
@@ -344,3 +365,138 @@ def test_est_vs_best_is_zero_for_the_analytically_best_catalogue_tile(cfg) -> No
         rel, est = f["roofline__est_vs_best"], f["roofline__log2_est_us"]
         assert rel.min() == 0.0 and (rel >= 0).all()
         np.testing.assert_allclose(rel, est - est.min(), rtol=0, atol=1e-12)
+
+
+# -- features as configuration: inline expression groups, the open registry, hardware -----------
+#: An inline feature set over gemm_universal's fields: raw, log2, ratio, ceil-div tiles, waves
+#: over CUs, roofline terms, a categorical comparison and a one-hot expansion, in two groups.
+INLINE = {"name": "inline", "groups": [
+    {"kind": "expressions", "name": "custom", "params": {
+        "terms": {"flops": "2 * m * n * k",
+                  "bytes": "(m * k + k * n + m * n) * dtype_bytes('fp8')"},
+        "features": {"raw_m": "m", "log2_n": "log2(n)", "m_over_k": "m / k",
+                     "tiles_m": "ceil_div(m, tile_m)",
+                     "waves": "ceil(ceil_div(m, tile_m) * ceil_div(n, tile_n) * split_k / hw.cus)",
+                     "compute_us": "flops / (hw.peak_tflops * 1e6)",
+                     "memory_us": "bytes / (hw.memory_bandwidth_gbs * 1e3)",
+                     "compute_bound": "compute_us > memory_us",
+                     "is_compv4": "pipeline == 'compv4'"},
+        "one_hot": ["epilogue"]}},
+    {"kind": "expressions", "name": "more", "params": {"features": {"tile_mn": "tile_m * tile_n"}}},
+]}
+
+
+class TileArea(FeatureGroup):
+    """An op's own Python group, loaded by ``test_features:TileArea`` (the extension point)."""
+
+    input_columns = ("tile_m", "tile_n")
+
+    def __init__(self, *, input_names=None) -> None:
+        self.input_names = input_names
+
+    def _feature_names(self) -> list[str]:
+        return ["tile_area"]
+
+    def _compute(self, cols, xp):
+        return [cols["tile_m"] * cols["tile_n"]]
+
+
+def test_inline_expression_groups_values_by_hand(cfg) -> None:
+    X = _frame([dict(m=1000, n=7, k=4096, pipeline=1, epilogue=1), dict(m=4096, n=4096, k=4096, pipeline=0,
+                                                                      epilogue=0)])
+    union = build_features(INLINE, OP, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    f = dict(zip(union.get_feature_names_out(), union.transform(X).T))
+    assert list(f) == ["custom__raw_m", "custom__log2_n", "custom__m_over_k", "custom__tiles_m", "custom__waves",
+                       "custom__compute_us", "custom__memory_us", "custom__compute_bound", "custom__is_compv4",
+                       "custom__epilogue_default", "custom__epilogue_cshuffle", "more__tile_mn"]
+    # Row 0 on gfx950 fp8 (256 CUs, 5033 TFLOPS, 8000 GB/s) with a 64x128 tile, split_k 1.
+    assert f["custom__raw_m"][0] == 1000 and f["custom__m_over_k"][0] == 1000 / 4096
+    assert f["custom__log2_n"][0] == float(np.float32(math.log(7) / math.log(2)))
+    assert f["custom__tiles_m"][0] == 16 and f["custom__waves"][0] == 1  # 16 x 1 blocks on 256 CUs
+    assert f["custom__waves"][1] == 8  # 4096/64 x 4096/128 = 2048 blocks over 256 CUs
+    assert f["custom__compute_us"][0] == 2 * 1000 * 7 * 4096 / (5033.0 * 1e6)
+    assert f["custom__memory_us"][0] == (1000 * 4096 + 4096 * 7 + 1000 * 7) / (8000.0 * 1e3)
+    assert list(f["custom__compute_bound"]) == [0.0, 1.0]
+    assert list(f["custom__is_compv4"]) == [1.0, 0.0]
+    assert list(f["custom__epilogue_default"]) == [0.0, 1.0] and list(f["custom__epilogue_cshuffle"]) == [1.0, 0.0]
+    assert list(f["more__tile_mn"]) == [64 * 128] * 2
+
+
+@pytest.mark.parametrize("group, key, value", [
+    ({"kind": "expressions", "params": {"features": {"x": "m * foo"}}}, "features.groups[0].params.features.x", "foo"),
+    ({"kind": "expressions", "params": {"features": {"x": "m +"}}}, "features.groups[0].params.features.x", "m +"),
+    ({"kind": "expressions", "params": {"features": {"x": ["m"]}}}, "features.groups[0].params.features.x", ["m"]),
+    ({"kind": "expressions", "params": {"features": {"log 2": "m"}}}, "features.groups[0].params.features.log 2",
+     "log 2"),
+    ({"kind": "expressions", "params": {"features": {"x": "m * hw.nope"}}}, "features.groups[0].params.features.x",
+     "hw.nope"),
+    ({"kind": "expressions", "params": {"features": {"x": "pipeline == 'compv9'"}}},
+     "features.groups[0].params.features.x", "compv9"),
+    ({"kind": "expressions", "params": {"features": {"a": "b + 1"}, "terms": {"b": "a * 2"}}},
+     "features.groups[0].params.terms.b", "b -> a -> b"),
+    ({"kind": "expressions", "params": {"features": {"x": "m"}, "one_hot": ["m"]}}, "features.groups[0].params.one_hot",
+     "m"),
+    ({"kind": "expressions", "params": {"features": {"x": "m"}, "exclude": ["x"]}},
+     "features.groups[0].params.exclude", ["x"]),
+    ({"kind": "expressions", "params": {}}, "features.groups[0].params.features", None),
+    ({"kind": "problem", "params": {"exclude": ["log2_q"]}}, "features.groups[0].params.exclude", "log2_q"),
+    ({"kind": "problme"}, "features.groups[0].kind", "problme"),
+    ({"kind": "no_such_module_xyz:Group"}, "features.groups[0].kind", "no_such_module_xyz:Group"),
+    ({"kind": "collections:OrderedDict"}, "features.groups[0].kind", "collections:OrderedDict"),
+    ({"kind": "conv_problem"}, "features.groups[0].kind", "conv_problem"),
+])
+def test_bad_groups_are_refused_naming_the_key(cfg, group, key, value) -> None:
+    with pytest.raises(ConfigValueError) as err:
+        build_features({"name": "x", "groups": [group]}, OP, cfg.arch, cfg.dtype, cfg.layout)
+    assert (err.value.key, err.value.value) == (key, value)
+
+
+def test_group_names_are_unique_per_set(cfg) -> None:
+    two = {"kind": "expressions", "params": {"features": {"x": "m"}}}
+    with pytest.raises(ConfigValueError) as err:
+        build_features({"name": "x", "groups": [two, two]}, OP, cfg.arch, cfg.dtype)
+    assert err.value.key == "features.groups[1].name" and err.value.value == "expressions"
+    union = build_features({"name": "x", "groups": [two, {**two, "name": "again"}]}, OP, cfg.arch, cfg.dtype)
+    assert [name for name, _ in union.transformer_list] == ["expressions", "again"]
+
+
+def test_declared_group_exclude_and_extend(cfg) -> None:
+    group = {"kind": "problem", "params": {"exclude": ["layout_code", "log2_mnk"],
+                                           "features": {"mnk_bits": "log2_mnk * 2"}}}
+    X = _frame([dict(m=16, n=32, k=64)])
+    union = build_features({"name": "x", "groups": [group]}, OP, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    f = dict(zip(union.get_feature_names_out(), union.transform(X)[0]))
+    assert "problem__layout_code" not in f and "problem__log2_mnk" not in f
+    assert f["problem__mnk_bits"] == 30.0 and f["problem__m"] == 16  # an excluded feature stays readable
+
+
+def test_a_python_group_by_module_path(cfg) -> None:
+    X = _frame([dict(m=16, n=32, k=64)])
+    fs = {"name": "x", "groups": [{"kind": "test_features:TileArea"}, {"kind": "problem"}]}
+    union = build_features(fs, OP, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    names = list(union.get_feature_names_out())
+    assert names[0] == "TileArea__tile_area" and union.transform(X)[0, 0] == 64 * 128
+
+
+def test_constants_are_the_hw_namespace(cfg) -> None:
+    hw = constants_from_config(cfg.arch, cfg.dtype, cfg.layout)
+    assert hw["peak_tflops"] == hw["peak_tflops_fp8"] == 5033.0 and hw["peak_tflops_fp16"] == 2517.0
+    assert hw["c_bytes_per_element"] == 2 and hw["lds_bytes"] == 160 * 1024 and hw["l2_mib"] == 32.0
+    # A superset of what the op's rules see, with the same values.
+    rules_hw = arch_constants(cfg.arch)
+    assert all(hw[k] == v or (v != v and hw[k] != hw[k]) for k, v in rules_hw.items())
+
+
+
+def test_expression_groups_read_the_ops_flops_expression(cfg) -> None:
+    """gemm_universal declares ``flops: 2 * m * n * k``; a group reads it by name (unused: no cost)."""
+    X = _frame([dict(m=1000, n=7, k=4096)])
+    fs = {"name": "x", "groups": [{"kind": "expressions", "params": {
+        "features": {"log2_flops": "log2(flops)", "flops_per_tile": "flops / (tile_m * tile_n)"}}}]}
+    union = build_features(fs, OP, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    f = dict(zip(union.get_feature_names_out(), union.transform(X)[0]))
+    assert f["expressions__log2_flops"] == float(np.float32(math.log2(2 * 1000 * 7 * 4096)))
+    assert f["expressions__flops_per_tile"] == 2 * 1000 * 7 * 4096 / (64 * 128)
+    unused = build_features({"name": "x", "groups": [{"kind": "expressions", "params": {"features": {"t": "tile_m"}}}]},
+                            OP, cfg.arch, cfg.dtype, cfg.layout)
+    assert unused.transformer_list[0][1].input_columns == ("tile_m",)

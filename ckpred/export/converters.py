@@ -2,16 +2,22 @@
 
 Registration
 ------------
-:func:`register_converters` (called when this module is imported; idempotent) registers, for
-each class in :data:`ckpred.features.registry.FEATURE_GROUPS`, a shape calculator and a
-converter next to each other under the alias ``Ckpred<ClassName>`` (e.g.
-``CkpredProblemFeatures``) with :func:`skl2onnx.update_registered_converter`. A
-``FeatureUnion`` of them needs nothing more: skl2onnx converts each part and concatenates the
-double outputs. Convert a Pipeline with::
+:func:`register_converters` (idempotent; called when this module is imported and by
+:func:`ckpred.export.lightgbm.register` before every conversion) registers each
+:class:`~ckpred.features.base.FeatureGroup` subclass defined at that moment — the built-in
+groups, :class:`~ckpred.features.expression.ExpressionFeatures` and any op's own group loaded
+by ``module:Class`` — with :func:`skl2onnx.update_registered_converter`, under the alias
+``Ckpred<ClassName>`` (e.g. ``CkpredExpressionFeatures``). The shared pair below serves every
+group, because the formulas live in the transformer; a class needing its own graph sets the
+class attributes ``onnx_shape_calculator`` and ``onnx_converter`` (skl2onnx's signatures) and
+they are registered instead. Nothing depends on import order: a group imported late is
+registered by the next conversion. A ``FeatureUnion`` of them needs nothing more: skl2onnx
+converts each part and concatenates the double outputs. Convert a Pipeline with::
 
-    import ckpred.export.converters  # registers the converters
+    from ckpred.export.converters import register_converters
     from skl2onnx import to_onnx
     from skl2onnx.common.data_types import Int64TensorType
+    register_converters()
     onx = to_onnx(pipeline, initial_types=[("X", Int64TensorType([None, len(op.input_names)]))],
                   target_opset={"": 21, "ai.onnx.ml": 5})  # ckpred.export.onnx.OPSET; 17/3 works too
 
@@ -28,7 +34,7 @@ M*N*K lose digits.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from onnx import TensorProto
@@ -269,26 +275,37 @@ def alias(cls: type) -> str:
     return f"{ALIAS_PREFIX}{cls.__name__}"
 
 
-#: Class -> (shape calculator, converter). Every feature group uses the shared pair because
-#: the formulas live in the transformer; a group needing special graph handling gets its own
-#: entry here.
-_CONVERTERS: dict[str, tuple[Callable[..., None], Callable[..., None]]] = {
-    kind: (calculate_feature_group_shape, convert_feature_group) for kind in FEATURE_GROUPS
-}
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_subclasses(sub))
+    return out
 
 
 def register_converters() -> dict[type, str]:
-    """Register every feature transformer with skl2onnx (idempotent).
+    """Register every feature transformer class with skl2onnx (idempotent).
+
+    Imports the built-in Python groups, then registers every loaded concrete
+    :class:`~ckpred.features.base.FeatureGroup` subclass: its own ``onnx_shape_calculator`` /
+    ``onnx_converter`` when it sets them, else the shared pair.
 
     Returns
     -------
     dict
         Class -> alias that was registered.
     """
-    done = {}
+    from ckpred.features.registry import EXPRESSION_CLASS, _import
+
     for kind in FEATURE_GROUPS:
-        cls = group_class(kind)
-        shape_calc, converter = _CONVERTERS[kind]
+        group_class(kind)
+    _import(EXPRESSION_CLASS, "features")
+    done = {}
+    for cls in _subclasses(FeatureGroup):
+        if cls.__name__.startswith("_"):  # private bases (shared constructors)
+            continue
+        shape_calc = getattr(cls, "onnx_shape_calculator", None) or calculate_feature_group_shape
+        converter = getattr(cls, "onnx_converter", None) or convert_feature_group
         update_registered_converter(cls, alias(cls), shape_calc, converter, overwrite=True)
         done[cls] = alias(cls)
     return done

@@ -259,10 +259,16 @@ _REGISTERED = False
 def register() -> None:
     """Register the LightGBM, TTR and target-inverse converters with skl2onnx (idempotent).
 
-    Also imports :mod:`ckpred.export.converters` (the feature transformers' converters) and
-    ckpred's target transformers when those modules exist.
+    Also registers the feature transformers' converters
+    (:func:`ckpred.export.converters.register_converters`, on every call: groups loaded since
+    the last call get theirs) and ckpred's target transformers when that module exists.
     """
     global _REGISTERED
+    # Every call: feature groups loaded since the last one (an op's own module:Class group) get
+    # their converter too.
+    from ckpred.export.converters import register_converters
+
+    register_converters()
     if _REGISTERED:
         return
     from lightgbm import LGBMRanker, LGBMRegressor
@@ -285,9 +291,4 @@ def register() -> None:
     else:
         register_target_inverse(Log1pTarget, expm1_inverse)
         register_target_inverse(IdentityTarget, identity_inverse)
-    try:
-        import ckpred.export.converters  # noqa: F401  (registers the feature converters)
-    except ModuleNotFoundError as exc:
-        if exc.name != "ckpred.export.converters":
-            raise
     _REGISTERED = True

@@ -1,23 +1,41 @@
-"""Names of the feature groups a feature set (``conf/features/*.yaml``) may use.
+"""Which transformer a feature group's ``kind`` (``conf/features/*.yaml``) names.
 
-Kept free of heavy imports so the config schema can validate ``kind`` values cheaply; the
-classes are imported only when a feature set is built.
+A ``kind`` is one of
+
+* ``expressions``: an inline declaration, :class:`ckpred.features.expression.ExpressionFeatures`
+  with the group's ``params`` (``features``, ``terms``, ``one_hot``);
+* a *declared* group: a file ``conf/features/groups/<kind>.yaml`` of the package holding the same
+  keys (``problem``, ``kernel``, ``interaction``, ...); see :func:`declared_groups`;
+* a built-in Python group, a key of :data:`FEATURE_GROUPS`: what expressions cannot say (a
+  minimum over the catalogue's tiles, the conv groups' shared estimates);
+* ``package.module:Class``: any :class:`ckpred.features.base.FeatureGroup` subclass importable by
+  that path — the extension point for an op's own Python group. Its ONNX converter needs
+  nothing more (:func:`ckpred.export.converters.register_converters` registers every loaded
+  subclass with skl2onnx's shared pair; a class needing its own graph sets ``onnx_converter``
+  and ``onnx_shape_calculator``).
+
+Nothing registers itself at import time: each name resolves when a feature set is built, so
+the order in which modules are imported never matters. Kept free of heavy imports so the
+config schema can validate ``kind`` values cheaply.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import re
+from typing import Any
 
-#: ``kind`` in a feature-set YAML -> ``module:Class`` of its transformer.
+from ckpred.errors import ConfigValueError
+
+#: ``kind`` of an inline expression group.
+EXPRESSIONS = "expressions"
+#: ``module:Class`` of the transformer of expression groups (inline and declared).
+EXPRESSION_CLASS = "ckpred.features.expression:ExpressionFeatures"
+
+#: Built-in Python groups: ``kind`` -> ``module:Class`` of its transformer.
 FEATURE_GROUPS: dict[str, str] = {
-    "problem": "ckpred.features.problem:ProblemFeatures",
-    "kernel": "ckpred.features.kernel:KernelFeatures",
-    "interaction": "ckpred.features.interaction:TileInteractionFeatures",
-    "hardware": "ckpred.features.hardware:HardwareFeatures",
-    "tile_quantization": "ckpred.features.interaction:TileQuantizationFeatures",
-    "wave": "ckpred.features.wave:WaveQuantizationFeatures",
     "roofline": "ckpred.features.roofline:RooflineFeatures",
-    "occupancy": "ckpred.features.occupancy:OccupancyFeatures",
     # grouped_conv_fwd (implicit-GEMM view of a convolution)
     "conv_problem": "ckpred.features.conv:ConvProblemFeatures",
     "conv_kernel": "ckpred.features.conv:ConvKernelFeatures",
@@ -25,8 +43,83 @@ FEATURE_GROUPS: dict[str, str] = {
     "conv_latency": "ckpred.features.conv:ConvLatencyFeatures",
 }
 
+_DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
-def group_class(kind: str) -> type:
-    """The transformer class of feature group ``kind`` (a key of :data:`FEATURE_GROUPS`)."""
-    module, _, name = FEATURE_GROUPS[kind].partition(":")
-    return getattr(importlib.import_module(module), name)
+
+@functools.lru_cache(maxsize=1)
+def declared_groups() -> dict[str, dict[str, Any]]:
+    """Declared groups of the package: ``kind`` -> its ``features``/``terms``/``one_hot``.
+
+    Read once from ``conf/features/groups/*.yaml`` (package data of ``ckpred.conf``).
+    """
+    from importlib import resources
+
+    from omegaconf import OmegaConf
+
+    folder = resources.files("ckpred.conf") / "features" / "groups"
+    groups: dict[str, dict[str, Any]] = {}
+    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".yaml"):
+            node = OmegaConf.to_container(OmegaConf.create(entry.read_text()), resolve=True)
+            groups[entry.name[: -len(".yaml")]] = dict(node)  # type: ignore[arg-type]
+    return groups
+
+
+def known_kinds() -> list[str]:
+    """Every short ``kind`` name (dotted paths come on top of these)."""
+    return sorted({EXPRESSIONS, *FEATURE_GROUPS, *declared_groups()})
+
+
+def is_dotted(kind: str) -> bool:
+    """Whether ``kind`` has the ``package.module:Class`` form."""
+    return bool(_DOTTED.match(kind))
+
+
+def check_kind(key: str, kind: str) -> None:
+    """Refuse a ``kind`` that is neither a known name nor a ``module:Class`` path, naming ``key``."""
+    if kind in FEATURE_GROUPS or kind == EXPRESSIONS or kind in declared_groups() or is_dotted(kind):
+        return
+    raise ConfigValueError(key, kind, f"one of {known_kinds()} or 'package.module:Class' of a FeatureGroup")
+
+
+def default_name(kind: str) -> str:
+    """Name of a group in the FeatureUnion (prefix of its outputs) when the YAML sets none."""
+    return kind.rpartition(":")[2] if is_dotted(kind) else kind
+
+
+def _import(path: str, key: str) -> type:
+    from ckpred.features.base import FeatureGroup
+
+    module_name, _, name = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigValueError(key, path, f"an importable module:Class ({exc})") from None
+    cls = getattr(module, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, FeatureGroup)):
+        raise ConfigValueError(key, path, f"a ckpred.features.base.FeatureGroup subclass in module "
+                                          f"{module_name!r} (found {type(cls).__name__ if cls is not None else 'nothing'})")
+    return cls
+
+
+def group_class(kind: str, *, key: str = "features.groups[].kind") -> type:
+    """The transformer class of feature group ``kind``.
+
+    Raises
+    ------
+    ckpred.errors.ConfigValueError
+        When ``kind`` is unknown, its module does not import or the name is not a FeatureGroup.
+    """
+    check_kind(key, kind)
+    if kind in FEATURE_GROUPS:
+        return _import(FEATURE_GROUPS[kind], key)
+    if kind == EXPRESSIONS or kind in declared_groups():
+        return _import(EXPRESSION_CLASS, key)
+    return _import(kind, key)
+
+
+def declaration(kind: str) -> dict[str, Any] | None:
+    """The declared expressions of ``kind`` (a copy), or None for other kinds."""
+    found = declared_groups().get(kind)
+    return None if found is None else {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
+                                       for k, v in found.items()}

@@ -88,7 +88,7 @@ class RooflineFeatures(FeatureGroup):
         m, n, k, split_k = cols["m"], cols["n"], cols["k"], cols["split_k"]
         b, bc = float(self.bytes_per_element), float(self.c_bytes_per_element)
         cus, xcds = float(self.cus), float(self.xcds)
-        # Same grid and K-loop as WaveQuantizationFeatures.
+        # Same grid and K-loop as the wave group (conf/features/groups/wave.yaml).
         grid = ceil_div(m, tm, xp) * ceil_div(n, tn, xp) * split_k
         xcd_waves = xp.ceil(xp.ceil(grid / xcds) / (cus / xcds))
         k_iterations = xp.ceil(ceil_div(k, tk, xp) / split_k)
