@@ -331,8 +331,14 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
     n = len(raw.frame)
     src = _Sources(raw, label, op)
     target, factor = mapping.metric_factor()
-    kernel_by_fields = all(f.name in dict(mapping.columns) or src.find(f.name) is not None or f.default is not None
-                           for f in op.kernel_fields)
+    mapped = dict(mapping.columns)
+    absent = [f.name for f in op.kernel_fields
+              if f.name not in mapped and src.find(f.name) is None and f.default is None]
+    kernel_by_fields = not absent
+    if absent and "kernel_name" not in mapped and src.find("kernel_name") is None:
+        raise InputFileError(label, f"op {op.name!r} needs the kernel field column(s) {absent} (or a kernel_name "
+                                    f"column) but the file has none and op.input.columns does not map them; the "
+                                    f"file's columns are {src.names}")
     defaults = {f.name for f in op.problem_fields + op.kernel_fields if f.default is not None}
     wanted = [*op.problem_names, mapping.metric_column]
     wanted += list(op.kernel_names) if kernel_by_fields else ["kernel_name"]
