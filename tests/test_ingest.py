@@ -190,8 +190,9 @@ def test_csv_invalid_and_reject_reasons(tmp_path: Path) -> None:
     lat = 0.01
     good = flops / (lat * 1e9)
     K = KERNELS
-    fp16_name = OP.format_name(OP.parse_name(K[0]), dtype="fp16", layout="rcr")
-    rrr_name = OP.format_name(OP.parse_name(K[0]), dtype="fp8", layout="rrr")
+    fields = {f: OP.parse_name(K[0])[f] for f in OP.kernel_names}  # the kernel alone, not the name's dtype
+    fp16_name = OP.format_name(fields, dtype="fp16", layout="rcr")
+    rrr_name = OP.format_name(fields, dtype="fp8", layout="rrr")
     lines = ["kernel,problem_idx,M,N,K,latency_ms,tflops,non_zero",
              _csv_line(K[0], m, n, k, lat, good),                       # 2 valid
              _csv_line(K[1], m, n, k, lat, "abc"),                      # 3 non-numeric
