@@ -306,6 +306,21 @@ def test_a_time_metric_without_flops_ranks_by_latency(tmp_path: Path) -> None:
     np.testing.assert_allclose(t["tflops"], 1.0 / t["latency_ms"])  # perf ratios are latency ratios
 
 
+def test_a_per_row_arch_keeps_two_gpus_apart(tmp_path: Path) -> None:
+    frame = _frame()
+    both = pd.concat([frame.assign(gpu_arch="gfx90a"), frame.assign(gpu_arch="gfx942")], ignore_index=True)
+    both.loc[0, "gpu_arch"] = ""
+    both.to_csv(tmp_path / "t.csv", index=False)
+    mapping = _mapping({**RENAMES, "num_warps": "WARPS", "time": "ms", "arch": "gpu_arch"})
+    result = _read(tmp_path / "t.csv", _TableOp(), mapping)
+    _accounting(result, _TableOp())
+    t = result.table
+    assert result.summary.merged == 0 and len(t) == 47 and t.groupby("arch").size().to_dict() == {"gfx90a": 23,
+                                                                                                  "gfx942": 24}
+    assert result.summary.merge_key == ("m", "n", "k", "dtype", "arch")
+    assert result.rejects["reason"].iloc[0].startswith("bad arch: arch='' is not a config name")
+
+
 # -- MIOpen find-db --------------------------------------------------------------------------------
 def _ctx(label: str = "f") -> ReadContext:
     return ReadContext(op=None, resolver=None, dtype="", layout="", arch="", label=label)  # type: ignore[arg-type]
@@ -378,14 +393,15 @@ def test_kernel_tuner_reader_on_the_fixture(tmp_path: Path) -> None:
     assert detect_table_format(path) == "kernel_tuner"
     raw = kernel_tuner.read(path, _ctx())
     f = raw.frame
-    assert len(f) == 6 and raw.rejects == [] and (f["gpu"] == "W7800").all()
+    assert len(f) == 6 and raw.rejects == [] and (f["gpu"] == "W7800").all() and (f["arch"] == "gfx1100").all()
     assert f["status"].tolist() == ["ok"] * 5 + ["CompilationFailedConfig"] and f["time"].iloc[5] == ""
     assert f["config"].iloc[0] == "16,1,1,1,0,0,0,1,15,15" and "times" not in f
     # a cache with an empty device name is named by its file (caches are stored as <GPU>.json.gz)
     doc = json.loads(text)
     doc["device_name"] = ""
     (tmp_path / "convolution_milo_MI250X.json").write_text(json.dumps(doc))
-    assert set(kernel_tuner.read(tmp_path / "convolution_milo_MI250X.json", _ctx()).frame["gpu"]) == {"MI250X"}
+    named = kernel_tuner.read(tmp_path / "convolution_milo_MI250X.json", _ctx()).frame
+    assert set(named["gpu"]) == {"MI250X"} and set(named["arch"]) == {"gfx90a"}
     # an entry whose parameters disagree with its key is rejected
     doc["cache"]["16,1,1,1,0,0,0,1,15,15"]["block_size_x"] = 32
     (tmp_path / "bad.json").write_text(json.dumps(doc))
@@ -414,6 +430,7 @@ def test_kernel_tuner_conv_op_reads_the_fixture_with_no_python(tmp_path: Path) -
     assert (result.summary.valid, result.summary.invalid) == (5, {"kernel failed": 1})
     assert t.loc[~t["is_valid"], "invalid_reason"].tolist() == ["kernel failed: status='CompilationFailedConfig'"]
     assert t["kernel_name"].iloc[0] == "(16,1,1,1,0,0,0,1,15,15)" and set(t["gpu"]) == {"W7800"}
+    assert set(t["arch"]) == {"gfx1100"}  # the row's own arch, not the run's (gfx950)
     assert t.loc[t["is_valid"], "latency_ms"].min() == pytest.approx(0.9)
 
 
