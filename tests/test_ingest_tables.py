@@ -459,3 +459,26 @@ def test_real_kernel_tuner_caches() -> None:
         ok = f["status"] == "ok"
         counts[gpu] = (len(f), int((~ok).sum()), round(float(pd.to_numeric(f.loc[ok, "time"]).min()), 4))
     assert counts == {"MI250X": (4362, 0, 0.6588), "W6600": (4362, 0, 1.7276), "W7800": (4362, 116, 0.8161)}
+
+
+def test_real_find_db_and_caches_through_their_ops() -> None:
+    from ckpred.data.ingest import read_config_inputs
+
+    path = shared_file("miopen_find_db", "gfx942130.HIP.fdb.txt.bz2")
+    op, result = read_config_inputs(_compose_op("miopen_conv", path))
+    _accounting(result, op)
+    s = result.summary
+    # the 45 problems in NHWC (126 solver entries) are outside the 2-D NCHW op, by name
+    assert (s.records, s.valid, s.invalid, s.rejected, s.merged) == (37792, 37666, {}, {"bad problem field": 126}, 0)
+    t = result.table
+    assert op.shape_keys(t).nunique() == 9555 and op.cv_group_keys(t).nunique() == 1940
+    assert result.rejects["reason"].str.startswith("bad problem field: layout='NHWC-NHWC-NHWC'").all()
+
+    caches = shared_file("kernel_tuner_amd", "convolution_milo_MI250X.json.gz").parent / "convolution_milo_*.json.gz"
+    op, result = read_config_inputs(_compose_op("kernel_tuner_conv", caches))
+    _accounting(result, op)
+    s = result.summary
+    assert (s.records, s.valid, s.invalid, s.rejected) == (13086, 12970, {"kernel failed": 116}, {})
+    t = result.table
+    assert t.groupby("gpu")["arch"].first().to_dict() == {"MI250X": "gfx90a", "W6600": "gfx1032", "W7800": "gfx1100"}
+    assert t.groupby("gpu")["kernel_name"].nunique().to_dict() == {"MI250X": 4362, "W6600": 4362, "W7800": 4362}
