@@ -190,8 +190,9 @@ def test_csv_invalid_and_reject_reasons(tmp_path: Path) -> None:
     lat = 0.01
     good = flops / (lat * 1e9)
     K = KERNELS
-    fp16_name = OP.format_name(OP.parse_name(K[0]), dtype="fp16", layout="rcr")
-    rrr_name = OP.format_name(OP.parse_name(K[0]), dtype="fp8", layout="rrr")
+    fields = {f: OP.parse_name(K[0])[f] for f in OP.kernel_names}  # the kernel alone, not the name's dtype
+    fp16_name = OP.format_name(fields, dtype="fp16", layout="rcr")
+    rrr_name = OP.format_name(fields, dtype="fp8", layout="rrr")
     lines = ["kernel,problem_idx,M,N,K,latency_ms,tflops,non_zero",
              _csv_line(K[0], m, n, k, lat, good),                       # 2 valid
              _csv_line(K[1], m, n, k, lat, "abc"),                      # 3 non-numeric
@@ -562,3 +563,100 @@ def test_cli_ingest_fails_only_when_nothing_is_usable(tmp_path: Path) -> None:
     assert len(pd.read_csv(tmp_path / "why.csv")) == 2
     out = _cli("data.path=runs/*.csv", "out=t.parquet", cwd=tmp_path)
     assert out.returncode != 0 and "runs/*.csv: no file matches this pattern" in out.stderr
+
+
+# -- what ingestion must question (issue 17) ---------------------------------------------------
+def test_is_valid_is_read_as_true_false_strings(tmp_path: Path) -> None:
+    rows = fg.measurements(fg.SHAPES[:1], KERNELS[:4])
+    doc = fg.benchmark_json(rows)
+    benches = [b for r in doc["results"] for b in r["benchmarks"]]
+    benches[0]["is_valid"], benches[1]["is_valid"], benches[2]["is_valid"] = "no", "Yes", "maybe"
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc, indent=2))
+    result = read(path)
+    check_accounting(result)
+    reasons = dict(zip(result.table["kernel_name"], result.table["invalid_reason"]))
+    assert reasons[KERNELS[0]] == "kernel failed: is_valid false, no error text"
+    assert reasons[KERNELS[1]] == "" and reasons[KERNELS[3]] == ""
+    assert reasons[KERNELS[2]] == ("bad validity value: is_valid='maybe' is none of true/1/yes (valid) or "
+                                   "false/0/no (failed)")
+
+
+def test_split_k_zero_is_invalid_by_the_ops_rules(tmp_path: Path) -> None:
+    rows = fg.measurements(fg.SHAPES[:2], KERNELS[:3], decimals=2)
+    lines = fg.log_lines(rows)
+    zero = [line.replace('"split_k": 1', '"split_k": 0') if line.startswith("{") and f'"m": {rows[0].m},' in line
+            else line for line in lines]
+    path = tmp_path / "bench.log"
+    path.write_text("\n".join(zero) + "\n")
+    result = read(path)
+    check_accounting(result)
+    t = result.table
+    bad = t[t["split_k"] == 0]
+    assert len(bad) == 3 and not bad["is_valid"].any()
+    assert bad["invalid_reason"].str.startswith("rule violation: degenerate problem").all()
+    assert t.loc[t["split_k"] == 1, "is_valid"].all() and result.summary.invalid == {"rule violation": 3}
+
+
+def test_a_file_of_another_arch_is_refused(tmp_path: Path) -> None:
+    rows = fg.measurements(fg.SHAPES[:1], KERNELS[:3])
+    doc = fg.benchmark_json(rows)
+    doc["metadata"]["arch"] = "gfx942"
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    result = read(path)
+    assert result.summary.rejected == {"arch mismatch": 3} and len(result.table) == 0
+    assert result.rejects["reason"].iloc[0] == "arch mismatch: file metadata says arch=gfx942, config has arch=gfx950"
+    log = tmp_path / "bench.log"
+    log.write_text("\n".join(line.replace("layout=rcr", "layout=rcr arch=gfx942") for line in fg.log_lines(rows)) + "\n")
+    result = read(log)
+    assert result.summary.rejected == {"arch mismatch": 3}
+    assert result.rejects["reason"].iloc[0] == ("arch mismatch: shape header (line 2) says arch=gfx942, "
+                                                "config has arch=gfx950")
+
+
+def test_duplicate_metric_columns_are_refused(tmp_path: Path) -> None:
+    path = fg.write_csv(tmp_path / "sweep.csv", fg.measurements(fg.SHAPES[:1], KERNELS[:2]))
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0] + ",TFLOPS"] + [line + ",1.0" for line in lines[1:]]) + "\n")
+    with pytest.raises(InputFileError, match=r"sweep\.csv: CSV header has column 'TFLOPS' twice \(columns 7 and 9"):
+        read(path)
+
+
+def test_a_byte_order_mark_before_the_first_log_line_is_tolerated(tmp_path: Path) -> None:
+    rows = fg.measurements(fg.SHAPES[:1], KERNELS[:2], decimals=2)
+    for lines in (fg.log_lines(rows), [fg.log_row(r) for r in rows]):  # BOM before a rule, and before a row
+        path = tmp_path / "bom.log"
+        path.write_bytes("\ufeff".encode() + ("\n".join(lines) + "\n").encode())
+        result = read(path)
+        assert detect_format(path) == "log" and result.summary.valid == 2 and len(result.rejects) == 0
+
+
+def test_a_truncated_json_files_loss_is_reported_against_its_metadata(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from ckpred.data.ingest import print_summary
+
+    rows = fg.measurements(fg.SHAPES[:2], KERNELS[:5])
+    text = json.dumps(fg.benchmark_json(rows), indent=2)
+    cut = text.index(f'"kernel_name": "{KERNELS[3]}"')
+    path = tmp_path / "bench.json"
+    path.write_text(text[:cut])
+    result = read(path)
+    check_accounting(result)
+    found = result.summary.records
+    assert found < 10 and result.summary.missing == {str(path): 10 - found}
+    print_summary(result.summary)
+    assert f"{10 - found} record(s) its metadata declares are absent" in " ".join(capsys.readouterr().out.split())
+    whole = tmp_path / "whole.json"
+    whole.write_text(text)
+    assert read(whole).summary.missing == {}
+
+
+def test_ingest_never_overwrites_its_input(tmp_path: Path) -> None:
+    path = fg.write_csv(tmp_path / "a.csv", fg.measurements(fg.SHAPES[:1], KERNELS[:2]))
+    before = path.read_bytes()
+    for args, key in ((("out=a.csv",), "out"), (("out=t.parquet", "rejects=a.csv"), "rejects"),
+                      (("out=t.parquet", "rejects=t.parquet"), "rejects")):
+        out = _cli("data.path=a.csv", *args, cwd=tmp_path)
+        assert out.returncode != 0 and f"'{key}'" in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert path.read_bytes() == before and not (tmp_path / "t.parquet").exists()

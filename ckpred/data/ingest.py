@@ -221,6 +221,12 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
     rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames \
         else _buffer_frame(None, op, "")
     del frames  # peak memory: no second copy of a large input
+    # header columns a table gives per row (input.columns.arch...): the run's value elsewhere
+    per_row = [h for h, v in (("arch", arch), ("dtype", dtype), ("layout", layout))
+               if h in rows.columns and h not in op.problem_names]
+    for h, value in (("arch", arch), ("dtype", dtype), ("layout", layout)):
+        if h in per_row:
+            rows[h] = rows[h].where(rows[h].notna(), value)
     rows = _validate(rows, op)
     rows = _check_rules(rows, op, resolver, arch=arch_config if arch_config is not None else arch, dtype=dtype,
                         layout=layout)
@@ -228,8 +234,8 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
     summary.valid = int(rows["is_valid"].sum())
     summary.invalid = dict(Counter(_category(r) for r in rows.loc[~rows["is_valid"], "invalid_reason"]))
     summary.rejected = dict(Counter(_category(r.reason) for r in rejects))
-    summary.merge_key = tuple(op.problem_names)
-    table, superseded = _merge(rows, op)
+    summary.merge_key = (*op.problem_names, *per_row)
+    table, superseded = _merge(rows, op, per_row)
     del rows
     summary.superseded = len(superseded)
     rejects += superseded
@@ -239,7 +245,7 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
         # take() on the unique-kernel columns: string fields stay compact arrow arrays
         table[name] = kernels[name].array.take(codes) if len(kernels) else np.array([], dtype=object)
     for name, value in (("op", op.name), ("arch", arch), ("dtype", dtype), ("layout", layout)):
-        if name not in op.problem_names:  # a problem field of the op is the row's own value
+        if name not in op.problem_names and name not in per_row:  # else the row's own value
             table[name] = value
     table = conform(table, op)
     summary.rows = len(table)
@@ -423,13 +429,13 @@ def _check_rules(rows: pd.DataFrame, op: OpDefinition, resolver: KernelResolver,
 
 
 # -- merging -----------------------------------------------------------------------------------
-def _merge(rows: pd.DataFrame, op: OpDefinition) -> tuple[pd.DataFrame, list[Reject]]:
+def _merge(rows: pd.DataFrame, op: OpDefinition, extra: Sequence[str] = ()) -> tuple[pd.DataFrame, list[Reject]]:
     """One row per (problem, kernel): medians over valid repeats (see the module docstring).
 
     The output keeps each pair's first row (one copy of the table, in order of first
     appearance) and overwrites only the pairs measured more than once.
     """
-    keys = [*op.problem_names, "kernel"]
+    keys = [*op.problem_names, *extra, "kernel"]
     if not len(rows):
         return rows, []
     gid = rows.groupby(keys, sort=False).ngroup().to_numpy()  # numbered by first appearance

@@ -25,7 +25,9 @@ raw table (CSV, Parquet, JSON lines, MIOpen find-db, Kernel Tuner cache...) beco
   op's true/false strings (compared lower-cased); a value in neither list makes the row
   invalid (``bad validity value``).
 
-A duplicated source column that the map reads is refused (it cannot know which one is meant),
+``input.columns`` may also give the table's ``arch`` (or ``dtype``, ``layout``) per row, from
+a source column: a table of several GPUs then carries each row's own arch, and repeats merge
+only within one arch. A duplicated source column that the map reads is refused (it cannot know which one is meant),
 as is a text column the map does not read that differs between records the op would merge as
 repeats of one (problem, kernel): that is how a table mixing dtypes, read by an op without a
 dtype field, would otherwise be folded into medians of different problems.
@@ -44,6 +46,9 @@ from ckpred.data.readers.common import KernelResolver, RawTable, Reject, to_floa
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.base import Field, OpDefinition
 
+#: Table header columns ``input.columns`` may give per row (a table of several GPUs carries each
+#: row's arch), unless the op declares them as problem fields.
+ROW_HEADERS = ("arch", "dtype", "layout")
 #: Most distinct values a text column may have to be checked as a hidden problem field.
 HIDDEN_FIELD_MAX_VALUES = 64
 
@@ -331,13 +336,21 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
     n = len(raw.frame)
     src = _Sources(raw, label, op)
     target, factor = mapping.metric_factor()
-    kernel_by_fields = all(f.name in dict(mapping.columns) or src.find(f.name) is not None or f.default is not None
-                           for f in op.kernel_fields)
+    mapped = dict(mapping.columns)
+    absent = [f.name for f in op.kernel_fields
+              if f.name not in mapped and src.find(f.name) is None and f.default is None]
+    kernel_by_fields = not absent
+    if absent and "kernel_name" not in mapped and src.find("kernel_name") is None:
+        raise InputFileError(label, f"op {op.name!r} needs the kernel field column(s) {absent} (or a kernel_name "
+                                    f"column) but the file has none and op.input.columns does not map them; the "
+                                    f"file's columns are {src.names}")
     defaults = {f.name for f in op.problem_fields + op.kernel_fields if f.default is not None}
     wanted = [*op.problem_names, mapping.metric_column]
     wanted += list(op.kernel_names) if kernel_by_fields else ["kernel_name"]
     if mapping.valid_column:
         wanted.append(mapping.valid_column)
+    headers = [h for h in ROW_HEADERS if h in mapped and h not in op.problem_names]
+    wanted += headers
     values = _mapped_columns(src, mapping, wanted, n, optional=defaults)
     sources = raw.sources
     reject_reason = np.full(n, "", dtype=object)
@@ -387,6 +400,14 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
             else:
                 codes[i] = r
 
+    for h in headers:  # a per-row arch (dtype, layout) of the table: text, never empty
+        out_h, ok, allowed = _typed(Field(h, "category"), values[h] if isinstance(values[h], pd.Series)
+                                    else pd.Series(values[h]))
+        shown_h = (values[h] if isinstance(values[h], pd.Series) else pd.Series(values[h])).to_numpy(dtype=object)
+        reject(~ok, lambda i, h=h, shown_h=shown_h: f"bad {h}: {h}={_show(shown_h[i])} is not a config name "
+                                                    f"(op.input.columns.{h} must give one on every row)")
+        typed[h] = out_h
+
     keep = reject_reason == ""
     rejects = [Reject(str(sources[i]), reject_reason[i], _row_text(raw.frame, int(i)))
                for i in np.flatnonzero(~keep)]
@@ -423,7 +444,7 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
         if cls != "ok" and not reason[j]:
             reason[j] = _metric_reason(cls, mapping.metric_column, v, num, mapping, target)
 
-    out: dict[str, Any] = {name: typed[name][idx] for name in op.problem_names}
+    out: dict[str, Any] = {name: typed[name][idx] for name in (*op.problem_names, *headers)}
     out["kernel"] = codes[idx]
     problems = pd.DataFrame({name: out[name] for name in op.problem_names})
     flops = op_flops(op, problems)
@@ -463,7 +484,7 @@ def _check_hidden_fields(src: _Sources, typed: Mapping[str, np.ndarray], codes: 
     """Refuse a text column the op does not read that differs between repeats (module docstring)."""
     if len(idx) < 2:
         return
-    key_cols = [typed[n][idx] for n in op.problem_names] + [codes[idx]]
+    key_cols = [typed[n][idx] for n in (*op.problem_names, *(h for h in ROW_HEADERS if h in typed))] + [codes[idx]]
     gid = pd.MultiIndex.from_arrays(key_cols).factorize()[0] if key_cols else np.zeros(len(idx), dtype=np.int64)
     if gid.max() + 1 == len(idx):  # no repeats at all
         return

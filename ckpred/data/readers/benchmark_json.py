@@ -123,7 +123,9 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
             rejects.append(Reject(source, file_reject, raw))
             continue
         _read_benchmark(lineno, source, obj, raw, ctx, configs, problem_sizes, size_keys, rows, rejects)
-    return FileRead(rows, rejects, declared_records=_declared(metadata), found_records=len(benchmarks))
+    # damaged objects count as found: they are in the rejects, not lost
+    damaged = sum(r.reason.startswith("malformed JSON") for r in rejects)
+    return FileRead(rows, rejects, declared_records=_declared(metadata), found_records=len(benchmarks) + damaged)
 
 
 def _declared(metadata: dict[str, Any] | None) -> int | None:

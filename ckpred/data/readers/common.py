@@ -360,6 +360,31 @@ def read_head(path: Path, size: int) -> bytes:
         return b""
 
 
+def arch_for_device(device: str) -> str:
+    """The packaged arch config whose ``product`` names ``device`` (``""`` when none or several).
+
+    A device is named by its model word (``W7800``, ``MI250X``; for ``AMD Radeon PRO W7800`` the
+    last word); an arch config matches when that word is one of the words of its ``product``.
+    The arch configs are the one record of which product is which ISA.
+    """
+    import re
+    from importlib import resources
+
+    words = re.findall(r"[A-Za-z0-9+]+", device.upper())
+    if not words:
+        return ""
+    model = words[-1]
+    matches = []
+    for entry in (resources.files("ckpred.conf") / "arch").iterdir():
+        if not entry.name.endswith(".yaml"):
+            continue
+        text = entry.read_text()
+        found = re.search(r"^product:\s*(.+)$", text, re.MULTILINE)
+        if found and model in re.findall(r"[A-Za-z0-9+]+", found.group(1).upper()):
+            matches.append(entry.name[:-5])
+    return matches[0] if len(matches) == 1 else ""
+
+
 def decode_line(raw: bytes) -> str:
     """One line as text: UTF-8 (bad bytes replaced), a leading BOM and the line end removed."""
     text = raw.decode("utf-8", "replace").rstrip("\r\n")

@@ -10,13 +10,14 @@ Format::
 One row per cache entry: the entry's scalar fields (tunable parameters, ``time``, ``GFLOP/s``,
 ``compile_time``...; the list ``times`` is left out), the entry's cache key as ``config``, and
 the file's ``device_name``, ``kernel_function`` (the document's ``kernel_name``),
-``problem_size_0``, ``problem_size_1``... and ``gpu``. A failed configuration has a string in
+``problem_size_0``, ``problem_size_1``..., ``gpu`` and ``arch``. A failed configuration has a string in
 ``time`` (``CompilationFailedConfig``, ``RuntimeFailedConfig``, ``InvalidConfig``): the row
 gets ``time`` empty and the string in ``status``; a measured one has ``status`` ``ok``.
 
 ``gpu`` is the last word of ``device_name``; where the cache leaves ``device_name`` empty (it
 does on some GPUs), the last ``_``-separated word of the file name (caches are stored as
-``<GPU>.json.gz``). An entry whose tunable parameters disagree with its cache key is rejected
+``<GPU>.json.gz``). ``arch`` is the packaged arch config whose product is that GPU
+(:func:`~.common.arch_for_device`; empty when none is). An entry whose tunable parameters disagree with its cache key is rejected
 (``config mismatch``).
 
 A truncated or damaged file keeps the entries before the damage: the cache is decoded entry by
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ckpred.data.readers.common import RawTable, ReadContext, Reject, compression
+from ckpred.data.readers.common import RawTable, ReadContext, Reject, arch_for_device, compression
 from ckpred.errors import InputFileError
 
 NAME = "kernel_tuner"
@@ -102,7 +103,8 @@ def read(path: Path, ctx: ReadContext) -> RawTable:
         raise InputFileError(str(path), "not a Kernel Tuner cache: no 'cache' object")
     keys = [str(k) for k in header["tune_params_keys"]]
     device = str(header.get("device_name") or "")
-    common: dict[str, Any] = {"device_name": device, "gpu": gpu_name(device, path),
+    gpu = gpu_name(device, path)
+    common: dict[str, Any] = {"device_name": device, "gpu": gpu, "arch": arch_for_device(gpu),
                               "kernel_function": header.get("kernel_name", ""),
                               "objective": header.get("objective", "")}
     size = header.get("problem_size")
