@@ -16,11 +16,19 @@ degenerate N=1 or K=1 GEMMs, or dimensions no tile divides) gets an explicit "no
 answer (``ok=False``) with the op's reason instead of a guess. Problems outside the field
 ranges seen in training are answered but flagged ``out_of_distribution`` with the fields and
 ranges concerned. Answers are cached per (problem, top_k) in a bounded LRU cache.
+
+Arguments are checked, not coerced: a problem value must be an integer (``True`` and ``2.5`` are
+refused) within int64 and at least the field's minimum (0 or 1, recorded at export; negative
+values are always refused), ``top_k`` an integer in [1, 2^63-1], ``threads`` an integer in
+[1, ``os.cpu_count()``]. Each refusal is a :class:`ckpred.errors.ConfigValueError` naming the
+argument (``problem.m``), the value and what is allowed. A symlinked export directory is read
+through its link; the files' sha256 are what is trusted, not their paths.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +37,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from ckpred.errors import MissingFileError, ModelMismatchError
+from ckpred.errors import ConfigValueError, MissingFileError, ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.kernels.base import OpDefinition, load_op
 
@@ -82,8 +90,32 @@ class Selection:
 def _metadata(model_path: Path) -> dict[str, str]:
     import onnx
 
-    model = onnx.load(str(model_path), load_external_data=False)
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError and friends: the file is no ONNX model
+        raise ModelMismatchError(f"{model_path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
     return {p.key: p.value for p in model.metadata_props}
+
+
+def _check_int(key: str, value: Any, lo: int, hi: int = mf.INT64_MAX) -> int:
+    """``value`` as an int when it is an integer (not a bool, not a float) in [lo, hi]."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not lo <= int(value) <= hi:
+        raise ConfigValueError(key, value, f"an integer in [{lo}, {hi}]")
+    return int(value)
+
+
+def max_threads() -> int:
+    """Upper bound of ``threads``: the CPUs this process may run on (at least 1)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def out_of_distribution(row: Mapping[str, int], ranges: Mapping[str, Any]) -> dict[str, Any]:
+    """Field -> (value, (min, max)) for each field of ``row`` outside its training range."""
+    return {name: (row[name], tuple(rng)) for name, rng in ranges.items()
+            if name in row and not (rng[0] <= row[name] <= rng[1])}
 
 
 class KernelSelector:
@@ -102,7 +134,10 @@ class KernelSelector:
         self._catalogue: pd.DataFrame | None = None
         self._problem_fields = [f["name"] for f in manifest["problem_fields"]]
         self._defaults = {f["name"]: f["default"] for f in manifest["problem_fields"]}
-        self._ranges = manifest.get("training", {}).get("problem_ranges", {})
+        training = manifest.get("training") or {}
+        self._ranges = training.get("problem_ranges", {})
+        self._minimum = training.get("problem_minimum", {})
+        self._kinds = {f["name"]: f for f in manifest["problem_fields"]}
         self._cache: OrderedDict[tuple[Any, ...], Selection] = OrderedDict()
         self.cache_size = cache_size
         self.cache_hits = 0
@@ -110,7 +145,7 @@ class KernelSelector:
     # -- loading -------------------------------------------------------------------------------
     @classmethod
     def load(cls, model_dir: str | Path, *, arch: Any = None, dtype: Any = None, layout: Any = None,
-             catalogue: pd.DataFrame | None = None, threads: int = 1, cache_size: int = 4096,
+             op: Any = None, catalogue: pd.DataFrame | None = None, threads: int = 1, cache_size: int = 4096,
              check_catalogue: bool = True) -> "KernelSelector":
         """Load and verify an export directory.
 
@@ -118,14 +153,14 @@ class KernelSelector:
         ----------
         model_dir : path
             ``exports/<op>_<arch>_<dtype>_<layout>`` (holds ``model.onnx`` and ``manifest.json``).
-        arch, dtype, layout : str or config, optional
+        arch, dtype, layout, op : str or config, optional
             What the caller runs on; each given one must equal the manifest's.
         catalogue : DataFrame, optional
             The caller's kernel catalogue (``kernel_id``, ``kernel_name``, kernel fields); by
             default the catalogue ckpred's op definition enumerates for the manifest's
             arch/dtype/layout. Its hash must equal the manifest's.
         threads : int, default=1
-            onnxruntime intra-op threads.
+            onnxruntime intra-op threads, in [1, :func:`max_threads`].
         cache_size : int, default=4096
             Answers kept in the per-problem LRU cache (0 = no cache).
         check_catalogue : bool, default=True
@@ -134,48 +169,53 @@ class KernelSelector:
 
         Raises
         ------
-        FileNotFoundError
+        ckpred.errors.MissingFileError
             No manifest in ``model_dir``.
+        ckpred.errors.ConfigValueError
+            ``threads`` or ``cache_size`` out of range.
         ckpred.errors.ModelMismatchError
-            Tampered file (sha256), manifest/model metadata disagreement, or arch/dtype/layout/
+            Malformed manifest (:func:`ckpred.export.manifest.check_manifest`), tampered file
+            (sha256), manifest/model metadata disagreement, catalogue rows that do not hash to
+            the recorded hash or whose count differs from the graph's, arch/dtype/layout/op/
             catalogue different from what was asked; the message names what differs.
         """
-        from ckpred.export.onnx import session as make_session
-
+        threads = _check_int("threads", threads, 1, max_threads())
+        cache_size = _check_int("cache_size", cache_size, 0)
         model_dir = Path(model_dir)
         manifest = mf.read_manifest(model_dir)
+        # The same checks in the same order as scripts/cpp (so both name the same first failure);
+        # nothing named by the manifest (the op, its config) is imported before the manifest is
+        # known to be the one embedded in the verified model.
+        check_identity(manifest, model_dir, arch=arch, dtype=dtype, layout=layout, op=op)
         mf.verify_files(model_dir, manifest)
         selector_file = manifest["graphs"]["selector"]["file"]
-        if selector_file not in manifest.get("files", {}):
-            raise ModelMismatchError(f"{model_dir}/{mf.MANIFEST}: the selector {selector_file} has no sha256 entry")
         meta = _metadata(model_dir / selector_file)
         body = {k: v for k, v in manifest.items() if k != "files"}
-        if json.loads(meta.get("ckpred.manifest", "null")) != body:
+        try:
+            embedded = json.loads(meta.get("ckpred.manifest", "null"))
+        except ValueError as exc:
+            raise ModelMismatchError(f"{model_dir}/{selector_file}: embedded manifest is not JSON ({exc})") from exc
+        if embedded != body:
             raise ModelMismatchError(f"{model_dir}: manifest.json does not match the manifest embedded in "
-                                     f"{selector_file} (files from different exports?)")
-        wanted = {"arch": arch, "dtype": dtype, "layout": layout}
-        diffs = [f"{key}: model is for {manifest[key]!r}, asked for {getattr(v, 'name', v)!r}"
-                 for key, v in wanted.items() if v is not None and getattr(v, "name", v) != manifest[key]]
-        if diffs:
-            raise ModelMismatchError(f"{model_dir} does not match: " + "; ".join(diffs))
-        op = load_op(manifest.get("op_config") or manifest["op"])
+                                     f"{selector_file} (manifest edited, or files from different exports?)")
+        op_def = load_op(manifest.get("op_config") or manifest["op"])
         section = manifest["catalogue"]
         own = mf.catalogue_frame(section)
-        if op.catalogue_hash(own) != section["hash"]:
+        if op_def.catalogue_hash(own) != section["hash"]:
             raise ModelMismatchError(f"{model_dir}/{mf.MANIFEST}: catalogue rows do not hash to the recorded "
                                      f"{section['hash']} (manifest edited?)")
-        if getattr(op, "catalogue_from_data", False):  # learned from the training table: the manifest's
-            op.bind_catalogue(own)
+        if getattr(op_def, "catalogue_from_data", False):  # learned from the training table: the manifest's
+            op_def.bind_catalogue(own)
         if catalogue is None and check_catalogue:
-            catalogue = op.catalogue(manifest["arch"], manifest["dtype"], manifest["layout"])
+            catalogue = op_def.catalogue(manifest["arch"], manifest["dtype"], manifest["layout"])
         if catalogue is not None:
-            expected = op.catalogue_hash(catalogue)
+            expected = op_def.catalogue_hash(catalogue)
             if expected != section["hash"]:
                 raise ModelMismatchError(
                     f"{model_dir}: kernel catalogue differs: model has {section['count']} kernels (hash "
                     f"{section['hash'][:12]}), the runtime's catalogue has {len(catalogue)} (hash {expected[:12]}) "
                     f"{_first_catalogue_difference(own, catalogue)}")
-        sess = make_session(str(model_dir / selector_file), threads=threads)
+        sess = _session(model_dir / selector_file, threads)
         got_in = [i.name for i in sess.get_inputs()]
         got_out = [o.name for o in sess.get_outputs()]
         want_in = [i["name"] for i in manifest["graphs"]["selector"]["inputs"]]
@@ -183,7 +223,39 @@ class KernelSelector:
         if got_in != want_in or got_out != want_out:
             raise ModelMismatchError(f"{model_dir}/{selector_file}: inputs {got_in} / outputs {got_out}, manifest "
                                      f"says {want_in} / {want_out}")
-        return cls(model_dir, manifest, op, sess, cache_size=cache_size)
+        selector = cls(model_dir, manifest, op_def, sess, cache_size=cache_size)
+        selector._check_graph_width()
+        return selector
+
+    def _probe_value(self, name: str) -> int:
+        """A legal value of one problem field for a probe run (the training minimum if known)."""
+        if self._kinds[name]["kind"] != "int":
+            return 0
+        if name in self._ranges:
+            return int(self._ranges[name][0])
+        return max(1, int(self._minimum.get(name, 1)))
+
+    def _check_graph_width(self) -> None:
+        """The graph ranks exactly the manifest's candidates: one run with top_k past their number.
+
+        ``kernel_ids`` is ``[B, min(top_k, K)]`` with K the kernels the graph scores (the
+        catalogue, or ``selection.candidate_ids``); a catalogue shortened or padded after
+        export, or a graph from another export, shows here.
+        """
+        ids = self.manifest.get("selection", {}) or {}
+        ids = ids.get("candidate_ids")
+        want = len(ids) if ids else int(self.manifest["catalogue"]["count"])
+        probe = np.array([[self._probe_value(n) for n in self._problem_fields]], dtype=np.int64)
+        try:
+            got_ids, _, _ = self.run(probe, want + 1)
+        except Exception as exc:  # onnxruntime's own failure types; the graph cannot run at all
+            raise ModelMismatchError(f"{self.model_dir}/{self.manifest['graphs']['selector']['file']}: "
+                                     f"the selector graph does not run ({type(exc).__name__}: {exc})") from exc
+        width = got_ids.shape[1] if got_ids.ndim == 2 else -1
+        if width != want or (got_ids.size and not (0 <= got_ids.min() and got_ids.max() < len(self._names))):
+            raise ModelMismatchError(
+                f"{self.model_dir}: the selector graph ranks {width} kernels, the manifest's catalogue has "
+                f"{len(self._names)} rows and {want} candidates (catalogue edited after export?)")
 
     # -- selection -----------------------------------------------------------------------------
     @property
@@ -198,20 +270,28 @@ class KernelSelector:
         return self._catalogue
 
     def problem_row(self, *values: Any, **fields: Any) -> dict[str, int]:
-        """Normalise positional values / a mapping / keywords into the full problem dict."""
+        """Normalise positional values / a mapping / keywords into the full problem dict.
+
+        Raises
+        ------
+        ckpred.errors.ConfigValueError
+            Too many values, an unknown, repeated or missing field, or a value that is not an
+            integer in [the field's minimum, 2^63-1] (``problem.<field>`` is named).
+        """
         if len(values) == 1 and isinstance(values[0], Mapping):
             fields = {**values[0], **fields}
             values = ()
         if len(values) > len(self._problem_fields):
-            raise TypeError(f"{len(values)} positional values for {len(self._problem_fields)} problem fields "
-                            f"{self._problem_fields}")
+            raise ConfigValueError("problem", values, f"at most {len(self._problem_fields)} values, one per "
+                                                      f"problem field {self._problem_fields}")
         given = dict(zip(self._problem_fields, values))
         for key, value in fields.items():
             key = str(key).lower() if str(key).lower() in self._problem_fields else key
             if key not in self._problem_fields:
-                raise KeyError(f"unknown problem field {key!r}; op {self.op.name!r} has {self._problem_fields}")
+                raise ConfigValueError(f"problem.{key}", value, f"a field of op {self.op.name!r}: "
+                                                                f"{self._problem_fields}")
             if key in given:
-                raise TypeError(f"problem field {key!r} given twice")
+                raise ConfigValueError(f"problem.{key}", value, "one value per field (given twice)")
             given[key] = value
         row = {}
         for name in self._problem_fields:
@@ -220,15 +300,29 @@ class KernelSelector:
             elif self._defaults.get(name) is not None:
                 value = self._defaults[name]
             else:
-                raise KeyError(f"problem field {name!r} is required (fields: {self._problem_fields})")
-            try:
-                ivalue = int(value)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"problem field {name}={value!r} is not an integer") from exc
-            if ivalue != value and not isinstance(value, str):
-                raise ValueError(f"problem field {name}={value!r} is not an integer")
-            row[name] = ivalue
+                raise ConfigValueError(f"problem.{name}", None, f"a value (required; fields: {self._problem_fields})")
+            row[name] = self._problem_value(name, value)
         return row
+
+    def _problem_value(self, name: str, value: Any) -> int:
+        """One problem value as the graph's int64 code, checked against the field's kind."""
+        spec = self._kinds[name]
+        key = f"problem.{name}"
+        if spec["kind"] == "bool":
+            if isinstance(value, (bool, np.bool_)):
+                return int(bool(value))
+            raise ConfigValueError(key, value, "true or false")
+        if spec["kind"] == "category":
+            if isinstance(value, str) and value in spec["categories"]:
+                return spec["categories"].index(value)
+            raise ConfigValueError(key, value, f"one of {spec['categories']}")
+        lo = int(self._minimum.get(name, 0))
+        if isinstance(value, str):  # a shape typed as text ("128") is fine; "1.5" or "x" is not
+            try:
+                value = int(value.strip(), 10)
+            except ValueError:
+                raise ConfigValueError(key, value, f"an integer in [{lo}, {mf.INT64_MAX}]") from None
+        return _check_int(key, value, lo)
 
     def select(self, *values: Any, top_k: int = 5, **fields: Any) -> Selection:
         """Best ``top_k`` kernels for one problem.
@@ -248,17 +342,16 @@ class KernelSelector:
         -------
         Selection
         """
-        if int(top_k) < 1:
-            raise ValueError(f"top_k={top_k!r}; allowed: an integer >= 1")
+        top_k = _check_int("top_k", top_k, 1)
         row = self.problem_row(*values, **fields)
-        key = (*row.values(), int(top_k))
+        key = (*row.values(), top_k)
         if self.cache_size:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 self.cache_hits += 1
                 return hit
-        answer = self._select_batch([row], int(top_k))[0]
+        answer = self._select_batch([row], top_k)[0]
         if self.cache_size:
             self._cache[key] = answer
             if len(self._cache) > self.cache_size:
@@ -275,11 +368,13 @@ class KernelSelector:
     def select_many(self, problems: pd.DataFrame | list[Mapping[str, Any]], top_k: int = 5,
                     batch: int = 16) -> list[Selection]:
         """:meth:`select` for many problems, ``batch`` of them per graph run (no cache)."""
+        top_k = _check_int("top_k", top_k, 1)
+        batch = _check_int("batch", batch, 1)
         records = problems.to_dict("records") if isinstance(problems, pd.DataFrame) else list(problems)
         rows = [self.problem_row(r) for r in records]
         out: list[Selection] = []
         for start in range(0, len(rows), batch):
-            out.extend(self._select_batch(rows[start:start + batch], int(top_k)))
+            out.extend(self._select_batch(rows[start:start + batch], top_k))
         return out
 
     def run(self, problems: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -294,13 +389,15 @@ class KernelSelector:
         ids, scores, nvalid = self.run(matrix, top_k)
         out = []
         for j, row in enumerate(rows):
-            ood = {name: (row[name], tuple(rng)) for name, rng in self._ranges.items()
-                   if name in row and not (rng[0] <= row[name] <= rng[1])}
+            ood = out_of_distribution(row, self._ranges)
             n = int(min(top_k, nvalid[j], ids.shape[1]))
             if n == 0:
                 out.append(Selection(row, (), (), (), False, self._no_kernel_reason(row), 0, bool(ood), ood))
                 continue
             chosen = tuple(int(i) for i in ids[j, :n])
+            if not all(0 <= i < len(self._names) for i in chosen):
+                raise ModelMismatchError(f"{self.model_dir}: the selector graph returned kernel ids {chosen} "
+                                         f"outside the catalogue's {len(self._names)} rows")
             out.append(Selection(row, tuple(self._names[i] for i in chosen), chosen,
                                  tuple(float(s) for s in scores[j, :n]), True, "", int(nvalid[j]), bool(ood), ood))
         return out
@@ -320,6 +417,24 @@ class KernelSelector:
         top = counts.most_common(2)
         text = "; ".join(f"{reason} ({count} kernels)" for reason, count in top)
         return f"no valid kernel: {text}"
+
+
+def check_identity(manifest: Mapping[str, Any], model_dir: Any, **wanted: Any) -> None:
+    """Refuse a model made for another op/arch/dtype/layout than the ones asked for (None = any)."""
+    diffs = [f"{key}: model is for {manifest[key]!r}, asked for {getattr(v, 'name', v)!r}"
+             for key, v in wanted.items() if v is not None and str(getattr(v, "name", v)) != manifest[key]]
+    if diffs:
+        raise ModelMismatchError(f"{model_dir} does not match: " + "; ".join(diffs))
+
+
+def _session(path: Path, threads: int) -> Any:
+    """An onnxruntime session of ``path``; a file onnxruntime cannot load is a ModelMismatchError."""
+    from ckpred.export.onnx import session as make_session
+
+    try:
+        return make_session(str(path), threads=threads)
+    except Exception as exc:  # onnxruntime raises its own (non-Python-standard) exception types
+        raise ModelMismatchError(f"{path}: onnxruntime cannot load it ({type(exc).__name__}: {exc})") from exc
 
 
 def _first_catalogue_difference(model_cat: pd.DataFrame, other: pd.DataFrame) -> str:

@@ -45,7 +45,7 @@ def model(tmp_path_factory) -> Path:
     pipe = fit_pipeline(op, cfg, table, n_estimators=30)
     d = tmp_path_factory.mktemp("cpp") / "gemm_universal_gfx950_fp8_rcr"
     export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
-                    training=mf.training_section(table, op))
+                    training=mf.training_section(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout))
     return d
 
 
@@ -85,7 +85,7 @@ def test_cpp_output_equals_python_runtime(binary, strategy, tmp_path, request) -
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(lines) == len(shapes)
     sel = KernelSelector.load(model, cache_size=0)
-    n_ok = 0
+    n_ok = n_ood = 0
     for got, shape in zip(lines, shapes):
         want = sel.select(*shape, top_k=7)
         assert got["problem"] == want.problem
@@ -93,8 +93,12 @@ def test_cpp_output_equals_python_runtime(binary, strategy, tmp_path, request) -
         assert [k["id"] for k in got["kernels"]] == list(want.ids)
         assert [k["name"] for k in got["kernels"]] == list(want.kernels)
         assert [k["score"] for k in got["kernels"]] == list(want.scores)  # bit-identical doubles
+        assert got["out_of_distribution"] == want.out_of_distribution
+        assert got["ood_fields"] == want.to_dict()["ood_fields"]
         n_ok += want.ok
+        n_ood += want.out_of_distribution
     assert n_ok >= len(TRAIN_SHAPES)  # the comparison covered real rankings, not only "no kernel"
+    assert 0 < n_ood < len(shapes)  # and both flagged and unflagged problems
 
 
 def test_cpp_named_fields_and_defaults(binary, model) -> None:
@@ -103,6 +107,7 @@ def test_cpp_named_fields_and_defaults(binary, model) -> None:
     first, second, degenerate = (json.loads(x) for x in a.stdout.splitlines())
     assert first == second and first["problem"]["split_k"] == 1
     assert not degenerate["ok"] and degenerate["kernels"] == [] and "no valid kernel" in degenerate["reason"]
+    assert degenerate["out_of_distribution"] and degenerate["ood_fields"] == {"n": [1, [576, 9216]]}
 
 
 def test_cpp_refuses_tampered_and_mismatched_models(binary, model, tmp_path) -> None:
@@ -115,6 +120,7 @@ def test_cpp_refuses_tampered_and_mismatched_models(binary, model, tmp_path) -> 
     (copy / "model.onnx").write_bytes(bytes(data))
     tampered = _run(binary, copy, "128,1536,7168")
     assert tampered.returncode == 3 and "sha256" in tampered.stderr and "does not match" in tampered.stderr
+    assert len(tampered.stderr.splitlines()) == 1
     bad = _run(binary, model, "1,2,3,4,5")
     assert bad.returncode == 2 and "has 5 values" in bad.stderr
     bad = _run(binary, model, "m=1,n=2")

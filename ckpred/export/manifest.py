@@ -19,18 +19,19 @@ import ctypes
 import ctypes.util
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
 
-from ckpred.errors import MissingFileError, ModelMismatchError
 from ckpred.data.table import data_hash
+from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError
 from ckpred.kernels.base import OpDefinition
 from ckpred.util import package_versions as _package_versions
 from ckpred.util import sha256_file
@@ -80,21 +81,58 @@ def fields_section(fields: Any) -> list[dict[str, Any]]:
              "default": _json_value(f.default)} for f in fields]
 
 
-def training_section(table: pd.DataFrame, op: OpDefinition, **extra: Any) -> dict[str, Any]:
-    """Hash, size and per-field problem ranges of the training table.
+def training_section(table: pd.DataFrame, op: OpDefinition, *, arch: Any = None, dtype: Any = None,
+                     layout: Any = None, **extra: Any) -> dict[str, Any]:
+    """Hash, size, per-field problem ranges and problem minima of the training table.
 
     The hash is :func:`ckpred.data.table.data_hash` of the table, the same value ``train``
     records in its run manifest (``data.hash``), so an export can be tied to the run it came from.
+    ``problem_ranges`` (``[min, max]`` of each int problem field over the training shapes) is
+    what both runtimes flag problems outside of (out of distribution). ``problem_minimum``
+    (see :func:`problem_minimum`) needs the arch/dtype/layout, taken from the arguments or
+    else from the table's own ``arch``/``dtype``/``layout`` columns; without them it is left
+    out and the runtimes only refuse negative values.
     """
     problems = table[list(op.problem_names)].drop_duplicates()
-    ranges = {name: [int(problems[name].min()), int(problems[name].max())] for name in op.problem_names}
-    return {
+    ranges = {f.name: [int(problems[f.name].min()), int(problems[f.name].max())]
+              for f in op.problem_fields if f.kind == "int"}
+    section: dict[str, Any] = {
         "data_hash": data_hash(table.reset_index(drop=True)),
         "rows": int(len(table)),
         "shapes": int(len(problems)),
         "problem_ranges": ranges,
-        **extra,
     }
+    given = {"arch": arch, "dtype": dtype, "layout": layout}
+    for key, value in given.items():
+        if value is None and key in table.columns and table[key].nunique() == 1:
+            given[key] = str(table[key].iloc[0])
+    if all(v is not None for v in given.values()):
+        section["problem_minimum"] = problem_minimum(table, op, **given)
+    return {**section, **extra}
+
+
+def problem_minimum(table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: Any, layout: Any,
+                    probes: int = 8, kernels: int = 512) -> dict[str, int]:
+    """Smallest value each int problem field may take at selection: 0 or 1.
+
+    A field is 1 when the op's own validity rules accept no kernel of the table for any of
+    ``probes`` training problems with that field set to 0 (an empty GEMM dimension, a zero
+    stride), else 0 (a zero padding). The runtimes refuse a value below it (and any negative
+    value) with a named error instead of answering "no kernel".
+    """
+    valid_rows = table[table["is_valid"].astype(bool)] if "is_valid" in table.columns else table
+    if valid_rows.empty:
+        valid_rows = table
+    problems = valid_rows[list(op.problem_names)].drop_duplicates().head(probes).reset_index(drop=True)
+    cat = valid_rows[list(op.kernel_names)].drop_duplicates().head(kernels).reset_index(drop=True)
+    out = {}
+    for f in op.problem_fields:
+        if f.kind != "int":
+            continue
+        rows = problems.assign(**{f.name: 0}).merge(cat, how="cross")
+        valid, _ = op.validity(rows, rows, arch=arch, dtype=dtype, layout=layout)
+        out[f.name] = 0 if np.asarray(valid, dtype=bool).any() else 1
+    return out
 
 
 def graph_io(op: OpDefinition, catalogue_size: int) -> dict[str, Any]:
@@ -167,8 +205,13 @@ def write_export_dir(out_dir: str | Path, files: Mapping[str, bytes]) -> Path:
 
     The files go to a temporary sibling directory, are fsynced, and the directory is swapped in.
     On any error the temporary directory is removed and a previous ``out_dir`` is untouched.
+    A symlink ``out_dir`` is followed on purpose: the export replaces the directory it points
+    to (at that directory's place) and the link stays, so a stable path such as
+    ``exports/current -> exports/v3`` keeps working.
     """
     out_dir = Path(out_dir)
+    if out_dir.is_symlink():
+        out_dir = out_dir.resolve()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
@@ -197,19 +240,230 @@ def write_export_dir(out_dir: str | Path, files: Mapping[str, bytes]) -> Path:
 
 
 # -- reading and verifying -----------------------------------------------------------------------
+#: Kinds a manifest field may declare (the op's :class:`ckpred.kernels.base.Field` kinds).
+FIELD_KINDS = ("int", "float", "bool", "category")
+#: Kinds a problem field may have: the selector graph's ``problem`` input is int64.
+PROBLEM_KINDS = ("int", "bool", "category")
+#: Largest int64: problem values, counts and ids beyond it cannot be graph inputs.
+INT64_MAX = 2**63 - 1
+_HEX64 = frozenset("0123456789abcdef")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return _is_int(value) or (type(value) is float and math.isfinite(value))
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
 def read_manifest(model_dir: str | Path) -> dict[str, Any]:
-    """Load ``manifest.json`` of an export directory, checking its format."""
+    """Load ``manifest.json`` of an export directory and check its structure (:func:`check_manifest`).
+
+    Raises
+    ------
+    ckpred.errors.MissingFileError
+        No ``manifest.json`` in ``model_dir``.
+    ckpred.errors.ModelMismatchError
+        The file is not UTF-8, not JSON, not a ckpred export manifest, or a key the runtimes
+        read is missing or has the wrong type/value; the message names the file and the key.
+    """
     path = Path(model_dir) / MANIFEST
     if not path.is_file():
         raise MissingFileError(str(path), f"no manifest; is {model_dir} an export directory "
                                           "(python -m ckpred export ...)?")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelMismatchError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except OSError as exc:
+        raise InputFileError(str(path), exc.strerror or str(exc)) from exc
+    try:
+        manifest = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise ModelMismatchError(f"{path}: not valid JSON ({exc})") from exc
-    if manifest.get("format") != FORMAT:
-        raise ModelMismatchError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    check_manifest(manifest, path)
     return manifest
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``): a message stays one line."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+class _Checker:
+    """Type checks of one manifest, each failure a ModelMismatchError naming file and key."""
+
+    def __init__(self, path: Any) -> None:
+        self.path = path
+
+    def fail(self, key: str, value: Any, allowed: str) -> None:
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise ModelMismatchError(f"{self.path}: key '{printable(key)}' is {shown}; expected {printable(allowed)}")
+
+    def get(self, obj: Mapping[str, Any], key: str, where: str) -> Any:
+        if key not in obj:
+            raise ModelMismatchError(f"{self.path}: key '{printable(where + key)}' is missing")
+        return obj[key]
+
+    def dict(self, value: Any, key: str) -> Mapping[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(key, value, "an object")
+        return value
+
+    def list(self, value: Any, key: str, *, nonempty: bool = False) -> list[Any]:
+        if not isinstance(value, list) or (nonempty and not value):
+            self.fail(key, value, "a non-empty array" if nonempty else "an array")
+        return value
+
+    def str(self, value: Any, key: str) -> str:
+        if not isinstance(value, str) or not value:
+            self.fail(key, value, "a non-empty string")
+        return value
+
+    def int(self, value: Any, key: str, lo: int = 0, hi: int = INT64_MAX) -> int:
+        if not _is_int(value) or not lo <= value <= hi:
+            self.fail(key, value, f"an integer in [{lo}, {hi}]")
+        return value
+
+    def file_name(self, value: Any, key: str) -> str:
+        name = self.str(value, key)
+        if "/" in name or "\\" in name or name in (".", "..") or not name.isprintable():
+            self.fail(key, value, "a file name inside the export directory (no path separators)")
+        return name
+
+    def sha256(self, value: Any, key: str) -> str:
+        if not isinstance(value, str) or len(value) != 64 or not set(value) <= _HEX64:
+            self.fail(key, value, "a sha256 (64 lowercase hex digits)")
+        return value
+
+    def fields(self, value: Any, key: str, kinds: tuple[str, ...] = FIELD_KINDS) -> list[dict[str, Any]]:
+        fields = self.list(value, key, nonempty=True)
+        names = []
+        for i, f in enumerate(fields):
+            where = f"{key}[{i}]"
+            self.dict(f, where)
+            names.append(self.str(self.get(f, "name", where + "."), where + ".name"))
+            kind = self.get(f, "kind", where + ".")
+            if kind not in kinds:
+                self.fail(where + ".kind", kind, f"one of {list(kinds)}")
+            cats = self.list(f.get("categories", []), where + ".categories")
+            if kind == "category" and (not cats or not all(isinstance(c, str) for c in cats)):
+                self.fail(where + ".categories", cats, "a non-empty array of strings")
+            default = f.get("default")
+            if default is not None:
+                ok = {"int": _is_int(default) and -INT64_MAX - 1 <= default <= INT64_MAX,
+                      "float": _is_number(default), "bool": isinstance(default, bool),
+                      "category": default in cats}[kind]
+                if not ok:
+                    self.fail(where + ".default", default, f"null or a value of kind {kind}")
+        if len(set(names)) != len(names):
+            self.fail(key, names, "distinct field names")
+        return fields
+
+
+def check_manifest(manifest: Any, path: Any = MANIFEST) -> None:
+    """Check the structure of a parsed manifest: every key a runtime reads, with its type.
+
+    Both runtimes (this package and ``scripts/cpp/ckpred_select.cpp``) check the same: the
+    format; ``op``/``arch``/``dtype``/``layout`` strings; the selector graph's file (a plain
+    file name with a sha256 in ``files``) and input/output names; the problem and kernel
+    fields; the catalogue (``count`` rows of one value per column, ``kernel_id`` 0..n-1 in
+    order, each value of its field's kind: int, float, bool or category string); ``selection``'s
+    candidate ids; the training ranges and problem minima.
+
+    Raises
+    ------
+    ckpred.errors.ModelMismatchError
+        Naming ``path``, the key (``catalogue.rows[3][1]``), its value and what is expected.
+    """
+    c = _Checker(path)
+    c.dict(manifest, "(top level)")
+    fmt = manifest.get("format")
+    if fmt != FORMAT:
+        raise ModelMismatchError(f"{path}: format {fmt!r}, expected {FORMAT!r}")
+    for key in ("op", "arch", "dtype", "layout"):
+        c.str(c.get(manifest, key, ""), key)
+    if not manifest["op"].isidentifier():  # the Python runtime imports ckpred.kernels.<op>, nothing else
+        c.fail("op", manifest["op"], "an op name (a Python identifier such as 'gemm_universal')")
+    graphs = c.dict(c.get(manifest, "graphs", ""), "graphs")
+    selector = c.dict(c.get(graphs, "selector", "graphs."), "graphs.selector")
+    sel_file = c.file_name(c.get(selector, "file", "graphs.selector."), "graphs.selector.file")
+    for io in ("inputs", "outputs"):
+        for i, item in enumerate(c.list(c.get(selector, io, "graphs.selector."), f"graphs.selector.{io}")):
+            where = f"graphs.selector.{io}[{i}]"
+            c.str(c.get(c.dict(item, where), "name", where + "."), where + ".name")
+    files = c.dict(c.get(manifest, "files", ""), "files")
+    for name, info in files.items():
+        c.file_name(name, "files")
+        c.sha256(c.get(c.dict(info, f"files.{name}"), "sha256", f"files.{name}."), f"files.{name}.sha256")
+    if sel_file not in files:
+        c.fail("files", sorted(files), f"an entry for the selector file {sel_file!r}")
+    problem = c.fields(c.get(manifest, "problem_fields", ""), "problem_fields", PROBLEM_KINDS)
+    kernel = c.fields(c.get(manifest, "kernel_fields", ""), "kernel_fields")
+    cat = c.dict(c.get(manifest, "catalogue", ""), "catalogue")
+    c.sha256(c.get(cat, "hash", "catalogue."), "catalogue.hash")
+    count = c.int(c.get(cat, "count", "catalogue."), "catalogue.count", 1)
+    columns = ["kernel_id", "kernel_name", *(f["name"] for f in kernel)]
+    if c.get(cat, "columns", "catalogue.") != columns:
+        c.fail("catalogue.columns", cat["columns"], f"{columns} (kernel_id, kernel_name, the kernel fields)")
+    rows = c.list(c.get(cat, "rows", "catalogue."), "catalogue.rows")
+    if len(rows) != count:
+        c.fail("catalogue.rows", f"<{len(rows)} rows>", f"catalogue.count = {count} rows")
+    for i, row in enumerate(rows):
+        if type(row) is not list or len(row) != len(columns):
+            c.fail(f"catalogue.rows[{i}]", row, f"an array of {len(columns)} values (one per column)")
+    # Column by column (the catalogue has thousands of rows): a fast test of the whole column,
+    # then, only when it fails, the first bad cell for the message.
+    checks: list[tuple[Callable[[int, Any], bool], Callable[[int], str]]] = [
+        (lambda i, v: type(v) is int and v == i, lambda i: f"{i} (kernel ids are 0..n-1 in row order)"),
+        (lambda i, v: type(v) is str and v != "", lambda i: "a kernel name"),
+    ]
+    for f in kernel:
+        if f["kind"] == "int":
+            checks.append((lambda i, v: type(v) is int and -INT64_MAX - 1 <= v <= INT64_MAX, lambda i: "an integer"))
+        elif f["kind"] == "float":
+            checks.append((lambda i, v: _is_number(v), lambda i: "a finite number"))
+        elif f["kind"] == "bool":
+            checks.append((lambda i, v: type(v) is bool, lambda i: "true or false"))
+        else:
+            allowed = frozenset(f.get("categories", ()))
+            checks.append((lambda i, v, allowed=allowed: type(v) is str and v in allowed,
+                           lambda i, allowed=allowed: f"one of {sorted(allowed)}"))
+    for j, (column, (ok, allowed)) in enumerate(zip(zip(*rows), checks)):
+        if not all(ok(i, v) for i, v in enumerate(column)):
+            i = next(i for i, v in enumerate(column) if not ok(i, v))
+            c.fail(f"catalogue.rows[{i}][{j}] ({columns[j]})", column[i], allowed(i))
+    selection = manifest.get("selection")
+    if selection is not None:
+        c.dict(selection, "selection")
+        ids = selection.get("candidate_ids")
+        if ids is not None:
+            c.list(ids, "selection.candidate_ids", nonempty=True)
+            if not all(_is_int(v) and 0 <= v < count for v in ids) or len(set(ids)) != len(ids):
+                c.fail("selection.candidate_ids", ids, f"distinct kernel ids in [0, {count})")
+    training = manifest.get("training")
+    names = {f["name"]: f for f in problem}
+    if training is not None:
+        c.dict(training, "training")
+        ranges = c.dict(training.get("problem_ranges", {}), "training.problem_ranges")
+        for name, rng in ranges.items():
+            key = f"training.problem_ranges.{name}"
+            if name not in names:
+                c.fail(key, rng, f"a range of a problem field ({list(names)})")
+            if (not isinstance(rng, list) or len(rng) != 2 or not all(_is_int(v) for v in rng)
+                    or rng[0] > rng[1]):
+                c.fail(key, rng, "[min, max] integers with min <= max")
+        minimum = c.dict(training.get("problem_minimum", {}), "training.problem_minimum")
+        for name, value in minimum.items():
+            if name not in names:
+                c.fail(f"training.problem_minimum.{name}", value, f"a problem field ({list(names)})")
+            c.int(value, f"training.problem_minimum.{name}", 0, 1)
 
 
 def verify_files(model_dir: str | Path, manifest: Mapping[str, Any]) -> None:

@@ -10,22 +10,32 @@
 //                      or by name: m=128,n=1536,k=7168
 //     --shapes FILE    one SHAPE per line ('#' comments and blank lines skipped)
 //     --top-k K        kernels per problem (default 5)
-//     --threads T      onnxruntime intra-op threads (default 1)
-//     --arch A / --dtype D / --layout L   refuse a model made for anything else
+//     --threads T      onnxruntime intra-op threads (default 1; at most the CPUs this process may use)
+//     --arch A / --dtype D / --layout L / --op O   refuse a model made for anything else
 //     --bench R        time R passes over the shapes (one Run per shape), print median/p99;
 //                      pass 1 is cold (cache misses), passes 2..R hit the cache (hit_* figures)
 //     --cache N        answers kept per (problem, top_k) in a bounded LRU cache (default 4096,
 //                      0 = off); a repeated problem is answered without running the model
 //     --cache-stats    print {"cache":{"hits","misses","size","capacity"}} to stderr at the end
-//     --no-verify      skip the sha256 check of model.onnx against the manifest
+//     --no-verify      skip the sha256 check of the model's files against the manifest
+//
+// Before answering, the model is verified as the Python runtime verifies it (manifest.hpp):
+// the manifest's structure, op/arch/dtype/layout asked for, the sha256 of every listed file, the
+// catalogue rows re-hashed, the manifest embedded in model.onnx equal to manifest.json, and the
+// number of kernels the graph ranks equal to the catalogue's (or the candidates').
 //
 // Output: one JSON object per shape and line, e.g.
 //   {"problem":{"m":128,"n":1536,"k":7168,"split_k":1},"ok":true,"num_valid":4608,
+//    "out_of_distribution":false,"ood_fields":{},
 //    "kernels":[{"id":4,"name":"gemm_universal_fp8_rcr_...","score":540.95334125793372}]}
-// Scores are printed with 17 significant digits, so they round-trip exactly.
-// Exit codes: 0 ok, 2 usage/input error, 3 model refused (manifest, sha256, mismatch).
+// Scores are printed with 17 significant digits, so they round-trip exactly. A problem outside
+// the training ranges is answered and flagged ("out_of_distribution":true, "ood_fields":
+// {"m":[100000,[1,16384]]}); a problem no kernel can run gets "ok":false, a "reason", no kernels.
+// Exit codes: 0 ok, 2 usage/input error (bad option, bad problem value), 3 model refused
+// (manifest, sha256, catalogue, mismatch, onnxruntime). Every failure is one line on stderr.
 
 #include <onnxruntime_cxx_api.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -42,20 +52,19 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "json.hpp"
+#include "manifest.hpp"
 #include "sha256.hpp"
 
 namespace {
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-struct ModelError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using ckpred::Manifest;
+using ckpred::ModelError;
+using ckpred::UsageError;
 
 struct Options {
   std::string model_dir;
@@ -66,16 +75,8 @@ struct Options {
   int64_t cache = 4096;
   bool cache_stats = false;
   bool verify = true;
-  std::map<std::string, std::string> expect;  // arch/dtype/layout the caller runs on
+  std::map<std::string, std::string> expect;  // op/arch/dtype/layout the caller runs on
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ModelError("cannot read " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::string trim(const std::string& s) {
   size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
@@ -90,53 +91,23 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-int64_t parse_int(const std::string& text, const std::string& what) {
-  size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (...) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size()) throw UsageError(what + ": '" + text + "' is not an integer");
+// An option's integer in [lo, hi]; anything else (text, overflow, out of range) is a UsageError.
+int64_t parse_int(const std::string& text, const std::string& what, int64_t lo, int64_t hi) {
+  int64_t v = 0;
+  bool overflow = false;
+  if (!ckpred::parse_int64(text, v, overflow) || v < lo || v > hi)
+    throw UsageError(what + " '" + text + "': allowed: an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return v;
 }
 
-// The manifest parts the selector needs.
-struct Manifest {
-  std::vector<std::string> fields;          // problem fields, input column order
-  std::vector<bool> has_default;
-  std::vector<int64_t> defaults;
-  std::vector<std::string> kernel_names;    // by kernel id
-  std::string selector_file, selector_sha256;
-  std::map<std::string, std::string> ident;  // op/arch/dtype/layout
-};
-
-Manifest load_manifest(const std::string& dir) {
-  json::Value m = json::parse(read_file(dir + "/manifest.json"));
-  if (m["format"].str() != "ckpred.export/1")
-    throw ModelError(dir + "/manifest.json: format '" + m["format"].str() + "', expected 'ckpred.export/1'");
-  Manifest out;
-  for (const char* key : {"op", "arch", "dtype", "layout"}) out.ident[key] = m[key].str();
-  for (const json::Value& f : m["problem_fields"].arr()) {
-    out.fields.push_back(f["name"].str());
-    const json::Value& d = f["default"];
-    out.has_default.push_back(!d.is_null());
-    out.defaults.push_back(d.is_null() ? 0 : static_cast<int64_t>(d.num()));
-  }
-  const json::Value& cat = m["catalogue"];
-  for (const json::Value& row : cat["rows"].arr()) {
-    if (static_cast<size_t>(row.arr()[0].num()) != out.kernel_names.size())
-      throw ModelError("manifest catalogue rows are not in kernel_id order");
-    out.kernel_names.push_back(row.arr()[1].str());
-  }
-  if (out.kernel_names.size() != static_cast<size_t>(cat["count"].num()))
-    throw ModelError("manifest catalogue count does not match its rows");
-  out.selector_file = m["graphs"]["selector"]["file"].str();
-  out.selector_sha256 = m["files"][out.selector_file]["sha256"].str();
-  return out;
+// CPUs this process may run on (the cap of --threads, as the Python runtime's max_threads()).
+int64_t max_threads() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
+// One SHAPE (positional or name=value) into the graph's int64 problem row, defaults filled in.
 std::vector<int64_t> parse_shape(const std::string& text, const Manifest& man) {
   std::vector<int64_t> row(man.fields.size());
   std::vector<bool> set(man.fields.size(), false);
@@ -153,18 +124,20 @@ std::vector<int64_t> parse_shape(const std::string& text, const Manifest& man) {
       if (eq == std::string::npos) throw UsageError("shape '" + text + "': mix of named and positional values");
       std::string name = trim(parts[i].substr(0, eq));
       std::transform(name.begin(), name.end(), name.begin(), ::tolower);
-      auto it = std::find(man.fields.begin(), man.fields.end(), name);
+      auto it = std::find_if(man.fields.begin(), man.fields.end(), [&](const ckpred::Field& f) { return f.name == name; });
       if (it == man.fields.end()) throw UsageError("shape '" + text + "': unknown problem field '" + name + "'");
       idx = static_cast<size_t>(it - man.fields.begin());
+      if (set[idx]) throw UsageError("shape '" + text + "': problem field '" + name + "' given twice");
       value = trim(parts[i].substr(eq + 1));
     }
-    row[idx] = parse_int(value, "problem field " + man.fields[idx]);
+    row[idx] = ckpred::parse_problem_value(man.fields[idx], value);
     set[idx] = true;
   }
   for (size_t i = 0; i < row.size(); ++i) {
     if (set[i]) continue;
-    if (!man.has_default[i]) throw UsageError("shape '" + text + "': problem field '" + man.fields[i] + "' is required");
-    row[i] = man.defaults[i];
+    if (!man.fields[i].has_default)
+      throw UsageError("shape '" + text + "': problem field '" + man.fields[i].name + "' is required");
+    row[i] = man.fields[i].default_code;
   }
   return row;
 }
@@ -207,6 +180,44 @@ class Selector {
     for (auto& s : outputs_) output_ptrs_.push_back(s.c_str());
   }
 
+  // The manifest the exporter writes into model.onnx's metadata (ckpred.manifest) must equal
+  // manifest.json without its "files": a catalogue edited and re-signed in manifest.json, or
+  // files of two exports put together, differ here.
+  void verify_embedded_manifest() const {
+    Ort::AllocatorWithDefaultOptions alloc;
+    Ort::ModelMetadata meta = session_->GetModelMetadata();
+    Ort::AllocatedStringPtr text = meta.LookupCustomMetadataMapAllocated("ckpred.manifest", alloc);
+    std::string where = man_.selector_file + " (metadata ckpred.manifest)";
+    if (!text) throw ModelError(where + ": missing; not a ckpred export");
+    json::Value embedded;
+    try {
+      embedded = json::parse(text.get());
+    } catch (const json::Error& e) {
+      throw ModelError(where + ": not valid JSON (" + e.what() + ")");
+    }
+    json::Value body = man_.doc;
+    body.o.erase("files");
+    if (!json::equal(embedded, body))
+      throw ModelError(man_.path + " does not match the manifest embedded in " + man_.selector_file +
+                       " (manifest edited, or files from different exports?)");
+  }
+
+  // The graph ranks exactly the manifest's candidates: one run with top_k past their number
+  // returns [1, candidates] kernel ids, each a catalogue row. A catalogue shortened or padded
+  // after export, or a graph of another export, shows here (never as an out-of-range read).
+  void verify_graph_width() {
+    std::vector<int64_t> probe;
+    for (const ckpred::Field& f : man_.fields)
+      probe.push_back(f.kind != "int" ? 0 : f.has_range ? f.lo : std::max<int64_t>(1, f.minimum));
+    Answer a = run(probe, man_.candidates + 1);
+    bool in_range = std::all_of(a.ids.begin(), a.ids.end(),
+                                [&](int64_t id) { return id >= 0 && id < static_cast<int64_t>(man_.kernel_names.size()); });
+    if (static_cast<int64_t>(a.ids.size()) != man_.candidates || !in_range)
+      throw ModelError("the selector graph ranks " + std::to_string(a.ids.size()) + " kernels, the manifest's catalogue has " +
+                       std::to_string(man_.kernel_names.size()) + " rows and " + std::to_string(man_.candidates) +
+                       " candidates (catalogue edited after export?)");
+  }
+
   struct Answer {
     std::vector<int64_t> ids;
     std::vector<double> scores;
@@ -229,6 +240,8 @@ class Selector {
     for (size_t i = 0; i < outputs_.size(); ++i) {
       auto info = out[i].GetTensorTypeAndShapeInfo();
       size_t n = info.GetElementCount();
+      if (info.GetElementType() != (outputs_[i] == "scores" ? ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64))
+        throw ModelError(man_.selector_file + ": output '" + outputs_[i] + "' has an unexpected element type");
       if (outputs_[i] == "kernel_ids") {
         const int64_t* p = out[i].GetTensorData<int64_t>();
         a.ids.assign(p, p + n);
@@ -236,6 +249,7 @@ class Selector {
         const double* p = out[i].GetTensorData<double>();
         a.scores.assign(p, p + n);
       } else if (outputs_[i] == "num_valid") {
+        if (n < 1) throw ModelError(man_.selector_file + ": output 'num_valid' is empty");
         a.num_valid = out[i].GetTensorData<int64_t>()[0];
       }
     }
@@ -308,14 +322,21 @@ class CachedSelector {
 std::string answer_json(const Manifest& man, const std::vector<int64_t>& problem, const Selector::Answer& a, int64_t top_k) {
   std::ostringstream o;
   o << "{\"problem\":{";
-  for (size_t i = 0; i < problem.size(); ++i) o << (i ? "," : "") << '"' << man.fields[i] << "\":" << problem[i];
-  int64_t n = std::min<int64_t>({top_k, a.num_valid, static_cast<int64_t>(a.ids.size())});
+  for (size_t i = 0; i < problem.size(); ++i) o << (i ? "," : "") << '"' << man.fields[i].name << "\":" << problem[i];
+  int64_t n = std::max<int64_t>(0, std::min<int64_t>({top_k, a.num_valid, static_cast<int64_t>(a.ids.size()),
+                                                       static_cast<int64_t>(a.scores.size())}));
   o << "},\"ok\":" << (n > 0 ? "true" : "false") << ",\"num_valid\":" << a.num_valid;
   // No valid kernel (degenerate N=1 / K=1 GEMMs, or no tile divides the problem): say so, never guess.
   if (n == 0) o << ",\"reason\":\"no valid kernel in the catalogue for this problem\"";
+  bool ood = false;
+  std::string ood_fields = ckpred::out_of_distribution_json(man, problem, ood);
+  o << ",\"out_of_distribution\":" << (ood ? "true" : "false") << ",\"ood_fields\":" << ood_fields;
   o << ",\"kernels\":[";
   for (int64_t i = 0; i < n; ++i) {
-    o << (i ? "," : "") << "{\"id\":" << a.ids[i] << ",\"name\":\"" << json_escape(man.kernel_names.at(a.ids[i]))
+    if (a.ids[i] < 0 || a.ids[i] >= static_cast<int64_t>(man.kernel_names.size()))
+      throw ModelError("the selector graph returned kernel id " + std::to_string(a.ids[i]) + " outside the catalogue's " +
+                       std::to_string(man.kernel_names.size()) + " rows");
+    o << (i ? "," : "") << "{\"id\":" << a.ids[i] << ",\"name\":\"" << json_escape(man.kernel_names[a.ids[i]])
       << "\",\"score\":" << fmt_double(a.scores[i]) << "}";
   }
   o << "]}";
@@ -331,13 +352,13 @@ Options parse_args(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") throw UsageError("");
-    if (a == "--top-k") opt.top_k = parse_int(need(i), "--top-k");
-    else if (a == "--threads") opt.threads = static_cast<int>(parse_int(need(i), "--threads"));
-    else if (a == "--bench") opt.bench = static_cast<int>(parse_int(need(i), "--bench"));
+    if (a == "--top-k") opt.top_k = parse_int(need(i), "--top-k", 1, ckpred::kInt64Max);
+    else if (a == "--threads") opt.threads = static_cast<int>(parse_int(need(i), "--threads", 1, max_threads()));
+    else if (a == "--bench") opt.bench = static_cast<int>(parse_int(need(i), "--bench", 0, 1000000));
     else if (a == "--no-verify") opt.verify = false;
-    else if (a == "--cache") opt.cache = parse_int(need(i), "--cache");
+    else if (a == "--cache") opt.cache = parse_int(need(i), "--cache", 0, 1LL << 40);
     else if (a == "--cache-stats") opt.cache_stats = true;
-    else if (a == "--arch" || a == "--dtype" || a == "--layout") opt.expect[a.substr(2)] = need(i);
+    else if (a == "--arch" || a == "--dtype" || a == "--layout" || a == "--op") opt.expect[a.substr(2)] = need(i);
     else if (a == "--shapes") {
       std::string path = need(i);
       std::ifstream in(path);
@@ -353,43 +374,47 @@ Options parse_args(int argc, char** argv) {
     else opt.shapes.push_back(a);
   }
   if (opt.model_dir.empty()) throw UsageError("MODEL_DIR is required");
-  if (opt.top_k < 1) throw UsageError("--top-k must be >= 1");
-  if (opt.threads < 1) throw UsageError("--threads must be >= 1");
-  if (opt.cache < 0) throw UsageError("--cache must be >= 0 (0 = no cache)");
   return opt;
 }
 
 const char* kUsage =
     "usage: ckpred_select MODEL_DIR [--top-k K] [--threads T] [--shapes FILE] [--bench R]\n"
-    "                     [--cache N] [--cache-stats] [--arch A] [--dtype D] [--layout L] [--no-verify]\n"
+    "                     [--cache N] [--cache-stats] [--arch A] [--dtype D] [--layout L] [--op O]\n"
+    "                     [--no-verify]\n"
     "                     [SHAPE ...]\n"
     "  SHAPE: problem fields in manifest order (128,1536,7168) or by name (m=128,n=1536,k=7168)\n";
 
-}  // namespace
+// Load DIR's manifest and verify what needs no session: structure, identity, files' sha256.
+Manifest load_verified_manifest(const Options& opt) {
+  Manifest man = ckpred::load_manifest(opt.model_dir);
+  ckpred::verify_identity(man, opt.model_dir, opt.expect);
+  if (opt.verify) ckpred::verify_files_sha256(man, opt.model_dir);
+  return man;
+}
 
-int main(int argc, char** argv) {
+// With the session open: the embedded manifest, the catalogue rows' hash, the graph's width
+// (the order of the Python runtime's checks).
+void verify_model(Selector& selector, const Manifest& man) {
+  selector.verify_embedded_manifest();
+  ckpred::verify_catalogue_hash(man);
+  selector.verify_graph_width();
+}
+
+int run_main(int argc, char** argv) {
   Options opt;
   try {
     opt = parse_args(argc, argv);
-  } catch (const UsageError& e) {
-    if (*e.what()) std::cerr << "ckpred_select: " << e.what() << "\n";
-    std::cerr << kUsage;
+  } catch (const UsageError& e) {  // one line for a bad option; the usage only when asked or no MODEL_DIR
+    if (*e.what()) std::cerr << "ckpred_select: " << ckpred::printable(e.what()) << "\n";
+    if (!*e.what() || argc < 2) std::cerr << kUsage;
     return 2;
   }
   try {
-    Manifest man = load_manifest(opt.model_dir);
-    for (const auto& [key, want] : opt.expect)
-      if (man.ident[key] != want)
-        throw ModelError(opt.model_dir + ": model is for " + key + " '" + man.ident[key] + "', asked for '" + want + "'");
-    if (opt.verify) {
-      std::string digest = sha256::hex(read_file(opt.model_dir + "/" + man.selector_file));
-      if (digest != man.selector_sha256)
-        throw ModelError(opt.model_dir + "/" + man.selector_file + ": sha256 " + digest + " does not match the manifest's " +
-                         man.selector_sha256 + " (file modified or replaced after export)");
-    }
+    Manifest man = load_verified_manifest(opt);
     std::vector<std::vector<int64_t>> problems;
     for (const std::string& s : opt.shapes) problems.push_back(parse_shape(s, man));
     Selector selector(opt, man);
+    verify_model(selector, man);
     CachedSelector cached(selector, static_cast<size_t>(opt.cache));
     if (opt.bench > 0) {
       selector.run(problems.empty() ? std::vector<int64_t>(man.fields.size(), 1) : problems[0], opt.top_k);  // warm-up
@@ -424,17 +449,31 @@ int main(int argc, char** argv) {
     for (const auto& p : problems) std::cout << answer_json(man, p, cached.run(p, opt.top_k), opt.top_k) << "\n";
     if (opt.cache_stats) std::cerr << cached.stats_json() << "\n";
   } catch (const UsageError& e) {
-    std::cerr << "ckpred_select: " << e.what() << "\n";
+    std::cerr << "ckpred_select: " << ckpred::printable(e.what()) << "\n";
     return 2;
   } catch (const ModelError& e) {
-    std::cerr << "ckpred_select: model refused: " << e.what() << "\n";
+    std::cerr << "ckpred_select: model refused: " << ckpred::printable(e.what()) << "\n";
     return 3;
   } catch (const json::Error& e) {
-    std::cerr << "ckpred_select: model refused: manifest.json: " << e.what() << "\n";
+    std::cerr << "ckpred_select: model refused: manifest.json: " << ckpred::printable(e.what()) << "\n";
     return 3;
   } catch (const Ort::Exception& e) {
-    std::cerr << "ckpred_select: onnxruntime: " << e.what() << "\n";
+    std::cerr << "ckpred_select: model refused: onnxruntime: " << ckpred::printable(e.what()) << "\n";
     return 3;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Nothing escapes as an abort: whatever was not foreseen above still ends as one line.
+  try {
+    return run_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "ckpred_select: error: " << ckpred::printable(e.what()) << "\n";
+  } catch (...) {
+    std::cerr << "ckpred_select: error: unknown exception\n";
+  }
+  return 3;
 }
