@@ -7,7 +7,7 @@ pipeline ``export`` fits is the one ``train`` would have saved for the same conf
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -166,8 +166,13 @@ def plain_method(cfg: Any) -> LearnedMethod:
 
 
 def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any,
-               seed: int) -> tuple[Any, dict[str, Any]]:
-    """Fit ``method`` on the training ``shapes`` of ``data``; returns (pipeline, fit info)."""
+               seed: int, build: Callable[..., Any] = build_pipeline) -> tuple[Any, dict[str, Any]]:
+    """Fit ``method`` on the training ``shapes`` of ``data``; returns (pipeline, fit info).
+
+    ``build(recipe, op, arch, dtype)`` makes the unfitted pipeline (default
+    :func:`ckpred.models.build_pipeline`); a study that compares objectives on one feature set
+    passes a builder whose feature step is the identity and ``data.X`` already featurised.
+    """
     recipe = method.recipe
     rng = np.random.default_rng(seed)
     max_rows = int(recipe.model.max_rows_per_query) if recipe.model.name == "lgbm_ranker" else 2 ** 62
