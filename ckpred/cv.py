@@ -33,6 +33,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
+import json
+
 import joblib
 import numpy as np
 import pandas as pd
@@ -41,11 +43,11 @@ from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 
 from ckpred import evaluate as ev
 from ckpred.data.table import data_hash
-from ckpred.fitting import (LearnedMethod, Prepared, fit_method, for_arch, predict, prepare, recipe_config,
-                            rows_of)
+from ckpred.fitting import (LearnedMethod, Prepared, cv_group_names, fit_method, for_arch, model_method,
+                            plain_method, predict, prepare, recipe_config, rows_of)
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.kernels.declared import bind_training_catalogue
-from ckpred.models import booster, target_name
+from ckpred.models import booster, failure_model, predicted_ok, target_name
 from ckpred.util import package_versions, sha256_file
 
 log = logging.getLogger(__name__)
@@ -74,19 +76,18 @@ def make_folds(cv: Any, data: Prepared, seed: int, test: Prepared | None = None)
     if cv.name == "external":
         assert test is not None
         return [Fold("external", idx, np.arange(test.groups.n_shapes))]
+    # shapes of one CV group (the op's cv group key) always land in the same fold
+    groups = data.cv_groups if len(data.cv_groups) == n else idx
     if cv.name == "group_kfold":
-        if n < cv.n_splits:
-            raise ValueError(f"cv.n_splits={cv.n_splits} needs at least that many shapes; the data has {n}")
-        groups = data.cv_groups if len(data.cv_groups) == n else idx
-        if len(np.unique(groups)) < cv.n_splits:
-            raise ValueError(f"cv.n_splits={cv.n_splits} needs at least that many CV groups; the data has "
-                             f"{len(np.unique(groups))}")
+        n_groups = len(np.unique(groups))
+        if n_groups < cv.n_splits:
+            raise ValueError(f"cv.n_splits={cv.n_splits} needs at least that many CV groups; the data has {n_groups}")
         splitter = GroupKFold(n_splits=int(cv.n_splits), shuffle=bool(cv.shuffle),
                               random_state=int(seed) if cv.shuffle else None)
         return [Fold(f"fold{i}", tr, te) for i, (tr, te) in enumerate(splitter.split(idx, groups=groups))]
     if cv.name == "holdout":
         splitter = GroupShuffleSplit(n_splits=1, test_size=float(cv.test_fraction), random_state=int(seed))
-        tr, te = next(splitter.split(idx, groups=data.cv_groups if len(data.cv_groups) == n else idx))
+        tr, te = next(splitter.split(idx, groups=groups))
         return [Fold("holdout", tr, te)]
     if cv.name == "leave_family_out":
         family = data.shapes["family"].to_numpy()
@@ -165,6 +166,10 @@ class FoldProgress:
 def cross_validate(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, float], None] | None = None) -> float:
     """Cross-validate the model against the baselines and write the run directory ``out_dir``.
 
+    With ``seeds`` (several), the whole CV runs once per seed into ``out_dir/seed<s>/`` (the
+    final pipeline is fitted for the first seed only) and ``out_dir/metrics.json`` holds each
+    method's spread over seeds (``over_seeds``) beside the first seed's metrics.
+
     Parameters
     ----------
     cfg : DictConfig
@@ -179,8 +184,57 @@ def cross_validate(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, float
     Returns
     -------
     float
-        The model's mean per-shape efficiency over the test shapes (what sweeps maximise).
+        The model's mean per-shape efficiency over the test shapes (what sweeps maximise); with
+        several seeds, its mean over the seeds.
     """
+    seeds = [int(x) for x in (cfg.get("seeds") or [])]
+    if len(seeds) <= 1:
+        if seeds:
+            cfg = _with(cfg, seed=seeds[0], seeds=[])
+        return _cross_validate_one(cfg, out_dir, on_fold)
+    return cross_validate_seeds(cfg, out_dir, seeds, on_fold)
+
+
+def _with(cfg: DictConfig, **values: Any) -> DictConfig:
+    """A copy of ``cfg`` with top-level keys replaced (struct mode kept)."""
+    out = cfg.copy()
+    for key, value in values.items():
+        out[key] = value
+    return out
+
+
+def cross_validate_seeds(cfg: DictConfig, out_dir: Path, seeds: list[int],
+                         on_fold: Callable[[int, float], None] | None = None) -> float:
+    """:func:`cross_validate` once per seed, then the spread of every method over the seeds."""
+    per_seed: dict[int, dict[str, Any]] = {}
+    progress = bool(cfg.progress)
+    for i, seed in enumerate(seeds):
+        sub = out_dir / f"seed{seed}"
+        sub.mkdir(parents=True, exist_ok=True)
+        one = _with(cfg, seed=seed, seeds=[], progress=False, save_pipeline=bool(cfg.save_pipeline) and i == 0,
+                    plots=bool(cfg.plots) and i == 0)
+        _cross_validate_one(one, sub, on_fold if i == 0 else None)
+        per_seed[seed] = json.loads((sub / "metrics.json").read_text())
+    heading = per_seed[seeds[0]].get("_heading", "")
+    first = {m: r for m, r in per_seed[seeds[0]].items() if isinstance(r, dict)}
+    methods = [m for m in first if "mean" in first[m]]
+    over = {m: ev.spread([per_seed[s][m] for s in seeds if m in per_seed[s]]) for m in methods}
+    # the first seed's metrics as in a one-seed run, plus the spread of each method over the seeds
+    payload = {"_heading": f"{heading}, seeds {seeds}", **first, "seeds": seeds, "over_seeds": over,
+               "timings_s": {str(s): json.loads((out_dir / f"seed{s}" / "manifest.json").read_text())["timings_s"]
+                             for s in seeds}}
+    ev.write_json(out_dir / "metrics.json", payload)
+    if progress:
+        manifest = json.loads((out_dir / f"seed{seeds[0]}" / "manifest.json").read_text())
+        ev.print_summary(first, tuple(manifest.get("families", ())), out_dir, manifest["timings_s"],
+                         heading=f"{heading}, seed {seeds[0]}", over_seeds=over)
+    mean = over.get("model", {}).get("mean", {}).get("mean", float("nan"))
+    log.info("model mean efficiency over seeds %s: %.4f -> %s", seeds, mean, out_dir)
+    return float(mean)
+
+
+def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, float], None] | None = None) -> float:
+    """One seed of :func:`cross_validate`."""
     t_start = time.perf_counter()
     seed = int(cfg.seed)
     op = load_op(cfg.op)
@@ -199,7 +253,9 @@ def cross_validate(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, float
     log.info("data: %d rows, %d shapes (test table: %d rows, %d shapes)", len(data.table),
              data.groups.n_shapes, len(test.table), test.groups.n_shapes)
 
-    learned = [LearnedMethod("model", recipe_config(cfg, cfg.features, cfg.model, cfg.target), cfg.rows)]
+    learned = [model_method(cfg)]
+    if cfg.baselines.get("plain") is not None and cfg.baselines.plain.enabled:
+        learned.append(plain_method(cfg))
     ref = cfg.baselines.reference
     if ref.enabled:
         learned.append(LearnedMethod("reference", recipe_config(cfg, ref.features, ref.model, ref.target), ref.rows))
@@ -214,6 +270,8 @@ def cross_validate(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, float
     folds = make_folds(cfg.cv, data, seed, test)
     n_test = len(test.table)
     scores: dict[str, np.ndarray] = {m.name: np.full(n_test, np.nan) for m in learned}
+    # the learned validity mask of each method that has one (True = predicted to run)
+    runs: dict[str, np.ndarray] = {m.name: np.ones(n_test, dtype=bool) for m in learned if m.validity is not None}
     if cfg.baselines.best_static:
         scores["best_static"] = np.full(n_test, np.nan)
     fold_of_row = np.full(n_test, -1, dtype=np.int64)
@@ -232,6 +290,8 @@ def cross_validate(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, float
                 pipe, info = fit_method(method, data, fold.train_shapes, op, cfg, seed + i)
                 scorer = pipe if test.arch is data.arch else for_arch(pipe, method, op, cfg, test.arch, test.X)
                 scores[method.name][test_rows] = predict(scorer, test.X.iloc[test_rows])
+                if method.name in runs and failure_model(scorer) is not None:
+                    runs[method.name][test_rows] = predicted_ok(scorer, test.X.iloc[test_rows])
                 info["fit_predict_s"] = round(time.perf_counter() - t, 2)
                 timings[f"{method.name}_s"] = timings.get(f"{method.name}_s", 0.0) + info["fit_predict_s"]
                 entry[method.name] = info
@@ -240,9 +300,12 @@ def cross_validate(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, float
                 progress.advance()
             if on_fold is not None:
                 so_far = fold_of_row >= 0
-                running = ev.shape_metrics(test.perf[so_far], scores["model"][so_far],
-                                           ev.ShapeGroups.from_keys(test.groups.codes[so_far]),
-                                           test.selectable[so_far])["efficiency"].mean()
+                sub_groups = ev.ShapeGroups.from_keys(test.groups.codes[so_far])
+                mask = test.selectable[so_far]
+                if "model" in runs:
+                    mask = ev.learned_selection_mask(mask, runs["model"][so_far], sub_groups)
+                running = ev.shape_metrics(test.perf[so_far], scores["model"][so_far], sub_groups,
+                                           mask)["efficiency"].mean()
                 on_fold(i, float(running))
             if cfg.baselines.best_static:
                 train_rows = rows_of(data.groups, fold.train_shapes)
@@ -255,7 +318,7 @@ def cross_validate(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, float
             fold_log.append(entry)
 
     analytical_note = None
-    if cfg.baselines.analytical:
+    if cfg.baselines.analytical and type(op).gemm_view is not OpDefinition.gemm_view:
         try:
             # The heuristic reasons about the GEMM the kernel tiles: the op's GEMM view.
             m, n, k = op.gemm_view(test.table)
@@ -278,14 +341,22 @@ def cross_validate(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, float
     selectable = test.selectable[tested]
     per_shape: dict[str, pd.DataFrame] = {}
     for name, s in scores.items():
-        per_shape[name] = ev.shape_metrics(perf, s[tested], eval_groups, selectable)
+        mask = selectable
+        if name in runs:  # the rules narrowed by the learned validity mask, with its fallback
+            mask = ev.learned_selection_mask(selectable, runs[name][tested], eval_groups)
+        per_shape[name] = ev.shape_metrics(perf, s[tested], eval_groups, mask)
     if cfg.baselines.random:
         per_shape["random"] = ev.random_shape_metrics(perf, eval_groups)
     per_shape = {m: per_shape[m] for m in ev.METHODS if m in per_shape}
     family = shapes["family"].to_numpy()
     best_pipeline = shapes["best_pipeline"].to_numpy() if "best_pipeline" in shapes else None
-    metrics: dict[str, Any] = {m: ev.method_report(ps, family, op.families, best_pipeline)
+    shape_fold = fold_of_row[np.flatnonzero(tested)[eval_groups.first_rows()]]
+    breakdowns = {f.name: shapes[f.name].to_numpy() for f in op.problem_fields
+                  if f.kind in ("category", "categorical", "bool") and f.name in shapes and shapes[f.name].nunique() > 1}
+    metrics: dict[str, Any] = {m: ev.method_report(ps, family, op.families, best_pipeline, breakdowns=breakdowns,
+                                                   fold=shape_fold if len(folds) > 1 else None)
                                for m, ps in per_shape.items()}
+    heading = ev.cv_heading(cv_group_names(op), cfg.cv, len(folds))
     if analytical_note:
         metrics["analytical"] = {"skipped": analytical_note}
 
@@ -299,11 +370,11 @@ def cross_validate(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, float
     timings["total_s"] = time.perf_counter() - t_start
 
     write_run(out_dir, cfg, op, data, test, tested, scores, fold_of_row, shapes, per_shape, eval_groups,
-                   metrics, fold_log, final, final_info, timings)
+              metrics, fold_log, final, final_info, timings, heading=heading)
     if base is not None:  # lineage into manifest.json (ckpred.warm_start)
         warm_start.record_lineage(out_dir, base, cfg, fold_log)
     if cfg.progress:
-        ev.print_summary(metrics, op.families, out_dir, timings)
+        ev.print_summary(metrics, op.families, out_dir, timings, heading=heading)
     mean = metrics["model"].get("mean", float("nan"))
     log.info("model mean efficiency %.4f (%s) in %.1fs -> %s", mean, cfg.cv.name, timings["total_s"], out_dir)
     return float(mean)
@@ -313,8 +384,9 @@ def write_run(out_dir: Path, cfg: DictConfig, op: OpDefinition, data: Prepared, 
                    tested: np.ndarray, scores: dict[str, np.ndarray], fold_of_row: np.ndarray,
                    shapes: pd.DataFrame, per_shape: dict[str, pd.DataFrame], eval_groups: ev.ShapeGroups,
                    metrics: dict[str, Any], fold_log: list[dict[str, Any]], final: Any,
-                   final_info: dict[str, Any], timings: dict[str, float]) -> None:
-    ev.write_json(out_dir / "metrics.json", metrics)
+                   final_info: dict[str, Any], timings: dict[str, float], heading: str = "") -> None:
+    # "_heading": what the figures hold out (the grouping key and the folds)
+    ev.write_json(out_dir / "metrics.json", {"_heading": heading, **metrics})
     ev.write_json(out_dir / "folds.json", {"cv": cfg.cv.name, "folds": fold_log})
 
     # per-shape CSV: the shape, its best kernel, and each method's pick
@@ -370,7 +442,8 @@ def write_run(out_dir: Path, cfg: DictConfig, op: OpDefinition, data: Prepared, 
                                   for c in op.problem_names}},
         "test_data": None if test is data else {"hash": data_hash(test.table), "rows": int(len(test.table)),
                                                  "shapes": int(test.groups.n_shapes)},
-        "cv": cfg.cv.name, "n_folds": len(fold_log), "seed": int(cfg.seed),
+        "cv": cfg.cv.name, "n_folds": len(fold_log), "seed": int(cfg.seed), "heading": heading,
+        "families": list(op.families),
         "pipeline": {"file": "pipeline.joblib" if final is not None else None, "sha256": pipeline_sha,
                      **({k: v for k, v in final_info.items() if k not in ("train_shapes", "validation_shapes")})},
         "metrics": {m: {k: v for k, v in r.items() if not isinstance(v, dict)} for m, r in metrics.items()},

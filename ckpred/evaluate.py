@@ -18,6 +18,12 @@ Definitions (the unit tests in ``tests/test_evaluate.py`` check each one on hand
   still be the shape's best (it then simply cannot be chosen).
 * **efficiency** of a shape = perf of the chosen (top-1) kernel / best. Choosing a kernel that
   passed the validity rules but failed when measured scores 0.
+* **failed_pick** of a shape = 1 when the chosen kernel's measured row failed or is invalid
+  (perf 0), else 0; its mean over shapes is the *failed-pick rate*. A dispatcher that picks
+  such a kernel crashes or falls back.
+* **fallback_efficiency** = perf of the first kernel in the ranked (masked) list that did not
+  fail / best: what a dispatcher gets that launches the next-ranked kernel whenever one fails
+  at run time (the documented fallback). Equal to the efficiency when the pick ran.
 * **efficiency@k** = max perf among the top k ranked kernels / best: what a budgeted two-phase
   search gets when it benchmarks the model's top k and keeps the fastest. ``efficiency@1`` is
   the efficiency.
@@ -31,7 +37,13 @@ Definitions (the unit tests in ``tests/test_evaluate.py`` check each one on hand
 The ``random`` baseline is computed analytically (no sampling): a uniform pick among all
 candidates of the shape, valid or not, so ``efficiency = mean(rel)``; ``efficiency@k`` is the
 expected max of k draws without replacement, ``topk = 1 - C(n - n_best, k) / C(n, k)`` and
-``ndcg@10 = mean(rel) * sum_{i<min(10, n)} 1/log2(i+2) / IDCG``.
+``ndcg@10 = mean(rel) * sum_{i<min(10, n)} 1/log2(i+2) / IDCG``; its failed-pick rate is the
+share of failed candidates and its fallback efficiency the mean ``rel`` of the candidates that
+ran (a random order's first runnable kernel is uniform among them).
+
+Learned validity (:func:`learned_selection_mask`): a selector may also mask kernels a model
+predicts to fail. When that leaves a shape with no candidate, the shape falls back to the
+rule mask alone, so the choice is the highest-ranked rule-valid kernel.
 """
 
 from __future__ import annotations
@@ -53,7 +65,7 @@ HIT_KS: tuple[int, ...] = (1, 3, 5, 10)
 #: Cut-off of the NDCG.
 NDCG_K: int = 10
 #: Methods in report order: the learned model first, then the baselines.
-METHODS: tuple[str, ...] = ("model", "reference", "best_static", "analytical", "random")
+METHODS: tuple[str, ...] = ("model", "plain", "reference", "best_static", "analytical", "random")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,7 +123,30 @@ def measured_perf(tflops: np.ndarray, is_valid: np.ndarray) -> np.ndarray:
 
 def _metric_columns() -> list[str]:
     return (["efficiency"] + [f"efficiency@{k}" for k in EFFICIENCY_KS]
-            + [f"top{k}" for k in HIT_KS] + [f"ndcg@{NDCG_K}"])
+            + [f"top{k}" for k in HIT_KS] + [f"ndcg@{NDCG_K}", "failed_pick", "fallback_efficiency"])
+
+
+def learned_selection_mask(selectable: np.ndarray, predicted_ok: np.ndarray, groups: ShapeGroups) -> np.ndarray:
+    """The rule mask narrowed by a learned validity prediction, with the fallback.
+
+    A row stays selectable when the rules allow it and the model predicts it runs; a shape
+    where no rule-valid row is predicted to run keeps its rule mask (the selector then picks
+    the highest-ranked rule-valid kernel: nothing better is known).
+
+    Parameters
+    ----------
+    selectable : ndarray of bool
+        The op's validity rules per row.
+    predicted_ok : ndarray of bool
+        The learned prediction per row (True = expected to run).
+    groups : ShapeGroups
+        The rows' shapes.
+    """
+    selectable = np.asarray(selectable, dtype=bool)
+    both = selectable & np.asarray(predicted_ok, dtype=bool)
+    any_ok = np.zeros(groups.n_shapes, dtype=bool)
+    np.logical_or.at(any_ok, groups.codes, both)
+    return np.where(any_ok[groups.codes], both, selectable)
 
 
 def _dcg(rel: np.ndarray) -> float:
@@ -168,7 +203,8 @@ def shape_metrics(perf: np.ndarray, scores: np.ndarray, groups: ShapeGroups,
         cand = rows[selectable[rows]]
         n_sel[s] = len(cand)
         # Stable sort on -score: equal scores keep table (catalogue) order.
-        ranked = cand[np.argsort(-scores[cand], kind="stable")[:max_k]]
+        full = cand[np.argsort(-scores[cand], kind="stable")]
+        ranked = full[:max_k]
         if len(ranked):
             chosen[s] = ranked[0]
         if b <= 0:
@@ -179,6 +215,9 @@ def shape_metrics(perf: np.ndarray, scores: np.ndarray, groups: ShapeGroups,
         vals += [float(np.any(rp[:k] >= b)) for k in HIT_KS]
         ideal = _dcg(np.sort(p)[::-1][:NDCG_K] / b)
         vals.append(_dcg(rp[:NDCG_K] / b) / ideal)
+        ran = perf[full] > 0
+        vals.append(float(len(rp) > 0 and rp[0] <= 0))
+        vals.append(perf[full][int(np.argmax(ran))] / b if ran.any() else 0.0)
         out[s] = vals
     frame = pd.DataFrame(out, columns=cols)
     frame.insert(0, "best_row", best_row)
@@ -233,6 +272,8 @@ def random_shape_metrics(perf: np.ndarray, groups: ShapeGroups) -> pd.DataFrame:
             vals.append(1.0 - miss)
         discounts = 1.0 / np.log2(np.arange(2, min(NDCG_K, n) + 2))
         vals.append(rel.mean() * discounts.sum() / _dcg(rel[::-1][:NDCG_K]))
+        vals.append(float(np.mean(p <= 0)))
+        vals.append(float(rel[rel > 0].mean()))
         out[s] = vals
     frame = pd.DataFrame(out, columns=cols)
     frame.insert(0, "best_row", best_row)
@@ -249,7 +290,8 @@ def random_shape_metrics(perf: np.ndarray, groups: ShapeGroups) -> pd.DataFrame:
 def summarize(per_shape: pd.DataFrame) -> dict[str, float]:
     """Mean, P10, P50 and min of the efficiency plus the mean of every other metric.
 
-    Shapes without any valid kernel (NaN efficiency) are counted, not averaged.
+    Shapes without any valid kernel (NaN efficiency) are counted, not averaged. ``failed_pick``
+    is the failed-pick *rate* (mean over shapes) and ``failed_picks`` their number.
     """
     ok = per_shape["efficiency"].notna()
     eff = per_shape.loc[ok, "efficiency"].to_numpy()
@@ -260,7 +302,10 @@ def summarize(per_shape: pd.DataFrame) -> dict[str, float]:
     out.update(mean=float(eff.mean()), p10=float(np.percentile(eff, 10)),
                p50=float(np.percentile(eff, 50)), min=float(eff.min()))
     for col in _metric_columns()[1:]:
-        out[col] = float(per_shape.loc[ok, col].mean())
+        if col in per_shape:
+            out[col] = float(per_shape.loc[ok, col].mean())
+    if "failed_pick" in per_shape:
+        out["failed_picks"] = float(per_shape.loc[ok, "failed_pick"].sum())
     return out
 
 
@@ -268,18 +313,66 @@ def summarize_by(per_shape: pd.DataFrame, labels: np.ndarray | pd.Series,
                  order: Iterable[str] | None = None) -> dict[str, dict[str, float]]:
     """:func:`summarize` for each label (e.g. M family, pipeline of the best kernel)."""
     labels = pd.Series(np.asarray(labels, dtype=object), index=per_shape.index)
-    names = list(order) if order is not None else sorted(labels.dropna().unique())
-    return {name: summarize(per_shape[labels == name]) for name in names if (labels == name).any()}
+    names = list(order) if order is not None else sorted(labels.dropna().unique(), key=str)
+    return {str(name): summarize(per_shape[labels == name]) for name in names if (labels == name).any()}
+
+
+#: Summary keys whose spread over folds (and over seeds) the reports give.
+SPREAD_KEYS: tuple[str, ...] = ("mean", "p10", "min", "top1", "failed_pick")
+
+
+def spread(values: Sequence[Mapping[str, Any]], keys: Sequence[str] = SPREAD_KEYS) -> dict[str, dict[str, Any]]:
+    """Mean, standard deviation (ddof 0) and the values of ``keys`` over several summaries.
+
+    Used for the spread over folds (each fold's test shapes summarised alone) and over seeds.
+    A key missing from some summaries is taken over the others.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for key in keys:
+        got = [float(v[key]) for v in values if v.get(key) is not None]
+        if got:
+            out[key] = {"mean": float(np.mean(got)), "std": float(np.std(got)), "values": got}
+    return out
 
 
 def method_report(per_shape: pd.DataFrame, family: np.ndarray, families: Sequence[str],
-                  best_pipeline: np.ndarray | None) -> dict[str, Any]:
-    """Full metrics dict of one method: overall, ``by_family`` and ``by_best_pipeline``."""
+                  best_pipeline: np.ndarray | None, *, breakdowns: Mapping[str, np.ndarray] | None = None,
+                  fold: np.ndarray | None = None) -> dict[str, Any]:
+    """Full metrics dict of one method.
+
+    Overall (:func:`summarize`), ``by_family`` (the op's families), ``by_best_pipeline``,
+    ``by_<field>`` for every entry of ``breakdowns`` (a label per shape, e.g. a categorical
+    problem field) and, with ``fold`` (the fold of each shape), ``folds``: the summary of each
+    fold alone and their :func:`spread`.
+    """
     report: dict[str, Any] = summarize(per_shape)
     report["by_family"] = summarize_by(per_shape, family, families)
     if best_pipeline is not None:
         report["by_best_pipeline"] = summarize_by(per_shape, best_pipeline)
+    for name, labels in (breakdowns or {}).items():
+        report[f"by_{name}"] = summarize_by(per_shape, labels)
+    if fold is not None:
+        fold = np.asarray(fold)
+        per_fold = [summarize(per_shape[fold == f]) for f in pd.unique(fold)]
+        report["folds"] = {"n": len(per_fold), **spread(per_fold)}
     return report
+
+
+def cv_heading(group_key: Sequence[str], cv: Any, n_folds: int) -> str:
+    """What the evaluation holds out, for every report: the grouping key and the folds.
+
+    E.g. ``unseen (m, n, k, split_k) shapes, 5 folds``. ``cv`` is the ``cv`` config node (its
+    ``name``, and ``test_fraction`` for a holdout).
+    """
+    key = f"({', '.join(group_key)})"
+    name = str(getattr(cv, "name", cv))
+    if name == "external":
+        return f"a second table's {key} shapes, model trained on the first"
+    if name == "leave_family_out":
+        return f"unseen {key} shapes, one fold per held-out family ({n_folds} folds)"
+    if name == "holdout":
+        return f"unseen {key} shapes, 1 holdout split ({float(cv.test_fraction):.0%} of them)"
+    return f"unseen {key} shapes, {n_folds} folds"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,29 +535,54 @@ def plot_feature_importance(names: Sequence[str], gains: np.ndarray, path: Path,
     return path
 
 
+def _pm(stats: Mapping[str, Any] | None, key: str) -> str:
+    """``mean ± std`` in percent of one :func:`spread` entry, or ``-``."""
+    if not stats or key not in stats:
+        return "-"
+    return f"{100 * stats[key]['mean']:.2f} ± {100 * stats[key]['std']:.2f}"
+
+
 def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: Path,
-                  timings: dict[str, float]) -> None:
-    """Rich tables: every method side by side, overall and by M family (percent)."""
+                  timings: dict[str, float], heading: str = "unseen shapes",
+                  over_seeds: Mapping[str, Any] | None = None) -> None:
+    """Rich tables: every method side by side, overall, the spread over folds (and seeds), by family.
+
+    ``heading`` names what is held out (:func:`cv_heading`); ``over_seeds`` is the
+    ``over_seeds`` section of a several-seed run (method -> :func:`spread`).
+    """
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = Console(width=None if sys.stdout.isatty() else 140)
     cols = [("mean", "mean"), ("p10", "P10"), ("p50", "P50"), ("min", "min"), ("top1", "top1"),
-            ("top5", "top5"), ("efficiency@5", "eff@5"), ("efficiency@20", "eff@20"), ("ndcg@10", "ndcg@10")]
-    table = Table(title="efficiency on unseen shapes, % (chosen kernel / best kernel)")
+            ("top5", "top5"), ("efficiency@5", "eff@5"), ("efficiency@20", "eff@20"), ("ndcg@10", "ndcg@10"),
+            ("failed_pick", "failed"), ("fallback_efficiency", "w/ fallback")]
+    table = Table(title=f"efficiency on {heading}, % (chosen kernel / best kernel); failed = failed-pick rate, "
+                        f"w/ fallback = mean efficiency when a failed pick falls back to the next-ranked kernel")
     table.add_column("method")
     for _, title in cols:
         table.add_column(title, justify="right")
-    scored = {m: r for m, r in metrics.items() if "mean" in r}
-    for method, rep in metrics.items():
-        if method in scored:
-            table.add_row(method, *[f"{100 * rep[key]:.2f}" for key, _ in cols])
-        else:
-            table.add_row(method, rep.get("skipped", ""))
+    scored = {m: r for m, r in metrics.items() if isinstance(r, dict) and "mean" in r}
+    for method, rep in scored.items():
+        table.add_row(method, *[f"{100 * rep[key]:.2f}" if rep.get(key) is not None else "-" for key, _ in cols])
     console.print(table)
+    spread_table = Table(title=f"mean ± std over folds{' and over seeds' if over_seeds else ''}, %")
+    spread_table.add_column("method")
+    heads = [("mean", "mean (folds)"), ("p10", "P10 (folds)"), ("failed_pick", "failed (folds)")]
+    for _, title in heads:
+        spread_table.add_column(title, justify="right")
+    if over_seeds:
+        for _, title in heads:
+            spread_table.add_column(title.replace("folds", "seeds"), justify="right")
+    for method, rep in scored.items():
+        cells = [_pm(rep.get("folds"), key) for key, _ in heads]
+        if over_seeds:
+            cells += [_pm(over_seeds.get(method), key) for key, _ in heads]
+        spread_table.add_row(method, *cells)
+    console.print(spread_table)
     present = [f for f in families if any(f in r["by_family"] for r in scored.values())]
-    if present:
-        fam = Table(title="mean / P10 efficiency by M family, %")
+    if len(present) > 1:
+        fam = Table(title="mean / P10 efficiency by family, %")
         fam.add_column("method")
         for f in present:
             n = next(r["by_family"][f]["n_shapes"] for r in scored.values() if f in r["by_family"])
@@ -473,5 +591,24 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
             fam.add_row(method, *[f"{100 * rep['by_family'][f]['mean']:.2f} / {100 * rep['by_family'][f]['p10']:.2f}"
                                   if f in rep["by_family"] else "-" for f in present])
         console.print(fam)
-    n = metrics["model"].get("n_shapes", 0)
-    console.print(f"{n} test shapes; wall time {timings.get('total_s', 0):.1f}s; outputs in {out_dir}")
+    model = scored.get("model", {})
+    for key in sorted(k for k in model if k.startswith("by_") and k not in ("by_family", "by_best_pipeline")):
+        groups = model[key]
+        if len(groups) < 2:
+            continue
+        by = Table(title=f"mean / P10 / failed-pick rate {key.replace('_', ' ', 1)}, %")
+        by.add_column("method")
+        for label, rep in groups.items():
+            by.add_column(f"{label} (n={rep['n_shapes']})", justify="right")
+        for method, rep in scored.items():
+            by.add_row(method, *[f"{100 * rep[key][g]['mean']:.2f} / {100 * rep[key][g]['p10']:.2f} / "
+                                 f"{100 * rep[key][g].get('failed_pick', 0):.2f}"
+                                 if g in rep.get(key, {}) and "mean" in rep[key][g] else "-" for g in groups])
+        console.print(by)
+    skipped = {m: r["skipped"] for m, r in metrics.items() if isinstance(r, dict) and "skipped" in r}
+    for method, why in skipped.items():
+        console.print(f"{method}: {why}")
+    fits = [f"{m} {timings[f'{m}_s']:.1f}s" for m in METHODS if f"{m}_s" in timings]
+    n = model.get("n_shapes", 0)
+    console.print(f"{n} test shapes; fit+predict over the folds: {', '.join(fits) or '-'}; "
+                  f"wall time {timings.get('total_s', 0):.1f}s; outputs in {out_dir}")

@@ -7,7 +7,7 @@ pipeline ``export`` fits is the one ``train`` would have saved for the same conf
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -16,7 +16,8 @@ from sklearn.model_selection import GroupShuffleSplit
 
 from ckpred import evaluate as ev
 from ckpred.kernels.base import OpDefinition
-from ckpred.models import booster, build_pipeline, fit_pipeline, target_name, training_target
+from ckpred.models import (booster, build_pipeline, fit_failure_model, fit_pipeline, target_name,
+                           training_target)
 
 
 @dataclass
@@ -72,6 +73,11 @@ def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None) -
                     groups=groups, shapes=shapes, cv_groups=cv_groups, arch=arch)
 
 
+
+def cv_group_names(op: OpDefinition) -> tuple[str, ...]:
+    """The problem fields a CV fold holds out together (the op's CV group, else its group key)."""
+    return tuple(getattr(op, "cv_group_key", None) or op.group_key)
+
 def validation_split(shapes: np.ndarray, fraction: float, seed: int,
                      groups: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Split training shape indices into (fit, validation) for early stopping; ``groups`` (the
@@ -112,15 +118,31 @@ def training_rows(data: Prepared, shapes: np.ndarray, rows_cfg: Any, *, max_rows
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
+def validity_rows(data: Prepared, shapes: np.ndarray, max_per_shape: int, rng: np.random.Generator) -> np.ndarray:
+    """Rule-valid rows of ``shapes`` a failure model learns from: at most ``max_per_shape`` per
+    shape, a seeded uniform sample (failures keep their natural share), shapes whose every
+    kernel failed included."""
+    out = []
+    for s in shapes:
+        rows = data.groups.rows(int(s))
+        rows = rows[data.selectable[rows]]
+        if len(rows) > max_per_shape:
+            rows = np.sort(rng.choice(rows, size=max_per_shape, replace=False))
+        out.append(rows)
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
 @dataclass
 class LearnedMethod:
-    """A pipeline recipe: what ``model`` and ``reference`` share."""
+    """A pipeline recipe: what ``model``, ``plain`` and ``reference`` share."""
 
     name: str
     recipe: DictConfig  # features, model, target, seed, layout
     rows: Any
     #: Warm start (:mod:`ckpred.warm_start`): booster every fit of this method continues from.
     init_model: Any = None
+    #: The learned validity mask's config (``validity``); None = no failure model.
+    validity: Any = None
 
 
 def recipe_config(cfg: Any, features: Any, model: Any, target: Any) -> DictConfig:
@@ -131,9 +153,26 @@ def recipe_config(cfg: Any, features: Any, model: Any, target: Any) -> DictConfi
                              "seed": int(cfg.seed), "layout": OmegaConf.to_container(cfg.layout, resolve=True)})
 
 
+def model_method(cfg: Any) -> LearnedMethod:
+    """The config's model recipe as a method (with the learned validity mask when configured)."""
+    return LearnedMethod("model", recipe_config(cfg, cfg.features, cfg.model, cfg.target), cfg.rows,
+                         validity=cfg.get("validity"))
+
+
+def plain_method(cfg: Any) -> LearnedMethod:
+    """Plain LightGBM (``baselines.plain``) on the model's features and training rows."""
+    plain = cfg.baselines.plain
+    return LearnedMethod("plain", recipe_config(cfg, cfg.features, plain.model, plain.target), cfg.rows)
+
+
 def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any,
-               seed: int) -> tuple[Any, dict[str, Any]]:
-    """Fit ``method`` on the training ``shapes`` of ``data``; returns (pipeline, fit info)."""
+               seed: int, build: Callable[..., Any] = build_pipeline) -> tuple[Any, dict[str, Any]]:
+    """Fit ``method`` on the training ``shapes`` of ``data``; returns (pipeline, fit info).
+
+    ``build(recipe, op, arch, dtype)`` makes the unfitted pipeline (default
+    :func:`ckpred.models.build_pipeline`); a study that compares objectives on one feature set
+    passes a builder whose feature step is the identity and ``data.X`` already featurised.
+    """
     recipe = method.recipe
     rng = np.random.default_rng(seed)
     max_rows = int(recipe.model.max_rows_per_query) if recipe.model.name == "lgbm_ranker" else 2 ** 62
@@ -153,9 +192,14 @@ def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: Op
         vcodes = data.groups.codes[vrows]
         val_kwargs = dict(X_val=data.X.iloc[vrows], val_codes=vcodes,
                           y_val=training_target(data.perf[vrows], vcodes, recipe.model, recipe.target))
-    pipe = build_pipeline(recipe, op, data.arch if data.arch is not None else cfg.arch, cfg.dtype)
+    pipe = build(recipe, op, data.arch if data.arch is not None else cfg.arch, cfg.dtype)
     fit_pipeline(pipe, data.X.iloc[rows], y, codes, model_cfg=recipe.model,
                  target=target_name(recipe.model, recipe.target), **val_kwargs, init_model=method.init_model)
+    if method.validity is not None and bool(method.validity.learned):
+        vrows = validity_rows(data, np.asarray(shapes), int(method.validity.max_rows_per_shape), rng)
+        failed = data.perf[vrows] <= 0
+        model = fit_failure_model(pipe, data.X.iloc[vrows], failed, method.validity, seed)
+        info.update(failure_model=model is not None, failure_rows=int(len(vrows)), failed_rows=int(failed.sum()))
     info.update(train_rows=int(len(rows)), train_shapes=[str(k) for k in data.groups.keys[fit_shapes]],
                 validation_shapes=[str(k) for k in data.groups.keys[val_shapes]],
                 trees=int(booster(pipe).current_iteration()))
@@ -175,7 +219,11 @@ def for_arch(pipe: Any, method: LearnedMethod, op: OpDefinition, cfg: Any, arch:
 
     features = build_pipeline(method.recipe, op, arch, cfg.dtype).named_steps["features"]
     features.fit(X.head(8))
-    return Pipeline([("features", features), ("model", pipe.named_steps["model"])])
+    out = Pipeline([("features", features), ("model", pipe.named_steps["model"])])
+    for attr in ("ckpred_target_", "ckpred_failure_model_", "ckpred_failure_threshold_"):
+        if hasattr(pipe, attr):
+            setattr(out, attr, getattr(pipe, attr))
+    return out
 
 
 def rows_of(groups: ev.ShapeGroups, shapes: np.ndarray) -> np.ndarray:
@@ -191,6 +239,6 @@ def predict(pipe: Any, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
 def fit_final(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> Any:
     """Fit the config's model recipe on every shape of ``table``, exactly as ``train`` fits its final model."""
     data = prepare(table, op, cfg)
-    method = LearnedMethod("model", recipe_config(cfg, cfg.features, cfg.model, cfg.target), cfg.rows)
+    method = model_method(cfg)
     pipe, _ = fit_method(method, data, np.arange(data.groups.n_shapes), op, cfg, int(cfg.seed))
     return pipe

@@ -8,8 +8,12 @@ estimator is
   ``model=lgbm_regressor``. ``target=log1p`` uses :class:`Log1pTarget`, ``raw`` and
   ``relative`` use :class:`IdentityTarget` (the relative target, log(perf / best of the shape),
   needs the shape groups, so :mod:`ckpred.train` computes it with :func:`relative_target`);
-* ``LGBMRanker(objective="lambdarank")`` for ``model=lgbm_ranker``, trained on graded
-  relevance (:func:`relevance_grades`), one query per shape.
+* ``LGBMRanker(objective=model.objective)`` (``lambdarank`` or ``rank_xendcg``) for
+  ``model=lgbm_ranker``, trained on graded relevance (:func:`relevance_grades`, gains
+  ``model.label_gain``), one query per shape.
+
+A pipeline may also carry a learned failure model (:func:`fit_failure_model`): the kernels
+the training data saw fail, masked at selection like the op's validity rules.
 
 Higher score = better kernel for every model and target. After :func:`fit_pipeline` the Pipeline
 carries ``ckpred_target_`` ("log1p", "raw", "relative" or "rank") for the export manifest.
@@ -138,8 +142,9 @@ def build_estimator(model_cfg: Any, target_cfg: Any, seed: int = 0) -> BaseEstim
     params = _lgbm_params(model_cfg, seed)
     if model_cfg.name == "lgbm_ranker":
         grades = int(model_cfg.relevance_grades)
-        return lgb.LGBMRanker(objective="lambdarank", label_gain=[float(2 ** i - 1) for i in range(grades)],
-                              **params)
+        linear = str(model_cfg.get("label_gain", "exp2")) == "linear"
+        gain = [float(i) if linear else float(2 ** i - 1) for i in range(grades)]
+        return lgb.LGBMRanker(objective=str(model_cfg.get("objective", "lambdarank")), label_gain=gain, **params)
     if model_cfg.name != "lgbm_regressor":
         raise ValueError(f"unknown model.name {model_cfg.name!r}")
     transformer = Log1pTarget() if target_cfg.name == "log1p" else IdentityTarget()
@@ -257,3 +262,61 @@ def booster(pipe: Pipeline) -> lgb.Booster:
     model = pipe.named_steps["model"]
     inner = model.regressor_ if isinstance(model, TransformedTargetRegressor) else model
     return inner.booster_
+
+
+# ---------------------------------------------------------------------------------------------
+# Learned validity: kernels the training data saw fail
+# ---------------------------------------------------------------------------------------------
+def fit_failure_model(pipe: Pipeline, X: pd.DataFrame, failed: np.ndarray, validity_cfg: Any,
+                      seed: int = 0) -> lgb.LGBMRegressor | None:
+    """Learn which rule-valid kernels fail, and attach the model to ``pipe`` (fitted).
+
+    A small LightGBM model on the pipeline's own features estimates the probability that a
+    row fails (an L2 fit of the 0/1 label: a leaf's value is the failure share of its training
+    rows, and the model exports like any regressor). A row is predicted to fail when the
+    estimate exceeds ``validity_cfg.threshold``. The model is kept only when it flags at least
+    one training row: failures that are random (no feature separates them) leave nothing to
+    learn, and the pipeline then carries no failure model.
+
+    Sets ``pipe.ckpred_failure_model_`` (the regressor or None) and
+    ``pipe.ckpred_failure_threshold_``; returns the model.
+
+    Parameters
+    ----------
+    X : DataFrame
+        Raw model input of rule-valid training rows (``op.encode_frame``).
+    failed : ndarray of bool
+        Whether each row failed when measured.
+    validity_cfg : config node
+        ``threshold``, ``n_estimators``, ``num_leaves``, ``min_child_samples`` (and ``n_jobs``).
+    """
+    failed = np.asarray(failed, dtype=bool)
+    pipe.ckpred_failure_threshold_ = float(validity_cfg.threshold)
+    pipe.ckpred_failure_model_ = None
+    if not failed.any() or failed.all():
+        return None
+    Xt = pipe.named_steps["features"].transform(X)
+    model = lgb.LGBMRegressor(objective="regression", n_estimators=int(validity_cfg.n_estimators),
+                              learning_rate=0.1, num_leaves=int(validity_cfg.num_leaves),
+                              min_child_samples=int(validity_cfg.min_child_samples),
+                              n_jobs=int(validity_cfg.get("n_jobs", 1)), random_state=int(seed),
+                              deterministic=True, force_row_wise=True, verbose=-1)
+    model.fit(Xt, failed.astype(np.float64))
+    if not np.any(model.predict(Xt) > pipe.ckpred_failure_threshold_):
+        return None
+    pipe.ckpred_failure_model_ = model
+    return model
+
+
+def failure_model(pipe: Pipeline) -> lgb.LGBMRegressor | None:
+    """The learned failure model of a fitted pipeline (None: none learned, or an older pipeline)."""
+    return getattr(pipe, "ckpred_failure_model_", None)
+
+
+def predicted_ok(pipe: Pipeline, X: pd.DataFrame) -> np.ndarray:
+    """bool per row of raw input ``X``: not predicted to fail (all True without a failure model)."""
+    model = failure_model(pipe)
+    if model is None:
+        return np.ones(len(X), dtype=bool)
+    Xt = pipe.named_steps["features"].transform(X)
+    return np.asarray(model.predict(Xt), dtype=np.float64) <= float(pipe.ckpred_failure_threshold_)

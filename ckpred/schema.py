@@ -454,6 +454,8 @@ class SimulateConfig:
 MODEL_NAMES: tuple[str, ...] = ("lgbm_regressor", "lgbm_ranker")
 TARGET_NAMES: tuple[str, ...] = ("log1p", "raw", "relative")
 CV_NAMES: tuple[str, ...] = ("group_kfold", "leave_family_out", "holdout", "external")
+RANK_OBJECTIVES: tuple[str, ...] = ("lambdarank", "rank_xendcg")
+LABEL_GAINS: tuple[str, ...] = ("exp2", "linear")
 
 
 @dataclass
@@ -491,6 +493,10 @@ class ModelConfig:
     relevance_exponent: float = 3.0
     #: Ranker: rows per query (shape) at most; LightGBM's lambdarank refuses > 10000.
     max_rows_per_query: int = 10000
+    #: Ranker: LightGBM ranking objective (``lambdarank`` or ``rank_xendcg``).
+    objective: str = "lambdarank"
+    #: Ranker: gain of relevance grade i, ``exp2`` (2**i - 1, LightGBM's default) or ``linear`` (i).
+    label_gain: str = "exp2"
 
     def __post_init__(self) -> None:
         check("model.name", self.name, self.name in MODEL_NAMES, f"one of {list(MODEL_NAMES)}")
@@ -518,6 +524,8 @@ class ModelConfig:
               "a number > 0")
         check("model.max_rows_per_query", self.max_rows_per_query, 1 <= self.max_rows_per_query <= 10000,
               "an integer in [1, 10000] (LightGBM lambdarank limit)")
+        check("model.objective", self.objective, self.objective in RANK_OBJECTIVES, f"one of {list(RANK_OBJECTIVES)}")
+        check("model.label_gain", self.label_gain, self.label_gain in LABEL_GAINS, f"one of {list(LABEL_GAINS)}")
 
 
 @dataclass
@@ -588,13 +596,46 @@ class ReferenceBaselineConfig:
 
 
 @dataclass
+class PlainBaselineConfig:
+    """Plain LightGBM: default parameters on the model's features and training rows, early
+    stopping on inner validation shapes; the reference every report shows the margin to."""
+
+    enabled: bool = True
+    model: ModelConfig = MISSING
+    target: TargetConfig = MISSING
+
+
+@dataclass
 class BaselinesConfig:
     """Baselines computed in the same run on the same folds as the model."""
 
     random: bool = True
     best_static: bool = True
     analytical: bool = True
+    plain: PlainBaselineConfig = field(default_factory=PlainBaselineConfig)
     reference: ReferenceBaselineConfig = field(default_factory=ReferenceBaselineConfig)
+
+
+@dataclass
+class ValidityModelConfig:
+    """The learned validity mask: failures seen in the training data (:func:`ckpred.models.fit_failure_model`)."""
+
+    #: Learn a failure model next to the ranking model (kept only when it flags a training row).
+    learned: bool = True
+    #: A row is predicted to fail when the estimated failure probability exceeds this.
+    threshold: float = 0.5
+    n_estimators: int = 50
+    num_leaves: int = 15
+    min_child_samples: int = 20
+    #: Rule-valid rows per training shape it learns from at most (a seeded uniform sample).
+    max_rows_per_shape: int = 256
+    n_jobs: int = 1
+
+    def __post_init__(self) -> None:
+        check("validity.threshold", self.threshold, 0 < self.threshold < 1, "a number in (0, 1)")
+        for key in ("n_estimators", "min_child_samples", "max_rows_per_shape", "n_jobs"):
+            check(f"validity.{key}", getattr(self, key), getattr(self, key) >= 1, "an integer >= 1")
+        check("validity.num_leaves", self.num_leaves, self.num_leaves >= 2, "an integer >= 2")
 
 
 @dataclass
@@ -616,6 +657,8 @@ class RecipeConfig:
     model: ModelConfig = MISSING
     target: TargetConfig = MISSING
     rows: RowsConfig = field(default_factory=RowsConfig)
+    #: Failures seen in the training data, masked by the selector (see :class:`ValidityModelConfig`).
+    validity: ValidityModelConfig = field(default_factory=ValidityModelConfig)
     #: Seed of fold assignment, validation split, row sampling and LightGBM.
     seed: int = 0
 
@@ -638,6 +681,9 @@ class TrainConfig(RecipeConfig):
     #: A finished train run dir whose ``pipeline.joblib`` this run continues boosting from
     #: (``model.n_estimators`` trees are *added*); empty = cold start. See :mod:`ckpred.warm_start`.
     warm_start: str = ""
+    #: Several seeds (e.g. ``seeds=[0,1,2]``) run the whole CV once per seed and
+    #: report the spread over seeds; empty = ``seed`` alone.
+    seeds: list[int] = field(default_factory=list)
 
 
 # -- export and select (export owner) ------------------------------------------------------------

@@ -22,7 +22,8 @@ from ckpred.commands.train import train
 
 #: Small, fast, single-threaded settings for every run in this file.
 SMALL = ["shapes=tiny", "model.n_estimators=8", "model.num_leaves=7", "model.n_jobs=1",
-         "rows.max_per_shape=192", "rows.keep_top=32", "cv.n_splits=3", "progress=false"]
+         "rows.max_per_shape=192", "rows.keep_top=32", "cv.n_splits=3", "progress=false",
+         "baselines.plain.model.n_estimators=8", "baselines.plain.model.num_leaves=7"]
 REF_SMALL = ["baselines.reference.model.n_estimators=8", "baselines.reference.model.num_leaves=7",
              "baselines.reference.model.max_depth=4", "baselines.reference.model.n_jobs=1",
              "baselines.reference.rows.max_per_shape=192", "baselines.reference.rows.keep_top=32"]
@@ -78,6 +79,8 @@ def test_outputs_exist_and_are_sane(full_run: tuple[float, Path]) -> None:
                  "folds.json", "efficiency_cdf.png", "efficiency_at_k.png", "feature_importance.png"]:
         assert (out / name).stat().st_size > 0, name
     metrics = json.loads((out / "metrics.json").read_text())
+    # the heading names what is held out: the op's grouping key and the folds
+    assert metrics.pop("_heading") == "unseen (m, n, k, split_k) shapes, 3 folds"
     assert list(metrics) == list(METHODS)
     assert mean == metrics["model"]["mean"]
     for method, rep in metrics.items():
@@ -91,6 +94,11 @@ def test_outputs_exist_and_are_sane(full_run: tuple[float, Path]) -> None:
         assert ks == sorted(ks), method  # a bigger budget never finds a slower best
         assert set(rep["by_family"]) == {"tiny", "small", "medium", "large"}
         assert sum(f["n_shapes"] for f in rep["by_family"].values()) == 12
+        assert 0.0 <= rep["failed_pick"] <= 1.0 and rep["failed_picks"] == pytest.approx(12 * rep["failed_pick"])
+        assert rep["fallback_efficiency"] >= rep["mean"] - 1e-12
+        # the spread over folds: each fold's test shapes summarised alone
+        assert rep["folds"]["n"] == 3 and len(rep["folds"]["mean"]["values"]) == 3
+        assert min(rep["folds"]["mean"]["values"]) <= rep["mean"] <= max(rep["folds"]["mean"]["values"])
     per_shape = pd.read_csv(out / "per_shape.csv")
     oof = pd.read_parquet(out / "oof_predictions.parquet")
     assert len(per_shape) == 12 and per_shape["fold"].between(0, 2).all()
@@ -106,6 +114,8 @@ def test_outputs_exist_and_are_sane(full_run: tuple[float, Path]) -> None:
     assert metrics["model"]["mean"] == pytest.approx(eff)
     chosen = per_shape.set_index("shape")["model_kernel"]
     assert (chosen.loc[pick["shape"]].to_numpy() == pick["kernel_name"].to_numpy()).all()
+    # failed-pick rate: the picked row's measured perf is 0 (failed or invalid)
+    assert metrics["model"]["failed_pick"] == pytest.approx(float((pick["perf"] <= 0).mean()))
 
 
 def test_manifest_and_pipeline(full_run: tuple[float, Path]) -> None:
@@ -269,3 +279,20 @@ def test_training_rows_cap_keeps_the_fastest() -> None:
     rows_cfg = SimpleNamespace(drop_rule_invalid=False, max_per_shape=0, keep_top=1)
     rows = training_rows(data, np.array([0]), rows_cfg, max_rows=2, rng=np.random.default_rng(0))
     assert len(rows) == 2 and 1 in rows
+
+
+def test_seeds_report_the_spread_over_seeds(tmp_path: Path) -> None:
+    mean, out = _run(tmp_path, *NO_REF, "seeds=[0,1]", "baselines.best_static=false", "baselines.analytical=false",
+                     "plots=false")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["seeds"] == [0, 1]
+    assert metrics["_heading"] == "unseen (m, n, k, split_k) shapes, 3 folds, seeds [0, 1]"
+    per_seed = [json.loads((out / f"seed{s}" / "metrics.json").read_text())["model"]["mean"] for s in (0, 1)]
+    assert per_seed[0] != per_seed[1]  # another seed: other folds, other rows, other trees
+    spread = metrics["over_seeds"]["model"]["mean"]
+    assert spread["values"] == pytest.approx(per_seed)
+    assert spread["mean"] == pytest.approx(np.mean(per_seed)) and spread["std"] == pytest.approx(np.std(per_seed))
+    assert mean == pytest.approx(np.mean(per_seed))
+    assert set(metrics["over_seeds"]) == {"model", "plain", "random"}
+    # the final pipeline is fitted once, for the first seed
+    assert (out / "seed0" / "pipeline.joblib").exists() and not (out / "seed1" / "pipeline.joblib").exists()

@@ -22,8 +22,9 @@ import pandas as pd
 from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
-from ckpred.export.validity import mask_builder_for
+from ckpred.export.validity import mask_builder_for, with_learned_failures
 from ckpred.kernels.base import OpDefinition, load_op
+from ckpred.models import failure_model, predicted_ok
 from ckpred.schema import EXPORT_SELECT
 
 log = logging.getLogger(__name__)
@@ -122,11 +123,15 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
         max_scorer = max(max_scorer, float(np.max(np.abs(onx - ref))) if len(ref) else 0.0)
         rows_over += int(np.sum(np.abs(onx - ref) > 1e-6))
         valid, _ = op.validity(full, full, arch=arch, dtype=dtype, layout=layout)
+        runs = predicted_ok(pipeline, X)  # the learned failure mask (all True without one)
         ids, scores, nvalid = selector_s.run(["kernel_ids", "scores", "num_valid"],
                                              {"problem": p, "top_k": np.array([top_k], dtype=np.int64)})
         for j in range(len(chunk)):
             sl = slice(j * C, (j + 1) * C)
-            r_ids, r_scores, r_n = reference_selection(ref_sel[sl], valid[sl] & allowed, top_k)
+            cand = valid[sl] & allowed
+            if (cand & runs[sl]).any():  # nothing predicted to run: the rule mask alone (fallback)
+                cand = cand & runs[sl]
+            r_ids, r_scores, r_n = reference_selection(ref_sel[sl], cand, top_k)
             n = min(top_k, r_n)
             same_n = int(nvalid[j]) == r_n
             ok1 = same_n and (r_n == 0 or ids[j, 0] == r_ids[0])
@@ -213,8 +218,9 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         raise ValueError(f"export.select={select!r} needs the candidate kernel ids (learned from the training data)")
     else:
         candidates = np.asarray(candidates, dtype=np.int64)
+    # the op's rules, narrowed by the failures the model learned from the training data
     selector = xo.build_selector(selector_pipe, op, catalogue, arch=arch, dtype=dtype, layout=layout,
-                                 mask_builder=mask_builder_for(op), keep=candidates)
+                                 mask_builder=with_learned_failures(mask_builder_for(op), pipeline), keep=candidates)
     convert_s = time.perf_counter() - t0
     parity: dict[str, Any] = {"checked": False}
     if parity_problems is not None and len(parity_problems):
@@ -249,6 +255,10 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         "catalogue": mf.catalogue_section(op, catalogue),
         "features": _feature_names(pipeline),
         "model": _model_section(pipeline),
+        # the learned validity mask inside the selector (None: no failure the features predict)
+        "failure_model": None if failure_model(pipeline) is None else {
+            "n_trees": int(failure_model(pipeline).booster_.num_trees()),
+            "threshold": float(pipeline.ckpred_failure_threshold_)},
         # the selector's model when it is not the scorer's (select=reranked)
         "selector_model": None if selector_pipe is pipeline else _model_section(selector_pipe),
         "training": dict(training),

@@ -154,14 +154,18 @@ def convert_model_step(pipeline: Any) -> onnx.ModelProto:
     return _convert(pipeline.steps[-1][1], [(PIPELINE_INPUT, DoubleTensorType([None, n_features]))])
 
 
-def _add_pipeline(g: GraphBuilder, pipe: onnx.ModelProto, x: str, out: str) -> None:
-    """Inline the converted pipeline's nodes into ``g``: ``x`` -> ``out`` (``[N, 1]``)."""
-    prefixed = onnx.compose.add_prefix(pipe, "pipe/")
+def _add_pipeline(g: GraphBuilder, pipe: onnx.ModelProto, x: str, out: str, prefix: str = "pipe/") -> None:
+    """Inline the converted pipeline's nodes into ``g``: ``x`` -> ``out`` (``[N, 1]``).
+
+    ``prefix`` keeps the names of two inlined models apart (the learned validity mask inlines a
+    second one).
+    """
+    prefixed = onnx.compose.add_prefix(pipe, prefix)
     graph = prefixed.graph
-    g.op("Identity", x, out="pipe/" + PIPELINE_INPUT)
+    g.op("Identity", x, out=prefix + PIPELINE_INPUT)
     g.nodes.extend(graph.node)
     g.initializers.extend(graph.initializer)
-    g.op("Identity", "pipe/" + PIPELINE_OUTPUT, out=out)
+    g.op("Identity", prefix + PIPELINE_OUTPUT, out=out)
 
 
 def _model(g: GraphBuilder, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],

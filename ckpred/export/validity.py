@@ -14,6 +14,12 @@ is a :class:`ckpred.export.onnx.GraphBuilder`, ``problem`` names the int64 ``[B,
 (columns ``op.problem_names``) and ``catalogue`` is the op's catalogue frame; it returns the
 name of a bool ``[B, C]`` tensor that must equal ``op.validity`` for every (problem, kernel) —
 a test checks that on edge shapes for every registered op.
+
+A pipeline that learned which kernels fail (:func:`ckpred.models.fit_failure_model`) adds a
+second mask on top of the rules (:func:`with_learned_failures`): its failure model runs on the
+same features inside the selector graph, and a problem for which every rule-valid kernel is
+predicted to fail keeps the rule mask alone (the selector then returns the highest-ranked
+rule-valid kernels, as :func:`ckpred.evaluate.learned_selection_mask` does in Python).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from onnx import TensorProto
 
 from ckpred.export.onnx import GraphBuilder, MaskBuilder
 from ckpred.kernels.base import OpDefinition
@@ -98,6 +105,44 @@ def rules_mask(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: Op
 
 #: Op name -> mask builder, for ops that do not override ``validity_onnx``.
 MASK_BUILDERS: dict[str, MaskBuilder] = {"gemm_universal": gemm_universal_mask}
+
+
+def with_learned_failures(rules: MaskBuilder, pipeline: Any) -> MaskBuilder:
+    """``rules`` narrowed by the pipeline's learned failure model, with the fallback.
+
+    Returns ``rules`` itself when the pipeline has no failure model. Otherwise the builder
+    computes the features of every (problem, scored kernel) pair
+    (:func:`ckpred.export.factorise.selector_features`), runs the failure model on them
+    (predicted to fail: estimate > ``pipeline.ckpred_failure_threshold_``) and returns
+    ``rules & (runs | ~any(rules & runs))`` per problem.
+    """
+    from sklearn.pipeline import Pipeline
+
+    from ckpred.export import onnx as xo
+    from ckpred.models import failure_model
+
+    model = failure_model(pipeline)
+    if model is None:
+        return rules
+    threshold = float(pipeline.ckpred_failure_threshold_)
+    converted = xo.convert_model_step(Pipeline([("features", pipeline.named_steps["features"]), ("model", model)]))
+
+    def builder(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: OpDefinition, **kw: Any) -> str:
+        from ckpred.export.factorise import selector_features
+
+        rule = rules(g, problem, catalogue, op=op, **kw)  # [B, K]
+        x = selector_features(g, pipeline, op, op.encode(catalogue, op.kernel_names), problem)  # [B*K, F]
+        estimate = g.name("failure_estimate")
+        xo._add_pipeline(g, converted, x, estimate, prefix="failure/")
+        estimate = g.op("Reshape", estimate, g.const([-1, len(catalogue)], dtype=np.int64))
+        runs = g.op("LessOrEqual", estimate, g.const(threshold, dtype=np.float64))
+        both = g.op("And", rule, runs)
+        any_runs = g.op("ReduceMax", g.op("Cast", both, to=TensorProto.INT64), g.const([1], dtype=np.int64),
+                        keepdims=1)  # [B, 1]
+        fallback = g.op("Not", g.op("Cast", any_runs, to=TensorProto.BOOL))
+        return g.op("And", rule, g.op("Or", runs, fallback))
+
+    return builder
 
 
 def mask_builder_for(op: OpDefinition) -> MaskBuilder:
