@@ -76,7 +76,6 @@ def rules_mask(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: Op
     from onnx import TensorProto
 
     from ckpred.export.factorise import HybridOps, _static
-    from ckpred.schema import arch_constants
 
     ops = HybridOps(g)
     n_kernels = len(catalogue)
@@ -86,7 +85,7 @@ def rules_mask(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: Op
         columns[name] = ops.symbol(g.op("Gather", problem3, g.const([j], dtype=np.int64), axis=2))
     for name, values in op.columns(catalogue, op.kernel_names).items():  # [1, C, 1]
         columns[name] = values.reshape(1, n_kernels, 1)
-    hw = arch_constants(arch) if arch is not None and not isinstance(arch, str) else {}
+    hw = op.hardware(arch) if any(e.hw_names for e, _ in op.rules) else {}
     valid: Any = np.ones((1, n_kernels, 1), dtype=bool)
     for expr, _ in op.rules:
         ok = expr.evaluate_bool({n: columns[n] for n in expr.names}, hw, ops, categories=op.categories)

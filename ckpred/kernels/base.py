@@ -72,8 +72,9 @@ class OpDefinition(ABC):
     problem_fields: tuple[Field, ...]
     #: Fields that describe a kernel configuration.
     kernel_fields: tuple[Field, ...]
-    #: Problem fields that identify a shape for grouping (CV folds, per-shape metrics).
-    #: Layout, dtype and arch are constant inside a model and excluded on purpose.
+    #: The query key: problem fields of one selection (the ranker's query group and the unit of
+    #: per-shape efficiency). CV folds hold out :attr:`cv_group_key` groups of queries; reports
+    #: break them down by :meth:`family`.
     group_key: tuple[str, ...]
     #: Labels of the problem families, in order (see :meth:`family`).
     families: tuple[str, ...]

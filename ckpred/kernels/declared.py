@@ -143,6 +143,15 @@ class DeclaredOp(OpDefinition):
         out = expr.evaluate(cols, hw or {}, NumpyOps(len(frame)), categories=self.categories)
         return np.asarray(out, dtype=np.float64)
 
+    @staticmethod
+    def hardware(arch: Any) -> dict[str, float]:
+        """``hw.<name>`` constants of ``arch``: an arch config, a packaged arch's name, or None (none)."""
+        from ckpred.schema import arch_config, arch_constants
+
+        if arch is None:
+            return {}
+        return arch_constants(arch_config(arch) if isinstance(arch, str) else arch)
+
     # -- names ---------------------------------------------------------------------------------
     def parse_name(self, name: str) -> dict[str, Any]:
         if self.template is not None:
@@ -234,21 +243,19 @@ class DeclaredOp(OpDefinition):
     def validity(self, problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any = None, dtype: Any = None,
                  layout: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """The rules, row by row; ``reason`` = the message of the first rule a row fails."""
-        from ckpred.schema import arch_constants
-
         n = len(problems)
         reason = np.full(n, "", dtype=object)
         if not self.rules:
             return np.ones(n, dtype=bool), reason
+        hw = self.hardware(arch) if any(e.hw_names for e, _ in self.rules) else {}
         problem_names = set(self.problem_names)
         frame = pd.DataFrame({c: (problems if c in problem_names else kernels)[c].to_numpy()
                               for c in self._kinds if c in (problems if c in problem_names else kernels)})
-        hw = arch_constants(arch) if arch is not None and not isinstance(arch, str) else {}
         from ckpred.features.base import NumpyOps
 
         for expr, message in self.rules:
             if expr.hw_names and not hw:
-                raise ValueError(f"op {self.name!r}: rule {expr.text!r} reads hw constants; pass the arch config")
+                raise ValueError(f"op {self.name!r}: rule {expr.text!r} reads hw constants; pass the arch")
             ok = expr.evaluate_bool(self.columns(frame, sorted(expr.names)), hw, NumpyOps(n),
                                     categories=self.categories)
             ok = np.broadcast_to(np.asarray(ok, dtype=bool), (n,))
