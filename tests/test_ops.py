@@ -320,3 +320,26 @@ def test_external_test_table_uses_its_own_arch(tmp_path: Path) -> None:
     given = _compose_op(tmp_path, MATMUL, "tmm", "cv=external", "cv.data.source=path", "cv.data.path=t.csv",
                         "+arch@cv.arch=gfx1100")
     assert external_arch(given, same).cus == 70
+
+
+def test_ck_gemm_folds_are_the_folds_of_its_query_key() -> None:
+    """gemm_universal's CV group is its query key, so the folds are those of a per-shape split."""
+    from dataclasses import replace
+
+    from ckpred.cv import make_folds
+    from ckpred.fitting import prepare
+
+    cfg = compose("train", [])
+    op = load_op(cfg.op)
+    kernels = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).head(2)
+    shapes = [(m, n, 4096) for m in (1, 16, 128, 1024) for n in (512, 4096, 7168)]
+    table = pd.concat([kernels.assign(m=m, n=n, k=k, split_k=1, tflops=float(i + 1), is_valid=True)
+                       for i, (m, n, k) in enumerate(shapes)], ignore_index=True)
+    data = prepare(table, op, cfg)
+    assert data.cv_groups.tolist() == list(range(len(shapes)))
+    per_shape = replace(data, cv_groups=np.zeros(0, dtype=np.int64))  # groups = shape indices
+    for cv in ("group_kfold", "holdout"):
+        cv_cfg = compose("train", [f"cv={cv}"]).cv
+        ours, theirs = make_folds(cv_cfg, data, seed=3), make_folds(cv_cfg, per_shape, seed=3)
+        assert [(f.train_shapes.tolist(), f.test_shapes.tolist()) for f in ours] == \
+            [(f.train_shapes.tolist(), f.test_shapes.tolist()) for f in theirs]
