@@ -500,3 +500,60 @@ def test_expression_groups_read_the_ops_flops_expression(cfg) -> None:
     unused = build_features({"name": "x", "groups": [{"kind": "expressions", "params": {"features": {"t": "tile_m"}}}]},
                             OP, cfg.arch, cfg.dtype, cfg.layout)
     assert unused.transformer_list[0][1].input_columns == ("tile_m",)
+
+
+#: A user's feature set for test_ops' matmul op (fields rows/cols/depth/precision, block_m/...).
+USER_FEATURES = """\
+defaults:
+  - base_features
+  - _self_
+name: tmm_features
+groups:
+  - kind: expressions
+    name: shape
+    params:
+      terms:
+        grid: ceil_div(rows, block_m) * ceil_div(cols, block_n)
+      features:
+        log2_rows: log2(rows)
+        rows_over_cols: rows / cols
+        tiles_m: ceil_div(rows, block_m)
+        waves: ceil(grid / hw.cus)
+        intensity: flops / bytes
+        element_bytes: dtype_bytes(precision)
+        fits_lds: (block_m + block_n) * 64 * dtype_bytes(precision) * num_stages <= hw.lds_bytes
+      one_hot: [precision]
+"""
+
+
+def test_a_user_feature_set_for_a_declared_op_from_a_config_dir(tmp_path) -> None:
+    from test_ops import MATMUL, _user_dir
+
+    root = _user_dir(tmp_path, {"op/tmm.yaml": MATMUL, "features/tmm_features.yaml": USER_FEATURES})
+    cfg = compose("train", [f"hydra.searchpath=[file://{root}]", "op=tmm", "features=tmm_features",
+                            "features@baselines.reference.features=tmm_features"])
+    op = load_op(cfg.op)
+    table = pd.DataFrame({"rows": [4096, 100], "cols": [8, 64], "depth": [1024, 32], "precision": ["fp32", "bf16"],
+                          "block_m": [128, 64], "block_n": [128, 32], "num_warps": [8, 4], "num_stages": [4, 2]})
+    X = op.encode_frame(table)
+    union = build_features(cfg.features, op, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    f = dict(zip(union.get_feature_names_out(), union.transform(X).T))
+    assert list(f["shape__tiles_m"]) == [32, 2] and list(f["shape__waves"]) == [1, 1]
+    assert list(f["shape__element_bytes"]) == [4, 2]
+    assert f["shape__intensity"][0] == 2 * 4096 * 8 * 1024 / ((4096 * 1024 + 1024 * 8 + 4096 * 8) * 4)
+    assert list(f["shape__fits_lds"]) == [0.0, 1.0]  # 256 KiB of staged fp32 tiles > 160 KiB
+    assert [list(f[f"shape__precision_{p}"]) for p in ("fp16", "bf16", "fp32")] == [[0, 0], [0, 1], [1, 0]]
+    # The exported graph computes the same, bit for bit (categorical codes, where-chains and all).
+    from ckpred.export.lightgbm import register
+    from test_converters import OPSETS, _run
+
+    register()
+    assert np.array_equal(_run(union, X, OPSETS[0]), union.transform(X))
+    # A bad expression in the user's YAML is refused naming its key.
+    bad = USER_FEATURES.replace("rows / cols", "rows / colz")
+    root = _user_dir(tmp_path / "bad", {"op/tmm.yaml": MATMUL, "features/tmm_features.yaml": bad})
+    cfg = compose("train", [f"hydra.searchpath=[file://{root}]", "op=tmm", "features=tmm_features",
+                            "features@baselines.reference.features=tmm_features"])
+    with pytest.raises(ConfigValueError) as err:
+        build_features(cfg.features, op, cfg.arch, cfg.dtype, cfg.layout)
+    assert (err.value.key, err.value.value) == ("features.groups[0].params.features.rows_over_cols", "colz")
