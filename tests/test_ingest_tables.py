@@ -482,3 +482,18 @@ def test_real_find_db_and_caches_through_their_ops() -> None:
     t = result.table
     assert t.groupby("gpu")["arch"].first().to_dict() == {"MI250X": "gfx90a", "W6600": "gfx1032", "W7800": "gfx1100"}
     assert t.groupby("gpu")["kernel_name"].nunique().to_dict() == {"MI250X": 4362, "W6600": 4362, "W7800": 4362}
+
+
+def test_an_ingested_table_reads_back_through_its_op(tmp_path: Path) -> None:
+    """The canonical parquet of an op with text problem fields and per-row arch round-trips."""
+    from ckpred.data.ingest import read_config_inputs
+    from ckpred.data.table import write_table
+
+    path = tmp_path / "W7800.json"
+    shutil.copy(FIXTURES / "kernel_tuner_small.json", path)
+    op, first = read_config_inputs(_compose_op("kernel_tuner_conv", path))
+    out = write_table(first.table, tmp_path / "t.parquet", op)
+    op, again = read_config_inputs(_compose_op("kernel_tuner_conv", out))
+    _accounting(again, op)
+    pd.testing.assert_frame_equal(again.table, first.table)
+    assert again.summary.formats == ["parquet"] and set(again.table["arch"]) == {"gfx1100"}

@@ -209,7 +209,7 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
                 rejects += raw.rejects + mapped.rejects
             else:
                 read = READERS[file_fmt](path, ctx)
-                frames.append(_buffer_frame(read, op, run_id or label, label))
+                frames.append(read.frame if read.frame is not None else _buffer_frame(read, op, run_id or label, label))
                 rejects += read.rejects
                 if read.declared_records is not None and read.found_records is not None \
                         and read.found_records < read.declared_records:
@@ -276,6 +276,8 @@ def _reader_of(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefinit
     """
     if fmt != "auto" or mapping is None:
         return False, detect_format(path) if fmt == "auto" else fmt
+    if is_canonical(path):  # a table ingest wrote: read as it is, whatever the op's source format
+        return False, "parquet"
     if mapping.format != "auto":
         return mapping.format in TABLE_READERS, mapping.format
     ck_error: InputFileError | None = None
@@ -290,8 +292,6 @@ def _reader_of(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefinit
         if ck_error is not None:  # neither kind: the CK message names data.format
             raise ck_error from None
         raise
-    if table_fmt == "parquet" and is_canonical(path):
-        return False, "parquet"
     return table_fmt is not None, table_fmt
 
 
