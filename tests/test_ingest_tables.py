@@ -9,7 +9,6 @@ import json
 import math
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Mapping
 
 import numpy as np
@@ -497,3 +496,55 @@ def test_an_ingested_table_reads_back_through_its_op(tmp_path: Path) -> None:
     _accounting(again, op)
     pd.testing.assert_frame_equal(again.table, first.table)
     assert again.summary.formats == ["parquet"] and set(again.table["arch"]) == {"gfx1100"}
+
+
+TILED_YAML = """
+defaults:
+  - base_op
+  - _self_
+name: tiled
+problem_fields:
+  m: {kind: int}
+  n: {kind: int}
+  k: {kind: int}
+kernel_fields:
+  tile_m: {kind: int}
+  tile_n: {kind: int}
+  tile_k: {kind: int}
+  warp_m: {kind: int}
+  warp_n: {kind: int}
+  warp_k: {kind: int}
+  warp_tile_m: {kind: int}
+  warp_tile_n: {kind: int}
+  warp_tile_k: {kind: int}
+kernel_id: {template: "gemm_{tile_m}x{tile_n}x{tile_k}_{warp_m}x{warp_n}x{warp_k}_{warp_tile_m}x{warp_tile_n}x{warp_tile_k}"}
+metric: {column: tflops, better: higher, unit: tflops}
+flops: "2 * m * n * k"
+rules:
+  - expr: "tile_m % (warp_m * warp_tile_m) == 0 and tile_n % (warp_n * warp_tile_n) == 0"
+    message: "the block tile is not a whole number of warp tiles"
+  - expr: "k % tile_k == 0"
+    message: "K not a multiple of tile_k"
+"""
+
+
+def test_a_kernel_no_configuration_of_the_op_can_produce_is_rejected(tmp_path: Path) -> None:
+    pytest.importorskip("ckpred.kernels.declared")
+    from ckpred.config import compose
+    from ckpred.data.ingest import read_config_inputs
+
+    root = tmp_path / "conf"
+    (root / "op").mkdir(parents=True)
+    (root / "op" / "tiled.yaml").write_text(TILED_YAML)
+    flops = 2 * 256 * 256 * 256
+    lines = ["m,n,k,kernel_name,tflops", f"256,256,256,gemm_64x64x32_2x2x1_32x32x16,{flops / 1e7:.6f}",
+             f"256,256,256,gemm_7x7x7_1x1x1_3x3x3,{flops / 1e7:.6f}",       # no warp tiling makes 7x7
+             f"256,256,256,gemm_64x64x48_2x2x1_32x32x16,{flops / 1e7:.6f}"]  # K % 48: this problem only
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
+    cfg = compose("ingest", [f"hydra.searchpath=[file://{root}]", "op=tiled", f"data.path={tmp_path / 't.csv'}"])
+    op, result = read_config_inputs(cfg)
+    _accounting(result, op)
+    assert result.rejects["reason"].tolist() == ["impossible kernel: the block tile is not a whole number of warp tiles"]
+    assert result.rejects["source"].iloc[0].endswith("t.csv:3")
+    # a rule that reads the problem does not make a kernel impossible: it stays a table row
+    assert set(result.table["kernel_name"]) == {"gemm_64x64x32_2x2x1_32x32x16", "gemm_64x64x48_2x2x1_32x32x16"}

@@ -44,7 +44,7 @@ from ckpred.data.mapping import InputMapping, map_rows, op_flops
 from ckpred.data.readers import READERS, TABLE_READERS, FileRead, ReadContext, detect_format, detect_table_format
 from ckpred.data.readers.common import KernelResolver, Reject, RowBuffer
 from ckpred.data.readers.table_parquet import is_canonical
-from ckpred.data.table import conform, write_table
+from ckpred.data.table import conform
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.util import atomic_path
