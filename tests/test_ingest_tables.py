@@ -225,6 +225,18 @@ def test_a_cycle_of_derived_columns_is_refused_naming_it(tmp_path: Path) -> None
         _read(tmp_path / "t.csv", _TableOp(), mapping)
 
 
+def test_input_columns_are_checked_without_a_file() -> None:
+    from ckpred.data.mapping import check_input_columns
+
+    order = check_input_columns({"m": "M", "time": {"expr": "us / scale"}, "scale": {"expr": "1000"},
+                                 "us": {"expr": "us * 1"}, "n": {"value": 4}})
+    assert order.index("scale") < order.index("time")  # a self-reference reads the source column
+    with pytest.raises(ConfigValueError, match=r"op\.input\.columns\.a.*a -> b -> a"):
+        check_input_columns({"a": {"expr": "b + 1"}, "b": {"expr": "a * 2"}})
+    with pytest.raises(ConfigValueError, match=r"op\.input\.columns\.t\b"):
+        check_input_columns({"t": {"column": "x"}})
+
+
 def test_missing_duplicated_and_unknown_columns_are_named(tmp_path: Path) -> None:
     op = _TableOp()
     _frame().to_csv(tmp_path / "t.csv", index=False)

@@ -129,6 +129,36 @@ class InputMapping:
         raise ConfigValueError("op.metric.unit", self.unit, allowed)
 
 
+def check_input_columns(columns: Mapping[str, Any], *, key: str = "op.input.columns") -> list[str]:
+    """Check an op's ``input.columns`` without a file: each source's form, each expression's
+    grammar, and the derived columns' order (returned); for compose-time validation.
+
+    A derived column that reads its own name reads the source column of that name
+    (``time: {expr: "time / 1000"}``); any other loop is a cycle.
+
+    Raises
+    ------
+    ckpred.errors.ConfigValueError
+        Naming ``<key>.<column>``: a source that is none of the three forms, an expression
+        outside the grammar, or a cycle of derived columns (``a -> b -> a``).
+    """
+    from ckpred import expressions
+
+    exprs = {}
+    for target, spec in columns.items():
+        spec = _plain(spec)
+        if isinstance(spec, str) and spec:
+            continue
+        if isinstance(spec, Mapping) and sorted(spec) in (["value"], ["expr"]):
+            if "expr" in spec:
+                exprs[str(target)] = expressions.parse(spec["expr"], key=f"{key}.{target}.expr")
+            continue
+        raise ConfigValueError(f"{key}.{target}", spec, "a source column name, {value: <constant>} or "
+                                                         "{expr: <expression>}")
+    own = {t for t, e in exprs.items() if t in e.names}
+    return expressions.topological_order(exprs, key=key, external=own)
+
+
 def _plain(value: Any) -> Any:
     try:
         from omegaconf import OmegaConf
