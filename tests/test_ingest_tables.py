@@ -560,3 +560,29 @@ def test_a_kernel_no_configuration_of_the_op_can_produce_is_rejected(tmp_path: P
     assert result.rejects["source"].iloc[0].endswith("t.csv:3")
     # a rule that reads the problem does not make a kernel impossible: it stays a table row
     assert set(result.table["kernel_name"]) == {"gemm_64x64x32_2x2x1_32x32x16", "gemm_64x64x48_2x2x1_32x32x16"}
+
+
+def test_each_rows_own_arch_judges_the_ops_rules(tmp_path: Path) -> None:
+    """A problem no kernel can run on its row's GPU (an hw rule) is a rule violation there only."""
+    pytest.importorskip("ckpred.kernels.declared")
+    from ckpred.config import compose
+    from ckpred.data.ingest import read_config_inputs
+
+    root = tmp_path / "conf"
+    (root / "op").mkdir(parents=True)
+    text = TILED_YAML.replace('''  - expr: "k % tile_k == 0"''', '''  - expr: "m <= 100 * hw.cus"
+    message: "M above 100 rows per CU"
+  - expr: "k % tile_k == 0"''') + "input:\n  columns: {arch: gpu_arch}\n"
+    (root / "op" / "tiled.yaml").write_text(text)
+    rows = ["m,n,k,kernel_name,tflops,gpu_arch"]
+    for gpu in ("gfx1032", "gfx942"):  # 28 and 304 CUs
+        for m in (2048, 4096):
+            rows.append(f"{m},256,256,gemm_64x64x32_2x2x1_32x32x16,{2 * m * 256 * 256 / 1e7:.6f},{gpu}")
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    cfg = compose("ingest", [f"hydra.searchpath=[file://{root}]", "op=tiled", f"data.path={tmp_path / 't.csv'}"])
+    op, result = read_config_inputs(cfg)
+    _accounting(result, op)
+    t = result.table.set_index(["arch", "m"])
+    assert t["is_valid"].to_dict() == {("gfx1032", 2048): True, ("gfx1032", 4096): False, ("gfx942", 2048): True,
+                                       ("gfx942", 4096): True}
+    assert t.loc[("gfx1032", 4096), "invalid_reason"] == "rule violation: M above 100 rows per CU"
