@@ -123,7 +123,8 @@ def _sweep_rows() -> list[list[Any]]:
     rows = []
     for (m, n, k), dtype in ((s, d) for s in SHAPES for d in ("fp16", "bf16", "fp32")):
         for j, (bm, bn, w) in enumerate(KERNELS):
-            ms = "inf" if (dtype == "fp32" and j == 3) else f"{0.01 * (j + 1) * (1 + ('fp16', 'bf16', 'fp32').index(dtype)):.6f}"
+            scale = 1 + ("fp16", "bf16", "fp32").index(dtype)
+            ms = "inf" if (dtype == "fp32" and j == 3) else f"{0.01 * (j + 1) * scale:.6f}"
             rows.append([m, n, k, dtype, bm, bn, w, ms])
     return rows
 
@@ -172,7 +173,8 @@ def test_gzipped_csv_with_unfamiliar_names_through_a_config_dir_op(tmp_path: Pat
     failed = t[~t["is_valid"]]
     assert set(failed["dtype"]) == {"fp32"} and set(failed["kernel_name"]) == {"bm128_bn128_w8"}
     assert failed["invalid_reason"].str.startswith("kernel failed: time='inf'").all()
-    assert result.rejects["reason"].tolist() == ["bad problem field: dtype='fp64' is not one of ['fp16', 'bf16', 'fp32']"]
+    assert result.rejects["reason"].tolist() == [
+        "bad problem field: dtype='fp64' is not one of ['fp16', 'bf16', 'fp32']"]
     assert len(load_table(cfg)) == 24
 
 
@@ -417,7 +419,8 @@ def test_kernel_tuner_reader_on_the_fixture(tmp_path: Path) -> None:
     doc["cache"]["16,1,1,1,0,0,0,1,15,15"]["block_size_x"] = 32
     (tmp_path / "bad.json").write_text(json.dumps(doc))
     bad = kernel_tuner.read(tmp_path / "bad.json", _ctx())
-    assert len(bad.frame) == 5 and bad.rejects[0].reason.startswith("config mismatch: cache key '16,1,1,1,0,0,0,1,15,15'")
+    assert len(bad.frame) == 5
+    assert bad.rejects[0].reason.startswith("config mismatch: cache key '16,1,1,1,0,0,0,1,15,15'")
 
 
 def test_a_truncated_kernel_tuner_cache_keeps_what_precedes_the_cut(tmp_path: Path) -> None:
@@ -529,7 +532,8 @@ kernel_fields:
   warp_tile_m: {kind: int}
   warp_tile_n: {kind: int}
   warp_tile_k: {kind: int}
-kernel_id: {template: "gemm_{tile_m}x{tile_n}x{tile_k}_{warp_m}x{warp_n}x{warp_k}_{warp_tile_m}x{warp_tile_n}x{warp_tile_k}"}
+kernel_id:
+  template: "gemm_{tile_m}x{tile_n}x{tile_k}_{warp_m}x{warp_n}x{warp_k}_{warp_tile_m}x{warp_tile_n}x{warp_tile_k}"
 metric: {column: tflops, better: higher, unit: tflops}
 flops: "2 * m * n * k"
 rules:
@@ -556,7 +560,8 @@ def test_a_kernel_no_configuration_of_the_op_can_produce_is_rejected(tmp_path: P
     cfg = compose("ingest", [f"hydra.searchpath=[file://{root}]", "op=tiled", f"data.path={tmp_path / 't.csv'}"])
     op, result = read_config_inputs(cfg)
     _accounting(result, op)
-    assert result.rejects["reason"].tolist() == ["impossible kernel: the block tile is not a whole number of warp tiles"]
+    assert result.rejects["reason"].tolist() == [
+        "impossible kernel: the block tile is not a whole number of warp tiles"]
     assert result.rejects["source"].iloc[0].endswith("t.csv:3")
     # a rule that reads the problem does not make a kernel impossible: it stays a table row
     assert set(result.table["kernel_name"]) == {"gemm_64x64x32_2x2x1_32x32x16", "gemm_64x64x48_2x2x1_32x32x16"}

@@ -204,7 +204,8 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
         try:
             if table_reader:
                 raw = TABLE_READERS[file_fmt](path, ctx)
-                mapped = map_rows(raw, op, mapping, resolver, label=label, run_id=run_id or label)  # type: ignore[arg-type]
+                mapped = map_rows(raw, op, mapping, resolver,  # type: ignore[arg-type]
+                                  label=label, run_id=run_id or label)
                 frames.append(mapped.frame)
                 rejects += raw.rejects + mapped.rejects
             else:
