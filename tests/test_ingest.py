@@ -608,7 +608,8 @@ def test_a_file_of_another_arch_is_refused(tmp_path: Path) -> None:
     assert result.summary.rejected == {"arch mismatch": 3} and len(result.table) == 0
     assert result.rejects["reason"].iloc[0] == "arch mismatch: file metadata says arch=gfx942, config has arch=gfx950"
     log = tmp_path / "bench.log"
-    log.write_text("\n".join(line.replace("layout=rcr", "layout=rcr arch=gfx942") for line in fg.log_lines(rows)) + "\n")
+    lines = [line.replace("layout=rcr", "layout=rcr arch=gfx942") for line in fg.log_lines(rows)]
+    log.write_text("\n".join(lines) + "\n")
     result = read(log)
     assert result.summary.rejected == {"arch mismatch": 3}
     assert result.rejects["reason"].iloc[0] == ("arch mismatch: shape header (line 2) says arch=gfx942, "

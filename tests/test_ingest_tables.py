@@ -9,7 +9,6 @@ import json
 import math
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Mapping
 
 import numpy as np
@@ -124,7 +123,8 @@ def _sweep_rows() -> list[list[Any]]:
     rows = []
     for (m, n, k), dtype in ((s, d) for s in SHAPES for d in ("fp16", "bf16", "fp32")):
         for j, (bm, bn, w) in enumerate(KERNELS):
-            ms = "inf" if (dtype == "fp32" and j == 3) else f"{0.01 * (j + 1) * (1 + ('fp16', 'bf16', 'fp32').index(dtype)):.6f}"
+            scale = 1 + ("fp16", "bf16", "fp32").index(dtype)
+            ms = "inf" if (dtype == "fp32" and j == 3) else f"{0.01 * (j + 1) * scale:.6f}"
             rows.append([m, n, k, dtype, bm, bn, w, ms])
     return rows
 
@@ -173,7 +173,8 @@ def test_gzipped_csv_with_unfamiliar_names_through_a_config_dir_op(tmp_path: Pat
     failed = t[~t["is_valid"]]
     assert set(failed["dtype"]) == {"fp32"} and set(failed["kernel_name"]) == {"bm128_bn128_w8"}
     assert failed["invalid_reason"].str.startswith("kernel failed: time='inf'").all()
-    assert result.rejects["reason"].tolist() == ["bad problem field: dtype='fp64' is not one of ['fp16', 'bf16', 'fp32']"]
+    assert result.rejects["reason"].tolist() == [
+        "bad problem field: dtype='fp64' is not one of ['fp16', 'bf16', 'fp32']"]
     assert len(load_table(cfg)) == 24
 
 
@@ -224,6 +225,18 @@ def test_a_cycle_of_derived_columns_is_refused_naming_it(tmp_path: Path) -> None
                         "b": {"expr": "a * 2"}})
     with pytest.raises(ConfigValueError, match=r"op\.input\.columns\.(a|b).*(a -> b -> a|b -> a -> b)"):
         _read(tmp_path / "t.csv", _TableOp(), mapping)
+
+
+def test_input_columns_are_checked_without_a_file() -> None:
+    from ckpred.data.mapping import check_input_columns
+
+    order = check_input_columns({"m": "M", "time": {"expr": "us / scale"}, "scale": {"expr": "1000"},
+                                 "us": {"expr": "us * 1"}, "n": {"value": 4}})
+    assert order.index("scale") < order.index("time")  # a self-reference reads the source column
+    with pytest.raises(ConfigValueError, match=r"op\.input\.columns\.a.*a -> b -> a"):
+        check_input_columns({"a": {"expr": "b + 1"}, "b": {"expr": "a * 2"}})
+    with pytest.raises(ConfigValueError, match=r"op\.input\.columns\.t\b"):
+        check_input_columns({"t": {"column": "x"}})
 
 
 def test_missing_duplicated_and_unknown_columns_are_named(tmp_path: Path) -> None:
@@ -406,7 +419,8 @@ def test_kernel_tuner_reader_on_the_fixture(tmp_path: Path) -> None:
     doc["cache"]["16,1,1,1,0,0,0,1,15,15"]["block_size_x"] = 32
     (tmp_path / "bad.json").write_text(json.dumps(doc))
     bad = kernel_tuner.read(tmp_path / "bad.json", _ctx())
-    assert len(bad.frame) == 5 and bad.rejects[0].reason.startswith("config mismatch: cache key '16,1,1,1,0,0,0,1,15,15'")
+    assert len(bad.frame) == 5
+    assert bad.rejects[0].reason.startswith("config mismatch: cache key '16,1,1,1,0,0,0,1,15,15'")
 
 
 def test_a_truncated_kernel_tuner_cache_keeps_what_precedes_the_cut(tmp_path: Path) -> None:
@@ -482,3 +496,98 @@ def test_real_find_db_and_caches_through_their_ops() -> None:
     t = result.table
     assert t.groupby("gpu")["arch"].first().to_dict() == {"MI250X": "gfx90a", "W6600": "gfx1032", "W7800": "gfx1100"}
     assert t.groupby("gpu")["kernel_name"].nunique().to_dict() == {"MI250X": 4362, "W6600": 4362, "W7800": 4362}
+
+
+def test_an_ingested_table_reads_back_through_its_op(tmp_path: Path) -> None:
+    """The canonical parquet of an op with text problem fields and per-row arch round-trips."""
+    from ckpred.data.ingest import read_config_inputs
+    from ckpred.data.table import write_table
+
+    path = tmp_path / "W7800.json"
+    shutil.copy(FIXTURES / "kernel_tuner_small.json", path)
+    op, first = read_config_inputs(_compose_op("kernel_tuner_conv", path))
+    out = write_table(first.table, tmp_path / "t.parquet", op)
+    op, again = read_config_inputs(_compose_op("kernel_tuner_conv", out))
+    _accounting(again, op)
+    pd.testing.assert_frame_equal(again.table, first.table)
+    assert again.summary.formats == ["parquet"] and set(again.table["arch"]) == {"gfx1100"}
+
+
+TILED_YAML = """
+defaults:
+  - base_op
+  - _self_
+name: tiled
+problem_fields:
+  m: {kind: int}
+  n: {kind: int}
+  k: {kind: int}
+kernel_fields:
+  tile_m: {kind: int}
+  tile_n: {kind: int}
+  tile_k: {kind: int}
+  warp_m: {kind: int}
+  warp_n: {kind: int}
+  warp_k: {kind: int}
+  warp_tile_m: {kind: int}
+  warp_tile_n: {kind: int}
+  warp_tile_k: {kind: int}
+kernel_id:
+  template: "gemm_{tile_m}x{tile_n}x{tile_k}_{warp_m}x{warp_n}x{warp_k}_{warp_tile_m}x{warp_tile_n}x{warp_tile_k}"
+metric: {column: tflops, better: higher, unit: tflops}
+flops: "2 * m * n * k"
+rules:
+  - expr: "tile_m % (warp_m * warp_tile_m) == 0 and tile_n % (warp_n * warp_tile_n) == 0"
+    message: "the block tile is not a whole number of warp tiles"
+  - expr: "k % tile_k == 0"
+    message: "K not a multiple of tile_k"
+"""
+
+
+def test_a_kernel_no_configuration_of_the_op_can_produce_is_rejected(tmp_path: Path) -> None:
+    pytest.importorskip("ckpred.kernels.declared")
+    from ckpred.config import compose
+    from ckpred.data.ingest import read_config_inputs
+
+    root = tmp_path / "conf"
+    (root / "op").mkdir(parents=True)
+    (root / "op" / "tiled.yaml").write_text(TILED_YAML)
+    flops = 2 * 256 * 256 * 256
+    lines = ["m,n,k,kernel_name,tflops", f"256,256,256,gemm_64x64x32_2x2x1_32x32x16,{flops / 1e7:.6f}",
+             f"256,256,256,gemm_7x7x7_1x1x1_3x3x3,{flops / 1e7:.6f}",       # no warp tiling makes 7x7
+             f"256,256,256,gemm_64x64x48_2x2x1_32x32x16,{flops / 1e7:.6f}"]  # K % 48: this problem only
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
+    cfg = compose("ingest", [f"hydra.searchpath=[file://{root}]", "op=tiled", f"data.path={tmp_path / 't.csv'}"])
+    op, result = read_config_inputs(cfg)
+    _accounting(result, op)
+    assert result.rejects["reason"].tolist() == [
+        "impossible kernel: the block tile is not a whole number of warp tiles"]
+    assert result.rejects["source"].iloc[0].endswith("t.csv:3")
+    # a rule that reads the problem does not make a kernel impossible: it stays a table row
+    assert set(result.table["kernel_name"]) == {"gemm_64x64x32_2x2x1_32x32x16", "gemm_64x64x48_2x2x1_32x32x16"}
+
+
+def test_each_rows_own_arch_judges_the_ops_rules(tmp_path: Path) -> None:
+    """A problem no kernel can run on its row's GPU (an hw rule) is a rule violation there only."""
+    pytest.importorskip("ckpred.kernels.declared")
+    from ckpred.config import compose
+    from ckpred.data.ingest import read_config_inputs
+
+    root = tmp_path / "conf"
+    (root / "op").mkdir(parents=True)
+    text = TILED_YAML.replace('''  - expr: "k % tile_k == 0"''', '''  - expr: "m <= 100 * hw.cus"
+    message: "M above 100 rows per CU"
+  - expr: "k % tile_k == 0"''') + "input:\n  columns: {arch: gpu_arch}\n"
+    (root / "op" / "tiled.yaml").write_text(text)
+    rows = ["m,n,k,kernel_name,tflops,gpu_arch"]
+    for gpu in ("gfx1032", "gfx942"):  # 28 and 304 CUs
+        for m in (2048, 4096):
+            rows.append(f"{m},256,256,gemm_64x64x32_2x2x1_32x32x16,{2 * m * 256 * 256 / 1e7:.6f},{gpu}")
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    cfg = compose("ingest", [f"hydra.searchpath=[file://{root}]", "op=tiled", f"data.path={tmp_path / 't.csv'}"])
+    op, result = read_config_inputs(cfg)
+    _accounting(result, op)
+    t = result.table.set_index(["arch", "m"])
+    assert t["is_valid"].to_dict() == {("gfx1032", 2048): True, ("gfx1032", 4096): False, ("gfx942", 2048): True,
+                                       ("gfx942", 4096): True}
+    assert t.loc[("gfx1032", 4096), "invalid_reason"] == "rule violation: M above 100 rows per CU"

@@ -44,7 +44,7 @@ from ckpred.data.mapping import InputMapping, map_rows, op_flops
 from ckpred.data.readers import READERS, TABLE_READERS, FileRead, ReadContext, detect_format, detect_table_format
 from ckpred.data.readers.common import KernelResolver, Reject, RowBuffer
 from ckpred.data.readers.table_parquet import is_canonical
-from ckpred.data.table import conform, write_table
+from ckpred.data.table import conform
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.util import atomic_path
@@ -204,12 +204,13 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
         try:
             if table_reader:
                 raw = TABLE_READERS[file_fmt](path, ctx)
-                mapped = map_rows(raw, op, mapping, resolver, label=label, run_id=run_id or label)  # type: ignore[arg-type]
+                mapped = map_rows(raw, op, mapping, resolver,  # type: ignore[arg-type]
+                                  label=label, run_id=run_id or label)
                 frames.append(mapped.frame)
                 rejects += raw.rejects + mapped.rejects
             else:
                 read = READERS[file_fmt](path, ctx)
-                frames.append(_buffer_frame(read, op, run_id or label, label))
+                frames.append(read.frame if read.frame is not None else _buffer_frame(read, op, run_id or label, label))
                 rejects += read.rejects
                 if read.declared_records is not None and read.found_records is not None \
                         and read.found_records < read.declared_records:
@@ -276,6 +277,8 @@ def _reader_of(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefinit
     """
     if fmt != "auto" or mapping is None:
         return False, detect_format(path) if fmt == "auto" else fmt
+    if is_canonical(path):  # a table ingest wrote: read as it is, whatever the op's source format
+        return False, "parquet"
     if mapping.format != "auto":
         return mapping.format in TABLE_READERS, mapping.format
     ck_error: InputFileError | None = None
@@ -290,8 +293,6 @@ def _reader_of(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefinit
         if ck_error is not None:  # neither kind: the CK message names data.format
             raise ck_error from None
         raise
-    if table_fmt == "parquet" and is_canonical(path):
-        return False, "parquet"
     return table_fmt is not None, table_fmt
 
 
@@ -405,27 +406,51 @@ def _check_rules(rows: pd.DataFrame, op: OpDefinition, resolver: KernelResolver,
     codes = rows["kernel"].to_numpy()[idx]
     problems = rows.iloc[idx][list(op.problem_names)].reset_index(drop=True)
     kernel_rows = kernels.iloc[codes][list(op.kernel_names)].reset_index(drop=True)
+    # a table that gives each row its arch is judged with each arch's own constants
+    row_arch = (rows["arch"].to_numpy(dtype=object)[idx] if "arch" in rows.columns and "arch" not in op.problem_names
+                else np.full(len(idx), getattr(arch, "name", arch), dtype=object))
+    ok = np.ones(len(idx), dtype=bool)
+    why = np.full(len(idx), "", dtype=object)
     try:
-        with np.errstate(all="ignore"):
-            ok, why = op.validity(problems, kernel_rows, arch=arch, dtype=dtype, layout=layout)
-        ok = np.asarray(ok, dtype=bool)
+        for name in pd.unique(row_arch):
+            at = np.flatnonzero(row_arch == name)
+            with np.errstate(all="ignore"):
+                got, text = op.validity(problems.iloc[at].reset_index(drop=True),
+                                        kernel_rows.iloc[at].reset_index(drop=True),
+                                        arch=_arch_named(name, arch), dtype=dtype, layout=layout)
+            ok[at] = np.asarray(got, dtype=bool)
+            why[at] = np.asarray(text, dtype=object)
     except Exception:  # rules this run cannot evaluate: the measurements are kept as they are
         return rows
-    if ok.shape != idx.shape or ok.all():
+    if ok.all():
         return rows
-    problem_id = problems.groupby(list(op.problem_names), sort=False, dropna=False).ngroup().to_numpy()
+    problem_id = problems.assign(_arch=row_arch).groupby([*op.problem_names, "_arch"], sort=False,
+                                                         dropna=False).ngroup().to_numpy()
     runnable = np.bincount(problem_id, weights=ok.astype(np.float64), minlength=problem_id.max() + 1)
     dead = runnable[problem_id] == 0
     if not dead.any():
         return rows
     bad = idx[dead]
     reasons = rows["invalid_reason"].to_numpy(dtype=object).copy()
-    reasons[bad] = [f"rule violation: {w or 'the op rules out every kernel for this problem'}"
-                    for w in np.asarray(why, dtype=object)[dead]]
+    reasons[bad] = [f"rule violation: {w or 'the op rules out every kernel for this problem'}" for w in why[dead]]
     rows = rows.assign(invalid_reason=reasons)
     rows.loc[bad, "is_valid"] = False
     rows.loc[bad, "tflops"] = 0.0
     return rows
+
+
+def _arch_named(name: Any, run_arch: Any) -> Any:
+    """The arch config of a row's arch name: the run's when it is that one, else the packaged
+    config of that name, else the name alone (rules needing its constants are then not judged)."""
+    if name == getattr(run_arch, "name", run_arch):
+        return run_arch
+    from ckpred.errors import ConfigValueError as _Missing
+    from ckpred.schema import arch_config
+
+    try:
+        return arch_config(str(name))
+    except _Missing:
+        return name
 
 
 # -- merging -----------------------------------------------------------------------------------

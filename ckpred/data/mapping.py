@@ -129,6 +129,36 @@ class InputMapping:
         raise ConfigValueError("op.metric.unit", self.unit, allowed)
 
 
+def check_input_columns(columns: Mapping[str, Any], *, key: str = "op.input.columns") -> list[str]:
+    """Check an op's ``input.columns`` without a file: each source's form, each expression's
+    grammar, and the derived columns' order (returned); for compose-time validation.
+
+    A derived column that reads its own name reads the source column of that name
+    (``time: {expr: "time / 1000"}``); any other loop is a cycle.
+
+    Raises
+    ------
+    ckpred.errors.ConfigValueError
+        Naming ``<key>.<column>``: a source that is none of the three forms, an expression
+        outside the grammar, or a cycle of derived columns (``a -> b -> a``).
+    """
+    from ckpred import expressions
+
+    exprs = {}
+    for target, spec in columns.items():
+        spec = _plain(spec)
+        if isinstance(spec, str) and spec:
+            continue
+        if isinstance(spec, Mapping) and sorted(spec) in (["value"], ["expr"]):
+            if "expr" in spec:
+                exprs[str(target)] = expressions.parse(spec["expr"], key=f"{key}.{target}.expr")
+            continue
+        raise ConfigValueError(f"{key}.{target}", spec, "a source column name, {value: <constant>} or "
+                                                         "{expr: <expression>}")
+    own = {t for t, e in exprs.items() if t in e.names}
+    return expressions.topological_order(exprs, key=key, external=own)
+
+
 def _plain(value: Any) -> Any:
     try:
         from omegaconf import OmegaConf
@@ -385,20 +415,11 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
             kcodes, uniques = pd.factorize(keys)
             resolved = [resolver.resolve_fields(dict(zip(names, u if isinstance(u, tuple) else (u,))))
                         for u in uniques]
-            for j, i in enumerate(live):
-                r = resolved[kcodes[j]]
-                if isinstance(r, str):
-                    reject_reason[i] = r
-                else:
-                    codes[i] = r
+            _assign_codes(resolved, kcodes, live, codes, reject_reason)
     else:
-        names_col = column(Field("kernel_name", "category")).to_numpy(dtype=object)
-        for i in live:
-            r = resolver.resolve(names_col[i])
-            if isinstance(r, str):
-                reject_reason[i] = r
-            else:
-                codes[i] = r
+        names_col = column(Field("kernel_name", "category")).to_numpy(dtype=object)[live]
+        ncodes, unames = pd.factorize(pd.Series(names_col, dtype=object), use_na_sentinel=False)
+        _assign_codes([resolver.resolve(u) for u in unames], ncodes, live, codes, reject_reason)
 
     for h in headers:  # a per-row arch (dtype, layout) of the table: text, never empty
         out_h, ok, allowed = _typed(Field(h, "category"), values[h] if isinstance(values[h], pd.Series)
@@ -409,8 +430,9 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
         typed[h] = out_h
 
     keep = reject_reason == ""
-    rejects = [Reject(str(sources[i]), reject_reason[i], _row_text(raw.frame, int(i)))
-               for i in np.flatnonzero(~keep)]
+    bad = np.flatnonzero(~keep)
+    texts = _row_texts(raw.frame, bad)
+    rejects = [Reject(str(sources[i]), reject_reason[i], text) for i, text in zip(bad, texts)]
     idx = np.flatnonzero(keep)
     _check_hidden_fields(src, typed, codes, idx, op, label)
 
@@ -421,28 +443,21 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
     if mapping.valid_column:
         flags = values[mapping.valid_column]
         flags = flags.to_numpy(dtype=object) if isinstance(flags, pd.Series) else np.asarray(flags, dtype=object)
-        judged = {}
-        for j, i in enumerate(idx):
-            v = flags[i]
-            key_v = v if isinstance(v, (str, int, float, bool)) else repr(v)
-            if key_v not in judged:
-                t = truth(v, mapping.true_values, mapping.false_values)
-                judged[key_v] = ("" if t else
-                                 f"kernel failed: {mapping.valid_column}={_show(v)}" if t is False else
-                                 f"bad validity value: {mapping.valid_column}={_show(v)} is none of "
-                                 f"{list(mapping.true_values)} (valid) or {list(mapping.false_values)} (failed)")
-            reason[j] = judged[key_v]
-    number = np.full(len(idx), math.nan)
-    classes: dict[Any, tuple[str, float]] = {}
-    for j, i in enumerate(idx):
-        v = metric_raw[i]
-        key_v = v if isinstance(v, (str, int, float)) and not isinstance(v, bool) else repr(v)
-        if key_v not in classes:
-            classes[key_v] = _metric_class(v)
-        cls, num = classes[key_v]
-        number[j] = num * factor if cls == "ok" else num
-        if cls != "ok" and not reason[j]:
-            reason[j] = _metric_reason(cls, mapping.metric_column, v, num, mapping, target)
+        reason = _by_value(flags[idx], lambda v: (
+            "" if truth(v, mapping.true_values, mapping.false_values) else
+            f"kernel failed: {mapping.valid_column}={_show(v)}"
+            if truth(v, mapping.true_values, mapping.false_values) is False else
+            f"bad validity value: {mapping.valid_column}={_show(v)} is none of {list(mapping.true_values)} "
+            f"(valid) or {list(mapping.false_values)} (failed)"))
+    mcodes, muniques = pd.factorize(pd.Series(metric_raw[idx], dtype=object), use_na_sentinel=False)
+    judged = [_metric_class(v) for v in muniques]
+    ok_u = np.array([c == "ok" for c, _ in judged], dtype=bool)
+    num_u = np.array([num for _, num in judged], dtype=np.float64)
+    number = np.where(ok_u, num_u * factor, num_u)[mcodes] if len(idx) else np.zeros(0)
+    why_u = np.array(["" if c == "ok" else _metric_reason(c, mapping.metric_column, v, num, mapping, target)
+                      for v, (c, num) in zip(muniques, judged)] + [""], dtype=object)
+    why = why_u[mcodes] if len(idx) else np.zeros(0, dtype=object)
+    reason = np.where(reason == "", why, reason)
 
     out: dict[str, Any] = {name: typed[name][idx] for name in (*op.problem_names, *headers)}
     out["kernel"] = codes[idx]
@@ -471,12 +486,37 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
     return MappedRows(pd.DataFrame(out), rejects)
 
 
+def _by_value(values: np.ndarray, fn: Any) -> np.ndarray:
+    """``fn`` of each value, computed once per distinct value (object array)."""
+    codes, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=False)
+    out = np.empty(len(uniques), dtype=object)
+    out[:] = [fn(u) for u in uniques]
+    return out[codes] if len(values) else np.zeros(0, dtype=object)
+
+
+def _assign_codes(resolved: list[int | str], which: np.ndarray, rows: np.ndarray, codes: np.ndarray,
+                  reject_reason: np.ndarray) -> None:
+    """Kernel codes (or reject reasons) of ``rows`` from the resolution of their distinct kernels."""
+    if not len(rows):
+        return
+    failed_u = np.array([isinstance(r, str) for r in resolved], dtype=bool)
+    code_u = np.array([-1 if isinstance(r, str) else r for r in resolved], dtype=np.int64)
+    failed = failed_u[which]
+    codes[rows[~failed]] = code_u[which[~failed]]
+    reason_u = np.array([r if isinstance(r, str) else "" for r in resolved], dtype=object)
+    reject_reason[rows[failed]] = reason_u[which[failed]]
+
+
 def _show(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def _row_text(frame: pd.DataFrame, i: int) -> str:
-    return ",".join(f"{c}={v}" for c, v in zip(frame.columns, frame.iloc[i].tolist()))
+def _row_texts(frame: pd.DataFrame, rows: np.ndarray) -> list[str]:
+    """``column=value,...`` of each of ``rows`` (the raw record of a reject)."""
+    if not len(rows):
+        return []
+    columns = [(str(c), frame.iloc[:, j].to_numpy(dtype=object)[rows]) for j, c in enumerate(frame.columns)]
+    return [",".join(f"{c}={v[k]}" for c, v in columns) for k in range(len(rows))]
 
 
 def _check_hidden_fields(src: _Sources, typed: Mapping[str, np.ndarray], codes: np.ndarray, idx: np.ndarray,

@@ -40,7 +40,8 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
         columns = {c: frame[c].to_numpy() for c in frame.columns}
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise InputFileError(str(path), f"not a readable parquet file ({type(exc).__name__}: {exc})") from exc
-    required = ["op", "arch", "dtype", "layout", "kernel_name", "tflops", "latency_ms", "is_valid"]
+    required = [c for c in ("op", "arch", "dtype", "layout") if c not in op.problem_names]
+    required += ["kernel_name", "tflops", "latency_ms", "is_valid"]
     required += [f.name for f in op.problem_fields if f.default is None]
     missing = [c for c in required if c not in frame.columns]
     if missing:
@@ -54,7 +55,14 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
         for i in np.flatnonzero(bad & (reason == "")):
             reason[i] = text(int(i))
 
+    from ckpred.data.mapping import ROW_HEADERS, InputMapping, _typed
+
+    mapping = InputMapping.of_op(op)
+    mapped = dict(mapping.columns) if mapping is not None else {}
+    per_row = [h for h in ROW_HEADERS if h in mapped and h not in op.problem_names and h in columns]
     for key, expected in (("op", op.name), ("arch", ctx.arch), ("dtype", ctx.dtype), ("layout", ctx.layout)):
+        if key in op.problem_names or key in per_row:
+            continue  # the row's own value
         column = columns[key]
         mark(np.asarray(column != expected, dtype=bool),
              lambda i, key=key, column=column, expected=expected:
@@ -66,8 +74,18 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
     codes = code_of[name_codes]  # factorize marks a missing name -1, which indexes the trailing -1
     mark(codes < 0, lambda i: resolved[name_codes[i]] if name_codes[i] >= 0  # type: ignore[return-value]
          else f"missing kernel name: got {names[i]!r}")
+    typed: dict[str, np.ndarray] = {}
+    if per_row or any(f.kind not in ("int", "bool") for f in op.problem_fields):
+        for f in op.problem_fields:
+            values = pd.Series(columns[f.name] if f.name in columns else [f.default] * n, dtype=object)
+            out, ok, allowed = _typed(f, values)
+            mark(~ok, lambda i, f=f, values=values, allowed=allowed:
+                 f"bad problem field: {f.name}={values.iloc[i]!r} is not {allowed}")
+            typed[f.name] = out
+        for h in per_row:
+            typed[h] = np.asarray(columns[h], dtype=object)
     problem = []
-    for f in op.problem_fields:
+    for f in op.problem_fields if not typed else ():
         if f.name not in columns:
             problem.append(np.full(n, int(f.default), dtype=np.int64))
             continue
@@ -78,6 +96,9 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
     keep = reason == ""
     rejects = [Reject(f"{ctx.label}:row {i + 1}", reason[i], _row_text(columns, int(i)))
                for i in np.flatnonzero(~keep)]
+    if typed:  # an op with text or float problem fields, or per-row headers: rows as a frame
+        return FileRead(RowBuffer(op.problem_names), rejects, frame=_frame(columns, np.flatnonzero(keep), codes,
+                                                                           typed, per_row, ctx))
 
     idx = np.flatnonzero(keep)
     # The table was checked when it was made, against the precision of its source (a log's
@@ -101,6 +122,34 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
     texts = _strings(columns.get("invalid_reason"), idx, np.full(len(idx), "invalid in source table", dtype=object))
     rows.reasons = {int(j): texts[j] for j in np.flatnonzero(~valid)}
     return FileRead(rows, rejects)
+
+
+def _frame(columns: dict[str, np.ndarray], idx: np.ndarray, codes: np.ndarray, typed: dict[str, np.ndarray],
+           per_row: list[str], ctx: ReadContext) -> pd.DataFrame:
+    """The kept rows as the ingest row frame (text/float problem fields, per-row arch...)."""
+    n = len(idx)
+    out: dict[str, object] = {name: values[idx] for name, values in typed.items()}
+    out["kernel"] = codes[idx]
+    out["tflops"] = _floats(columns["tflops"])[idx]
+    out["latency_ms"] = _floats(columns["latency_ms"])[idx]
+    out["bandwidth_gbs"] = _floats(columns["bandwidth_gbs"])[idx] if "bandwidth_gbs" in columns else np.full(n, np.nan)
+    valid = np.asarray(columns["is_valid"]).astype(bool)[idx]
+    texts = np.asarray(_strings(columns.get("invalid_reason"), idx, np.full(n, "invalid in source table",
+                                                                          dtype=object)), dtype=object)
+    out["invalid_reason"] = np.where(valid, "", texts)
+    labels = (f"{ctx.label}:row " + pd.Series(idx + 1).astype(str)).to_numpy(dtype=object)
+    out["source"] = np.asarray(_strings(columns.get("source"), idx, labels), dtype=object)
+    out["run_id"] = np.asarray(_strings(columns.get("run_id"), idx, np.full(n, "", dtype=object)), dtype=object)
+    repeats, ok = _ints(columns["repeats"]) if "repeats" in columns else (np.ones(len(codes), np.int64),
+                                                                          np.ones(len(codes), bool))
+    out["repeats"] = np.where(ok & (repeats > 0), repeats, 1)[idx]
+    out["spread"] = _floats(columns["spread"])[idx] if "spread" in columns else np.full(n, np.nan)
+    # judged at ingestion against the source's precision (see the module docstring)
+    out["quantum_ms"] = np.full(n, math.inf)
+    out["quantum_tflops"] = np.full(n, math.inf)
+    # a canonical table of an op without FLOPs may hold an unknown latency (NaN) on valid rows
+    out["latency_known"] = ~np.isnan(np.asarray(out["latency_ms"], dtype=np.float64)) | ~valid
+    return pd.DataFrame(out)
 
 
 def _array(typecode: str, values: np.ndarray) -> array:

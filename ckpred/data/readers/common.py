@@ -305,6 +305,9 @@ class FileRead:
     #: many record objects were found; a shortfall is a truncated file, reported by ingest.
     declared_records: int | None = None
     found_records: int | None = None
+    #: Rows already as the ingest row frame (instead of ``rows``), for readers of tables whose
+    #: problem fields are not all integers.
+    frame: pd.DataFrame | None = None
 
 
 @dataclass

@@ -17,7 +17,8 @@ gets ``time`` empty and the string in ``status``; a measured one has ``status`` 
 ``gpu`` is the last word of ``device_name``; where the cache leaves ``device_name`` empty (it
 does on some GPUs), the last ``_``-separated word of the file name (caches are stored as
 ``<GPU>.json.gz``). ``arch`` is the packaged arch config whose product is that GPU
-(:func:`~.common.arch_for_device`; empty when none is). An entry whose tunable parameters disagree with its cache key is rejected
+(:func:`~.common.arch_for_device`; empty when none is). An entry whose tunable parameters
+disagree with its cache key is rejected
 (``config mismatch``).
 
 A truncated or damaged file keeps the entries before the damage: the cache is decoded entry by
