@@ -315,6 +315,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     ("problem.m=-5", "config key 'problem.m' has invalid value -5; allowed: an integer in [1, 9223372036854775807]"),
     ("problem.m=9223372036854775808", "config key 'problem.m' has invalid value 9223372036854775808"),
     ("threads=100000", "config key 'threads' has invalid value 100000"),
+    ("+problem.q=4", "config key 'problem.q' has invalid value 4; allowed: a field of op 'gemm_universal'"),
 ])
 def test_select_cli_refuses_bad_values_in_one_line(export, tmp_path, override, text) -> None:
     base = {"problem.m": "128", "problem.n": "1536", "problem.k": "7168"}
