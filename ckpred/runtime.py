@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +96,9 @@ def _metadata(model_path: Path) -> dict[str, str]:
     except Exception as exc:  # protobuf DecodeError and friends: the file is no ONNX model
         raise ModelMismatchError(f"{model_path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
     return {p.key: p.value for p in model.metadata_props}
+
+
+_DECIMAL = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
 def _check_int(key: str, value: Any, lo: int, hi: int = mf.INT64_MAX) -> int:
@@ -317,11 +321,10 @@ class KernelSelector:
                 return spec["categories"].index(value)
             raise ConfigValueError(key, value, f"one of {spec['categories']}")
         lo = int(self._minimum.get(name, 0))
-        if isinstance(value, str):  # a shape typed as text ("128") is fine; "1.5" or "x" is not
-            try:
-                value = int(value.strip(), 10)
-            except ValueError:
-                raise ConfigValueError(key, value, f"an integer in [{lo}, {mf.INT64_MAX}]") from None
+        if isinstance(value, str):  # decimal text ("128") is fine, as in the C++ selector; "1.5", "1_0", "x" are not
+            if not _DECIMAL.fullmatch(value.strip(" \t\r\n")):
+                raise ConfigValueError(key, value, f"an integer in [{lo}, {mf.INT64_MAX}]")
+            value = int(value.strip(" \t\r\n"))
         return _check_int(key, value, lo)
 
     def select(self, *values: Any, top_k: int = 5, **fields: Any) -> Selection:
