@@ -4,11 +4,15 @@
 >>> choice = sel.select(128, 1536, 7168, top_k=5)       # or sel.select(m=128, n=1536, k=7168)
 >>> choice.kernels[0], choice.scores[0], choice.out_of_distribution
 
-:meth:`KernelSelector.load` reads ``manifest.json``, checks the sha256 of every ``.onnx`` it
-lists, checks that the manifest inside the model's metadata is the one beside it, that the
-requested arch/dtype/layout match, and that the catalogue in the manifest is the one this
-ckpred's op definition enumerates for that arch/dtype/layout (or the one passed in). Any
-difference raises :class:`ckpred.errors.ModelMismatchError` naming it.
+:meth:`KernelSelector.load` reads ``manifest.json`` and checks its structure
+(:func:`ckpred.export.manifest.check_manifest`), that the requested op/arch/dtype/layout match,
+the sha256 of every ``.onnx`` it lists, that the manifest inside the model's metadata is the one
+beside it, that the catalogue rows hash to the recorded hash, that the catalogue is the one this
+ckpred's op definition enumerates for that arch/dtype/layout (or the one passed in), and that
+the graph ranks exactly the manifest's candidates. The C++ selector (``scripts/cpp``) runs the
+same checks in the same order. Any difference raises :class:`ckpred.errors.ModelMismatchError`
+naming it; a malformed manifest (not UTF-8, not JSON, a missing key, a wrong type) or model
+file (not ONNX) too.
 
 :meth:`KernelSelector.select` runs the selector graph (``model.onnx``: problem -> top-k
 kernel ids, scores, number of valid kernels). A problem for which no kernel is valid (the
@@ -20,7 +24,7 @@ ranges concerned. Answers are cached per (problem, top_k) in a bounded LRU cache
 Arguments are checked, not coerced: a problem value must be an integer (``True`` and ``2.5`` are
 refused) within int64 and at least the field's minimum (0 or 1, recorded at export; negative
 values are always refused), ``top_k`` an integer in [1, 2^63-1], ``threads`` an integer in
-[1, ``os.cpu_count()``]. Each refusal is a :class:`ckpred.errors.ConfigValueError` naming the
+[1, :func:`max_threads`] (the CPUs this process may run on). Each refusal is a :class:`ckpred.errors.ConfigValueError` naming the
 argument (``problem.m``), the value and what is allowed. A symlinked export directory is read
 through its link; the files' sha256 are what is trusted, not their paths.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +100,9 @@ def _metadata(model_path: Path) -> dict[str, str]:
     except Exception as exc:  # protobuf DecodeError and friends: the file is no ONNX model
         raise ModelMismatchError(f"{model_path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
     return {p.key: p.value for p in model.metadata_props}
+
+
+_DECIMAL = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
 def _check_int(key: str, value: Any, lo: int, hi: int = mf.INT64_MAX) -> int:
@@ -317,11 +325,10 @@ class KernelSelector:
                 return spec["categories"].index(value)
             raise ConfigValueError(key, value, f"one of {spec['categories']}")
         lo = int(self._minimum.get(name, 0))
-        if isinstance(value, str):  # a shape typed as text ("128") is fine; "1.5" or "x" is not
-            try:
-                value = int(value.strip(), 10)
-            except ValueError:
-                raise ConfigValueError(key, value, f"an integer in [{lo}, {mf.INT64_MAX}]") from None
+        if isinstance(value, str):  # decimal text ("128") is fine, as in the C++ selector; "1.5", "1_0", "x" are not
+            if not _DECIMAL.fullmatch(value.strip(" \t\r\n")):
+                raise ConfigValueError(key, value, f"an integer in [{lo}, {mf.INT64_MAX}]")
+            value = int(value.strip(" \t\r\n"))
         return _check_int(key, value, lo)
 
     def select(self, *values: Any, top_k: int = 5, **fields: Any) -> Selection:

@@ -123,3 +123,20 @@ def test_malformed_manifests_are_refused_like_python_never_aborting(binary, expo
     assert (out.returncode == 0) == python_ok, out.stderr
     if out.returncode:
         assert _one_line(out.stderr).startswith("ckpred_select: model refused: ")
+
+
+shape_text = st.text(alphabet="0123456789-+,=mnkq_ .eE\t", max_size=30)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=shape_text)
+def test_any_shape_text_is_answered_or_refused_in_one_line(binary, export, selector, shape) -> None:  # noqa: F811
+    out = _run(binary, export, shape)
+    assert out.returncode in (0, 2), out.stderr
+    if out.returncode:
+        assert _one_line(out.stderr).startswith("ckpred_select: ")
+    else:  # accepted: the same answer as the Python runtime for the parsed problem
+        for line in out.stdout.splitlines():
+            got = json.loads(line)
+            want = selector.select(got["problem"], top_k=5).to_dict()
+            assert [k["id"] for k in got["kernels"]] == [k["id"] for k in want["kernels"]]

@@ -251,6 +251,8 @@ def test_wrong_arch_dtype_op_is_refused(export, kwargs, text) -> None:
     ({"m": 1.5}, "problem.m", "an integer in [1,"),
     ({"m": 128.0}, "problem.m", "an integer in [1,"),
     ({"m": "12x"}, "problem.m", "an integer in [1,"),
+    ({"m": "1_000"}, "problem.m", "an integer in [1,"),
+    ({"m": "\u0661\u0662"}, "problem.m", "an integer in [1,"),  # Arabic-Indic digits: int() reads them, C++ does not
     ({"m": None}, "problem.m", "an integer in [1,"),
     ({"m": 2**63}, "problem.m", "an integer in [1, 9223372036854775807]"),
     ({"m": -5}, "problem.m", "an integer in [1,"),
@@ -315,6 +317,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     ("problem.m=-5", "config key 'problem.m' has invalid value -5; allowed: an integer in [1, 9223372036854775807]"),
     ("problem.m=9223372036854775808", "config key 'problem.m' has invalid value 9223372036854775808"),
     ("threads=100000", "config key 'threads' has invalid value 100000"),
+    ("+problem.q=4", "config key 'problem.q' has invalid value 4; allowed: a field of op 'gemm_universal'"),
 ])
 def test_select_cli_refuses_bad_values_in_one_line(export, tmp_path, override, text) -> None:
     base = {"problem.m": "128", "problem.n": "1536", "problem.k": "7168"}
@@ -402,3 +405,21 @@ def test_malformed_manifests_give_a_named_error_never_another_exception(export, 
     else:  # only a change outside what the model embeds (the files' list) can load, and it answers the same
         assert {k: v for k, v in man.items() if k != "files"} == {k: v for k, v in base.items() if k != "files"}
         assert sel.select(128, 1536, 7168) == selector.select(128, 1536, 7168)
+
+
+# -- structured fuzz over problems -------------------------------------------------------------------
+problem_values = (st.integers(min_value=-(2**70), max_value=2**70) | st.integers(min_value=0, max_value=20000)
+                  | st.floats() | st.booleans() | st.none() | st.text(max_size=6)
+                  | st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(m=problem_values, n=problem_values, top_k=problem_values)
+def test_any_problem_value_is_answered_or_refused_by_name(selector, m, n, top_k) -> None:
+    try:
+        answer = selector.select(m=m, n=n, k=7168, top_k=top_k)
+    except ConfigValueError as exc:
+        assert exc.key in ("problem.m", "problem.n", "top_k") and "\n" not in str(exc)
+    else:
+        assert answer.problem["m"] == int(m) and answer.ok == bool(answer.kernels)
+        assert 1 <= answer.problem["m"] < 2**63 and 1 <= answer.problem["n"] < 2**63

@@ -2,15 +2,18 @@
 
 The manifest binds the ``.onnx`` files to what they were made for and from: op, arch, dtype,
 layout, opset, the graphs' input/output names and order, the kernel catalogue (id -> name and
-fields) with its hash, feature names, target transform, the training data's hash and the
-problem ranges seen in training, CV metrics when known, package versions and the sha256 of
-every ``.onnx``. The same content (minus the file hashes, which cannot name themselves) is
+fields) with its hash, feature names, target transform, the training data's hash, the
+problem ranges seen in training and each problem field's minimum, CV metrics when known,
+package versions and the sha256 of every ``.onnx``. The same content (minus the file hashes, which cannot name themselves) is
 written into each model's ``metadata_props`` under ``ckpred.manifest``.
 
 An export directory is written next to its final place and swapped in with one atomic
 ``renameat2(RENAME_EXCHANGE)`` (or, where the filesystem lacks it, two renames), so readers see
 either the previous complete export or the new complete one; an interrupted export leaves the
 previous one untouched and removes its temporary directory.
+
+Reading is strict (:func:`read_manifest`, :func:`check_manifest`): both runtimes refuse a
+manifest whose keys they read are missing or of the wrong type, naming the key.
 """
 
 from __future__ import annotations

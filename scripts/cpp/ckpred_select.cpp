@@ -195,9 +195,14 @@ class Selector {
     } catch (const json::Error& e) {
       throw ModelError(where + ": not valid JSON (" + e.what() + ")");
     }
-    json::Value body = man_.doc;
-    body.o.erase("files");
-    if (!json::equal(embedded, body))
+    // manifest.json minus "files" == embedded, compared key by key (no copy of the manifest)
+    bool same = embedded.is_object() && embedded.o.size() + (man_.doc.has("files") ? 1 : 0) == man_.doc.o.size();
+    for (auto it = man_.doc.o.begin(); same && it != man_.doc.o.end(); ++it) {
+      if (it->first == "files") continue;
+      auto e = embedded.o.find(it->first);
+      same = e != embedded.o.end() && json::equal(e->second, it->second);
+    }
+    if (!same)
       throw ModelError(man_.path + " does not match the manifest embedded in " + man_.selector_file +
                        " (manifest edited, or files from different exports?)");
   }
