@@ -544,16 +544,17 @@ class ResultStore:
     def refresh(self) -> None:
         """Read what other processes appended since the last read (all of it after a compaction)."""
         try:
-            st = os.stat(self.path)
+            fh = open(self.path, "rb")
         except FileNotFoundError:
             self._index, self._lines, self._offset, self._ino = {}, 0, 0, None
             return
-        ino = (st.st_dev, st.st_ino)
-        if ino != self._ino or st.st_size < self._offset:
-            self._index, self._lines, self._offset, self._ino = {}, 0, 0, ino
-        if st.st_size == self._offset:
-            return
-        with open(self.path, "rb") as fh:
+        with fh:  # identity and size of the file actually opened (a compaction may replace it)
+            st = os.fstat(fh.fileno())
+            ino = (st.st_dev, st.st_ino)
+            if ino != self._ino or st.st_size < self._offset:
+                self._index, self._lines, self._offset, self._ino = {}, 0, 0, ino
+            if st.st_size == self._offset:
+                return
             fh.seek(self._offset)
             data = fh.read()
         end = data.rfind(b"\n") + 1  # complete lines only; a line being written is read next time

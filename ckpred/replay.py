@@ -227,11 +227,13 @@ def replay_table(data: ReplayData, policies: Sequence[at.Budget], *, calibration
 
 def markdown(table: pd.DataFrame, title: str = "") -> str:
     """The replay table as markdown (efficiencies in %)."""
-    head = ["policy", "order", "benchmarks / problem", "mean %", "P10 %", "min %"]
+    extra = [c for c in table.columns if c not in ("policy", "order", "problems", "benchmarks", "mean", "p10", "min")]
+    head = ["policy", *extra, "order", "benchmarks / problem", "mean %", "P10 %", "min %"]
     lines = ([f"**{title}**", ""] if title else []) + ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in table.itertuples():
-        lines.append(f"| {r.policy} | {r.order} | {r.benchmarks:.2f} | {100 * r.mean:.2f} | {100 * r.p10:.2f} | "
-                     f"{100 * r.min:.2f} |")
+    for r in table.to_dict("records"):
+        cells = [r["policy"], *(str(r[c]) for c in extra), r["order"], f"{r['benchmarks']:.2f}",
+                 f"{100 * r['mean']:.2f}", f"{100 * r['p10']:.2f}", f"{100 * r['min']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
