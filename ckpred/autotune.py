@@ -344,8 +344,9 @@ class Confidence(Budget):
         if self.calibration is not None:
             return self
         if calibration is None:
-            raise AutotuneError(f"{where}: no autotune calibration (export the model from a train run, whose "
-                                "out-of-fold predictions calibrate it), and Confidence(calibration=...) not given")
+            raise AutotuneError(f"{where}: no autotune calibration in the manifest (export from a train run, "
+                                "`export run_dir=<run> select=full` or `select=pruned`, whose out-of-fold scores "
+                                "calibrate it), and Confidence(calibration=...) not given")
         return Confidence(self.target, self.within, calibration, self.max_benchmarks)
 
     def planned(self, scores: Sequence[float]) -> int:
