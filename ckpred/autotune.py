@@ -506,7 +506,7 @@ class ResultStore:
     Parameters
     ----------
     path : path
-        The JSON-lines file (created on first write; its directory too).
+        The JSON-lines file (created on first write, its directory too; ``~`` is expanded).
     max_entries : int, default=10000
         Keys kept by compaction (newest first).
     """
@@ -514,7 +514,7 @@ class ResultStore:
     def __init__(self, path: str | Path, *, max_entries: int = 10000) -> None:
         if int(max_entries) < 1:
             raise AutotuneError(f"ResultStore.max_entries={max_entries!r}; allowed: an integer >= 1")
-        self.path = Path(path)
+        self.path = Path(path).expanduser()
         self.max_entries = int(max_entries)
         self.skipped_lines = 0
         self._index: dict[tuple[str, str, str], dict[str, Any]] = {}
