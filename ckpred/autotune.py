@@ -344,8 +344,9 @@ class Confidence(Budget):
         if self.calibration is not None:
             return self
         if calibration is None:
-            raise AutotuneError(f"{where}: no autotune calibration (export the model from a train run, whose "
-                                "out-of-fold predictions calibrate it), and Confidence(calibration=...) not given")
+            raise AutotuneError(f"{where}: no autotune calibration in the manifest (export from a train run, "
+                                "`export run_dir=<run> select=full` or `select=pruned`, whose out-of-fold scores "
+                                "calibrate it), and Confidence(calibration=...) not given")
         return Confidence(self.target, self.within, calibration, self.max_benchmarks)
 
     def planned(self, scores: Sequence[float]) -> int:
@@ -505,7 +506,7 @@ class ResultStore:
     Parameters
     ----------
     path : path
-        The JSON-lines file (created on first write; its directory too).
+        The JSON-lines file (created on first write, its directory too; ``~`` is expanded).
     max_entries : int, default=10000
         Keys kept by compaction (newest first).
     """
@@ -513,7 +514,7 @@ class ResultStore:
     def __init__(self, path: str | Path, *, max_entries: int = 10000) -> None:
         if int(max_entries) < 1:
             raise AutotuneError(f"ResultStore.max_entries={max_entries!r}; allowed: an integer >= 1")
-        self.path = Path(path)
+        self.path = Path(path).expanduser()
         self.max_entries = int(max_entries)
         self.skipped_lines = 0
         self._index: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -544,16 +545,17 @@ class ResultStore:
     def refresh(self) -> None:
         """Read what other processes appended since the last read (all of it after a compaction)."""
         try:
-            st = os.stat(self.path)
+            fh = open(self.path, "rb")
         except FileNotFoundError:
             self._index, self._lines, self._offset, self._ino = {}, 0, 0, None
             return
-        ino = (st.st_dev, st.st_ino)
-        if ino != self._ino or st.st_size < self._offset:
-            self._index, self._lines, self._offset, self._ino = {}, 0, 0, ino
-        if st.st_size == self._offset:
-            return
-        with open(self.path, "rb") as fh:
+        with fh:  # identity and size of the file actually opened (a compaction may replace it)
+            st = os.fstat(fh.fileno())
+            ino = (st.st_dev, st.st_ino)
+            if ino != self._ino or st.st_size < self._offset:
+                self._index, self._lines, self._offset, self._ino = {}, 0, 0, ino
+            if st.st_size == self._offset:
+                return
             fh.seek(self._offset)
             data = fh.read()
         end = data.rfind(b"\n") + 1  # complete lines only; a line being written is read next time

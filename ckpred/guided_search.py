@@ -9,7 +9,8 @@ and measure the next. :func:`guided_search` does this with
   tunable parameters, trained on the source GPUs' complete measurements;
 * after every measurement, a kernel-weighted correction: each configuration's prediction is
   shifted by the Gaussian-weighted mean residual (measured log time minus prediction, centred
-  by their median) of the measured configurations near it in standardised parameter space,
+  by their median) of the measured configurations near it in standardised parameter space
+  (sizes on a log2 scale),
   shrunk towards zero by a unit pseudo-weight, so a region that ran faster than predicted is
   promoted and one that ran slower is demoted; failed configurations push their neighbours
   down the list.
@@ -20,8 +21,6 @@ within a tolerance of the best, the figure random search is compared on.
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -33,19 +32,27 @@ __all__ = ["read_cache", "guided_search", "evaluations_to_reach", "random_evalua
 
 def read_cache(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
     """A Kernel Tuner cache (``.json`` or ``.json.gz``) as a frame: the tunable parameters that
-    vary, ``time`` in ms (NaN for failed configurations), indexed by the cache key."""
+    vary, ``time`` in ms (NaN for failed configurations), indexed by the cache key.
+
+    Parsing is :mod:`ckpred.data.readers.kernel_tuner`'s; a rejected entry (damaged file,
+    parameters that disagree with their key) raises instead of leaving a hole in the search space.
+    """
+    from ckpred.data.readers import kernel_tuner
+    from ckpred.data.readers.common import ReadContext
     from ckpred.errors import InputFileError
 
     path = Path(path)
-    try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as fh:
-            doc = json.load(fh)
-        keys, cache = list(doc["tune_params_keys"]), doc["cache"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise InputFileError(str(path), f"not a Kernel Tuner cache ({exc!r}); need tune_params_keys and cache") from exc
-    frame = pd.DataFrame.from_dict(cache, orient="index")
-    frame["time"] = pd.to_numeric(frame["time"], errors="coerce")  # failed configs hold a string
+    # The table reader uses only the label; op, kernel resolver and kinds belong to ingestion.
+    ctx = ReadContext(op=None, resolver=None, dtype="", layout="", arch="", label=str(path))  # type: ignore[arg-type]
+    raw = kernel_tuner.read(path, ctx)
+    if raw.rejects:
+        first = raw.rejects[0]
+        raise InputFileError(str(path), f"{len(raw.rejects)} cache entries rejected, first at {first.source}: "
+                                        f"{first.reason}")
+    frame = raw.frame.set_index("config")
+    frame["time"] = pd.to_numeric(frame["time"], errors="coerce")  # failed configs: empty time, status set
+    text = kernel_tuner._text(path)
+    keys = kernel_tuner._header(text, text.find('"cache"'), path)["tune_params_keys"]
     varying = [k for k in keys if frame[k].nunique() > 1]
     return frame[[*varying, "time"]].sort_index(), varying
 
@@ -61,13 +68,25 @@ def source_model(params: np.ndarray, times: Sequence[np.ndarray], *, seed: int =
     X = np.vstack([params] * len(times))
     y = np.concatenate([_relative_log_time(t) for t in times])
     ok = np.isfinite(y)
-    model = lgb.LGBMRegressor(n_estimators=300, num_leaves=15, learning_rate=0.05, min_child_samples=5,
+    # Every configuration of the space is in the training data: the model should reproduce the
+    # sources closely (deep trees, small leaves), not smooth over the few fast configurations.
+    model = lgb.LGBMRegressor(n_estimators=1000, num_leaves=63, learning_rate=0.05, min_child_samples=2,
                               random_state=seed, n_jobs=1, verbose=-1)
     return model.fit(X[ok], y[ok])
 
 
+def _standardised(params: np.ndarray) -> np.ndarray:
+    """Distances for the correction: all-positive parameters (sizes) on a log2 scale, so 1 -> 2
+    is as far as 8 -> 16; flags as they are; then every column to unit variance."""
+    x = np.asarray(params, dtype=float).copy()
+    positive = (x > 0).all(axis=0)
+    x[:, positive] = np.log2(x[:, positive])
+    std = x.std(0)
+    return (x - x.mean(0)) / np.where(std > 0, std, 1.0)
+
+
 def guided_search(params: np.ndarray, prior: np.ndarray, measure: Any, budget: int, *,
-                  bandwidth: float = 1.0, adapt: bool = True) -> list[int]:
+                  bandwidth: float = 2.0, adapt: bool = True) -> list[int]:
     """Measure ``budget`` configurations, best-predicted first, re-ranking after each one.
 
     Parameters
@@ -81,7 +100,7 @@ def guided_search(params: np.ndarray, prior: np.ndarray, measure: Any, budget: i
     budget : int
         Measurements to make.
     bandwidth : float
-        Kernel width in standardised parameter units.
+        Kernel width in standardised parameter units (see :func:`_standardised`).
     adapt : bool
         False: measure in the prior's order only (no re-ranking).
 
@@ -90,7 +109,7 @@ def guided_search(params: np.ndarray, prior: np.ndarray, measure: Any, budget: i
     list of int
         Configuration indices in the order measured.
     """
-    z = (params - params.mean(0)) / np.where(params.std(0) > 0, params.std(0), 1.0)
+    z = _standardised(params)
     score = np.asarray(prior, dtype=float).copy()
     measured: list[int] = []
     times: list[float] = []

@@ -227,38 +227,48 @@ def replay_table(data: ReplayData, policies: Sequence[at.Budget], *, calibration
 
 def markdown(table: pd.DataFrame, title: str = "") -> str:
     """The replay table as markdown (efficiencies in %)."""
-    head = ["policy", "order", "benchmarks / problem", "mean %", "P10 %", "min %"]
+    extra = [c for c in table.columns if c not in ("policy", "order", "problems", "benchmarks", "mean", "p10", "min")]
+    head = ["policy", *extra, "order", "benchmarks / problem", "mean %", "P10 %", "min %"]
     lines = ([f"**{title}**", ""] if title else []) + ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in table.itertuples():
-        lines.append(f"| {r.policy} | {r.order} | {r.benchmarks:.2f} | {100 * r.mean:.2f} | {100 * r.p10:.2f} | "
-                     f"{100 * r.min:.2f} |")
+    for r in table.to_dict("records"):
+        cells = [r["policy"], *(str(r[c]) for c in extra), r["order"], f"{r['benchmarks']:.2f}",
+                 f"{100 * r['mean']:.2f}", f"{100 * r['p10']:.2f}", f"{100 * r['min']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def plot_curves(tables: dict[str, pd.DataFrame], path: str | Path) -> None:
-    """Mean and min efficiency against benchmarks per problem: one panel per table, a line per
-    (policy family, order)."""
+    """Mean (top row) and min (bottom row) efficiency against benchmarks per problem, one column
+    per table: a line per (budget family, order), the hindsight bound as stars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(tables), figsize=(6 * len(tables), 4.5), squeeze=False)
-    for ax, (name, table) in zip(axes[0], tables.items()):
+    fig, axes = plt.subplots(2, len(tables), figsize=(6.5 * len(tables), 8), squeeze=False)
+    colours: dict[str, Any] = {}
+    for col, (name, table) in enumerate(tables.items()):
         family = table["policy"].str.extract(r"^(\w+)")[0]
         for (fam, order), part in table.assign(family=family).groupby(["family", "order"], sort=False):
             part = part.sort_values("benchmarks")
-            style = "-" if order == "model" else ":"
-            line, = ax.plot(part["benchmarks"], 100 * part["mean"], style, marker="o", label=f"{fam}, {order} order, mean")
-            ax.plot(part["benchmarks"], 100 * part["min"], style, marker="x", color=line.get_color(), alpha=0.5,
-                    label=f"{fam}, {order} order, min")
-        ax.set_xlabel("benchmarks per problem (mean)")
-        ax.set_ylabel("efficiency of the measured winner, %")
-        ax.set_title(name)
-        ax.set_ylim(top=100.5)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+            colour = colours.setdefault(fam, f"C{len(colours)}")
+            for row, metric in enumerate(("mean", "min")):
+                ax = axes[row][col]
+                if fam == "hindsight":
+                    ax.plot(part["benchmarks"], 100 * part[metric], "*", ms=12, color=colour,
+                            label="hindsight bound (model order)")
+                else:
+                    ax.plot(part["benchmarks"], 100 * part[metric], "-" if order == "model" else ":", marker="o",
+                            color=colour, label=f"{fam}, {order} order")
+        for row, metric in enumerate(("mean", "min")):
+            ax = axes[row][col]
+            ax.set_xlabel("benchmarks per problem (mean)")
+            ax.set_ylabel(f"{metric} efficiency of the measured winner, %")
+            ax.set_title(f"{name}: {metric}")
+            ax.set_ylim(top=100.5)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     parser.add_argument("--budget", type=int, default=200, help="measurements per held-out GPU")
-    parser.add_argument("--bandwidth", type=float, default=1.0)
+    parser.add_argument("--bandwidth", type=float, default=2.0)
     args = parser.parse_args(argv)
     files = {g: args.data_dir / f"convolution_milo_{g}.json.gz" for g in GPUS}
     if not all(f.is_file() for f in files.values()):

@@ -348,8 +348,14 @@ class ResultStore {
   struct Lock {
     int fd;
     explicit Lock(const std::string& p) : fd(::open(p.c_str(), O_RDWR | O_CREAT, 0644)) {
-      if (fd < 0 || ::flock(fd, LOCK_EX) != 0) throw Error("cannot lock " + p);
+      if (fd < 0) throw Error("cannot open lock file " + p);
+      if (::flock(fd, LOCK_EX) != 0) {
+        ::close(fd);
+        throw Error("cannot lock " + p);
+      }
     }
+    Lock(const Lock&) = delete;
+    Lock& operator=(const Lock&) = delete;
     ~Lock() { ::close(fd); }
   };
 
