@@ -71,6 +71,7 @@ VARIANTS: dict[str, list[str]] = {
     "xendcg_e05": [*RANKER, "model.n_estimators=100", "model.relevance_exponent=0.5", "model.objective=rank_xendcg"],
     "xendcg_e3": [*RANKER, "model.n_estimators=100", "model.relevance_exponent=3", "model.objective=rank_xendcg"],
     "rank_e1_50": [*RANKER, "model.n_estimators=50", "model.relevance_exponent=1"],
+    "rank_e1_50_q256": [*RANKER, "model.n_estimators=50", "model.relevance_exponent=1", "model.max_rows_per_query=256"],
     "rank_e1_es": [*RANKER, "model.n_estimators=300", "model.relevance_exponent=1", "model.early_stopping_rounds=20"],
     "rank_e1_200": [*RANKER, "model.n_estimators=200", "model.relevance_exponent=1"],
     "rank_e1_400": [*RANKER, "model.n_estimators=400", "model.relevance_exponent=1"],
