@@ -557,8 +557,9 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
     cols = [("mean", "mean"), ("p10", "P10"), ("p50", "P50"), ("min", "min"), ("top1", "top1"),
             ("top5", "top5"), ("efficiency@5", "eff@5"), ("efficiency@20", "eff@20"), ("ndcg@10", "ndcg@10"),
             ("failed_pick", "failed"), ("fallback_efficiency", "w/ fallback")]
-    table = Table(title=f"efficiency on {heading}, % (chosen kernel / best kernel); failed = failed-pick rate, "
-                        f"w/ fallback = mean efficiency when a failed pick falls back to the next-ranked kernel")
+    table = Table(title=f"efficiency on {heading}, %",
+                  caption="efficiency = chosen kernel / best kernel; failed = failed-pick rate; w/ fallback = "
+                          "efficiency when a failed pick falls back to the next-ranked kernel")
     table.add_column("method")
     for _, title in cols:
         table.add_column(title, justify="right")
@@ -609,6 +610,8 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
     for method, why in skipped.items():
         console.print(f"{method}: {why}")
     fits = [f"{m} {timings[f'{m}_s']:.1f}s" for m in METHODS if f"{m}_s" in timings]
+    if timings.get("plain_s") and "model_s" in timings:
+        fits.append(f"model / plain {timings['model_s'] / timings['plain_s']:.2f}x")
     n = model.get("n_shapes", 0)
     console.print(f"{n} test shapes; fit+predict over the folds: {', '.join(fits) or '-'}; "
                   f"wall time {timings.get('total_s', 0):.1f}s; outputs in {out_dir}")

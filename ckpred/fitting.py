@@ -118,20 +118,6 @@ def training_rows(data: Prepared, shapes: np.ndarray, rows_cfg: Any, *, max_rows
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
-def validity_rows(data: Prepared, shapes: np.ndarray, max_per_shape: int, rng: np.random.Generator) -> np.ndarray:
-    """Rule-valid rows of ``shapes`` a failure model learns from: at most ``max_per_shape`` per
-    shape, a seeded uniform sample (failures keep their natural share), shapes whose every
-    kernel failed included."""
-    out = []
-    for s in shapes:
-        rows = data.groups.rows(int(s))
-        rows = rows[data.selectable[rows]]
-        if len(rows) > max_per_shape:
-            rows = np.sort(rng.choice(rows, size=max_per_shape, replace=False))
-        out.append(rows)
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-
-
 @dataclass
 class LearnedMethod:
     """A pipeline recipe: what ``model``, ``plain`` and ``reference`` share."""
@@ -193,13 +179,16 @@ def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: Op
         val_kwargs = dict(X_val=data.X.iloc[vrows], val_codes=vcodes,
                           y_val=training_target(data.perf[vrows], vcodes, recipe.model, recipe.target))
     pipe = build(recipe, op, data.arch if data.arch is not None else cfg.arch, cfg.dtype)
+    learn_failures = method.validity is not None and bool(method.validity.learned)
+    features_out: dict[str, Any] = {}
     fit_pipeline(pipe, data.X.iloc[rows], y, codes, model_cfg=recipe.model,
-                 target=target_name(recipe.model, recipe.target), **val_kwargs, init_model=method.init_model)
-    if method.validity is not None and bool(method.validity.learned):
-        vrows = validity_rows(data, np.asarray(shapes), int(method.validity.max_rows_per_shape), rng)
-        failed = data.perf[vrows] <= 0
-        model = fit_failure_model(pipe, data.X.iloc[vrows], failed, method.validity, seed)
-        info.update(failure_model=model is not None, failure_rows=int(len(vrows)), failed_rows=int(failed.sum()))
+                 target=target_name(recipe.model, recipe.target), **val_kwargs, init_model=method.init_model,
+                 features_out=features_out if learn_failures else None)
+    if learn_failures:
+        # the failure model learns on the ranking model's own training rows and features
+        failed = data.perf[rows] <= 0
+        model = fit_failure_model(pipe, None, failed, method.validity, seed, Xt=features_out["Xt"])
+        info.update(failure_model=model is not None, failed_rows=int(failed.sum()))
     info.update(train_rows=int(len(rows)), train_shapes=[str(k) for k in data.groups.keys[fit_shapes]],
                 validation_shapes=[str(k) for k in data.groups.keys[val_shapes]],
                 trees=int(booster(pipe).current_iteration()))

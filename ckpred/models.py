@@ -204,7 +204,7 @@ def _query_sizes(shape_codes: np.ndarray) -> np.ndarray:
 def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np.ndarray, *,
                  model_cfg: Any, target: str, X_val: pd.DataFrame | None = None,
                  y_val: np.ndarray | None = None, val_codes: np.ndarray | None = None,
-                 init_model: lgb.Booster | None = None) -> Pipeline:
+                 init_model: lgb.Booster | None = None, features_out: dict[str, Any] | None = None) -> Pipeline:
     """Fit ``pipe`` in place, with early stopping on (X_val, y_val) when configured.
 
     The steps are fitted one after the other (instead of ``Pipeline.fit``) so the validation
@@ -221,10 +221,15 @@ def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np
     init_model : lightgbm.Booster, optional
         Warm start (:mod:`ckpred.warm_start`): continue boosting from this booster, adding
         ``model.n_estimators`` trees (LightGBM's ``init_model``; TTR passes it to the regressor).
+    features_out : dict, optional
+        Receives the transformed training features as ``features_out["Xt"]`` (so a failure
+        model can learn on them without computing them again).
     """
     features = pipe.named_steps["features"]
     model = pipe.named_steps["model"]
     Xt = features.fit_transform(X)
+    if features_out is not None:
+        features_out["Xt"] = Xt
     fit_params: dict[str, Any] = {}
     is_ranker = isinstance(model, lgb.LGBMRanker)
     if is_ranker:
@@ -267,8 +272,8 @@ def booster(pipe: Pipeline) -> lgb.Booster:
 # ---------------------------------------------------------------------------------------------
 # Learned validity: kernels the training data saw fail
 # ---------------------------------------------------------------------------------------------
-def fit_failure_model(pipe: Pipeline, X: pd.DataFrame, failed: np.ndarray, validity_cfg: Any,
-                      seed: int = 0) -> lgb.LGBMRegressor | None:
+def fit_failure_model(pipe: Pipeline, X: pd.DataFrame | None, failed: np.ndarray, validity_cfg: Any,
+                      seed: int = 0, Xt: Any = None) -> lgb.LGBMRegressor | None:
     """Learn which rule-valid kernels fail, and attach the model to ``pipe`` (fitted).
 
     A small LightGBM model on the pipeline's own features estimates the probability that a
@@ -283,19 +288,22 @@ def fit_failure_model(pipe: Pipeline, X: pd.DataFrame, failed: np.ndarray, valid
 
     Parameters
     ----------
-    X : DataFrame
-        Raw model input of rule-valid training rows (``op.encode_frame``).
+    X : DataFrame or None
+        Raw model input of rule-valid training rows (``op.encode_frame``); None with ``Xt``.
     failed : ndarray of bool
         Whether each row failed when measured.
     validity_cfg : config node
         ``threshold``, ``n_estimators``, ``num_leaves``, ``min_child_samples`` (and ``n_jobs``).
+    Xt : array-like, optional
+        The rows' features when already computed (the ranking model's training features).
     """
     failed = np.asarray(failed, dtype=bool)
     pipe.ckpred_failure_threshold_ = float(validity_cfg.threshold)
     pipe.ckpred_failure_model_ = None
     if not failed.any() or failed.all():
         return None
-    Xt = pipe.named_steps["features"].transform(X)
+    if Xt is None:
+        Xt = pipe.named_steps["features"].transform(X)
     model = lgb.LGBMRegressor(objective="regression", n_estimators=int(validity_cfg.n_estimators),
                               learning_rate=0.1, num_leaves=int(validity_cfg.num_leaves),
                               min_child_samples=int(validity_cfg.min_child_samples),

@@ -618,7 +618,11 @@ class BaselinesConfig:
 
 @dataclass
 class ValidityModelConfig:
-    """The learned validity mask: failures seen in the training data (:func:`ckpred.models.fit_failure_model`)."""
+    """The learned validity mask: failures seen in the training data (:func:`ckpred.models.fit_failure_model`).
+
+    It learns on the model's own training rows (``rows``: rule-valid rows of the training
+    shapes, failed ones included) and features.
+    """
 
     #: Learn a failure model next to the ranking model (kept only when it flags a training row).
     learned: bool = True
@@ -627,13 +631,11 @@ class ValidityModelConfig:
     n_estimators: int = 50
     num_leaves: int = 15
     min_child_samples: int = 20
-    #: Rule-valid rows per training shape it learns from at most (a seeded uniform sample).
-    max_rows_per_shape: int = 256
     n_jobs: int = 1
 
     def __post_init__(self) -> None:
         check("validity.threshold", self.threshold, 0 < self.threshold < 1, "a number in (0, 1)")
-        for key in ("n_estimators", "min_child_samples", "max_rows_per_shape", "n_jobs"):
+        for key in ("n_estimators", "min_child_samples", "n_jobs"):
             check(f"validity.{key}", getattr(self, key), getattr(self, key) >= 1, "an integer >= 1")
         check("validity.num_leaves", self.num_leaves, self.num_leaves >= 2, "an integer >= 2")
 

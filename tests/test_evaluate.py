@@ -159,3 +159,32 @@ def test_analytical_needs_tile_fields() -> None:
     with pytest.raises(KeyError, match="tile_k"):
         analytical_scores(pd.DataFrame({"m": [1], "n": [1], "k": [1], "tile_m": [1], "tile_n": [1]}),
                           cus=1, peak_tflops=1.0, bandwidth_gbs=1.0, bytes_per_element=1)
+
+
+def test_report_breakdowns_and_spread_over_folds() -> None:
+    from ckpred.evaluate import method_report
+
+    perf = np.array([4.0, 2.0, 5.0, 1.0, 3.0, 3.0, 2.0, 8.0])
+    scores = np.array([1.0, 2.0, 2.0, 1.0, 1.0, 0.0, 1.0, 0.0])
+    groups = ShapeGroups.from_keys([0, 0, 1, 1, 2, 2, 3, 3])
+    per_shape = shape_metrics(perf, scores, groups)  # efficiencies 0.5, 1, 1, 0.25
+    rep = method_report(per_shape, np.array(["a", "a", "b", "b"]), ("a", "b"), None,
+                        breakdowns={"dtype": np.array(["FP16", "FP32", "FP16", "FP32"])},
+                        fold=np.array([0, 0, 1, 1]))
+    assert rep["by_dtype"]["FP16"]["mean"] == pytest.approx(0.75) and rep["by_dtype"]["FP32"]["mean"] == 1 - 3 / 8
+    assert rep["by_family"]["b"]["mean"] == pytest.approx(0.625)
+    folds = rep["folds"]
+    assert folds["n"] == 2 and folds["mean"]["values"] == pytest.approx([0.75, 0.625])
+    assert folds["mean"]["mean"] == pytest.approx(0.6875) and folds["mean"]["std"] == pytest.approx(0.0625)
+
+
+def test_heading_names_the_grouping_key_and_folds() -> None:
+    from types import SimpleNamespace
+
+    from ckpred.evaluate import cv_heading
+
+    assert cv_heading(("m", "n", "k", "split_k"), SimpleNamespace(name="group_kfold"), 5) == \
+        "unseen (m, n, k, split_k) shapes, 5 folds"
+    assert cv_heading(("n", "c"), SimpleNamespace(name="holdout", test_fraction=0.2), 1) == \
+        "unseen (n, c) shapes, 1 holdout split (20% of them)"
+    assert "second table" in cv_heading(("m",), SimpleNamespace(name="external"), 1)

@@ -17,7 +17,7 @@ from ckpred.models import failure_model, fit_failure_model, predicted_ok
 from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
 
 VALIDITY = OmegaConf.create({"learned": True, "threshold": 0.5, "n_estimators": 30, "num_leaves": 7,
-                             "min_child_samples": 5, "max_rows_per_shape": 400, "n_jobs": 1})
+                             "min_child_samples": 5, "n_jobs": 1})
 
 
 # -- the metric on hand-made tables -------------------------------------------------------------
@@ -64,7 +64,7 @@ def failing():
 
 TRAIN_SMALL = ["features=minimal", "model.n_estimators=20", "model.num_leaves=7", "model.n_jobs=1",
                "model.relevance_exponent=1", "rows.max_per_shape=0", "validity.n_estimators=30",
-               "validity.num_leaves=7", "validity.min_child_samples=5", "validity.max_rows_per_shape=400"]
+               "validity.num_leaves=7", "validity.min_child_samples=5"]
 
 
 def test_cv_never_picks_a_kernel_the_training_data_saw_fail(failing) -> None:

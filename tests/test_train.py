@@ -164,7 +164,8 @@ def test_every_model_target_cv(tmp_path: Path, model: str, target: str, cv: str)
                      "model.n_estimators=4", "model.n_jobs=1", "plots=false", "save_pipeline=false",
                      "baselines.analytical=false")
     metrics = json.loads((out / "metrics.json").read_text())
-    assert set(metrics) == {"model", "best_static", "random"}
+    assert set(metrics) == {"_heading", "model", "plain", "best_static", "random"}
+    assert "(m, n, k, split_k) shapes" in metrics["_heading"]
     assert 0.0 < mean <= 1.0
     n_tested = {"group_kfold": 12, "leave_family_out": 12, "holdout": 3, "external": 12}[cv]
     assert metrics["model"]["n_shapes"] == n_tested
@@ -185,7 +186,7 @@ def test_early_stopping_never_sees_test_shapes(tmp_path: Path, monkeypatch: pyte
         return real_fit(pipe, X, y, codes, **kwargs)
 
     monkeypatch.setattr(tr, "fit_pipeline", spy)
-    _run(tmp_path, *NO_REF, "model.n_estimators=200", "model.early_stopping_rounds=2",
+    _run(tmp_path, *NO_REF, "baselines.plain.enabled=false", "model.n_estimators=200", "model.early_stopping_rounds=2",
          "model.validation_fraction=0.25", "model.learning_rate=0.3", "plots=false")
     folds = json.loads((tmp_path / "folds.json").read_text())["folds"]
     assert len(seen) == len(folds) + 1  # one fit per fold, then the final fit
@@ -228,7 +229,8 @@ def test_cli_subprocess_reproduces_the_same_seed_run(full_run: tuple[float, Path
     proc = subprocess.run([sys.executable, "-m", "ckpred", "train", *SMALL, *REF_SMALL, "progress=true",
                            f"out_dir={tmp_path}"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "efficiency on unseen shapes" in proc.stdout and "best_static" in proc.stdout
+    assert "efficiency on unseen (m, n, k, split_k) shapes, 3 folds" in proc.stdout and "best_static" in proc.stdout
+    assert "model / plain" in proc.stdout  # the fit times of the model and of plain LightGBM, side by side
     assert json.loads((tmp_path / "metrics.json").read_text()) == json.loads((first / "metrics.json").read_text())
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "oof_predictions.parquet"),
                                   pd.read_parquet(first / "oof_predictions.parquet"))

@@ -71,6 +71,7 @@ VARIANTS: dict[str, list[str]] = {
     "xendcg_e05": [*RANKER, "model.n_estimators=100", "model.relevance_exponent=0.5", "model.objective=rank_xendcg"],
     "xendcg_e3": [*RANKER, "model.n_estimators=100", "model.relevance_exponent=3", "model.objective=rank_xendcg"],
     "rank_e1_50": [*RANKER, "model.n_estimators=50", "model.relevance_exponent=1"],
+    "rank_e1_50_q256": [*RANKER, "model.n_estimators=50", "model.relevance_exponent=1", "model.max_rows_per_query=256"],
     "rank_e1_es": [*RANKER, "model.n_estimators=300", "model.relevance_exponent=1", "model.early_stopping_rounds=20"],
     "rank_e1_200": [*RANKER, "model.n_estimators=200", "model.relevance_exponent=1"],
     "rank_e1_400": [*RANKER, "model.n_estimators=400", "model.relevance_exponent=1"],
@@ -220,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="an extra table: 'name=<override> <override> ...' (train overrides)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "defaults_study")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the results already in <out>/results.json and run only what is missing")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s != ""]
     tables = {name: TABLES[name] for name in args.tables.split(",") if name}
@@ -232,19 +235,24 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     partial = args.out / "results.json"
     results: dict[str, dict[str, dict[int, dict[str, float]]]] = {}
+    if args.resume and partial.exists():
+        results = {t: {v: {int(s): r for s, r in runs.items()} for v, runs in variants.items()}
+                   for t, variants in json.loads(partial.read_text()).items()}
     for name, overrides in tables.items():
+        todo = [(v, s) for v in args.variants.split(",") for s in seeds if s not in results.get(name, {}).get(v, {})]
+        if not todo:
+            continue
         t = time.perf_counter()
         table = load(name, overrides, args.out / "cache")
         print(f"{name}: {len(table.data.table)} rows, {table.data.groups.n_shapes} shapes "
               f"(test {table.test.groups.n_shapes}), loaded in {time.perf_counter() - t:.0f} s", flush=True)
-        for variant in args.variants.split(","):
-            for seed in seeds:
-                r = run_variant(table, VARIANTS[variant], seed)
-                results.setdefault(name, {}).setdefault(variant, {})[seed] = r
-                print(f"  {variant} seed {seed}: mean {100 * r['mean']:.2f} P10 {100 * r['p10']:.2f} "
-                      f"failed {100 * r['failed_pick']:.2f}% fit {r['fit_s']:.1f} s trees {r['trees']:.0f}", flush=True)
-                partial.write_text(json.dumps(results, indent=1))
-    text = report(results, seeds)
+        for variant, seed in todo:
+            r = run_variant(table, VARIANTS[variant], seed)
+            results.setdefault(name, {}).setdefault(variant, {})[seed] = r
+            print(f"  {variant} seed {seed}: mean {100 * r['mean']:.2f} P10 {100 * r['p10']:.2f} "
+                  f"failed {100 * r['failed_pick']:.2f}% fit {r['fit_s']:.1f} s trees {r['trees']:.0f}", flush=True)
+            partial.write_text(json.dumps(results, indent=1))
+    text = report({t: results[t] for t in tables if t in results}, seeds)
     (args.out / "defaults_study.md").write_text(text + "\n")
     print(text)
     return 0
