@@ -72,7 +72,7 @@ b = bytes per A/B element, bc = bytes per C element (fp16 for fp8); ``clk`` = su
 
 Calibration
 -----------
-``python -m ckpred simulate calibrate=true`` (or ``scripts/calibrate_simulator.py``) over the
+``python -m ckpred simulate calibrate=true`` (or ``scripts/research/calibrate_simulator.py``) over the
 168 real fp8/rcr/gfx950 shapes of AMD's ``p1_oracle_best_results.csv`` (seed 0; version 1.0.0):
 
 =============  ======  ==========  ========  ============  ==================
@@ -94,7 +94,7 @@ CK Tile fp8 reaches) and the K=256 shapes (C write bandwidth).
 
 On the default set the selection problem stays hard: 38 distinct best kernels over 168
 shapes, the best single kernel reaches 84% mean efficiency (60% on M >= 1024) and a random
-valid-or-not pick 37%. Speed (``scripts/bench_simulate.py``, 2 shared cores): 168 x 4,608 =
+valid-or-not pick 37%. Speed (``scripts/bench/bench_simulate.py``, 2 shared cores): 168 x 4,608 =
 774,144 rows in 2.4 s, peak RSS 562 MiB (645 MiB after writing the 16.5 MiB parquet).
 """
 

@@ -255,7 +255,7 @@ class ConvTileFeatures(_ConvHardware):
     tile_latency_us : float, default=0.3
         Fixed cost of one block tile on a CU (prologue, epilogue store): a prior of the order
         of a global-memory round trip, not fitted. On AMD's gfx950 conv data, Protocols A and B
-        moved by under 0.3 points between 0 and 0.3 (scripts/conv_proof.py).
+        moved by under 0.3 points between 0 and 0.3 (scripts/bench/conv_proof.py).
     reference_tiles : sequence of (tile_m, tile_n, tile_k) or None, default=None
         Tiles the ``*_vs_best`` features compare against; None = the op's catalogue tiles
         (:data:`~ckpred.kernels.grouped_conv_fwd.TILES_2BYTE`).

@@ -14,14 +14,14 @@ for unseen shapes with
 and prints median and p99 per shape, ratios to the C++ selector, model file sizes and the
 export's parity figures.
 
-    python scripts/bench_select.py [--shapes 300] [--out-dir exports/bench] [hydra overrides...]
+    python scripts/bench/bench_select.py [--shapes 300] [--out-dir exports/bench] [hydra overrides...]
 
 This times the ``full`` selector (every kernel scored). With ``--train-run <train run dir>`` the
 same run then measures every selection strategy (``full``, ``pruned``, ``reranked``; the default
 export is ``reranked``): latency against CV efficiency, cached latency and the trade-off plot,
-through ``scripts/bench_strategies.py`` on the same pipeline::
+through ``scripts/bench/bench_strategies.py`` on the same pipeline::
 
-    python scripts/bench_select.py --train-run runs/train/<time> rows.max_per_shape=512 rows.keep_top=128
+    python scripts/bench/bench_select.py --train-run runs/train/<time> rows.max_per_shape=512 rows.keep_top=128
 """
 
 from __future__ import annotations
@@ -42,25 +42,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def unseen_shapes(train: pd.DataFrame, n: int, seed: int = 1) -> pd.DataFrame:
-    """Random GEMM shapes not in the training set: M log-uniform in [1, 20480], N and K from
-    multiples of 64 up to 32768 (so most catalogue kernels are valid) and some odd sizes."""
-    rng = np.random.default_rng(seed)
-    seen = set(map(tuple, train[["m", "n", "k"]].to_numpy().tolist()))
-    out: list[tuple[int, int, int]] = []
-    while len(out) < n:
-        m = int(np.exp(rng.uniform(0, np.log(20480))))
-        n_ = int(rng.integers(1, 513)) * 64
-        k = int(rng.integers(1, 513)) * 64
-        if rng.random() < 0.1:
-            n_ += int(rng.integers(1, 64))
-        if (m, n_, k) not in seen:
-            seen.add((m, n_, k))
-            out.append((m, n_, k))
-    return pd.DataFrame(out, columns=["m", "n", "k"]).assign(split_k=1)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def stats(us: list[float]) -> tuple[float, float]:
@@ -117,6 +99,7 @@ def main() -> int:
 
     from ckpred.config import compose
     from ckpred.data import load_table
+    from ckpred.data.shapes import unseen_shapes
     from ckpred.export import lightgbm as xl
     from ckpred.export import manifest as mf
     from ckpred.export import onnx as xo
@@ -261,14 +244,13 @@ def main() -> int:
                                                "files": man["files"], "parity": par, "fit_seconds": fit_s,
                                                "float32_check": f32}, indent=1))
     if args.train_run:
-        import bench_strategies
-
-        print("\nselection strategies (scripts/bench_strategies.py, same pipeline):", flush=True)
+        print("\nselection strategies (scripts/bench/bench_strategies.py, same pipeline):", flush=True)
         # overrides first: argparse would read them as more --top-n values after it
         extra = ["--json", str(Path(args.json).with_suffix(".strategies.json"))] if args.json else []
-        return bench_strategies.main([*args.overrides, "--train-run", args.train_run, "--shapes",
-                                      str(min(args.shapes, 100)), "--out-dir", args.out_dir, "--reuse",
-                                      "--top-n", "1", "2", "5", *extra])
+        strategies = Path(__file__).with_name("bench_strategies.py")
+        return subprocess.run([sys.executable, str(strategies), *args.overrides, "--train-run", args.train_run,
+                               "--shapes", str(min(args.shapes, 100)), "--out-dir", args.out_dir, "--reuse",
+                               "--top-n", "1", "2", "5", *extra]).returncode
     return 0
 
 

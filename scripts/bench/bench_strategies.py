@@ -18,7 +18,7 @@ each ``--reranker`` size:
 The load average is printed before and after: the machine is shared, and wall times grow with
 it; the CPU-time columns are the robust figure.
 
-    python scripts/bench_strategies.py --train-run runs/train/<time> [--top-n 1 2 3 5 8] \\
+    python scripts/bench/bench_strategies.py --train-run runs/train/<time> [--top-n 1 2 3 5 8] \\
         [--shapes 200] [hydra overrides of the export config, e.g. model=lgbm_ranker]
 """
 
@@ -40,8 +40,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+REPO = Path(__file__).resolve().parents[2]
 
 
 def load() -> str:
@@ -154,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import joblib
 
-    from bench_select import unseen_shapes
     from ckpred.config import compose
     from ckpred.data import load_table
+    from ckpred.data.shapes import unseen_shapes
     from ckpred.export import manifest as mf
     from ckpred.export.build import export_name, export_pipeline
     from ckpred.fitting import fit_final

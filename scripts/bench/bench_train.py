@@ -1,6 +1,6 @@
 """Wall time and peak memory of a ``ckpred train`` run (default: the README's main command).
 
-    python scripts/bench_train.py [hydra overrides...]
+    python scripts/bench/bench_train.py [hydra overrides...]
 
 Runs ``python -m ckpred train arch=gfx950 dtype=fp8 <overrides>`` in a subprocess, then prints
 the wall time, the child's peak RSS (``getrusage(RUSAGE_CHILDREN).ru_maxrss``), the machine load
