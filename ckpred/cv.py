@@ -43,6 +43,7 @@ from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 
 from ckpred import evaluate as ev
 from ckpred.data.table import data_hash
+from ckpred.dtypes import c_bytes_per_element
 from ckpred.fitting import (LearnedMethod, Prepared, cv_group_names, fit_method, for_arch, model_method,
                             plain_method, predict, prepare, recipe_config, rows_of)
 from ckpred.kernels.base import OpDefinition, load_op
@@ -327,7 +328,7 @@ def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, 
                 gemm, cus=int(cfg.arch.cus), peak_tflops=float(cfg.arch.peak_tflops[cfg.dtype.name]),
                 bandwidth_gbs=float(cfg.arch.memory_bandwidth_gbs),
                 bytes_per_element=int(cfg.dtype.bytes_per_element),
-                c_bytes={"fp8": 1, "bf8": 1, "fp16": 2, "bf16": 2, "fp32": 4}[cfg.dtype.c_dtype])
+                c_bytes=c_bytes_per_element(cfg.dtype))
         except (KeyError, NotImplementedError) as exc:
             analytical_note = f"skipped: {exc}"
             log.warning("analytical baseline %s", analytical_note)

@@ -110,6 +110,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from ckpred import dtypes
 from ckpred.kernels.base import OpDefinition
 from ckpred.util import atomic_path
 
@@ -205,7 +206,6 @@ RUNTIME_FAIL_P = 0.005
 RUNTIME_FAIL_REASON = "runtime failure (simulated): kernel launch returned an error"
 
 _DTYPE_CLASS = {"fp8": "fp8", "bf8": "fp8", "fp16": "fp16", "bf16": "fp16", "fp32": "fp16"}
-_BYTES = {"fp8": 1, "bf8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
 
 
 # -- counter-based random numbers ------------------------------------------------------------------
@@ -271,9 +271,8 @@ def model_latency(problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any, d
     if not peak:
         raise ValueError(f"arch {arch_name} has no peak_tflops for dtype {dtype_name}; "
                          f"known: {sorted(dict(_arch_value(arch, 'peak_tflops')))}")
-    b = float(getattr(dtype, "bytes_per_element", None) or _BYTES[dtype_name])
-    c_name = getattr(dtype, "c_dtype", None) or ("fp16" if b == 1 else dtype_name)
-    bc = float(_BYTES[str(c_name)])
+    b = float(dtypes.bytes_per_element(dtype))
+    bc = float(dtypes.c_bytes_per_element(dtype))
     cus = float(_arch_value(arch, "cus"))
     xcds = float(_arch_value(arch, "xcds"))
     clk = float(_arch_value(arch, "clock_mhz")) * 1e6 * CLOCK_SUSTAINED
@@ -434,9 +433,9 @@ def simulate(shapes_df: pd.DataFrame, op: OpDefinition, arch: Any, dtype: Any, l
 
     lat = latency.ravel()
     flops = op.flops(p_rep)
-    b = float(getattr(dtype, "bytes_per_element", None) or _BYTES[str(getattr(dtype, "name", dtype))])
+    b, bc = float(dtypes.bytes_per_element(dtype)), float(dtypes.c_bytes_per_element(dtype))
     m, n, k = (p_rep[c].to_numpy(np.float64) for c in ("m", "n", "k"))
-    moved = (m * k + n * k) * b + m * n * 2.0 * (b == 1) + m * n * b * (b != 1)
+    moved = (m * k + n * k) * b + m * n * bc
     frame = pd.concat([p_rep, k_rep.drop(columns=["kernel_id"])], axis=1)
     frame["op"] = op.name
     frame["arch"] = str(_arch_value(arch, "name"))
@@ -615,7 +614,7 @@ def write_log(table: pd.DataFrame, path: str | Path, *, acc_dtype: str = "fp32",
         for i, ((m, n, k, split_k, dtype, layout), group) in enumerate(
                 table.groupby(["m", "n", "k", "split_k", "dtype", "layout"], sort=False)):
             a, b, c = layout
-            cdt = c_dtype or ("fp16" if dtype in ("fp8", "bf8") else dtype)
+            cdt = c_dtype or dtypes.load_dtype(dtype).c_dtype
             stride = {"r": k, "c": m}[a], {"r": n, "c": k}[b], {"r": n, "c": m}[c]
             problem = (f'"problem": {{"split_k": {split_k}, "m": {m}, "n": {n}, "k": {k}, '
                        f'"stride_a": {stride[0]}, "stride_b": {stride[1]}, "stride_c": {stride[2]}, '
