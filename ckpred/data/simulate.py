@@ -28,7 +28,7 @@ b = bytes per A/B element, bc = bytes per C element (fp16 for fp8); ``clk`` = su
    ((tm + tn)*tk*b [stores] + tk*b*(tm*wn + tn*wm) [each warp reads its A rows and B
    columns]) / (LDS bytes/clk * clk). t_comp = max(t_mfma, t_lds) / (e_pipe * e_sched) +
    sync_pipe/clk: issue efficiency of the pipeline and scheduler, plus the per-iteration
-   barrier and bookkeeping cost (``PIPELINES``, ``SCHEDULERS``).
+   barrier and bookkeeping cost (``SIMULATED_PIPELINES``, ``SCHEDULER_ISSUE_EFF``).
 4. **Main-loop iteration, memory side.** One iteration brings B_it = (M' + N')*tk*b bytes
    from L2 into the CU, M' = min(tm, M/Tm) and N' = min(tn, N/Tn) (out-of-bounds rows of the
    last tile are masked, not fetched): t_link = B_it / (link bytes/clk * clk). A workgroup
@@ -146,7 +146,7 @@ SMOOTH_P = 2.0
 
 
 @dataclass(frozen=True)
-class PipelineTraits:
+class SimulatedPipeline:
     """What a CK Tile pipeline does per main-loop iteration."""
 
     #: Issue efficiency of the MFMA/LDS work (software pipelining quality).
@@ -163,13 +163,13 @@ class PipelineTraits:
     fabric: float
 
 
-PIPELINES: dict[str, PipelineTraits] = {
-    "compv3": PipelineTraits(issue_eff=0.60, sync_clk=120, prologue_stages=0, lds_buffers=1, prefetch=1, fabric=0.93),
-    "compv4": PipelineTraits(issue_eff=0.58, sync_clk=170, prologue_stages=1, lds_buffers=2, prefetch=1, fabric=0.93),
-    "mem": PipelineTraits(issue_eff=0.48, sync_clk=100, prologue_stages=0, lds_buffers=1, prefetch=2, fabric=1.0),
+SIMULATED_PIPELINES: dict[str, SimulatedPipeline] = {
+    "compv3": SimulatedPipeline(issue_eff=0.60, sync_clk=120, prologue_stages=0, lds_buffers=1, prefetch=1, fabric=0.93),
+    "compv4": SimulatedPipeline(issue_eff=0.58, sync_clk=170, prologue_stages=1, lds_buffers=2, prefetch=1, fabric=0.93),
+    "mem": SimulatedPipeline(issue_eff=0.48, sync_clk=100, prologue_stages=0, lds_buffers=1, prefetch=2, fabric=1.0),
 }
 #: Issue efficiency factor of each scheduler (interwave interleaves waves at a small MFMA cost).
-SCHEDULERS: dict[str, float] = {"intrawave": 1.0, "interwave": 0.96}
+SCHEDULER_ISSUE_EFF: dict[str, float] = {"intrawave": 1.0, "interwave": 0.96}
 
 
 @dataclass(frozen=True)
@@ -290,15 +290,15 @@ def model_latency(problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any, d
     wm, wn = col(kernels, "warp_m")[None, :], col(kernels, "warp_n")[None, :]
     wtm, wtk = col(kernels, "warp_tile_m")[None, :], col(kernels, "warp_tile_k")[None, :]
     pipe = kernels["pipeline"].to_numpy()
-    unknown = sorted(set(pipe) - set(PIPELINES))
+    unknown = sorted(set(pipe) - set(SIMULATED_PIPELINES))
     if unknown:
-        raise ValueError(f"the simulator models pipelines {sorted(PIPELINES)}; catalogue has {unknown}")
+        raise ValueError(f"the simulator models pipelines {sorted(SIMULATED_PIPELINES)}; catalogue has {unknown}")
 
     def per_pipe(attr: str) -> np.ndarray:
-        return np.array([getattr(PIPELINES[p], attr) for p in pipe], dtype=np.float64)[None, :]
+        return np.array([getattr(SIMULATED_PIPELINES[p], attr) for p in pipe], dtype=np.float64)[None, :]
 
     sched = kernels["scheduler"].to_numpy()
-    sched_eff = np.array([SCHEDULERS.get(s, 1.0) for s in sched])[None, :]
+    sched_eff = np.array([SCHEDULER_ISSUE_EFF.get(s, 1.0) for s in sched])[None, :]
     cshuffle = (kernels["epilogue"].to_numpy() == "cshuffle")[None, :]
     persistent = kernels["persistent"].to_numpy(bool)[None, :]
 

@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Sequence
 from sklearn.utils._param_validation import Interval
 
 from ckpred.features.base import FeatureGroup, ceil_div, last_tile_fill, positive_int, positive_real
-from ckpred.kernels.grouped_conv_fwd import PIPELINE_TRAITS, PIPELINES, TILES_2BYTE
+from ckpred.kernels.grouped_conv_fwd import PIPELINE_TRAITS, PIPELINE_CODES, TILES_2BYTE
 
 #: Raw problem fields of grouped_conv_fwd, in ``op.problem_names`` order.
 PROBLEM_FIELDS: tuple[str, ...] = ("n", "c", "k", "g", "hi", "wi", "y", "x", "stride_h", "stride_w",
@@ -212,7 +212,7 @@ class ConvKernelFeatures(FeatureGroup):
     def _trait(code: Any, trait: str, xp: Any) -> Any:
         """Trait of the pipeline with category ``code`` (sum of one-hot x value; 0 if unknown)."""
         out = xp.full(0.0)
-        for i, name in enumerate(PIPELINES):
+        for i, name in enumerate(PIPELINE_CODES):
             out = out + xp.indicator(xp.equal(code, xp.full(float(i)))) * float(PIPELINE_TRAITS[name][trait])
         return out
 

@@ -42,7 +42,7 @@ from ckpred.kernels.declared import DeclaredOp
 
 #: Category values of the op's YAML (their code order is the model input's).
 _KERNEL_FIELDS = packaged_op_config("gemm_universal")["kernel_fields"]
-PIPELINES: tuple[str, ...] = tuple(_KERNEL_FIELDS["pipeline"]["values"])
+PIPELINE_CODES: tuple[str, ...] = tuple(_KERNEL_FIELDS["pipeline"]["values"])
 SCHEDULERS: tuple[str, ...] = tuple(_KERNEL_FIELDS["scheduler"]["values"])
 EPILOGUES: tuple[str, ...] = tuple(_KERNEL_FIELDS["epilogue"]["values"])
 
