@@ -4,7 +4,7 @@ Two sources of the pipeline:
 
 * default: fit the config's ``features -> model`` pipeline on all rows of the config's data
   (:func:`ckpred.fitting.fit_final`, the rows and targets ``train`` uses);
-* ``run_dir=<train run>``: the finished run's ``pipeline.joblib``; its ``manifest.json``
+* ``run_dir=<train run>``: the finished run's ``pipeline.joblib``; its run record ``run.json``
   (metrics, data hash) and the run's ``.hydra/config.yaml`` (to recover the training data
   and its problem ranges) are read too, and arch/dtype/layout/op must match this config.
 
@@ -81,30 +81,30 @@ def export_command(cfg: Any) -> str:
     metrics = None
     source: dict[str, Any] = {}
     if cfg.run_dir:
-        from ckpred.runs import load_train_run
+        from ckpred.runs import RUN_RECORD, load_train_run
 
-        run = load_train_run(cfg.run_dir, purpose="export", require_manifest=False)
-        run_dir, train_manifest = run.path, run.manifest
+        run = load_train_run(cfg.run_dir, purpose="export", require_record=False)
+        run_dir, train_record = run.path, run.record
         for key in ("op", "arch", "dtype", "layout"):
-            theirs = train_manifest.get(key)
+            theirs = train_record.get(key)
             if isinstance(theirs, str) and theirs != node_name(cfg[key]):
-                raise ModelMismatchError(f"{run_dir}/manifest.json: {key} is {theirs!r}, this export config "
+                raise ModelMismatchError(f"{run_dir}/{RUN_RECORD}: {key} is {theirs!r}, this export config "
                                          f"has {node_name(cfg[key])!r} (pass {key}={theirs})")
         # The run's own config says which data it trained on (for the ranges and the parity shapes).
         run_cfg_path = run_dir / ".hydra" / "config.yaml"
         data_cfg = cfg
-        if isinstance(train_manifest.get("config"), dict):
-            data_cfg = OmegaConf.create(train_manifest["config"])
+        if isinstance(train_record.get("config"), dict):
+            data_cfg = OmegaConf.create(train_record["config"])
         elif run_cfg_path.is_file():
             data_cfg = OmegaConf.load(run_cfg_path)
         if data_cfg is not cfg:
             _check_run_matches(cfg, data_cfg, run_dir)
-        metrics = train_manifest.get("metrics")
+        metrics = train_record.get("metrics")
         pipeline = run.pipeline
         pipe_sha = run.sha256
         table = load_table(data_cfg)
         bind_training_catalogue(op, table, data_cfg)
-        train_hash = (train_manifest.get("data") or {}).get("hash")
+        train_hash = (train_record.get("data") or {}).get("hash")
         source = {"kind": "run_dir", "run_dir": str(run_dir), "pipeline_sha256": pipe_sha,
                   "train_data_hash": train_hash}
     else:

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ckpred.runs import RUN_RECORD
+
 
 def main(argv: list[str]) -> int:
     out_dir = Path(tempfile.mkdtemp(prefix="bench_train_"))
@@ -38,8 +40,8 @@ def main(argv: list[str]) -> int:
     metrics_file = out_dir / "metrics.json"
     if metrics_file.exists():
         metrics = json.loads(metrics_file.read_text())
-        manifest = json.loads((out_dir / "manifest.json").read_text())
-        print(f"timings        {manifest['timings_s']}")
+        record = json.loads((out_dir / RUN_RECORD).read_text())
+        print(f"timings        {record['timings_s']}")
         print(f"{'method':<12} {'mean':>7} {'P10':>7} {'min':>7} {'top1':>7} {'eff@5':>7}")
         for method, rep in metrics.items():
             if "mean" in rep:
