@@ -315,8 +315,9 @@ class DataConfig:
     path: Any = None
     #: Reader to use; ``auto`` detects it from the file's content.
     format: str = "auto"
-    #: Where generated or ingested tables are cached, relative to the original working dir.
-    cache_dir: str = "data/cache"
+    #: Where generated or ingested tables are cached, relative to the original working dir;
+    #: the environment variable CKPRED_CACHE_DIR, when set, replaces the default.
+    cache_dir: str = "${oc.env:CKPRED_CACHE_DIR,data/cache}"
     #: Seed of the simulator's noise and kernel idiosyncrasies.
     seed: int = 0
 
