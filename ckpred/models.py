@@ -1,6 +1,6 @@
 """The model: a two-step scikit-learn Pipeline ``features -> LightGBM``, built from config.
 
-``build_pipeline`` is the contract with export (``notes/CONTRACT_MODEL.md``): the Pipeline has
+``build_pipeline`` is the contract with export (:mod:`ckpred.export`): the Pipeline has
 exactly the steps ``("features", FeatureUnion)`` and ``("model", estimator)`` where the
 estimator is
 

@@ -383,7 +383,7 @@ class FeaturesConfig:
             seen.add(name)
 
 
-# -- shapes and simulate (simulator owner) -------------------------------------------------------
+# -- shapes and simulate ----------------------------------------------------------------------
 @dataclass
 class ShapeFamilyConfig:
     """One rule of a shape set (see :mod:`ckpred.data.shapes`)."""
@@ -453,7 +453,7 @@ class SimulateConfig:
     #: Real oracle-best table (m, n, k, oracle_best_tflops, oracle_best_kernel) to calibrate on.
     calibration_file: str = "data/ck_gemm_gfx950_results/p1_oracle_best_results.csv"
 
-# -- train: models, targets, cv, baselines (train owner) -----------------------------------------
+# -- train: models, targets, cv, baselines ----------------------------------------------------
 MODEL_NAMES: tuple[str, ...] = ("lgbm_regressor", "lgbm_ranker")
 TARGET_NAMES: tuple[str, ...] = ("log1p", "raw", "relative")
 CV_NAMES: tuple[str, ...] = ("group_kfold", "leave_family_out", "holdout", "external")
@@ -691,7 +691,7 @@ class TrainConfig(RecipeConfig):
     seeds: list[int] = field(default_factory=list)
 
 
-# -- export and select (export owner) ------------------------------------------------------------
+# -- export and select ------------------------------------------------------------------------
 #: ``full``: every catalogue kernel scored by the full model; ``pruned``: only the candidates
 #: learned from the training data; ``reranked``: those candidates scored by a small model fitted
 #: on their rows only (:mod:`ckpred.export.strategies`).
@@ -773,7 +773,7 @@ class SelectConfig(RecipeConfig):
               "the problem fields, e.g. problem.m=128 problem.n=1536 problem.k=7168")
 
 
-# -- sweeps, tune, warm start (sweep owner) ------------------------------------------------------
+# -- sweeps, tune, warm start -----------------------------------------------------------------
 TUNE_KINDS: tuple[str, ...] = ("int", "float", "categorical")
 #: ``model.<name>`` keys the ``tune`` search space may set (LightGBM hyperparameters).
 TUNABLE: tuple[str, ...] = ("n_estimators", "learning_rate", "num_leaves", "max_depth", "min_child_samples",

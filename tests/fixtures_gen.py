@@ -2,8 +2,8 @@
 
 The measurements are made up (a smooth function of shape and tile plus a per-kernel factor),
 only their *form* is real: kernel names from the gemm_universal catalogue, the file layouts of
-CK_TILE_FACTS.md section 4, TFLOPS consistent with latency and FLOPs (to full precision in CSV
-and JSON, to the 2 printed decimals in the streaming log).
+CK Tile's benchmark JSON, streaming log and CSV sweeps, TFLOPS consistent with latency and
+FLOPs (to full precision in CSV and JSON, to the 2 printed decimals in the streaming log).
 """
 
 from __future__ import annotations

@@ -59,43 +59,27 @@ b = bytes per A/B element, bc = bytes per C element (fp16 for fp8); ``clk`` = su
    ``KERNEL_SIGMA``: code generation, register allocation, bank conflicts the model does not
    see) and one per (kernel, M family) (sigma ``KERNEL_FAMILY_SIGMA``), so the data is not a
    closed-form function of the features. Each measurement gets run-to-run noise: log-normal
-   with sigma ``NOISE_SIGMA``, with probability ``NOISE_TAIL_P`` sigma ``NOISE_TAIL_SIGMA``;
-   two runs (``noise_seed``) then differ by a median 0.81% and a P90 3.3% per kernel, as
-   repeated real CK Tile runs do (CK_TILE_FACTS.md section 6: 0.8% and 3.3%). Random numbers
+   with sigma ``NOISE_SIGMA``, with probability ``NOISE_TAIL_P`` sigma ``NOISE_TAIL_SIGMA``,
+   set so two runs (``noise_seed``) differ per kernel as much as two repeated real CK Tile
+   runs do (a median of 0.8% and a P90 of 3.3% in a repeated sweep of 32 kernels x 4
+   shapes, where the fastest kernel changed on every shape). Random numbers
    come from a counter-based hash of (seed, shape, kernel name), so a row never depends on
    which other shapes or kernels are simulated with it.
 10. **Validity.** Rows the op's rules reject (``op.validity``) are ``is_valid=False`` with the
     rule's reason; ``RUNTIME_FAIL_P`` of the rule-valid rows fail as if at run time (reason
-    ``runtime failure (simulated)``), always the same rows for a seed. On the default set
-    16.6% of rows are invalid (AMD's real 168 shapes: 16.0%; 18.75% for every N that is a
-    multiple of 64 but not of 192).
+    ``runtime failure (simulated)``), always the same rows for a seed.
 
 Calibration
 -----------
-``python -m ckpred simulate calibrate=true`` (or ``scripts/research/calibrate_simulator.py``) over the
-168 real fp8/rcr/gfx950 shapes of AMD's ``p1_oracle_best_results.csv`` (seed 0; version 1.0.0):
-
-=============  ======  ==========  ========  ============  ==================
-M family       shapes  med |log|   P90|log|  median ratio  real best in top 5%
-=============  ======  ==========  ========  ============  ==================
-tiny (M<8)         60       0.041     0.098         1.000               93.3%
-small (8-127)      27       0.033     0.075         0.967               96.3%
-medium             27       0.033     0.110         1.020               92.6%
-large (>=1024)     54       0.108     0.178         1.084               83.3%
-all               168       0.049     0.140         1.011               90.5%
-=============  ======  ==========  ========  ============  ==================
-
-(targets: median |log| <= 0.26, every family median <= ln 2, real best kernel inside the
-simulator's top 5% for >= 60% of shapes; median percentile rank of the real best 0.8%). Seeds 1
-and 2: median |log| 0.045 / 0.054, top-5% share 92.9% / 94.0%. The parameters are physical
-and global (no per-shape terms); they were set from the decode shapes (latency and launch
-overhead), the compute-bound large shapes (issue efficiency, ~45% of the MFMA peak as real
-CK Tile fp8 reaches) and the K=256 shapes (C write bandwidth).
-
-On the default set the selection problem stays hard: 38 distinct best kernels over 168
-shapes, the best single kernel reaches 84% mean efficiency (60% on M >= 1024) and a random
-valid-or-not pick 37%. Speed (``scripts/bench/bench_simulate.py``, 2 shared cores): 168 x 4,608 =
-774,144 rows in 2.4 s, peak RSS 562 MiB (645 MiB after writing the 16.5 MiB parquet).
+``python -m ckpred simulate calibrate=true`` (or ``scripts/research/calibrate_simulator.py``)
+compares the simulator's best kernel per shape with AMD's real fp8/rcr/gfx950 measurements of
+168 shapes (``p1_oracle_best_results.csv``), by M family (:func:`calibration_report`). The
+targets: median |log(sim / real best TFLOPS)| <= 0.26, every family's median <= ln 2, and the
+real best kernel inside the simulator's top 5% for at least 60% of shapes. The parameters are
+physical and global (no per-shape terms); they were set from the decode shapes (latency and
+launch overhead), the compute-bound large shapes (issue efficiency: real CK Tile fp8 GEMMs
+reach about 45% of the MFMA peak) and the K=256 shapes (C write bandwidth). The figures, and
+how hard the default set makes selection, are in docs/results.md ("Simulator calibration").
 """
 
 from __future__ import annotations
@@ -197,7 +181,7 @@ KERNEL_SIGMA = 0.03
 #: ... and of its factor per M family (what a kernel does well on decode it may not on prefill).
 KERNEL_FAMILY_SIGMA = 0.02
 #: Run-to-run noise: log-normal sigma, and a wider sigma with probability NOISE_TAIL_P
-#: (two runs then differ by a median 0.8% and a P90 3.3%, CK_TILE_FACTS.md section 6).
+#: (two runs then differ like repeated real CK Tile runs: see the module docstring, step 9).
 NOISE_SIGMA = 0.006
 NOISE_TAIL_P = 0.20
 NOISE_TAIL_SIGMA = 0.029
@@ -601,7 +585,7 @@ _MAJOR = {"r": "RowMajor", "c": "ColumnMajor"}
 
 
 def write_log(table: pd.DataFrame, path: str | Path, *, acc_dtype: str = "fp32", c_dtype: str | None = None) -> Path:
-    """Write ``table`` in CK Tile's streaming benchmark log format (CK_TILE_FACTS.md section 4).
+    """Write ``table`` in CK Tile's streaming benchmark log format (:mod:`ckpred.data.readers.stream_log`).
 
     One ``Shape i: M=.. N=.. K=.. dtype=.. layout=..`` header between ``=====`` rules per shape,
     then one JSON object per valid row with latency, TFLOPS and bandwidth printed with 2
