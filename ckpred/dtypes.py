@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from functools import cache
 from importlib import resources
-from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -48,14 +47,14 @@ def load_dtype(name: str) -> DtypeConfig:
     return configs[name]
 
 
-def bytes_per_element(dtype: Any) -> int:
+def bytes_per_element(dtype: str | DtypeConfig) -> int:
     """Bytes of one element of ``dtype``: a dtype config (its ``bytes_per_element``) or a name."""
     if isinstance(dtype, str):
         return load_dtype(dtype).bytes_per_element
     return int(dtype.bytes_per_element)
 
 
-def c_bytes_per_element(dtype: Any) -> int:
+def c_bytes_per_element(dtype: str | DtypeConfig) -> int:
     """Bytes of one element of C for A/B of type ``dtype`` (a dtype config or a name): the size
     of its ``c_dtype`` (fp8 and bf8 kernels write fp16)."""
     c_dtype = load_dtype(dtype).c_dtype if isinstance(dtype, str) else str(dtype.c_dtype)

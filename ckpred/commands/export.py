@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from sklearn.pipeline import Pipeline
 
 from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
@@ -28,9 +29,11 @@ from ckpred.export.build import export_name, export_pipeline, node_name
 from ckpred.fitting import fit_final
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.kernels.declared import bind_training_catalogue
+from ckpred.schema import ExportConfig, RecipeConfig
 
 
-def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Any, recipe: Any) -> dict[str, Any]:
+def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: ExportConfig,
+                recipe: RecipeConfig) -> dict[str, Any]:
     """Per-shape efficiency of the exported strategy under the run's CV, next to the full model's.
 
     The candidate set (and the reranker) of each fold are learned from its training shapes only
@@ -59,7 +62,7 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Any, 
     return out
 
 
-def _check_run_matches(cfg: Any, run_cfg: Any, run_dir: Path) -> None:
+def _check_run_matches(cfg: ExportConfig, run_cfg: RecipeConfig, run_dir: Path) -> None:
     diffs = []
     for key in ("op", "arch", "dtype", "layout"):
         mine, theirs = node_name(cfg[key]), node_name(run_cfg[key])
@@ -73,14 +76,14 @@ def _check_run_matches(cfg: Any, run_cfg: Any, run_dir: Path) -> None:
 class _Source:
     """Where the exported pipeline comes from, and the data it was trained on."""
 
-    pipeline: Any
+    pipeline: Pipeline
     #: The training table (for the problem ranges, the parity shapes and the candidates).
     table: pd.DataFrame
     #: The config that loads ``table`` and holds the training recipe (the run's own, for run_dir).
-    data_cfg: Any
+    data_cfg: RecipeConfig
     #: The manifest's ``source`` section.
     record: dict[str, Any]
-    metrics: Any = None
+    metrics: dict[str, Any] | None = None
     #: The train run directory (run_dir=), else None.
     run_dir: Path | None = None
 
@@ -91,7 +94,7 @@ class _Source:
         return path if path is not None and path.is_file() else None
 
 
-def _from_run_dir(cfg: Any, op: OpDefinition) -> _Source:
+def _from_run_dir(cfg: ExportConfig, op: OpDefinition) -> _Source:
     """The finished train run ``cfg.run_dir``: its pipeline, checked against its record and config."""
     from omegaconf import OmegaConf
 
@@ -122,7 +125,7 @@ def _from_run_dir(cfg: Any, op: OpDefinition) -> _Source:
     return _Source(run.pipeline, table, data_cfg, record, metrics=train_record.get("metrics"), run_dir=run_dir)
 
 
-def _fit_here(cfg: Any, op: OpDefinition) -> _Source:
+def _fit_here(cfg: ExportConfig, op: OpDefinition) -> _Source:
     """The config's pipeline, fitted on all rows of its data (:func:`ckpred.fitting.fit_final`)."""
     from omegaconf import OmegaConf
 
@@ -137,7 +140,7 @@ def _fit_here(cfg: Any, op: OpDefinition) -> _Source:
     return _Source(pipeline, table, cfg, record)
 
 
-def _parity_problems(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
+def _parity_problems(cfg: ExportConfig, table: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
     """The training problems the parity check scores (a seeded sample of ``parity.shapes``)."""
     problems = table[list(op.problem_names)].drop_duplicates()
     if cfg.parity.shapes and len(problems) > cfg.parity.shapes:
@@ -145,7 +148,8 @@ def _parity_problems(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> pd.Data
     return problems
 
 
-def _strategy(cfg: Any, src: _Source, op: OpDefinition) -> tuple[Any, dict[str, Any] | None, Any]:
+def _strategy(cfg: ExportConfig, src: _Source,
+              op: OpDefinition) -> tuple[np.ndarray | None, dict[str, Any] | None, Pipeline | None]:
     """Candidates, ``selection`` section and reranker of ``select=pruned|reranked`` (all None for full)."""
     if cfg.select not in ("pruned", "reranked"):
         return None, None, None
@@ -169,7 +173,7 @@ def _strategy(cfg: Any, src: _Source, op: OpDefinition) -> tuple[Any, dict[str, 
     return candidates, selection, reranker
 
 
-def _calibration(cfg: Any, src: _Source, op: OpDefinition) -> Any:
+def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition) -> dict[str, Any] | None:
     """The confidence budget's calibration from the run's out-of-fold scores, or None.
 
     Those scores are the full model's, so the calibration holds only for selectors that rank
@@ -183,7 +187,7 @@ def _calibration(cfg: Any, src: _Source, op: OpDefinition) -> Any:
     return calibration_from_oof(pd.read_parquet(src.oof_file), ids)
 
 
-def _report(cfg: Any, manifest: dict[str, Any], target: Path) -> None:
+def _report(cfg: ExportConfig, manifest: dict[str, Any], target: Path) -> None:
     """Print the parity figures, the strategy's CV figures and the file sizes."""
     par = manifest["parity"]
     if par.get("checked"):
@@ -201,7 +205,7 @@ def _report(cfg: Any, manifest: dict[str, Any], target: Path) -> None:
     print(f"exported {target} ({sizes})")
 
 
-def export_command(cfg: Any) -> str:
+def export_command(cfg: ExportConfig) -> str:
     """Task function of ``python -m ckpred export``; returns the export directory."""
     from ckpred.util import resolve_path
 
