@@ -19,7 +19,7 @@ returns the model's mean per-shape efficiency over the test folds. One run:
        oof_predictions.parquet every test row: fold, measured perf, each method's score
        folds.json              train / validation / test shape keys of every fold
        pipeline.joblib         the final Pipeline (features -> model) fitted on all data
-       manifest.json           config, data hash, versions, metrics, feature names, op/arch/...
+       run.json                the run record: config, data hash, versions, metrics, feature names, op/arch/...
        efficiency_cdf.png  efficiency_at_k.png  feature_importance.png
 """
 
@@ -43,16 +43,18 @@ from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 
 from ckpred import evaluate as ev
 from ckpred.data.table import data_hash
+from ckpred.dtypes import c_bytes_per_element
 from ckpred.fitting import (LearnedMethod, Prepared, cv_group_names, fit_method, for_arch, model_method,
                             plain_method, predict, prepare, recipe_config, rows_of)
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.kernels.declared import bind_training_catalogue
 from ckpred.models import booster, failure_model, predicted_ok, target_name
+from ckpred.runs import RUN_RECORD
 from ckpred.util import package_versions, sha256_file
 
 log = logging.getLogger(__name__)
 
-#: Packages whose versions go into the manifest.
+#: Packages whose versions go into the run record.
 _PACKAGES = ("ckpred", "lightgbm", "scikit-learn", "numpy", "pandas", "pyarrow", "hydra-core",
              "omegaconf", "scipy")
 
@@ -221,12 +223,12 @@ def cross_validate_seeds(cfg: DictConfig, out_dir: Path, seeds: list[int],
     over = {m: ev.spread([per_seed[s][m] for s in seeds if m in per_seed[s]]) for m in methods}
     # the first seed's metrics as in a one-seed run, plus the spread of each method over the seeds
     payload = {"_heading": f"{heading}, seeds {seeds}", **first, "seeds": seeds, "over_seeds": over,
-               "timings_s": {str(s): json.loads((out_dir / f"seed{s}" / "manifest.json").read_text())["timings_s"]
+               "timings_s": {str(s): json.loads((out_dir / f"seed{s}" / RUN_RECORD).read_text())["timings_s"]
                              for s in seeds}}
     ev.write_json(out_dir / "metrics.json", payload)
     if progress:
-        manifest = json.loads((out_dir / f"seed{seeds[0]}" / "manifest.json").read_text())
-        ev.print_summary(first, tuple(manifest.get("families", ())), out_dir, manifest["timings_s"],
+        record = json.loads((out_dir / f"seed{seeds[0]}" / RUN_RECORD).read_text())
+        ev.print_summary(first, tuple(record.get("families", ())), out_dir, record["timings_s"],
                          heading=f"{heading}, seed {seeds[0]}", over_seeds=over)
     mean = over.get("model", {}).get("mean", {}).get("mean", float("nan"))
     log.info("model mean efficiency over seeds %s: %.4f -> %s", seeds, mean, out_dir)
@@ -327,7 +329,7 @@ def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, 
                 gemm, cus=int(cfg.arch.cus), peak_tflops=float(cfg.arch.peak_tflops[cfg.dtype.name]),
                 bandwidth_gbs=float(cfg.arch.memory_bandwidth_gbs),
                 bytes_per_element=int(cfg.dtype.bytes_per_element),
-                c_bytes={"fp8": 1, "bf8": 1, "fp16": 2, "bf16": 2, "fp32": 4}[cfg.dtype.c_dtype])
+                c_bytes=c_bytes_per_element(cfg.dtype))
         except (KeyError, NotImplementedError) as exc:
             analytical_note = f"skipped: {exc}"
             log.warning("analytical baseline %s", analytical_note)
@@ -371,7 +373,7 @@ def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, 
 
     write_run(out_dir, cfg, op, data, test, tested, scores, fold_of_row, shapes, per_shape, eval_groups,
               metrics, fold_log, final, final_info, timings, heading=heading)
-    if base is not None:  # lineage into manifest.json (ckpred.warm_start)
+    if base is not None:  # lineage into the run record (ckpred.warm_start)
         warm_start.record_lineage(out_dir, base, cfg, fold_log)
     if cfg.progress:
         ev.print_summary(metrics, op.families, out_dir, timings, heading=heading)
@@ -429,7 +431,7 @@ def write_run(out_dir: Path, cfg: DictConfig, op: OpDefinition, data: Prepared, 
     pipeline_sha = None
     if final is not None:
         pipeline_sha = sha256_file(out_dir / "pipeline.joblib")
-    manifest = {
+    record = {
         "command": "train",
         "created": datetime.now().astimezone().isoformat(timespec="seconds"),
         "op": op.name, "arch": cfg.arch.name, "dtype": cfg.dtype.name, "layout": cfg.layout.name,
@@ -452,4 +454,4 @@ def write_run(out_dir: Path, cfg: DictConfig, op: OpDefinition, data: Prepared, 
         "argv": sys.argv,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
-    ev.write_json(out_dir / "manifest.json", manifest)
+    ev.write_json(out_dir / RUN_RECORD, record)

@@ -76,22 +76,11 @@ _CMPOPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==",
 
 @functools.lru_cache(maxsize=1)
 def dtype_bytes_table() -> dict[str, int]:
-    """Bytes per element of each dtype, read from the packaged dtype configs (``conf/dtype``).
+    """Bytes per element of each dtype (:func:`ckpred.dtypes.dtype_configs`, read from the
+    packaged dtype configs); ``dtype_bytes(x)`` in an expression looks its value up here."""
+    from ckpred.dtypes import dtype_configs
 
-    The dtype configs are the one source of truth for element sizes; ``dtype_bytes(x)`` in an
-    expression looks its value up here.
-    """
-    from importlib import resources
-
-    from omegaconf import OmegaConf
-
-    table: dict[str, int] = {}
-    folder = resources.files("ckpred.conf") / "dtype"
-    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
-        if entry.name.endswith(".yaml"):
-            cfg = OmegaConf.create(entry.read_text())
-            table[str(cfg.name)] = int(cfg.bytes_per_element)
-    return table
+    return {name: config.bytes_per_element for name, config in dtype_configs().items()}
 
 
 # -- values during evaluation ----------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The model: a two-step scikit-learn Pipeline ``features -> LightGBM``, built from config.
 
-``build_pipeline`` is the contract with export (``notes/CONTRACT_MODEL.md``): the Pipeline has
+``build_pipeline`` is the contract with export (:mod:`ckpred.export`): the Pipeline has
 exactly the steps ``("features", FeatureUnion)`` and ``("model", estimator)`` where the
 estimator is
 
@@ -191,8 +191,12 @@ def training_target(perf: np.ndarray, shape_codes: np.ndarray, model_cfg: Any, t
     return np.asarray(perf, dtype=np.float64)
 
 
-def _query_sizes(shape_codes: np.ndarray) -> np.ndarray:
-    """Sizes of consecutive runs of equal codes (rows must be contiguous per shape)."""
+def query_sizes(shape_codes: np.ndarray) -> np.ndarray:
+    """LightGBM's ``group`` argument of a ranker: the sizes of consecutive runs of equal codes.
+
+    A ranker's query is one shape's rows, so they must be contiguous; codes that reappear after
+    another shape raise ``ValueError`` instead of silently splitting a query in two.
+    """
     change = np.flatnonzero(np.diff(shape_codes)) + 1
     bounds = np.concatenate([[0], change, [len(shape_codes)]])
     sizes = np.diff(bounds)
@@ -233,7 +237,7 @@ def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np
     fit_params: dict[str, Any] = {}
     is_ranker = isinstance(model, lgb.LGBMRanker)
     if is_ranker:
-        fit_params["group"] = _query_sizes(shape_codes)
+        fit_params["group"] = query_sizes(shape_codes)
     rounds = int(model_cfg.early_stopping_rounds)
     if rounds > 0:
         if X_val is None or y_val is None or len(X_val) == 0:
@@ -248,7 +252,7 @@ def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np
         else:  # LightGBM < 4.7
             fit_params["eval_set"] = [(Xv, yv)]
         if is_ranker:
-            fit_params["eval_group"] = [_query_sizes(val_codes)]
+            fit_params["eval_group"] = [query_sizes(val_codes)]
             fit_params["eval_at"] = [1]
         fit_params["callbacks"] = [lgb.early_stopping(rounds, first_metric_only=True, verbose=False)]
     if init_model is not None:  # warm start

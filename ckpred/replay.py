@@ -80,7 +80,7 @@ def load_run(run_dir: str | Path, *, score: str = "score_model") -> ReplayData:
 
     The benchmark time of a kernel is ``1 / perf`` (perf is work / time, so within a problem
     it orders and scales kernels like their times). Equal scores are broken as the exported
-    selector breaks them, by catalogue kernel id, when the run's ``manifest.json`` names the
+    selector breaks them, by catalogue kernel id, when the run's record (``run.json``) names the
     op, arch, dtype and layout (else by row order). A run with a single test fold (external
     or holdout CV) gets pseudo-folds by problem key, for cross-fitting the calibration.
 
@@ -93,6 +93,7 @@ def load_run(run_dir: str | Path, *, score: str = "score_model") -> ReplayData:
 
     from ckpred.errors import MissingFileError
     from ckpred.kernels.base import load_op
+    from ckpred.runs import run_record_path
 
     run_dir = Path(run_dir)
     path = run_dir / "oof_predictions.parquet"
@@ -109,9 +110,9 @@ def load_run(run_dir: str | Path, *, score: str = "score_model") -> ReplayData:
                           "score": oof[score].to_numpy(float), "fold": oof["fold"].to_numpy()})
     frame["seconds"] = np.where(frame["perf"] > 0, 1.0 / np.maximum(frame["perf"], 1e-300), np.nan)
     frame["tie"] = np.arange(len(frame))
-    manifest = run_dir / "manifest.json"
-    if manifest.is_file():
-        m = json.loads(manifest.read_text())
+    record = run_record_path(run_dir)
+    if record.is_file():
+        m = json.loads(record.read_text())
         if all(isinstance(m.get(k), str) for k in ("op", "arch", "dtype", "layout")):
             ids = load_op(m["op"]).catalogue(m["arch"], m["dtype"], m["layout"]).set_index("kernel_name")["kernel_id"]
             tie = frame["kernel_name"].map(ids)

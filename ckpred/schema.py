@@ -52,18 +52,20 @@ class ArchConfig:
     #: both gfx90a) are two arch configs with different names and the same ``gfx``.
     gfx: str = ""
     cus: int = MISSING
-    xcds: int = 1
-    shader_engines: int = 1
-    simds_per_cu: int = 4
-    wave_size: int = 64
-    max_waves_per_cu: int = 32
+    xcds: int = MISSING
+    shader_engines: int = MISSING
+    simds_per_cu: int = MISSING
+    wave_size: int = MISSING
+    max_waves_per_cu: int = MISSING
     clock_mhz: int = MISSING
-    lds_kib: int = 64
-    l1_kib: int = 32
-    l2_mib_per_xcd: float = 4.0
-    llc_mib: float = 0.0
+    lds_kib: int = MISSING
+    l1_kib: int = MISSING
+    l2_mib_per_xcd: float = MISSING
+    #: Last-level (Infinity) cache; 0 = none.
+    llc_mib: float = MISSING
     memory_bandwidth_gbs: float = MISSING
-    peak_tflops: dict[str, float] = field(default_factory=dict)
+    #: Dense peak per dtype name.
+    peak_tflops: dict[str, float] = MISSING
 
     def __post_init__(self) -> None:
         check_positive(
@@ -313,8 +315,9 @@ class DataConfig:
     path: Any = None
     #: Reader to use; ``auto`` detects it from the file's content.
     format: str = "auto"
-    #: Where generated or ingested tables are cached, relative to the original working dir.
-    cache_dir: str = "data/cache"
+    #: Where generated or ingested tables are cached, relative to the original working dir;
+    #: the environment variable CKPRED_CACHE_DIR, when set, replaces the default.
+    cache_dir: str = "${oc.env:CKPRED_CACHE_DIR,data/cache}"
     #: Seed of the simulator's noise and kernel idiosyncrasies.
     seed: int = 0
 
@@ -380,7 +383,7 @@ class FeaturesConfig:
             seen.add(name)
 
 
-# -- shapes and simulate (simulator owner) -------------------------------------------------------
+# -- shapes and simulate ----------------------------------------------------------------------
 @dataclass
 class ShapeFamilyConfig:
     """One rule of a shape set (see :mod:`ckpred.data.shapes`)."""
@@ -450,7 +453,7 @@ class SimulateConfig:
     #: Real oracle-best table (m, n, k, oracle_best_tflops, oracle_best_kernel) to calibrate on.
     calibration_file: str = "data/ck_gemm_gfx950_results/p1_oracle_best_results.csv"
 
-# -- train: models, targets, cv, baselines (train owner) -----------------------------------------
+# -- train: models, targets, cv, baselines ----------------------------------------------------
 MODEL_NAMES: tuple[str, ...] = ("lgbm_regressor", "lgbm_ranker")
 TARGET_NAMES: tuple[str, ...] = ("log1p", "raw", "relative")
 CV_NAMES: tuple[str, ...] = ("group_kfold", "leave_family_out", "holdout", "external")
@@ -473,7 +476,8 @@ class ModelConfig:
     #: Row subsampling (bagging) fraction; takes effect when ``subsample_freq`` > 0.
     subsample: float = 1.0
     subsample_freq: int = 0
-    colsample_bytree: float = 1.0
+    #: Feature subsampling per tree (LightGBM ``feature_fraction``).
+    colsample_bytree: float = 0.8
     reg_alpha: float = 0.0
     reg_lambda: float = 0.0
     min_split_gain: float = 0.0
@@ -576,9 +580,10 @@ class RowsConfig:
     #: pass the rules but failed when measured stay, with perf 0.
     drop_rule_invalid: bool = True
     #: Rows kept per training shape at most (0 = all): the ``keep_top`` fastest, then a seeded
-    #: uniform sample of the rest.
-    max_per_shape: int = 0
-    keep_top: int = 64
+    #: uniform sample of the rest. The default keeps 512 of the ~3,800 runnable gemm_universal
+    #: kernels of a shape, so a fit sees every shape's fast kernels and a spread of slow ones.
+    max_per_shape: int = 512
+    keep_top: int = 128
 
     def __post_init__(self) -> None:
         check_positive("rows", self, ("max_per_shape", "keep_top"), allow_zero=True)
@@ -688,7 +693,7 @@ class TrainConfig(RecipeConfig):
     seeds: list[int] = field(default_factory=list)
 
 
-# -- export and select (export owner) ------------------------------------------------------------
+# -- export and select ------------------------------------------------------------------------
 #: ``full``: every catalogue kernel scored by the full model; ``pruned``: only the candidates
 #: learned from the training data; ``reranked``: those candidates scored by a small model fitted
 #: on their rows only (:mod:`ckpred.export.strategies`).
@@ -770,7 +775,7 @@ class SelectConfig(RecipeConfig):
               "the problem fields, e.g. problem.m=128 problem.n=1536 problem.k=7168")
 
 
-# -- sweeps, tune, warm start (sweep owner) ------------------------------------------------------
+# -- sweeps, tune, warm start -----------------------------------------------------------------
 TUNE_KINDS: tuple[str, ...] = ("int", "float", "categorical")
 #: ``model.<name>`` keys the ``tune`` search space may set (LightGBM hyperparameters).
 TUNABLE: tuple[str, ...] = ("n_estimators", "learning_rate", "num_leaves", "max_depth", "min_child_samples",
@@ -808,7 +813,7 @@ class TuneSettings:
     #: Seed of optuna's TPESampler (the trials are deterministic for a given seed).
     sampler_seed: int = 0
     #: Random trials before TPE starts modelling.
-    n_startup_trials: int = 10
+    n_startup_trials: int = 8
     #: Keep each trial's plots and final fitted pipeline (one extra fit per trial).
     trial_outputs: bool = False
     #: ``median``: stop a trial after a fold when its running CV mean is below the median of

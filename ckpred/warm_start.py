@@ -1,6 +1,6 @@
 """Warm start: ``ckpred train warm_start=<train run dir> model.n_estimators=N`` continues boosting.
 
-The base is a finished ``train`` run directory (its ``pipeline.joblib`` and ``manifest.json``).
+The base is a finished ``train`` run directory (its ``pipeline.joblib`` and run record ``run.json``).
 Every model this run fits — each CV fold's and the final one — starts from the base model's
 booster (LightGBM ``init_model``) and *adds* ``model.n_estimators`` trees, trained on this run's
 data; the other hyperparameters (learning rate, leaves, ...) may differ from the base's and apply
@@ -10,14 +10,14 @@ TransformedTargetRegressor`` or ``LGBMRanker``), so export reads it unchanged.
 Refusals (:class:`ckpred.errors.ModelMismatchError`, naming every field that differs with both
 values): op, arch, dtype, layout, model kind, target, feature set name, model input columns and
 the feature names and their order; a ``pipeline.joblib`` whose sha256 is not the one in the
-base's manifest.
+base's run record.
 
 What CV means with warm start
 -----------------------------
 The folds continue from the *base's final model*, which was fitted on all of the base run's
 shapes. When the base saw a shape that is now in a test fold, that fold's score is optimistic
 (the base's trees have learned that shape's kernels). The run records exactly how many test
-shapes the base trained on (``manifest.json: warm_start.cv.test_shapes_seen_by_base``) and
+shapes the base trained on (``run.json: warm_start.cv.test_shapes_seen_by_base``) and
 warns. The leak-free protocol: warm-start on data whose shapes the base never saw (e.g. a base
 trained on an older sweep, continued on newly measured shapes) — then the count is 0 and CV is
 as honest as a cold run. Continuing on the *same* data is useful to add trees to a final model,
@@ -41,6 +41,7 @@ from ckpred import evaluate as ev
 from ckpred.errors import ModelMismatchError
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import booster, build_pipeline, target_name
+from ckpred.runs import RUN_RECORD
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class BaseModel:
 
     run_dir: Path
     pipeline: Pipeline
-    manifest: dict[str, Any]
+    record: dict[str, Any]
     sha256: str
     #: Shape keys (as strings) the base's final model was fitted on.
     trained_shapes: frozenset[str]
@@ -70,19 +71,19 @@ class BaseModel:
 
 
 def load_base(run_dir: str | Path) -> BaseModel:
-    """Load and verify a train run directory (files present, pipeline sha256 = manifest's).
+    """Load and verify a train run directory (files present, pipeline sha256 = the run record's).
 
     Raises
     ------
     ckpred.errors.InputFileError
-        When the directory, its manifest or its pipeline is missing.
+        When the directory, its run record or its pipeline is missing.
     ckpred.errors.ModelMismatchError
-        When ``pipeline.joblib`` is not the file the manifest describes.
+        When ``pipeline.joblib`` is not the file the run record names.
     """
     from ckpred.runs import load_train_run
 
-    run = load_train_run(run_dir, purpose="warm_start", require_manifest=True)
-    path, pipe, manifest, sha = run.path, run.pipeline, run.manifest, run.sha256
+    run = load_train_run(run_dir, purpose="warm_start", require_record=True)
+    path, pipe, record, sha = run.path, run.pipeline, run.record, run.sha256
     folds_file = path / "folds.json"
     trained: set[str] = set()
     if folds_file.exists():
@@ -92,7 +93,7 @@ def load_base(run_dir: str | Path) -> BaseModel:
             trained.update(info.get("train_shapes", []), info.get("validation_shapes", []))
             if folds.get("cv") != "external":  # the final fit used every shape, test folds included
                 trained.update(fold.get("test_shapes", []))
-    return BaseModel(run_dir=path, pipeline=pipe, manifest=manifest, sha256=sha, trained_shapes=frozenset(trained))
+    return BaseModel(run_dir=path, pipeline=pipe, record=record, sha256=sha, trained_shapes=frozenset(trained))
 
 
 def _describe_feature_difference(base: list[str], new: list[str]) -> str:
@@ -122,7 +123,7 @@ def expected_fields(cfg: Any, op: OpDefinition, feature_names: list[str]) -> dic
 
 
 def check_compatible(base: BaseModel, expected: dict[str, Any]) -> None:
-    """Refuse a base whose manifest differs from ``expected`` in any of :data:`CHECKED_FIELDS`.
+    """Refuse a base whose run record differs from ``expected`` in any of :data:`CHECKED_FIELDS`.
 
     Raises
     ------
@@ -132,14 +133,14 @@ def check_compatible(base: BaseModel, expected: dict[str, Any]) -> None:
     """
     diffs: dict[str, str] = {}
     for key in CHECKED_FIELDS:
-        have, want = base.manifest.get(key), expected[key]
+        have, want = base.record.get(key), expected[key]
         if have == want:
             continue
         if key == "feature_names" and isinstance(have, list):
             diffs[key] = _describe_feature_difference(have, want)
         else:
             diffs[key] = f"base {have!r}, this run {want!r}"
-    # The manifest is checked above; this guards against a manifest that lies about the pipeline.
+    # The record is checked above; this guards against a record that lies about the pipeline.
     n_in = int(base.booster.num_feature())
     if "feature_names" not in diffs and n_in != len(expected["feature_names"]):
         diffs["feature_names"] = f"base booster takes {n_in} features, this run builds {len(expected['feature_names'])}"
@@ -166,11 +167,11 @@ def prepare(cfg: DictConfig, op: OpDefinition, X_head: Any) -> BaseModel:
     return base
 
 
-def lineage(base: BaseModel, cfg: DictConfig, manifest: dict[str, Any], test_shape_keys: list[str],
+def lineage(base: BaseModel, cfg: DictConfig, run: dict[str, Any], test_shape_keys: list[str],
             fold_trees: list[int]) -> dict[str, Any]:
-    """The ``warm_start`` record of this run's manifest (base identity, trees, data, CV leakage)."""
+    """The ``warm_start`` entry of this run's record (base identity, trees, data, CV leakage)."""
     seen = sorted(set(test_shape_keys) & base.trained_shapes)
-    bm = base.manifest
+    bm = base.record
     base_model_cfg = (bm.get("config") or {}).get("model", {})
     record = {
         "base_run_dir": str(base.run_dir),
@@ -179,10 +180,10 @@ def lineage(base: BaseModel, cfg: DictConfig, manifest: dict[str, Any], test_sha
         "base_model": {k: base_model_cfg.get(k) for k in ("n_estimators", "learning_rate", "num_leaves")},
         "trees_before": base.trees,
         "trees_added": int(cfg.model.n_estimators),
-        "trees_after": (manifest.get("pipeline") or {}).get("trees"),
+        "trees_after": (run.get("pipeline") or {}).get("trees"),
         "fold_trees_after": fold_trees,
-        "data": {k: manifest["data"].get(k) for k in ("hash", "rows", "shapes")},
-        "same_data": bm.get("data", {}).get("hash") == manifest["data"].get("hash"),
+        "data": {k: run["data"].get(k) for k in ("hash", "rows", "shapes")},
+        "same_data": bm.get("data", {}).get("hash") == run["data"].get("hash"),
         "cv": {"folds": "every fold continues from the base's final model",
                "test_shapes": len(test_shape_keys), "test_shapes_seen_by_base": len(seen),
                "leakage": bool(seen), "seen_examples": seen[:10]},
@@ -193,24 +194,24 @@ def lineage(base: BaseModel, cfg: DictConfig, manifest: dict[str, Any], test_sha
 
 
 def record_lineage(out_dir: Path, base: BaseModel, cfg: DictConfig, fold_log: list[dict[str, Any]]) -> dict[str, Any]:
-    """Add the ``warm_start`` record to ``out_dir/manifest.json``; warn when CV leaked.
+    """Add the ``warm_start`` entry to the run record of ``out_dir``; warn when CV leaked.
 
     ``fold_log`` is the run's ``folds.json`` content (test shapes and per-fold tree counts).
     """
     test_shape_keys = [str(s) for f in fold_log for s in f["test_shapes"]]
-    manifest_file = out_dir / "manifest.json"
-    manifest = json.loads(manifest_file.read_text())
+    record_file = out_dir / RUN_RECORD
+    run = json.loads(record_file.read_text())
     fold_trees = [int(f["model"]["trees"]) for f in fold_log if "model" in f and "trees" in f["model"]]
-    record = lineage(base, cfg, manifest, test_shape_keys, fold_trees)
+    record = lineage(base, cfg, run, test_shape_keys, fold_trees)
     pipeline_file = out_dir / "pipeline.joblib"
     if record["trees_after"] is None and pipeline_file.exists():
         # cv=external saves the fold model itself (no separate final fit records its trees).
         record["trees_after"] = int(booster(joblib.load(pipeline_file)).current_iteration())
-    manifest["warm_start"] = record
-    ev.write_json(manifest_file, manifest)
+    run["warm_start"] = record
+    ev.write_json(record_file, run)
     cv = record["cv"]
     if cv["leakage"]:
         log.warning("warm start: the base model was trained on %d of the %d test shapes, so the CV "
-                    "efficiencies of this run are optimistic (see manifest.json warm_start.cv)",
+                    "efficiencies of this run are optimistic (see run.json warm_start.cv)",
                     cv["test_shapes_seen_by_base"], cv["test_shapes"])
     return record

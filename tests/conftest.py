@@ -7,13 +7,51 @@ absent.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+# Tests leave nothing in the checkout. Simulated tables are cached under CKPRED_CACHE_DIR (the
+# data config's cache_dir; subprocesses inherit it): a temporary directory for the session
+# unless the caller set one. Hypothesis keeps no example database.
+_OWN_CACHE = "CKPRED_CACHE_DIR" not in os.environ
+if _OWN_CACHE:
+    os.environ["CKPRED_CACHE_DIR"] = tempfile.mkdtemp(prefix="ckpred-test-cache-")
+settings.register_profile("ckpred", database=None)
+settings.load_profile("ckpred")
+
+#: What commands write into the working directory by default; none of it may appear during a test run.
+GENERATED = ("runs", "multirun", "outputs", "data/cache", ".hypothesis", "exports")
+
+
+def _generated() -> set[str]:
+    found = {name for name in GENERATED if (REPO / name).exists()}
+    if "exports" in found:
+        found.discard("exports")
+        found |= {f"exports/{p.name}" for p in (REPO / "exports").iterdir() if p.name != "README.md"}
+    return found
+
+
+_BEFORE = _generated()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when a test wrote into the checkout (and drop this session's cache)."""
+    if _OWN_CACHE:
+        shutil.rmtree(os.environ["CKPRED_CACHE_DIR"], ignore_errors=True)
+    new = sorted(_generated() - _BEFORE)
+    if new:
+        session.config.get_terminal_writer().line(
+            f"tests wrote into the checkout: {', '.join(new)} (write to tmp_path instead)", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def data_file(*parts: str) -> Path:

@@ -2,8 +2,8 @@
 
 The measurements are made up (a smooth function of shape and tile plus a per-kernel factor),
 only their *form* is real: kernel names from the gemm_universal catalogue, the file layouts of
-CK_TILE_FACTS.md section 4, TFLOPS consistent with latency and FLOPs (to full precision in CSV
-and JSON, to the 2 printed decimals in the streaming log).
+CK Tile's benchmark JSON, streaming log and CSV sweeps, TFLOPS consistent with latency and
+FLOPs (to full precision in CSV and JSON, to the 2 printed decimals in the streaming log).
 """
 
 from __future__ import annotations
@@ -142,42 +142,4 @@ def benchmark_json(rows: Sequence[Measurement], *, failed: Sequence[tuple[int, i
 
 def write_json(path: Path, rows: Sequence[Measurement], **kw) -> Path:  # type: ignore[no-untyped-def]
     path.write_text(json.dumps(benchmark_json(rows, **kw), indent=2))
-    return path
-
-
-def write_big_log(path: Path, n_rows: int, *, seed: int = 0) -> Path:
-    """A streaming log of ``n_rows`` kernel rows (all 4,608 fp8 kernels per shape, as many
-    shapes as needed), written in chunks so memory stays flat."""
-    cat = OP.catalogue("gfx950", "fp8", "rcr")
-    names = cat["kernel_name"].tolist()
-    tiles = list(zip(cat["tile_m"], cat["tile_n"]))
-    rng = random.Random(seed)
-    ms = [1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 20480]
-    ns = [512, 1536, 3072, 4096, 7168, 8192, 14336, 28672]
-    ks = [256, 512, 1024, 2048, 4096, 7168]
-    written = 0
-    shape = 0
-    with open(path, "w") as fh:
-        while written < n_rows:
-            m, n, k = rng.choice(ms), rng.choice(ns), rng.choice(ks)
-            flops = 2.0 * m * n * k
-            fh.write(f"{'=' * 80}\nShape {shape}: M={m} N={n} K={k} dtype=fp8 layout=rcr\n{'=' * 80}\n")
-            shape += 1
-            chunk = []
-            for name, (tm, tn) in zip(names, tiles):
-                if written >= n_rows:
-                    break
-                tflops = 1.0 + 2000.0 * min(1.0, m / tm) * min(1.0, n / tn) * (1 - math.exp(-flops / 2e11)) \
-                    * rng.uniform(0.5, 1.0)
-                latency = flops / (tflops * 1e9)
-                bandwidth = (m * k + k * n + 2 * m * n) / (latency * 1e6)
-                chunk.append(
-                    f'{{"name": "{name}", "problem": {{"split_k": 1, "m": {m}, "n": {n}, "k": {k}, '
-                    f'"stride_a": {k}, "stride_b": {k}, "stride_c": {n}, "dtype_a": "fp8", "dtype_b": "fp8", '
-                    f'"dtype_acc": "fp32", "dtype_c": "fp16", "layout_a": "RowMajor", "layout_b": "ColumnMajor", '
-                    f'"layout_c": "RowMajor", "structured_sparsity": false}}, "perf_result": '
-                    f'{{"latency(ms)": {latency:.2f}, "tflops(TFlops)": {tflops:.2f}, '
-                    f'"bandwidth(GB/s)": {bandwidth:.2f}}}}}\n')
-                written += 1
-            fh.write("".join(chunk))
     return path

@@ -274,7 +274,7 @@ def test_conv_feature_sets_export_to_onnx_with_parity(conv_cfg, name: str) -> No
 def test_reduced_protocol_b_beats_baselines_on_amd_data(tmp_path) -> None:
     """5-fold GroupKFold by problem over the 30-kernel table with a small ranker (CI-sized).
 
-    The full-size run and Protocol A are ``scripts/conv_proof.py``; this checks the wiring
+    The full-size run and Protocol A are ``scripts/bench/conv_proof.py``; this checks the wiring
     (ingest -> conv features -> ranker -> per-problem metrics) and that learning beats the
     baselines by a margin no baseline reaches by chance.
     """
@@ -353,22 +353,25 @@ def test_onnx_validity_mask_equals_python_rules() -> None:
     assert got[0].sum() == 30 and not got[1].any() and got[2, :30].all() and not got[:, 30].any()
 
 
-# -- scripts/conv_proof.py protocols ---------------------------------------------------------------
-def _script(name: str):
-    """Import ``scripts/<name>.py`` (scripts import their siblings, so the folder goes on the path;
-    the module is registered so its dataclasses resolve their annotations)."""
-    import importlib
+# -- scripts/bench/conv_proof.py and the protocols of ckpred.data.ck_conv ------------------------------
+def _script(path: str):
+    """Import the script ``scripts/<path>.py`` as a module (registered in ``sys.modules`` so its
+    dataclasses resolve their annotations)."""
+    import importlib.util
     import sys
     from pathlib import Path
 
-    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    return importlib.import_module(name)
+    name = "script_" + path.replace("/", "_")
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{path}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def _conv_proof():
-    return _script("conv_proof")
+    return _script("bench/conv_proof")
 
 
 def test_selection_protocol_never_sees_the_benchmark(tmp_path) -> None:
@@ -377,8 +380,8 @@ def test_selection_protocol_never_sees_the_benchmark(tmp_path) -> None:
     from pathlib import Path
 
     from ckpred.config import compose
+    from ckpred.data import ck_conv as proof
 
-    proof = _conv_proof()
     data_dir = Path("/data/conv")
     cfgs = {p: compose("train", proof.protocol_overrides(p, data_dir, tmp_path)) for p in ("T", "A", "B")}
     assert cfgs["T"].data.path == str(data_dir / proof.TRAIN) and cfgs["T"].cv.name == "group_kfold"
@@ -436,9 +439,9 @@ def test_noise_regimes_of_the_proof_table() -> None:
     assert table[-1].startswith("| all | 3 |") and table[-1].endswith("| 97.5 / 1 |")
 
 
-# -- scripts/conv_variants.py ----------------------------------------------------------------------
+# -- scripts/research/conv_variants.py -------------------------------------------------------------
 def _conv_variants():
-    return _script("conv_variants")
+    return _script("research/conv_variants")
 
 
 def test_conv_variants_refuses_bad_arguments(capsys) -> None:
@@ -460,7 +463,7 @@ def test_conv_variants_scores_every_problem_once_out_of_fold() -> None:
 
     variants = _conv_variants()
     data_file(CONV_DIR, "training_data_forward_bf16_20.csv")
-    ctx = variants.load_context("T", 0, variants.conv_proof.DATA_DIR)
+    ctx = variants.load_context("T", 0, variants.DATA_DIR)
     est = ctx.names.index("log2_est_us")
     got = variants.evaluate(ctx, lambda fit: -fit.X_test[:, est])
     whole = ev.summarize(ev.shape_metrics(ctx.test.perf, -ctx.test_features[:, est], ctx.test.groups,
@@ -483,7 +486,7 @@ def test_conv_variants_tile_context_agrees_with_conv_tile() -> None:
 
     variants = _conv_variants()
     data_file(CONV_DIR, "training_data_forward_bf16_20.csv")
-    ctx = variants.load_context("T", 0, variants.conv_proof.DATA_DIR)
+    ctx = variants.load_context("T", 0, variants.DATA_DIR)
     X, at = ctx.features[:2000], ctx.index
     columns = variants.tile_context_columns(X, ctx.data.groups.codes[:2000], ctx)
     assert columns.shape == (2000, 3 * len(TILES_2BYTE))

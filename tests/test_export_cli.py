@@ -60,7 +60,7 @@ def test_bad_export_option_names_key_value_allowed(tmp_path) -> None:
 
 @pytest.fixture()
 def run_dir(tmp_path):
-    """A finished train run as train writes it: pipeline.joblib, manifest.json, .hydra/config.yaml."""
+    """A finished train run as train writes it: pipeline.joblib, run.json, .hydra/config.yaml."""
     op, cfg = gemm(), configs()
     pipe = fit_pipeline(op, cfg, synthetic_table(op, cfg, TRAIN_SHAPES), n_estimators=10)
     run = tmp_path / "runs" / "train" / "r1"
@@ -76,7 +76,7 @@ def run_dir(tmp_path):
         table_hash = data_hash(load_table(run_cfg).reset_index(drop=True))
     finally:
         os.chdir(cwd)
-    (run / "manifest.json").write_text(json.dumps({
+    (run / "run.json").write_text(json.dumps({
         "op": "gemm_universal", "arch": "gfx950", "dtype": "fp8", "layout": "rcr",
         "data": {"hash": table_hash}, "pipeline": {"sha256": sha256_file(run / "pipeline.joblib")},
         "metrics": {"model": {"mean": 0.975}}}))
@@ -125,8 +125,8 @@ def test_export_of_a_run_with_oof_predictions_carries_the_autotune_calibration(r
 
 def test_run_dir_for_another_arch_is_refused(run_dir, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    man = json.loads((run_dir / "manifest.json").read_text())
-    (run_dir / "manifest.json").write_text(json.dumps({**man, "arch": "gfx942"}))
+    man = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**man, "arch": "gfx942"}))
     with pytest.raises(ModelMismatchError, match="arch is 'gfx942'.*has 'gfx950'.*pass arch=gfx942"):
         export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex"]))
     assert not (tmp_path / "ex").exists()
@@ -134,12 +134,12 @@ def test_run_dir_for_another_arch_is_refused(run_dir, tmp_path, monkeypatch) -> 
 
 def test_run_dir_with_other_data_or_replaced_pipeline_is_refused(run_dir, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    man = json.loads((run_dir / "manifest.json").read_text())
-    (run_dir / "manifest.json").write_text(json.dumps({**man, "data": {"hash": "0" * 64}}))
+    man = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**man, "data": {"hash": "0" * 64}}))
     with pytest.raises(ModelMismatchError, match="is not the data run_dir=.* was trained on"):
         export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex"]))
-    (run_dir / "manifest.json").write_text(json.dumps({**man, "pipeline": {"sha256": "1" * 64}}))
-    with pytest.raises(ModelMismatchError, match="pipeline.joblib: sha256 .* differs from the run manifest"):
+    (run_dir / "run.json").write_text(json.dumps({**man, "pipeline": {"sha256": "1" * 64}}))
+    with pytest.raises(ModelMismatchError, match="pipeline.joblib: sha256 .* differs from the run record"):
         export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex"]))
     assert not (tmp_path / "ex").exists()
 
@@ -175,14 +175,22 @@ def test_export_of_a_train_run_reports_the_strategy_under_the_runs_cv(tmp_path, 
     assert 0.3 < cv["reranked"]["mean"] <= 1.0 and cv["reranked"]["p10"] <= cv["reranked"]["mean"]
 
 
-def test_run_dir_without_manifest_is_compiled_from_its_hydra_config(run_dir, tmp_path, monkeypatch) -> None:
+def test_run_dir_without_run_record_is_compiled_from_its_hydra_config(run_dir, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    (run_dir / "manifest.json").unlink()  # e.g. a run copied without it: the pipeline alone still exports
+    (run_dir / "run.json").unlink()  # e.g. a run copied without it: the pipeline alone still exports
     out = export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex", "parity.shapes=2", "select=full"]))
     man = json.loads((Path(out) / "manifest.json").read_text())
     assert man["source"]["pipeline_sha256"] == sha256_file(run_dir / "pipeline.joblib")
     assert man["source"]["train_data_hash"] is None and man["metrics"] is None
     assert man["training"]["shapes"] == 12  # the run's .hydra/config.yaml (tiny shapes), not this config's data
+
+
+def test_run_dir_written_before_the_rename_is_read_through_its_manifest_json(run_dir, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (run_dir / "run.json").rename(run_dir / "manifest.json")
+    out = export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex", "parity.shapes=2", "select=full"]))
+    man = json.loads((Path(out) / "manifest.json").read_text())
+    assert man["metrics"] == {"model": {"mean": 0.975}} and man["source"]["train_data_hash"] is not None
 
 
 def test_export_of_a_holdout_run_says_why_it_has_no_cv_report(tmp_path, monkeypatch) -> None:

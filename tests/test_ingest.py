@@ -21,6 +21,7 @@ from ckpred.data.table import canonical_columns, read_table, write_table
 from ckpred.errors import ConfigValueError, InputFileError, KernelNameError
 from ckpred.kernels.base import Field, OpDefinition
 from ckpred.kernels.gemm_universal import OP
+from ckpred.data.synthetic import write_synthetic_log
 from tests import fixtures_gen as fg
 from tests.conftest import REPO, data_file
 
@@ -87,8 +88,8 @@ def test_log_reader(tmp_path: Path) -> None:
 
 
 def test_big_log_helper_of_the_benchmark(tmp_path: Path) -> None:
-    """The generator behind scripts/bench_ingest.py writes what the reader takes as all valid."""
-    path = fg.write_big_log(tmp_path / "big.log", 5000)
+    """The generator behind scripts/bench/bench_ingest.py writes what the reader takes as all valid."""
+    path = write_synthetic_log(tmp_path / "big.log", 5000)
     text = path.read_text()
     assert text.count("\nShape ") + text.startswith("Shape") == 2  # 4,608 kernels per shape
     result = read(path)

@@ -47,7 +47,7 @@ def test_sweep_with_out_dir_gives_each_job_its_own_folder(tmp_path: Path) -> Non
     proc = _sweep(tmp_path / "multirun", "model.num_leaves=3,4", f"out_dir={out}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["0", "1"]
-    leaves = sorted(json.loads((out / job / "manifest.json").read_text())["config"]["model"]["num_leaves"]
+    leaves = sorted(json.loads((out / job / "run.json").read_text())["config"]["model"]["num_leaves"]
                     for job in ("0", "1"))
     assert leaves == [3, 4]  # nothing overwritten: each job's own run
 
@@ -67,7 +67,7 @@ def test_joblib_sweep_one_dir_and_config_per_job(joblib_sweep: tuple[Path, str])
     for job in ("0", "1"):
         job_dir = sweep_dir / job
         overrides = yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text())
-        manifest = json.loads((job_dir / "manifest.json").read_text())
+        manifest = json.loads((job_dir / "run.json").read_text())
         metrics = json.loads((job_dir / "metrics.json").read_text())
         (value,) = [o.split("=")[1] for o in overrides if o.startswith("model.num_leaves=")]
         assert manifest["config"]["model"]["num_leaves"] == int(value)  # each job ran its own config

@@ -75,7 +75,7 @@ def test_experiment_reference_is_the_published_recipe() -> None:
 # ---------------------------------------------------------------------------------------------
 def test_outputs_exist_and_are_sane(full_run: tuple[float, Path]) -> None:
     mean, out = full_run
-    for name in ["metrics.json", "per_shape.csv", "oof_predictions.parquet", "pipeline.joblib", "manifest.json",
+    for name in ["metrics.json", "per_shape.csv", "oof_predictions.parquet", "pipeline.joblib", "run.json",
                  "folds.json", "efficiency_cdf.png", "efficiency_at_k.png", "feature_importance.png"]:
         assert (out / name).stat().st_size > 0, name
     metrics = json.loads((out / "metrics.json").read_text())
@@ -120,7 +120,7 @@ def test_outputs_exist_and_are_sane(full_run: tuple[float, Path]) -> None:
 
 def test_manifest_and_pipeline(full_run: tuple[float, Path]) -> None:
     _, out = full_run
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "run.json").read_text())
     assert (manifest["op"], manifest["arch"], manifest["dtype"], manifest["layout"]) == \
         ("gemm_universal", "gfx950", "fp8", "rcr")
     assert len(manifest["data"]["hash"]) == 64 and len(manifest["catalogue_hash"]) == 64
@@ -218,7 +218,7 @@ def test_external_test_table_with_kernels_never_seen(tmp_path: Path) -> None:
     unseen = oof["kernel_name"].str.contains("_compv4_")
     assert unseen.any() and np.isfinite(oof.loc[unseen, "score_model"]).all()
     assert (oof.loc[unseen, "score_best_static"] == -np.inf).all()
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "run.json").read_text())
     assert manifest["test_data"]["hash"] != manifest["data"]["hash"]
     assert manifest["test_data"]["rows"] == len(other) and 0 < mean <= 1
 

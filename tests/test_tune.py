@@ -40,7 +40,7 @@ def test_trials_run_train_with_the_sampled_params(study_dir: tuple[Path, float, 
     space = compose("tune").tune.space
     for row in trials.itertuples():
         trial_dir = out / "trials" / f"{row.number:03d}"
-        manifest = json.loads((trial_dir / "manifest.json").read_text())
+        manifest = json.loads((trial_dir / "run.json").read_text())
         model = manifest["config"]["model"]
         # the value optuna recorded is train's mean efficiency of a run with exactly these params
         assert row.value == pytest.approx(json.loads((trial_dir / "metrics.json").read_text())["model"]["mean"])

@@ -75,7 +75,7 @@ def test_ranker_continues_too(tmp_path: Path) -> None:
     assert (booster(base).current_iteration(), booster(warm).current_iteration()) == (3, 5)
     assert [t["tree_structure"] for t in booster(warm).dump_model()["tree_info"][:3]] == \
         [t["tree_structure"] for t in booster(base).dump_model()["tree_info"]]
-    assert json.loads((tmp_path / "warm" / "manifest.json").read_text())["warm_start"]["trees_after"] == 5
+    assert json.loads((tmp_path / "warm" / "run.json").read_text())["warm_start"]["trees_after"] == 5
 
 
 def test_differs_from_a_cold_start_with_as_many_trees(warm_dir: Path, tmp_path: Path) -> None:
@@ -90,9 +90,9 @@ def test_differs_from_a_cold_start_with_as_many_trees(warm_dir: Path, tmp_path: 
     assert not np.allclose(oof_cold, oof_warm)
 
 
-def test_manifest_records_lineage(base_dir: Path, warm_dir: Path) -> None:
-    base_m = json.loads((base_dir / "manifest.json").read_text())
-    warm_m = json.loads((warm_dir / "manifest.json").read_text())
+def test_run_record_holds_the_lineage(base_dir: Path, warm_dir: Path) -> None:
+    base_m = json.loads((base_dir / "run.json").read_text())
+    warm_m = json.loads((warm_dir / "run.json").read_text())
     lin = warm_m["warm_start"]
     assert lin["base_run_dir"] == str(base_dir)
     assert lin["base_pipeline_sha256"] == base_m["pipeline"]["sha256"] != warm_m["pipeline"]["sha256"]
@@ -119,7 +119,7 @@ def test_no_leakage_when_the_base_never_saw_the_shapes(tmp_path: Path) -> None:
                             f"out_dir={tmp_path / 'base'}"]))
     train(compose("train", [*SMALL, *path, f"data.path={tmp_path / 'new.parquet'}", "model.n_estimators=3",
                             f"warm_start={tmp_path / 'base'}", f"out_dir={tmp_path / 'warm'}", "save_pipeline=false"]))
-    lin = json.loads((tmp_path / "warm" / "manifest.json").read_text())["warm_start"]
+    lin = json.loads((tmp_path / "warm" / "run.json").read_text())["warm_start"]
     assert lin["cv"]["test_shapes_seen_by_base"] == 0 and lin["cv"]["leakage"] is False
     assert lin["same_data"] is False and lin["trees_after"] is None  # no final pipeline saved
 
@@ -141,7 +141,7 @@ def test_mismatch_is_refused_naming_each_field(base_dir: Path, overrides: list[s
     with pytest.raises(ModelMismatchError) as err:
         warm_start.prepare(cfg, load_op(cfg.op), _x_head(cfg))
     assert err.value.fields == fields  # type: ignore[attr-defined]
-    base = json.loads((base_dir / "manifest.json").read_text())
+    base = json.loads((base_dir / "run.json").read_text())
     for field in fields:
         assert f"  {field}: " in str(err.value)
         if field not in ("feature_names", "input_names"):
@@ -153,16 +153,16 @@ def test_train_refuses_before_fitting(base_dir: Path, tmp_path: Path) -> None:
     small = [o for o in SMALL if not o.startswith("target=")]
     with pytest.raises(ModelMismatchError, match="target: base 'log1p', this run 'relative'"):
         train(compose("train", [*small, f"warm_start={base_dir}", "target=relative", f"out_dir={tmp_path}"]))
-    assert not (tmp_path / "manifest.json").exists()
+    assert not (tmp_path / "run.json").exists()
 
 
 def test_feature_order_difference_is_named(base_dir: Path, tmp_path: Path) -> None:
     copy = tmp_path / "base"
     shutil.copytree(base_dir, copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest = json.loads((copy / "run.json").read_text())
     names = manifest["feature_names"]
     manifest["feature_names"] = [names[1], names[0], *names[2:]]
-    (copy / "manifest.json").write_text(json.dumps(manifest))
+    (copy / "run.json").write_text(json.dumps(manifest))
     cfg = compose("train", [*SMALL, f"warm_start={copy}"])
     with pytest.raises(ModelMismatchError, match="different order, first at position 0") as err:
         warm_start.prepare(cfg, load_op(cfg.op), _x_head(cfg))

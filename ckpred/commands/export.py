@@ -4,7 +4,7 @@ Two sources of the pipeline:
 
 * default: fit the config's ``features -> model`` pipeline on all rows of the config's data
   (:func:`ckpred.fitting.fit_final`, the rows and targets ``train`` uses);
-* ``run_dir=<train run>``: the finished run's ``pipeline.joblib``; its ``manifest.json``
+* ``run_dir=<train run>``: the finished run's ``pipeline.joblib``; its run record ``run.json``
   (metrics, data hash) and the run's ``.hydra/config.yaml`` (to recover the training data
   and its problem ranges) are read too, and arch/dtype/layout/op must match this config.
 
@@ -15,11 +15,13 @@ Output: ``<out_dir>/<op>_<arch>_<dtype>_<layout>/``, written by
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from sklearn.pipeline import Pipeline
 
 from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
@@ -27,9 +29,11 @@ from ckpred.export.build import export_name, export_pipeline, node_name
 from ckpred.fitting import fit_final
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.kernels.declared import bind_training_catalogue
+from ckpred.schema import ExportConfig, RecipeConfig
 
 
-def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Any, recipe: Any) -> dict[str, Any]:
+def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: ExportConfig,
+                recipe: RecipeConfig) -> dict[str, Any]:
     """Per-shape efficiency of the exported strategy under the run's CV, next to the full model's.
 
     The candidate set (and the reranker) of each fold are learned from its training shapes only
@@ -58,7 +62,7 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Any, 
     return out
 
 
-def _check_run_matches(cfg: Any, run_cfg: Any, run_dir: Path) -> None:
+def _check_run_matches(cfg: ExportConfig, run_cfg: RecipeConfig, run_dir: Path) -> None:
     diffs = []
     for key in ("op", "arch", "dtype", "layout"):
         mine, theirs = node_name(cfg[key]), node_name(run_cfg[key])
@@ -68,90 +72,123 @@ def _check_run_matches(cfg: Any, run_cfg: Any, run_dir: Path) -> None:
         raise ModelMismatchError(f"{run_dir} was trained for a different target: " + "; ".join(diffs))
 
 
-def export_command(cfg: Any) -> str:
-    """Task function of ``python -m ckpred export``; returns the export directory."""
+@dataclass
+class _Source:
+    """Where the exported pipeline comes from, and the data it was trained on."""
+
+    pipeline: Pipeline
+    #: The training table (for the problem ranges, the parity shapes and the candidates).
+    table: pd.DataFrame
+    #: The config that loads ``table`` and holds the training recipe (the run's own, for run_dir).
+    data_cfg: RecipeConfig
+    #: The manifest's ``source`` section.
+    record: dict[str, Any]
+    metrics: dict[str, Any] | None = None
+    #: The train run directory (run_dir=), else None.
+    run_dir: Path | None = None
+
+    @property
+    def oof_file(self) -> Path | None:
+        """The run's out-of-fold predictions, when it has them."""
+        path = self.run_dir / "oof_predictions.parquet" if self.run_dir is not None else None
+        return path if path is not None and path.is_file() else None
+
+
+def _from_run_dir(cfg: ExportConfig, op: OpDefinition) -> _Source:
+    """The finished train run ``cfg.run_dir``: its pipeline, checked against its record and config."""
     from omegaconf import OmegaConf
 
-    from ckpred.util import resolve_path
+    from ckpred.data import load_table
+    from ckpred.runs import RUN_RECORD, load_train_run
+
+    run = load_train_run(cfg.run_dir, purpose="export", require_record=False)
+    run_dir, train_record = run.path, run.record
+    for key in ("op", "arch", "dtype", "layout"):
+        theirs = train_record.get(key)
+        if isinstance(theirs, str) and theirs != node_name(cfg[key]):
+            raise ModelMismatchError(f"{run_dir}/{RUN_RECORD}: {key} is {theirs!r}, this export config "
+                                     f"has {node_name(cfg[key])!r} (pass {key}={theirs})")
+    # The run's own config says which data it trained on (for the ranges and the parity shapes).
+    run_cfg_path = run_dir / ".hydra" / "config.yaml"
+    data_cfg = cfg
+    if isinstance(train_record.get("config"), dict):
+        data_cfg = OmegaConf.create(train_record["config"])
+    elif run_cfg_path.is_file():
+        data_cfg = OmegaConf.load(run_cfg_path)
+    if data_cfg is not cfg:
+        _check_run_matches(cfg, data_cfg, run_dir)
+    table = load_table(data_cfg)
+    bind_training_catalogue(op, table, data_cfg)
+    train_hash = (train_record.get("data") or {}).get("hash")
+    record = {"kind": "run_dir", "run_dir": str(run_dir), "pipeline_sha256": run.sha256,
+              "train_data_hash": train_hash}
+    return _Source(run.pipeline, table, data_cfg, record, metrics=train_record.get("metrics"), run_dir=run_dir)
+
+
+def _fit_here(cfg: ExportConfig, op: OpDefinition) -> _Source:
+    """The config's pipeline, fitted on all rows of its data (:func:`ckpred.fitting.fit_final`)."""
+    from omegaconf import OmegaConf
+
     from ckpred.data import load_table
 
-    op = load_op(cfg.op)
-    out_root = resolve_path(cfg.out_dir)
-    target = out_root / export_name(op.name, node_name(cfg.arch), node_name(cfg.dtype), node_name(cfg.layout))
-    metrics = None
-    source: dict[str, Any] = {}
-    if cfg.run_dir:
-        from ckpred.runs import load_train_run
+    table = load_table(cfg)
+    bind_training_catalogue(op, table, cfg)
+    t0 = time.perf_counter()
+    pipeline = fit_final(cfg, table, op)
+    record = {"kind": "fit", "fit_seconds": round(time.perf_counter() - t0, 2),
+              "config": OmegaConf.to_container(cfg, resolve=True)}
+    return _Source(pipeline, table, cfg, record)
 
-        run = load_train_run(cfg.run_dir, purpose="export", require_manifest=False)
-        run_dir, train_manifest = run.path, run.manifest
-        for key in ("op", "arch", "dtype", "layout"):
-            theirs = train_manifest.get(key)
-            if isinstance(theirs, str) and theirs != node_name(cfg[key]):
-                raise ModelMismatchError(f"{run_dir}/manifest.json: {key} is {theirs!r}, this export config "
-                                         f"has {node_name(cfg[key])!r} (pass {key}={theirs})")
-        # The run's own config says which data it trained on (for the ranges and the parity shapes).
-        run_cfg_path = run_dir / ".hydra" / "config.yaml"
-        data_cfg = cfg
-        if isinstance(train_manifest.get("config"), dict):
-            data_cfg = OmegaConf.create(train_manifest["config"])
-        elif run_cfg_path.is_file():
-            data_cfg = OmegaConf.load(run_cfg_path)
-        if data_cfg is not cfg:
-            _check_run_matches(cfg, data_cfg, run_dir)
-        metrics = train_manifest.get("metrics")
-        pipeline = run.pipeline
-        pipe_sha = run.sha256
-        table = load_table(data_cfg)
-        bind_training_catalogue(op, table, data_cfg)
-        train_hash = (train_manifest.get("data") or {}).get("hash")
-        source = {"kind": "run_dir", "run_dir": str(run_dir), "pipeline_sha256": pipe_sha,
-                  "train_data_hash": train_hash}
-    else:
-        data_cfg = cfg
-        table = load_table(cfg)
-        bind_training_catalogue(op, table, cfg)
-        t0 = time.perf_counter()
-        pipeline = fit_final(cfg, table, op)
-        source = {"kind": "fit", "fit_seconds": round(time.perf_counter() - t0, 2),
-                  "config": OmegaConf.to_container(cfg, resolve=True)}
-    training = mf.training_section(table, op, source=str(data_cfg.data.source))
-    if source.get("train_data_hash") and source["train_data_hash"] != training["data_hash"]:
-        raise ModelMismatchError(
-            f"the data this config loads (hash {training['data_hash'][:12]}) is not the data run_dir={cfg.run_dir} "
-            f"was trained on (hash {source['train_data_hash'][:12]}): training ranges and parity would be wrong; "
-            "export with the run's data settings")
+
+def _parity_problems(cfg: ExportConfig, table: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
+    """The training problems the parity check scores (a seeded sample of ``parity.shapes``)."""
     problems = table[list(op.problem_names)].drop_duplicates()
     if cfg.parity.shapes and len(problems) > cfg.parity.shapes:
         problems = problems.sample(cfg.parity.shapes, random_state=int(cfg.get("seed", 0)))
-    candidates, selection, reranker = None, None, None
-    if cfg.select in ("pruned", "reranked"):
-        from ckpred.export.strategies import fit_reranker, keep_for_table
+    return problems
 
-        top_n = int(cfg.get("prune_top_n", 1))
-        candidates = keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=top_n)
-        selection = {"top_n": top_n, "learned_from_shapes": int(len(table[list(op.problem_names)].drop_duplicates()))}
-        if cfg.select == "reranked":
-            # The reranker follows the recipe the pipeline was trained with (the run's, for run_dir).
-            size = OmegaConf.to_container(cfg.reranker, resolve=True)
-            reranker = fit_reranker(table, op, data_cfg, candidates, reranker=size, arch=cfg.arch, dtype=cfg.dtype,
-                                    layout=cfg.layout, seed=int(cfg.get("seed", 0)))
-            selection["reranker"] = size
-        if cfg.run_dir and (run_dir / "oof_predictions.parquet").is_file():
-            selection["cv"] = strategy_cv(run_dir, table, op, cfg, data_cfg)
-    calibration = None
-    # The confidence budget's calibration: the run's out-of-fold scores are the full model's, so
-    # it holds only for selectors that rank with that model (full, pruned; not the reranker).
-    if cfg.run_dir and cfg.select in ("full", "pruned") and (run_dir / "oof_predictions.parquet").is_file():
-        from ckpred.autotune import calibration_from_oof
 
-        ids = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).set_index("kernel_name")["kernel_id"]
-        calibration = calibration_from_oof(pd.read_parquet(run_dir / "oof_predictions.parquet"), ids)
-    manifest = export_pipeline(pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=target,
-                               training=training, parity_problems=problems if cfg.parity.check else None,
-                               metrics=metrics, select=cfg.select, max_abs_diff=cfg.parity.max_abs_diff,
-                               source=source, candidates=candidates, selection=selection, reranker=reranker,
-                               autotune=calibration)
+def _strategy(cfg: ExportConfig, src: _Source,
+              op: OpDefinition) -> tuple[np.ndarray | None, dict[str, Any] | None, Pipeline | None]:
+    """Candidates, ``selection`` section and reranker of ``select=pruned|reranked`` (all None for full)."""
+    if cfg.select not in ("pruned", "reranked"):
+        return None, None, None
+    from omegaconf import OmegaConf
+
+    from ckpred.export.strategies import fit_reranker, keep_for_table
+
+    table, reranker = src.table, None
+    top_n = int(cfg.get("prune_top_n", 1))
+    candidates = keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=top_n)
+    selection: dict[str, Any] = {"top_n": top_n,
+                                 "learned_from_shapes": int(len(table[list(op.problem_names)].drop_duplicates()))}
+    if cfg.select == "reranked":
+        # The reranker follows the recipe the pipeline was trained with (the run's, for run_dir).
+        size = OmegaConf.to_container(cfg.reranker, resolve=True)
+        reranker = fit_reranker(table, op, src.data_cfg, candidates, reranker=size, arch=cfg.arch, dtype=cfg.dtype,
+                                layout=cfg.layout, seed=int(cfg.get("seed", 0)))
+        selection["reranker"] = size
+    if cfg.run_dir and src.oof_file is not None:
+        selection["cv"] = strategy_cv(src.run_dir, table, op, cfg, src.data_cfg)
+    return candidates, selection, reranker
+
+
+def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition) -> dict[str, Any] | None:
+    """The confidence budget's calibration from the run's out-of-fold scores, or None.
+
+    Those scores are the full model's, so the calibration holds only for selectors that rank
+    with that model (full, pruned; not the reranker).
+    """
+    if not (cfg.run_dir and cfg.select in ("full", "pruned") and src.oof_file is not None):
+        return None
+    from ckpred.autotune import calibration_from_oof
+
+    ids = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).set_index("kernel_name")["kernel_id"]
+    return calibration_from_oof(pd.read_parquet(src.oof_file), ids)
+
+
+def _report(cfg: ExportConfig, manifest: dict[str, Any], target: Path) -> None:
+    """Print the parity figures, the strategy's CV figures and the file sizes."""
     par = manifest["parity"]
     if par.get("checked"):
         print(f"parity on {par['shapes']} shapes x {manifest['catalogue']['count']} kernels: top-1 agreement "
@@ -166,4 +203,29 @@ def export_command(cfg: Any) -> str:
               f"P10 {cv['full']['p10']:.2%}) on {cv['full']['shapes']} shapes")
     sizes = ", ".join(f"{k} {v['bytes'] / 1e6:.2f} MB" for k, v in manifest["files"].items())
     print(f"exported {target} ({sizes})")
+
+
+def export_command(cfg: ExportConfig) -> str:
+    """Task function of ``python -m ckpred export``; returns the export directory."""
+    from ckpred.util import resolve_path
+
+    op = load_op(cfg.op)
+    target = resolve_path(cfg.out_dir) / export_name(op.name, node_name(cfg.arch), node_name(cfg.dtype),
+                                                     node_name(cfg.layout))
+    src = _from_run_dir(cfg, op) if cfg.run_dir else _fit_here(cfg, op)
+    training = mf.training_section(src.table, op, source=str(src.data_cfg.data.source))
+    if src.record.get("train_data_hash") and src.record["train_data_hash"] != training["data_hash"]:
+        raise ModelMismatchError(
+            f"the data this config loads (hash {training['data_hash'][:12]}) is not the data run_dir={cfg.run_dir} "
+            f"was trained on (hash {src.record['train_data_hash'][:12]}): training ranges and parity would be wrong; "
+            "export with the run's data settings")
+    problems = _parity_problems(cfg, src.table, op)
+    candidates, selection, reranker = _strategy(cfg, src, op)
+    manifest = export_pipeline(src.pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout,
+                               out_dir=target, training=training,
+                               parity_problems=problems if cfg.parity.check else None, metrics=src.metrics,
+                               select=cfg.select, max_abs_diff=cfg.parity.max_abs_diff, source=src.record,
+                               candidates=candidates, selection=selection, reranker=reranker,
+                               autotune=_calibration(cfg, src, op))
+    _report(cfg, manifest, target)
     return str(target)

@@ -6,14 +6,14 @@ launcher: basic, ``hydra/launcher=joblib``, ``submitit_local`` / ``slurm``) or w
 
     multirun/train/<time>/
         multirun.yaml
-        0/  .hydra/overrides.yaml  metrics.json  manifest.json  ...
+        0/  .hydra/overrides.yaml  metrics.json  run.json  ...
         1/  ...
 
 Every directory under the sweep dir that holds a ``metrics.json`` is a finished job; a directory
 with ``.hydra/`` but no ``metrics.json`` is a job that failed or is still running, and is listed
 as such (never silently dropped). Per job the table shows the model's mean / P10 / P50 / top-1
 per-shape efficiency (``metrics.json``), the reference replica's mean when it was trained, the
-wall time of the job (``manifest.json`` ``timings_s.total_s``) and the overrides that differ
+wall time of the job (the run record's ``timings_s.total_s``) and the overrides that differ
 between jobs (the ones shared by every job are printed once, under the table).
 """
 
@@ -31,6 +31,7 @@ import pandas as pd
 import yaml
 from omegaconf import DictConfig
 
+from ckpred.runs import RUN_RECORD, run_record_path
 from ckpred.util import resolve_path
 from ckpred.errors import InputFileError
 
@@ -88,14 +89,14 @@ def read_job(root: Path, job_dir: Path) -> Job:
     ref = metrics.get("reference", {})
     if isinstance(ref, dict) and isinstance(ref.get("mean"), (int, float)):
         job.reference_mean = float(ref["mean"])
-    manifest_file = job_dir / "manifest.json"
-    if manifest_file.exists():
+    record_file = run_record_path(job_dir)
+    if record_file.exists():
         try:
-            job.wall_s = float(json.loads(manifest_file.read_text())["timings_s"]["total_s"])
+            job.wall_s = float(json.loads(record_file.read_text())["timings_s"]["total_s"])
         except (ValueError, KeyError, TypeError) as exc:
-            job.note = f"no wall time in manifest.json: {exc}"
+            job.note = f"no wall time in {record_file.name}: {exc}"
     else:
-        job.note = "no manifest.json (no wall time)"
+        job.note = f"no {RUN_RECORD} (no wall time)"
     return job
 
 

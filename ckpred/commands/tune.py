@@ -13,7 +13,7 @@ limit the whole study is deterministic (TPESampler(seed) + LightGBM's determinis
 
 Outputs (the run dir, ``runs/tune/<time>``)::
 
-    trials/<n>/          each trial's train outputs (metrics.json, manifest.json, ...) and
+    trials/<n>/          each trial's train outputs (metrics.json, run.json, ...) and
                          overrides.yaml (so ``ckpred sweep-report <run dir>`` tabulates them)
     trials.csv           one row per trial: value (mean), params, p10, wall time, state
     best_params.json     best trial: value, params, the train overrides / command to reproduce it

@@ -24,7 +24,7 @@ a pair with no valid measurement stays an invalid row (first reason, all repeats
 Kernel fields always come from the op's name grammar (``op.parse_name``), and ``kernel_name``
 is stored in the op's canonical form (``op.format_name``): the parity-sweep name
 ``gemm_fp16_rcr_...`` and the tile-engine name ``gemm_universal_fp16_rcr_...`` of one kernel
-are one row. Nothing is cached: reading is fast (``scripts/bench_ingest.py``).
+are one row. Nothing is cached: reading is fast (``scripts/bench/bench_ingest.py``).
 """
 
 from __future__ import annotations
@@ -613,7 +613,7 @@ def nothing_usable_message(result: IngestResult) -> str:
 def ingest_for_config(cfg: Any) -> pd.DataFrame:
     """The canonical table of ``cfg.data.path`` (used by :func:`ckpred.data.load_table`).
 
-    Prints the summary; caches nothing (reading is fast, see ``scripts/bench_ingest.py``).
+    Prints the summary; caches nothing (reading is fast, see ``scripts/bench/bench_ingest.py``).
 
     Raises
     ------

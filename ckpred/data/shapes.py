@@ -133,3 +133,31 @@ def load_shapes(shapes_cfg: Any) -> pd.DataFrame:
         keep = _evenly(range(len(frame)), int(shapes_cfg.max_shapes))
         frame = frame.iloc[keep].reset_index(drop=True)
     return frame
+
+
+def unseen_shapes(seen: pd.DataFrame, count: int, seed: int = 1) -> pd.DataFrame:
+    """``count`` random GEMM shapes absent from ``seen`` (its ``m, n, k`` columns), for timing
+    selection on problems a model never trained on.
+
+    M is log-uniform in [1, 20480]; N and K are multiples of 64 up to 32768, so most catalogue
+    kernels are valid for them, and one N in ten gets an odd remainder so the padded paths are
+    timed too. Same seed, same shapes.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``m, n, k, split_k`` (``split_k`` is 1), one row per shape, in draw order.
+    """
+    rng = np.random.default_rng(seed)
+    taken = set(map(tuple, seen[list(SHAPE_COLUMNS)].to_numpy().tolist()))
+    out: list[tuple[int, int, int]] = []
+    while len(out) < count:
+        m = int(np.exp(rng.uniform(0, np.log(20480))))
+        n = int(rng.integers(1, 513)) * 64
+        k = int(rng.integers(1, 513)) * 64
+        if rng.random() < 0.1:
+            n += int(rng.integers(1, 64))
+        if (m, n, k) not in taken:
+            taken.add((m, n, k))
+            out.append((m, n, k))
+    return pd.DataFrame(out, columns=list(SHAPE_COLUMNS)).assign(split_k=1)

@@ -28,7 +28,7 @@ b = bytes per A/B element, bc = bytes per C element (fp16 for fp8); ``clk`` = su
    ((tm + tn)*tk*b [stores] + tk*b*(tm*wn + tn*wm) [each warp reads its A rows and B
    columns]) / (LDS bytes/clk * clk). t_comp = max(t_mfma, t_lds) / (e_pipe * e_sched) +
    sync_pipe/clk: issue efficiency of the pipeline and scheduler, plus the per-iteration
-   barrier and bookkeeping cost (``PIPELINES``, ``SCHEDULERS``).
+   barrier and bookkeeping cost (``SIMULATED_PIPELINES``, ``SCHEDULER_ISSUE_EFF``).
 4. **Main-loop iteration, memory side.** One iteration brings B_it = (M' + N')*tk*b bytes
    from L2 into the CU, M' = min(tm, M/Tm) and N' = min(tn, N/Tn) (out-of-bounds rows of the
    last tile are masked, not fetched): t_link = B_it / (link bytes/clk * clk). A workgroup
@@ -59,43 +59,27 @@ b = bytes per A/B element, bc = bytes per C element (fp16 for fp8); ``clk`` = su
    ``KERNEL_SIGMA``: code generation, register allocation, bank conflicts the model does not
    see) and one per (kernel, M family) (sigma ``KERNEL_FAMILY_SIGMA``), so the data is not a
    closed-form function of the features. Each measurement gets run-to-run noise: log-normal
-   with sigma ``NOISE_SIGMA``, with probability ``NOISE_TAIL_P`` sigma ``NOISE_TAIL_SIGMA``;
-   two runs (``noise_seed``) then differ by a median 0.81% and a P90 3.3% per kernel, as
-   repeated real CK Tile runs do (CK_TILE_FACTS.md section 6: 0.8% and 3.3%). Random numbers
+   with sigma ``NOISE_SIGMA``, with probability ``NOISE_TAIL_P`` sigma ``NOISE_TAIL_SIGMA``,
+   set so two runs (``noise_seed``) differ per kernel as much as two repeated real CK Tile
+   runs do (a median of 0.8% and a P90 of 3.3% in a repeated sweep of 32 kernels x 4
+   shapes, where the fastest kernel changed on every shape). Random numbers
    come from a counter-based hash of (seed, shape, kernel name), so a row never depends on
    which other shapes or kernels are simulated with it.
 10. **Validity.** Rows the op's rules reject (``op.validity``) are ``is_valid=False`` with the
     rule's reason; ``RUNTIME_FAIL_P`` of the rule-valid rows fail as if at run time (reason
-    ``runtime failure (simulated)``), always the same rows for a seed. On the default set
-    16.6% of rows are invalid (AMD's real 168 shapes: 16.0%; 18.75% for every N that is a
-    multiple of 64 but not of 192).
+    ``runtime failure (simulated)``), always the same rows for a seed.
 
 Calibration
 -----------
-``python -m ckpred simulate calibrate=true`` (or ``scripts/calibrate_simulator.py``) over the
-168 real fp8/rcr/gfx950 shapes of AMD's ``p1_oracle_best_results.csv`` (seed 0; version 1.0.0):
-
-=============  ======  ==========  ========  ============  ==================
-M family       shapes  med |log|   P90|log|  median ratio  real best in top 5%
-=============  ======  ==========  ========  ============  ==================
-tiny (M<8)         60       0.041     0.098         1.000               93.3%
-small (8-127)      27       0.033     0.075         0.967               96.3%
-medium             27       0.033     0.110         1.020               92.6%
-large (>=1024)     54       0.108     0.178         1.084               83.3%
-all               168       0.049     0.140         1.011               90.5%
-=============  ======  ==========  ========  ============  ==================
-
-(targets: median |log| <= 0.26, every family median <= ln 2, real best kernel inside the
-simulator's top 5% for >= 60% of shapes; median percentile rank of the real best 0.8%). Seeds 1
-and 2: median |log| 0.045 / 0.054, top-5% share 92.9% / 94.0%. The parameters are physical
-and global (no per-shape terms); they were set from the decode shapes (latency and launch
-overhead), the compute-bound large shapes (issue efficiency, ~45% of the MFMA peak as real
-CK Tile fp8 reaches) and the K=256 shapes (C write bandwidth).
-
-On the default set the selection problem stays hard: 38 distinct best kernels over 168
-shapes, the best single kernel reaches 84% mean efficiency (60% on M >= 1024) and a random
-valid-or-not pick 37%. Speed (``scripts/bench_simulate.py``, 2 shared cores): 168 x 4,608 =
-774,144 rows in 2.4 s, peak RSS 562 MiB (645 MiB after writing the 16.5 MiB parquet).
+``python -m ckpred simulate calibrate=true`` (or ``scripts/research/calibrate_simulator.py``)
+compares the simulator's best kernel per shape with AMD's real fp8/rcr/gfx950 measurements of
+168 shapes (``p1_oracle_best_results.csv``), by M family (:func:`calibration_report`). The
+targets: median |log(sim / real best TFLOPS)| <= 0.26, every family's median <= ln 2, and the
+real best kernel inside the simulator's top 5% for at least 60% of shapes. The parameters are
+physical and global (no per-shape terms); they were set from the decode shapes (latency and
+launch overhead), the compute-bound large shapes (issue efficiency: real CK Tile fp8 GEMMs
+reach about 45% of the MFMA peak) and the K=256 shapes (C write bandwidth). The figures, and
+how hard the default set makes selection, are in docs/results.md ("Simulator calibration").
 """
 
 from __future__ import annotations
@@ -110,6 +94,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from ckpred import dtypes
 from ckpred.kernels.base import OpDefinition
 from ckpred.util import atomic_path
 
@@ -145,7 +130,7 @@ SMOOTH_P = 2.0
 
 
 @dataclass(frozen=True)
-class PipelineTraits:
+class SimulatedPipeline:
     """What a CK Tile pipeline does per main-loop iteration."""
 
     #: Issue efficiency of the MFMA/LDS work (software pipelining quality).
@@ -162,13 +147,13 @@ class PipelineTraits:
     fabric: float
 
 
-PIPELINES: dict[str, PipelineTraits] = {
-    "compv3": PipelineTraits(issue_eff=0.60, sync_clk=120, prologue_stages=0, lds_buffers=1, prefetch=1, fabric=0.93),
-    "compv4": PipelineTraits(issue_eff=0.58, sync_clk=170, prologue_stages=1, lds_buffers=2, prefetch=1, fabric=0.93),
-    "mem": PipelineTraits(issue_eff=0.48, sync_clk=100, prologue_stages=0, lds_buffers=1, prefetch=2, fabric=1.0),
+SIMULATED_PIPELINES: dict[str, SimulatedPipeline] = {
+    "compv3": SimulatedPipeline(issue_eff=0.60, sync_clk=120, prologue_stages=0, lds_buffers=1, prefetch=1, fabric=0.93),
+    "compv4": SimulatedPipeline(issue_eff=0.58, sync_clk=170, prologue_stages=1, lds_buffers=2, prefetch=1, fabric=0.93),
+    "mem": SimulatedPipeline(issue_eff=0.48, sync_clk=100, prologue_stages=0, lds_buffers=1, prefetch=2, fabric=1.0),
 }
 #: Issue efficiency factor of each scheduler (interwave interleaves waves at a small MFMA cost).
-SCHEDULERS: dict[str, float] = {"intrawave": 1.0, "interwave": 0.96}
+SCHEDULER_ISSUE_EFF: dict[str, float] = {"intrawave": 1.0, "interwave": 0.96}
 
 
 @dataclass(frozen=True)
@@ -196,7 +181,7 @@ KERNEL_SIGMA = 0.03
 #: ... and of its factor per M family (what a kernel does well on decode it may not on prefill).
 KERNEL_FAMILY_SIGMA = 0.02
 #: Run-to-run noise: log-normal sigma, and a wider sigma with probability NOISE_TAIL_P
-#: (two runs then differ by a median 0.8% and a P90 3.3%, CK_TILE_FACTS.md section 6).
+#: (two runs then differ like repeated real CK Tile runs: see the module docstring, step 9).
 NOISE_SIGMA = 0.006
 NOISE_TAIL_P = 0.20
 NOISE_TAIL_SIGMA = 0.029
@@ -205,7 +190,6 @@ RUNTIME_FAIL_P = 0.005
 RUNTIME_FAIL_REASON = "runtime failure (simulated): kernel launch returned an error"
 
 _DTYPE_CLASS = {"fp8": "fp8", "bf8": "fp8", "fp16": "fp16", "bf16": "fp16", "fp32": "fp16"}
-_BYTES = {"fp8": 1, "bf8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
 
 
 # -- counter-based random numbers ------------------------------------------------------------------
@@ -271,9 +255,8 @@ def model_latency(problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any, d
     if not peak:
         raise ValueError(f"arch {arch_name} has no peak_tflops for dtype {dtype_name}; "
                          f"known: {sorted(dict(_arch_value(arch, 'peak_tflops')))}")
-    b = float(getattr(dtype, "bytes_per_element", None) or _BYTES[dtype_name])
-    c_name = getattr(dtype, "c_dtype", None) or ("fp16" if b == 1 else dtype_name)
-    bc = float(_BYTES[str(c_name)])
+    b = float(dtypes.bytes_per_element(dtype))
+    bc = float(dtypes.c_bytes_per_element(dtype))
     cus = float(_arch_value(arch, "cus"))
     xcds = float(_arch_value(arch, "xcds"))
     clk = float(_arch_value(arch, "clock_mhz")) * 1e6 * CLOCK_SUSTAINED
@@ -291,15 +274,15 @@ def model_latency(problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any, d
     wm, wn = col(kernels, "warp_m")[None, :], col(kernels, "warp_n")[None, :]
     wtm, wtk = col(kernels, "warp_tile_m")[None, :], col(kernels, "warp_tile_k")[None, :]
     pipe = kernels["pipeline"].to_numpy()
-    unknown = sorted(set(pipe) - set(PIPELINES))
+    unknown = sorted(set(pipe) - set(SIMULATED_PIPELINES))
     if unknown:
-        raise ValueError(f"the simulator models pipelines {sorted(PIPELINES)}; catalogue has {unknown}")
+        raise ValueError(f"the simulator models pipelines {sorted(SIMULATED_PIPELINES)}; catalogue has {unknown}")
 
     def per_pipe(attr: str) -> np.ndarray:
-        return np.array([getattr(PIPELINES[p], attr) for p in pipe], dtype=np.float64)[None, :]
+        return np.array([getattr(SIMULATED_PIPELINES[p], attr) for p in pipe], dtype=np.float64)[None, :]
 
     sched = kernels["scheduler"].to_numpy()
-    sched_eff = np.array([SCHEDULERS.get(s, 1.0) for s in sched])[None, :]
+    sched_eff = np.array([SCHEDULER_ISSUE_EFF.get(s, 1.0) for s in sched])[None, :]
     cshuffle = (kernels["epilogue"].to_numpy() == "cshuffle")[None, :]
     persistent = kernels["persistent"].to_numpy(bool)[None, :]
 
@@ -434,9 +417,9 @@ def simulate(shapes_df: pd.DataFrame, op: OpDefinition, arch: Any, dtype: Any, l
 
     lat = latency.ravel()
     flops = op.flops(p_rep)
-    b = float(getattr(dtype, "bytes_per_element", None) or _BYTES[str(getattr(dtype, "name", dtype))])
+    b, bc = float(dtypes.bytes_per_element(dtype)), float(dtypes.c_bytes_per_element(dtype))
     m, n, k = (p_rep[c].to_numpy(np.float64) for c in ("m", "n", "k"))
-    moved = (m * k + n * k) * b + m * n * 2.0 * (b == 1) + m * n * b * (b != 1)
+    moved = (m * k + n * k) * b + m * n * bc
     frame = pd.concat([p_rep, k_rep.drop(columns=["kernel_id"])], axis=1)
     frame["op"] = op.name
     frame["arch"] = str(_arch_value(arch, "name"))
@@ -602,7 +585,7 @@ _MAJOR = {"r": "RowMajor", "c": "ColumnMajor"}
 
 
 def write_log(table: pd.DataFrame, path: str | Path, *, acc_dtype: str = "fp32", c_dtype: str | None = None) -> Path:
-    """Write ``table`` in CK Tile's streaming benchmark log format (CK_TILE_FACTS.md section 4).
+    """Write ``table`` in CK Tile's streaming benchmark log format (:mod:`ckpred.data.readers.stream_log`).
 
     One ``Shape i: M=.. N=.. K=.. dtype=.. layout=..`` header between ``=====`` rules per shape,
     then one JSON object per valid row with latency, TFLOPS and bandwidth printed with 2
@@ -615,7 +598,7 @@ def write_log(table: pd.DataFrame, path: str | Path, *, acc_dtype: str = "fp32",
         for i, ((m, n, k, split_k, dtype, layout), group) in enumerate(
                 table.groupby(["m", "n", "k", "split_k", "dtype", "layout"], sort=False)):
             a, b, c = layout
-            cdt = c_dtype or ("fp16" if dtype in ("fp8", "bf8") else dtype)
+            cdt = c_dtype or dtypes.load_dtype(dtype).c_dtype
             stride = {"r": k, "c": m}[a], {"r": n, "c": k}[b], {"r": n, "c": m}[c]
             problem = (f'"problem": {{"split_k": {split_k}, "m": {m}, "n": {n}, "k": {k}, '
                        f'"stride_a": {stride[0]}, "stride_b": {stride[1]}, "stride_c": {stride[2]}, '

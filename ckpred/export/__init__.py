@@ -1,1 +1,1 @@
-"""Export: ONNX converters of ckpred transformers, graphs, manifest (see DESIGN.md)."""
+"""Export: ONNX converters of ckpred transformers, the selector and scorer graphs, and the export manifest."""

@@ -212,32 +212,17 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
     if select == "reranked" and reranker is None:
         raise ValueError("export.select='reranked' needs the fitted reranker pipeline")
     selector_pipe = reranker if select == "reranked" else pipeline
-    if select == "full":
-        candidates = None
-    elif candidates is None:
-        raise ValueError(f"export.select={select!r} needs the candidate kernel ids (learned from the training data)")
-    else:
-        candidates = np.asarray(candidates, dtype=np.int64)
+    candidates = _candidate_ids(select, candidates)
     # the op's rules, narrowed by the failures the model learned from the training data
     selector = xo.build_selector(selector_pipe, op, catalogue, arch=arch, dtype=dtype, layout=layout,
                                  mask_builder=with_learned_failures(mask_builder_for(op), pipeline), keep=candidates)
     convert_s = time.perf_counter() - t0
     parity: dict[str, Any] = {"checked": False}
     if parity_problems is not None and len(parity_problems):
-        t0 = time.perf_counter()
-        parity = {"checked": True, **parity_check(pipeline, op, catalogue, parity_problems, scorer=scorer,
-                                                 selector=selector, arch=arch, dtype=dtype, layout=layout,
-                                                 candidates=candidates,
-                                                 selector_pipeline=None if selector_pipe is pipeline else selector_pipe)}
-        parity["seconds"] = round(time.perf_counter() - t0, 2)
-        parity["max_abs_diff_allowed"] = max_abs_diff
-        worst = max(parity["max_abs_diff_scorer"], parity["max_abs_diff_selector"])
-        if parity["top1_agreement"] < 1.0 or worst > max_abs_diff:
-            raise ModelMismatchError(
-                f"ONNX parity check failed, nothing exported: top-1 agreement {parity['top1_agreement']:.4%} "
-                f"(need 100%), max |score diff| {worst:.3g} (allowed {max_abs_diff:g}) with "
-                f"{parity['scorer_rows_over_1e-6']} of {parity['rows']} scorer rows over 1e-6; first shapes whose top-1 "
-                f"differs: {parity['mismatched_shapes']}")
+        parity = _checked_parity(pipeline, op, catalogue, parity_problems, scorer=scorer, selector=selector,
+                                 arch=arch, dtype=dtype, layout=layout, candidates=candidates,
+                                 selector_pipeline=None if selector_pipe is pipeline else selector_pipe,
+                                 max_abs_diff=max_abs_diff)
     manifest: dict[str, Any] = {
         "format": mf.FORMAT,
         "created_utc": mf.now_utc(),
@@ -269,6 +254,45 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         "convert_seconds": round(convert_s, 2),
         "versions": mf.package_versions(),
     }
+    _write_export(out_dir, manifest, selector=selector, scorer=scorer)
+    return manifest
+
+
+def _candidate_ids(select: str, candidates: np.ndarray | None) -> np.ndarray | None:
+    """The catalogue ids a ``pruned`` / ``reranked`` selector scores; None for ``full``."""
+    if select == "full":
+        return None
+    if candidates is None:
+        raise ValueError(f"export.select={select!r} needs the candidate kernel ids (learned from the training data)")
+    return np.asarray(candidates, dtype=np.int64)
+
+
+def _checked_parity(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, problems: pd.DataFrame, *,
+                    max_abs_diff: float, **kw: Any) -> dict[str, Any]:
+    """The manifest's ``parity`` section of :func:`parity_check` (``kw``: its keyword arguments).
+
+    Raises
+    ------
+    ModelMismatchError
+        When a top-1 choice differs or a score differs by more than ``max_abs_diff``.
+    """
+    t0 = time.perf_counter()
+    parity = {"checked": True, **parity_check(pipeline, op, catalogue, problems, **kw)}
+    parity["seconds"] = round(time.perf_counter() - t0, 2)
+    parity["max_abs_diff_allowed"] = max_abs_diff
+    worst = max(parity["max_abs_diff_scorer"], parity["max_abs_diff_selector"])
+    if parity["top1_agreement"] < 1.0 or worst > max_abs_diff:
+        raise ModelMismatchError(
+            f"ONNX parity check failed, nothing exported: top-1 agreement {parity['top1_agreement']:.4%} "
+            f"(need 100%), max |score diff| {worst:.3g} (allowed {max_abs_diff:g}) with "
+            f"{parity['scorer_rows_over_1e-6']} of {parity['rows']} scorer rows over 1e-6; first shapes whose top-1 "
+            f"differs: {parity['mismatched_shapes']}")
+    return parity
+
+
+def _write_export(out_dir: str | Path, manifest: dict[str, Any], *, selector: Any, scorer: Any) -> None:
+    """Embed the manifest in both graphs, record their sha256 and sizes in ``manifest["files"]``
+    and write the directory atomically (``manifest.json`` last)."""
     meta = mf.metadata_payload(manifest)
     blobs: dict[str, bytes] = {}
     for model, fname in ((selector, mf.SELECTOR_FILE), (scorer, mf.SCORER_FILE)):
@@ -277,4 +301,3 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
     manifest["files"] = {name: {"sha256": mf.sha256_bytes(data), "bytes": len(data)} for name, data in blobs.items()}
     blobs[mf.MANIFEST] = (json.dumps(manifest, indent=1, sort_keys=False) + "\n").encode()
     mf.write_export_dir(out_dir, blobs)
-    return manifest

@@ -23,7 +23,7 @@
 
 Quality is measured under the same shape-grouped CV as ``train``: the candidate set is learned
 from each fold's training shapes only (:func:`learn_keep`) and applied to the fold's test shapes
-(:func:`cv_efficiency`; ``scripts/bench_select.py`` prints it next to the latency).
+(:func:`cv_efficiency`; ``scripts/bench/bench_select.py`` prints it next to the latency).
 """
 
 from __future__ import annotations

@@ -29,13 +29,8 @@ full       89        minimal + tile_quantization 16 + wave 10 + roofline 11 (wit
                      against the catalogue's 23 tiles) + occupancy 10
 =========  ========  =============================================================================
 
-Screen (``scripts/compare_feature_sets.py``, default simulated data: 168 shapes x 4,608
-kernels, 3-fold GroupKFold, LGBMRegressor 300 trees / 63 leaves on log1p TFLOPS, 600 training
-rows per shape): anchor55 mean 0.9140 / P10 0.8679 / min 0.7228 (minimal: identical, the
-constant columns are never split on); full mean 0.9151 / P10 0.8616 / min 0.7779. The physical groups lift the worst shape by 5.5 points and leave mean and P10
-within the noise of such a screen (about 1 point); the simulator shares their physics, so real
-data may reward them differently. The full training run (``python -m ckpred train``) is the
-figure that counts.
+How the sets compare (``scripts/research/compare_feature_sets.py``): docs/results.md,
+"Feature-set screen".
 """
 
 from __future__ import annotations

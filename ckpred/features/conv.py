@@ -26,7 +26,7 @@ Four groups, each written once against the ``xp`` namespace so the ONNX converte
   is what lets a model trained on one problem set rank kernels on another.
 - :class:`ConvLatencyFeatures` (``conv_latency``, feature set ``conv_latency`` only): the same
   estimate with a fixed launch cost and the busiest CU's tile loads, relative to the best tile.
-  It did not move AMD's figures (README), so the default ``conv_full`` leaves it out.
+  It did not move AMD's figures (docs/results.md), so the default ``conv_full`` leaves it out.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Sequence
 from sklearn.utils._param_validation import Interval
 
 from ckpred.features.base import FeatureGroup, ceil_div, last_tile_fill, positive_int, positive_real
-from ckpred.kernels.grouped_conv_fwd import PIPELINE_TRAITS, PIPELINES, TILES_2BYTE
+from ckpred.kernels.grouped_conv_fwd import PIPELINE_TRAITS, PIPELINE_CODES, TILES_2BYTE
 
 #: Raw problem fields of grouped_conv_fwd, in ``op.problem_names`` order.
 PROBLEM_FIELDS: tuple[str, ...] = ("n", "c", "k", "g", "hi", "wi", "y", "x", "stride_h", "stride_w",
@@ -212,7 +212,7 @@ class ConvKernelFeatures(FeatureGroup):
     def _trait(code: Any, trait: str, xp: Any) -> Any:
         """Trait of the pipeline with category ``code`` (sum of one-hot x value; 0 if unknown)."""
         out = xp.full(0.0)
-        for i, name in enumerate(PIPELINES):
+        for i, name in enumerate(PIPELINE_CODES):
             out = out + xp.indicator(xp.equal(code, xp.full(float(i)))) * float(PIPELINE_TRAITS[name][trait])
         return out
 
@@ -254,8 +254,8 @@ class ConvTileFeatures(_ConvHardware):
         dominates the estimate of launch-bound problems.
     tile_latency_us : float, default=0.3
         Fixed cost of one block tile on a CU (prologue, epilogue store): a prior of the order
-        of a global-memory round trip, not fitted. On AMD's gfx950 conv data, Protocols A and B
-        moved by under 0.3 points between 0 and 0.3 (scripts/conv_proof.py).
+        of a global-memory round trip, not fitted (its sensitivity: docs/results.md, "Conv
+        tile latency prior").
     reference_tiles : sequence of (tile_m, tile_n, tile_k) or None, default=None
         Tiles the ``*_vs_best`` features compare against; None = the op's catalogue tiles
         (:data:`~ckpred.kernels.grouped_conv_fwd.TILES_2BYTE`).
@@ -355,7 +355,7 @@ class ConvLatencyFeatures(ConvTileFeatures):
     grid leaves CUs idle); ``log2_cu_load_us`` and ``cu_load_vs_best`` (same construction).
 
     On AMD's gfx950 conv data these features did not move the selection measurably
-    (README, "Grouped convolution forward": within 0.05 points of ``conv_full`` on the
+    (docs/results.md, "Grouped convolution forward": within 0.05 points of ``conv_full`` on the
     training-table CV), so the default conv set leaves them out; ``features=conv_latency``
     adds them.
 

@@ -36,12 +36,13 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from ckpred import dtypes
 from ckpred.kernels.base import load_op, packaged_op_config
 from ckpred.kernels.declared import DeclaredOp
 
 #: Category values of the op's YAML (their code order is the model input's).
 _KERNEL_FIELDS = packaged_op_config("gemm_universal")["kernel_fields"]
-PIPELINES: tuple[str, ...] = tuple(_KERNEL_FIELDS["pipeline"]["values"])
+PIPELINE_CODES: tuple[str, ...] = tuple(_KERNEL_FIELDS["pipeline"]["values"])
 SCHEDULERS: tuple[str, ...] = tuple(_KERNEL_FIELDS["scheduler"]["values"])
 EPILOGUES: tuple[str, ...] = tuple(_KERNEL_FIELDS["epilogue"]["values"])
 
@@ -125,7 +126,7 @@ class GemmUniversal(DeclaredOp):
         arch_name = getattr(arch, "gfx", "") or getattr(arch, "name", arch)
         dtype_name = getattr(dtype, "name", dtype)
         layout_name = getattr(layout, "name", layout)
-        bytes_per_element = getattr(dtype, "bytes_per_element", None) or _BYTES[dtype_name]
+        bytes_per_element = dtypes.bytes_per_element(dtype)
         rows = []
         for tile in self.tile_configs(arch_name, dtype_name, bytes_per_element):
             for pipeline, epilogue, scheduler, persistent in TRAITS:
@@ -166,7 +167,5 @@ class GemmUniversal(DeclaredOp):
 
     def gemm_view(self, problems: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return tuple(problems[c].to_numpy(np.int64) for c in ("m", "n", "k"))  # type: ignore[return-value]
-
-_BYTES = {"fp8": 1, "bf8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
 
 OP = load_op("gemm_universal")

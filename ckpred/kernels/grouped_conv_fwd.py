@@ -44,7 +44,7 @@ from ckpred.kernels.base import load_op, packaged_op_config
 from ckpred.kernels.declared import DeclaredOp
 
 #: Pipeline category codes of the op's YAML (append only: codes are model inputs).
-PIPELINES: tuple[str, ...] = tuple(packaged_op_config("grouped_conv_fwd")["kernel_fields"]["pipeline"]["values"])
+PIPELINE_CODES: tuple[str, ...] = tuple(packaged_op_config("grouped_conv_fwd")["kernel_fields"]["pipeline"]["values"])
 
 #: Static traits of each pipeline from CK Tile's ``BaseGemmPipelineAgBgCrCompV*`` structs:
 #: LDS buffers (compv4 ping-pongs two), global prefetch stages. Features describe a pipeline by

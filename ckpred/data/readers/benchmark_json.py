@@ -1,6 +1,7 @@
 """Reader of the CK Tile tile-engine benchmark JSON.
 
-Format (CK_TILE_FACTS.md section 4)::
+Format (CK Tile's tile-engine benchmark JSON; a failed kernel has time 0, tflops 0,
+``is_valid`` false and the error text)::
 
     {"metadata": {"dtype", "layout", "num_kernels", "num_problems", "warmup", "repeat", "timestamp"},
      "problem_sizes": [{"m", "n", "k"}, ...],

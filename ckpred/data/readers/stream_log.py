@@ -1,6 +1,6 @@
 """Reader of the CK Tile streaming benchmark log.
 
-Format (CK_TILE_FACTS.md section 4): a shape header ``Shape i: M=16 N=1536 K=7168 dtype=fp8
+Format (CK Tile's tile-engine streaming output): a shape header ``Shape i: M=16 N=1536 K=7168 dtype=fp8
 layout=rcr`` between ``=====`` rules, then one JSON object per kernel::
 
     {"name": "...", "problem": {"split_k": 1, "m": 16, "n": 1536, "k": 7168, ...},

@@ -1,6 +1,6 @@
 """Quick recipe experiments for grouped_conv_fwd on AMD's gfx950 measurements.
 
-``scripts/conv_proof.py`` runs the real thing (``ckpred.train``, every baseline, one seed).
+``scripts/bench/conv_proof.py`` runs the real thing (``ckpred.train``, every baseline, one seed).
 This script is for trying recipe *variants* the config cannot express (label gains,
 lambdarank truncation, extra per-problem features, bagging, extra training data) over
 several seeds fast: the ``experiment=ck_conv_gfx950`` features are computed once per protocol
@@ -12,18 +12,17 @@ thins and orders the training rows its own way.
 
 Usage (from the repository root)::
 
-    python scripts/conv_variants.py                                  # base, protocols T and B, seeds 0-2
-    python scripts/conv_variants.py --variants base,trunc3,bag5 --protocols T,A,B --seeds 0,1
-    python scripts/conv_variants.py --list
+    python scripts/research/conv_variants.py                                  # base, protocols T and B, seeds 0-2
+    python scripts/research/conv_variants.py --variants base,trunc3,bag5 --protocols T,A,B --seeds 0,1
+    python scripts/research/conv_variants.py --list
 
-Protocols as in ``conv_proof.py``: T (CV on the training table: where choices are made),
+Protocols as in :mod:`ckpred.data.ck_conv`: T (CV on the training table: where choices are made),
 A (train on the training table, test on the benchmark), B (CV on the benchmark).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +31,10 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import conv_proof  # noqa: E402  (sibling script: protocol overrides and data paths)
+from ckpred.data.ck_conv import BENCH, DIRECTORY, TRAIN, protocol_overrides
+
+REPO = Path(__file__).resolve().parents[2]
+DATA_DIR = REPO / DIRECTORY
 
 
 @dataclass
@@ -80,7 +81,7 @@ def load_context(protocol: str, seed: int, data_dir: Path) -> Context:
     from ckpred.data import load_table
     from ckpred.kernels.base import load_op
 
-    cfg = compose("train", [*conv_proof.protocol_overrides(protocol, data_dir, Path("unused")), f"seed={seed}"])
+    cfg = compose("train", [*protocol_overrides(protocol, data_dir, Path("unused")), f"seed={seed}"])
     op = load_op(cfg.op)
     data = fitting.prepare(load_table(cfg), op, cfg)
     test = fitting.prepare(load_table(cv.external_data_config(cfg)), op, cfg) if cfg.cv.name == "external" else data
@@ -126,7 +127,7 @@ def ranker(*, exponent: float | None = None, gain: str = "exp2", **params: Any) 
             model.set_params(label_gain={"linear": [float(g) for g in range(grades)],
                                          "square": [float(g * g) for g in range(grades)]}[gain])
         model.set_params(**params)
-        model.fit(fit.X, y, group=models._query_sizes(fit.codes))
+        model.fit(fit.X, y, group=models.query_sizes(fit.codes))
         return model.predict(fit.X_test)
 
     return fit_predict
@@ -425,7 +426,7 @@ def variants(data_dir: Path) -> dict[str, tuple[str, Variant]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=conv_proof.DATA_DIR, help="AMD conv data folder")
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="AMD conv data folder")
     parser.add_argument("--variants", default="base", help="comma-separated names (see --list)")
     parser.add_argument("--protocols", default="T,B", help="comma-separated subset of T,A,B")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (B's folds follow the seed)")
@@ -450,8 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
         parser.error(f"--seeds {args.seeds!r}: allowed comma-separated integers, e.g. 0,1,2")
-    if not (args.data_dir / conv_proof.BENCH).exists():
-        parser.error(f"AMD's conv measurements not found in {args.data_dir} (need {conv_proof.BENCH}, {conv_proof.TRAIN})")
+    if not (args.data_dir / BENCH).exists():
+        parser.error(f"AMD's conv measurements not found in {args.data_dir} (need {BENCH}, {TRAIN})")
     contexts = {(p, s): load_context(p, s, args.data_dir) for p in protocols for s in seeds}
     print("| variant | " + " | ".join(f"{p} mean / P10 / min" for p in protocols) + " | seconds |")
     print("|---|" + "---|" * (len(protocols) + 1))

@@ -1,6 +1,6 @@
 """Calibration report of the simulator against AMD's real gfx950 fp8/rcr oracle-best table.
 
-    python scripts/calibrate_simulator.py [--per-shape out.csv] [hydra overrides, e.g. data.seed=1]
+    python scripts/research/calibrate_simulator.py [--per-shape out.csv] [hydra overrides, e.g. data.seed=1]
 
 Same figures as ``python -m ckpred simulate calibrate=true`` (median and P90 of |log(sim best /
 real best)|, by M family, and where the real best kernel ranks in the simulator's order),

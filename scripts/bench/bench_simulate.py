@@ -1,6 +1,6 @@
 """Wall time and peak memory of the simulator on the default set: 168 shapes x 4,608 kernels.
 
-    python scripts/bench_simulate.py [--repeats 3] [hydra overrides, e.g. shapes=llm]
+    python scripts/bench/bench_simulate.py [--repeats 3] [hydra overrides, e.g. shapes=llm]
 
 Prints the median wall time of ``simulate`` (the DataFrame), of writing it as canonical parquet,
 and the process's peak resident set size (ru_maxrss) before and after.

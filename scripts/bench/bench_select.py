@@ -14,14 +14,14 @@ for unseen shapes with
 and prints median and p99 per shape, ratios to the C++ selector, model file sizes and the
 export's parity figures.
 
-    python scripts/bench_select.py [--shapes 300] [--out-dir exports/bench] [hydra overrides...]
+    python scripts/bench/bench_select.py [--shapes 300] [--out-dir exports/bench] [hydra overrides...]
 
 This times the ``full`` selector (every kernel scored). With ``--train-run <train run dir>`` the
 same run then measures every selection strategy (``full``, ``pruned``, ``reranked``; the default
 export is ``reranked``): latency against CV efficiency, cached latency and the trade-off plot,
-through ``scripts/bench_strategies.py`` on the same pipeline::
+through ``scripts/bench/bench_strategies.py`` on the same pipeline::
 
-    python scripts/bench_select.py --train-run runs/train/<time> rows.max_per_shape=512 rows.keep_top=128
+    python scripts/bench/bench_select.py --train-run runs/train/<time> rows.max_per_shape=512 rows.keep_top=128
 """
 
 from __future__ import annotations
@@ -42,25 +42,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def unseen_shapes(train: pd.DataFrame, n: int, seed: int = 1) -> pd.DataFrame:
-    """Random GEMM shapes not in the training set: M log-uniform in [1, 20480], N and K from
-    multiples of 64 up to 32768 (so most catalogue kernels are valid) and some odd sizes."""
-    rng = np.random.default_rng(seed)
-    seen = set(map(tuple, train[["m", "n", "k"]].to_numpy().tolist()))
-    out: list[tuple[int, int, int]] = []
-    while len(out) < n:
-        m = int(np.exp(rng.uniform(0, np.log(20480))))
-        n_ = int(rng.integers(1, 513)) * 64
-        k = int(rng.integers(1, 513)) * 64
-        if rng.random() < 0.1:
-            n_ += int(rng.integers(1, 64))
-        if (m, n_, k) not in seen:
-            seen.add((m, n_, k))
-            out.append((m, n_, k))
-    return pd.DataFrame(out, columns=["m", "n", "k"]).assign(split_k=1)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def stats(us: list[float]) -> tuple[float, float]:
@@ -96,7 +78,7 @@ def float32_check(pipe, op, cfg, table: pd.DataFrame) -> dict[str, object]:
             "max_rel_diff": float(rel.max()), "top1_differs": differs, "shapes": int(len(shapes))}
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", type=int, default=300, help="unseen shapes to time (default 300)")
     parser.add_argument("--out-dir", default=str(REPO / "exports" / "bench"), help="export root (default exports/bench, git-ignored)")
@@ -109,28 +91,15 @@ def main() -> int:
     parser.add_argument("--train-run", default="",
                         help="a train run (oof_predictions.parquet): also measure every selection strategy")
     parser.add_argument("overrides", nargs="*", help="hydra overrides of the export config")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def fit_or_reuse(args: argparse.Namespace, cfg, table: pd.DataFrame, op):
+    """The export config's final pipeline: fitted here (and saved), or ``--reuse``d; and the seconds."""
     import joblib
-    from skl2onnx import convert_sklearn
-    from skl2onnx.common.data_types import DoubleTensorType
 
-    from ckpred.config import compose
-    from ckpred.data import load_table
-    from ckpred.export import lightgbm as xl
-    from ckpred.export import manifest as mf
-    from ckpred.export import onnx as xo
-    from ckpred.export.build import export_name, export_pipeline
     from ckpred.fitting import fit_final
-    from ckpred.kernels.base import load_op
-    from ckpred.runtime import KernelSelector
 
-    cfg = compose("export", list(args.overrides))
-    op = load_op(cfg.op)
-    t0 = time.perf_counter()
-    table = load_table(cfg)
-    print(f"data: {len(table):,} rows, {len(table[list(op.problem_names)].drop_duplicates())} shapes "
-          f"({time.perf_counter() - t0:.1f} s)", flush=True)
     saved = Path(args.out_dir) / "pipeline.joblib"
     t0 = time.perf_counter()
     if args.reuse and saved.is_file():
@@ -140,7 +109,85 @@ def main() -> int:
         pipe = fit_final(cfg, table, op)
         saved.parent.mkdir(parents=True, exist_ok=True)
         joblib.dump(pipe, saved, compress=3)
-    fit_s = time.perf_counter() - t0
+    return pipe, time.perf_counter() - t0
+
+
+def per_call_us(call, inputs) -> tuple[float, float]:
+    """Median and p99 microseconds of ``call(x)`` over ``inputs``, after one warm-up call."""
+    call(inputs[0])
+    us = []
+    for x in inputs:
+        t = time.perf_counter()
+        call(x)
+        us.append((time.perf_counter() - t) * 1e6)
+    return stats(us)
+
+
+def cpp_selector_us(out: Path, shapes: pd.DataFrame) -> tuple[float, float] | None:
+    """Median and p99 per shape of the C++ selector (one process, one Run per shape, timed by
+    the program itself); None when it does not build."""
+    build = subprocess.run(["bash", str(REPO / "scripts" / "cpp" / "build.sh")], capture_output=True, text=True,
+                           env={**os.environ, "PYTHON": sys.executable})
+    if build.returncode != 0:
+        print(build.stdout[-2000:], build.stderr[-2000:], file=sys.stderr)
+        return None
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
+        for r in shapes.itertuples(index=False):
+            fh.write(",".join(str(int(v)) for v in r) + "\n")
+    binary = REPO / "scripts" / "cpp" / "build" / "ckpred_select"
+    res = subprocess.run([str(binary), str(out), "--threads", "1", "--bench", "1", "--shapes", fh.name],
+                         capture_output=True, text=True, check=True)
+    bench = json.loads(res.stdout)["bench"]
+    return bench["median_us"], bench["p99_us"]
+
+
+def model_step_session(model, n_features: int):
+    """onnxruntime session of the model step alone (features precomputed), one thread."""
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import DoubleTensorType
+
+    from ckpred.export import lightgbm as xl
+    from ckpred.export import onnx as xo
+
+    xl.register()
+    model_onnx = convert_sklearn(model, initial_types=[("features", DoubleTensorType([None, n_features]))],
+                                 target_opset={**xo.OPSET, "ai.onnx.ml": 3})
+    for entry in model_onnx.opset_import:
+        if entry.domain == "ai.onnx.ml":
+            entry.version = xo.OPSET["ai.onnx.ml"]
+    return xo.session(model_onnx, threads=1)
+
+
+def file_sizes_mb(pipe) -> tuple[float, float]:
+    """Sizes of the pipeline as joblib (compress=3) and of its LightGBM text model, in MB."""
+    import joblib
+
+    from ckpred.models import booster
+
+    with tempfile.TemporaryDirectory() as tmp:
+        joblib.dump(pipe, Path(tmp) / "p.joblib", compress=3)
+        booster(pipe).save_model(str(Path(tmp) / "lgbm.txt"))
+        return (Path(tmp) / "p.joblib").stat().st_size / 1e6, (Path(tmp) / "lgbm.txt").stat().st_size / 1e6
+
+
+def main() -> int:
+    args = parse_args()
+
+    from ckpred.config import compose
+    from ckpred.data import load_table
+    from ckpred.data.shapes import unseen_shapes
+    from ckpred.export import manifest as mf
+    from ckpred.export.build import export_name, export_pipeline
+    from ckpred.kernels.base import load_op
+    from ckpred.runtime import KernelSelector
+
+    cfg = compose("export", list(args.overrides))
+    op = load_op(cfg.op)
+    t0 = time.perf_counter()
+    table = load_table(cfg)
+    print(f"data: {len(table):,} rows, {len(table[list(op.problem_names)].drop_duplicates())} shapes "
+          f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    pipe, fit_s = fit_or_reuse(args, cfg, table, op)
     model = pipe.named_steps["model"]
     inner = getattr(model, "regressor_", model)
     print(f"fit: {inner.booster_.num_trees()} trees, {fit_s:.1f} s", flush=True)
@@ -165,69 +212,25 @@ def main() -> int:
         return pd.DataFrame(X, columns=list(op.input_names))
 
     results: dict[str, tuple[float, float]] = {}
-
-    # C++ selector
-    build = subprocess.run(["bash", str(REPO / "scripts" / "cpp" / "build.sh")], capture_output=True, text=True,
-                           env={**os.environ, "PYTHON": sys.executable})
-    if build.returncode != 0:
-        print(build.stdout[-2000:], build.stderr[-2000:], file=sys.stderr)
+    cpp = cpp_selector_us(out, shapes)
+    if cpp is None:
         return 1
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
-        for r in shapes.itertuples(index=False):
-            fh.write(",".join(str(int(v)) for v in r) + "\n")
-    binary = REPO / "scripts" / "cpp" / "build" / "ckpred_select"
-    # one process, one Run per shape (the C++ program times each Run)
-    res = subprocess.run([str(binary), str(out), "--threads", "1", "--bench", "1", "--shapes", fh.name],
-                         capture_output=True, text=True, check=True)
-    bench = json.loads(res.stdout)["bench"]
-    results["C++ selector (model.onnx)"] = (bench["median_us"], bench["p99_us"])
-
-    # Python selector
+    results["C++ selector (model.onnx)"] = cpp
     sel = KernelSelector.load(out, cache_size=0, threads=1)
-    sel.select(*shapes.iloc[0])  # warm-up
-    us = []
-    for r in shapes.itertuples(index=False):
-        t = time.perf_counter()
-        sel.select(*r, top_k=5)
-        us.append((time.perf_counter() - t) * 1e6)
-    results["Python selector (model.onnx)"] = stats(us)
-
+    results["Python selector (model.onnx)"] = per_call_us(lambda r: sel.select(*r, top_k=5),
+                                                          list(shapes.itertuples(index=False)))
     # features precomputed for the next three
     features = pipe.named_steps["features"]
     feats = [features.transform(raw_rows(r)) for r in shapes.to_numpy(np.int64)]
-    xl.register()
-    model_onnx = convert_sklearn(model, initial_types=[("features", DoubleTensorType([None, feats[0].shape[1]]))],
-                                 target_opset={**xo.OPSET, "ai.onnx.ml": 3})
-    for entry in model_onnx.opset_import:
-        if entry.domain == "ai.onnx.ml":
-            entry.version = xo.OPSET["ai.onnx.ml"]
-    sess = xo.session(model_onnx, threads=1)
+    sess = model_step_session(model, feats[0].shape[1])
     name = sess.get_inputs()[0].name
-    sess.run(None, {name: feats[0]})
-    us = []
-    for f in feats:
-        t = time.perf_counter()
-        np.argmax(sess.run(None, {name: f})[0])
-        us.append((time.perf_counter() - t) * 1e6)
-    results["onnxruntime scorer, features precomputed"] = stats(us)
-
+    results["onnxruntime scorer, features precomputed"] = per_call_us(
+        lambda f: np.argmax(sess.run(None, {name: f})[0]), feats)
     booster = inner.booster_
-    booster.predict(feats[0], num_threads=1)
-    us = []
-    for f in feats:
-        t = time.perf_counter()
-        np.argmax(booster.predict(f, num_threads=1))
-        us.append((time.perf_counter() - t) * 1e6)
-    results["LightGBM native predict, features precomputed"] = stats(us)
-
+    results["LightGBM native predict, features precomputed"] = per_call_us(
+        lambda f: np.argmax(booster.predict(f, num_threads=1)), feats)
     raws = [raw_rows(r) for r in shapes.to_numpy(np.int64)]
-    pipe.predict(raws[0])
-    us = []
-    for X in raws:
-        t = time.perf_counter()
-        np.argmax(pipe.predict(X))
-        us.append((time.perf_counter() - t) * 1e6)
-    results["sklearn pipeline (features + LightGBM)"] = stats(us)
+    results["sklearn pipeline (features + LightGBM)"] = per_call_us(lambda X: np.argmax(pipe.predict(X)), raws)
 
     base = results["C++ selector (model.onnx)"][0]
     print()
@@ -237,11 +240,7 @@ def main() -> int:
     print(f"{'method':<48} {'median ms':>10} {'p99 ms':>10} {'x C++':>8}")
     for name_, (med, p99) in results.items():
         print(f"{name_:<48} {med / 1e3:>10.2f} {p99 / 1e3:>10.2f} {med / base:>8.2f}")
-    with tempfile.TemporaryDirectory() as tmp:
-        joblib.dump(pipe, Path(tmp) / "p.joblib", compress=3)
-        joblib_mb = (Path(tmp) / "p.joblib").stat().st_size / 1e6
-        booster.save_model(str(Path(tmp) / "lgbm.txt"))
-        lgbm_mb = (Path(tmp) / "lgbm.txt").stat().st_size / 1e6
+    joblib_mb, lgbm_mb = file_sizes_mb(pipe)
     print()
     print("model files: " + ", ".join(f"{k} {v['bytes'] / 1e6:.2f} MB" for k, v in man["files"].items())
           + f", manifest.json {(out / 'manifest.json').stat().st_size / 1e6:.2f} MB"
@@ -261,14 +260,13 @@ def main() -> int:
                                                "files": man["files"], "parity": par, "fit_seconds": fit_s,
                                                "float32_check": f32}, indent=1))
     if args.train_run:
-        import bench_strategies
-
-        print("\nselection strategies (scripts/bench_strategies.py, same pipeline):", flush=True)
+        print("\nselection strategies (scripts/bench/bench_strategies.py, same pipeline):", flush=True)
         # overrides first: argparse would read them as more --top-n values after it
         extra = ["--json", str(Path(args.json).with_suffix(".strategies.json"))] if args.json else []
-        return bench_strategies.main([*args.overrides, "--train-run", args.train_run, "--shapes",
-                                      str(min(args.shapes, 100)), "--out-dir", args.out_dir, "--reuse",
-                                      "--top-n", "1", "2", "5", *extra])
+        strategies = Path(__file__).with_name("bench_strategies.py")
+        return subprocess.run([sys.executable, str(strategies), *args.overrides, "--train-run", args.train_run,
+                               "--shapes", str(min(args.shapes, 100)), "--out-dir", args.out_dir, "--reuse",
+                               "--top-n", "1", "2", "5", *extra]).returncode
     return 0
 
 

@@ -18,7 +18,7 @@ each ``--reranker`` size:
 The load average is printed before and after: the machine is shared, and wall times grow with
 it; the CPU-time columns are the robust figure.
 
-    python scripts/bench_strategies.py --train-run runs/train/<time> [--top-n 1 2 3 5 8] \\
+    python scripts/bench/bench_strategies.py --train-run runs/train/<time> [--top-n 1 2 3 5 8] \\
         [--shapes 200] [hydra overrides of the export config, e.g. model=lgbm_ranker]
 """
 
@@ -40,8 +40,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+REPO = Path(__file__).resolve().parents[2]
 
 
 def load() -> str:
@@ -134,7 +133,7 @@ def reranker_size(text: str) -> dict[str, int]:
     return {"n_estimators": size.n_estimators, "num_leaves": size.num_leaves}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train-run", required=True, help="train run dir with oof_predictions.parquet")
     parser.add_argument("--top-n", type=int, nargs="*", default=[1, 2, 3, 5, 8], help="pruned options to measure")
@@ -150,17 +149,98 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", default=str(REPO / "docs" / "select_tradeoff.png"), help="trade-off PNG path")
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     parser.add_argument("overrides", nargs="*", help="hydra overrides of the export config (match the train run)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+Option = tuple[str, "int | None", "dict | None"]
+
+
+def strategy_options(args: argparse.Namespace) -> list[Option]:
+    """(label, top_n, reranker size) of every option measured: full, pruned, reranked."""
+    options: list[Option] = [("full", None, None)]
+    options += [(f"pruned top_n={n}", n, None) for n in args.top_n]
+    for n in args.reranked_top_n:
+        for size in args.reranker:
+            options.append((f"reranked top_n={n} {size['n_estimators']}x{size['num_leaves']}", n, size))
+    return options
+
+
+def final_pipeline(args: argparse.Namespace, cfg, table: pd.DataFrame, op):
+    """The export config's final pipeline, fitted here (and saved) or ``--reuse``d."""
     import joblib
 
-    from bench_select import unseen_shapes
-    from ckpred.config import compose
-    from ckpred.data import load_table
+    from ckpred.fitting import fit_final
+
+    root = Path(args.out_dir)
+    saved = root / "pipeline.joblib"
+    if args.reuse and saved.is_file():
+        return joblib.load(saved)
+    pipe = fit_final(cfg, table, op)
+    root.mkdir(parents=True, exist_ok=True)
+    joblib.dump(pipe, saved, compress=3)
+    return pipe
+
+
+def build_cpp_selector() -> Path | None:
+    """Build scripts/cpp and return the selector binary (None, with the build log, on failure)."""
+    build = subprocess.run(["bash", str(REPO / "scripts" / "cpp" / "build.sh")], capture_output=True, text=True,
+                           env={**os.environ, "PYTHON": sys.executable})
+    if build.returncode != 0:
+        print(build.stdout[-2000:], build.stderr[-2000:], file=sys.stderr)
+        return None
+    return REPO / "scripts" / "cpp" / "build" / "ckpred_select"
+
+
+def export_and_time(option: Option, *, pipe, cfg, table: pd.DataFrame, op, root: Path, parity: pd.DataFrame,
+                    binary: Path, shape_file: str, shapes: pd.DataFrame) -> tuple[dict, dict, dict]:
+    """Export one option and time it in C++ and Python; (manifest, C++ figures, Python figures)."""
     from ckpred.export import manifest as mf
     from ckpred.export.build import export_name, export_pipeline
-    from ckpred.fitting import fit_final
     from ckpred.export.strategies import fit_reranker, keep_for_table
+
+    name, n, rr = option
+    out = root / (name.replace(" ", "_").replace("=", "")) / export_name(op.name, cfg.arch.name, cfg.dtype.name,
+                                                                         cfg.layout.name)
+    keep = None if n is None else keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype,
+                                                 layout=cfg.layout, top_n=n)
+    reranker = None if rr is None else fit_reranker(table, op, cfg, keep, reranker=rr, arch=cfg.arch,
+                                                    dtype=cfg.dtype, layout=cfg.layout, seed=int(cfg.seed))
+    man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=out,
+                          training=mf.training_section(table, op), parity_problems=parity,
+                          select="full" if n is None else "pruned" if rr is None else "reranked",
+                          candidates=keep, reranker=reranker,
+                          selection=None if n is None else {"top_n": n, **({"reranker": rr} if rr else {})},
+                          # the bar is checked below and printed in the table, not enforced here,
+                          # so a parity miss of the model itself still shows every figure
+                          max_abs_diff=float("inf"))
+    return man, cpp_latency(binary, out, shape_file), python_latency(out, shapes)
+
+
+def print_table(rows: list[dict], heading: str) -> None:
+    full = rows[0]
+    print()
+    print(heading)
+    head = (f"{'option':<28} {'cands':>6} {'C++ med ms':>10} {'C++ p99 ms':>10} {'C++ cpu ms':>10} {'C++ hit us':>10} "
+            f"{'Py med ms':>9} {'Py cpu ms':>9} {'Py hit us':>9} {'mean %':>7} {'P10 %':>6} {'min %':>6} "
+            f"{'mean/full':>9} {'dP10':>6} {'parity':>13}")
+    print(head)
+    for r in rows:
+        print(f"{r['option']:<28} {r['candidates']:>6} {r['cpp_median_ms']:>10.3f} {r['cpp_p99_ms']:>10.3f} "
+              f"{r['cpp_cpu_ms']:>10.3f} {r['cpp_hit_us']:>10.2f} {r['py_median_ms']:>9.3f} {r['py_cpu_ms']:>9.3f} "
+              f"{r['py_hit_us']:>9.2f} {r['mean']:>7.2f} {r['p10']:>6.2f} {r['min']:>6.2f} "
+              f"{r['mean'] / full['mean']:>9.4f} {r['p10'] - full['p10']:>+6.2f} "
+              f"{r['parity_top1']:>6.0%} {r['parity_max_diff']:>6.1e}")
+    print("(pruned candidates: the final export's set, learned on every training shape; under CV each fold's set "
+          "is learned on its training shapes: " + "; ".join(f"{r['option']}: {r['candidates_per_fold']}"
+                                                            for r in rows[1:]) + ")")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    from ckpred.config import compose
+    from ckpred.data import load_table
+    from ckpred.data.shapes import unseen_shapes
     from ckpred.kernels.base import load_op
 
     print(f"load average (1/5/15 min) at start: {load()}", flush=True)
@@ -175,11 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     n_folds = oof["fold"].nunique()
     print(f"data: {len(table):,} rows; OOF: {oof['shape'].nunique()} shapes in {n_folds} folds", flush=True)
 
-    options: list[tuple[str, int | None, dict | None]] = [("full", None, None)]
-    options += [(f"pruned top_n={n}", n, None) for n in args.top_n]
-    for n in args.reranked_top_n:
-        for size in args.reranker:
-            options.append((f"reranked top_n={n} {size['n_estimators']}x{size['num_leaves']}", n, size))
+    options = strategy_options(args)
     qual = {}
     for name, n, rr in options:
         t0 = time.perf_counter()
@@ -187,26 +263,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: CV quality {qual[name]['mean']:.2f} / {qual[name]['p10']:.2f} "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
-    root = Path(args.out_dir)
-    saved = root / "pipeline.joblib"
     t0 = time.perf_counter()
-    if args.reuse and saved.is_file():
-        pipe = joblib.load(saved)
-    else:
-        pipe = fit_final(cfg, table, op)
-        root.mkdir(parents=True, exist_ok=True)
-        joblib.dump(pipe, saved, compress=3)
+    pipe = final_pipeline(args, cfg, table, op)
     model = pipe.named_steps["model"]
     inner = getattr(model, "regressor_", model)
     trees, leaves = inner.booster_.num_trees(), inner.get_params()["num_leaves"]
     print(f"final pipeline: {trees} trees x {leaves} leaves ({time.perf_counter() - t0:.0f} s)", flush=True)
 
-    build = subprocess.run(["bash", str(REPO / "scripts" / "cpp" / "build.sh")], capture_output=True, text=True,
-                           env={**os.environ, "PYTHON": sys.executable})
-    if build.returncode != 0:
-        print(build.stdout[-2000:], build.stderr[-2000:], file=sys.stderr)
+    binary = build_cpp_selector()
+    if binary is None:
         return 1
-    binary = REPO / "scripts" / "cpp" / "build" / "ckpred_select"
     problems = table[list(op.problem_names)].drop_duplicates()
     parity = problems.sample(min(args.parity_shapes, len(problems)), random_state=0)
     shapes = unseen_shapes(problems, args.shapes)
@@ -215,25 +281,11 @@ def main(argv: list[str] | None = None) -> int:
             fh.write(",".join(str(int(v)) for v in r) + "\n")
 
     rows = []
-    for name, n, rr in options:
-        out = root / (name.replace(" ", "_").replace("=", "")) / export_name(op.name, cfg.arch.name, cfg.dtype.name,
-                                                                             cfg.layout.name)
-        keep = None if n is None else keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype,
-                                                     layout=cfg.layout, top_n=n)
-        reranker = None if rr is None else fit_reranker(table, op, cfg, keep, reranker=rr, arch=cfg.arch,
-                                                        dtype=cfg.dtype, layout=cfg.layout, seed=int(cfg.seed))
-        man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=out,
-                              training=mf.training_section(table, op), parity_problems=parity,
-                              select="full" if n is None else "pruned" if rr is None else "reranked",
-                              candidates=keep, reranker=reranker,
-                              selection=None if n is None else {"top_n": n, **({"reranker": rr} if rr else {})},
-                              # the bar is checked below and printed in the table, not enforced here,
-                              # so a parity miss of the model itself still shows every figure
-                              max_abs_diff=float("inf"))
-        cpp = cpp_latency(binary, out, fh.name)
-        py = python_latency(out, shapes)
-        q = qual[name]
-        rows.append({"option": name, "candidates": man["selection"]["candidates"], **q,
+    for option in options:
+        man, cpp, py = export_and_time(option, pipe=pipe, cfg=cfg, table=table, op=op, root=Path(args.out_dir),
+                                       parity=parity, binary=binary, shape_file=fh.name, shapes=shapes)
+        name = option[0]
+        rows.append({"option": name, "candidates": man["selection"]["candidates"], **qual[name],
                      "cpp_median_ms": cpp["median_us"] / 1e3, "cpp_p99_ms": cpp["p99_us"] / 1e3,
                      "cpp_cpu_ms": cpp["cpu_median_us"] / 1e3, "cpp_hit_us": cpp["hit_median_us"],
                      "py_median_ms": py["median_us"] / 1e3, "py_cpu_ms": py["cpu_median_us"] / 1e3,
@@ -242,25 +294,11 @@ def main(argv: list[str] | None = None) -> int:
                                             man["parity"]["max_abs_diff_selector"])})
         print(f"{name}: done (load {load()})", flush=True)
 
-    full = rows[0]
-    print()
-    print(f"Selection per unseen shape: {len(shapes)} shapes, {len(op.catalogue(cfg.arch, cfg.dtype, cfg.layout))} "
-          f"catalogue kernels, 1 thread, {trees} trees x {leaves} leaves ({cfg.model.name}, features "
-          f"{cfg.features.name}); efficiency under {n_folds}-fold shape-grouped CV ({full['shapes']} shapes, "
-          f"{args.train_run}); load average at end {load()}")
-    head = (f"{'option':<28} {'cands':>6} {'C++ med ms':>10} {'C++ p99 ms':>10} {'C++ cpu ms':>10} {'C++ hit us':>10} "
-            f"{'Py med ms':>9} {'Py cpu ms':>9} {'Py hit us':>9} {'mean %':>7} {'P10 %':>6} {'min %':>6} "
-            f"{'mean/full':>9} {'dP10':>6} {'parity':>13}")
-    print(head)
-    for r in rows:
-        print(f"{r['option']:<28} {r['candidates']:>6} {r['cpp_median_ms']:>10.3f} {r['cpp_p99_ms']:>10.3f} "
-              f"{r['cpp_cpu_ms']:>10.3f} {r['cpp_hit_us']:>10.2f} {r['py_median_ms']:>9.3f} {r['py_cpu_ms']:>9.3f} "
-              f"{r['py_hit_us']:>9.2f} {r['mean']:>7.2f} {r['p10']:>6.2f} {r['min']:>6.2f} "
-              f"{r['mean'] / full['mean']:>9.4f} {r['p10'] - full['p10']:>+6.2f} "
-              f"{r['parity_top1']:>6.0%} {r['parity_max_diff']:>6.1e}")
-    print("(pruned candidates: the final export's set, learned on every training shape; under CV each fold's set "
-          "is learned on its training shapes: " + "; ".join(f"{r['option']}: {r['candidates_per_fold']}"
-                                                            for r in rows[1:]) + ")")
+    print_table(rows, f"Selection per unseen shape: {len(shapes)} shapes, "
+                      f"{len(op.catalogue(cfg.arch, cfg.dtype, cfg.layout))} catalogue kernels, 1 thread, {trees} "
+                      f"trees x {leaves} leaves ({cfg.model.name}, features {cfg.features.name}); efficiency under "
+                      f"{n_folds}-fold shape-grouped CV ({rows[0]['shapes']} shapes, {args.train_run}); load average "
+                      f"at end {load()}")
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     plot(rows, Path(args.plot), f"{trees} trees x {leaves} leaves, {len(shapes)} unseen shapes, 1 thread, "
                                 f"load {load()}")

@@ -1,9 +1,9 @@
 """Ingestion throughput and peak memory on a generated streaming log.
 
-    python scripts/bench_ingest.py [--rows 1000000] [--log /tmp/ckpred_bench_1m.log] [--repeat 1]
+    python scripts/bench/bench_ingest.py [--rows 1000000] [--log /tmp/ckpred_bench_1m.log] [--repeat 1]
 
-Generates (once) a streaming benchmark log of ``--rows`` kernel rows with the test helper
-``tests/fixtures_gen.py:write_big_log``, then ingests it in a fresh child process (so the
+Generates (once) a streaming benchmark log of ``--rows`` kernel rows with
+:func:`ckpred.data.synthetic.write_synthetic_log`, then ingests it in a fresh child process (so the
 generator's memory does not count) with ``ckpred.data.ingest.read_files`` and prints rows/s,
 MB/s and the child's peak RSS (``ru_maxrss``), with the RSS after imports for reference.
 Wall-clock rows/s depends on what else the machine runs; rows per CPU-second (user + system
@@ -19,8 +19,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def measure(log: Path) -> dict[str, float]:
@@ -51,8 +49,7 @@ def main() -> None:
     if args.measure:
         print(json.dumps(measure(args.log)))
         return
-    sys.path.insert(0, str(REPO / "tests"))
-    from fixtures_gen import write_big_log
+    from ckpred.data.synthetic import write_synthetic_log
 
     expected_lines = None
     if args.log.exists():
@@ -60,7 +57,7 @@ def main() -> None:
             expected_lines = sum(1 for line in fh if line.startswith(b"{"))
     if expected_lines != args.rows:
         start = time.perf_counter()
-        write_big_log(args.log, args.rows)
+        write_synthetic_log(args.log, args.rows)
         print(f"generated {args.rows:,} rows -> {args.log} ({args.log.stat().st_size / 1e6:.0f} MB) "
               f"in {time.perf_counter() - start:.1f} s")
     for run in range(args.repeat):

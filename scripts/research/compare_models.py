@@ -1,6 +1,6 @@
 """Screen model/target/feature variants on the first CV folds of the default data.
 
-    python scripts/compare_models.py --folds 1 "model=lgbm_regressor target=log1p" "model=lgbm_ranker"
+    python scripts/research/compare_models.py --folds 1 "model=lgbm_regressor target=log1p" "model=lgbm_ranker"
 
 Each positional argument is a space-separated list of ``train`` overrides. For every variant the
 script fits on the training shapes of the first ``--folds`` folds of the default

@@ -1,16 +1,11 @@
 """Real-data proof for grouped_conv_fwd on gfx950 (bf16): Protocols A and B beside AMD's figures.
 
-Runs ``ckpred.train.train`` twice with ``experiment=ck_conv_gfx950`` on AMD's public CK Tile
-measurements (data/ck_grouped_conv_fwd_bf16_gfx950):
-
-* Protocol A: train on the 20-kernel training table (compv3/compv4 only), select among the 30
-  kernels of the 300-problem benchmark table (``cv=external``);
-* Protocol B: 5-fold GroupKFold by problem fields over the benchmark table alone;
-* ``T`` (selection, not a result): 5-fold GroupKFold over the 20-kernel *training* table alone.
-  It shares no problem with the benchmark, so model choices made on it (hyperparameters, feature
-  sets) are not selected by A's or B's test scores (``--protocols T``).
-
-and prints one table: the model, the reference replica (log1p regressor), best static kernel
+Runs :func:`ckpred.commands.train.train` with ``experiment=ck_conv_gfx950`` on AMD's public CK
+Tile measurements (:mod:`ckpred.data.ck_conv`, shipped in data/ck_grouped_conv_fwd_bf16_gfx950)
+once per protocol of :func:`ckpred.data.ck_conv.protocol_overrides`: A (train on the 20-kernel
+training table, select among the benchmark's 30 kernels) and B (GroupKFold over the benchmark)
+by default; T (GroupKFold over the training table, where recipes are chosen) with
+``--protocols T``, and prints one table: the model, the reference replica (log1p regressor), best static kernel
 (learned on the training side only; in Protocol A it can only be one of the 20 seen kernels),
 the analytical roofline heuristic on the implicit GEMM (computed here when ``train`` has no
 analytical baseline for the op), random choice (exact expectation) and AMD's published
@@ -20,8 +15,8 @@ timing noise there (:func:`problem_noise`, :func:`regime_table`).
 
 Usage (from the repository root)::
 
-    python scripts/conv_proof.py                         # full run, writes runs/conv_proof/
-    python scripts/conv_proof.py --out /tmp/p model.n_estimators=50   # extra Hydra overrides
+    python scripts/bench/conv_proof.py                         # full run, writes runs/conv_proof/
+    python scripts/bench/conv_proof.py --out /tmp/p model.n_estimators=50   # extra Hydra overrides
 
 Extra arguments are Hydra overrides applied to both runs.
 """
@@ -37,29 +32,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
-DATA_DIR = REPO / "data" / "ck_grouped_conv_fwd_bf16_gfx950"
-BENCH = "benchmark_forward_300_bf16_gfx950.csv"
-TRAIN = "training_data_forward_bf16_20.csv"
-AMD_SUMMARY = "comparison_summary_300.csv"
+from ckpred.data.ck_conv import AMD_SUMMARY, BENCH, DIRECTORY, TRAIN, protocol_overrides
+
+REPO = Path(__file__).resolve().parents[2]
+DATA_DIR = REPO / DIRECTORY
 COLUMNS = ("mean", "p10", "p50", "min", "top1", "top5", "efficiency@2", "efficiency@5")
 LABELS = {"model_selector": "ckpred ({features}, {model}), selector tie order",
           "model": "ckpred, ties in table order (train's report)", "reference": "reference replica (log1p regressor)",
           "best_static": "best static kernel", "analytical": "analytical (roofline, implicit GEMM)",
           "random": "random choice"}
-
-
-def protocol_overrides(protocol: str, data_dir: Path, out: Path) -> list[str]:
-    """Hydra overrides of one protocol (``A``, ``B`` or the selection protocol ``T``)."""
-    if protocol not in ("A", "B", "T"):
-        raise ValueError(f"unknown protocol {protocol!r}; allowed: A, B, T")
-    common = ["experiment=ck_conv_gfx950", f"out_dir={out / protocol}", "plots=false", "progress=false"]
-    if protocol == "B":
-        return [*common, f"data.path={data_dir / BENCH}"]
-    if protocol == "T":
-        return [*common, f"data.path={data_dir / TRAIN}"]
-    return [*common, f"data.path={data_dir / TRAIN}", "cv=external", "cv.data.source=path",
-            f"cv.data.path={data_dir / BENCH}", "cv.data.format=csv"]
 
 
 def analytical_summary(cfg: Any) -> dict[str, float]:

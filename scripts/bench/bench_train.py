@@ -1,6 +1,6 @@
 """Wall time and peak memory of a ``ckpred train`` run (default: the README's main command).
 
-    python scripts/bench_train.py [hydra overrides...]
+    python scripts/bench/bench_train.py [hydra overrides...]
 
 Runs ``python -m ckpred train arch=gfx950 dtype=fp8 <overrides>`` in a subprocess, then prints
 the wall time, the child's peak RSS (``getrusage(RUSAGE_CHILDREN).ru_maxrss``), the machine load
@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from ckpred.runs import RUN_RECORD
 
 
 def main(argv: list[str]) -> int:
@@ -38,8 +40,8 @@ def main(argv: list[str]) -> int:
     metrics_file = out_dir / "metrics.json"
     if metrics_file.exists():
         metrics = json.loads(metrics_file.read_text())
-        manifest = json.loads((out_dir / "manifest.json").read_text())
-        print(f"timings        {manifest['timings_s']}")
+        record = json.loads((out_dir / RUN_RECORD).read_text())
+        print(f"timings        {record['timings_s']}")
         print(f"{'method':<12} {'mean':>7} {'P10':>7} {'min':>7} {'top1':>7} {'eff@5':>7}")
         for method, rep in metrics.items():
             if "mean" in rep:

@@ -2,9 +2,9 @@
 
 Usage::
 
-    python scripts/compare_feature_sets.py                      # anchor55, minimal, full
-    python scripts/compare_feature_sets.py --sets anchor55 full --extra problem,kernel,wave
-    python scripts/compare_feature_sets.py --data path --path '/data/*.json'
+    python scripts/research/compare_feature_sets.py                      # anchor55, minimal, full
+    python scripts/research/compare_feature_sets.py --sets anchor55 full --extra problem,kernel,wave
+    python scripts/research/compare_feature_sets.py --data path --path '/data/*.json'
 
 For each feature set: features of the whole table, GroupKFold over shapes, an LGBMRegressor on
 log1p(TFLOPS) trained on a per-shape subsample of the training shapes' rule-valid rows (the
