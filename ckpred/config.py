@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from ckpred import schema
 from ckpred.errors import ConfigValueError, UnknownConfigKeyError
@@ -41,6 +41,26 @@ def to_object(cfg: DictConfig) -> Any:
     except MissingMandatoryValue as exc:
         key = str(exc.full_key)
         raise ConfigValueError(key, "???", f"a value: the key is mandatory, pass {key}=<value>") from exc
+    except OmegaConfBaseException as exc:
+        # An interpolation that does not resolve (``model.max_bin=${oops}``) or resolves to a
+        # value of the wrong type only fails here, when the values are read.
+        key = str(getattr(exc, "full_key", "") or getattr(exc, "key", "") or "?")
+        raw = _raw_value(cfg, key)
+        reason = " ".join(str(getattr(exc, "msg", exc)).split("\n")[0].split())
+        raise ConfigValueError(key, raw, f"a value that resolves to the key's type ({reason})") from None
+
+
+def _raw_value(cfg: DictConfig, key: str) -> Any:
+    """The unresolved value at ``key`` (``${...}`` stays as written), or ``?`` if not found."""
+    node: Any = cfg
+    for part in key.replace("[", ".").replace("]", "").split("."):
+        try:
+            node = node._get_node(int(part) if part.isdigit() else part)
+        except Exception:  # noqa: BLE001 - best effort for the message only
+            return "?"
+        if node is None:
+            return "?"
+    return node._value() if hasattr(node, "_value") else node
 
 
 def check_known_keys(cfg: Any, prefix: str = "") -> None:
