@@ -81,6 +81,38 @@ def _positional_to_override(argv: list[str], key: str) -> list[str]:
     return out
 
 
+def _check_override_syntax(name: str, argv: list[str]) -> None:
+    """Refuse an override Hydra's grammar cannot parse, naming it (Hydra's own message names
+    only the offending token, not which override it came from)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+    from hydra.errors import HydraException
+
+    from ckpred.config import CONF_DIR
+
+    parser = OverridesParser.create()
+    after_option = False
+    for arg in argv:
+        if not after_option and not arg.startswith("-"):
+            try:
+                override = parser.parse_override(arg)
+            except HydraException as exc:
+                reason = " ".join(str(exc).split("\n")[0].split())
+                print(f"ckpred {name}: error: cannot parse override {arg!r}: {reason} (Hydra override grammar: "
+                      "quote values with special characters, e.g. key='a,b')", file=sys.stderr)
+                raise SystemExit(1) from None
+            group = CONF_DIR / override.key_or_group.split("@")[0]
+            value = override.value() if override.value_type == ValueType.ELEMENT else ""
+            names = value if isinstance(value, list) else [value]
+            if group.is_dir() and value is not None and not all(isinstance(v, str) for v in names):
+                # Hydra itself fails on this with a traceback ("must be a string or a list").
+                options = sorted(p.stem for p in group.glob("*.yaml"))
+                print(f"ckpred {name}: error: config group '{override.key_or_group}' has invalid value {value!r}; "
+                      f"allowed: an option name, one of {options}", file=sys.stderr)
+                raise SystemExit(1)
+        after_option = arg in _HYDRA_VALUE_OPTIONS
+
+
 def run_command(name: str, argv: list[str]) -> Any:
     """Run command ``name`` with Hydra arguments ``argv`` (as if typed after the command)."""
     import hydra
@@ -90,6 +122,7 @@ def run_command(name: str, argv: list[str]) -> Any:
 
     command = COMMANDS[name]
     argv = _positional_to_override(argv, command.positional)
+    _check_override_syntax(name, argv)
     register_schemas()
 
     @hydra.main(version_base="1.3", config_path="pkg://ckpred.conf", config_name=command.config_name)

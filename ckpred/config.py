@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from ckpred import schema
-from ckpred.errors import ConfigValueError
+from ckpred.errors import ConfigValueError, UnknownConfigKeyError
 from ckpred.util import resolve_path
 
 #: Folder of the config tree: top-level conf/ in a checkout, shipped as the package ckpred.conf.
@@ -32,12 +32,68 @@ def to_object(cfg: DictConfig) -> Any:
         When a key holds a value outside its allowed set, or a mandatory key (``???``, such as
         ``problem.y`` of a conv ``select``) was not given; the message names key, value and
         what is allowed.
+    ckpred.errors.UnknownConfigKeyError
+        When a key the schema does not declare was added (``+model.n_estimatorz=5``).
     """
+    check_known_keys(cfg)
     try:
         return OmegaConf.to_object(cfg)
     except MissingMandatoryValue as exc:
         key = str(exc.full_key)
         raise ConfigValueError(key, "???", f"a value: the key is mandatory, pass {key}=<value>") from exc
+    except OmegaConfBaseException as exc:
+        # An interpolation that does not resolve (``model.max_bin=${oops}``) or resolves to a
+        # value of the wrong type only fails here, when the values are read.
+        key = str(getattr(exc, "full_key", "") or getattr(exc, "key", "") or "?")
+        raw = _raw_value(cfg, key)
+        reason = " ".join(str(getattr(exc, "msg", exc)).split("\n")[0].split())
+        raise ConfigValueError(key, raw, f"a value that resolves to the key's type ({reason})") from None
+
+
+def _raw_value(cfg: DictConfig, key: str) -> Any:
+    """The unresolved value at ``key`` (``${...}`` stays as written), or ``?`` if not found."""
+    node: Any = cfg
+    for part in key.replace("[", ".").replace("]", "").split("."):
+        try:
+            node = node._get_node(int(part) if part.isdigit() else part)
+        except Exception:  # noqa: BLE001 - best effort for the message only
+            return "?"
+        if node is None:
+            return "?"
+    return node._value() if hasattr(node, "_value") else node
+
+
+def check_known_keys(cfg: Any, prefix: str = "") -> None:
+    """Refuse keys a schema node does not declare, in ``cfg`` and every node below it.
+
+    Hydra's ``+key=value`` adds a key even to a node checked against a dataclass (it bypasses
+    OmegaConf's struct flag), and :func:`OmegaConf.to_object` then sets it as a plain attribute
+    that nothing reads: ``+model.n_estimatorz=5`` would train with the default tree count and
+    exit 0. Nodes typed as free mappings (``dict[str, ...]`` fields such as a feature group's
+    ``params``) are not schema nodes and keep their keys.
+    """
+    import dataclasses
+
+    from omegaconf import DictConfig, ListConfig
+
+    if isinstance(cfg, ListConfig):
+        for i in range(len(cfg)):
+            node = cfg._get_node(i)
+            if isinstance(node, (DictConfig, ListConfig)):
+                check_known_keys(node, f"{prefix}[{i}]")
+        return
+    if not isinstance(cfg, DictConfig) or cfg._is_none() or cfg._is_missing():
+        return
+    kind = OmegaConf.get_type(cfg)
+    known = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else None
+    for key in cfg.keys():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        node = cfg._get_node(key)
+        if known is not None and key not in known:
+            raise UnknownConfigKeyError(full, OmegaConf.to_container(node) if isinstance(
+                node, (DictConfig, ListConfig)) else node._value(), known)
+        if isinstance(node, (DictConfig, ListConfig)):
+            check_known_keys(node, full)
 
 
 def compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:

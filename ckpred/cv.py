@@ -44,12 +44,14 @@ from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 from ckpred import evaluate as ev
 from ckpred.data.table import data_hash
 from ckpred.dtypes import c_bytes_per_element
+from ckpred.errors import ConfigValueError
 from ckpred.fitting import (LearnedMethod, Prepared, cv_group_names, fit_method, for_arch, model_method,
                             plain_method, predict, prepare, recipe_config, rows_of)
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.kernels.declared import bind_training_catalogue
 from ckpred.models import booster, failure_model, predicted_ok, target_name
 from ckpred.runs import RUN_RECORD
+from ckpred.schema import CV_NAMES
 from ckpred.util import package_versions, sha256_file
 
 log = logging.getLogger(__name__)
@@ -80,14 +82,26 @@ def make_folds(cv: Any, data: Prepared, seed: int, test: Prepared | None = None)
         return [Fold("external", idx, np.arange(test.groups.n_shapes))]
     # shapes of one CV group (the op's cv group key) always land in the same fold
     groups = data.cv_groups if len(data.cv_groups) == n else idx
+    n_groups = len(np.unique(groups))
+    unit = "shapes" if n_groups == n else f"CV groups (its {n} shapes grouped by the op's cv key)"
     if cv.name == "group_kfold":
-        n_groups = len(np.unique(groups))
         if n_groups < cv.n_splits:
-            raise ValueError(f"cv.n_splits={cv.n_splits} needs at least that many CV groups; the data has {n_groups}")
+            raise ConfigValueError("cv.n_splits", int(cv.n_splits),
+                                   f"an integer in [2, {n_groups}]: every fold needs a test group and the data has "
+                                   f"{n_groups} {unit}" if n_groups >= 2 else
+                                   f"none: the data has {n_groups} {unit}, cross-validation needs at least 2")
         splitter = GroupKFold(n_splits=int(cv.n_splits), shuffle=bool(cv.shuffle),
                               random_state=int(seed) if cv.shuffle else None)
         return [Fold(f"fold{i}", tr, te) for i, (tr, te) in enumerate(splitter.split(idx, groups=groups))]
     if cv.name == "holdout":
+        # GroupShuffleSplit's sizes: ceil(fraction * groups) test groups, the rest train.
+        n_test = int(np.ceil(float(cv.test_fraction) * n_groups))
+        if n_groups < 2 or n_test >= n_groups:
+            top = (n_groups - 1) / n_groups if n_groups >= 2 else 0.0
+            raise ConfigValueError("cv.test_fraction", float(cv.test_fraction),
+                                   f"a number in (0, {top:.4g}]: the data has {n_groups} {unit} and the fraction "
+                                   "must leave at least one to train on" if n_groups >= 2 else
+                                   f"none: the data has {n_groups} {unit}, a hold-out split needs at least 2")
         splitter = GroupShuffleSplit(n_splits=1, test_size=float(cv.test_fraction), random_state=int(seed))
         tr, te = next(splitter.split(idx, groups=groups))
         return [Fold("holdout", tr, te)]
@@ -96,9 +110,12 @@ def make_folds(cv: Any, data: Prepared, seed: int, test: Prepared | None = None)
         folds = [Fold(f"without_{f}", idx[family != f], idx[family == f]) for f in pd.unique(family)]
         folds = [f for f in folds if len(f.train_shapes) and len(f.test_shapes)]
         if not folds:
-            raise ValueError("cv=leave_family_out needs shapes of at least two M families")
+            raise ConfigValueError("cv", "leave_family_out",
+                                   f"a cv that splits shapes ({', '.join(c for c in CV_NAMES if c != 'leave_family_out')}"
+                                   f"): leave_family_out needs shapes of at least two M families and the data has "
+                                   f"only {list(pd.unique(family))}")
         return folds
-    raise ValueError(f"unknown cv.name {cv.name!r}")
+    raise ConfigValueError("cv.name", cv.name, f"one of {list(CV_NAMES)}")
 
 
 

@@ -43,3 +43,33 @@ class TableSchemaError(CkpredError, ValueError):
 
 class ModelMismatchError(CkpredError, ValueError):
     """A model or artifact does not match the arch/dtype/layout/catalogue/features it is used with."""
+
+
+class UnknownConfigKeyError(ConfigValueError):
+    """A key added to a config (``+model.n_estimatorz=5``) that its schema does not declare.
+
+    Hydra's ``+`` adds keys even to a schema-checked node and OmegaConf then sets them as plain
+    attributes nobody reads: the run would silently ignore the setting.
+    """
+
+    def __init__(self, key: str, value: Any, known: list[str]) -> None:
+        import difflib
+
+        name = key.rsplit(".", 1)[-1]
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        super().__init__(key, value, f"a key the schema declares{hint}: {known}")
+        self.args = (f"config key '{key}' (= {value!r}) is not in the schema{hint}; "
+                     f"allowed keys there: {known}",)
+
+
+class OutputPathError(CkpredError, OSError):
+    """An output file or directory cannot be written (a directory where a file is expected,
+    a file where a directory is expected, no permission, read-only or full filesystem)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"cannot write {path}: {reason}")
+
+    def __str__(self) -> str:
+        return f"cannot write {self.path}: {self.reason}"

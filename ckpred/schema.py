@@ -12,7 +12,9 @@ adding an *option* to a group is only a YAML file.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import MISSING
@@ -30,6 +32,75 @@ def check(key: str, value: Any, ok: bool, allowed: str) -> None:
     """Raise :class:`ConfigValueError` naming ``key``, ``value`` and ``allowed`` unless ``ok``."""
     if not ok:
         raise ConfigValueError(key, value, allowed)
+
+
+#: Seeds reach numpy's ``RandomState``, scikit-learn and LightGBM, which take 0 .. 2**32 - 1.
+SEED_MAX = 2**32 - 1
+
+
+def max_threads() -> int:
+    """Upper bound of every thread-count key (``model.n_jobs``, ``threads``): this machine's CPUs.
+
+    More threads than CPUs only spin; 0 and -1 (LightGBM's and OpenMP's "all cores") are refused
+    too, because the thread count changes LightGBM's result bit-wise and a run must say it.
+    """
+    return os.cpu_count() or 1
+
+
+def check_threads(key: str, value: int, *, at_least: int = 1) -> None:
+    """Check a thread count: an integer in [1, max(:func:`max_threads`, ``at_least``)].
+
+    ``at_least`` keeps a packaged default valid on a machine with fewer CPUs (``model.n_jobs``
+    defaults to 2).
+    """
+    top = max(max_threads(), at_least)
+    check(key, value, 1 <= value <= top,
+          f"an integer in [1, {top}] (this machine's CPUs; 0 / -1 for 'all cores' are not accepted: "
+          f"give the count)")
+
+
+def check_seed(key: str, value: int) -> None:
+    """Check a seed: an integer in [0, 2**32 - 1] (what numpy, scikit-learn and LightGBM take)."""
+    check(key, value, 0 <= value <= SEED_MAX, f"an integer in [0, {SEED_MAX}]")
+
+
+def check_arch_dtype(arch: Any, dtype: Any) -> None:
+    """Refuse a dtype the arch has no peak throughput for (its ``peak_tflops`` lists what it runs).
+
+    An arch config without ``peak_tflops`` (a user's own GPU) is not checked here; the op's
+    kernel catalogue still refuses combinations it has no kernels for.
+    """
+    peaks = dict(getattr(arch, "peak_tflops", None) or {})
+    if peaks:
+        check("dtype", dtype.name, dtype.name in peaks,
+              f"one of {sorted(peaks)} for arch={arch.name} (the dtypes in its peak_tflops)")
+
+
+def _first_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_output_path(key: str, value: str, *, kind: str) -> None:
+    """Refuse an output path that cannot be written before any work starts.
+
+    ``kind`` is ``file`` or ``dir``. Refused: a directory given for a file (or a file for a
+    directory), a path below an existing file, and an existing ancestor without write
+    permission. An empty value (the command's default place) is not checked. What only the
+    write itself can tell (a full or read-only filesystem) is refused there, by
+    :func:`ckpred.util.atomic_path`.
+    """
+    if not value:
+        return
+    path = Path(str(value)).expanduser().absolute()
+    if kind == "file":
+        check(key, value, not path.is_dir(), "a file path (this is an existing directory)")
+    else:
+        check(key, value, not path.exists() or path.is_dir(), "a directory path (this is an existing file)")
+    base = _first_existing(path.parent if not path.exists() else path)
+    check(key, value, base.is_dir(), f"a path below a directory ({base} is a file)")
+    check(key, value, os.access(base, os.W_OK | os.X_OK), f"a writable location ({base} is not writable)")
 
 
 def check_positive(prefix: str, obj: Any, names: tuple[str, ...], *, allow_zero: bool = False) -> None:
@@ -327,6 +398,7 @@ class DataConfig:
         if self.source == "path":
             check("data.path", self.path, bool(self.path),
                   "one or more files or globs (data.path=<file or glob>)")
+        check_seed("data.seed", self.seed)
 
 
 @dataclass
@@ -343,6 +415,11 @@ class IngestConfig:
     #: Where rows that could not be kept go (CSV with file:line and reason); empty = next to out.
     rejects: str = ""
     run_id: str = ""
+
+    def __post_init__(self) -> None:
+        check_arch_dtype(self.arch, self.dtype)
+        check_output_path("out", self.out, kind="file")
+        check_output_path("rejects", self.rejects, kind="file")
 
 
 # -- features (ckpred.features) -------------------------------------------------------------------
@@ -453,6 +530,12 @@ class SimulateConfig:
     #: Real oracle-best table (m, n, k, oracle_best_tflops, oracle_best_kernel) to calibrate on.
     calibration_file: str = "data/ck_gemm_gfx950_results/p1_oracle_best_results.csv"
 
+    def __post_init__(self) -> None:
+        check_arch_dtype(self.arch, self.dtype)
+        check_output_path("out", self.out, kind="file")
+        check_output_path("log", self.log, kind="file")
+
+
 # -- train: models, targets, cv, baselines ----------------------------------------------------
 MODEL_NAMES: tuple[str, ...] = ("lgbm_regressor", "lgbm_ranker")
 TARGET_NAMES: tuple[str, ...] = ("log1p", "raw", "relative")
@@ -519,7 +602,7 @@ class ModelConfig:
         check_positive("model", self, ("reg_alpha", "reg_lambda", "min_split_gain",
                                        "early_stopping_rounds"), allow_zero=True)
         check("model.max_bin", self.max_bin, 2 <= self.max_bin <= 65535, "an integer in [2, 65535]")
-        check("model.n_jobs", self.n_jobs, self.n_jobs >= 1, "an integer >= 1 (threads)")
+        check_threads("model.n_jobs", self.n_jobs, at_least=2)
         check("model.validation_fraction", self.validation_fraction, 0 < self.validation_fraction < 1,
               "a number in (0, 1)")
         check("model.relevance_grades", self.relevance_grades, 2 <= self.relevance_grades <= 31,
@@ -669,6 +752,10 @@ class RecipeConfig:
     #: Seed of fold assignment, validation split, row sampling and LightGBM.
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        check_arch_dtype(self.arch, self.dtype)
+        check_seed("seed", self.seed)
+
 
 @dataclass
 class TrainConfig(RecipeConfig):
@@ -691,6 +778,10 @@ class TrainConfig(RecipeConfig):
     #: Several seeds (e.g. ``seeds=[0,1,2]``) run the whole CV once per seed and
     #: report the spread over seeds; empty = ``seed`` alone.
     seeds: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_output_path("out_dir", self.out_dir, kind="dir")
 
 
 # -- export and select ------------------------------------------------------------------------
@@ -744,6 +835,8 @@ class ExportConfig(RecipeConfig):
     parity: ExportParityConfig = field(default_factory=ExportParityConfig)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        check_output_path("out_dir", self.out_dir, kind="dir")
         check("select", self.select, self.select in EXPORT_SELECT, f"one of {list(EXPORT_SELECT)}")
         check("prune_top_n", self.prune_top_n, self.prune_top_n >= 1, "an integer >= 1")
 
@@ -769,8 +862,9 @@ class SelectConfig(RecipeConfig):
     threads: int = 1
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check("top_k", self.top_k, self.top_k >= 1, "an integer >= 1")
-        check("threads", self.threads, self.threads >= 1, "an integer >= 1")
+        check_threads("threads", self.threads)
         check("problem", dict(self.problem), bool(self.problem),
               "the problem fields, e.g. problem.m=128 problem.n=1536 problem.k=7168")
 
@@ -830,6 +924,7 @@ class TuneSettings:
     def __post_init__(self) -> None:
         check("tune.n_trials", self.n_trials, self.n_trials >= 1, "an integer >= 1")
         check("tune.timeout_s", self.timeout_s, self.timeout_s >= 0, "a number of seconds >= 0 (0 = no limit)")
+        check_seed("tune.sampler_seed", self.sampler_seed)
         check("tune.n_startup_trials", self.n_startup_trials, self.n_startup_trials >= 0, "an integer >= 0")
         check("tune.pruner", self.pruner, self.pruner in ("median", "none"), "one of ['median', 'none']")
         check("tune.pruner_startup_trials", self.pruner_startup_trials, self.pruner_startup_trials >= 0,

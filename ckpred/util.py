@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import tempfile
@@ -9,24 +10,40 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from ckpred.errors import OutputPathError
+
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
 
     A reader never sees a half-written file, and a failure (or ``kill -9``) leaves the old file
-    untouched; on an exception the temporary file is removed.
+    untouched; on an exception the temporary file is removed. A place that cannot be written
+    (no such directory, no permission, a directory at ``path``, a full or read-only filesystem)
+    raises :class:`ckpred.errors.OutputPathError` naming ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise OutputPathError(str(path), exc.strerror or str(exc)) from None
     os.close(fd)
     try:
         yield Path(tmp)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.errno in _OUTPUT_ERRNOS or exc.filename in (tmp, str(path)):
+            raise OutputPathError(str(path), exc.strerror or str(exc)) from None
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+#: Write errors that are about the output's place, whatever call raised them.
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EISDIR, errno.EACCES})
 
 
 def sha256_file(path: str | Path) -> str:

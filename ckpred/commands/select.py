@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ckpred.errors import MissingFileError
+from ckpred.errors import ConfigValueError, MissingFileError
 from ckpred.export import manifest as mf
 from ckpred.export.build import export_name
 from ckpred.kernels.base import load_op
@@ -16,7 +16,13 @@ from ckpred.util import resolve_path
 def select_command(cfg: Any) -> dict[str, Any]:
     """Task function of ``python -m ckpred select``: print the top-k kernels of one problem."""
     names = {key: str(getattr(cfg[key], "name", cfg[key])) for key in ("arch", "dtype", "layout")}
-    op_name = load_op(cfg.op).name
+    op = load_op(cfg.op)
+    op_name = op.name
+    for key in cfg.problem:
+        if key not in op.problem_names:
+            # conf/problem/<op>.yaml declares the fields; `+problem.<key>` can add any other.
+            raise ConfigValueError(f"problem.{key}", cfg.problem[key],
+                                   f"a problem field of op {op_name!r}: {list(op.problem_names)}")
     model_dir = resolve_path(cfg.model_dir) if cfg.model_dir else \
         resolve_path(cfg.exports_dir) / export_name(op_name, names["arch"], names["dtype"], names["layout"])
     if not (model_dir / mf.MANIFEST).is_file():

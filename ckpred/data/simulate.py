@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,8 @@ import pandas as pd
 from ckpred import dtypes
 from ckpred.kernels.base import OpDefinition
 from ckpred.util import atomic_path
+
+log = logging.getLogger(__name__)
 
 #: Bump when the model changes: cached tables of older versions are regenerated.
 SIMULATOR_VERSION = "1.0.0"
@@ -567,18 +570,46 @@ def simulated_table(cfg: Any) -> pd.DataFrame:
     config regenerates it and an unchanged one is read back.
     """
     from ckpred.data.shapes import load_shapes
-    from ckpred.data.table import read_table, write_table
+    from ckpred.data.table import write_table
     from ckpred.kernels.base import load_op
 
     op = load_op(cfg.op)
     shapes = load_shapes(cfg.shapes)
     path = cache_path(cfg, shapes)
     if path.is_file():
-        return read_table(path, op)
+        cached, problem = _read_cache(path, op, shapes)
+        if cached is not None:
+            return cached
+        # A damaged cache file (truncated by a full disk, a copy or an older writer) is only a
+        # cache: say so and regenerate it; the rewrite below replaces it in one rename.
+        log.warning("simulator cache %s is unusable (%s); regenerating it", path, problem)
     table = simulate(shapes, op, cfg.arch, cfg.dtype, cfg.layout, seed=int(cfg.data.seed),
                      source=f"simulated:{cfg.shapes.name}")
     write_table(table, path, op)
     return table
+
+
+def _read_cache(path: Path, op: OpDefinition, shapes: pd.DataFrame) -> tuple[pd.DataFrame | None, str]:
+    """The cached table at ``path`` if it is whole and holds exactly ``shapes``, else ``(None, why)``.
+
+    Checked: parquet that reads completely (a truncated file has no footer), the canonical
+    columns of ``op``, and the set of (m, n, k, split_k) shapes the cache key promises.
+    """
+    import pyarrow as pa
+
+    from ckpred.data.table import read_table
+    from ckpred.errors import CkpredError
+
+    try:
+        table = read_table(path, op)
+    except (pa.ArrowException, OSError, CkpredError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    cols = ["m", "n", "k", "split_k"]
+    want = set(map(tuple, shapes[cols].to_numpy(np.int64).tolist()))
+    have = set(map(tuple, table[cols].drop_duplicates().to_numpy(np.int64).tolist()))
+    if want != have:
+        return None, f"it holds {len(have)} shapes, the config asks for {len(want)} others"
+    return table, ""
 
 
 _MAJOR = {"r": "RowMajor", "c": "ColumnMajor"}

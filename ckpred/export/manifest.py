@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import hashlib
 import json
 import math
 import os
+import re
 import shutil
+import socket
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -34,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from ckpred.data.table import data_hash
-from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError
+from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError, OutputPathError
 from ckpred.kernels.base import OpDefinition
 from ckpred.util import package_versions as _package_versions
 from ckpred.util import sha256_file
@@ -211,12 +215,21 @@ def write_export_dir(out_dir: str | Path, files: Mapping[str, bytes]) -> Path:
     A symlink ``out_dir`` is followed on purpose: the export replaces the directory it points
     to (at that directory's place) and the link stays, so a stable path such as
     ``exports/current -> exports/v3`` keeps working.
+
+    Concurrent writers of the same ``out_dir`` each swap in a complete export (the last one
+    stays). Temporary directories are named after their writer (host and pid); the ones a
+    killed writer left (``kill -9``) are removed by the next export into the same parent once
+    that writer's process is gone (:func:`clean_stale_temps`).
     """
     out_dir = Path(out_dir)
     if out_dir.is_symlink():
         out_dir = out_dir.resolve()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_temps(out_dir.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out_dir, "tmp"), dir=out_dir.parent))
+    except OSError as exc:
+        raise OutputPathError(str(out_dir), exc.strerror or str(exc)) from None
     try:
         ordered = sorted(files, key=lambda n: n == MANIFEST)  # manifest last
         for name in ordered:
@@ -225,21 +238,117 @@ def write_export_dir(out_dir: str | Path, files: Mapping[str, bytes]) -> Path:
                 fh.flush()
                 os.fsync(fh.fileno())
         os.chmod(tmp, 0o755)
-        if out_dir.exists():
-            if _exchange(tmp, out_dir):
-                shutil.rmtree(tmp)  # tmp now holds the previous export
-            else:
-                old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-                old.rmdir()
-                os.rename(out_dir, old)
-                os.rename(tmp, out_dir)
-                shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out_dir)
+        previous = _swap_in(tmp, out_dir)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputPathError(str(out_dir), exc.strerror or str(exc)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
     return out_dir
+
+
+#: Attempts of :func:`_swap_in` when concurrent writers keep replacing ``out_dir`` under it.
+_SWAP_ATTEMPTS = 100
+#: ``.<export name>.<tmp|old>-<host>-<pid>-<random>``: the writer of a temporary directory.
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<host>.+)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
+#: Temporary directories of writers older than this module (no host/pid in the name) are
+#: removed once they are this old: no export takes that long.
+_UNNAMED_STALE_S = 24 * 3600
+
+
+def _temp_prefix(out_dir: Path, kind: str) -> str:
+    return f".{out_dir.name}.{kind}-{socket.gethostname()}-{os.getpid()}-"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def clean_stale_temps(parent: Path) -> list[Path]:
+    """Remove the temporary directories killed writers left in ``parent``; returns them.
+
+    Only directories of writers on this host whose process no longer exists are touched, so
+    a concurrent writer's directory is never removed. A ``.old-`` directory of a writer killed
+    between its two renames holds the only copy of the previous export when the export itself
+    is missing: it is renamed back into place instead of removed.
+    """
+    removed: list[Path] = []
+    host = socket.gethostname()
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue
+        match = _TEMP_NAME.match(entry.name)
+        path = Path(entry.path)
+        if match is None:
+            legacy = re.match(r"^\.(.+)\.(tmp|old)-[A-Za-z0-9_]+$", entry.name)
+            try:
+                stale = legacy is not None and time.time() - entry.stat(follow_symlinks=False).st_mtime > _UNNAMED_STALE_S
+            except OSError:
+                stale = False
+            if not stale:
+                continue
+        elif match["host"] != host or _process_alive(int(match["pid"])):
+            continue
+        elif match["kind"] == "old" and not (parent / match["name"]).exists():
+            try:
+                os.rename(path, parent / match["name"])
+                continue
+            except OSError:
+                pass  # a concurrent writer put a new export there meanwhile
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _swap_in(tmp: Path, out_dir: Path) -> Path | None:
+    """Move the complete directory ``tmp`` to ``out_dir``; returns the directory now holding the
+    previous export (for the caller to remove), or None when there was none.
+
+    No existence check precedes a rename: between a check and the rename a concurrent writer
+    may put its export at ``out_dir``. Each step instead handles what it finds and starts over
+    when another writer moved ``out_dir`` meanwhile.
+    """
+    for _ in range(_SWAP_ATTEMPTS):
+        try:
+            os.rename(tmp, out_dir)  # no export there yet (or an empty directory)
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        try:
+            if _exchange(tmp, out_dir):
+                return tmp  # tmp now holds the previous export
+        except FileNotFoundError:
+            continue  # out_dir was moved away by a concurrent two-rename swap: start over
+        old = Path(tempfile.mkdtemp(prefix=_temp_prefix(out_dir, "old"), dir=out_dir.parent))
+        old.rmdir()
+        try:
+            os.rename(out_dir, old)
+        except FileNotFoundError:
+            continue
+        try:
+            os.rename(tmp, out_dir)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                os.rename(old, out_dir)  # put the previous export back
+                raise
+            shutil.rmtree(old, ignore_errors=True)  # a concurrent writer's export landed first
+            continue
+        return old
+    raise OSError(errno.EBUSY, f"{out_dir} kept changing under {_SWAP_ATTEMPTS} attempts to swap in {tmp}")
 
 
 # -- reading and verifying -----------------------------------------------------------------------

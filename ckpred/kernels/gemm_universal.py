@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from ckpred import dtypes
+from ckpred.errors import ConfigValueError
 from ckpred.kernels.base import load_op, packaged_op_config
 from ckpred.kernels.declared import DeclaredOp
 
@@ -108,9 +109,11 @@ class GemmUniversal(DeclaredOp):
         """Tile/warp/warp-tile combinations that pass alignment and the LDS budget."""
         warp_tiles = WARP_TILES.get((arch, dtype))
         if warp_tiles is None:
-            supported = sorted({f"{a}/{d}" for a, d in WARP_TILES})
-            raise ValueError(f"no gemm_universal warp tiles for arch={arch} dtype={dtype}; "
-                             f"supported: {supported}")
+            here = sorted(d for a, d in WARP_TILES if a == arch)
+            allowed = (f"one of {here} for arch={arch} (the dtypes gemm_universal has warp tiles for)" if here
+                       else f"none for arch={arch}: gemm_universal has warp tiles for arch "
+                            f"{sorted({a for a, _ in WARP_TILES})} only")
+            raise ConfigValueError("dtype", dtype, allowed)
         configs = []
         for tm, tn, tk in itertools.product(TILE_MN, TILE_MN, TILE_K):
             if (tm * tk + tn * tk) * bytes_per_element > LDS_BUDGET_BYTES:

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ckpred.errors import ConfigValueError
 from ckpred.kernels.base import load_op, packaged_op_config
 from ckpred.kernels.declared import DeclaredOp
 
@@ -99,8 +100,8 @@ class GroupedConvFwd(DeclaredOp):
         dtype_name = getattr(dtype, "name", dtype)
         tiles = TILES.get(dtype_name)
         if tiles is None:
-            raise ValueError(f"no grouped_conv_fwd tile list for dtype={dtype_name}; "
-                             f"supported: {sorted(TILES)}")
+            raise ConfigValueError("dtype", dtype_name,
+                                   f"one of {sorted(TILES)} (the dtypes grouped_conv_fwd has tile lists for)")
         rows = [{"tile_m": tm, "tile_n": tn, "tile_k": tk, "pipeline": p, "spatial_dims": 2}
                 for tm, tn, tk in tiles for p in CATALOGUE_PIPELINES]
         frame = pd.DataFrame(rows, columns=list(self.kernel_names))

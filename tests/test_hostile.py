@@ -1,0 +1,478 @@
+"""Hostile inputs through the CLI: a named one-line error, the right exit status, nothing lost.
+
+Every case runs ``ckpred.cli.main`` in-process (the real Hydra composition, schema checks and
+command code) in a temporary working directory, and asserts that
+
+* a refused run exits non-zero with one line ``ckpred <command>: error: ...`` naming the key
+  and value (or, for errors Hydra finds while composing -- an unknown option, a value of the
+  wrong type, an override it cannot parse -- Hydra's own message naming the key);
+* no traceback is printed, accepted or refused;
+* input files, and outputs that existed before a refused run, are byte-identical afterwards.
+
+A few runs go through a subprocess to check the same on the real process boundary. Structured
+inputs (override values of config keys, benchmark rows) are generated with hypothesis.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ckpred.cli
+from ckpred.export import manifest as mf
+from tests.conftest import data_file
+
+#: The real 4-shape CK table (fp16 parity sweep): fewer shapes than the default 5 CV folds.
+FOUR_SHAPES = ("ck_gemm_gfx950_results", "parity_sweep_results.csv")
+#: Small, fast settings for commands that get past composition.
+TINY = ["shapes=tiny", "model.n_estimators=3", "model.n_jobs=1", "rows.max_per_shape=32",
+        "baselines.reference.enabled=false", "plots=false", "progress=false", "save_pipeline=false"]
+TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\s+File \".*\", line \d+", re.M)
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``python -m ckpred <argv>`` in-process: (exit status, stdout, stderr)."""
+    try:
+        rc = ckpred.cli.main(argv)
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 1
+        message = "" if isinstance(exc.code, int) or exc.code is None else f"{exc.code}\n"
+    else:
+        message = ""
+    out, err = capsys.readouterr()
+    return rc, out, err + message  # the interpreter prints a SystemExit message to stderr
+
+
+@pytest.fixture()
+def composed(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Replace every command's task by a recorder: the run stops after composition and the
+    schema checks, which is where most hostile values must be refused."""
+    seen: list[Any] = []
+    monkeypatch.setattr(ckpred.cli, "_load_task", lambda spec: lambda cfg: seen.append(cfg))
+    return seen
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hydra's run dirs, data/cache and relative outputs land here, never in the checkout.
+    monkeypatch.chdir(tmp_path)
+    # Hydra re-raises instead of reporting when a tracer is set (hypothesis' explain phase and
+    # coverage set one): keep what a user sees.
+    monkeypatch.setattr("hydra._internal.utils.is_under_debugger", lambda: False)
+
+
+def assert_named(rc: int, err: str, command: str, *names: str) -> None:
+    """A refusal: non-zero exit, one ``ckpred <command>: error:`` line naming each of ``names``."""
+    assert rc != 0
+    assert not TRACEBACK.search(err), err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"ckpred {command}: error: "), err
+    for name in names:
+        assert name in lines[0], (name, err)
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# -- refused when the config is composed (before any work) ----------------------------------------
+COMPOSE_REFUSALS = [
+    # (command, overrides, words the error must name)
+    ("train", ["seed=-1"], ["'seed'", "-1", "[0, 4294967295]"]),
+    ("train", [f"seed={2**32}"], ["'seed'", str(2**32)]),
+    ("train", ["data.seed=-7"], ["'data.seed'", "-7"]),
+    ("tune", ["tune.sampler_seed=-1"], ["'tune.sampler_seed'", "-1"]),
+    ("train", ["+model.n_estimatorz=5"], ["'model.n_estimatorz'", "5", "did you mean 'n_estimators'"]),
+    ("train", ["+cv.n_split=3"], ["'cv.n_split'", "'n_splits'"]),
+    ("train", ["+epochs=3"], ["'epochs'", "allowed keys"]),
+    ("export", ["+reranker.depth=3"], ["'reranker.depth'"]),
+    ("select", ["problem.m=1", "problem.n=2", "problem.k=3", "+top_kk=3"], ["'top_kk'", "'top_k'"]),
+    ("train", ["arch=gfx90a", "dtype=fp8"], ["'dtype'", "'fp8'", "arch=gfx90a", "'fp16'"]),
+    ("train", ["arch=gfx90a", "dtype=bf8"], ["'dtype'", "'bf8'", "arch=gfx90a"]),
+    ("simulate", ["arch=gfx90a", "dtype=fp8"], ["'dtype'", "arch=gfx90a"]),
+    ("ingest", ["arch=gfx90a", "dtype=fp8", "data.path=x.csv"], ["'dtype'", "arch=gfx90a"]),
+    ("train", ["model.n_jobs=0"], ["'model.n_jobs'", "0", "[1, "]),
+    ("train", ["model.n_jobs=-1"], ["'model.n_jobs'", "-1", "'all cores'"]),
+    ("train", ["model.n_jobs=100000"], ["'model.n_jobs'", "100000"]),
+    ("train", ["baselines.reference.model.n_jobs=0"], ["'model.n_jobs'", "0"]),
+    ("select", ["problem.m=1", "problem.n=2", "problem.k=3", "threads=0"], ["'threads'", "0"]),
+    ("select", ["problem.m=1", "problem.n=2", "problem.k=3", "threads=4096"], ["'threads'", "4096"]),
+    ("train", ["cv=holdout", "cv.test_fraction=1.0"], ["'cv.test_fraction'", "1.0"]),
+    ("train", ["cv.n_splits=1"], ["'cv.n_splits'", "1"]),
+    ("export", ["prune_top_n=0"], ["'prune_top_n'", "0"]),
+]
+
+
+@pytest.mark.parametrize(("command", "overrides", "names"), COMPOSE_REFUSALS,
+                         ids=[" ".join(c[1]) for c in COMPOSE_REFUSALS])
+def test_refused_at_compose(command: str, overrides: list[str], names: list[str],
+                            composed: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run([command, *overrides], capsys)
+    assert_named(rc, err, command, *names)
+    assert composed == []  # the task never started
+
+
+def test_output_paths_refused_before_work(tmp_path: Path, composed: list[Any],
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    a_dir, a_file = tmp_path / "adir", tmp_path / "afile.parquet"
+    a_dir.mkdir()
+    a_file.write_bytes(b"precious")
+    cases = [
+        ("simulate", [f"out={a_dir}"], ["'out'", "existing directory"]),
+        ("simulate", [f"log={a_dir}"], ["'log'", "existing directory"]),
+        ("simulate", [f"out={a_file}/x.parquet"], ["'out'", "is a file"]),
+        ("ingest", ["data.path=in.csv", f"out={a_dir}"], ["'out'", "existing directory"]),
+        ("ingest", ["data.path=in.csv", f"rejects={a_dir}"], ["'rejects'", "existing directory"]),
+        ("train", [f"out_dir={a_file}"], ["'out_dir'", "existing file"]),
+        ("train", [f"out_dir={a_file}/run"], ["'out_dir'", "is a file"]),
+        ("export", [f"out_dir={a_file}"], ["'out_dir'", "existing file"]),
+    ]
+    for command, overrides, names in cases:
+        rc, _, err = run([command, *overrides], capsys)
+        assert_named(rc, err, command, *names)
+    assert composed == [] and a_file.read_bytes() == b"precious" and list(a_dir.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to a read-only-mode directory")
+def test_unwritable_output_dir_refused(tmp_path: Path, composed: list[Any],
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    rc, _, err = run(["simulate", f"out={locked}/t.parquet"], capsys)
+    assert_named(rc, err, "simulate", "'out'", "not writable")
+
+
+@pytest.mark.skipif(not Path("/proc/version").is_file(), reason="needs Linux /proc")
+def test_output_the_filesystem_refuses_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # /proc passes the permission check (for root too) and refuses the write itself.
+    rc, _, err = run(["simulate", "shapes=tiny", "out=/proc/ckpred-hostile.parquet"], capsys)
+    assert_named(rc, err, "simulate", "cannot write /proc/ckpred-hostile.parquet")
+
+
+def test_hydra_composition_errors_name_the_key_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, name in ((["train", "dtype=fp9"], "dtype"), (["train", "model.n_jobs=1.5"], "model.n_jobs"),
+                       (["select", "problem.m=abc"], "problem.m"), (["train", "cv=nope"], "cv"),
+                       (["select", "problem.m=true", "problem.n=2", "problem.k=3"], "problem.m")):
+        rc, _, err = run(argv, capsys)
+        assert rc == 1 and not TRACEBACK.search(err), err
+        assert name in err
+
+
+def test_unparsable_override_is_named(composed: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    for override in ("model.n_estimators=[1", "seed=1)", "a=b=c", "seed"):
+        rc, _, err = run(["train", override], capsys)
+        assert_named(rc, err, "train", f"cannot parse override {override!r}")
+    assert composed == []
+
+
+# -- refused once the data is known (before any fitting) ------------------------------------------
+def test_more_folds_than_shapes_of_a_real_table(capsys: pytest.CaptureFixture[str]) -> None:
+    table = data_file(*FOUR_SHAPES)
+    before = digest(table)
+    rc, _, err = run(["train", *TINY, "dtype=fp16", "data.source=path", f"data.path={table}"], capsys)
+    assert_named(rc, err, "train", "'cv.n_splits'", "5", "[2, 4]", "4 shapes")
+    assert digest(table) == before
+
+
+@pytest.mark.parametrize(("overrides", "names"), [
+    (["cv=holdout", "cv.test_fraction=0.99"], ["'cv.test_fraction'", "0.99", "12 shape(s)"]),
+    (["cv=leave_family_out", f"shapes.families.mix.m=[{','.join(['1'] * 12)}]"],  # M=1 only: one family
+     ["'cv'", "'leave_family_out'", "two M families"]),
+    (["arch=gfx1151", "dtype=fp8"], ["'dtype'", "'fp8'", "arch=gfx1151"]),
+    (["arch=gfx942", "dtype=fp32"], ["'dtype'", "'fp32'", "arch=gfx942", "'fp16'"]),
+    (["arch=gfx90a", "dtype=fp32"], ["'dtype'", "'fp32'", "arch=gfx90a"]),
+])
+def test_refused_before_fitting(overrides: list[str], names: list[str], tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(["train", *TINY, f"out_dir={tmp_path / 'run'}", *overrides], capsys)
+    assert_named(rc, err, "train", *names)
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_features_params_unknown_to_the_transformer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(["train", *TINY, "+features.groups.0.params.foo=1"], capsys)
+    assert_named(rc, err, "train", "features.groups[0].params.foo")
+
+
+# -- select ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from export_helpers import TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
+
+    from ckpred.export.build import export_pipeline
+
+    op, cfg = gemm(), configs()
+    table = synthetic_table(op, cfg, TRAIN_SHAPES, kernels=200)
+    pipe = fit_pipeline(op, cfg, table, n_estimators=10)
+    out = tmp_path_factory.mktemp("exports") / "gemm_universal_gfx950_fp8_rcr"
+    export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=out,
+                    training=mf.training_section(table, op))
+    return out
+
+
+def test_select_unknown_problem_field(export_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = {p.name: digest(p) for p in export_dir.iterdir()}
+    rc, _, err = run(["select", f"model_dir={export_dir}", "problem.m=128", "problem.n=1536", "problem.k=7168",
+                      "+problem.q=3"], capsys)
+    assert_named(rc, err, "select", "'problem.q'", "3", "'split_k'")
+    rc, out, err = run(["select", f"model_dir={export_dir}", "problem.m=128", "problem.n=1536",
+                        "problem.k=7168", "json=true"], capsys)
+    assert rc == 0 and '"ok": true' in out and not err
+    assert {p.name: digest(p) for p in export_dir.iterdir()} == before
+
+
+#: The Python runtime's own problem-value checks (bools, > int64, below a field's minimum).
+RUNTIME_CHECKS = hasattr(mf, "check_manifest")
+
+
+@pytest.mark.skipif(not RUNTIME_CHECKS, reason="needs the runtime's problem-value checks (ckpred.runtime)")
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(["m", "n", "k", "split_k"]),
+       value=st.one_of(st.integers(-(2**70), 2**70), st.sampled_from([2**63, 2**63 - 1, -(2**63), 0, -1])))
+def test_select_problem_values(field: str, value: int, export_dir: Path,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    problem = {"m": 128, "n": 1536, "k": 7168, "split_k": 1, field: value}
+    rc, out, err = run(["select", f"model_dir={export_dir}", "json=true",
+                        *(f"problem.{k}={v}" for k, v in problem.items())], capsys)
+    assert not TRACEBACK.search(err), err
+    if rc:
+        assert_named(rc, err, "select", f"problem.{field}")
+    else:
+        assert out.startswith("{")
+
+
+# -- structured fuzz of config overrides ----------------------------------------------------------
+#: Keys of ``train`` with the kind of value their schema declares.
+TRAIN_KEYS = ["seed", "data.seed", "model.n_estimators", "model.learning_rate", "model.num_leaves",
+              "model.max_depth", "model.n_jobs", "model.subsample", "model.max_bin", "cv.n_splits",
+              "cv.test_fraction", "rows.max_per_shape", "rows.keep_top", "target.floor", "arch", "dtype",
+              "layout", "cv", "model", "out_dir", "warm_start", "plots"]
+VALUES = st.one_of(
+    st.integers(-(2**66), 2**66).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["", "null", "true", "???", "${seed}", "${oops}", "[1,2]", "{a: 1}", "-0", "1e309",
+                     "'x y'", "gfx9000", "fp4", "\\", "'", "nan", "inf", "0x10"]),
+    st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=12),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(TRAIN_KEYS), value=VALUES, add=st.booleans())
+def test_fuzzed_train_overrides(key: str, value: str, add: bool, composed: list[Any],
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    composed.clear()
+    override = f"{'+' if add else ''}{key}={value}"
+    rc, _, err = run(["train", override], capsys)
+    assert not TRACEBACK.search(err), (override, err)
+    if rc == 0:
+        assert len(composed) == 1  # accepted: the task ran with a schema-valid config
+    else:
+        assert composed == [] and err.strip(), override
+        first = err.strip().splitlines()[0]
+        # Either ckpred's one-line error or Hydra's composition error; both name the key.
+        assert first.startswith("ckpred train: error: ") or key.split(".")[0] in err \
+            or "override" in err.lower() or "interpolation" in err.lower(), (override, err)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True),
+       node=st.sampled_from(["", "model.", "cv.", "rows.", "data.", "baselines.", "features."]))
+def test_fuzzed_added_keys_are_refused_or_declared(name: str, node: str, composed: list[Any],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    composed.clear()
+    rc, _, err = run(["train", f"+{node}{name}=1"], capsys)
+    assert not TRACEBACK.search(err), err
+    if rc == 0:  # accepted only when the schema declares the key (then `+` adds nothing new)
+        pytest.fail(f"+{node}{name}=1 was accepted")
+    assert composed == []
+
+
+# -- benchmark rows -------------------------------------------------------------------------------
+GOOD_KERNEL = "gemm_fp16_rcr_compv3_cshuffle_intrawave_False_False_False_False_64x64x64_4x1x1_16x16x16"
+CELL = st.one_of(st.integers(-(2**64), 2**64).map(str), st.floats().map(repr),
+                 st.sampled_from(["", "nan", "-0", "1e400", "abc", "True", " 7", "\ufeff1", '"1,2"']))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.sampled_from(["M", "K", "latency_ms", "tflops", "kernel", "none"]), CELL),
+                     min_size=1, max_size=8))
+def test_fuzzed_benchmark_rows_are_kept_or_rejected(rows: list[tuple[str, str]], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / f"bench-{len(list(tmp_path.glob('bench-*.csv')))}.csv"
+    lines = ["kernel,problem_idx,M,N,K,latency_ms,tflops,non_zero"]
+    for i, (column, cell) in enumerate(rows):
+        # N is unique per row, so no two rows are repeats of one measurement (nothing merges).
+        rec = {"kernel": GOOD_KERNEL, "problem_idx": str(i), "M": "256", "N": str(256 * (i + 1)), "K": "1024",
+               "latency_ms": "0.05", "tflops": "10.0", "non_zero": "1"}
+        if column != "none":
+            rec[column] = cell.replace(",", ";").replace("\n", " ")
+        lines.append(",".join(rec.values()))
+    src.write_text("\n".join(lines) + "\n")
+    before = digest(src)
+    out = src.with_suffix(".parquet")
+    rc, _, err = run(["ingest", "dtype=fp16", "data.source=path", f"data.path={src}", f"out={out}"], capsys)
+    assert not TRACEBACK.search(err), err
+    assert digest(src) == before
+    if rc:  # refused as a whole: nothing usable, a named reason, no table written
+        assert_named(rc, err, "ingest", "nothing written")
+        assert not out.exists()
+        return
+    rejects = out.with_name(f"{out.stem}.rejects.csv")
+    rejected = len(pd.read_csv(rejects))
+    kept = len(pd.read_parquet(out))  # valid rows and kept invalid ones (is_valid=False)
+    assert kept + rejected == len(rows), (kept, rejected, lines)  # rows lost: 0
+
+
+def test_refused_ingest_leaves_inputs_and_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "in.csv"
+    src.write_bytes(data_file(*FOUR_SHAPES).read_bytes())
+    out = tmp_path / "table.parquet"
+    out.write_bytes(b"an earlier table")
+    for bad in (["seed=-1"], ["+data.formatt=csv"], ["arch=gfx90a", "dtype=fp8"], [f"rejects={tmp_path}"]):
+        rc, _, err = run(["ingest", "dtype=fp16", "data.source=path", f"data.path={src}", f"out={out}", *bad],
+                         capsys)
+        assert rc != 0 and not TRACEBACK.search(err), err
+        assert out.read_bytes() == b"an earlier table"
+        assert src.read_bytes() == data_file(*FOUR_SHAPES).read_bytes()
+
+
+# -- the simulator cache --------------------------------------------------------------------------
+def test_truncated_cache_is_regenerated_not_fatal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache = tmp_path / "cache"
+    argv = ["simulate", "shapes=tiny", f"data.cache_dir={cache}"]
+    assert run([*argv, "out=a.parquet"], capsys)[0] == 0
+    (cached,) = cache.glob("*.parquet")
+    cached.write_bytes(cached.read_bytes()[: cached.stat().st_size // 3])
+    rc, out, err = run([*argv, "out=b.parquet"], capsys)
+    assert rc == 0 and not TRACEBACK.search(err), err
+    assert "unusable" in out + err and "regenerating" in out + err
+    rc, out, err = run([*argv, "out=c.parquet"], capsys)  # the damage does not persist
+    assert rc == 0 and "unusable" not in out + err
+    assert digest(tmp_path / "a.parquet") == digest(tmp_path / "b.parquet") == digest(tmp_path / "c.parquet")
+    assert [p.name for p in cache.iterdir()] == [cached.name]
+
+
+# -- export directory: symlink, races, killed writers ---------------------------------------------
+FILES = {"model.onnx": b"m" * 4096, "scorer.onnx": b"s" * 4096, "manifest.json": b"{}"}
+
+
+def test_symlinked_export_dir_is_followed(tmp_path: Path) -> None:
+    real = tmp_path / "v3"
+    mf.write_export_dir(real, {**FILES, "manifest.json": b"old"})
+    link = tmp_path / "current"
+    link.symlink_to(real)
+    mf.write_export_dir(link, FILES)
+    assert link.is_symlink() and link.resolve() == real
+    assert (real / "manifest.json").read_bytes() == b"{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "v3"]
+
+
+def _write_one(args: tuple[str, int, float]) -> str:
+    parent, i, start = args
+    while time.time() < start:  # every writer reaches the swap at about the same moment
+        pass
+    try:
+        mf.write_export_dir(Path(parent) / "new" / "gemm", {**FILES, "manifest.json": str(i).encode()})
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return repr(exc)
+    return ""
+
+
+def test_concurrent_first_exports_into_a_new_directory(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    for round_ in range(3):
+        parent = tmp_path / str(round_)
+        start = time.time() + 0.5
+        with ctx.Pool(24) as pool:
+            errors = [e for e in pool.map(_write_one, [(str(parent), i, start) for i in range(24)]) if e]
+        assert errors == []
+        final = parent / "new" / "gemm"
+        assert sorted(p.name for p in (parent / "new").iterdir()) == ["gemm"]  # no temporary left
+        assert sorted(p.name for p in final.iterdir()) == sorted(FILES)
+        assert int((final / "manifest.json").read_text()) in range(24)  # one writer's complete export
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+from ckpred.export import manifest as mf
+os.fsync = lambda fd: os.kill(os.getpid(), signal.{sig})
+mf.write_export_dir(sys.argv[1], {{"model.onnx": b"x", "manifest.json": b"{{}}"}})
+"""
+
+
+def _writer(target: Path, sig: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", _KILLED_WRITER.format(sig=sig), str(target)])
+
+
+def _temps(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+def test_temporaries_of_killed_writers_are_cleaned_live_ones_kept(tmp_path: Path) -> None:
+    target = tmp_path / "gemm_universal_gfx950_fp8_rcr"
+    mf.write_export_dir(target, FILES)
+    killed = _writer(target, "SIGKILL")
+    assert killed.wait(60) == -signal.SIGKILL
+    (left,) = _temps(tmp_path)
+    assert left.startswith(f".{target.name}.tmp-")
+    live = _writer(target, "SIGSTOP")  # stopped mid-write: a writer that is still running
+    try:
+        for _ in range(600):
+            if len(_temps(tmp_path)) == 2:
+                break
+            time.sleep(0.05)
+        (live_tmp,) = set(_temps(tmp_path)) - {left}
+        mf.write_export_dir(tmp_path / "other", FILES)  # the next export into the same parent
+        assert _temps(tmp_path) == [live_tmp]
+        assert (target / "manifest.json").read_bytes() == b"{}"
+    finally:
+        os.kill(live.pid, signal.SIGKILL)
+        live.wait(60)
+    mf.write_export_dir(target, FILES)
+    assert _temps(tmp_path) == []
+
+
+def test_previous_export_of_a_writer_killed_between_renames_is_restored(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    name = "gemm_universal_gfx950_fp8_rcr"
+    old = tmp_path / f".{name}.old-{os.uname().nodename}-{pid}-abc123"
+    old.mkdir()
+    (old / "manifest.json").write_bytes(b"previous")
+    mf.clean_stale_temps(tmp_path)
+    assert (tmp_path / name / "manifest.json").read_bytes() == b"previous" and not old.exists()
+
+
+# -- a few through a real process (what a user sees) ----------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["train", "seed=-1"],
+    ["train", "+model.n_estimatorz=5"],
+    ["train", "arch=gfx90a", "dtype=fp8"],
+    ["simulate", "out=."],
+])
+def test_subprocess_one_line_no_traceback(argv: list[str], tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "ckpred", *argv], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 1
+    assert_named(proc.returncode, proc.stderr, argv[0])
+    assert list(tmp_path.iterdir()) == [] or all(p.name in ("runs", "outputs") for p in tmp_path.iterdir())
+
+
+def test_subprocess_more_folds_than_shapes(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "ckpred", "train", *TINY, "dtype=fp16", "data.source=path",
+                           f"data.path={data_file(*FOUR_SHAPES)}"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert_named(proc.returncode, proc.stderr, "train", "'cv.n_splits'")
