@@ -2,7 +2,7 @@
 
 Trains Protocols B and A (and T, the CV over the 20-kernel training table that calibrates A's
 confidence budget the way an export of A's model would be calibrated) with
-``scripts/conv_proof.py``'s overrides, or reuses their run directories (``--runs``), then
+``scripts/bench/conv_proof.py``'s overrides, or reuses their run directories (``--runs``), then
 replays every policy in model order and in random order (:mod:`ckpred.replay`). Writes
 ``replay.md`` (markdown tables) and ``replay.png`` (mean and min efficiency against benchmarks
 per problem) to ``--out``.
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # conv_proof, beside this script
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
