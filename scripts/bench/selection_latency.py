@@ -6,8 +6,7 @@ run with the previous session options) and the *new* one (``--model``: this code
 session options), on the same unseen shapes, one thread:
 
 * Python ``KernelSelector.select`` (cache off) per shape: median / p99 wall and thread-CPU time,
-  and the median of the paired per-call ratios (the two paths alternate call by call, so a load
-  burst hits both);
+  and the median over passes of the paired ratio (the two paths alternate pass by pass);
 * C++ ``ckpred_select --bench 1`` per shape (``--cpp`` / ``--baseline-cpp`` binaries, default
   scripts/cpp/build/ckpred_select for both): median / p99 of ``--repeats`` alternating runs;
 * the breakdown of one ``Run`` from onnxruntime's own profiler (``enable_profiling``): kernel
@@ -137,23 +136,24 @@ def graph_facts(path: Path) -> dict[str, Any]:
 
 
 def python_times(base: Any, new: Any, rows: list[dict[str, int]], repeats: int) -> dict[str, Any]:
-    """Alternate the two selectors call by call; wall and thread-CPU µs per call and paired ratios."""
+    """Wall and thread-CPU µs per ``select`` call; the two selectors alternate pass by pass (two
+    sessions used call by call evict each other's caches), paired ratio per pass pair."""
     res: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in ("base", "new")}
     ratios = []
-    for sel in (base, new):  # warm-up
-        for row in rows[:20]:
-            sel.select(**row, top_k=5)
     for _ in range(repeats):
-        for row in rows:
-            pair = {}
-            for key, sel in (("base", base), ("new", new)):
+        medians = {}
+        for key, sel in (("base", base), ("new", new)):
+            for row in rows[:20]:  # warm the caches for this selector
+                sel.select(**row, top_k=5)
+            walls = []
+            for row in rows:
                 c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
                 sel.select(**row, top_k=5)
-                wall, cpu = (time.perf_counter_ns() - t0) / 1e3, (time.thread_time_ns() - c0) / 1e3
-                res[key]["wall"].append(wall)
-                res[key]["cpu"].append(cpu)
-                pair[key] = wall
-            ratios.append(pair["base"] / pair["new"])
+                walls.append((time.perf_counter_ns() - t0) / 1e3)
+                res[key]["cpu"].append((time.thread_time_ns() - c0) / 1e3)
+            res[key]["wall"].extend(walls)
+            medians[key] = float(np.median(walls))
+        ratios.append(medians["base"] / medians["new"])
     return {"res": res, "ratio": float(np.median(ratios))}
 
 
@@ -227,7 +227,7 @@ def main() -> int:
         r = py["res"][key]
         print(f"  {label:8s}                                      {pct(r['wall'], .5):7.1f} {pct(r['wall'], .99):7.1f}"
               f" {pct(r['cpu'], .5):8.1f}")
-    print(f"  paired ratio current/new (median of per-call ratios): {py['ratio']:.2f}x")
+    print(f"  paired ratio current/new (median over pass pairs): {py['ratio']:.2f}x")
 
     base_bin = args.baseline_cpp or args.cpp
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
