@@ -140,6 +140,8 @@ def python_times(base: Any, new: Any, rows: list[dict[str, int]], repeats: int) 
     sessions used call by call evict each other's caches), paired ratio per pass pair."""
     res: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in ("base", "new")}
     ratios = []
+    # shapes none of whose candidates can run take the slow "why no kernel" path of select()
+    no_kernel = {key: sum(not sel.select(**row, top_k=5).ok for row in rows) for key, sel in (("base", base), ("new", new))}
     for _ in range(repeats):
         medians = {}
         for key, sel in (("base", base), ("new", new)):
@@ -154,7 +156,7 @@ def python_times(base: Any, new: Any, rows: list[dict[str, int]], repeats: int) 
             res[key]["wall"].extend(walls)
             medians[key] = float(np.median(walls))
         ratios.append(medians["base"] / medians["new"])
-    return {"res": res, "ratio": float(np.median(ratios))}
+    return {"res": res, "ratio": float(np.median(ratios)), "no_kernel": no_kernel}
 
 
 def cpp_times(binary: Path, model: Path, shapes_file: str) -> dict[str, float] | None:
@@ -227,7 +229,8 @@ def main() -> int:
         r = py["res"][key]
         print(f"  {label:8s}                                      {pct(r['wall'], .5):7.1f} {pct(r['wall'], .99):7.1f}"
               f" {pct(r['cpu'], .5):8.1f}")
-    print(f"  paired ratio current/new (median over pass pairs): {py['ratio']:.2f}x")
+    print(f"  paired ratio current/new (median over pass pairs): {py['ratio']:.2f}x; shapes answered "
+          f"'no kernel': current {py['no_kernel']['base']}, new {py['no_kernel']['new']} of {len(rows)}")
 
     base_bin = args.baseline_cpp or args.cpp
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
