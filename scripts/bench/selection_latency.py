@@ -141,7 +141,8 @@ def python_times(base: Any, new: Any, rows: list[dict[str, int]], repeats: int) 
     res: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in ("base", "new")}
     ratios = []
     # shapes none of whose candidates can run take the slow "why no kernel" path of select()
-    no_kernel = {key: sum(not sel.select(**row, top_k=5).ok for row in rows) for key, sel in (("base", base), ("new", new))}
+    no_kernel = {key: sum(not sel.select(**row, top_k=5).ok for row in rows)
+                 for key, sel in (("base", base), ("new", new))}
     for _ in range(repeats):
         medians = {}
         for key, sel in (("base", base), ("new", new)):
@@ -246,7 +247,8 @@ def main() -> int:
     finally:
         os.unlink(fh.name)
     if cpp["base"] and cpp["new"]:
-        print(f"\nC++ ckpred_select --bench per unseen shape (µs), median over {args.repeats} runs   median    p99   CPU median")
+        print(f"\nC++ ckpred_select --bench per unseen shape (µs), median over {args.repeats} runs"
+              "   median    p99   CPU median")
         med = {}
         for key, label in (("base", f"current ({base_bin})"), ("new", f"new ({args.cpp})")):
             med[key] = float(np.median([b["median_us"] for b in cpp[key]]))
