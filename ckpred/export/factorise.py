@@ -25,7 +25,7 @@ block for the rest, and a ``Gather`` restoring the order.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from onnx import TensorProto
@@ -210,7 +210,8 @@ def feature_groups(pipeline: Any) -> list[FeatureGroup]:
     return groups
 
 
-def selector_features(g: Any, pipeline: Any, op: Any, kernels: np.ndarray, problem: str) -> str:
+def selector_features(g: Any, pipeline: Any, op: Any, kernels: np.ndarray, problem: str,
+                      used: Sequence[int] | None = None) -> str:
     """Emit the feature matrix of every (problem, candidate) pair; returns its name.
 
     Parameters
@@ -223,12 +224,17 @@ def selector_features(g: Any, pipeline: Any, op: Any, kernels: np.ndarray, probl
         The candidates' kernel fields (``op.kernel_names`` order, categories encoded).
     problem : str
         Name of the int64 ``[B, P]`` problem input.
+    used : sequence of int, optional
+        Feature positions to emit, in this order (the ones a model's trees split on, see
+        :func:`ckpred.export.onnx.used_features`); None = every feature. The nodes of the
+        features left out are still emitted; :meth:`ckpred.export.onnx.GraphBuilder.prune`
+        removes them.
 
     Returns
     -------
     str
         Name of a double ``[B*K, F]`` tensor, row ``b*K + j`` = problem ``b`` with candidate
-        ``j``, columns in the pipeline's feature order.
+        ``j``, columns in the pipeline's feature order (or in ``used`` order, F = ``len(used)``).
     """
     groups = feature_groups(pipeline)
     ops = HybridOps(g)
@@ -256,6 +262,13 @@ def selector_features(g: Any, pipeline: Any, op: Any, kernels: np.ndarray, probl
                 per_problem.append((position, value.name))
             position += 1
 
+    if used is not None:  # only these positions, renumbered in ``used`` order
+        rank = {int(p): i for i, p in enumerate(used)}
+        if not rank or len(rank) != len(used) or not set(rank) <= set(range(position)):
+            raise ValueError(f"used must be distinct feature positions in [0, {position}), got {list(used)}")
+        static, per_problem, per_pair = ([(rank[p], v) for p, v in part if p in rank]
+                                         for part in (static, per_problem, per_pair))
+        position = len(rank)
     b = g.op("Slice", g.op("Shape", problem), g.const([0], dtype=np.int64), g.const([1], dtype=np.int64))
     target = g.op("Concat", b, g.const([n_kernels, 1], dtype=np.int64), axis=0)  # [B, K, 1]
     blocks, order = [], []

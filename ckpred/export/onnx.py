@@ -92,6 +92,21 @@ class GraphBuilder:
                                            domain=domain, **attrs))
         return names[0] if len(names) == 1 else names
 
+    def prune(self, outputs: list[str]) -> None:
+        """Drop the nodes and initializers no graph output depends on (dead code).
+
+        Feature builders emit every feature of a group; the selector keeps only the columns its
+        trees split on, and this removes the rest (each node costs time on every call).
+        """
+        needed = set(outputs)
+        kept: list[onnx.NodeProto] = []
+        for node in reversed(self.nodes):  # nodes are in topological order
+            if any(o in needed for o in node.output):
+                kept.append(node)
+                needed.update(i for i in node.input if i)
+        self.nodes = kept[::-1]
+        self.initializers = [t for t in self.initializers if t.name in needed]
+
     def column(self, matrix: str, index: int, hint: str = "col") -> str:
         """Column ``index`` of a 2-D tensor as ``[rows, 1]``."""
         return self.op("Slice", matrix, self.const([index], dtype=np.int64),
@@ -152,6 +167,64 @@ def convert_model_step(pipeline: Any) -> onnx.ModelProto:
 
     n_features = len(pipeline[:-1].get_feature_names_out())
     return _convert(pipeline.steps[-1][1], [(PIPELINE_INPUT, DoubleTensorType([None, n_features]))])
+
+
+#: Tree ensembles of ``ai.onnx.ml`` whose ``nodes_featureids`` index the input's columns.
+_TREE_OPS = ("TreeEnsemble", "TreeEnsembleRegressor", "TreeEnsembleClassifier")
+
+
+def _tree_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto] | None:
+    """The tree nodes reading the model's input directly, or None when another node reads it too
+    (then its columns cannot be renumbered)."""
+    x = model.graph.input[0].name
+    readers = [n for n in model.graph.node if x in n.input]
+    if not readers or any(n.domain != "ai.onnx.ml" or n.op_type not in _TREE_OPS for n in readers):
+        return None
+    return readers
+
+
+def _split_features(node: onnx.NodeProto) -> np.ndarray:
+    """Feature ids of the node's splits (``TreeEnsembleRegressor`` lists leaves too: left out)."""
+    attrs = {a.name: a for a in node.attribute}
+    ids = np.asarray(attrs["nodes_featureids"].ints, dtype=np.int64)
+    if node.op_type != "TreeEnsemble":
+        ids = ids[np.asarray([m != b"LEAF" for m in attrs["nodes_modes"].strings], dtype=bool)]
+    return ids
+
+
+def used_features(model: onnx.ModelProto, n_features: int) -> list[int]:
+    """Sorted input columns the converted model step's trees split on (all when not only trees
+    read the input; at least one column, so that a constant model still has an input)."""
+    trees = _tree_nodes(model)
+    if trees is None:
+        return list(range(n_features))
+    used = sorted({int(i) for node in trees for i in _split_features(node)})
+    return used or [0]
+
+
+def keep_features(model: onnx.ModelProto, columns: list[int]) -> onnx.ModelProto:
+    """A copy of the converted model step whose input holds only ``columns`` (in that order):
+    the trees' feature ids renumbered, the input's width ``len(columns)``.
+
+    Raises
+    ------
+    ValueError
+        When a node other than a tree reads the input, or a split uses a column not in ``columns``.
+    """
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    trees = _tree_nodes(out)
+    if trees is None:
+        raise ValueError("the model step's input is read by nodes other than trees: its columns cannot be dropped")
+    rank = {int(c): i for i, c in enumerate(columns)}
+    for node in trees:
+        attr = next(a for a in node.attribute if a.name == "nodes_featureids")
+        split = set(_split_features(node).tolist())
+        if not split <= set(rank):
+            raise ValueError(f"the trees split on features {sorted(split - set(rank))} not in the kept columns")
+        attr.ints[:] = [rank.get(int(i), 0) for i in attr.ints]  # leaves (old ops) point at column 0
+    out.graph.input[0].type.tensor_type.shape.dim[1].dim_value = len(columns)
+    return out
 
 
 def _add_pipeline(g: GraphBuilder, pipe: onnx.ModelProto, x: str, out: str, prefix: str = "pipe/") -> None:
@@ -226,9 +299,12 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
     K = len(scored)
     g = GraphBuilder()
     c = g.const([K], dtype=np.int64)
-    x = selector_features(g, pipeline, op, op.encode(scored, op.kernel_names), "problem")  # [B*K, F]
+    step = convert_model_step(pipeline)
+    # only the features the trees split on (the others' nodes are pruned below)
+    columns = used_features(step, step.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
+    x = selector_features(g, pipeline, op, op.encode(scored, op.kernel_names), "problem", columns)  # [B*K, F']
     raw = g.name("score2d")
-    _add_pipeline(g, convert_model_step(pipeline), x, raw)
+    _add_pipeline(g, keep_features(step, columns), x, raw)
     score = g.op("Reshape", raw, g.const([-1, K], dtype=np.int64))  # [B, K]
     mask = mask_builder(g, "problem", scored, op=op, arch=arch, dtype=dtype, layout=layout)
     masked = g.op("Where", mask, score, g.const(-np.inf, dtype=np.float64))
@@ -242,6 +318,7 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
              axis=0, out="kernel_ids")
     g.op("ReduceSum", g.op("Cast", mask, to=TensorProto.INT64), g.const([1], dtype=np.int64), keepdims=0,
          out="num_valid")
+    g.prune(list(SELECTOR_OUTPUTS))
     inputs = [helper.make_tensor_value_info("problem", TensorProto.INT64, ["B", P]),
               helper.make_tensor_value_info("top_k", TensorProto.INT64, [1])]
     outputs = [helper.make_tensor_value_info("kernel_ids", TensorProto.INT64, ["B", "K"]),

@@ -130,9 +130,10 @@ def with_learned_failures(rules: MaskBuilder, pipeline: Any) -> MaskBuilder:
         from ckpred.export.factorise import selector_features
 
         rule = rules(g, problem, catalogue, op=op, **kw)  # [B, K]
-        x = selector_features(g, pipeline, op, op.encode(catalogue, op.kernel_names), problem)  # [B*K, F]
+        columns = xo.used_features(converted, converted.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
+        x = selector_features(g, pipeline, op, op.encode(catalogue, op.kernel_names), problem, columns)  # [B*K, F']
         estimate = g.name("failure_estimate")
-        xo._add_pipeline(g, converted, x, estimate, prefix="failure/")
+        xo._add_pipeline(g, xo.keep_features(converted, columns), x, estimate, prefix="failure/")
         estimate = g.op("Reshape", estimate, g.const([-1, len(catalogue)], dtype=np.int64))
         runs = g.op("LessOrEqual", estimate, g.const(threshold, dtype=np.float64))
         both = g.op("And", rule, runs)

@@ -1,0 +1,274 @@
+#!/usr/bin/env python
+"""Per-shape selection latency of an export against a baseline export, with the time breakdown.
+
+One run prints, for the *current* path (``--baseline``: an export made by the previous code,
+run with the previous session options) and the *new* one (``--model``: this code's export and
+session options), on the same unseen shapes, one thread:
+
+* Python ``KernelSelector.select`` (cache off) per shape: median / p99 wall and thread-CPU time,
+  and the median over passes of the paired ratio (the two paths alternate pass by pass);
+* C++ ``ckpred_select --bench 1`` per shape (``--cpp`` / ``--baseline-cpp`` binaries, default
+  scripts/cpp/build/ckpred_select for both): median / p99 of ``--repeats`` alternating runs;
+* the breakdown of one ``Run`` from onnxruntime's own profiler (``enable_profiling``): kernel
+  time of the feature nodes (everything the trees' input depends on), the trees, TopK, the rest
+  of the graph (validity mask, ranking glue), and the runtime overhead (``model_run`` minus the
+  nodes); medians over the profiled runs, so profiling's own cost is in the node figures;
+* node counts, the features the trees read, the parity and selection figures of each manifest.
+
+The machine may be shared: the load average is printed before and after; read the paired
+ratios and the CPU times rather than single wall-clock figures.
+
+    python scripts/bench/selection_latency.py --model exports/gemm_universal_gfx950_fp8_rcr \\
+        --baseline /tmp/old_export/gemm_universal_gfx950_fp8_rcr [--shapes 200] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import collections  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import pandas as pd  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+BINARY = REPO / "scripts" / "cpp" / "build" / "ckpred_select"
+
+
+def pct(values: Any, q: float) -> float:
+    arr = np.sort(np.asarray(values, dtype=np.float64))
+    return float(arr[min(len(arr) - 1, int(round(q * (len(arr) - 1))))]) if len(arr) else float("nan")
+
+
+def old_session(path: Path) -> Any:
+    """The session the previous runtime made (before this change): 1 thread, sequential, defaults."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def sections(model: onnx.ModelProto) -> dict[str, str]:
+    """Node name -> ``features`` | ``trees`` | ``topk`` | ``rest`` (features: every node the trees'
+    input depends on)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    out: dict[str, str] = {}
+    stack = []
+    for n in model.graph.node:
+        if n.domain == "ai.onnx.ml" and n.op_type.startswith("TreeEnsemble"):
+            out[n.name] = "trees"
+            stack.extend(n.input)
+        elif n.op_type == "TopK":
+            out[n.name] = "topk"
+    while stack:
+        node = producer.get(stack.pop())
+        if node is not None and node.name not in out:
+            out[node.name] = "features"
+            stack.extend(node.input)
+    for n in model.graph.node:
+        out.setdefault(n.name, "rest")
+    return out
+
+
+def breakdown(path: Path, problems: np.ndarray) -> dict[str, float]:
+    """Median µs per Run of each section and of the runtime overhead, from onnxruntime's profiler
+    (the runtime's session options plus profiling)."""
+    import onnxruntime as ort
+
+    kind = sections(onnx.load(str(path)))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.enable_profiling = True
+    with tempfile.TemporaryDirectory() as tmp:
+        so.profile_file_prefix = str(Path(tmp) / "prof")
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        top_k = np.array([5], dtype=np.int64)
+        for p in problems:
+            sess.run(None, {"problem": p[None, :], "top_k": top_k})
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    runs: list[dict[str, float]] = []
+    current: dict[str, float] | None = None
+    for e in sorted((e for e in events if e.get("ph") == "X"), key=lambda e: e["ts"]):
+        if e.get("cat") == "Session" and e["name"] == "model_run":
+            current = collections.defaultdict(float, total=e["dur"], start=e["ts"])
+            runs.append(current)
+        elif e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            # fused nodes are named "<node>/<fusion>"; the first part is the graph's node
+            node = e["name"][: -len("_kernel_time")].split("/")[0]
+            run = next((r for r in reversed(runs) if r["start"] <= e["ts"] <= r["start"] + r["total"]), None)
+            if run is not None:
+                run[kind.get(node, kind.get(e["name"][: -len("_kernel_time")], "rest"))] += e["dur"]
+    out = {}
+    for key in ("features", "trees", "topk", "rest"):
+        out[key] = float(np.median([r[key] for r in runs]))
+    out["overhead"] = float(np.median([r["total"] - sum(r[k] for k in ("features", "trees", "topk", "rest"))
+                                       for r in runs]))
+    out["run"] = float(np.median([r["total"] for r in runs]))
+    return out
+
+
+def graph_facts(path: Path) -> dict[str, Any]:
+    model = onnx.load(str(path))
+    width = None
+    for n in model.graph.node:
+        if n.domain == "ai.onnx.ml" and n.op_type.startswith("TreeEnsemble"):
+            ids = next(a for a in n.attribute if a.name == "nodes_featureids").ints
+            width = len(set(ids))
+    kinds = collections.Counter(sections(model).values())
+    return {"nodes": len(model.graph.node), "feature_nodes": kinds["features"], "tree_features": width,
+            "bytes": path.stat().st_size}
+
+
+def python_times(base: Any, new: Any, rows: list[dict[str, int]], repeats: int) -> dict[str, Any]:
+    """Wall and thread-CPU µs per ``select`` call; the two selectors alternate pass by pass (two
+    sessions used call by call evict each other's caches), paired ratio per pass pair."""
+    res: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in ("base", "new")}
+    ratios = []
+    # shapes none of whose candidates can run take the slow "why no kernel" path of select()
+    no_kernel = {key: sum(not sel.select(**row, top_k=5).ok for row in rows)
+                 for key, sel in (("base", base), ("new", new))}
+    for _ in range(repeats):
+        medians = {}
+        for key, sel in (("base", base), ("new", new)):
+            for row in rows[:20]:  # warm the caches for this selector
+                sel.select(**row, top_k=5)
+            walls = []
+            for row in rows:
+                c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+                sel.select(**row, top_k=5)
+                walls.append((time.perf_counter_ns() - t0) / 1e3)
+                res[key]["cpu"].append((time.thread_time_ns() - c0) / 1e3)
+            res[key]["wall"].extend(walls)
+            medians[key] = float(np.median(walls))
+        ratios.append(medians["base"] / medians["new"])
+    return {"res": res, "ratio": float(np.median(ratios)), "no_kernel": no_kernel}
+
+
+def cpp_times(binary: Path, model: Path, shapes_file: str) -> dict[str, float] | None:
+    if not binary.exists():
+        return None
+    out = subprocess.run([str(binary), str(model), "--threads", "1", "--bench", "1", "--cache", "0",
+                          "--shapes", shapes_file], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        print(f"  {binary}: exit {out.returncode}: {out.stderr.strip()[:200]}")
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])["bench"]
+
+
+def manifest_figures(model_dir: Path) -> str:
+    m = json.loads((model_dir / "manifest.json").read_text())
+    par = m.get("parity", {})
+    sel = m.get("selection") or {}
+    text = (f"select={m.get('select')} candidates={sel.get('candidates')} "
+            f"trees={(m.get('selector_model') or m.get('model') or {}).get('n_trees')}; parity on "
+            f"{par.get('shapes')} training shapes: top-1 {par.get('top1_agreement', float('nan')):.2%}, "
+            f"top-{par.get('top_k')} {par.get('topk_agreement', float('nan')):.2%}, max |diff| selector "
+            f"{par.get('max_abs_diff_selector')}")
+    cv = sel.get("cv")
+    if cv and "skipped" not in cv:
+        text += f"; CV: {json.dumps({k: v for k, v in cv.items() if not isinstance(v, (list, dict))})}"
+    else:
+        text += "; selection.cv: not recorded (export without run_dir)"
+    return text
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, type=Path, help="export dir of the new path")
+    p.add_argument("--baseline", required=True, type=Path, help="export dir of the current path")
+    p.add_argument("--cpp", type=Path, default=BINARY, help="ckpred_select of the new path")
+    p.add_argument("--baseline-cpp", type=Path, default=None, help="ckpred_select of the current path (default --cpp)")
+    p.add_argument("--shapes", type=int, default=200, help="unseen shapes (default 200)")
+    p.add_argument("--repeats", type=int, default=5, help="passes over the shapes (default 5)")
+    return p.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    from ckpred.data.shapes import unseen_shapes
+    from ckpred.runtime import KernelSelector
+
+    load0 = os.getloadavg()
+    man = json.loads((args.model / "manifest.json").read_text())
+    # shapes outside the training problem ranges' grid: random, seeded (the export keeps no shape list)
+    seen = pd.DataFrame(columns=["m", "n", "k"])
+    shapes = unseen_shapes(seen, args.shapes)[man["graphs"]["selector"]["inputs"][0]["columns"]]
+    rows = [{k: int(v) for k, v in r.items()} for r in shapes.to_dict("records")]
+    problems = shapes.to_numpy(np.int64)
+    print(f"load average before: {load0[0]:.1f} {load0[1]:.1f} {load0[2]:.1f} on {os.cpu_count()} CPUs; "
+          f"{len(rows)} unseen shapes x {args.repeats} passes, 1 thread, top_k=5")
+
+    paths = {"base": args.baseline, "new": args.model}
+    for key, label in (("base", "current"), ("new", "new")):
+        f = graph_facts(paths[key] / "model.onnx")
+        print(f"{label:8s} {paths[key]}: {f['nodes']} nodes ({f['feature_nodes']} feature nodes), trees read "
+              f"{f['tree_features']} columns, {f['bytes'] / 1e6:.2f} MB")
+        print(f"         {manifest_figures(paths[key])}")
+
+    base = KernelSelector.load(args.baseline, cache_size=0, threads=1)
+    base._session = old_session(args.baseline / "model.onnx")  # the previous session options
+    new = KernelSelector.load(args.model, cache_size=0, threads=1)
+    py = python_times(base, new, rows, args.repeats)
+    print("\nPython KernelSelector.select per unseen shape (µs)   median    p99   CPU median")
+    for key, label in (("base", "current"), ("new", "new")):
+        r = py["res"][key]
+        print(f"  {label:8s}                                      {pct(r['wall'], .5):7.1f} {pct(r['wall'], .99):7.1f}"
+              f" {pct(r['cpu'], .5):8.1f}")
+    print(f"  paired ratio current/new (median over pass pairs): {py['ratio']:.2f}x; shapes answered "
+          f"'no kernel': current {py['no_kernel']['base']}, new {py['no_kernel']['new']} of {len(rows)}")
+
+    base_bin = args.baseline_cpp or args.cpp
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
+        for r in problems:
+            fh.write(",".join(str(int(v)) for v in r) + "\n")
+    try:
+        cpp: dict[str, list[dict[str, float]]] = {"base": [], "new": []}
+        for _ in range(args.repeats):
+            for key, binary in (("base", base_bin), ("new", args.cpp)):
+                got = cpp_times(Path(binary), paths[key], fh.name)
+                if got:
+                    cpp[key].append(got)
+    finally:
+        os.unlink(fh.name)
+    if cpp["base"] and cpp["new"]:
+        print(f"\nC++ ckpred_select --bench per unseen shape (µs), median over {args.repeats} runs"
+              "   median    p99   CPU median")
+        med = {}
+        for key, label in (("base", f"current ({base_bin})"), ("new", f"new ({args.cpp})")):
+            med[key] = float(np.median([b["median_us"] for b in cpp[key]]))
+            print(f"  {label}\n{'':60s} {med[key]:7.1f} {np.median([b['p99_us'] for b in cpp[key]]):7.1f} "
+                  f"{np.median([b['cpu_median_us'] for b in cpp[key]]):8.1f}")
+        ratios = [b["median_us"] / n["median_us"] for b, n in zip(cpp["base"], cpp["new"])]
+        print(f"  paired ratio current/new (median over runs): {np.median(ratios):.2f}x")
+    else:
+        print(f"\nC++: no result (build scripts/cpp/build.sh; binary {args.cpp})")
+
+    print("\nBreakdown of one Run (onnxruntime profiler, median µs; profiling adds to the node figures)")
+    print("  path       features   trees    topk    rest  overhead     run")
+    for key, label in (("base", "current"), ("new", "new")):
+        b = breakdown(paths[key] / "model.onnx", problems[: min(len(problems), 200)])
+        print(f"  {label:8s} {b['features']:9.1f} {b['trees']:7.1f} {b['topk']:7.1f} {b['rest']:7.1f} "
+              f"{b['overhead']:9.1f} {b['run']:7.1f}")
+    load1 = os.getloadavg()
+    print(f"\nload average after: {load1[0]:.1f} {load1[1]:.1f} {load1[2]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
