@@ -612,6 +612,9 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
     fits = [f"{m} {timings[f'{m}_s']:.1f}s" for m in METHODS if f"{m}_s" in timings]
     if timings.get("plain_s") and "model_s" in timings:
         fits.append(f"model / plain {timings['model_s'] / timings['plain_s']:.2f}x")
+    if timings.get("plain_cpu_s") and "model_cpu_s" in timings:
+        fits.append(f"CPU model {timings['model_cpu_s']:.1f}s / plain {timings['plain_cpu_s']:.1f}s = "
+                    f"{timings['model_cpu_s'] / timings['plain_cpu_s']:.2f}x")
     n = model.get("n_shapes", 0)
     console.print(f"{n} test shapes; fit+predict over the folds: {', '.join(fits) or '-'}; "
                   f"wall time {timings.get('total_s', 0):.1f}s; outputs in {out_dir}")
