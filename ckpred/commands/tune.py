@@ -27,7 +27,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -106,32 +106,13 @@ def make_pruner(settings: Any) -> Any:
     return optuna.pruners.NopPruner()
 
 
-def tune(cfg: DictConfig) -> float:
-    """Run the optuna study; write trials.csv and best_params.json; print the best trial.
-
-    Parameters
-    ----------
-    cfg : DictConfig
-        A composed ``tune`` config: a train config plus the ``tune`` node.
-
-    Returns
-    -------
-    float
-        The best trial's mean efficiency.
-    """
+def _objective(cfg: DictConfig, space: dict[str, Any], trials_dir: Path,
+               base_overrides: list[str]) -> Callable[[Any], float]:
+    """The study's objective: one ``train`` run per trial in ``trials_dir/<n>``, reporting the
+    running CV mean after each fold so the pruner can stop it."""
     import optuna
 
     from ckpred.commands.train import train
-
-    settings = cfg.tune
-    space = search_space(cfg)
-    out_dir = _run_dir(cfg)
-    trials_dir = out_dir / "trials"
-    base_overrides = _command_overrides()
-    sampler = optuna.samplers.TPESampler(seed=int(settings.sampler_seed),
-                                         n_startup_trials=int(settings.n_startup_trials))
-    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=make_pruner(settings),
-                                study_name=f"ckpred-tune-{out_dir.name}")
 
     def objective(trial: optuna.Trial) -> float:
         params = {name: suggest(trial, name, p) for name, p in space.items()}
@@ -149,7 +130,7 @@ def tune(cfg: DictConfig) -> float:
                 trial.set_user_attr("wall_s", round(time.perf_counter() - t, 2))
                 raise optuna.TrialPruned(f"fold {fold}: running mean {running_mean:.4f}")
 
-        value = train(trial_config(cfg, params, trial_dir, bool(settings.trial_outputs)), on_fold=report)
+        value = train(trial_config(cfg, params, trial_dir, bool(cfg.tune.trial_outputs)), on_fold=report)
         metrics = json.loads((trial_dir / "metrics.json").read_text())["model"]
         trial.set_user_attr("p10", metrics.get("p10"))
         trial.set_user_attr("wall_s", round(time.perf_counter() - t, 2))
@@ -158,19 +139,15 @@ def tune(cfg: DictConfig) -> float:
             raise optuna.TrialPruned("train returned NaN (no test shape was evaluated)")
         return value
 
-    timeout = float(settings.timeout_s) or None
-    log.info("tune: %d trials%s over %s -> %s", int(settings.n_trials),
-             f" (or {timeout:.0f} s)" if timeout else "", ", ".join(f"model.{k}" for k in space), out_dir)
-    study.optimize(objective, n_trials=int(settings.n_trials), timeout=timeout)
+    return objective
 
-    frame = study.trials_dataframe()
-    frame.to_csv(out_dir / "trials.csv", index=False)
-    if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
-        raise RuntimeError(f"tune: none of the {len(study.trials)} trials finished (all pruned or failed; see "
-                           f"{out_dir / 'trials.csv'}); raise tune.n_trials or set tune.pruner=none")
+
+def _best_result(study: Any, cfg: DictConfig, space: dict[str, Any], base_overrides: list[str]) -> dict[str, Any]:
+    """``best_params.json``: the best trial, its overrides and the train command that reproduces it."""
+    settings = cfg.tune
     best = study.best_trial
     overrides = [f"model.{k}={_fmt(v)}" for k, v in best.params.items()]
-    result = {
+    return {
         "best_trial": best.number, "mean_efficiency": best.value, "p10": best.user_attrs.get("p10"),
         "params": best.params, "overrides": overrides,
         "command": " ".join(["python -m ckpred train", *base_overrides, *overrides]),
@@ -179,9 +156,46 @@ def tune(cfg: DictConfig) -> float:
                                                    "n_startup_trials": int(settings.n_startup_trials)},
         "space": space, "cv": str(cfg.cv.name), "objective": "model mean per-shape efficiency over the test folds",
     }
+
+
+def tune(cfg: DictConfig) -> float:
+    """Run the optuna study; write trials.csv and best_params.json; print the best trial.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        A composed ``tune`` config: a train config plus the ``tune`` node.
+
+    Returns
+    -------
+    float
+        The best trial's mean efficiency.
+    """
+    import optuna
+
+    settings = cfg.tune
+    space = search_space(cfg)
+    out_dir = _run_dir(cfg)
+    base_overrides = _command_overrides()
+    sampler = optuna.samplers.TPESampler(seed=int(settings.sampler_seed),
+                                         n_startup_trials=int(settings.n_startup_trials))
+    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=make_pruner(settings),
+                                study_name=f"ckpred-tune-{out_dir.name}")
+    timeout = float(settings.timeout_s) or None
+    log.info("tune: %d trials%s over %s -> %s", int(settings.n_trials),
+             f" (or {timeout:.0f} s)" if timeout else "", ", ".join(f"model.{k}" for k in space), out_dir)
+    study.optimize(_objective(cfg, space, out_dir / "trials", base_overrides), n_trials=int(settings.n_trials),
+                   timeout=timeout)
+
+    frame = study.trials_dataframe()
+    frame.to_csv(out_dir / "trials.csv", index=False)
+    if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
+        raise RuntimeError(f"tune: none of the {len(study.trials)} trials finished (all pruned or failed; see "
+                           f"{out_dir / 'trials.csv'}); raise tune.n_trials or set tune.pruner=none")
+    result = _best_result(study, cfg, space, base_overrides)
     (out_dir / "best_params.json").write_text(json.dumps(result, indent=2) + "\n")
     print_study(study, out_dir, result)
-    return float(best.value)
+    return float(study.best_trial.value)
 
 
 def print_study(study: Any, out_dir: Path, result: dict[str, Any]) -> None:

@@ -1,11 +1,11 @@
 """Replay autotune policies on the CK conv tables: efficiency against benchmarks per problem.
 
 Trains Protocols B and A (and T, the CV over the 20-kernel training table that calibrates A's
-confidence budget the way an export of A's model would be calibrated) with
-``scripts/bench/conv_proof.py``'s overrides, or reuses their run directories (``--runs``), then
-replays every policy in model order and in random order (:mod:`ckpred.replay`). Writes
-``replay.md`` (markdown tables) and ``replay.png`` (mean and min efficiency against benchmarks
-per problem) to ``--out``.
+confidence budget the way an export of A's model would be calibrated) with the overrides of
+:func:`ckpred.data.ck_conv.protocol_overrides` (as ``scripts/bench/conv_proof.py`` does), or
+reuses their run directories (``--runs``), then replays every policy in model order and in
+random order (:mod:`ckpred.replay`). Writes ``replay.md`` (markdown tables) and ``replay.png``
+(mean and min efficiency against benchmarks per problem) to ``--out``.
 
 Usage (from the repository root)::
 
@@ -16,18 +16,17 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
+from ckpred import autotune as at
+from ckpred import replay as rp
+from ckpred.data.ck_conv import BENCH, DIRECTORY, protocol_overrides
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # conv_proof, beside this script
-
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from conv_proof import BENCH, DATA_DIR, run_protocol  # noqa: E402
-
-from ckpred import autotune as at  # noqa: E402
-from ckpred import replay as rp  # noqa: E402
+DATA_DIR = REPO / DIRECTORY
 
 #: The issue's targets: protocol -> (mean, min, benchmarks per problem).
 TARGETS = {"B": (0.995, 0.95, 1.5), "A": (0.995, 0.90, 2.0)}
@@ -80,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = args.runs
     if runs is None:
         runs = args.out / "runs"
+        from ckpred.commands.train import train
+        from ckpred.config import compose
+
         for protocol in ("B", "A", "T"):
-            run_protocol(protocol, args.data_dir, runs.resolve(), [])
+            train(compose("train", protocol_overrides(protocol, args.data_dir, runs.resolve())))
     data = {p: rp.load_run(runs / p) for p in ("B", "A", "T")}
     for p in ("B", "A"):  # both test on the 30-kernel benchmark table
         attach_latency(data[p], args.data_dir / BENCH)

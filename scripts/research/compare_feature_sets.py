@@ -34,7 +34,7 @@ from ckpred.config import feature_set
 from ckpred.kernels.base import load_op
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", nargs="*", default=["anchor55", "minimal", "full"])
     parser.add_argument("--extra", nargs="*", default=[],
@@ -47,8 +47,44 @@ def main() -> None:
     parser.add_argument("--keep-top", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def sampled_rows(perf: np.ndarray, shape_id: np.ndarray, *, per_shape: int, keep_top: int,
+                 rng: np.random.Generator) -> np.ndarray:
+    """Training-row mask: per shape the ``keep_top`` fastest kernels plus a random sample of the
+    rest, about ``per_shape`` rows in all."""
+    order = np.lexsort((-perf, shape_id))
+    rank = np.empty(len(perf), dtype=np.int64)
+    starts = np.r_[0, np.flatnonzero(np.diff(shape_id[order])) + 1]
+    counts = np.diff(np.r_[starts, len(order)])
+    rank[order] = np.arange(len(order)) - np.repeat(starts, counts)
+    size = np.bincount(shape_id)
+    keep_p = np.clip((per_shape - keep_top) / np.maximum(size[shape_id] - keep_top, 1), 0, 1)
+    return (rank < keep_top) | (rng.random(len(perf)) < keep_p)
+
+
+def fold_efficiency(F: np.ndarray, perf: np.ndarray, shape_id: np.ndarray, n_shapes: int, folds: list,
+                    sampled: np.ndarray, args: argparse.Namespace) -> np.ndarray:
+    """Per-shape efficiency of a log1p LGBMRegressor on features ``F``, out of fold."""
+    eff = np.zeros(n_shapes)
+    for train_idx, test_idx in folds:
+        tr = train_idx[sampled[train_idx]]
+        model = lgb.LGBMRegressor(n_estimators=args.trees, num_leaves=args.leaves, learning_rate=0.05,
+                                  min_child_samples=20, colsample_bytree=0.8, subsample=0.8,
+                                  subsample_freq=1, n_jobs=args.threads, random_state=args.seed,
+                                  verbose=-1)
+        model.fit(F[tr], np.log1p(perf[tr]))
+        pred = model.predict(F[test_idx])
+        frame = pd.DataFrame({"s": shape_id[test_idx], "pred": pred, "perf": perf[test_idx]})
+        best = frame.groupby("s")["perf"].max()
+        chosen = frame.loc[frame.groupby("s")["pred"].idxmax()].set_index("s")["perf"]
+        eff[best.index] = (chosen / best).to_numpy()
+    return eff
+
+
+def main() -> None:
+    args = parse_args()
     cfg = compose("train", list(args.overrides))
     op = load_op(cfg.op)
     t0 = time.perf_counter()
@@ -61,18 +97,9 @@ def main() -> None:
     codes, shape_id = np.unique(shape, return_inverse=True)
     print(f"data: {len(table):,} rule-valid rows, {len(codes)} shapes ({time.perf_counter() - t0:.1f} s)")
 
-    rng = np.random.default_rng(args.seed)
-    # Training rows: per shape the top keep_top kernels plus a random sample of the rest.
-    order = np.lexsort((-perf, shape_id))
-    rank = np.empty(len(perf), dtype=np.int64)
-    starts = np.r_[0, np.flatnonzero(np.diff(shape_id[order])) + 1]
-    counts = np.diff(np.r_[starts, len(order)])
-    rank[order] = np.arange(len(order)) - np.repeat(starts, counts)
-    size = np.bincount(shape_id)
-    keep_p = np.clip((args.per_shape - args.keep_top) / np.maximum(size[shape_id] - args.keep_top, 1), 0, 1)
-    sampled = (rank < args.keep_top) | (rng.random(len(perf)) < keep_p)
+    sampled = sampled_rows(perf, shape_id, per_shape=args.per_shape, keep_top=args.keep_top,
+                           rng=np.random.default_rng(args.seed))
     folds = list(GroupKFold(n_splits=args.folds).split(X, groups=shape_id))
-
     sets = {name: feature_set(name) for name in args.sets}
     for spec in args.extra:
         sets[spec] = {"name": spec, "groups": [{"kind": kind} for kind in spec.split(",")]}
@@ -80,21 +107,8 @@ def main() -> None:
     rows = []
     for name, fs in sets.items():
         start = time.perf_counter()
-        union = build_features(fs, op, cfg.arch, cfg.dtype, cfg.layout)
-        F = union.fit_transform(X)
-        eff = np.zeros(len(codes))
-        for train_idx, test_idx in folds:
-            tr = train_idx[sampled[train_idx]]
-            model = lgb.LGBMRegressor(n_estimators=args.trees, num_leaves=args.leaves, learning_rate=0.05,
-                                      min_child_samples=20, colsample_bytree=0.8, subsample=0.8,
-                                      subsample_freq=1, n_jobs=args.threads, random_state=args.seed,
-                                      verbose=-1)
-            model.fit(F[tr], np.log1p(perf[tr]))
-            pred = model.predict(F[test_idx])
-            frame = pd.DataFrame({"s": shape_id[test_idx], "pred": pred, "perf": perf[test_idx]})
-            best = frame.groupby("s")["perf"].max()
-            chosen = frame.loc[frame.groupby("s")["pred"].idxmax()].set_index("s")["perf"]
-            eff[best.index] = (chosen / best).to_numpy()
+        F = build_features(fs, op, cfg.arch, cfg.dtype, cfg.layout).fit_transform(X)
+        eff = fold_efficiency(F, perf, shape_id, len(codes), folds, sampled, args)
         rows.append({"set": name, "features": F.shape[1], "mean": eff.mean(), "p10": np.percentile(eff, 10),
                      "p50": np.median(eff), "min": eff.min(), "top1": float(np.mean(eff >= 1.0 - 1e-12)),
                      "seconds": time.perf_counter() - start})
