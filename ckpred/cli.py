@@ -102,9 +102,10 @@ def _check_override_syntax(name: str, argv: list[str]) -> None:
                       "quote values with special characters, e.g. key='a,b')", file=sys.stderr)
                 raise SystemExit(1) from None
             group = CONF_DIR / override.key_or_group.split("@")[0]
-            value = override.value() if override.value_type == ValueType.ELEMENT else ""
+            plain = override.value_type == ValueType.ELEMENT and not override.is_delete()
+            value = override.value() if plain else ""
             names = value if isinstance(value, list) else [value]
-            if group.is_dir() and value is not None and not all(isinstance(v, str) for v in names):
+            if group.is_dir() and not all(isinstance(v, str) for v in names):
                 # Hydra itself fails on this with a traceback ("must be a string or a list").
                 options = sorted(p.stem for p in group.glob("*.yaml"))
                 print(f"ckpred {name}: error: config group '{override.key_or_group}' has invalid value {value!r}; "

@@ -87,8 +87,8 @@ def make_folds(cv: Any, data: Prepared, seed: int, test: Prepared | None = None)
     if cv.name == "group_kfold":
         if n_groups < cv.n_splits:
             raise ConfigValueError("cv.n_splits", int(cv.n_splits),
-                                   f"an integer in [2, {n_groups}]: every fold needs a test group and the data has "
-                                   f"{n_groups} {unit}" if n_groups >= 2 else
+                                   f"an integer in [2, {n_groups}]: each fold tests one CV group at least, so n_splits "
+                                   f"needs at least that many CV groups and the data has {n_groups} {unit}" if n_groups >= 2 else
                                    f"none: the data has {n_groups} {unit}, cross-validation needs at least 2")
         splitter = GroupKFold(n_splits=int(cv.n_splits), shuffle=bool(cv.shuffle),
                               random_state=int(seed) if cv.shuffle else None)

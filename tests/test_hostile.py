@@ -16,6 +16,7 @@ inputs (override values of config keys, benchmark rows) are generated with hypot
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing
 import os
 import re
@@ -53,7 +54,12 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     else:
         message = ""
     out, err = capsys.readouterr()
-    return rc, out, err + message  # the interpreter prints a SystemExit message to stderr
+    err += message  # the interpreter prints a SystemExit message to stderr
+    if os.environ.get("CKPRED_HOSTILE_TALLY"):  # counts for a report: one JSON line per run
+        with open(os.environ["CKPRED_HOSTILE_TALLY"], "a") as fh:
+            fh.write(json.dumps({"argv": argv, "rc": rc, "traceback": bool(TRACEBACK.search(err)),
+                                 "named": bool(re.match(r"ckpred [\w-]+: error: ", err))}) + "\n")
+    return rc, out, err
 
 
 @pytest.fixture()
@@ -163,7 +169,8 @@ def test_output_the_filesystem_refuses_is_named(tmp_path: Path, capsys: pytest.C
 
 
 def test_hydra_composition_errors_name_the_key_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv, name in ((["train", "dtype=fp9"], "dtype"), (["train", "model.n_jobs=1.5"], "model.n_jobs"),
+    for argv, name in ((["train", "arch=null"], "arch"), (["train", "model=0"], "model"),
+                       (["train", "dtype=fp9"], "dtype"), (["train", "model.n_jobs=1.5"], "model.n_jobs"),
                        (["select", "problem.m=abc"], "problem.m"), (["train", "cv=nope"], "cv"),
                        (["select", "problem.m=true", "problem.n=2", "problem.k=3"], "problem.m")):
         rc, _, err = run(argv, capsys)
@@ -188,7 +195,7 @@ def test_more_folds_than_shapes_of_a_real_table(capsys: pytest.CaptureFixture[st
 
 
 @pytest.mark.parametrize(("overrides", "names"), [
-    (["cv=holdout", "cv.test_fraction=0.99"], ["'cv.test_fraction'", "0.99", "12 shape(s)"]),
+    (["cv=holdout", "cv.test_fraction=0.99"], ["'cv.test_fraction'", "0.99", "12 shapes"]),
     (["cv=leave_family_out", f"shapes.families.mix.m=[{','.join(['1'] * 12)}]"],  # M=1 only: one family
      ["'cv'", "'leave_family_out'", "two M families"]),
     (["arch=gfx1151", "dtype=fp8"], ["'dtype'", "'fp8'", "arch=gfx1151"]),
@@ -239,7 +246,7 @@ RUNTIME_CHECKS = hasattr(mf, "check_manifest")
 
 
 @pytest.mark.skipif(not RUNTIME_CHECKS, reason="needs the runtime's problem-value checks (ckpred.runtime)")
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(field=st.sampled_from(["m", "n", "k", "split_k"]),
        value=st.one_of(st.integers(-(2**70), 2**70), st.sampled_from([2**63, 2**63 - 1, -(2**63), 0, -1])))
 def test_select_problem_values(field: str, value: int, export_dir: Path,
@@ -269,7 +276,7 @@ VALUES = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.sampled_from(TRAIN_KEYS), value=VALUES, add=st.booleans())
 def test_fuzzed_train_overrides(key: str, value: str, add: bool, composed: list[Any],
                                 capsys: pytest.CaptureFixture[str]) -> None:
@@ -287,7 +294,7 @@ def test_fuzzed_train_overrides(key: str, value: str, add: bool, composed: list[
             or "override" in err.lower() or "interpolation" in err.lower(), (override, err)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True),
        node=st.sampled_from(["", "model.", "cv.", "rows.", "data.", "baselines.", "features."]))
 def test_fuzzed_added_keys_are_refused_or_declared(name: str, node: str, composed: list[Any],
@@ -306,7 +313,7 @@ CELL = st.one_of(st.integers(-(2**64), 2**64).map(str), st.floats().map(repr),
                  st.sampled_from(["", "nan", "-0", "1e400", "abc", "True", " 7", "\ufeff1", '"1,2"']))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.tuples(st.sampled_from(["M", "K", "latency_ms", "tflops", "kernel", "none"]), CELL),
                      min_size=1, max_size=8))
 def test_fuzzed_benchmark_rows_are_kept_or_rejected(rows: list[tuple[str, str]], tmp_path: Path,

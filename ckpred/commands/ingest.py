@@ -19,7 +19,7 @@ def ingest_command(cfg: Any) -> int:
     write_rejects(result.rejects, rejects)
     if result.summary.valid_rows == 0:
         print_summary(result.summary, rejects=rejects)
-        raise SystemExit(f"ckpred ingest: {nothing_usable_message(result)}; nothing written to {out}")
+        raise SystemExit(f"ckpred ingest: error: {nothing_usable_message(result)}; nothing written to {out}")
     write_table(result.table, out, op)
     print_summary(result.summary, out=out, rejects=rejects)
     return result.summary.valid_rows
