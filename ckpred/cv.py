@@ -276,7 +276,10 @@ def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, 
     if cfg.baselines.get("plain") is not None and cfg.baselines.plain.enabled:
         learned.append(plain_method(cfg))
     ref = cfg.baselines.reference
-    if ref.enabled:
+    if ref.enabled and ref.features is None:
+        print(f"baseline reference skipped: op {op.name!r} has no features/reference_{op.name} set "
+              "(name one with features@baselines.reference.features=<set>)")
+    elif ref.enabled:
         learned.append(LearnedMethod("reference", recipe_config(cfg, ref.features, ref.model, ref.target), ref.rows))
     # Warm start (ckpred.warm_start): the model (never the reference) continues from a previous run.
     base = None
@@ -402,6 +405,13 @@ def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, 
     return float(mean)
 
 
+def _field_range(column: pd.Series) -> list[Any]:
+    """A problem field's range in the run record: [min, max] of a number, the sorted values of a category."""
+    if pd.api.types.is_numeric_dtype(column):
+        return [int(column.min()), int(column.max())]
+    return sorted(str(v) for v in column.unique())
+
+
 def write_run(out_dir: Path, cfg: DictConfig, op: OpDefinition, data: Prepared, test: Prepared,
                    tested: np.ndarray, scores: dict[str, np.ndarray], fold_of_row: np.ndarray,
                    shapes: pd.DataFrame, per_shape: dict[str, pd.DataFrame], eval_groups: ev.ShapeGroups,
@@ -460,8 +470,7 @@ def write_run(out_dir: Path, cfg: DictConfig, op: OpDefinition, data: Prepared, 
         "catalogue_hash": _catalogue_hash(op, cfg),
         "data": {"hash": data_hash(data.table), "rows": int(len(data.table)), "shapes": int(data.groups.n_shapes),
                  "valid_rows": int(data.table["is_valid"].sum()),
-                 "shape_ranges": {c: [int(data.table[c].min()), int(data.table[c].max())]
-                                  for c in op.problem_names}},
+                 "shape_ranges": {c: _field_range(data.table[c]) for c in op.problem_names}},
         "test_data": None if test is data else {"hash": data_hash(test.table), "rows": int(len(test.table)),
                                                  "shapes": int(test.groups.n_shapes)},
         "cv": cfg.cv.name, "n_folds": len(fold_log), "seed": int(cfg.seed), "heading": heading,

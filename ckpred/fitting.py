@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import logging
+
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
@@ -18,6 +20,8 @@ from ckpred import evaluate as ev
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import (booster, build_pipeline, fit_failure_model, fit_pipeline, target_name,
                            training_target)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,9 +85,16 @@ def cv_group_names(op: OpDefinition) -> tuple[str, ...]:
 def validation_split(shapes: np.ndarray, fraction: float, seed: int,
                      groups: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Split training shape indices into (fit, validation) for early stopping; ``groups`` (the
-    CV group of each of ``shapes``, default the shapes themselves) are kept on one side."""
+    CV group of each of ``shapes``, default the shapes themselves) are kept on one side.
+
+    With fewer than two groups there is nothing to hold out: every shape is fitted, the
+    validation set is empty and the fit runs its full tree count (logged).
+    """
     if len(shapes) < 2:
         raise ValueError("early stopping needs at least 2 training shapes to carve a validation set")
+    if len(np.unique(shapes if groups is None else groups)) < 2:
+        log.warning("early stopping skipped: the %d training shapes form one CV group", len(shapes))
+        return np.sort(shapes), np.zeros(0, dtype=np.asarray(shapes).dtype)
     splitter = GroupShuffleSplit(n_splits=1, test_size=fraction, random_state=seed)
     fit_pos, val_pos = next(splitter.split(shapes, groups=shapes if groups is None else groups))
     return np.sort(shapes[fit_pos]), np.sort(shapes[val_pos])
@@ -181,7 +192,11 @@ def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: Op
     pipe = build(recipe, op, data.arch if data.arch is not None else cfg.arch, cfg.dtype)
     learn_failures = method.validity is not None and bool(method.validity.learned)
     features_out: dict[str, Any] = {}
-    fit_pipeline(pipe, data.X.iloc[rows], y, codes, model_cfg=recipe.model,
+    model_cfg = recipe.model
+    if int(model_cfg.early_stopping_rounds) > 0 and not val_kwargs:
+        # no validation group to stop on (validation_split said why): the full tree count
+        model_cfg = OmegaConf.merge(model_cfg, {"early_stopping_rounds": 0})
+    fit_pipeline(pipe, data.X.iloc[rows], y, codes, model_cfg=model_cfg,
                  target=target_name(recipe.model, recipe.target), **val_kwargs, init_model=method.init_model,
                  features_out=features_out if learn_failures else None)
     if learn_failures:

@@ -677,7 +677,8 @@ class ReferenceBaselineConfig:
     """The reference system's replica, trained on the same folds as the model."""
 
     enabled: bool = True
-    features: FeaturesConfig = MISSING
+    #: None when the op has no ``features/reference_<op>`` set: the run skips the reference.
+    features: Optional[FeaturesConfig] = None
     model: ModelConfig = MISSING
     target: TargetConfig = MISSING
     rows: RowsConfig = field(default_factory=RowsConfig)

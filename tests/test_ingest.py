@@ -662,3 +662,19 @@ def test_ingest_never_overwrites_its_input(tmp_path: Path) -> None:
         out = _cli("data.path=a.csv", *args, cwd=tmp_path)
         assert out.returncode != 0 and f"'{key}'" in out.stderr and "Traceback" not in out.stderr, out.stderr
         assert path.read_bytes() == before and not (tmp_path / "t.parquet").exists()
+
+
+def test_a_block_tile_that_is_not_whole_warp_tiles_is_invalid_by_the_ops_rule(tmp_path: Path) -> None:
+    """conf/op/gemm_universal.yaml's declared rule: a 7x7x7 tile of 3x3x3 warp tiles is refused."""
+    import re
+
+    good = KERNELS[0]
+    bad = re.sub(r"_\d+x\d+x\d+_(\d+x\d+x\d+)_\d+x\d+x\d+$", r"_7x7x7_1x1x1_3x3x3", good)
+    assert bad != good and bad.endswith("_7x7x7_1x1x1_3x3x3")
+    path = fg.write_csv(tmp_path / "sweep.csv", fg.measurements(fg.SHAPES[:2], [good, bad]))
+    result = read(path)
+    check_accounting(result)
+    # a kernel-field-only rule: no row of that kernel, both records rejected with the message
+    assert (result.table["kernel_name"] == good).all() and result.table["is_valid"].all()
+    assert list(result.rejects["reason"]) == ["impossible kernel: the block tile is not a whole number of warp tiles"] * 2
+    assert result.rejects["raw"].str.startswith(bad + ",").all()
