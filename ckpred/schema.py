@@ -700,6 +700,9 @@ class BaselinesConfig:
 
     random: bool = True
     best_static: bool = True
+    #: Problem fields the best-static order is learned per (one order per value combination,
+    #: e.g. ``[direction, dtype]``); empty = one order for all problems.
+    best_static_by: list[str] = field(default_factory=list)
     analytical: bool = True
     plain: PlainBaselineConfig = field(default_factory=PlainBaselineConfig)
     reference: ReferenceBaselineConfig = field(default_factory=ReferenceBaselineConfig)
