@@ -6,10 +6,9 @@ pipeline ``export`` fits is the one ``train`` would have saved for the same conf
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
-
-import logging
 
 import numpy as np
 import pandas as pd

@@ -70,6 +70,14 @@ def test_miopen_conv_trains_end_to_end_through_its_yaml_op_and_features(tmp_path
     assert len(fold_of_geometry) == 12 and all(len(f) == 1 for f in fold_of_geometry.values())
 
 
+def test_best_static_by_a_field_the_op_lacks_is_refused_naming_it(tmp_path: Path) -> None:
+    from ckpred.errors import ConfigValueError
+
+    with pytest.raises(ConfigValueError, match="baselines.best_static_by.*'layuot'.*a problem field of op miopen_conv"):
+        _train(tmp_path, write_find_db(tmp_path / "small.fdb.txt", n_convs=4), "cv.n_splits=2",
+               "baselines.best_static_by=[layuot]")
+
+
 def test_the_experiment_yaml_composes() -> None:
     cfg = compose("train", [f"hydra.searchpath=[file://{OPS_DIR}]", "experiment=miopen_gfx942",
                             "data.path=tests/fixtures/miopen_small.fdb.txt"])
