@@ -856,7 +856,7 @@ class SelectConfig(RecipeConfig):
 
     #: Problem fields of the op, e.g. ``problem.m=128 problem.n=1536 problem.k=7168``; the keys
     #: come from ``conf/problem/<op>.yaml`` (required ones are ``???``).
-    problem: dict[str, int] = MISSING
+    problem: dict[str, Any] = MISSING
     top_k: int = 5
     #: Export directory; empty = ``<exports_dir>/<op>_<arch>_<dtype>_<layout>``.
     model_dir: str = ""

@@ -118,7 +118,7 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
         X = op.encode_frame(full)
         ref = np.asarray(pipeline.predict(X), dtype=np.float64).ravel()
         ref_sel = ref if selector_pipeline is None else np.asarray(selector_pipeline.predict(X), dtype=np.float64).ravel()
-        p = chunk.to_numpy(np.int64)
+        p = op.encode(chunk, op.problem_names)  # categorical problem fields as their codes
         onx = scorer_s.run(["score"], {"problem": np.repeat(p, C, axis=0), "kernel": np.tile(kernels, (len(chunk), 1))})[0]
         max_scorer = max(max_scorer, float(np.max(np.abs(onx - ref))) if len(ref) else 0.0)
         rows_over += int(np.sum(np.abs(onx - ref) > 1e-6))

@@ -1,0 +1,131 @@
+"""A kernel family ckpred has never seen, onboarded by YAML alone, end to end.
+
+The op (unfamiliar field names, a dtype column mixing fp16/bf16/fp32, times in milliseconds,
+``inf`` for configurations that failed) and its feature set live in a user config dir
+(``tests/fixtures/user_op``, passed with Hydra's ``--config-dir``); the table is a gzipped CSV.
+Ingest, train, export and select run through the CLI, and the C++ selector gives the Python
+runtime's answers bit for bit.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ckpred.cli import main
+from tests.conftest import REPO
+
+USER_CONF = REPO / "tests" / "fixtures" / "user_op"
+KERNELS = [(bm, bn, w, s) for bm in (32, 64, 128) for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
+DTYPES = (("fp16", 1.0), ("bf16", 1.05), ("fp32", 3.0))
+
+
+def _fails(dtype: str, bm: int, bn: int, s: int) -> bool:
+    return dtype == "fp32" and bm + bn >= 192 and s == 4
+
+
+def write_table(path: Path, n_shapes: int = 24, seed: int = 0) -> Path:
+    """A made-up matmul autotuning table in another tool's column names (gzipped CSV)."""
+    rng = random.Random(seed)
+    lines = ["M,N,K,dtype,BLOCK_M,BLOCK_N,warps,stages,ms"]
+    for i in range(n_shapes):
+        m, n, k = 64 << (i % 6), 128 << (i // 6), 256 << (i % 3)
+        for dtype, scale in DTYPES:
+            for bm, bn, w, s in KERNELS:
+                tiles = math.ceil(m / bm) * math.ceil(n / bn)
+                fit = 1 + 0.3 * abs(math.log2(bm * bn / (m * n) ** 0.5 / 64))
+                t = scale * (0.002 + 2 * m * n * k / 1e12 * fit * (1 + 0.05 * abs(w - 4)) * (1 + 0.1 * abs(s - 3))
+                             + tiles * 1e-5) * rng.uniform(0.98, 1.02)
+                ms = "inf" if _fails(dtype, bm, bn, s) else f"{t:.6f}"
+                lines.append(f"{m},{n},{k},{dtype},{bm},{bn},{w},{s},{ms}")
+    with gzip.open(path, "wt") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return path
+
+
+def _cli(*args: str) -> None:
+    assert main([args[0], "--config-dir", str(USER_CONF), "op=tmm", *args[1:]]) == 0
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("user_op")
+    table = write_table(tmp / "tmm.csv.gz")
+    _cli("ingest", f"data.path={table}", f"out={tmp / 'tmm.parquet'}")
+    recipe = ["features=tmm_feats", "data=path", f"data.path={table}", "model.n_estimators=20", "model.n_jobs=1",
+              "plots=false", "progress=false"]
+    _cli("train", *recipe, "cv.n_splits=3", f"out_dir={tmp / 'run'}")
+    _cli("export", *recipe[:4], f"run_dir={tmp / 'run'}", f"out_dir={tmp / 'ex'}")
+    (model,) = (tmp / "ex").iterdir()
+    return tmp, model
+
+
+def test_ingest_keeps_every_row_and_marks_the_failures(exported: tuple[Path, Path]) -> None:
+    import pandas as pd
+
+    tmp, _ = exported
+    table = pd.read_parquet(tmp / "tmm.parquet")
+    assert len(table) == 24 * len(DTYPES) * len(KERNELS)  # nothing merged across dtypes
+    assert set(table["precision"]) == {"fp16", "bf16", "fp32"}
+    failed = table[~table["is_valid"]]
+    assert len(failed) == 24 * sum(_fails("fp32", bm, bn, s) for bm, bn, _, s in KERNELS)
+    assert (failed["precision"] == "fp32").all()
+    # milliseconds were read as such: latency_ms equals the table's ms column for a valid row
+    row = table[table["is_valid"]].iloc[0]
+    assert 0 < row["latency_ms"] < 1
+
+
+def test_train_reports_held_out_shapes_with_every_dtype_and_never_picks_a_failure(
+        exported: tuple[Path, Path]) -> None:
+    tmp, _ = exported
+    metrics = json.loads((tmp / "run" / "metrics.json").read_text())
+    assert "unseen (rows, cols, depth) " in metrics["_heading"]
+    assert metrics["model"]["failed_pick"] == 0 and metrics["model"]["mean"] > metrics["random"]["mean"]
+    assert set(metrics["model"]["by_precision"]) == {"fp16", "bf16", "fp32"}
+    folds = json.loads((tmp / "run" / "folds.json").read_text())["folds"]
+    for fold in folds:  # a fold holds out a shape with all its dtypes
+        shapes = [key.rsplit("x", 1)[0] for key in fold["test_shapes"]]
+        assert all(shapes.count(s) == len(DTYPES) for s in shapes)
+
+
+def test_export_parity_and_python_select(exported: tuple[Path, Path]) -> None:
+    from ckpred.runtime import KernelSelector
+
+    _, model = exported
+    manifest = json.loads((model / "manifest.json").read_text())
+    assert manifest["parity"]["top1_agreement"] == 1.0 and manifest["parity"]["max_abs_diff_selector"] == 0
+    sel = KernelSelector.load(model, cache_size=0)
+    answer = sel.select(rows=512, cols=256, depth=1024, precision="fp32", top_k=3)
+    assert answer.ok and len(answer.kernels) == 3
+    for name in answer.kernels:  # rule-valid and never a configuration that failed in training
+        bm, bn, w, s = (int(part[1:].lstrip("mnws")) for part in name.split("_"))
+        assert not _fails("fp32", bm, bn, s)
+
+
+def test_cpp_selector_gives_the_python_answers(exported: tuple[Path, Path], tmp_path: Path) -> None:
+    from ckpred.runtime import KernelSelector
+
+    if any(shutil.which(tool) is None for tool in ("cmake", "c++")):
+        pytest.skip("C++ selector not built: cmake or c++ not installed")
+    build = subprocess.run(["bash", str(REPO / "scripts" / "cpp" / "build.sh")], capture_output=True, text=True,
+                           timeout=900)
+    assert build.returncode == 0, build.stderr[-2000:]
+    _, model = exported
+    problems = [(512, 256, 1024, "fp32"), (64, 128, 256, "fp16"), (2048, 512, 1024, "bf16"), (100, 300, 700, "fp32")]
+    out = subprocess.run([str(REPO / "scripts" / "cpp" / "build" / "ckpred_select"), str(model), "--top-k", "5",
+                          *[",".join(map(str, p)) for p in problems]], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    sel = KernelSelector.load(model, cache_size=0)
+    for line, p in zip(out.stdout.splitlines(), problems):
+        got = json.loads(line)
+        want = sel.select(*p, top_k=5)
+        assert [k["id"] for k in got["kernels"]] == list(want.ids)
+        assert [k["score"] for k in got["kernels"]] == list(want.scores)
+        assert got["out_of_distribution"] == want.out_of_distribution
