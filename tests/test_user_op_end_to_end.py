@@ -13,13 +13,13 @@ import gzip
 import json
 import math
 import random
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from ckpred.cli import main
+from test_cpp import binary  # noqa: F401  (fixture: builds the C++ selector)
 from tests.conftest import REPO
 
 USER_CONF = REPO / "tests" / "fixtures" / "user_op"
@@ -109,17 +109,12 @@ def test_export_parity_and_python_select(exported: tuple[Path, Path]) -> None:
         assert not _fails("fp32", bm, bn, s)
 
 
-def test_cpp_selector_gives_the_python_answers(exported: tuple[Path, Path], tmp_path: Path) -> None:
+def test_cpp_selector_gives_the_python_answers(exported: tuple[Path, Path], binary: Path) -> None:  # noqa: F811
     from ckpred.runtime import KernelSelector
 
-    if any(shutil.which(tool) is None for tool in ("cmake", "c++")):
-        pytest.skip("C++ selector not built: cmake or c++ not installed")
-    build = subprocess.run(["bash", str(REPO / "scripts" / "cpp" / "build.sh")], capture_output=True, text=True,
-                           timeout=900)
-    assert build.returncode == 0, build.stderr[-2000:]
     _, model = exported
     problems = [(512, 256, 1024, "fp32"), (64, 128, 256, "fp16"), (2048, 512, 1024, "bf16"), (100, 300, 700, "fp32")]
-    out = subprocess.run([str(REPO / "scripts" / "cpp" / "build" / "ckpred_select"), str(model), "--top-k", "5",
+    out = subprocess.run([str(binary), str(model), "--top-k", "5",
                           *[",".join(map(str, p)) for p in problems]], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     sel = KernelSelector.load(model, cache_size=0)
