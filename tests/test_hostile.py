@@ -171,7 +171,7 @@ def test_output_the_filesystem_refuses_is_named(tmp_path: Path, capsys: pytest.C
 def test_hydra_composition_errors_name_the_key_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, name in ((["train", "arch=null"], "arch"), (["train", "model=0"], "model"),
                        (["train", "dtype=fp9"], "dtype"), (["train", "model.n_jobs=1.5"], "model.n_jobs"),
-                       (["select", "problem.m=abc"], "problem.m"), (["train", "cv=nope"], "cv"),
+                       (["select", "problem.m=abc", "problem.n=2", "problem.k=3"], "problem.m"), (["train", "cv=nope"], "cv"),
                        (["select", "problem.m=true", "problem.n=2", "problem.k=3"], "problem.m")):
         rc, _, err = run(argv, capsys)
         assert rc == 1 and not TRACEBACK.search(err), err

@@ -18,11 +18,14 @@ def select_command(cfg: Any) -> dict[str, Any]:
     names = {key: str(getattr(cfg[key], "name", cfg[key])) for key in ("arch", "dtype", "layout")}
     op = load_op(cfg.op)
     op_name = op.name
-    for key in cfg.problem:
+    for key, value in cfg.problem.items():
+        # Checked before the model is looked for, so a typo is named even without an export:
+        # conf/problem/<op>.yaml declares the fields, but `+problem.<key>` can add any other, and
+        # the values are untyped there (a problem field may be categorical).
         if key not in op.problem_names:
-            # conf/problem/<op>.yaml declares the fields; `+problem.<key>` can add any other.
-            raise ConfigValueError(f"problem.{key}", cfg.problem[key],
-                                   f"a problem field of op {op_name!r}: {list(op.problem_names)}")
+            raise ConfigValueError(f"problem.{key}", value, f"a field of op {op_name!r}: {op.problem_names}")
+        if op.field(key).kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigValueError(f"problem.{key}", value, "an integer")
     model_dir = resolve_path(cfg.model_dir) if cfg.model_dir else \
         resolve_path(cfg.exports_dir) / export_name(op_name, names["arch"], names["dtype"], names["layout"])
     if not (model_dir / mf.MANIFEST).is_file():
