@@ -25,6 +25,11 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 _OWN_CACHE = "CKPRED_CACHE_DIR" not in os.environ
 if _OWN_CACHE:
     os.environ["CKPRED_CACHE_DIR"] = tempfile.mkdtemp(prefix="ckpred-test-cache-")
+# Hypothesis also writes caches of its own (e.g. .hypothesis/constants) under its storage
+# directory, read lazily from this variable: point it at a temporary directory too.
+_OWN_HYPOTHESIS_DIR = "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ
+if _OWN_HYPOTHESIS_DIR:
+    os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = tempfile.mkdtemp(prefix="ckpred-test-hypothesis-")
 settings.register_profile("ckpred", database=None)
 settings.load_profile("ckpred")
 
@@ -47,6 +52,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run when a test wrote into the checkout (and drop this session's cache)."""
     if _OWN_CACHE:
         shutil.rmtree(os.environ["CKPRED_CACHE_DIR"], ignore_errors=True)
+    if _OWN_HYPOTHESIS_DIR:
+        shutil.rmtree(os.environ["HYPOTHESIS_STORAGE_DIRECTORY"], ignore_errors=True)
     new = sorted(_generated() - _BEFORE)
     if new:
         session.config.get_terminal_writer().line(

@@ -50,19 +50,20 @@ def write_table(path: Path, n_shapes: int = 24, seed: int = 0) -> Path:
     return path
 
 
-def _cli(*args: str) -> None:
-    assert main([args[0], "--config-dir", str(USER_CONF), "op=tmm", *args[1:]]) == 0
+def _cli(tmp: Path, command: str, *args: str) -> None:
+    assert main([command, "--config-dir", str(USER_CONF), "op=tmm", f"hydra.run.dir={tmp / 'hydra' / command}",
+                 *args]) == 0
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("user_op")
     table = write_table(tmp / "tmm.csv.gz")
-    _cli("ingest", f"data.path={table}", f"out={tmp / 'tmm.parquet'}")
+    _cli(tmp, "ingest", f"data.path={table}", f"out={tmp / 'tmm.parquet'}")
     recipe = ["features=tmm_feats", "data=path", f"data.path={table}", "model.n_estimators=20", "model.n_jobs=1",
               "plots=false", "progress=false"]
-    _cli("train", *recipe, "cv.n_splits=3", f"out_dir={tmp / 'run'}")
-    _cli("export", *recipe[:4], f"run_dir={tmp / 'run'}", f"out_dir={tmp / 'ex'}")
+    _cli(tmp, "train", *recipe, "cv.n_splits=3", f"out_dir={tmp / 'run'}")
+    _cli(tmp, "export", *recipe[:4], f"run_dir={tmp / 'run'}", f"out_dir={tmp / 'ex'}")
     (model,) = (tmp / "ex").iterdir()
     return tmp, model
 
