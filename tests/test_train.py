@@ -227,7 +227,7 @@ def test_cli_subprocess_reproduces_the_same_seed_run(full_run: tuple[float, Path
     """The CLI as a user runs it, with the fixture's overrides: same seed -> identical results."""
     _, first = full_run
     proc = subprocess.run([sys.executable, "-m", "ckpred", "train", *SMALL, *REF_SMALL, "progress=true",
-                           f"out_dir={tmp_path}"], capture_output=True, text=True, timeout=600)
+                           f"hydra.run.dir={tmp_path / 'hydra'}", f"out_dir={tmp_path}"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "efficiency on unseen (m, n, k, split_k) shapes, 3 folds" in proc.stdout and "best_static" in proc.stdout
     assert "model / plain" in proc.stdout  # the fit times of the model and of plain LightGBM, side by side
