@@ -42,7 +42,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from ckpred.errors import ConfigValueError, MissingFileError, ModelMismatchError
+from ckpred.errors import ConfigValueError, ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.kernels.base import OpDefinition, load_op
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -81,3 +82,18 @@ def fit_pipeline(op: OpDefinition, cfg: Any, table: pd.DataFrame, *, model: str 
 
 def gemm() -> OpDefinition:
     return load_op("gemm_universal")
+
+
+def export_gemm(out_dir: Path, *, n_estimators: int) -> Path:
+    """A small real export of the gemm op (synthetic table on TRAIN_SHAPES, minimal features,
+    log1p regressor) written to ``out_dir``, its manifest recording arch/dtype/layout as
+    ``ckpred export`` does."""
+    from ckpred.export import manifest as mf
+    from ckpred.export.build import export_pipeline
+
+    op, cfg = gemm(), configs()
+    table = synthetic_table(op, cfg, TRAIN_SHAPES)
+    pipe = fit_pipeline(op, cfg, table, n_estimators=n_estimators)
+    export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=out_dir,
+                    training=mf.training_section(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout))
+    return out_dir

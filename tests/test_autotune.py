@@ -11,21 +11,13 @@ import numpy as np
 import pytest
 
 from ckpred import autotune as at
-from ckpred.export import manifest as mf
-from ckpred.export.build import export_pipeline
 from ckpred.runtime import KernelSelector
-from export_helpers import TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
+from export_helpers import export_gemm
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    op, cfg = gemm(), configs()
-    table = synthetic_table(op, cfg, TRAIN_SHAPES)
-    pipe = fit_pipeline(op, cfg, table, n_estimators=20)
-    d = tmp_path_factory.mktemp("autotune") / "gemm_universal_gfx950_fp8_rcr"
-    export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
-                    training=mf.training_section(table, op))
-    return d
+    return export_gemm(tmp_path_factory.mktemp("autotune") / "gemm_universal_gfx950_fp8_rcr", n_estimators=20)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 from ckpred.export import manifest as mf
 from ckpred.export.build import export_pipeline
 from ckpred.runtime import KernelSelector
-from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
+from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, export_gemm, fit_pipeline, gemm, synthetic_table
 
 REPO = Path(__file__).resolve().parents[1]
 CPP = REPO / "scripts" / "cpp"
@@ -40,13 +40,7 @@ def binary() -> Path:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    op, cfg = gemm(), configs()
-    table = synthetic_table(op, cfg, TRAIN_SHAPES)
-    pipe = fit_pipeline(op, cfg, table, n_estimators=30)
-    d = tmp_path_factory.mktemp("cpp") / "gemm_universal_gfx950_fp8_rcr"
-    export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
-                    training=mf.training_section(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout))
-    return d
+    return export_gemm(tmp_path_factory.mktemp("cpp") / "gemm_universal_gfx950_fp8_rcr", n_estimators=30)
 
 
 @pytest.fixture(scope="module")

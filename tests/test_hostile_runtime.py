@@ -26,20 +26,13 @@ from hypothesis import strategies as st
 
 from ckpred.errors import CkpredError, ConfigValueError, ModelMismatchError
 from ckpred.export import manifest as mf
-from ckpred.export.build import export_pipeline
 from ckpred.runtime import KernelSelector, max_threads
-from export_helpers import TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
+from export_helpers import export_gemm, gemm
 
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory) -> Path:
-    op, cfg = gemm(), configs()
-    table = synthetic_table(op, cfg, TRAIN_SHAPES)
-    pipe = fit_pipeline(op, cfg, table, n_estimators=10)
-    d = tmp_path_factory.mktemp("hostile") / "gemm_universal_gfx950_fp8_rcr"
-    export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
-                    training=mf.training_section(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout))
-    return d
+    return export_gemm(tmp_path_factory.mktemp("hostile") / "gemm_universal_gfx950_fp8_rcr", n_estimators=10)
 
 
 @pytest.fixture(scope="module")

@@ -97,7 +97,6 @@ import pandas as pd
 
 from ckpred import dtypes
 from ckpred.kernels.base import OpDefinition
-from ckpred.util import atomic_path
 
 log = logging.getLogger(__name__)
 

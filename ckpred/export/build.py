@@ -23,7 +23,7 @@ from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
 from ckpred.export.validity import mask_builder_for, with_learned_failures
-from ckpred.kernels.base import OpDefinition, load_op
+from ckpred.kernels.base import OpDefinition
 from ckpred.models import failure_model, predicted_ok
 from ckpred.schema import EXPORT_SELECT
 

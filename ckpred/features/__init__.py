@@ -35,7 +35,6 @@ How the sets compare (``scripts/research/compare_feature_sets.py``): docs/result
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf

@@ -96,7 +96,7 @@ def load_context(protocol: str, seed: int, data_dir: Path) -> Context:
 def evaluate(ctx: Context, variant: Variant) -> dict[str, float]:
     """Out-of-fold scores of ``variant`` on every fold; the per-problem summary."""
     from ckpred import evaluate as ev
-    from ckpred import cv, fitting
+    from ckpred import fitting
 
     scores = np.full(len(ctx.test.table), np.nan)
     for i, fold in enumerate(ctx.folds):
