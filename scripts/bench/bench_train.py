@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
         print(f"timings        {record['timings_s']}")
         print(f"{'method':<12} {'mean':>7} {'P10':>7} {'min':>7} {'top1':>7} {'eff@5':>7}")
         for method, rep in metrics.items():
-            if "mean" in rep:
+            if isinstance(rep, dict) and "mean" in rep:
                 print(f"{method:<12} {100 * rep['mean']:7.2f} {100 * rep['p10']:7.2f} {100 * rep['min']:7.2f} "
                       f"{100 * rep['top1']:7.2f} {100 * rep['efficiency@5']:7.2f}")
     print(f"run dir        {out_dir}")
