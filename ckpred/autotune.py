@@ -298,6 +298,14 @@ class Calibration:
                                 f"counts [{bins}]")
         if gap_to < 2:
             raise AutotuneError(f"{where}: gap_to={gap_to}; allowed: an integer >= 2")
+        if not all(0 < w < 1 for w in within) or len(set(within)) != len(within):
+            raise AutotuneError(f"{where}: within={list(within)}; allowed: distinct fractions in (0, 1)")
+        if not all(math.isfinite(e) for e in edges) or any(b <= a for a, b in zip(edges, edges[1:])):
+            raise AutotuneError(f"{where}: edges={list(edges)}; allowed: finite, strictly increasing")
+        if not prob[0][0] or not all(0 <= p <= 1 for t in prob for r in t for p in r):
+            raise AutotuneError(f"{where}: probability holds a value outside [0, 1] (or an empty row)")
+        if any(c < 0 for c in counts):
+            raise AutotuneError(f"{where}: counts={list(counts)}; allowed: integers >= 0")
         return cls(within, edges, prob, counts, gap_to)
 
     def bin_of(self, gap: float) -> int:
@@ -344,9 +352,9 @@ class Confidence(Budget):
         if self.calibration is not None:
             return self
         if calibration is None:
-            raise AutotuneError(f"{where}: no autotune calibration in the manifest (export from a train run, "
-                                "`export run_dir=<run> select=full` or `select=pruned`, whose out-of-fold scores "
-                                "calibrate it), and Confidence(calibration=...) not given")
+            raise AutotuneError(f"{where}: no autotune calibration in the manifest (it is fitted on a train "
+                                "run's out-of-fold scores: `export run_dir=<run>` of a k-fold CV run), and "
+                                "Confidence(calibration=...) not given")
         return Confidence(self.target, self.within, calibration, self.max_benchmarks)
 
     def planned(self, scores: Sequence[float]) -> int:
@@ -753,7 +761,9 @@ def autotune(selector: Any, problem: Mapping[str, Any], benchmark: Callable[[Any
     """
     budget = FixedK(2) if budget is None else budget
     if isinstance(budget, Confidence):
-        budget = budget.with_calibration(selector.manifest.get("autotune"), str(selector.model_dir))
+        cal = getattr(selector, "calibration", None)  # checked by KernelSelector.load
+        budget = budget.with_calibration(selector.manifest.get("autotune") if cal is None else cal,
+                                         str(selector.model_dir))
     if store is not None and not isinstance(store, ResultStore):
         store = ResultStore(store)
     row = selector.problem_row(dict(problem))

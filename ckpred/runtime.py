@@ -149,6 +149,9 @@ class KernelSelector:
         self._cache: OrderedDict[tuple[Any, ...], Selection] = OrderedDict()
         self.cache_size = cache_size
         self.cache_hits = 0
+        #: The confidence budget's calibration (:class:`ckpred.autotune.Calibration`) from the
+        #: manifest's ``autotune`` section, checked at :meth:`load`; None when the export has none.
+        self.calibration: Any = None
 
     # -- loading -------------------------------------------------------------------------------
     @classmethod
@@ -206,6 +209,7 @@ class KernelSelector:
         if embedded != body:
             raise ModelMismatchError(f"{model_dir}: manifest.json does not match the manifest embedded in "
                                      f"{selector_file} (manifest edited, or files from different exports?)")
+        calibration = _calibration(manifest, model_dir)
         op_def = load_op(manifest.get("op_config") or manifest["op"])
         section = manifest["catalogue"]
         own = mf.catalogue_frame(section)
@@ -232,6 +236,7 @@ class KernelSelector:
             raise ModelMismatchError(f"{model_dir}/{selector_file}: inputs {got_in} / outputs {got_out}, manifest "
                                      f"says {want_in} / {want_out}")
         selector = cls(model_dir, manifest, op_def, sess, cache_size=cache_size)
+        selector.calibration = calibration
         selector._check_graph_width()
         return selector
 
@@ -424,6 +429,19 @@ class KernelSelector:
         top = counts.most_common(2)
         text = "; ".join(f"{reason} ({count} kernels)" for reason, count in top)
         return f"no valid kernel: {text}"
+
+
+def _calibration(manifest: Mapping[str, Any], model_dir: Path) -> Any:
+    """The manifest's ``autotune`` calibration, parsed and checked (None when absent or null)."""
+    section = manifest.get("autotune")
+    if section is None:
+        return None
+    from ckpred.autotune import AutotuneError, Calibration
+
+    try:
+        return Calibration.from_dict(section, where=f"{model_dir}/{mf.MANIFEST}: autotune")
+    except AutotuneError as exc:
+        raise ModelMismatchError(str(exc)) from exc
 
 
 def check_identity(manifest: Mapping[str, Any], model_dir: Any, **wanted: Any) -> None:

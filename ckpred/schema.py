@@ -823,6 +823,36 @@ class ExportParityConfig:
 
 
 @dataclass
+class ExportAutotuneConfig:
+    """The confidence budget's calibration table written into the manifest (``autotune``).
+
+    Fitted on the out-of-fold scores of the exported strategy (``run_dir`` exports only); see
+    :func:`ckpred.autotune.calibrate` for the meaning of each setting.
+    """
+
+    #: Fit and export the table (false: the manifest's ``autotune`` is null).
+    enabled: bool = True
+    #: Tolerances calibrated (fractions of the best kernel's performance).
+    within: list[float] = field(default_factory=lambda: [0.01, 0.02, 0.05, 0.1])
+    #: Score-gap bins (quantiles over the calibration problems).
+    bins: int = 6
+    #: Largest top-j tabulated (the budget never plans more).
+    max_k: int = 10
+    #: The score gap: top score minus the ``gap_to``-th.
+    gap_to: int = 3
+    #: Pseudo-misses added to every bin.
+    prior_failures: float = 1.0
+
+    def __post_init__(self) -> None:
+        check("autotune.within", self.within, len(self.within) > 0 and all(0 < float(w) < 1 for w in self.within),
+              "a non-empty list of fractions in (0, 1)")
+        check("autotune.bins", self.bins, self.bins >= 1, "an integer >= 1")
+        check("autotune.max_k", self.max_k, self.max_k >= 1, "an integer >= 1")
+        check("autotune.gap_to", self.gap_to, self.gap_to >= 2, "an integer >= 2")
+        check("autotune.prior_failures", self.prior_failures, self.prior_failures >= 0, "a number >= 0")
+
+
+@dataclass
 class ExportConfig(RecipeConfig):
     """Primary config of ``ckpred export``: the train recipe plus where the model comes from."""
 
@@ -837,6 +867,8 @@ class ExportConfig(RecipeConfig):
     #: ``select=reranked``: the candidates' model size.
     reranker: ExportRerankerConfig = field(default_factory=ExportRerankerConfig)
     parity: ExportParityConfig = field(default_factory=ExportParityConfig)
+    #: The confidence budget's calibration (``run_dir`` exports).
+    autotune: ExportAutotuneConfig = field(default_factory=ExportAutotuneConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -1011,8 +1043,8 @@ class ReplayConfig:
     targets: list[float] = field(default_factory=lambda: [0.7, 0.8, 0.9, 0.95])
     #: Tolerance of the confidence budget (fraction of the best).
     within: float = 0.02
-    #: The calibration's score gap: top score minus the ``gap_to``-th.
-    gap_to: int = 2
+    #: The calibration's score gap: top score minus the ``gap_to``-th (as ``export``'s ``autotune.gap_to``).
+    gap_to: int = 3
     #: Random candidate orders averaged for the random-order rows (0: none).
     seeds: int = 20
     #: Output folder (replay.md, replay.csv, replay.png); empty: ``<run_dir>/replay``.

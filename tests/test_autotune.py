@@ -328,3 +328,115 @@ def test_cpp_and_python_writers_at_once(selector, model, demo, tmp_path) -> None
     assert reader.skipped_lines == 0
     assert len(store.read_text().splitlines()) <= 2 * 20 + 1
     assert {e["writer"] for e in entries} <= {"python", "cpp"} and entries
+
+
+# -- the calibration of a default export (select=reranked), checked by both runtimes ----------
+SMALL = ["shapes=tiny", "model.n_estimators=8", "model.num_leaves=7", "model.n_jobs=1", "rows.max_per_shape=192",
+         "rows.keep_top=32"]
+
+
+@pytest.fixture(scope="module")
+def default_export(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny 3-fold train run and its export with the default strategy (reranked), with
+    non-default calibration settings: (export dir, run dir)."""
+    from ckpred.commands.export import export_command
+    from ckpred.commands.train import train
+    from ckpred.config import compose
+
+    root = tmp_path_factory.mktemp("default_export")
+    train(compose("train", [*SMALL, "cv.n_splits=3", "progress=false", "plots=false", f"out_dir={root / 'run'}",
+                            "baselines.reference.enabled=false"]))
+    out = export_command(compose("export", [*SMALL, f"run_dir={root / 'run'}", f"out_dir={root / 'ex'}",
+                                            "parity.shapes=3", "reranker.n_estimators=10", "reranker.num_leaves=7",
+                                            "autotune.gap_to=2", "autotune.within=[0.02,0.05]", "autotune.bins=3"]))
+    return Path(out), root / "run"
+
+
+def test_default_export_carries_the_rerankers_calibration_with_the_configured_settings(default_export) -> None:
+    import pandas as pd
+
+    from ckpred.commands.export import strategy_cv
+    from ckpred.config import compose
+    from ckpred.data import load_table
+    from ckpred.kernels.base import load_op
+
+    out, run = default_export
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["select"] == "reranked" and man["autotune"]["select"] == "reranked"
+    cal = at.Calibration.from_dict(man["autotune"])
+    assert cal.gap_to == 2 and cal.within == (0.02, 0.05) and len(cal.counts) <= 3 and sum(cal.counts) == 12
+    # fitted on the reranked strategy's out-of-fold scores (per-fold candidates and reranker),
+    # not on the run's full-model scores
+    cfg = compose("export", [*SMALL, f"run_dir={run}", "reranker.n_estimators=10", "reranker.num_leaves=7"])
+    op = load_op(cfg.op)
+    _, scored = strategy_cv(run, load_table(cfg), op, cfg, cfg)
+    ids = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).set_index("kernel_name")["kernel_id"]
+    options = dict(within=(0.02, 0.05), gap_to=2, bins=3)
+    assert at.calibration_from_oof(scored, ids, **options) == {k: v for k, v in man["autotune"].items() if k != "select"}
+    full = at.calibration_from_oof(pd.read_parquet(run / "oof_predictions.parquet"), ids, **options)
+    assert scored["selectable"].sum() < len(scored)  # only the fold's candidates are ranked
+    assert full["edges"] != man["autotune"]["edges"] or full["probability"] != man["autotune"]["probability"]
+
+
+def test_confidence_budget_on_a_default_export_python_and_cpp_agree(default_export, demo, tmp_path) -> None:
+    out, _ = default_export
+    sel = KernelSelector.load(out, cache_size=0)
+    assert sel.calibration == at.Calibration.from_dict(sel.manifest["autotune"])
+    problems = [{"m": m, "n": n, "k": 4096} for m in (16, 128, 1024, 8192) for n in (512, 4096)]
+    planned, rankings = [], []
+    for target in (0.3, 0.6, 0.9):
+        for p in problems:
+            bench = Bench()
+            r = sel.autotune(p, bench, at.Confidence(target=target, within=0.05))
+            ranked = sel.select(p, top_k=16)
+            want = min(sel.calibration.needed(ranked.scores, target, 0.05), len(ranked.kernels))
+            assert r.ok and len(bench.calls) == want  # (a reranked export ranks a few candidates)
+            assert bench.calls == list(ranked.kernels[:len(bench.calls)])  # model order
+            planned.append(len(bench.calls))
+            rankings.append(ranked)
+        times = {name: 1e-3 for r in rankings for name in r.kernels}
+        got = _demo(demo, out, tmp_path / f"s{target}.jsonl", times, rankings[-len(problems):], "--budget",
+                    f"confidence:{target}:0.05")
+        assert [g["benchmarks"] for g in got] == planned[-len(problems):]
+    assert len(set(planned)) > 1  # the table sizes the budget per problem/target, not one constant
+
+
+def _scaled(table: dict, factor: float) -> dict:
+    return {**table, "probability": [[[p * factor for p in row] for row in t] for t in table["probability"]]}
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: _scaled(t, 9.0), "outside \\[0, 1\\]"),
+    (lambda t: {**t, "edges": [t["edges"][0]] * (len(t["edges"]) + 1), "counts": [1, *t["counts"]],
+                "probability": [[tab[0], *tab] for tab in t["probability"]]}, "strictly increasing"),
+    (lambda t: {**t, "within": [0.05, 0.05]}, "distinct fractions"),
+])
+def test_a_malformed_calibration_is_refused_by_both_runtimes(default_export, demo, tmp_path, edit, message) -> None:
+    import shutil
+    import subprocess
+
+    out, _ = default_export
+    good = json.loads((out / "manifest.json").read_text())["autotune"]
+    bad = edit(good)
+    with pytest.raises(at.AutotuneError, match=message):
+        at.Calibration.from_dict(bad)
+    copy = tmp_path / "m"
+    shutil.copytree(out, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "autotune": bad}))
+    (tmp_path / "t.json").write_text("{}")
+    done = subprocess.run([str(demo), str(copy), "--store", str(tmp_path / "s.jsonl"), "--times",
+                           str(tmp_path / "t.json")], input="", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "autotune calibration" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_python_runtime_checks_the_embedded_calibration_at_load(default_export, tmp_path, monkeypatch) -> None:
+    from ckpred import runtime
+    from ckpred.errors import ModelMismatchError
+
+    out, _ = default_export
+    manifest = json.loads((out / "manifest.json").read_text())
+    with pytest.raises(ModelMismatchError, match=r"manifest.json: autotune: .*outside \[0, 1\]"):
+        runtime._calibration({**manifest, "autotune": _scaled(manifest["autotune"], 9.0)}, out)
+    assert runtime._calibration({**manifest, "autotune": None}, out) is None

@@ -33,33 +33,44 @@ from ckpred.schema import ExportConfig, RecipeConfig
 
 
 def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: ExportConfig,
-                recipe: RecipeConfig) -> dict[str, Any]:
+                recipe: RecipeConfig) -> tuple[dict[str, Any], pd.DataFrame | None]:
     """Per-shape efficiency of the exported strategy under the run's CV, next to the full model's.
 
     The candidate set (and the reranker) of each fold are learned from its training shapes only
-    (:func:`ckpred.export.strategies.cv_efficiency`), so the figures say what the selector being
-    exported achieves on unseen shapes, not what ``train`` reported for the full model.
+    (:func:`ckpred.export.strategies.strategy_scores`), so the figures say what the selector
+    being exported achieves on unseen shapes, not what ``train`` reported for the full model.
+
+    Returns
+    -------
+    report : dict
+        The manifest's ``selection.cv`` (``skipped`` and why, when the run's CV cannot say).
+    oof : DataFrame or None
+        The run's out-of-fold rows with the strategy's own scores (``score_model`` replaced,
+        ``selectable`` restricted to the fold's candidates), for the autotune calibration; None
+        when skipped.
     """
     from omegaconf import OmegaConf
 
-    from ckpred.export.strategies import cv_efficiency
+    from ckpred.export.strategies import cv_efficiency, strategy_scores
 
-    oof = pd.read_parquet(run_dir / "oof_predictions.parquet")
+    oof = pd.read_parquet(run_dir / "oof_predictions.parquet").reset_index(drop=True)
     tested, trained = set(pd.unique(oof["shape"])), set(pd.unique(np.asarray(op.shape_keys(table))))
     if tested != trained or oof["fold"].nunique() < 2:
         # external / holdout CV: the tested shapes are not the training table's folds, so the
         # candidates and reranker of a fold cannot be relearned from "the other folds".
         return {"skipped": f"the run's CV tested {len(tested)} shapes in {oof['fold'].nunique()} fold(s), "
                            f"its training table has {len(trained)}: a per-fold report needs k-fold CV over "
-                           "the training shapes"}
-    kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+                           "the training shapes"}, None
+    kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, recipe=recipe, seed=int(cfg.get("seed", 0)))
     reranker = OmegaConf.to_container(cfg.reranker, resolve=True) if cfg.select == "reranked" else None
+    scored = strategy_scores(oof, table, op, top_n=int(cfg.prune_top_n), reranker=reranker, **kw)
     out: dict[str, Any] = {"folds": int(oof["fold"].nunique())}
-    for name, top_n, rr in (("full", None, None), (cfg.select, int(cfg.prune_top_n), reranker)):
-        eff = cv_efficiency(oof, table, op, top_n=top_n, reranker=rr, recipe=recipe, seed=int(cfg.get("seed", 0)),
+    for name, top_n, rr, given in (("full", None, None, None), (cfg.select, int(cfg.prune_top_n), reranker, scored)):
+        eff = cv_efficiency(oof, table, op, top_n=top_n, reranker=rr, scored=given,
                             **kw)["efficiency"].dropna().to_numpy()
         out[name] = {"shapes": int(len(eff)), "mean": float(eff.mean()), "p10": float(np.percentile(eff, 10))}
-    return out
+    scores, allowed, _ = scored
+    return out, oof.assign(score_model=scores, selectable=oof["selectable"].to_numpy(bool) & allowed)
 
 
 def _check_run_matches(cfg: ExportConfig, run_cfg: RecipeConfig, run_dir: Path) -> None:
@@ -148,16 +159,17 @@ def _parity_problems(cfg: ExportConfig, table: pd.DataFrame, op: OpDefinition) -
     return problems
 
 
-def _strategy(cfg: ExportConfig, src: _Source,
-              op: OpDefinition) -> tuple[np.ndarray | None, dict[str, Any] | None, Pipeline | None]:
-    """Candidates, ``selection`` section and reranker of ``select=pruned|reranked`` (all None for full)."""
+def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition) -> tuple[np.ndarray | None, dict[str, Any] | None,
+                                                                         Pipeline | None, pd.DataFrame | None]:
+    """Candidates, ``selection`` section and reranker of ``select=pruned|reranked`` (all None for
+    full), and the run's out-of-fold rows scored by the strategy (None when not computed)."""
     if cfg.select not in ("pruned", "reranked"):
-        return None, None, None
+        return None, None, None, None
     from omegaconf import OmegaConf
 
     from ckpred.export.strategies import fit_reranker, keep_for_table
 
-    table, reranker = src.table, None
+    table, reranker, scored = src.table, None, None
     top_n = int(cfg.get("prune_top_n", 1))
     candidates = keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=top_n)
     selection: dict[str, Any] = {"top_n": top_n,
@@ -169,22 +181,32 @@ def _strategy(cfg: ExportConfig, src: _Source,
                                 layout=cfg.layout, seed=int(cfg.get("seed", 0)))
         selection["reranker"] = size
     if cfg.run_dir and src.oof_file is not None:
-        selection["cv"] = strategy_cv(src.run_dir, table, op, cfg, src.data_cfg)
-    return candidates, selection, reranker
+        selection["cv"], scored = strategy_cv(src.run_dir, table, op, cfg, src.data_cfg)
+    return candidates, selection, reranker, scored
 
 
-def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition) -> dict[str, Any] | None:
-    """The confidence budget's calibration from the run's out-of-fold scores, or None.
+def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition,
+                 scored: pd.DataFrame | None) -> dict[str, Any] | None:
+    """The confidence budget's calibration, fitted on the out-of-fold scores of the strategy
+    being exported (``full``: the run's own; ``pruned``/``reranked``: ``scored``, the fold's
+    candidates and reranker learned on its training shapes), or None (no ``run_dir``, no
+    out-of-fold predictions, ``autotune.enabled=false``, or a strategy the run's CV cannot
+    score; printed)."""
+    from omegaconf import OmegaConf
 
-    Those scores are the full model's, so the calibration holds only for selectors that rank
-    with that model (full, pruned; not the reranker).
-    """
-    if not (cfg.run_dir and cfg.select in ("full", "pruned") and src.oof_file is not None):
+    if not (cfg.run_dir and src.oof_file is not None and cfg.autotune.enabled):
+        return None
+    oof = pd.read_parquet(src.oof_file) if cfg.select == "full" else scored
+    if oof is None:
+        print(f"no autotune calibration: the {cfg.select} selector's out-of-fold scores need k-fold CV over the "
+              "training shapes (see selection.cv); the Confidence budget is unavailable for this export")
         return None
     from ckpred.autotune import calibration_from_oof
 
+    options = OmegaConf.to_container(cfg.autotune, resolve=True)
+    options.pop("enabled")
     ids = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).set_index("kernel_name")["kernel_id"]
-    return calibration_from_oof(pd.read_parquet(src.oof_file), ids)
+    return {**calibration_from_oof(oof, ids, **options), "select": cfg.select}
 
 
 def _report(cfg: ExportConfig, manifest: dict[str, Any], target: Path) -> None:
@@ -220,12 +242,12 @@ def export_command(cfg: ExportConfig) -> str:
             f"was trained on (hash {src.record['train_data_hash'][:12]}): training ranges and parity would be wrong; "
             "export with the run's data settings")
     problems = _parity_problems(cfg, src.table, op)
-    candidates, selection, reranker = _strategy(cfg, src, op)
+    candidates, selection, reranker, scored = _strategy(cfg, src, op)
     manifest = export_pipeline(src.pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout,
                                out_dir=target, training=training,
                                parity_problems=problems if cfg.parity.check else None, metrics=src.metrics,
                                select=cfg.select, max_abs_diff=cfg.parity.max_abs_diff, source=src.record,
                                candidates=candidates, selection=selection, reranker=reranker,
-                               autotune=_calibration(cfg, src, op))
+                               autotune=_calibration(cfg, src, op, scored))
     _report(cfg, manifest, target)
     return str(target)

@@ -210,10 +210,10 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.nd
                         target=target_name(cfg.model, cfg.target))
 
 
-def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: Any,
-                  layout: Any, top_n: int | None, score: str = "score_model", reranker: Any = None,
-                  recipe: Any = None, seed: int = 0) -> pd.DataFrame:
-    """Per-shape selection metrics of a strategy on ``train``'s out-of-fold predictions.
+def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: Any,
+                    layout: Any, top_n: int | None, score: str = "score_model", reranker: Any = None,
+                    recipe: Any = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Out-of-fold scores of a strategy on ``train``'s out-of-fold rows, fold by fold.
 
     Parameters
     ----------
@@ -223,19 +223,23 @@ def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, a
     table : DataFrame
         The canonical table that run trained on (for the problems of the training shapes).
     top_n : int or None
-        ``None`` = ``full`` (every kernel); else ``pruned`` with this ``top_n``, the candidate
-        set learned for each fold from the *other* folds' shapes only (its training shapes).
+        ``None`` = ``full`` (every kernel, the run's ``score``); else ``pruned`` with this
+        ``top_n``, the candidate set learned for each fold from the *other* folds' shapes only
+        (its training shapes).
     reranker, recipe : config nodes, optional
         ``reranked``: for each fold, :func:`fit_reranker` on that fold's training shapes scores
         its test shapes' candidates (instead of the run's out-of-fold ``score``).
 
     Returns
     -------
-    DataFrame
-        :func:`ckpred.evaluate.shape_metrics` of every tested shape plus ``fold`` and ``candidates``.
+    scores : ndarray of float
+        Per row of ``oof`` (its index reset): the strategy's score (the run's ``score`` outside
+        the candidates).
+    allowed : ndarray of bool
+        Per row: the kernel is one of the fold's candidates (all True for ``full``).
+    candidates : ndarray of int
+        Per row: the size of the fold's candidate set.
     """
-    from ckpred import evaluate as ev
-
     catalogue = op.catalogue(arch, dtype, layout)
     oof = oof.reset_index(drop=True)
     kid = _kernel_ids(op, catalogue, oof)
@@ -261,10 +265,34 @@ def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, a
                 test = np.flatnonzero(rows & allowed)
                 test_rows = table.iloc[_table_rows(table, table_keys, oof, test)]
                 scores[test] = pipe.predict(op.encode_frame(test_rows))
+    return scores, allowed, n_cand
+
+
+def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: Any,
+                  layout: Any, top_n: int | None, score: str = "score_model", reranker: Any = None,
+                  recipe: Any = None, seed: int = 0,
+                  scored: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> pd.DataFrame:
+    """Per-shape selection metrics of a strategy on ``train``'s out-of-fold predictions.
+
+    The parameters are :func:`strategy_scores`'s; ``scored`` is its result when already
+    computed (it is then used as is).
+
+    Returns
+    -------
+    DataFrame
+        :func:`ckpred.evaluate.shape_metrics` of every tested shape plus ``fold`` and ``candidates``.
+    """
+    from ckpred import evaluate as ev
+
+    oof = oof.reset_index(drop=True)
+    if scored is None:
+        scored = strategy_scores(oof, table, op, arch=arch, dtype=dtype, layout=layout, top_n=top_n, score=score,
+                                 reranker=reranker, recipe=recipe, seed=seed)
+    scores, allowed, n_cand = scored
     groups = ev.ShapeGroups.from_keys(oof["shape"].to_numpy())
     out = ev.shape_metrics(oof["perf"].to_numpy(), scores, groups,
                            oof["selectable"].to_numpy(bool) & allowed)
     first = groups.first_rows()
-    out["fold"] = fold[first]
+    out["fold"] = oof["fold"].to_numpy()[first]
     out["candidates"] = n_cand[first]
     return out

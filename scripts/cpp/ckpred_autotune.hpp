@@ -107,6 +107,22 @@ struct Calibration {
       c.probability.push_back(t);
     }
     if (c.probability.size() != c.within.size()) throw Error("autotune calibration: probability tables != within");
+    // the same checks as ckpred.autotune.Calibration.from_dict
+    if (v["counts"].arr().size() != c.edges.size() + 1) throw Error("autotune calibration: counts != bins");
+    for (size_t i = 0; i < c.within.size(); ++i)
+      if (!(c.within[i] > 0 && c.within[i] < 1) || std::count(c.within.begin(), c.within.end(), c.within[i]) != 1)
+        throw Error("autotune calibration: within must be distinct fractions in (0, 1)");
+    for (size_t i = 0; i < c.edges.size(); ++i)
+      if (!std::isfinite(c.edges[i]) || (i > 0 && !(c.edges[i] > c.edges[i - 1])))
+        throw Error("autotune calibration: edges must be finite and strictly increasing");
+    size_t width = c.probability.empty() ? 0 : c.probability[0][0].size();
+    if (width == 0) throw Error("autotune calibration: empty probability rows");
+    for (const auto& t : c.probability)
+      for (const auto& row : t) {
+        if (row.size() != width) throw Error("autotune calibration: probability rows of different lengths");
+        for (double p : row)
+          if (!(p >= 0 && p <= 1)) throw Error("autotune calibration: a probability outside [0, 1]");
+      }
     return c;
   }
 
@@ -149,6 +165,8 @@ struct Budget {
   static Budget confidence(double target, double within, const Calibration* cal, int max_benchmarks = 16) {
     if (!(target > 0 && target <= 1)) throw Error("confidence budget: target must be in (0, 1]");
     if (cal == nullptr) throw Error("confidence budget: the model's manifest has no autotune calibration");
+    if (std::find(cal->within.begin(), cal->within.end(), within) == cal->within.end())
+      throw Error("confidence budget: no calibration for within=" + std::to_string(within));
     Budget b;
     b.kind = Kind::Confidence, b.target = target, b.within = within, b.calibration = cal;
     b.max_benchmarks = max_benchmarks;
