@@ -26,8 +26,8 @@ import pandas as pd
 
 from ckpred import autotune as at
 
-__all__ = ["ReplayData", "Hindsight", "load_run", "replay", "summarize", "replay_table", "markdown",
-           "plot_curves"]
+__all__ = ["ReplayData", "Hindsight", "Learned", "load_run", "replay", "summarize", "replay_table", "markdown",
+           "plot_curves", "problem_features", "learned_probabilities", "learned_plans", "signal_auc"]
 
 #: Pseudo-folds for cross-fitting a calibration when a run has a single test fold.
 PSEUDO_FOLDS = 5
@@ -75,6 +75,26 @@ class Hindsight(at.Budget):
         return f"hindsight(within={self.within:g})"
 
 
+@dataclass(frozen=True)
+class Learned(at.Budget):
+    """Replay only: the confidence budget sized by a learned model instead of the score-gap table.
+
+    Per problem, as many candidates as the first j whose predicted P(best of the top j within
+    ``within`` of the best) reaches ``target``; the predictions come from :func:`learned_plans`
+    (nested: never fitted on the problem's own fold).
+    """
+
+    target: float = 0.9
+    within: float = 0.02
+    max_benchmarks: int = at.MAX_BENCHMARKS
+
+    def spent(self, scores: Sequence[float], spent: Any) -> bool:  # pragma: no cover - replaced per problem
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"learned(target={self.target:g},within={self.within:g})"
+
+
 def load_run(run_dir: str | Path, *, score: str = "score_model") -> ReplayData:
     """Read a train run's ``oof_predictions.parquet`` as :class:`ReplayData`.
 
@@ -114,10 +134,13 @@ def load_run(run_dir: str | Path, *, score: str = "score_model") -> ReplayData:
     if record.is_file():
         m = json.loads(record.read_text())
         if all(isinstance(m.get(k), str) for k in ("op", "arch", "dtype", "layout")):
-            ids = load_op(m["op"]).catalogue(m["arch"], m["dtype"], m["layout"]).set_index("kernel_name")["kernel_id"]
-            tie = frame["kernel_name"].map(ids)
-            if tie.notna().all():
-                frame["tie"] = tie.to_numpy(np.int64)
+            # a declared op (e.g. from --config-dir) is rebuilt from the run's own op config
+            op = load_op((m.get("config") or {}).get("op") or m["op"])
+            if not getattr(op, "catalogue_from_data", False):  # else its ids come from the training table
+                ids = op.catalogue(m["arch"], m["dtype"], m["layout"]).set_index("kernel_name")["kernel_id"]
+                tie = frame["kernel_name"].map(ids)
+                if tie.notna().all():
+                    frame["tie"] = tie.to_numpy(np.int64)
     if frame["fold"].nunique() < 2:  # one test fold (external / holdout): pseudo-folds by problem key
         frame["fold"] = frame["shape"].map(_pseudo_fold)
     return ReplayData(frame)
@@ -144,8 +167,12 @@ def calibrations(data: ReplayData, calibration_data: ReplayData | None = None,
 
 
 def replay(data: ReplayData, budget: at.Budget, *, order: str = "model", seed: int = 0,
-           calibration: dict[Any, at.Calibration] | None = None) -> pd.DataFrame:
+           calibration: dict[Any, at.Calibration] | None = None,
+           plans: dict[tuple[float, float], dict[Any, int]] | None = None) -> pd.DataFrame:
     """Autotune every problem against its measured table.
+
+    ``calibration`` (fold -> table) serves :class:`~ckpred.autotune.Confidence` budgets and
+    ``plans`` (:func:`learned_plans`) :class:`Learned` ones.
 
     Returns
     -------
@@ -173,7 +200,10 @@ def replay(data: ReplayData, budget: at.Budget, *, order: str = "model", seed: i
             return float(seconds[i])
 
         use = budget
-        if isinstance(budget, at.Confidence):
+        if isinstance(budget, Learned):
+            use = at.FixedK(plans[(budget.target, budget.within)][p["shape"]],  # type: ignore[index]
+                            budget.max_benchmarks)
+        elif isinstance(budget, at.Confidence):
             use = at.Confidence(budget.target, budget.within, calibration[p["fold"]],  # type: ignore[index]
                                 budget.max_benchmarks)
         # the budget sees the model's scores, best first, whatever order is measured
@@ -181,6 +211,154 @@ def replay(data: ReplayData, budget: at.Budget, *, order: str = "model", seed: i
         eff = perf[result.kernel_id] / p["best"] if result.ok else 0.0
         rows.append((p["shape"], float(eff), result.benchmarks))
     return pd.DataFrame(rows, columns=["shape", "efficiency", "benchmarks"])
+
+
+#: Score gaps (top score minus the j-th) among the learned signal's features.
+GAP_FEATURES = (2, 3, 4, 5)
+
+
+def problem_features(problems: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Features of the learned uncertainty signal, one row per problem (as :meth:`ReplayData.problems`).
+
+    What a runtime knows before it benchmarks: the model's ranked scores (gaps of the top score
+    to the 2nd..5th, the top score, the spread of the top five, the number of valid candidates)
+    and the problem's size: the numbers of its key on a log2 scale (each one, when every key
+    holds the same count, and the log2 of their product, a size proxy that grows with the
+    work of a convolution or GEMM).
+    """
+    import re
+
+    rows, numbers = [], []
+    for p in problems:
+        s = np.asarray(p["scores"], dtype=np.float64)
+        row = {f"gap{g}": (s[0] - s[g - 1]) if len(s) >= g else np.nan for g in GAP_FEATURES}
+        row.update(top=s[0] if len(s) else np.nan, spread5=float(np.std(s[:5])) if len(s) else np.nan,
+                   valid=float(len(s)))
+        values = [abs(float(v)) for v in re.findall(r"\d+(?:\.\d+)?", str(p["shape"]))]
+        row["log2_size"] = float(np.sum(np.log2(1.0 + np.asarray(values)))) if values else np.nan
+        rows.append(row)
+        numbers.append(values)
+    out = pd.DataFrame(rows)
+    if numbers and len({len(v) for v in numbers}) == 1:
+        for i in range(len(numbers[0])):
+            col = np.log2(1.0 + np.asarray([v[i] for v in numbers]))
+            if np.ptp(col) > 0:
+                out[f"log2_key{i}"] = col
+    return out
+
+
+def _top_j(problems: Sequence[dict[str, Any]], max_k: int) -> np.ndarray:
+    """[problem, j - 1]: efficiency of the best of the model's top j (valid candidates)."""
+    out = np.zeros((len(problems), max_k))
+    for i, p in enumerate(problems):
+        rel = np.maximum.accumulate(p["perf"][:max_k] / p["best"]) if len(p["perf"]) else np.zeros(1)
+        out[i] = np.concatenate([rel, np.full(max_k - len(rel), rel[-1])])
+    return out
+
+
+def _fit_predict(x_train: pd.DataFrame, hit: np.ndarray, x_test: pd.DataFrame, seed: int) -> np.ndarray:
+    """P(hit) for the test problems from a small LightGBM classifier (a constant when one class)."""
+    import lightgbm as lgb
+
+    rate = (hit.sum() + 0.0) / (len(hit) + 1.0)  # one pseudo-miss, as the table's bins
+    if hit.all() or not hit.any() or len(hit) < 20:
+        return np.full(len(x_test), rate)
+    clf = lgb.LGBMClassifier(n_estimators=100, learning_rate=0.05, num_leaves=4, min_child_samples=10,
+                             subsample=0.8, subsample_freq=1, colsample_bytree=0.8, random_state=seed, n_jobs=1,
+                             verbose=-1)
+    clf.fit(x_train, hit)
+    return clf.predict_proba(x_test[x_train.columns])[:, 1]
+
+
+def learned_probabilities(data: ReplayData, calibration_data: ReplayData | None = None, *,
+                          within: Iterable[float] = (0.02,), max_k: int = 10,
+                          seed: int = 0) -> dict[float, pd.DataFrame]:
+    """Nested out-of-fold P(best of the model's top j within ``within`` of the best), j = 1..max_k.
+
+    For each fold of ``data``, one classifier per j is fitted on the *other* folds' problems
+    (or on every problem of ``calibration_data``) with :func:`problem_features`, and predicts
+    that fold's problems: no problem's own measurements reach the model that sizes its budget.
+    The probabilities are made non-decreasing in j.
+
+    Returns
+    -------
+    dict
+        within -> DataFrame indexed by problem key, columns 1..max_k.
+    """
+    problems = data.problems()
+    x = problem_features(problems)
+    folds = np.asarray([p["fold"] for p in problems], dtype=object)
+    keys = [p["shape"] for p in problems]
+    if calibration_data is not None:
+        c_problems = calibration_data.problems()
+        xc, yc = problem_features(c_problems), _top_j(c_problems, max_k)
+        cols = [c for c in x.columns if c in xc.columns]
+        splits = [(np.ones(len(problems), bool), xc[cols], yc)]
+        x = x[cols]
+    else:
+        y = _top_j(problems, max_k)
+        splits = [(folds == f, x[folds != f], y[folds != f]) for f in pd.unique(folds)]
+    out = {}
+    for w in within:
+        prob = np.zeros((len(problems), max_k))
+        for test, x_train, y_train in splits:
+            for j in range(max_k):
+                prob[test, j] = _fit_predict(x_train, y_train[:, j] >= 1 - w - 1e-12, x[test], seed)
+        out[float(w)] = pd.DataFrame(np.maximum.accumulate(prob, axis=1), index=keys,
+                                     columns=range(1, max_k + 1))
+    return out
+
+
+def learned_plans(data: ReplayData, calibration_data: ReplayData | None, wanted: Sequence[tuple[float, float]], *,
+                  max_k: int = 10, seed: int = 0) -> dict[tuple[float, float], dict[Any, int]]:
+    """Per (target, within): problem key -> benchmarks planned by :func:`learned_probabilities`
+    (the first j whose probability reaches the target; ``max_k`` when none does)."""
+    probs = learned_probabilities(data, calibration_data, within=sorted({w for _, w in wanted}), max_k=max_k,
+                                  seed=seed)
+    out = {}
+    for target, w in wanted:
+        p = probs[float(w)].to_numpy()
+        reach = p >= target
+        j = np.where(reach.any(axis=1), reach.argmax(axis=1) + 1, max_k)
+        out[(target, w)] = dict(zip(probs[float(w)].index, j.tolist()))
+    return out
+
+
+def signal_auc(data: ReplayData, calibration_data: ReplayData | None = None, *, within: float = 0.02,
+               max_k: int = 10, **calibrate_options: Any) -> dict[str, float]:
+    """ROC AUC of each uncertainty signal for "the model's top-1 is within ``within`` of the best".
+
+    ``table``: the score-gap calibration's P(top-1 within), cross-fitted as the replay fits it;
+    ``learned``: :func:`learned_probabilities`' P(top-1 within) (nested); ``gap2``/``gap3``: the
+    raw score gaps. 0.5 is no signal. Also the share of problems whose top-1 is within.
+    """
+    from sklearn.metrics import roc_auc_score
+
+    problems = data.problems()
+    hit = _top_j(problems, 1)[:, 0] >= 1 - within - 1e-12
+    out: dict[str, float] = {"top1_within": float(hit.mean())}
+    if hit.all() or not hit.any():
+        return out
+    cals = calibrations(data, calibration_data, within=(within,), max_k=max_k, **calibrate_options)
+    table = [cals[p["fold"]].probability[0][cals[p["fold"]].bin_of(at.score_gap(p["scores"], cals[p["fold"]].gap_to))][0]
+             for p in problems]
+    learned = learned_probabilities(data, calibration_data, within=(within,), max_k=max_k)[float(within)][1]
+    feats = problem_features(problems)
+    out.update(table=float(roc_auc_score(hit, table)), learned=float(roc_auc_score(hit, learned.to_numpy())),
+               gap2=float(roc_auc_score(hit, feats["gap2"].fillna(np.inf).clip(upper=1e300))),
+               gap3=float(roc_auc_score(hit, feats["gap3"].fillna(np.inf).clip(upper=1e300))))
+    return out
+
+
+def auc_line(auc: dict[str, float], within: float) -> str:
+    """One markdown line of :func:`signal_auc`'s result."""
+    head = (f"Top-1 within {within:g} of the best on {100 * auc['top1_within']:.1f}% of the problems. "
+            f"ROC AUC for it (0.5 = no signal):")
+    if len(auc) == 1:
+        return head + " undefined (one class)."
+    names = {"table": "score-gap table", "learned": "learned model", "gap2": "gap to the 2nd score",
+             "gap3": "gap to the 3rd score"}
+    return head + " " + ", ".join(f"{names[k]} {auc[k]:.2f}" for k in names) + "."
 
 
 def summarize(per_problem: pd.DataFrame) -> dict[str, float]:
@@ -211,16 +389,21 @@ def replay_table(data: ReplayData, policies: Sequence[at.Budget], *, calibration
         (the random-order figures are the means over ``random_seeds`` orders). ``calibrate_options``
     go to :func:`ckpred.autotune.calibrate` (``gap_to``, ``bins``, ...).
     """
-    cal = None
+    cal = plans = None
     if any(isinstance(p, at.Confidence) for p in policies):
         cal = calibrations(data, calibration_data, within=tuple(within), **calibrate_options)
+    learned = [p for p in policies if isinstance(p, Learned)]
+    if learned:
+        plans = learned_plans(data, calibration_data, [(p.target, p.within) for p in learned],
+                              max_k=int(calibrate_options.get("max_k", 10)))
     rows = []
     for policy in policies:
         rows.append({"policy": policy.describe(), "order": "model",
-                     **summarize(replay(data, policy, order="model", calibration=cal))})
+                     **summarize(replay(data, policy, order="model", calibration=cal, plans=plans))})
         if isinstance(policy, Hindsight) or random_seeds <= 0:
             continue
-        runs = [summarize(replay(data, policy, order="random", seed=s, calibration=cal)) for s in range(random_seeds)]
+        runs = [summarize(replay(data, policy, order="random", seed=s, calibration=cal, plans=plans))
+                for s in range(random_seeds)]
         rows.append({"policy": policy.describe(), "order": "random",
                      **{k: float(np.mean([r[k] for r in runs])) for k in runs[0]}})
     return pd.DataFrame(rows)

@@ -1045,6 +1045,9 @@ class ReplayConfig:
     within: float = 0.02
     #: The calibration's score gap: top score minus the ``gap_to``-th (as ``export``'s ``autotune.gap_to``).
     gap_to: int = 3
+    #: Also replay the learned signal's budgets (:class:`ckpred.replay.Learned`, at ``targets``)
+    #: and report each signal's ROC AUC.
+    learned: bool = True
     #: Random candidate orders averaged for the random-order rows (0: none).
     seeds: int = 20
     #: Output folder (replay.md, replay.csv, replay.png); empty: ``<run_dir>/replay``.

@@ -65,6 +65,57 @@ def test_cross_fitted_calibration_leaves_each_fold_out(tmp_path) -> None:
     assert cals[1].probability[0][0][0] == 0.5  # p0 hits, p2 (90%) misses
 
 
+def _many(seed: int = 0, n: int = 80) -> rp.ReplayData:
+    """n problems of six kernels in two folds; the top-1 misses on about half of the problems,
+    more often on the larger ones (a learnable signal)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        size = int(rng.integers(1, 64))
+        perf = rng.uniform(0.5, 0.9, 6)
+        perf[0 if rng.uniform() > size / 64 else 3] = 1.0
+        for j in range(6):
+            rows.append({"shape": f"{size}x{i}", "kernel_name": f"k{j}", "perf": perf[j], "selectable": True,
+                         "score": 6.0 - j, "seconds": 1 / perf[j], "tie": j, "fold": i % 2})
+    return rp.ReplayData(pd.DataFrame(rows))
+
+
+def test_learned_signal_is_nested_a_fold_never_sees_its_own_measurements() -> None:
+    data = _many()
+    base = rp.learned_probabilities(data, within=(0.02,), max_k=4)[0.02]
+    # rewrite fold 0's measurements (every top-1 now hits): fold 0's own probabilities must not
+    # move (its model is fitted on fold 1 only), fold 1's must (fold 0 is its training data)
+    frame = data.frame.copy()
+    zero = frame["fold"] == 0
+    frame.loc[zero, "perf"] = np.where(frame.loc[zero, "kernel_name"] == "k0", 1.0, 0.5)
+    moved = rp.learned_probabilities(rp.ReplayData(frame), within=(0.02,), max_k=4)[0.02]
+    fold0 = [s for s, f in data.frame.groupby("shape", sort=False)["fold"].first().items() if f == 0]
+    fold1 = [s for s in base.index if s not in set(fold0)]
+    pd.testing.assert_frame_equal(base.loc[fold0], moved.loc[fold0])
+    assert not np.allclose(base.loc[fold1].to_numpy(), moved.loc[fold1].to_numpy())
+    # monotone in j, and the plan is the first j that reaches the target
+    assert (np.diff(base.to_numpy(), axis=1) >= 0).all()
+    plans = rp.learned_plans(data, None, [(0.6, 0.02)], max_k=4)[(0.6, 0.02)]
+    want = {s: int(np.argmax(row >= 0.6)) + 1 if (row >= 0.6).any() else 4 for s, row in zip(base.index, base.to_numpy())}
+    assert plans == want
+    # a separate calibration run: the replayed run's own measurements play no part at all
+    cal = _many(seed=1)
+    a = rp.learned_probabilities(data, cal, within=(0.02,), max_k=4)[0.02]
+    b = rp.learned_probabilities(rp.ReplayData(frame), cal, within=(0.02,), max_k=4)[0.02]
+    pd.testing.assert_frame_equal(a, b)
+
+
+def test_learned_budget_replays_its_plan_and_the_signal_is_scored() -> None:
+    data = _many()
+    table = rp.replay_table(data, [rp.Learned(0.6, 0.02), at.FixedK(1)], random_seeds=0, within=(0.02,), max_k=4)
+    plans = rp.learned_plans(data, None, [(0.6, 0.02)], max_k=4)[(0.6, 0.02)]
+    assert table.loc[0, "benchmarks"] == pytest.approx(np.mean(list(plans.values())))
+    auc = rp.signal_auc(data, within=0.02, max_k=4, bins=2)
+    assert 0.3 < auc["top1_within"] < 0.7 and set(auc) == {"top1_within", "table", "learned", "gap2", "gap3"}
+    assert auc["learned"] > 0.6  # the size drives the misses here, and the model sees it
+    assert "learned model" in rp.auc_line(auc, 0.02)
+
+
 def test_replay_command_writes_table_and_curve(tmp_path) -> None:
     run = _oof(tmp_path)
     out = subprocess.run([sys.executable, "-m", "ckpred", "replay", str(run), "seeds=2", "ks=[1,2]",

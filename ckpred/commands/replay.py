@@ -16,6 +16,8 @@ def replay_command(cfg: Any) -> str:
     calibration = rp.load_run(resolve_path(cfg.calibration_run_dir)) if cfg.calibration_run_dir else None
     policies: list[at.Budget] = [at.FixedK(int(k)) for k in cfg.ks]
     policies += [at.Confidence(target=float(t), within=float(cfg.within)) for t in cfg.targets]
+    if cfg.learned:
+        policies += [rp.Learned(target=float(t), within=float(cfg.within)) for t in cfg.targets]
     policies += [rp.Hindsight(float(cfg.within))]
     table = rp.replay_table(data, policies, calibration_data=calibration, random_seeds=int(cfg.seeds),
                             within=(float(cfg.within),), gap_to=int(cfg.gap_to))
@@ -24,6 +26,9 @@ def replay_command(cfg: Any) -> str:
     source = f"calibration from {cfg.calibration_run_dir}" if cfg.calibration_run_dir else \
         "calibration cross-fitted over the run's folds"
     text = rp.markdown(table, f"{run_dir} ({source}, score gap to the top-{int(cfg.gap_to)})")
+    if cfg.learned:
+        auc = rp.signal_auc(data, calibration, within=float(cfg.within), gap_to=int(cfg.gap_to))
+        text += "\n\n" + rp.auc_line(auc, float(cfg.within))
     (out / "replay.md").write_text(text + "\n")
     table.to_csv(out / "replay.csv", index=False)
     rp.plot_curves({run_dir.name: table}, out / "replay.png")

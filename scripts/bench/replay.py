@@ -35,6 +35,7 @@ TARGETS = {"B": (0.995, 0.95, 1.5), "A": (0.995, 0.90, 2.0)}
 def policies() -> list[at.Budget]:
     return [at.FixedK(1), at.FixedK(2), at.FixedK(3), at.FixedK(5),
             *(at.Confidence(target=t, within=w) for w in (0.02, 0.05) for t in (0.7, 0.8, 0.9, 0.95)),
+            *(rp.Learned(target=t, within=w) for w in (0.02, 0.05) for t in (0.7, 0.8, 0.9, 0.95)),
             *(at.TimeBudget(us * 1e-6) for us in (20, 50, 100, 200)),
             rp.Hindsight(0.05), rp.Hindsight(0.01)]
 
@@ -60,7 +61,8 @@ def attach_latency(data: rp.ReplayData, csv: Path) -> None:
 
 
 def protocol_table(data: rp.ReplayData, calibration: rp.ReplayData | None, seeds: int) -> pd.DataFrame:
-    """Every policy (score gap to the 2nd), plus the confidence budgets with the gap to the 3rd."""
+    """Every policy (score gap to the 2nd), plus the confidence budgets with the gap to the 3rd
+    (the learned budgets see both gaps and the problem's size, see :func:`ckpred.replay.problem_features`)."""
     table = rp.replay_table(data, policies(), calibration_data=calibration, random_seeds=seeds)
     table.insert(1, "gap", np.where(table.policy.str.startswith("confidence"), "top-2", ""))
     conf = [p for p in policies() if isinstance(p, at.Confidence)]
@@ -96,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     for (title, table), protocol in zip(tables.items(), ("B", "A")):
         text.append(rp.markdown(table, title))
         table.to_csv(args.out / f"replay_{protocol}.csv", index=False)
+        calibration = data["T"] if protocol == "A" else None
+        text.append("")
+        for w in (0.01, 0.02, 0.05):
+            text.append("- " + rp.auc_line(rp.signal_auc(data[protocol], calibration, within=w, gap_to=3), w))
         mean, low, cost = TARGETS[protocol]
         ok = table[(table.order == "model") & ~table.policy.str.startswith("hindsight")
                    & (table["mean"] >= mean) & (table["min"] >= low) & (table.benchmarks <= cost)]
