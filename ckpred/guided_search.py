@@ -86,7 +86,8 @@ def _standardised(params: np.ndarray) -> np.ndarray:
 
 
 def guided_search(params: np.ndarray, prior: np.ndarray, measure: Any, budget: int, *,
-                  bandwidth: float = 2.0, adapt: bool = True) -> list[int]:
+                  bandwidth: float = 2.0, adapt: bool = True, explore_every: int = 0,
+                  explore_pool: int = 20) -> list[int]:
     """Measure ``budget`` configurations, best-predicted first, re-ranking after each one.
 
     Parameters
@@ -103,6 +104,13 @@ def guided_search(params: np.ndarray, prior: np.ndarray, measure: Any, budget: i
         Kernel width in standardised parameter units (see :func:`_standardised`).
     adapt : bool
         False: measure in the prior's order only (no re-ranking).
+    explore_every : int
+        0: always measure the best-ranked configuration. n > 0: every n-th measurement is
+        instead the one of the ``explore_pool`` best-ranked that lies farthest (standardised
+        distance) from everything measured so far, to probe a region the source GPUs never
+        favoured.
+    explore_pool : int
+        Candidates the exploring step chooses among.
 
     Returns
     -------
@@ -114,9 +122,14 @@ def guided_search(params: np.ndarray, prior: np.ndarray, measure: Any, budget: i
     measured: list[int] = []
     times: list[float] = []
     left = np.ones(len(score), bool)
-    for _ in range(min(budget, len(score))):
+    for step in range(min(budget, len(score))):
         cand = np.flatnonzero(left)
-        nxt = int(cand[np.argmin(score[cand])])
+        if explore_every > 0 and measured and step % explore_every == explore_every - 1:
+            pool = cand[np.argsort(score[cand], kind="stable")[:explore_pool]]
+            far = ((z[pool][:, None, :] - z[measured][None, :, :]) ** 2).sum(-1).min(1)
+            nxt = int(pool[np.argmax(far)])
+        else:
+            nxt = int(cand[np.argmin(score[cand])])
         measured.append(nxt)
         left[nxt] = False
         times.append(float(measure(nxt)))

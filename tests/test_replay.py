@@ -146,6 +146,17 @@ def test_guided_search_re_ranks_towards_what_the_new_gpu_shows() -> None:
     assert gs.random_evaluations(time, 0.0) == 21 / 2
 
 
+def test_guided_search_exploring_step_measures_the_farthest_of_the_pool() -> None:
+    # x = 0..19, prior ranks by x; every 2nd measurement is the one farthest from what was
+    # measured among the 3 best-ranked left: 0, then 3 (of 1, 2, 3), then the best-ranked 1,
+    # then 5 (of 2, 4, 5: distances 1, 1, 2 from {0, 3, 1})
+    params = np.arange(20, dtype=float)[:, None]
+    prior = params[:, 0].copy()
+    order = gs.guided_search(params, prior, lambda i: 1.0, 6, adapt=False, explore_every=2, explore_pool=3)
+    assert order[:4] == [0, 3, 1, 5]
+    assert gs.guided_search(params, prior, lambda i: 1.0, 4, adapt=False) == [0, 1, 2, 3]
+
+
 def test_read_cache_parses_failures_and_varying_parameters(tmp_path) -> None:
     doc = {"tune_params_keys": ["bx", "by", "f"], "cache": {
         "1,1,3": {"bx": 1, "by": 1, "f": 3, "time": 2.0}, "2,1,3": {"bx": 2, "by": 1, "f": 3, "time": 1.0},

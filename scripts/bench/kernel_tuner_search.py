@@ -9,6 +9,7 @@ exact expectation (N + 1) / (k + 1)).
 Usage (from the repository root)::
 
     python scripts/bench/kernel_tuner_search.py [--data-dir ../shared/data/kernel_tuner_amd] [--budget 200]
+        [--explore-grid]
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     parser.add_argument("--budget", type=int, default=200, help="measurements per held-out GPU")
     parser.add_argument("--bandwidth", type=float, default=2.0)
+    parser.add_argument("--explore-grid", action="store_true",
+                        help="also print the exploring variant (every 2nd measurement the farthest of the pool's "
+                             "best-ranked) for several pool sizes and bandwidths")
     args = parser.parse_args(argv)
     files = {g: args.data_dir / f"convolution_milo_{g}.json.gz" for g in GPUS}
     if not all(f.is_file() for f in files.values()):
@@ -56,6 +60,22 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {g} | random (expectation) | {cell(gs.random_evaluations(t, 0.05))} | "
                      f"{cell(gs.random_evaluations(t, 0.01))} |")
     print("\n".join(lines))
+    if args.explore_grid:
+        priors = {g: gs.source_model(X, [caches[s]["time"].to_numpy(float) for s in GPUS if s != g]).predict(X)
+                  for g in GPUS}
+        grid = ["", "| bandwidth | pool | " + " | ".join(f"{g} to 95% / 99%" for g in GPUS) + " |",
+                "|" + "---|" * (2 + len(GPUS))]
+        for bw in (1.5, 2.0, 3.0):
+            for pool in (10, 15, 20, 30, 50, 100):
+                cells = []
+                for g in GPUS:
+                    t = caches[g]["time"].to_numpy(float)
+                    order = gs.guided_search(X, priors[g], lambda i: t[i], args.budget, bandwidth=bw,
+                                             explore_every=2, explore_pool=pool)
+                    cells.append(f"{cell(gs.evaluations_to_reach(order, t, 0.05))} / "
+                                 f"{cell(gs.evaluations_to_reach(order, t, 0.01))}")
+                grid.append(f"| {bw:g} | {pool} | " + " | ".join(cells) + " |")
+        print("\n".join(grid))
     return 0
 
 
