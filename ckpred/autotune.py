@@ -71,12 +71,18 @@ from ckpred.errors import CkpredError, ModelMismatchError
 log = logging.getLogger(__name__)
 
 __all__ = ["STORE_FORMAT", "Measurement", "TuneResult", "Budget", "FixedK", "TimeBudget", "Confidence",
-           "Calibration", "calibrate", "calibration_from_oof", "ResultStore", "problem_key", "autotune", "autotune_ranked"]
+           "Calibration", "LogisticCalibration", "calibrate", "calibration_from_oof", "fit_logistic",
+           "load_calibration", "ranked_problems", "signal_features", "ResultStore", "problem_key", "autotune", "autotune_ranked"]
 
 #: Format tag of every store line.
 STORE_FORMAT = "ckpred.autotune/1"
 #: Format tag of a calibration table.
 CALIBRATION_FORMAT = "ckpred.autotune.calibration/1"
+#: Format tag of a logistic calibration (:class:`LogisticCalibration`).
+LOGISTIC_FORMAT = "ckpred.autotune.logistic/1"
+#: Features of the logistic calibration computed from the ranked scores (then one log2 per
+#: problem field it uses, then ``log2_size``); see :func:`signal_features`.
+SCORE_FEATURES = ("gap2", "gap3", "gap4", "gap5", "top", "spread5", "valid")
 #: Default cap on benchmark calls per problem, failures included.
 MAX_BENCHMARKS = 16
 
@@ -215,6 +221,21 @@ class FixedK(Budget):
 
 
 @dataclass
+class _Sized(Budget):
+    """A :class:`Confidence` budget once sized for one problem: ``k`` successes, its own name."""
+
+    k: int
+    policy: str
+    max_benchmarks: int = MAX_BENCHMARKS
+
+    def spent(self, scores: Sequence[float], spent: _Spent) -> bool:
+        return spent.successes >= self.k
+
+    def describe(self) -> str:
+        return self.policy
+
+
+@dataclass
 class TimeBudget(Budget):
     """Benchmark until ``seconds`` are spent: measured kernel time (``clock="kernel"``, the sum of
     the times ``benchmark`` returned) or wall time inside ``benchmark`` (``clock="wall"``)."""
@@ -311,8 +332,10 @@ class Calibration:
     def bin_of(self, gap: float) -> int:
         return int(np.searchsorted(np.asarray(self.edges), gap, side="right"))
 
-    def needed(self, scores: Sequence[float], target: float, within: float) -> int:
-        """Smallest j whose probability reaches ``target``; ``max_k`` when none does."""
+    def needed(self, scores: Sequence[float], target: float, within: float,
+               problem: Mapping[str, float] | None = None) -> int:
+        """Smallest j whose probability reaches ``target``; ``max_k`` when none does (``problem``
+        is not used: the table reads the scores only)."""
         if within not in self.within:
             raise AutotuneError(f"no calibration for within={within!r}; calibrated: {list(self.within)}")
         table = self.probability[self.within.index(within)]
@@ -336,19 +359,20 @@ class Confidence(Budget):
 
     target: float = 0.95
     within: float = 0.05
-    calibration: Calibration | Mapping[str, Any] | None = None
+    calibration: "Calibration | LogisticCalibration | Mapping[str, Any] | None" = None
     max_benchmarks: int = MAX_BENCHMARKS
 
     def __post_init__(self) -> None:
         if not 0 < float(self.target) <= 1:
             raise AutotuneError(f"Confidence.target={self.target!r}; allowed: a probability in (0, 1]")
         if isinstance(self.calibration, Mapping):
-            self.calibration = Calibration.from_dict(self.calibration)
+            self.calibration = load_calibration(self.calibration)
         if self.calibration is not None and float(self.within) not in self.calibration.within:
             raise AutotuneError(f"Confidence.within={self.within!r}; calibrated: {list(self.calibration.within)}")
         self._check()
 
-    def with_calibration(self, calibration: Calibration | Mapping[str, Any] | None, where: str) -> "Confidence":
+    def with_calibration(self, calibration: "Calibration | LogisticCalibration | Mapping[str, Any] | None",
+                         where: str) -> "Confidence":
         if self.calibration is not None:
             return self
         if calibration is None:
@@ -357,10 +381,11 @@ class Confidence(Budget):
                                 "Confidence(calibration=...) not given")
         return Confidence(self.target, self.within, calibration, self.max_benchmarks)
 
-    def planned(self, scores: Sequence[float]) -> int:
+    def planned(self, scores: Sequence[float], problem: Mapping[str, float] | None = None) -> int:
+        """Successful measurements wanted (``problem``: field values, for a logistic calibration)."""
         if self.calibration is None:
             raise AutotuneError("Confidence budget without a calibration table")
-        return self.calibration.needed(scores, float(self.target), float(self.within))
+        return self.calibration.needed(scores, float(self.target), float(self.within), problem=problem)
 
     def spent(self, scores: Sequence[float], spent: _Spent) -> bool:
         return spent.successes >= self.planned(scores)
@@ -379,6 +404,186 @@ def score_gap(scores: Sequence[float], gap_to: int = 2) -> float:
     return float(top[0] - top[gap_to - 1])
 
 
+def signal_features(scores: Sequence[float], values: Sequence[float]) -> np.ndarray:
+    """The logistic calibration's features of one problem, in a fixed order.
+
+    :data:`SCORE_FEATURES` from the ranked scores of the valid candidates (best first): the top
+    score minus the 2nd..5th (NaN with fewer candidates), the top score, the standard deviation
+    of the top five and the number of valid candidates; then ``log2(1 + |v|)`` of each problem
+    value, then their sum (``log2_size``, a size proxy that grows with the work of the problem).
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    s = s[np.isfinite(s)]
+    gaps = [float(s[0] - s[g - 1]) if len(s) >= g else math.nan for g in (2, 3, 4, 5)]
+    head = [float(s[0]) if len(s) else math.nan, float(np.std(s[:5])) if len(s) else math.nan, float(len(s))]
+    logs = np.log2(1.0 + np.abs(np.asarray(values, dtype=np.float64)))
+    return np.asarray([*gaps, *head, *logs, float(logs.sum())], dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class LogisticCalibration:
+    """P(best of the model's top j is within ``within`` of the best kernel), one logistic model per
+    (within, j) on :func:`signal_features` -- the score gaps and the problem's size.
+
+    A feature is filled with ``fill`` when missing (a gap past the last candidate), clipped to
+    the training range ``[lo, hi]`` and standardised by ``mean``/``scale``; then ``P_j =
+    1 / (1 + exp(-(intercept[w][j] + coef[w][j] . x)))``, made non-decreasing in j.
+
+    Attributes
+    ----------
+    within : tuple of float
+        Tolerances.
+    fields : tuple of str
+        The problem fields whose values are features (in this order).
+    fill, lo, hi, mean, scale : tuple of float
+        Per feature (:data:`SCORE_FEATURES`, one ``log2_<field>`` per field, ``log2_size``).
+    coef : tuple
+        ``[len(within)][max_k][features]``.
+    intercept : tuple
+        ``[len(within)][max_k]``.
+    problems : int
+        Problems in the fit.
+    """
+
+    within: tuple[float, ...]
+    fields: tuple[str, ...]
+    fill: tuple[float, ...]
+    lo: tuple[float, ...]
+    hi: tuple[float, ...]
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    coef: tuple[tuple[tuple[float, ...], ...], ...]
+    intercept: tuple[tuple[float, ...], ...]
+    problems: int = 0
+
+    @property
+    def max_k(self) -> int:
+        return len(self.intercept[0])
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return (*SCORE_FEATURES, *(f"log2_{f}" for f in self.fields), "log2_size")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": LOGISTIC_FORMAT, "within": list(self.within), "fields": list(self.fields),
+                "features": list(self.feature_names), "fill": list(self.fill), "lo": list(self.lo),
+                "hi": list(self.hi), "mean": list(self.mean), "scale": list(self.scale),
+                "coef": [[list(r) for r in t] for t in self.coef], "intercept": [list(r) for r in self.intercept],
+                "problems": self.problems}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "calibration") -> "LogisticCalibration":
+        if not isinstance(d, Mapping) or d.get("format") != LOGISTIC_FORMAT:
+            got = d.get("format") if isinstance(d, Mapping) else type(d).__name__
+            raise AutotuneError(f"{where}: format {got!r}, expected {LOGISTIC_FORMAT!r}")
+        try:
+            within = tuple(float(x) for x in d["within"])
+            fields = tuple(str(x) for x in d["fields"])
+            vec = {k: tuple(float(x) for x in d[k]) for k in ("fill", "lo", "hi", "mean", "scale")}
+            coef = tuple(tuple(tuple(float(c) for c in r) for r in t) for t in d["coef"])
+            intercept = tuple(tuple(float(c) for c in r) for r in d["intercept"])
+            problems = int(d.get("problems", 0))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AutotuneError(f"{where}: malformed logistic calibration ({exc!r}); keys: within, fields, fill, "
+                                "lo, hi, mean, scale, coef, intercept") from exc
+        n = len(SCORE_FEATURES) + len(fields) + 1
+        if not all(0 < w < 1 for w in within) or len(set(within)) != len(within):
+            raise AutotuneError(f"{where}: within={list(within)}; allowed: distinct fractions in (0, 1)")
+        if any(len(v) != n for v in vec.values()) or len(coef) != len(within) or len(intercept) != len(within) \
+                or not intercept or not intercept[0] or any(len(r) != len(intercept[0]) for r in intercept) \
+                or any(len(t) != len(intercept[0]) or any(len(r) != n for r in t) for t in coef):
+            raise AutotuneError(f"{where}: fill/lo/hi/mean/scale must hold {n} features, coef "
+                                f"[{len(within)} within][max_k][{n}], intercept [{len(within)} within][max_k]")
+        flat = [x for v in vec.values() for x in v] + [c for t in coef for r in t for c in r] + \
+            [c for r in intercept for c in r]
+        if not all(math.isfinite(x) for x in flat) or not all(x > 0 for x in vec["scale"]):
+            raise AutotuneError(f"{where}: non-finite numbers, or a scale <= 0")
+        return cls(within, fields, vec["fill"], vec["lo"], vec["hi"], vec["mean"], vec["scale"], coef, intercept,
+                   problems)
+
+    def standardised(self, features: np.ndarray) -> np.ndarray:
+        x = np.asarray(features, dtype=np.float64)
+        x = np.where(np.isnan(x), np.asarray(self.fill), x)
+        x = np.clip(x, np.asarray(self.lo), np.asarray(self.hi))
+        return (x - np.asarray(self.mean)) / np.asarray(self.scale)
+
+    def probabilities(self, scores: Sequence[float], problem: Mapping[str, float], within: float) -> np.ndarray:
+        """P_j for j = 1..max_k (non-decreasing)."""
+        if within not in self.within:
+            raise AutotuneError(f"no calibration for within={within!r}; calibrated: {list(self.within)}")
+        missing = [f for f in self.fields if f not in problem]
+        if missing:
+            raise AutotuneError(f"logistic calibration needs problem fields {missing}")
+        w = self.within.index(within)
+        x = self.standardised(signal_features(scores, [float(problem[f]) for f in self.fields]))
+        z = np.asarray(self.intercept[w]) + np.asarray(self.coef[w]) @ x
+        return np.maximum.accumulate(1.0 / (1.0 + np.exp(-z)))
+
+    def needed(self, scores: Sequence[float], target: float, within: float,
+               problem: Mapping[str, float] | None = None) -> int:
+        """Smallest j whose probability reaches ``target``; ``max_k`` when none does."""
+        if problem is None:
+            raise AutotuneError("a logistic calibration sizes the budget from the problem's fields: pass problem")
+        if len(scores) < 2:
+            return 1
+        p = self.probabilities(scores, problem, within)
+        hit = np.flatnonzero(p >= target)
+        return int(hit[0]) + 1 if len(hit) else self.max_k
+
+
+def load_calibration(d: Mapping[str, Any], where: str = "calibration") -> "Calibration | LogisticCalibration":
+    """A calibration of either kind from its dict (by its ``format``)."""
+    if isinstance(d, Mapping) and d.get("format") == LOGISTIC_FORMAT:
+        return LogisticCalibration.from_dict(d, where)
+    return Calibration.from_dict(d, where)
+
+
+def fit_logistic(features: np.ndarray, top_rel: np.ndarray, fields: Sequence[str], *,
+                 within: Iterable[float] = (0.01, 0.02, 0.05, 0.1), c: float = 1.0) -> LogisticCalibration:
+    """Fit a :class:`LogisticCalibration` (L2-regularised, ``C=c``) on calibration problems.
+
+    Parameters
+    ----------
+    features : ndarray, shape (problems, features)
+        :func:`signal_features` of each problem.
+    top_rel : ndarray, shape (problems, max_k)
+        Efficiency of the best of the model's top j, j = 1..max_k.
+    fields : sequence of str
+        The problem fields of ``features`` (in order).
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.asarray(features, dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] != len(SCORE_FEATURES) + len(fields) + 1 or len(x) != len(top_rel) or not len(x):
+        raise AutotuneError(f"fit_logistic: features {x.shape}, top_rel {np.shape(top_rel)}, {len(fields)} fields")
+    observed = np.where(np.isnan(x), -np.inf, x).max(axis=0)
+    fill = np.where(np.isfinite(observed), observed, 0.0)  # a missing gap: as large as the largest seen
+    x = np.where(np.isnan(x), fill, x)
+    lo, hi = x.min(axis=0), x.max(axis=0)
+    mean, std = x.mean(axis=0), x.std(axis=0)
+    scale = np.where(std > 0, std, 1.0)
+    z = (x - mean) / scale
+    within = tuple(float(w) for w in within)
+    coef, intercept = [], []
+    for w in within:
+        rows, icpt = [], []
+        for j in range(top_rel.shape[1]):
+            hit = top_rel[:, j] >= 1.0 - w - 1e-12
+            if hit.all() or not hit.any():  # one class: a constant, with one pseudo-count of the other
+                rate = (hit.sum() + (0.0 if hit.all() else 1.0)) / (len(hit) + 1.0)
+                rows.append(tuple(0.0 for _ in range(z.shape[1])))
+                icpt.append(float(np.log(rate / (1.0 - rate))))
+                continue
+            m = LogisticRegression(C=c, max_iter=2000).fit(z, hit)
+            rows.append(tuple(float(v) for v in m.coef_[0]))
+            icpt.append(float(m.intercept_[0]))
+        coef.append(tuple(rows))
+        intercept.append(tuple(icpt))
+    return LogisticCalibration(within, tuple(fields), tuple(map(float, fill)), tuple(map(float, lo)),
+                               tuple(map(float, hi)), tuple(map(float, mean)), tuple(map(float, scale)),
+                               tuple(coef), tuple(intercept), int(len(x)))
+
+
 def _pav(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Weighted isotonic (non-decreasing) regression by pool-adjacent-violators."""
     blocks: list[list[float]] = []  # [value, weight, length]
@@ -389,6 +594,28 @@ def _pav(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
             v1, w1, n1 = blocks.pop()
             blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
     return np.concatenate([[v] * n for v, _, n in blocks])
+
+
+def ranked_problems(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[float],
+                    selectable: Sequence[bool] | None = None, *, tie_order: Sequence[Any] | None = None,
+                    max_k: int = 10) -> Iterable[tuple[Any, np.ndarray, np.ndarray]]:
+    """Per problem with a valid measured kernel: its key, the scores of its selectable kernels in
+    model order (ties by ``tie_order``, default row order) and the efficiency of the best of the
+    top j, j = 1..max_k (the measured best over every row of the problem is 100%)."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"shape": np.asarray(shapes, dtype=object), "perf": np.asarray(perf, dtype=np.float64),
+                          "score": np.asarray(scores, dtype=np.float64),
+                          "sel": np.ones(len(perf), bool) if selectable is None else np.asarray(selectable, bool),
+                          "tie": np.arange(len(perf)) if tie_order is None else np.asarray(tie_order)})
+    for shape, one in frame.groupby("shape", sort=False):
+        best = one["perf"].max()
+        cand = one[one["sel"]]
+        if best <= 0 or cand.empty:
+            continue
+        cand = cand.sort_values(["score", "tie"], ascending=[False, True], kind="stable")
+        rel = np.maximum.accumulate(cand["perf"].to_numpy()[:max_k] / best)
+        yield shape, cand["score"].to_numpy(), np.concatenate([rel, np.full(max_k - len(rel), rel[-1])])
 
 
 def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[float],
@@ -426,26 +653,13 @@ def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[flo
     -------
     Calibration
     """
-    import pandas as pd
-
-    frame = pd.DataFrame({"shape": np.asarray(shapes, dtype=object), "perf": np.asarray(perf, dtype=np.float64),
-                          "score": np.asarray(scores, dtype=np.float64),
-                          "sel": np.ones(len(perf), bool) if selectable is None else np.asarray(selectable, bool),
-                          "tie": np.arange(len(perf)) if tie_order is None else np.asarray(tie_order)})
     within = tuple(float(w) for w in within)
     if bins < 1 or max_k < 1 or gap_to < 2:
         raise AutotuneError(f"calibrate: bins={bins!r}, max_k={max_k!r}, gap_to={gap_to!r}; allowed: integers "
                             ">= 1 (gap_to >= 2)")
     gaps, rel_top = [], []
-    for _, one in frame.groupby("shape", sort=False):
-        best = one["perf"].max()
-        cand = one[one["sel"]]
-        if best <= 0 or cand.empty:
-            continue
-        cand = cand.sort_values(["score", "tie"], ascending=[False, True], kind="stable")
-        rel = np.maximum.accumulate(cand["perf"].to_numpy()[:max_k] / best)
-        rel = np.concatenate([rel, np.full(max_k - len(rel), rel[-1])])
-        gaps.append(score_gap(cand["score"].to_numpy(), gap_to))
+    for _, cand_scores, rel in ranked_problems(shapes, perf, scores, selectable, tie_order=tie_order, max_k=max_k):
+        gaps.append(score_gap(cand_scores, gap_to))
         rel_top.append(rel)
     if not gaps:
         raise AutotuneError("calibrate: no problem with a valid measured kernel")
@@ -478,7 +692,8 @@ def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[flo
     return Calibration(within, tuple(float(e) for e in edges), tuple(tables), tuple(int(c) for c in counts), gap_to)
 
 
-def calibration_from_oof(oof: Any, kernel_ids: Mapping[str, int] | None = None, **options: Any) -> dict[str, Any]:
+def calibration_from_oof(oof: Any, kernel_ids: Mapping[str, int] | None = None, *, kind: str = "table",
+                         problems: Any = None, **options: Any) -> dict[str, Any]:
     """The manifest's ``autotune`` section from a train run's ``oof_predictions.parquet`` frame.
 
     Parameters
@@ -487,12 +702,32 @@ def calibration_from_oof(oof: Any, kernel_ids: Mapping[str, int] | None = None, 
         Columns ``shape``, ``kernel_name``, ``perf``, ``selectable``, ``score_model``.
     kernel_ids : mapping, optional
         Kernel name -> catalogue id, so equal scores rank as the exported selector ranks them.
+    kind : {"table", "logistic"}
+        :func:`calibrate` (score-gap bins) or :func:`fit_logistic` (score gaps and problem size).
+    problems : DataFrame, optional
+        ``logistic``: indexed by the ``shape`` keys, one column per problem field it uses.
     **options
-        Passed to :func:`calibrate`.
+        Passed to :func:`calibrate` (``logistic``: ``within`` and ``max_k`` only).
     """
     ties = None if kernel_ids is None else oof["kernel_name"].map(dict(kernel_ids)).to_numpy()
-    return calibrate(oof["shape"].to_numpy(), oof["perf"].to_numpy(), oof["score_model"].to_numpy(),
-                     oof["selectable"].to_numpy(), tie_order=ties, **options).to_dict()
+    args = (oof["shape"].to_numpy(), oof["perf"].to_numpy(), oof["score_model"].to_numpy(), oof["selectable"].to_numpy())
+    if kind == "table":
+        return calibrate(*args, tie_order=ties, **options).to_dict()
+    if kind != "logistic" or problems is None:
+        raise AutotuneError(f"calibration kind={kind!r} (problems given: {problems is not None}); allowed: 'table', "
+                            "or 'logistic' with the problems' field values")
+    max_k = int(options.get("max_k", 10))
+    fields = [str(c) for c in problems.columns]
+    feats, rels = [], []
+    for shape, scores, rel in ranked_problems(*args, tie_order=ties, max_k=max_k):
+        if shape not in problems.index:
+            raise AutotuneError(f"calibration: problem {shape!r} of the out-of-fold rows has no field values")
+        feats.append(signal_features(scores, problems.loc[shape].to_numpy(np.float64)))
+        rels.append(rel)
+    if not feats:
+        raise AutotuneError("calibrate: no problem with a valid measured kernel")
+    return fit_logistic(np.vstack(feats), np.vstack(rels), fields,
+                        within=options.get("within", (0.01, 0.02, 0.05, 0.1))).to_dict()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -681,15 +916,18 @@ def _call(benchmark: Callable[[Any], float], arg: Any, kernel_id: int, name: str
 
 def autotune_ranked(ids: Sequence[int], names: Sequence[str], scores: Sequence[float],
                     benchmark: Callable[[Any], float], budget: Budget, *, pass_id: bool = False,
-                    problem: str = "") -> TuneResult:
+                    problem: str = "", values: Mapping[str, float] | None = None) -> TuneResult:
     """Benchmark ranked candidates (valid ones, best first) until ``budget`` is spent.
 
     This is the store-free core of :func:`autotune`; the replay and the C++ header follow the
     same rules: count successes against the soft budget, stop at ``budget.max_benchmarks``
-    calls, and past the soft budget continue only while nothing has succeeded.
+    calls, and past the soft budget continue only while nothing has succeeded. ``values`` (the
+    problem's field values) feed a :class:`LogisticCalibration`.
     """
     if not isinstance(budget, Budget):
         raise AutotuneError(f"budget={budget!r}; allowed: FixedK, TimeBudget or Confidence")
+    if isinstance(budget, Confidence):  # sized once, from the scores (and the problem)
+        budget = _Sized(budget.planned(scores, values), budget.describe(), budget.max_benchmarks)
     spent = _Spent()
     measured: list[Measurement] = []
     candidates = list(zip(ids, names))
@@ -776,7 +1014,7 @@ def autotune(selector: Any, problem: Mapping[str, Any], benchmark: Callable[[Any
                               str(hit.get("policy", "")), "from store")
     answer = selector.select(row, top_k=max(1, min(int(budget.max_benchmarks), len(selector.catalogue))))
     result = autotune_ranked(answer.ids, answer.kernels, answer.scores, benchmark, budget, pass_id=pass_id,
-                             problem=key)
+                             problem=key, values=row)
     if not answer.ok:
         result = TuneResult(key, None, None, None, (), False, budget.describe(), answer.reason)
     if store is not None and result.ok:

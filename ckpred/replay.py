@@ -77,7 +77,8 @@ class Hindsight(at.Budget):
 
 @dataclass(frozen=True)
 class Learned(at.Budget):
-    """Replay only: the confidence budget sized by a learned model instead of the score-gap table.
+    """The confidence budget with the logistic calibration (what ``export`` writes with
+    ``autotune.kind=logistic``) instead of the score-gap table, replayed.
 
     Per problem, as many candidates as the first j whose predicted P(best of the top j within
     ``within`` of the best) reaches ``target``; the predictions come from :func:`learned_plans`
@@ -92,7 +93,7 @@ class Learned(at.Budget):
         raise NotImplementedError
 
     def describe(self) -> str:
-        return f"learned(target={self.target:g},within={self.within:g})"
+        return f"logistic(target={self.target:g},within={self.within:g})"
 
 
 def load_run(run_dir: str | Path, *, score: str = "score_model") -> ReplayData:
@@ -213,38 +214,28 @@ def replay(data: ReplayData, budget: at.Budget, *, order: str = "model", seed: i
     return pd.DataFrame(rows, columns=["shape", "efficiency", "benchmarks"])
 
 
-#: Score gaps (top score minus the j-th) among the learned signal's features.
-GAP_FEATURES = (2, 3, 4, 5)
+def _key_values(problems: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[float]]]:
+    """The numbers of each problem key as its field values (``key0``, ``key1``, ...), when every
+    key holds the same count of numbers; else no fields."""
+    import re
+
+    numbers = [[float(v) for v in re.findall(r"\d+(?:\.\d+)?", str(p["shape"]))] for p in problems]
+    if not numbers or len({len(v) for v in numbers}) != 1:
+        return [], [[] for _ in problems]
+    return [f"key{i}" for i in range(len(numbers[0]))], numbers
 
 
 def problem_features(problems: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """Features of the learned uncertainty signal, one row per problem (as :meth:`ReplayData.problems`).
+    """:func:`ckpred.autotune.signal_features` of each problem (as :meth:`ReplayData.problems`).
 
-    What a runtime knows before it benchmarks: the model's ranked scores (gaps of the top score
-    to the 2nd..5th, the top score, the spread of the top five, the number of valid candidates)
-    and the problem's size: the numbers of its key on a log2 scale (each one, when every key
-    holds the same count, and the log2 of their product, a size proxy that grows with the
-    work of a convolution or GEMM).
+    What a runtime knows before it benchmarks: the model's ranked scores and the problem's
+    size. The replay reads a problem's values from its key (the numbers in it, ``key0``...:
+    for the CK conv set the problem fields in order; for a MIOpen key its geometry); an export
+    uses the manifest's integer problem fields.
     """
-    import re
-
-    rows, numbers = [], []
-    for p in problems:
-        s = np.asarray(p["scores"], dtype=np.float64)
-        row = {f"gap{g}": (s[0] - s[g - 1]) if len(s) >= g else np.nan for g in GAP_FEATURES}
-        row.update(top=s[0] if len(s) else np.nan, spread5=float(np.std(s[:5])) if len(s) else np.nan,
-                   valid=float(len(s)))
-        values = [abs(float(v)) for v in re.findall(r"\d+(?:\.\d+)?", str(p["shape"]))]
-        row["log2_size"] = float(np.sum(np.log2(1.0 + np.asarray(values)))) if values else np.nan
-        rows.append(row)
-        numbers.append(values)
-    out = pd.DataFrame(rows)
-    if numbers and len({len(v) for v in numbers}) == 1:
-        for i in range(len(numbers[0])):
-            col = np.log2(1.0 + np.asarray([v[i] for v in numbers]))
-            if np.ptp(col) > 0:
-                out[f"log2_key{i}"] = col
-    return out
+    fields, values = _key_values(problems)
+    names = [*at.SCORE_FEATURES, *(f"log2_{f}" for f in fields), "log2_size"]
+    return pd.DataFrame([at.signal_features(p["scores"], v) for p, v in zip(problems, values)], columns=names)
 
 
 def _top_j(problems: Sequence[dict[str, Any]], max_k: int) -> np.ndarray:
@@ -256,7 +247,7 @@ def _top_j(problems: Sequence[dict[str, Any]], max_k: int) -> np.ndarray:
     return out
 
 
-def _fit_predict(x_train: pd.DataFrame, hit: np.ndarray, x_test: pd.DataFrame, seed: int) -> np.ndarray:
+def _lightgbm(x_train: pd.DataFrame, hit: np.ndarray, x_test: pd.DataFrame, seed: int) -> np.ndarray:
     """P(hit) for the test problems from a small LightGBM classifier (a constant when one class)."""
     import lightgbm as lgb
 
@@ -270,21 +261,33 @@ def _fit_predict(x_train: pd.DataFrame, hit: np.ndarray, x_test: pd.DataFrame, s
     return clf.predict_proba(x_test[x_train.columns])[:, 1]
 
 
+def _logistic(x_train: pd.DataFrame, y_train: np.ndarray, x_test: pd.DataFrame, w: float) -> np.ndarray:
+    """[test problem, j - 1]: P_j of :func:`ckpred.autotune.fit_logistic` fitted on the training problems."""
+    fields = [c[len("log2_"):] for c in x_train.columns[len(at.SCORE_FEATURES):-1]]
+    cal = at.fit_logistic(x_train.to_numpy(), y_train, fields, within=(w,))
+    z = cal.standardised(x_test[x_train.columns].to_numpy())
+    logit = np.asarray(cal.intercept[0])[None, :] + z @ np.asarray(cal.coef[0]).T
+    return 1.0 / (1.0 + np.exp(-logit))
+
+
 def learned_probabilities(data: ReplayData, calibration_data: ReplayData | None = None, *,
-                          within: Iterable[float] = (0.02,), max_k: int = 10,
+                          within: Iterable[float] = (0.02,), max_k: int = 10, model: str = "logistic",
                           seed: int = 0) -> dict[float, pd.DataFrame]:
     """Nested out-of-fold P(best of the model's top j within ``within`` of the best), j = 1..max_k.
 
-    For each fold of ``data``, one classifier per j is fitted on the *other* folds' problems
-    (or on every problem of ``calibration_data``) with :func:`problem_features`, and predicts
-    that fold's problems: no problem's own measurements reach the model that sizes its budget.
-    The probabilities are made non-decreasing in j.
+    For each fold of ``data``, the model (``"logistic"``: :func:`ckpred.autotune.fit_logistic`,
+    what an export carries; ``"lightgbm"``: a small classifier per j) is fitted on the *other*
+    folds' problems (or on every problem of ``calibration_data``) with :func:`problem_features`,
+    and predicts that fold's problems: no problem's own measurements reach the model that sizes
+    its budget. The probabilities are made non-decreasing in j.
 
     Returns
     -------
     dict
         within -> DataFrame indexed by problem key, columns 1..max_k.
     """
+    if model not in ("logistic", "lightgbm"):
+        raise at.AutotuneError(f"learned_probabilities model={model!r}; allowed: 'logistic', 'lightgbm'")
     problems = data.problems()
     x = problem_features(problems)
     folds = np.asarray([p["fold"] for p in problems], dtype=object)
@@ -292,9 +295,10 @@ def learned_probabilities(data: ReplayData, calibration_data: ReplayData | None 
     if calibration_data is not None:
         c_problems = calibration_data.problems()
         xc, yc = problem_features(c_problems), _top_j(c_problems, max_k)
-        cols = [c for c in x.columns if c in xc.columns]
-        splits = [(np.ones(len(problems), bool), xc[cols], yc)]
-        x = x[cols]
+        if list(xc.columns) != list(x.columns):
+            raise at.AutotuneError(f"calibration run's problem keys hold other fields ({list(xc.columns)}) than the "
+                                   f"replayed run's ({list(x.columns)})")
+        splits = [(np.ones(len(problems), bool), xc, yc)]
     else:
         y = _top_j(problems, max_k)
         splits = [(folds == f, x[folds != f], y[folds != f]) for f in pd.unique(folds)]
@@ -302,8 +306,11 @@ def learned_probabilities(data: ReplayData, calibration_data: ReplayData | None 
     for w in within:
         prob = np.zeros((len(problems), max_k))
         for test, x_train, y_train in splits:
+            if model == "logistic":
+                prob[test] = _logistic(x_train, y_train, x[test], float(w))
+                continue
             for j in range(max_k):
-                prob[test, j] = _fit_predict(x_train, y_train[:, j] >= 1 - w - 1e-12, x[test], seed)
+                prob[test, j] = _lightgbm(x_train, y_train[:, j] >= 1 - w - 1e-12, x[test], seed)
         out[float(w)] = pd.DataFrame(np.maximum.accumulate(prob, axis=1), index=keys,
                                      columns=range(1, max_k + 1))
     return out
@@ -329,8 +336,9 @@ def signal_auc(data: ReplayData, calibration_data: ReplayData | None = None, *, 
     """ROC AUC of each uncertainty signal for "the model's top-1 is within ``within`` of the best".
 
     ``table``: the score-gap calibration's P(top-1 within), cross-fitted as the replay fits it;
-    ``learned``: :func:`learned_probabilities`' P(top-1 within) (nested); ``gap2``/``gap3``: the
-    raw score gaps. 0.5 is no signal. Also the share of problems whose top-1 is within.
+    ``learned``: :func:`learned_probabilities`' P(top-1 within) (nested, the logistic model an
+    export carries); ``lightgbm``: the same with small LightGBM classifiers; ``gap2``/``gap3``:
+    the raw score gaps. 0.5 is no signal. Also the share of problems whose top-1 is within.
     """
     from sklearn.metrics import roc_auc_score
 
@@ -343,8 +351,11 @@ def signal_auc(data: ReplayData, calibration_data: ReplayData | None = None, *, 
     table = [cals[p["fold"]].probability[0][cals[p["fold"]].bin_of(at.score_gap(p["scores"], cals[p["fold"]].gap_to))][0]
              for p in problems]
     learned = learned_probabilities(data, calibration_data, within=(within,), max_k=max_k)[float(within)][1]
+    trees = learned_probabilities(data, calibration_data, within=(within,), max_k=max_k,
+                                  model="lightgbm")[float(within)][1]
     feats = problem_features(problems)
     out.update(table=float(roc_auc_score(hit, table)), learned=float(roc_auc_score(hit, learned.to_numpy())),
+               lightgbm=float(roc_auc_score(hit, trees.to_numpy())),
                gap2=float(roc_auc_score(hit, feats["gap2"].fillna(np.inf).clip(upper=1e300))),
                gap3=float(roc_auc_score(hit, feats["gap3"].fillna(np.inf).clip(upper=1e300))))
     return out
@@ -356,7 +367,8 @@ def auc_line(auc: dict[str, float], within: float) -> str:
             f"ROC AUC for it (0.5 = no signal):")
     if len(auc) == 1:
         return head + " undefined (one class)."
-    names = {"table": "score-gap table", "learned": "learned model", "gap2": "gap to the 2nd score",
+    names = {"table": "score-gap table", "learned": "logistic model", "lightgbm": "LightGBM classifiers",
+             "gap2": "gap to the 2nd score",
              "gap3": "gap to the 3rd score"}
     return head + " " + ", ".join(f"{names[k]} {auc[k]:.2f}" for k in names) + "."
 

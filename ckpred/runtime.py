@@ -149,7 +149,8 @@ class KernelSelector:
         self._cache: OrderedDict[tuple[Any, ...], Selection] = OrderedDict()
         self.cache_size = cache_size
         self.cache_hits = 0
-        #: The confidence budget's calibration (:class:`ckpred.autotune.Calibration`) from the
+        #: The confidence budget's calibration (:class:`ckpred.autotune.Calibration` or
+        #: :class:`~ckpred.autotune.LogisticCalibration`) from the
         #: manifest's ``autotune`` section, checked at :meth:`load`; None when the export has none.
         self.calibration: Any = None
 
@@ -436,10 +437,10 @@ def _calibration(manifest: Mapping[str, Any], model_dir: Path) -> Any:
     section = manifest.get("autotune")
     if section is None:
         return None
-    from ckpred.autotune import AutotuneError, Calibration
+    from ckpred.autotune import AutotuneError, load_calibration
 
     try:
-        return Calibration.from_dict(section, where=f"{model_dir}/{mf.MANIFEST}: autotune")
+        return load_calibration(section, where=f"{model_dir}/{mf.MANIFEST}: autotune")
     except AutotuneError as exc:
         raise ModelMismatchError(str(exc)) from exc
 

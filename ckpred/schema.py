@@ -824,14 +824,18 @@ class ExportParityConfig:
 
 @dataclass
 class ExportAutotuneConfig:
-    """The confidence budget's calibration table written into the manifest (``autotune``).
+    """The confidence budget's calibration written into the manifest (``autotune``).
 
     Fitted on the out-of-fold scores of the exported strategy (``run_dir`` exports only); see
     :func:`ckpred.autotune.calibrate` for the meaning of each setting.
     """
 
-    #: Fit and export the table (false: the manifest's ``autotune`` is null).
+    #: Fit and export the calibration (false: the manifest's ``autotune`` is null).
     enabled: bool = True
+    #: ``logistic``: P(best of the top j within x) from the score gaps and the problem's integer
+    #: fields (:func:`ckpred.autotune.fit_logistic`); ``table``: score-gap bins only
+    #: (:func:`ckpred.autotune.calibrate`; ``bins``, ``gap_to`` and ``prior_failures`` apply to it).
+    kind: str = "logistic"
     #: Tolerances calibrated (fractions of the best kernel's performance).
     within: list[float] = field(default_factory=lambda: [0.01, 0.02, 0.05, 0.1])
     #: Score-gap bins (quantiles over the calibration problems).
@@ -846,6 +850,7 @@ class ExportAutotuneConfig:
     def __post_init__(self) -> None:
         check("autotune.within", self.within, len(self.within) > 0 and all(0 < float(w) < 1 for w in self.within),
               "a non-empty list of fractions in (0, 1)")
+        check("autotune.kind", self.kind, self.kind in ("logistic", "table"), "one of ['logistic', 'table']")
         check("autotune.bins", self.bins, self.bins >= 1, "an integer >= 1")
         check("autotune.max_k", self.max_k, self.max_k >= 1, "an integer >= 1")
         check("autotune.gap_to", self.gap_to, self.gap_to >= 2, "an integer >= 2")

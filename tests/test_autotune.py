@@ -336,9 +336,10 @@ SMALL = ["shapes=tiny", "model.n_estimators=8", "model.num_leaves=7", "model.n_j
 
 
 @pytest.fixture(scope="module")
-def default_export(tmp_path_factory) -> tuple[Path, Path]:
-    """A tiny 3-fold train run and its export with the default strategy (reranked), with
-    non-default calibration settings: (export dir, run dir)."""
+def default_export(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """A tiny 3-fold train run and two exports with the default strategy (reranked): the default
+    calibration (logistic) and the score-gap table with non-default settings: (logistic export,
+    table export, run dir)."""
     from ckpred.commands.export import export_command
     from ckpred.commands.train import train
     from ckpred.config import compose
@@ -346,10 +347,12 @@ def default_export(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("default_export")
     train(compose("train", [*SMALL, "cv.n_splits=3", "progress=false", "plots=false", f"out_dir={root / 'run'}",
                             "baselines.reference.enabled=false"]))
-    out = export_command(compose("export", [*SMALL, f"run_dir={root / 'run'}", f"out_dir={root / 'ex'}",
-                                            "parity.shapes=3", "reranker.n_estimators=10", "reranker.num_leaves=7",
-                                            "autotune.gap_to=2", "autotune.within=[0.02,0.05]", "autotune.bins=3"]))
-    return Path(out), root / "run"
+    common = [*SMALL, f"run_dir={root / 'run'}", "parity.shapes=3", "reranker.n_estimators=10",
+              "reranker.num_leaves=7", "autotune.within=[0.02,0.05]"]
+    logistic = export_command(compose("export", [*common, f"out_dir={root / 'ex'}"]))
+    table = export_command(compose("export", [*common, f"out_dir={root / 'ex_table'}", "autotune.kind=table",
+                                              "autotune.gap_to=2", "autotune.bins=3"]))
+    return Path(logistic), Path(table), root / "run"
 
 
 def test_default_export_carries_the_rerankers_calibration_with_the_configured_settings(default_export) -> None:
@@ -360,36 +363,48 @@ def test_default_export_carries_the_rerankers_calibration_with_the_configured_se
     from ckpred.data import load_table
     from ckpred.kernels.base import load_op
 
-    out, run = default_export
-    man = json.loads((out / "manifest.json").read_text())
-    assert man["select"] == "reranked" and man["autotune"]["select"] == "reranked"
-    cal = at.Calibration.from_dict(man["autotune"])
-    assert cal.gap_to == 2 and cal.within == (0.02, 0.05) and len(cal.counts) <= 3 and sum(cal.counts) == 12
-    # fitted on the reranked strategy's out-of-fold scores (per-fold candidates and reranker),
-    # not on the run's full-model scores
+    out, out_table, run = default_export
+    man, man_table = (json.loads((d / "manifest.json").read_text()) for d in (out, out_table))
+    assert man["select"] == man["autotune"]["select"] == man_table["autotune"]["select"] == "reranked"
+    logistic = at.load_calibration(man["autotune"])
+    assert isinstance(logistic, at.LogisticCalibration) and logistic.within == (0.02, 0.05)
+    assert logistic.fields == ("m", "n", "k", "split_k") and logistic.problems == 12 and logistic.max_k == 10
+    table = at.load_calibration(man_table["autotune"])
+    assert isinstance(table, at.Calibration) and table.gap_to == 2 and table.within == (0.02, 0.05)
+    assert len(table.counts) <= 3 and sum(table.counts) == 12
+    # both fitted on the reranked strategy's out-of-fold scores (per-fold candidates and
+    # reranker), not on the run's full-model scores
     cfg = compose("export", [*SMALL, f"run_dir={run}", "reranker.n_estimators=10", "reranker.num_leaves=7"])
     op = load_op(cfg.op)
-    _, scored = strategy_cv(run, load_table(cfg), op, cfg, cfg)
+    data = load_table(cfg)
+    _, scored = strategy_cv(run, data, op, cfg, cfg)
     ids = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).set_index("kernel_name")["kernel_id"]
     options = dict(within=(0.02, 0.05), gap_to=2, bins=3)
-    assert at.calibration_from_oof(scored, ids, **options) == {k: v for k, v in man["autotune"].items() if k != "select"}
+    assert at.calibration_from_oof(scored, ids, **options) == {k: v for k, v in man_table["autotune"].items()
+                                                               if k != "select"}
     full = at.calibration_from_oof(pd.read_parquet(run / "oof_predictions.parquet"), ids, **options)
     assert scored["selectable"].sum() < len(scored)  # only the fold's candidates are ranked
-    assert full["edges"] != man["autotune"]["edges"] or full["probability"] != man["autotune"]["probability"]
+    assert full["edges"] != man_table["autotune"]["edges"] or full["probability"] != man_table["autotune"]["probability"]
+    fields = ["m", "n", "k", "split_k"]
+    problems = data[fields].assign(shape=op.shape_keys(data)).drop_duplicates("shape").set_index("shape")
+    again = at.calibration_from_oof(scored, ids, kind="logistic", problems=problems, within=(0.02, 0.05))
+    assert again == {k: v for k, v in man["autotune"].items() if k != "select"}
 
 
-def test_confidence_budget_on_a_default_export_python_and_cpp_agree(default_export, demo, tmp_path) -> None:
-    out, _ = default_export
+@pytest.mark.parametrize("which", [0, 1], ids=["logistic", "table"])
+def test_confidence_budget_on_a_default_export_python_and_cpp_agree(default_export, demo, tmp_path, which) -> None:
+    out = default_export[which]
     sel = KernelSelector.load(out, cache_size=0)
-    assert sel.calibration == at.Calibration.from_dict(sel.manifest["autotune"])
-    problems = [{"m": m, "n": n, "k": 4096} for m in (16, 128, 1024, 8192) for n in (512, 4096)]
+    assert sel.calibration == at.load_calibration(sel.manifest["autotune"])
+    problems = [{"m": m, "n": n, "k": k} for m in (16, 128, 1024, 8192) for n in (512, 4096) for k in (256, 7168)]
     planned, rankings = [], []
     for target in (0.3, 0.6, 0.9):
         for p in problems:
             bench = Bench()
             r = sel.autotune(p, bench, at.Confidence(target=target, within=0.05))
             ranked = sel.select(p, top_k=16)
-            want = min(sel.calibration.needed(ranked.scores, target, 0.05), len(ranked.kernels))
+            want = min(sel.calibration.needed(ranked.scores, target, 0.05, problem={**p, "split_k": 1}),
+                       len(ranked.kernels))
             assert r.ok and len(bench.calls) == want  # (a reranked export ranks a few candidates)
             assert bench.calls == list(ranked.kernels[:len(bench.calls)])  # model order
             planned.append(len(bench.calls))
@@ -398,28 +413,51 @@ def test_confidence_budget_on_a_default_export_python_and_cpp_agree(default_expo
         got = _demo(demo, out, tmp_path / f"s{target}.jsonl", times, rankings[-len(problems):], "--budget",
                     f"confidence:{target}:0.05")
         assert [g["benchmarks"] for g in got] == planned[-len(problems):]
-    assert len(set(planned)) > 1  # the table sizes the budget per problem/target, not one constant
+    assert len(set(planned)) > 1  # the calibration sizes the budget per problem/target, not one constant
+
+
+def test_logistic_calibration_reads_the_problem_size() -> None:
+    # a hand-made model: P_1 rises with log2(1 + m) only; P_2 is high everywhere
+    fields = ("m",)
+    n = len(at.SCORE_FEATURES) + 2
+    coef1 = [0.0] * n
+    coef1[len(at.SCORE_FEATURES)] = 4.0  # log2_m
+    cal = at.LogisticCalibration(within=(0.05,), fields=fields, fill=(1.0,) * n, lo=(-1e9,) * n, hi=(1e9,) * n,
+                                 mean=(0.0,) * (n - 2) + (8.0, 8.0), scale=(1.0,) * n,
+                                 coef=(((*coef1,), (0.0,) * n),), intercept=((0.0, 3.0),))
+    small, large = {"m": 15}, {"m": 1023}  # log2(1 + m) = 4 and 10: z = -16 and +8
+    assert cal.needed([3.0, 2.0, 1.0], 0.9, 0.05, problem=small) == 2
+    assert cal.needed([3.0, 2.0, 1.0], 0.9, 0.05, problem=large) == 1
+    assert at.load_calibration(cal.to_dict()) == cal
+    with pytest.raises(at.AutotuneError, match="pass problem"):
+        cal.needed([3.0, 2.0], 0.9, 0.05)
+    with pytest.raises(at.AutotuneError, match=r"needs problem fields \['m'\]"):
+        cal.needed([3.0, 2.0], 0.9, 0.05, problem={"n": 1})
 
 
 def _scaled(table: dict, factor: float) -> dict:
     return {**table, "probability": [[[p * factor for p in row] for row in t] for t in table["probability"]]}
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda t: _scaled(t, 9.0), "outside \\[0, 1\\]"),
-    (lambda t: {**t, "edges": [t["edges"][0]] * (len(t["edges"]) + 1), "counts": [1, *t["counts"]],
-                "probability": [[tab[0], *tab] for tab in t["probability"]]}, "strictly increasing"),
-    (lambda t: {**t, "within": [0.05, 0.05]}, "distinct fractions"),
-])
-def test_a_malformed_calibration_is_refused_by_both_runtimes(default_export, demo, tmp_path, edit, message) -> None:
+@pytest.mark.parametrize("which, edit, message", [
+    (1, lambda t: _scaled(t, 9.0), "outside \\[0, 1\\]"),
+    (1, lambda t: {**t, "edges": [t["edges"][0]] * (len(t["edges"]) + 1), "counts": [1, *t["counts"]],
+                   "probability": [[tab[0], *tab] for tab in t["probability"]]}, "strictly increasing"),
+    (1, lambda t: {**t, "within": [0.05, 0.05]}, "distinct fractions"),
+    (0, lambda t: {**t, "within": [0.05, 0.05]}, "distinct fractions"),
+    (0, lambda t: {**t, "scale": [0.0] * len(t["scale"])}, "scale <= 0"),
+    (0, lambda t: {**t, "fill": t["fill"][:-1]}, "fill/lo/hi/mean/scale"),
+], ids=["table-probability", "table-edges", "table-within", "logistic-within", "logistic-scale", "logistic-fill"])
+def test_a_malformed_calibration_is_refused_by_both_runtimes(default_export, demo, tmp_path, which, edit,
+                                                            message) -> None:
     import shutil
     import subprocess
 
-    out, _ = default_export
+    out = default_export[which]
     good = json.loads((out / "manifest.json").read_text())["autotune"]
     bad = edit(good)
     with pytest.raises(at.AutotuneError, match=message):
-        at.Calibration.from_dict(bad)
+        at.load_calibration(bad)
     copy = tmp_path / "m"
     shutil.copytree(out, copy)
     manifest = json.loads((copy / "manifest.json").read_text())
@@ -435,7 +473,7 @@ def test_python_runtime_checks_the_embedded_calibration_at_load(default_export, 
     from ckpred import runtime
     from ckpred.errors import ModelMismatchError
 
-    out, _ = default_export
+    out = default_export[1]
     manifest = json.loads((out / "manifest.json").read_text())
     with pytest.raises(ModelMismatchError, match=r"manifest.json: autotune: .*outside \[0, 1\]"):
         runtime._calibration({**manifest, "autotune": _scaled(manifest["autotune"], 9.0)}, out)

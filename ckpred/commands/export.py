@@ -205,8 +205,21 @@ def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition,
 
     options = OmegaConf.to_container(cfg.autotune, resolve=True)
     options.pop("enabled")
+    kind = options.pop("kind")
     ids = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).set_index("kernel_name")["kernel_id"]
-    return {**calibration_from_oof(oof, ids, **options), "select": cfg.select}
+    if kind == "table":
+        return {**calibration_from_oof(oof, ids, **options), "select": cfg.select}
+    # the logistic model reads the problem's integer fields, as both runtimes pass them
+    fields = [f.name for f in op.problem_fields if f.kind == "int"]
+    table = src.table
+    problems = table[fields].assign(shape=np.asarray(op.shape_keys(table))).drop_duplicates("shape")
+    if not set(pd.unique(oof["shape"])) <= set(problems["shape"]):
+        # an external test table: its problems' field values are not in the training table
+        print("autotune calibration: the run tested problems outside its training table; fitting the score-gap "
+              "table (autotune.kind=table) instead of the logistic model")
+        return {**calibration_from_oof(oof, ids, **options), "select": cfg.select}
+    return {**calibration_from_oof(oof, ids, kind="logistic", problems=problems.set_index("shape")[fields],
+                                   within=options["within"], max_k=options["max_k"]), "select": cfg.select}
 
 
 def _report(cfg: ExportConfig, manifest: dict[str, Any], target: Path) -> None:

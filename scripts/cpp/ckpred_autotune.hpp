@@ -40,6 +40,7 @@ namespace autotune {
 
 inline const char* kStoreFormat = "ckpred.autotune/1";
 inline const char* kCalibrationFormat = "ckpred.autotune.calibration/1";
+inline const char* kLogisticFormat = "ckpred.autotune.logistic/1";
 
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -140,6 +141,133 @@ struct Calibration {
   }
 };
 
+// The key's field values: "n=1,c=256,..." (problem_key) -> {"n": 1, "c": 256, ...}.
+inline std::map<std::string, double> key_values(const std::string& key) {
+  std::map<std::string, double> out;
+  size_t s = 0;
+  while (s < key.size()) {
+    size_t e = key.find(',', s);
+    if (e == std::string::npos) e = key.size();
+    std::string pair = key.substr(s, e - s);
+    size_t eq = pair.find('=');
+    if (eq != std::string::npos) out[pair.substr(0, eq)] = std::strtod(pair.c_str() + eq + 1, nullptr);
+    s = e + 1;
+  }
+  return out;
+}
+
+// P(best of the top j within `within` of the best kernel) from a logistic model per (within, j)
+// on the score gaps and the problem's size (see ckpred.autotune.LogisticCalibration).
+struct Logistic {
+  std::vector<double> within, fill, lo, hi, mean, scale;
+  std::vector<std::string> fields;
+  std::vector<std::vector<std::vector<double>>> coef;  // [within][j-1][feature]
+  std::vector<std::vector<double>> intercept;          // [within][j-1]
+
+  static std::vector<double> numbers(const json::Value& v) {
+    std::vector<double> out;
+    for (const auto& x : v.arr()) out.push_back(x.num());
+    return out;
+  }
+
+  static Logistic from_json(const json::Value& v) {
+    if (v.is_null() || v.kind != json::Value::Kind::Object || v["format"].str() != kLogisticFormat)
+      throw Error(std::string("autotune calibration: expected format '") + kLogisticFormat + "'");
+    Logistic c;
+    c.within = numbers(v["within"]), c.fill = numbers(v["fill"]), c.lo = numbers(v["lo"]), c.hi = numbers(v["hi"]);
+    c.mean = numbers(v["mean"]), c.scale = numbers(v["scale"]);
+    for (const auto& f : v["fields"].arr()) c.fields.push_back(f.str());
+    for (const auto& t : v["coef"].arr()) {
+      std::vector<std::vector<double>> rows;
+      for (const auto& r : t.arr()) rows.push_back(numbers(r));
+      c.coef.push_back(rows);
+    }
+    for (const auto& r : v["intercept"].arr()) c.intercept.push_back(numbers(r));
+    // the same checks as ckpred.autotune.LogisticCalibration.from_dict
+    size_t n = 7 + c.fields.size() + 1;
+    for (size_t i = 0; i < c.within.size(); ++i)
+      if (!(c.within[i] > 0 && c.within[i] < 1) || std::count(c.within.begin(), c.within.end(), c.within[i]) != 1)
+        throw Error("autotune calibration: within must be distinct fractions in (0, 1)");
+    for (const auto* vec : {&c.fill, &c.lo, &c.hi, &c.mean, &c.scale})
+      if (vec->size() != n) throw Error("autotune calibration: fill/lo/hi/mean/scale must hold one value per feature");
+    if (c.coef.size() != c.within.size() || c.intercept.size() != c.within.size() || c.intercept.empty() ||
+        c.intercept[0].empty())
+      throw Error("autotune calibration: coef and intercept must hold one table per within");
+    for (size_t w = 0; w < c.within.size(); ++w) {
+      if (c.intercept[w].size() != c.intercept[0].size() || c.coef[w].size() != c.intercept[0].size())
+        throw Error("autotune calibration: coef/intercept rows of different lengths");
+      for (const auto& r : c.coef[w]) {
+        if (r.size() != n) throw Error("autotune calibration: a coef row without one value per feature");
+        for (double x : r)
+          if (!std::isfinite(x)) throw Error("autotune calibration: non-finite numbers, or a scale <= 0");
+      }
+      for (double x : c.intercept[w])
+        if (!std::isfinite(x)) throw Error("autotune calibration: non-finite numbers, or a scale <= 0");
+    }
+    for (const auto* vec : {&c.fill, &c.lo, &c.hi, &c.mean, &c.scale})
+      for (double x : *vec)
+        if (!std::isfinite(x)) throw Error("autotune calibration: non-finite numbers, or a scale <= 0");
+    for (double x : c.scale)
+      if (!(x > 0)) throw Error("autotune calibration: non-finite numbers, or a scale <= 0");
+    return c;
+  }
+
+  // ckpred.autotune.signal_features, then fill / clip / standardise.
+  std::vector<double> features(const std::vector<double>& scores, const std::map<std::string, double>& problem) const {
+    std::vector<double> s;
+    for (double x : scores)
+      if (std::isfinite(x)) s.push_back(x);
+    std::sort(s.begin(), s.end(), std::greater<double>());
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    std::vector<double> f;
+    for (size_t g = 2; g <= 5; ++g) f.push_back(s.size() >= g ? s[0] - s[g - 1] : nan);
+    f.push_back(s.empty() ? nan : s[0]);
+    double sd = nan;
+    if (!s.empty()) {
+      size_t m = std::min<size_t>(5, s.size());
+      double mu = 0, var = 0;
+      for (size_t i = 0; i < m; ++i) mu += s[i];
+      mu /= static_cast<double>(m);
+      for (size_t i = 0; i < m; ++i) var += (s[i] - mu) * (s[i] - mu);
+      sd = std::sqrt(var / static_cast<double>(m));
+    }
+    f.push_back(sd);
+    f.push_back(static_cast<double>(s.size()));
+    double size = 0;
+    for (const auto& name : fields) {
+      auto it = problem.find(name);
+      if (it == problem.end()) throw Error("autotune calibration: the problem has no field '" + name + "'");
+      double l = std::log2(1.0 + std::fabs(it->second));
+      f.push_back(l);
+      size += l;
+    }
+    f.push_back(size);
+    for (size_t i = 0; i < f.size(); ++i) {
+      double x = std::isnan(f[i]) ? fill[i] : f[i];
+      x = std::min(std::max(x, lo[i]), hi[i]);
+      f[i] = (x - mean[i]) / scale[i];
+    }
+    return f;
+  }
+
+  int needed(const std::vector<double>& scores, const std::map<std::string, double>& problem, double target,
+             double within_) const {
+    auto it = std::find(within.begin(), within.end(), within_);
+    if (it == within.end()) throw Error("autotune calibration: no table for within=" + std::to_string(within_));
+    if (scores.size() < 2) return 1;
+    size_t w = static_cast<size_t>(it - within.begin());
+    std::vector<double> x = features(scores, problem);
+    double best = 0;
+    for (size_t j = 0; j < intercept[w].size(); ++j) {
+      double z = intercept[w][j];
+      for (size_t i = 0; i < x.size(); ++i) z += coef[w][j][i] * x[i];
+      best = std::max(best, 1.0 / (1.0 + std::exp(-z)));  // non-decreasing in j
+      if (best >= target) return static_cast<int>(j + 1);
+    }
+    return static_cast<int>(intercept[w].size());
+  }
+};
+
 struct Budget {
   enum class Kind { Fixed, Time, Confidence } kind = Kind::Fixed;
   int k = 2;                  // Fixed
@@ -147,7 +275,8 @@ struct Budget {
   bool wall = false;          // Time: wall seconds inside benchmark instead of kernel seconds
   double target = 0.95;       // Confidence
   double within = 0.05;       // Confidence
-  const Calibration* calibration = nullptr;
+  const Calibration* calibration = nullptr;  // Confidence: the score-gap table, or
+  const Logistic* logistic = nullptr;        // the logistic model
   int max_benchmarks = 16;
 
   static Budget fixed(int k, int max_benchmarks = 16) {
@@ -162,22 +291,37 @@ struct Budget {
     b.kind = Kind::Time, b.seconds = seconds, b.wall = wall, b.max_benchmarks = max_benchmarks;
     return b;
   }
-  static Budget confidence(double target, double within, const Calibration* cal, int max_benchmarks = 16) {
+  static Budget confidence(double target, double within, const Calibration* cal, int max_benchmarks = 16,
+                           const Logistic* logistic = nullptr) {
     if (!(target > 0 && target <= 1)) throw Error("confidence budget: target must be in (0, 1]");
-    if (cal == nullptr) throw Error("confidence budget: the model's manifest has no autotune calibration");
-    if (std::find(cal->within.begin(), cal->within.end(), within) == cal->within.end())
+    if (cal == nullptr && logistic == nullptr)
+      throw Error("confidence budget: the model's manifest has no autotune calibration");
+    const auto& ws = cal ? cal->within : logistic->within;
+    if (std::find(ws.begin(), ws.end(), within) == ws.end())
       throw Error("confidence budget: no calibration for within=" + std::to_string(within));
     Budget b;
-    b.kind = Kind::Confidence, b.target = target, b.within = within, b.calibration = cal;
+    b.kind = Kind::Confidence, b.target = target, b.within = within, b.calibration = cal, b.logistic = logistic;
     b.max_benchmarks = max_benchmarks;
     return b;
+  }
+  // The confidence budget with whichever calibration the model's manifest carries.
+  template <class Info>
+  static Budget confidence(double target, double within, const Info& info, int max_benchmarks = 16) {
+    return confidence(target, within, info.calibration ? &*info.calibration : nullptr, max_benchmarks,
+                      info.logistic ? &*info.logistic : nullptr);
+  }
+
+  // Successful measurements a confidence budget wants for this problem (its key and ranked scores).
+  int planned(const std::vector<double>& scores, const std::string& problem) const {
+    if (logistic != nullptr) return logistic->needed(scores, key_values(problem), target, within);
+    return calibration->needed(scores, target, within);
   }
 
   bool spent(const std::vector<double>& scores, int successes, double kernel_s, double wall_s) const {
     switch (kind) {
       case Kind::Fixed: return successes >= k;
       case Kind::Time: return (wall ? wall_s : kernel_s) >= seconds;
-      case Kind::Confidence: return successes >= calibration->needed(scores, target, within);
+      case Kind::Confidence: return successes >= planned(scores, "");  // autotune_ranked sizes it per problem
     }
     return true;
   }
@@ -202,12 +346,14 @@ inline Result autotune_ranked(const std::vector<Candidate>& ranked, const Benchm
   r.policy = budget.describe();
   std::vector<double> scores;
   for (const auto& c : ranked) scores.push_back(c.score);
+  Budget sized = budget;  // a confidence budget is sized once per problem, as a fixed count
+  if (budget.kind == Budget::Kind::Confidence) sized.kind = Budget::Kind::Fixed, sized.k = budget.planned(scores, problem);
   int successes = 0;
   double kernel_s = 0, wall_s = 0;
   r.stop = ranked.empty() ? "no valid kernel" : "candidates exhausted";
   bool stopped = false;
   for (const auto& c : ranked) {
-    if (successes && budget.spent(scores, successes, kernel_s, wall_s)) {
+    if (successes && sized.spent(scores, successes, kernel_s, wall_s)) {
       r.stop = "budget spent", stopped = true;
       break;
     }
@@ -237,7 +383,7 @@ inline Result autotune_ranked(const std::vector<Candidate>& ranked, const Benchm
     r.measured.push_back(m);
   }
   if (!stopped) {
-    if (successes && budget.spent(scores, successes, kernel_s, wall_s)) r.stop = "budget spent";
+    if (successes && sized.spent(scores, successes, kernel_s, wall_s)) r.stop = "budget spent";
     else if (static_cast<int>(r.measured.size()) >= budget.max_benchmarks)
       r.stop = "max_benchmarks=" + std::to_string(budget.max_benchmarks) + " reached";
   }
@@ -292,7 +438,8 @@ inline std::string problem_key(const std::vector<std::string>& fields, const std
 struct ModelInfo {
   std::string model, op, arch, dtype, layout;  // model: sha256 of the selector graph
   std::vector<std::string> fields;
-  std::optional<Calibration> calibration;
+  std::optional<Calibration> calibration;  // the manifest's "autotune": a score-gap table,
+  std::optional<Logistic> logistic;        // or a logistic model
 };
 
 inline ModelInfo load_model_info(const std::string& model_dir) {
@@ -306,7 +453,13 @@ inline ModelInfo load_model_info(const std::string& model_dir) {
   info.op = m["op"].str(), info.arch = m["arch"].str(), info.dtype = m["dtype"].str(), info.layout = m["layout"].str();
   for (const auto& f : m["problem_fields"].arr()) info.fields.push_back(f["name"].str());
   auto it = m.o.find("autotune");
-  if (it != m.o.end() && !it->second.is_null()) info.calibration = Calibration::from_json(it->second);
+  if (it != m.o.end() && !it->second.is_null()) {
+    if (it->second.kind == json::Value::Kind::Object && it->second.o.count("format") &&
+        it->second["format"].kind == json::Value::Kind::String && it->second["format"].str() == kLogisticFormat)
+      info.logistic = Logistic::from_json(it->second);
+    else
+      info.calibration = Calibration::from_json(it->second);
+  }
   return info;
 }
 

@@ -71,8 +71,7 @@ int main(int argc, char** argv) {
     else if ((parts[0] == "time" || parts[0] == "wall") && parts.size() == 2)
       budget = at::Budget::time(std::stod(parts[1]), parts[0] == "wall", max_benchmarks);
     else if (parts[0] == "confidence" && parts.size() == 3)
-      budget = at::Budget::confidence(std::stod(parts[1]), std::stod(parts[2]),
-                                      info.calibration ? &*info.calibration : nullptr, max_benchmarks);
+      budget = at::Budget::confidence(std::stod(parts[1]), std::stod(parts[2]), info, max_benchmarks);
     else throw at::Error("--budget '" + budget_text + "'; allowed: fixed:K, time:S, wall:S, confidence:TARGET:WITHIN");
     at::ResultStore store(store_path, max_entries);
     // The caller's benchmark: here a table lookup; a real dispatcher launches and times the kernel.
