@@ -15,10 +15,11 @@ non-positive time is recorded as a failure and skipped. The budgets:
   ``benchmark``) reach a limit;
 * :class:`Confidence` -- per problem, as many candidates as needed for the probability that
   the best of them is within ``within`` of the best kernel to reach ``target``. That
-  probability comes from a :class:`Calibration` table fitted on out-of-fold predictions
-  (:func:`calibrate`): problems where the model's top score stands clear of the second cost one
-  benchmark, problems where it does not cost more. The table is exported in the model's
-  manifest (key ``autotune``).
+  probability comes from a calibration fitted on out-of-fold predictions: a
+  :class:`LogisticCalibration` (:func:`fit_logistic`: score gaps and the problem's size) or a
+  score-gap :class:`Calibration` table (:func:`calibrate`). Problems the calibration finds sure
+  cost one benchmark, unsure ones more. ``export`` writes it into the model's manifest (key
+  ``autotune``).
 
 Every budget stops at ``max_benchmarks`` calls; when the soft budget is spent but every call so
 far failed, :func:`autotune` keeps going (within ``max_benchmarks``) until one succeeds.
@@ -186,7 +187,7 @@ class Budget:
         if int(self.max_benchmarks) < 1:
             raise AutotuneError(f"{type(self).__name__}.max_benchmarks={self.max_benchmarks!r}; allowed: an integer >= 1")
 
-    def planned(self, scores: Sequence[float]) -> int | None:
+    def planned(self, scores: Sequence[float], problem: Mapping[str, float] | None = None) -> int | None:
         """Successful measurements wanted for a problem with these ranked scores (None: no count)."""
         return None
 
@@ -210,7 +211,7 @@ class FixedK(Budget):
             raise AutotuneError(f"FixedK.k={self.k!r}; allowed: an integer >= 1")
         self._check()
 
-    def planned(self, scores: Sequence[float]) -> int:
+    def planned(self, scores: Sequence[float], problem: Mapping[str, float] | None = None) -> int:
         return int(self.k)
 
     def spent(self, scores: Sequence[float], spent: _Spent) -> bool:

@@ -6,8 +6,9 @@
 //     caller's std::function until the budget is spent; a benchmark that throws or returns a
 //     non-finite or non-positive time is recorded and skipped;
 //   * budgets: fixed k successes, a time budget (kernel seconds or wall seconds), or a confidence
-//     budget sized by the calibration table exported in manifest.json ("autotune"); every budget
-//     stops at max_benchmarks calls and, once spent, continues only while nothing succeeded;
+//     budget sized, once per problem, by the calibration exported in manifest.json ("autotune":
+//     a logistic model of the score gaps and the problem's fields, or a score-gap table); every
+//     budget stops at max_benchmarks calls and, once spent, continues only while nothing succeeded;
 //   * the store: JSON lines ("format":"ckpred.autotune/1"), keyed by (model sha256, op, problem),
 //     appended under an exclusive flock on <store>.lock, compacted past 2 * max_entries lines.
 // Header-only; needs json.hpp (this directory) and POSIX (flock, rename).
