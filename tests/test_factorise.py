@@ -28,6 +28,7 @@ def _features_graph(pipe: Pipeline, op, kernels: np.ndarray) -> onnx.ModelProto:
     g = xo.GraphBuilder()
     x = selector_features(g, pipe, op, kernels, "problem")
     g.op("Identity", x, out="features")
+    g.prune(["features"])  # the per-column nodes packed into wide ones (ckpred.export.pack)
     graph = helper.make_graph(g.nodes, "features", [helper.make_tensor_value_info(
         "problem", TensorProto.INT64, ["B", len(op.problem_names)])],
         [helper.make_tensor_value_info("features", TensorProto.DOUBLE, None)], initializer=g.initializers)

@@ -28,13 +28,14 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 from sklearn.pipeline import FeatureUnion
 
 from ckpred.export.converters import OnnxOps, Sym
+from ckpred.export.pack import pack_columns
 from ckpred.features.base import FeatureGroup, NumpyOps
 
-__all__ = ["HybridOps", "selector_features", "feature_groups"]
+__all__ = ["HybridOps", "selector_features", "selector_feature_columns", "feature_groups"]
 
 
 def _static(x: Any) -> bool:
@@ -210,9 +211,10 @@ def feature_groups(pipeline: Any) -> list[FeatureGroup]:
     return groups
 
 
-def selector_features(g: Any, pipeline: Any, op: Any, kernels: np.ndarray, problem: str,
-                      used: Sequence[int] | None = None) -> str:
-    """Emit the feature matrix of every (problem, candidate) pair; returns its name.
+def selector_feature_columns(g: Any, pipeline: Any, op: Any, kernels: np.ndarray, problem: str,
+                             used: Sequence[int] | None = None, pack: bool = True) -> tuple[str, list[int]]:
+    """Emit the feature matrix of every (problem, candidate) pair, columns in the order they are
+    cheapest to compute in.
 
     Parameters
     ----------
@@ -229,12 +231,18 @@ def selector_features(g: Any, pipeline: Any, op: Any, kernels: np.ndarray, probl
         :func:`ckpred.export.onnx.used_features`); None = every feature. The nodes of the
         features left out are still emitted; :meth:`ckpred.export.onnx.GraphBuilder.prune`
         removes them.
+    pack : bool, default=True
+        Compute the columns side by side with a few wide ops (:func:`ckpred.export.pack.pack_columns`)
+        instead of one chain of nodes per column (same values, fewer nodes).
 
     Returns
     -------
-    str
-        Name of a double ``[B*K, F]`` tensor, row ``b*K + j`` = problem ``b`` with candidate
-        ``j``, columns in the pipeline's feature order (or in ``used`` order, F = ``len(used)``).
+    name : str
+        A double ``[B*K, F]`` tensor, row ``b*K + j`` = problem ``b`` with candidate ``j``.
+    order : list of int
+        Column ``i`` of it is feature ``order[i]`` (the position in the pipeline's feature order,
+        or in ``used``, F = ``len(used)``): a tree ensemble can read the columns in this order
+        (:func:`ckpred.export.onnx.keep_features`) instead of a ``Gather`` putting them in order.
     """
     groups = feature_groups(pipeline)
     ops = HybridOps(g)
@@ -275,16 +283,38 @@ def selector_features(g: Any, pipeline: Any, op: Any, kernels: np.ndarray, probl
     if static:
         values = np.concatenate([v for _, v in static], axis=2)  # [1, K, Fs]
         blocks.append(g.op("Expand", g.const(values, "static_features", dtype=np.float64), target))
-    if per_problem:
-        names = [n for _, n in per_problem]
-        block = names[0] if len(names) == 1 else g.op("Concat", *names, axis=2)
-        blocks.append(g.op("Expand", block, target))
-    if per_pair:
-        names = [n for _, n in per_pair]
-        blocks.append(names[0] if len(names) == 1 else g.op("Concat", *names, axis=2))
+    inputs = [helper.make_tensor_value_info(problem, TensorProto.INT64, ["B", len(op.problem_names)])]
     for part in (static, per_problem, per_pair):
         order.extend(p for p, _ in part)
+    for start, part in ((len(static), per_problem), (len(static) + len(per_problem), per_pair)):
+        if not part:
+            continue
+        names = [n for _, n in part]
+        lanes = list(range(len(names)))
+        if pack:  # a few wide ops, lanes in the order they come (ckpred.export.pack)
+            block, lanes = pack_columns(g, names, inputs)
+        else:
+            block = names[0] if len(names) == 1 else g.op("Concat", *names, axis=2)
+        order[start:start + len(names)] = [order[start + i] for i in lanes]
+        blocks.append(g.op("Expand", block, target) if part is per_problem else block)
     x3 = blocks[0] if len(blocks) == 1 else g.op("Concat", *blocks, axis=2)
+    return g.op("Reshape", x3, g.const([-1, position], dtype=np.int64)), order
+
+
+def selector_features(g: Any, pipeline: Any, op: Any, kernels: np.ndarray, problem: str,
+                      used: Sequence[int] | None = None, pack: bool = True) -> str:
+    """Emit the feature matrix of every (problem, candidate) pair; returns its name.
+
+    :func:`selector_feature_columns` with its columns put in order by a ``Gather`` (when they
+    are not already); the parameters are its.
+
+    Returns
+    -------
+    str
+        Name of a double ``[B*K, F]`` tensor, row ``b*K + j`` = problem ``b`` with candidate
+        ``j``, columns in the pipeline's feature order (or in ``used`` order, F = ``len(used)``).
+    """
+    x, order = selector_feature_columns(g, pipeline, op, kernels, problem, used, pack)
     if order != sorted(order):
-        x3 = g.op("Gather", x3, g.const(np.argsort(order), "feature_order", dtype=np.int64), axis=2)
-    return g.op("Reshape", x3, g.const([-1, position], dtype=np.int64))
+        x = g.op("Gather", x, g.const(np.argsort(order), "feature_order", dtype=np.int64), axis=1)
+    return x

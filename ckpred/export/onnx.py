@@ -284,7 +284,7 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
         On an empty catalogue, ``kernel_id`` not ``0..C-1`` in row order, or ``keep`` not
         distinct catalogue ids.
     """
-    from ckpred.export.factorise import selector_features
+    from ckpred.export.factorise import selector_feature_columns
 
     P, C = len(op.problem_names), len(catalogue)
     if C == 0:
@@ -302,9 +302,10 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
     step = convert_model_step(pipeline)
     # only the features the trees split on (the others' nodes are pruned below)
     columns = used_features(step, step.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
-    x = selector_features(g, pipeline, op, op.encode(scored, op.kernel_names), "problem", columns)  # [B*K, F']
+    # [B*K, F'], columns in the order the packed feature graph makes them: the trees read them so
+    x, order = selector_feature_columns(g, pipeline, op, op.encode(scored, op.kernel_names), "problem", columns)
     raw = g.name("score2d")
-    _add_pipeline(g, keep_features(step, columns), x, raw)
+    _add_pipeline(g, keep_features(step, [columns[i] for i in order]), x, raw)
     score = g.op("Reshape", raw, g.const([-1, K], dtype=np.int64))  # [B, K]
     mask = mask_builder(g, "problem", scored, op=op, arch=arch, dtype=dtype, layout=layout)
     masked = g.op("Where", mask, score, g.const(-np.inf, dtype=np.float64))
