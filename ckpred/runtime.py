@@ -146,6 +146,8 @@ class KernelSelector:
         self._ranges = training.get("problem_ranges", {})
         self._minimum = training.get("problem_minimum", {})
         self._kinds = {f["name"]: f for f in manifest["problem_fields"]}
+        self._int_minimum = {f["name"]: int(self._minimum.get(f["name"], 0)) for f in manifest["problem_fields"]
+                             if f["kind"] == "int"}
         self._cache: OrderedDict[tuple[Any, ...], Selection] = OrderedDict()
         self.cache_size = cache_size
         self.cache_hits = 0
@@ -320,6 +322,9 @@ class KernelSelector:
 
     def _problem_value(self, name: str, value: Any) -> int:
         """One problem value as the graph's int64 code, checked against the field's kind."""
+        lo = self._int_minimum.get(name)
+        if type(value) is int and lo is not None and lo <= value <= mf.INT64_MAX:  # the common case, first
+            return value
         spec = self._kinds[name]
         key = f"problem.{name}"
         if spec["kind"] == "bool":
@@ -394,7 +399,7 @@ class KernelSelector:
         """Raw graph call: int64 [B, P] problems -> (kernel_ids, scores, num_valid)."""
         ids, scores, nvalid = self._session.run(
             ["kernel_ids", "scores", "num_valid"],
-            {"problem": np.ascontiguousarray(problems, dtype=np.int64), "top_k": np.array([top_k], dtype=np.int64)})
+            {"problem": np.ascontiguousarray(problems, dtype=np.int64), "top_k": np.full(1, top_k, dtype=np.int64)})
         return ids, scores, nvalid
 
     def _select_batch(self, rows: list[dict[str, int]], top_k: int) -> list[Selection]:

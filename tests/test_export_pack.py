@@ -19,8 +19,8 @@ PROBLEM = helper.make_tensor_value_info("problem", TensorProto.INT64, ["B", 3])
 def _run(g: xo.GraphBuilder, out: str, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, int]:
     g.op("Identity", out, out="y")
     g.prune(["y"])
-    graph = helper.make_graph(g.nodes, "t", [PROBLEM], [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["B", "K", "F"])],
-                              initializer=g.initializers)
+    out_info = helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["B", "K", "F"])
+    graph = helper.make_graph(g.nodes, "t", [PROBLEM], [out_info], initializer=g.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in xo.OPSET.items()],
                               ir_version=xo.IR_VERSION)
     onnx.checker.check_model(model, full_check=True)
@@ -101,8 +101,9 @@ def test_packed_selector_features_equal_the_per_column_graph(fitted) -> None:
         x = selector_features(g, pipe, op, kernels, "problem", pack=packed)
         g.op("Identity", x, out="features")
         g.prune(["features"])
+        width = len(pipe[:-1].get_feature_names_out())
         graph = helper.make_graph(g.nodes, "f", [helper.make_tensor_value_info("problem", TensorProto.INT64, ["B", 4])],
-                                  [helper.make_tensor_value_info("features", TensorProto.DOUBLE, ["N", len(pipe[:-1].get_feature_names_out())])],
+                                  [helper.make_tensor_value_info("features", TensorProto.DOUBLE, ["N", width])],
                                   initializer=g.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in xo.OPSET.items()],
                                   ir_version=xo.IR_VERSION)

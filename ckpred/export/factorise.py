@@ -18,9 +18,12 @@ an ``xp`` namespace whose values are either
   per candidate), ``[B, K, 1]`` once a kernel value joins in. Their nodes are emitted by
   :class:`ckpred.export.converters.OnnxOps`, the namespace of the scorer graph.
 
-The feature columns are then assembled into ``[B*K, F]`` in the pipeline's feature order: one
-constant block for the static features, one broadcast block for the problem-only ones, one
-block for the rest, and a ``Gather`` restoring the order.
+The feature columns are then assembled into ``[B*K, F]``: one constant block for the static
+features, one broadcast block for the problem-only ones, one block for the rest. The two
+symbolic blocks are computed side by side by a few wide ops (:mod:`ckpred.export.pack`), in the
+lane order packing finds cheapest; :func:`selector_feature_columns` returns that order (the
+selector's trees read the columns in it) and :func:`selector_features` puts the columns in the
+pipeline's feature order with a ``Gather``.
 """
 
 from __future__ import annotations

@@ -25,10 +25,12 @@ Graphs and their stable input/output names
 
 Inside the selector the features of every (problem, catalogue kernel) pair are computed with
 the catalogue as a constant: whatever depends on kernel fields only is evaluated at export,
-what depends on the problem only once per problem (:mod:`ckpred.export.factorise`). The
-``[B*C, F]`` features go through the same trees as the scorer's, are reshaped to ``[B, C]``,
-masked by the op's validity rules (compiled to ONNX arithmetic, see :mod:`ckpred.export.validity`)
-and ranked by ``TopK``.
+what depends on the problem only once per problem (:mod:`ckpred.export.factorise`), columns
+computed side by side by a few wide ops (:mod:`ckpred.export.pack`). Only the features the trees
+split on are computed, in the order the feature graph makes them (the trees' feature ids are
+renumbered to it). The ``[B*C, F]`` features go through the same trees as the scorer's, are
+reshaped to ``[B, C]``, masked by the op's validity rules (compiled to ONNX arithmetic, see
+:mod:`ckpred.export.validity`) and ranked by ``TopK``.
 
 Precision: every input is int64, feature converters compute in double, and the trees are the
 double-precision ``ai.onnx.ml`` opset 5 ``TreeEnsemble`` (see :mod:`ckpred.export.lightgbm`), so

@@ -41,6 +41,7 @@ ELEMENTWISE = frozenset({
 COMMUTATIVE = frozenset({"Add", "And", "Equal", "Mul", "Or", "Xor"})  # not Max/Min: NaN order
 
 Shape = tuple[Any, Any, Any]  # (batch: "B" or 1, candidates: int or 1, width: int)
+_Pack = tuple[str, Shape, "tuple[int, ...] | None"]  # (tensor, shape, lane i = names[perm[i]])
 
 
 def _attrs(node: onnx.NodeProto) -> tuple[Any, ...]:
@@ -62,7 +63,7 @@ class _Packer:
         self.producer = {o: n for n in g.nodes for o in n.output}
         self.consts = {t.name: numpy_helper.to_array(t) for t in g.initializers}
         self.types.update({t.name: t.data_type for t in g.initializers})
-        self.memo: dict[Any, tuple[str, Shape, tuple[int, ...] | None]] = {}
+        self.memo: dict[Any, _Pack] = {}
         self.lane_gathers: set[str] = set()
         self._batch: str | None = None
 
@@ -149,7 +150,7 @@ class _Packer:
     # A pack is returned as (tensor, shape, perm): lane i of the tensor holds names[perm[i]]
     # (a pack of one repeated value is that value, width 1, perm None: it broadcasts). Callers
     # that can use the lanes in any order take them as they come (no Gather to reorder).
-    def pack(self, names: tuple[str, ...], exact: bool = False) -> tuple[str, Shape, tuple[int, ...] | None]:
+    def pack(self, names: tuple[str, ...], exact: bool = False) -> _Pack:
         """The pack of ``names``, lanes in ``names`` order when ``exact``."""
         if names not in self.memo:
             self.memo[names] = self._pack(names)
@@ -163,7 +164,7 @@ class _Packer:
             return self.memo[key]
         return out, shape, perm
 
-    def _pack(self, names: tuple[str, ...]) -> tuple[str, Shape, tuple[int, ...] | None]:
+    def _pack(self, names: tuple[str, ...]) -> _Pack:
         identity = tuple(range(len(names)))
         if len(set(names)) == 1:
             return names[0], self._shape(names[0]), None  # type: ignore[return-value]
@@ -200,7 +201,7 @@ class _Packer:
         out, shape = self._concat(parts)
         return out, shape, tuple(order)
 
-    def _pack_same(self, names: tuple[str, ...], signature: tuple[Any, ...]) -> tuple[str, Shape, tuple[int, ...] | None]:
+    def _pack_same(self, names: tuple[str, ...], signature: tuple[Any, ...]) -> _Pack:
         nodes = [self.producer[n] for n in names]
         first = nodes[0]
         attrs = {a.name: helper.get_attribute_value(a) for a in first.attribute}

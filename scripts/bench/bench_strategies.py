@@ -148,6 +148,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reuse", action="store_true", help="reuse <out-dir>/pipeline.joblib from an earlier run")
     parser.add_argument("--plot", default=str(REPO / "docs" / "select_tradeoff.png"), help="trade-off PNG path")
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
+    parser.add_argument("--quality-only", action="store_true", help="print the CV quality table only (no exports)")
     parser.add_argument("overrides", nargs="*", help="hydra overrides of the export config (match the train run)")
     return parser.parse_args(argv)
 
@@ -262,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
         qual[name] = quality(oof, table, op, cfg, n, rr)
         print(f"{name}: CV quality {qual[name]['mean']:.2f} / {qual[name]['p10']:.2f} "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    if args.quality_only:
+        full = qual["full"]
+        print(f"\n{'option':<28} {'mean %':>7} {'P10 %':>6} {'min %':>6} {'mean/full':>9} {'dP10':>6}")
+        for name, q in qual.items():
+            print(f"{name:<28} {q['mean']:>7.2f} {q['p10']:>6.2f} {q['min']:>6.2f} {q['mean'] / full['mean']:>9.4f} "
+                  f"{q['p10'] - full['p10']:>+6.2f}")
+        return 0
 
     t0 = time.perf_counter()
     pipe = final_pipeline(args, cfg, table, op)

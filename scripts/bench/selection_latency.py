@@ -9,10 +9,13 @@ session options), on the same unseen shapes, one thread:
   and the median over passes of the paired ratio (the two paths alternate pass by pass);
 * C++ ``ckpred_select --bench 1`` per shape (``--cpp`` / ``--baseline-cpp`` binaries, default
   scripts/cpp/build/ckpred_select for both): median / p99 of ``--repeats`` alternating runs;
-* the breakdown of one ``Run`` from onnxruntime's own profiler (``enable_profiling``): kernel
-  time of the feature nodes (everything the trees' input depends on), the trees, TopK, the rest
-  of the graph (validity mask, ranking glue), and the runtime overhead (``model_run`` minus the
-  nodes); medians over the profiled runs, so profiling's own cost is in the node figures;
+* the breakdown of one ``Run`` in thread-CPU time, by timing sub-graphs cut out of the selector
+  (``onnx.utils.Extractor``) and run alone on the real intermediate tensors: the feature graph
+  (everything the trees' input depends on), the trees, the rest (validity mask, masking, TopK,
+  id mapping) and TopK alone, less a one-node graph's Run (the per-Run overhead of the runtime);
+  onnxruntime's own profiler costs more per node than these nodes take, so it is not used;
+* Python ``select`` against the bare ``session.run`` it makes (the runtime's own overhead), and
+  ``select`` on the shapes no kernel can run (its "why" path);
 * node counts, the features the trees read, the parity and selection figures of each manifest.
 
 The machine may be shared: the load average is printed before and after; read the paired
@@ -40,7 +43,10 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
+import onnx.shape_inference  # noqa: E402
 import pandas as pd  # noqa: E402
+
+from ckpred.export.onnx import SELECTOR_OUTPUTS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 BINARY = REPO / "scripts" / "cpp" / "build" / "ckpred_select"
@@ -84,42 +90,85 @@ def sections(model: onnx.ModelProto) -> dict[str, str]:
     return out
 
 
-def breakdown(path: Path, problems: np.ndarray) -> dict[str, float]:
-    """Median µs per Run of each section and of the runtime overhead, from onnxruntime's profiler
-    (the runtime's session options plus profiling)."""
-    import onnxruntime as ort
+def _time_calls(fn: Any, args: list[Any], passes: int) -> float:
+    """Median over passes of the median thread-CPU µs of ``fn(a)`` over ``args``."""
+    for a in args[:20]:
+        fn(a)
+    medians = []
+    for _ in range(passes):
+        times = []
+        for a in args:
+            t0 = time.thread_time_ns()
+            fn(a)
+            times.append(time.thread_time_ns() - t0)
+        medians.append(np.median(times) / 1e3)
+    return float(np.median(medians))
 
-    kind = sections(onnx.load(str(path)))
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.enable_profiling = True
-    with tempfile.TemporaryDirectory() as tmp:
-        so.profile_file_prefix = str(Path(tmp) / "prof")
-        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        top_k = np.array([5], dtype=np.int64)
-        for p in problems:
-            sess.run(None, {"problem": p[None, :], "top_k": top_k})
-        events = json.loads(Path(sess.end_profiling()).read_text())
-    runs: list[dict[str, float]] = []
-    current: dict[str, float] | None = None
-    for e in sorted((e for e in events if e.get("ph") == "X"), key=lambda e: e["ts"]):
-        if e.get("cat") == "Session" and e["name"] == "model_run":
-            current = collections.defaultdict(float, total=e["dur"], start=e["ts"])
-            runs.append(current)
-        elif e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            # fused nodes are named "<node>/<fusion>"; the first part is the graph's node
-            node = e["name"][: -len("_kernel_time")].split("/")[0]
-            run = next((r for r in reversed(runs) if r["start"] <= e["ts"] <= r["start"] + r["total"]), None)
-            if run is not None:
-                run[kind.get(node, kind.get(e["name"][: -len("_kernel_time")], "rest"))] += e["dur"]
-    out = {}
-    for key in ("features", "trees", "topk", "rest"):
-        out[key] = float(np.median([r[key] for r in runs]))
-    out["overhead"] = float(np.median([r["total"] - sum(r[k] for k in ("features", "trees", "topk", "rest"))
-                                       for r in runs]))
-    out["run"] = float(np.median([r["total"] for r in runs]))
+
+def _time_runs(sess: Any, feeds: list[dict[str, np.ndarray]], passes: int) -> float:
+    """:func:`_time_calls` of ``sess.run`` over the feeds."""
+    return _time_calls(lambda feed: sess.run(None, feed), feeds, passes)
+
+
+def breakdown(path: Path, problems: np.ndarray, passes: int) -> dict[str, float]:
+    """Median thread-CPU µs per Run of the whole graph and of sub-graphs cut out of it with
+    ``onnx.utils.Extractor``: the features (problem -> the trees' input), the trees alone (fed
+    the real features), the rest (validity mask, masking, TopK, id mapping; fed the real tree
+    output) and TopK alone; ``run_overhead`` is a one-node graph's Run (what every Run pays
+    whatever the graph), and the ``*_net`` figures subtract it once per sub-graph."""
+    from onnx.utils import Extractor
+
+    from ckpred.export.onnx import session
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
+    tree = next(n for n in model.graph.node if n.domain == "ai.onnx.ml" and n.op_type.startswith("TreeEnsemble"))
+    topk = next(n for n in model.graph.node if n.op_type == "TopK")
+    cut = Extractor(model)
+    sub = {"features": cut.extract_model(["problem"], [tree.input[0]]),
+           "trees": cut.extract_model([tree.input[0]], [tree.output[0]]),
+           "rest": cut.extract_model(["problem", "top_k", tree.output[0]], list(SELECTOR_OUTPUTS)),
+           "topk": cut.extract_model(list(topk.input), list(topk.output))}
+    sess = {k: session(m) for k, m in sub.items()}
+    full = session(model)
+    top_k = np.array([5], dtype=np.int64)
+    rows = [p[None, :] for p in problems]
+    x = [sess["features"].run(None, {"problem": p})[0] for p in rows]
+    y = [sess["trees"].run(None, {tree.input[0]: v})[0] for v in x]
+    to_topk = session(cut.extract_model(["problem", tree.output[0]], [topk.input[0]]))
+    masked = [to_topk.run(None, {"problem": p, tree.output[0]: v})[0] for p, v in zip(rows, y)]
+    one = onnx.helper.make_model(
+        onnx.helper.make_graph([onnx.helper.make_node("Identity", ["problem"], ["out"])], "one",
+                               [onnx.helper.make_tensor_value_info("problem", onnx.TensorProto.INT64, ["B", None])],
+                               [onnx.helper.make_tensor_value_info("out", onnx.TensorProto.INT64, ["B", None])]),
+        opset_imports=model.opset_import, ir_version=model.ir_version)
+    out = {"run": _time_runs(full, [{"problem": p, "top_k": top_k} for p in rows], passes),
+           "features": _time_runs(sess["features"], [{"problem": p} for p in rows], passes),
+           "trees": _time_runs(sess["trees"], [{tree.input[0]: v} for v in x], passes),
+           "rest": _time_runs(sess["rest"], [{"problem": p, "top_k": top_k, tree.output[0]: v}
+                                             for p, v in zip(rows, y)], passes),
+           "topk": _time_runs(sess["topk"], [{topk.input[0]: m, topk.input[1]: np.array([5], dtype=np.int64)}
+                                             for m in masked], passes),
+           "run_overhead": _time_runs(session(one), [{"problem": p} for p in rows], passes)}
+    for key in ("features", "trees", "rest", "topk"):
+        out[f"{key}_net"] = out[key] - out["run_overhead"]
+        out[f"{key}_nodes"] = len(sub[key].graph.node)
+    out["unaccounted"] = out["run"] - out["run_overhead"] - sum(out[f"{k}_net"] for k in ("features", "trees", "rest"))
+    return out
+
+
+def python_overhead(sel: Any, rows: list[dict[str, int]], passes: int) -> dict[str, float]:
+    """Median thread-CPU µs of ``select`` (cache off) and of the bare ``session.run`` it makes, on
+    the shapes some kernel can run (the ``no kernel`` ones take another path, timed apart)."""
+    top_k = np.array([5], dtype=np.int64)
+    answered = [r for r in rows if sel.select(**r, top_k=5).ok]
+    none = [r for r in rows if r not in answered]
+    feeds = [{"problem": np.array([[r[n] for n in sel.problem_fields]], dtype=np.int64), "top_k": top_k}
+             for r in answered]
+    out = {"session_run": _time_runs(sel._session, feeds, passes),
+           "select": _time_calls(lambda r: sel.select(**r, top_k=5), answered, passes),
+           "no_kernel_select": (_time_calls(lambda r: sel.select(**r, top_k=5), none, max(1, passes // 2))
+                                if none else float("nan"))}
+    out["no_kernel_shapes"] = len(none)
     return out
 
 
@@ -259,12 +308,21 @@ def main() -> int:
     else:
         print(f"\nC++: no result (build scripts/cpp/build.sh; binary {args.cpp})")
 
-    print("\nBreakdown of one Run (onnxruntime profiler, median µs; profiling adds to the node figures)")
-    print("  path       features   trees    topk    rest  overhead     run")
+    print(f"\nBreakdown of one Run: thread-CPU µs, medians over {args.repeats} passes of {len(problems)} shapes; "
+          "sub-graphs cut out of the selector and run alone")
+    print("  path      run  = overhead + features (nodes) + trees + rest (nodes; of it top-k) + unaccounted")
     for key, label in (("base", "current"), ("new", "new")):
-        b = breakdown(paths[key] / "model.onnx", problems[: min(len(problems), 200)])
-        print(f"  {label:8s} {b['features']:9.1f} {b['trees']:7.1f} {b['topk']:7.1f} {b['rest']:7.1f} "
-              f"{b['overhead']:9.1f} {b['run']:7.1f}")
+        b = breakdown(paths[key] / "model.onnx", problems, args.repeats)
+        print(f"  {label:8s} {b['run']:6.1f} = {b['run_overhead']:6.1f} + {b['features_net']:6.1f} "
+              f"({b['features_nodes']:3d})"
+              f" + {b['trees_net']:6.1f} + {b['rest_net']:5.1f} ({b['rest_nodes']:2d}; {b['topk_net']:4.1f}) "
+              f"+ {b['unaccounted']:5.1f}")
+    print("\nPython select() around session.run: thread-CPU µs, shapes with an answer; 'no kernel' shapes apart")
+    for key, label, sel in (("base", "current", base), ("new", "new", new)):
+        o = python_overhead(sel, rows, args.repeats)
+        print(f"  {label:8s} session.run {o['session_run']:6.1f}  select {o['select']:6.1f}  (select - run "
+              f"{o['select'] - o['session_run']:5.1f});  no-kernel select {o['no_kernel_select']:8.1f} "
+              f"({o['no_kernel_shapes']} shapes)")
     load1 = os.getloadavg()
     print(f"\nload average after: {load1[0]:.1f} {load1[1]:.1f} {load1[2]:.1f}")
     return 0
