@@ -99,6 +99,27 @@ def test_selector_batch_rows_equal_single_rows(exported) -> None:
         assert ids[0].tolist() == ids_b[j].tolist() and np.array_equal(sc[0], sc_b[j]) and n[0] == n_b[j]
 
 
+def test_selector_scores_only_valid_pairs_in_a_mixed_batch(setup, exported) -> None:
+    """The trees see only the valid pairs of a batch (problems with no valid kernel among them):
+    each invalid kernel scores -inf, each valid one its own score, as when run alone."""
+    op, cfg, _ = setup
+    _, d, man = exported[("regressor", "log1p")]
+    sess = xo.session(str(d / "model.onnx"))
+    shapes = [(1, 1, 7168), (128, 4096, 512), (64, 4096, 1), (1, 7168, 4096), (13, 17, 19)]
+    batch = np.array([[*s, 1] for s in shapes], dtype=np.int64)
+    every = np.array([man["catalogue"]["count"]])
+    ids_b, sc_b, n_b = sess.run(None, {"problem": batch, "top_k": every})
+    cat = op.catalogue(cfg.arch, cfg.dtype, cfg.layout)
+    for j, shape in enumerate(shapes):
+        full = _problems([shape]).merge(cat, how="cross")
+        valid, _ = op.validity(full, full, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+        assert n_b[j] == valid.sum()
+        assert np.isneginf(sc_b[j][~valid[ids_b[j]]]).all() and np.isfinite(sc_b[j][valid[ids_b[j]]]).all()
+        ids, sc, _ = sess.run(None, {"problem": batch[j:j + 1], "top_k": every})
+        assert ids[0].tolist() == ids_b[j].tolist() and np.array_equal(sc[0], sc_b[j])
+    assert n_b[0] == n_b[2] == 0 and n_b[1] > 0
+
+
 def test_selector_top_k_larger_than_catalogue_is_clamped(exported) -> None:
     _, d, man = exported[("regressor", "log1p")]
     sess = xo.session(str(d / "model.onnx"))

@@ -28,9 +28,10 @@ the catalogue as a constant: whatever depends on kernel fields only is evaluated
 what depends on the problem only once per problem (:mod:`ckpred.export.factorise`), columns
 computed side by side by a few wide ops (:mod:`ckpred.export.pack`). Only the features the trees
 split on are computed, in the order the feature graph makes them (the trees' feature ids are
-renumbered to it). The ``[B*C, F]`` features go through the same trees as the scorer's, are
-reshaped to ``[B, C]``, masked by the op's validity rules (compiled to ONNX arithmetic, see
-:mod:`ckpred.export.validity`) and ranked by ``TopK``.
+renumbered to it). The rows of the ``[B*C, F]`` features that the op's validity rules allow
+(compiled to ONNX arithmetic, see :mod:`ckpred.export.validity`) go through the same trees as
+the scorer's; their scores are scattered into ``[B, C]`` (``-inf`` for the invalid kernels) and
+ranked by ``TopK``.
 
 Precision: every input is int64, feature converters compute in double, and the trees are the
 double-precision ``ai.onnx.ml`` opset 5 ``TreeEnsemble`` (see :mod:`ckpred.export.lightgbm`), so
@@ -306,11 +307,16 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
     columns = used_features(step, step.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
     # [B*K, F'], columns in the order the packed feature graph makes them: the trees read them so
     x, order = selector_feature_columns(g, pipeline, op, op.encode(scored, op.kernel_names), "problem", columns)
-    raw = g.name("score2d")
-    _add_pipeline(g, keep_features(step, [columns[i] for i in order]), x, raw)
-    score = g.op("Reshape", raw, g.const([-1, K], dtype=np.int64))  # [B, K]
     mask = mask_builder(g, "problem", scored, op=op, arch=arch, dtype=dtype, layout=layout)
-    masked = g.op("Where", mask, score, g.const(-np.inf, dtype=np.float64))
+    # Only the valid pairs go through the trees (usually a fraction of them: the trees cost per
+    # row); their scores are scattered into a [B*K] vector of -inf, the score of an invalid kernel.
+    flat = g.op("Reshape", mask, g.const([-1], dtype=np.int64))  # [B*K]
+    raw = g.name("score2d")
+    _add_pipeline(g, keep_features(step, [columns[i] for i in order]), g.op("Compress", x, flat, axis=0), raw)
+    rows = g.op("Reshape", g.op("NonZero", flat), g.const([-1], dtype=np.int64))  # [n valid]
+    base = g.op("Where", flat, g.const(0.0, dtype=np.float64), g.const(-np.inf, dtype=np.float64))
+    scattered = g.op("ScatterElements", base, rows, g.op("Reshape", raw, g.const([-1], dtype=np.int64)), axis=0)
+    masked = g.op("Reshape", scattered, g.const([-1, K], dtype=np.int64))  # [B, K]
     k = g.op("Min", "top_k", c)
     if keep is None:
         g.op("TopK", masked, k, axis=1, largest=1, sorted=1, out=["scores", "kernel_ids"])

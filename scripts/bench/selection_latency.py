@@ -11,8 +11,9 @@ session options), on the same unseen shapes, one thread:
   scripts/cpp/build/ckpred_select for both): median / p99 of ``--repeats`` alternating runs;
 * the breakdown of one ``Run`` in thread-CPU time, by timing sub-graphs cut out of the selector
   (``onnx.utils.Extractor``) and run alone on the real intermediate tensors: the feature graph
-  (everything the trees' input depends on), the trees, the rest (validity mask, masking, TopK,
-  id mapping) and TopK alone, less a one-node graph's Run (the per-Run overhead of the runtime);
+  (problem -> feature matrix), the trees (on the rows they see), the rest (validity mask, row
+  selection, scores scattered back, TopK, id mapping) and TopK alone, less a one-node graph's
+  Run (the per-Run overhead of the runtime);
   onnxruntime's own profiler costs more per node than these nodes take, so it is not used;
 * Python ``select`` against the bare ``session.run`` it makes (the runtime's own overhead), and
   ``select`` on the shapes no kernel can run (its "why" path);
@@ -68,18 +69,25 @@ def old_session(path: Path) -> Any:
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-def sections(model: onnx.ModelProto) -> dict[str, str]:
-    """Node name -> ``features`` | ``trees`` | ``topk`` | ``rest`` (features: every node the trees'
-    input depends on)."""
+def feature_matrix(model: onnx.ModelProto) -> tuple[onnx.NodeProto, str]:
+    """The tree ensemble node and the feature matrix it reads rows of (before the ``Compress``
+    that keeps the valid rows, when there is one)."""
     producer = {o: n for n in model.graph.node for o in n.output}
-    out: dict[str, str] = {}
-    stack = []
-    for n in model.graph.node:
-        if n.domain == "ai.onnx.ml" and n.op_type.startswith("TreeEnsemble"):
-            out[n.name] = "trees"
-            stack.extend(n.input)
-        elif n.op_type == "TopK":
-            out[n.name] = "topk"
+    tree = next(n for n in model.graph.node if n.domain == "ai.onnx.ml" and n.op_type.startswith("TreeEnsemble"))
+    features = tree.input[0]
+    while features in producer and producer[features].op_type in ("Identity", "Compress"):
+        features = producer[features].input[0]
+    return tree, features
+
+
+def sections(model: onnx.ModelProto) -> dict[str, str]:
+    """Node name -> ``features`` | ``trees`` | ``topk`` | ``rest`` (features: every node the
+    feature matrix depends on)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    tree, features = feature_matrix(model)
+    out: dict[str, str] = {tree.name: "trees"}
+    out.update({n.name: "topk" for n in model.graph.node if n.op_type == "TopK"})
+    stack = [features]
     while stack:
         node = producer.get(stack.pop())
         if node is not None and node.name not in out:
@@ -112,30 +120,32 @@ def _time_runs(sess: Any, feeds: list[dict[str, np.ndarray]], passes: int) -> fl
 
 def breakdown(path: Path, problems: np.ndarray, passes: int) -> dict[str, float]:
     """Median thread-CPU µs per Run of the whole graph and of sub-graphs cut out of it with
-    ``onnx.utils.Extractor``: the features (problem -> the trees' input), the trees alone (fed
-    the real features), the rest (validity mask, masking, TopK, id mapping; fed the real tree
-    output) and TopK alone; ``run_overhead`` is a one-node graph's Run (what every Run pays
+    ``onnx.utils.Extractor``: the features (problem -> the feature matrix), the trees alone (fed
+    the real rows they see), the rest (validity mask, selecting the rows, scattering the scores,
+    TopK, id mapping; fed the real features and tree output) and TopK alone; ``run_overhead`` is a one-node graph's Run (what every Run pays
     whatever the graph), and the ``*_net`` figures subtract it once per sub-graph."""
     from onnx.utils import Extractor
 
     from ckpred.export.onnx import session
 
     model = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
-    tree = next(n for n in model.graph.node if n.domain == "ai.onnx.ml" and n.op_type.startswith("TreeEnsemble"))
+    tree, features = feature_matrix(model)
     topk = next(n for n in model.graph.node if n.op_type == "TopK")
     cut = Extractor(model)
-    sub = {"features": cut.extract_model(["problem"], [tree.input[0]]),
+    sub = {"features": cut.extract_model(["problem"], [features]),
            "trees": cut.extract_model([tree.input[0]], [tree.output[0]]),
-           "rest": cut.extract_model(["problem", "top_k", tree.output[0]], list(SELECTOR_OUTPUTS)),
+           "rest": cut.extract_model(["problem", "top_k", features, tree.output[0]], list(SELECTOR_OUTPUTS)),
            "topk": cut.extract_model(list(topk.input), list(topk.output))}
     sess = {k: session(m) for k, m in sub.items()}
     full = session(model)
     top_k = np.array([5], dtype=np.int64)
     rows = [p[None, :] for p in problems]
-    x = [sess["features"].run(None, {"problem": p})[0] for p in rows]
+    f = [sess["features"].run(None, {"problem": p})[0] for p in rows]
+    to_trees = session(cut.extract_model(["problem"], [tree.input[0]]))
+    x = [to_trees.run(None, {"problem": p})[0] for p in rows]
     y = [sess["trees"].run(None, {tree.input[0]: v})[0] for v in x]
-    to_topk = session(cut.extract_model(["problem", tree.output[0]], [topk.input[0]]))
-    masked = [to_topk.run(None, {"problem": p, tree.output[0]: v})[0] for p, v in zip(rows, y)]
+    to_topk = session(cut.extract_model(["problem", features, tree.output[0]], [topk.input[0]]))
+    masked = [to_topk.run(None, {"problem": p, features: v, tree.output[0]: w})[0] for p, v, w in zip(rows, f, y)]
     one = onnx.helper.make_model(
         onnx.helper.make_graph([onnx.helper.make_node("Identity", ["problem"], ["out"])], "one",
                                [onnx.helper.make_tensor_value_info("problem", onnx.TensorProto.INT64, ["B", None])],
@@ -144,8 +154,8 @@ def breakdown(path: Path, problems: np.ndarray, passes: int) -> dict[str, float]
     out = {"run": _time_runs(full, [{"problem": p, "top_k": top_k} for p in rows], passes),
            "features": _time_runs(sess["features"], [{"problem": p} for p in rows], passes),
            "trees": _time_runs(sess["trees"], [{tree.input[0]: v} for v in x], passes),
-           "rest": _time_runs(sess["rest"], [{"problem": p, "top_k": top_k, tree.output[0]: v}
-                                             for p, v in zip(rows, y)], passes),
+           "rest": _time_runs(sess["rest"], [{"problem": p, "top_k": top_k, features: v, tree.output[0]: w}
+                                             for p, v, w in zip(rows, f, y)], passes),
            "topk": _time_runs(sess["topk"], [{topk.input[0]: m, topk.input[1]: np.array([5], dtype=np.int64)}
                                              for m in masked], passes),
            "run_overhead": _time_runs(session(one), [{"problem": p} for p in rows], passes)}
