@@ -38,7 +38,8 @@ def _columns(g: xo.GraphBuilder) -> list[str]:
     cols = []
     for dim, tile in ((m, "tm"), (n, "tn"), (k, "tk")):
         cols.append(g.op("Ceil", g.op("Div", dim, tiles[tile])))  # per candidate
-        cols.append(g.op("Div", g.op("Log", dim), g.const([np.log(2.0)])))  # per problem... mixed in below
+        log2 = g.op("Div", g.op("Log", dim), g.const([np.log(2.0)]))  # log2 rounded to float32, as the features do
+        cols.append(g.op("Cast", g.op("Cast", log2, to=TensorProto.FLOAT), to=TensorProto.DOUBLE))
     cols.append(g.op("Mul", two, m))  # constant first
     cols.append(g.op("Mul", n, two))  # constant second
     cols.append(g.op("Cast", g.op("Less", m, tiles["tm"]), to=TensorProto.DOUBLE))  # from bool

@@ -3,22 +3,33 @@
 The selector's feature graph (:mod:`ckpred.export.factorise`) computes every feature column as
 its own chain of small elementwise nodes on ``[B, 1, 1]`` (per problem) or ``[B, K, 1]`` (per
 candidate) tensors, and concatenates the columns at the end. onnxruntime spends about the same
-fixed time on a node whatever its size, so the cost of that graph is its node count, not its
-arithmetic. Many columns are computed by the same chain of operations on different values —
+fixed time on a node whatever its size, so the cost of that graph is mostly its node count, not
+its arithmetic. Many columns are computed by the same chain of operations on different values —
 ``ceil(m / tile_m)``, ``ceil(n / tile_n)``, ``ceil(k / tile_k)``, or ``log2`` followed by the
 float32 round trip for a dozen different quantities — so the chains can run side by side: one
 ``Div`` over a ``[B, K, 3]`` tensor instead of three over ``[B, K, 1]``.
 
 :func:`pack_columns` does this (it is what compilers call superword-level parallelism): the
 columns to concatenate form a *pack*; a pack whose members are all produced by the same
-elementwise operation (type and attributes) becomes one node whose operands are the packs of the
-members' operands, recursively; a pack whose members come from different operations is split by
-operation, each part packed, and the parts concatenated (a ``Gather`` restores the lane order
-when the parts interleave). A pack of one repeated value is that value (it broadcasts); a pack
-of constants is one constant; a pack of ``Gather`` s of single columns of the same tensor is one
-``Gather``. Each lane computes exactly what its original node computed (the same operation on
-the same double values), so the result equals the ``Concat`` of the columns bit for bit; the
-original nodes are left in place for :meth:`ckpred.export.onnx.GraphBuilder.prune` to remove.
+elementwise operation (type, attributes, operand types) becomes one node whose operands are the
+packs of the members' operands, recursively; a pack whose members come from different operations
+is split into groups of alike members (same operations down to a few levels), each group packed
+and the groups concatenated; a member with too few alike partners keeps its own nodes. A pack of
+one repeated value is that value (it broadcasts); a pack of constants is one constant; a pack of
+``Gather`` s of single columns of one tensor is one ``Gather``. Lanes come in the order packing
+makes them: a node takes its operands' lanes in its leading operand's order, a ``Gather``
+reorders another operand only where the orders differ, and the final order is returned to the
+caller (the selector's trees read the columns in it). Where members share sub-expressions with
+other columns, packing can cost more nodes than it saves, so :func:`pack_columns` tries a few
+grouping thresholds and keeps the cheapest graph, the plain ``Concat`` included.
+
+Each lane applies its original node's operation to the same double values: IEEE-exact
+operations (arithmetic, ``Ceil``, ``Mod``, comparisons, casts) give the same bits.
+onnxruntime's ``Log`` is not correctly rounded and its vectorised code may differ in the last
+bit from its scalar code, so a ``log`` may change by one ulp with the width of its tensor (as it
+already did between one problem and a batch); the features round ``log2`` to float32
+(:meth:`ckpred.features.base.NumpyOps.log2`), which absorbs it. The original nodes are left in
+place for :meth:`ckpred.export.onnx.GraphBuilder.prune` to remove.
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reranked-top-n", type=int, nargs="*", default=[1], help="candidate sets of the reranked options")
     # argparse converts string defaults only, not a list of them
     parser.add_argument("--reranker", nargs="*", type=reranker_size,
-                        default=[reranker_size(s) for s in ("50x15", "100x31", "300x127")],
+                        default=[reranker_size(s) for s in ("50x15", "70x31", "100x31", "300x127")],
                         help="reranker sizes TREESxLEAVES of the reranked options")
     parser.add_argument("--shapes", type=int, default=200, help="unseen shapes to time (default 200)")
     parser.add_argument("--parity-shapes", type=int, default=40, help="training shapes in each export's parity check")
