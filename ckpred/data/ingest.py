@@ -34,18 +34,19 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ckpred.util import resolve_path
 from ckpred.data.mapping import InputMapping, map_rows, op_flops
-from ckpred.data.readers import READERS, TABLE_READERS, FileRead, ReadContext, detect_format, detect_table_format
+from ckpred.data.readers import (CHUNKED_READERS, READERS, TABLE_READERS, FileRead, ReadContext, detect_format,
+                                 detect_table_format)
 from ckpred.data.readers.common import KernelResolver, Reject, RowBuffer
 from ckpred.data.readers.table_parquet import is_canonical
-from ckpred.data.table import conform
-from ckpred.errors import ConfigValueError, InputFileError
+from ckpred.data.table import canonical_schema, conform
+from ckpred.errors import ConfigValueError, InputFileError, OutputPathError
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.util import atomic_path
 
@@ -53,6 +54,8 @@ from ckpred.util import atomic_path
 CONSISTENCY_RTOL = 0.02
 REJECT_COLUMNS = ("source", "reason", "raw")
 FORMATS = ("auto", *READERS)
+#: Bytes of input read per block by default (``data.chunk_mb`` in the config).
+DEFAULT_CHUNK_BYTES = 64 << 20
 
 
 @dataclass
@@ -143,8 +146,9 @@ def expand_paths(spec: str | Path | Iterable[str | Path]) -> list[Path]:
 # -- reading -----------------------------------------------------------------------------------
 def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: str, dtype: str,
                layout: str, fmt: str = "auto", run_id: str = "",
-               mapping: InputMapping | None = None, arch_config: Any = None) -> IngestResult:
-    """Read benchmark output files into the canonical table of ``op``.
+               mapping: InputMapping | None = None, arch_config: Any = None,
+               chunk_bytes: int = DEFAULT_CHUNK_BYTES, vectorised: bool = True) -> IngestResult:
+    """Read benchmark output files into the canonical table of ``op``, in memory.
 
     Parameters
     ----------
@@ -167,11 +171,17 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
     arch_config
         The arch config (its hardware constants feed rules that read ``hw.<constant>``);
         default: the name ``arch`` only.
+    chunk_bytes
+        Bytes of a file read per block by the chunked readers (CSV sweep, streaming log).
+    vectorised
+        ``False`` reads every line with the per-line readers: the reference the block
+        readers are tested against (same rows, reasons and rejects).
 
     Returns
     -------
     IngestResult
-        The merged canonical table, the rejects and the summary counts.
+        The merged canonical table (rows in order of first appearance), the rejects and the
+        summary counts.
 
     Raises
     ------
@@ -179,6 +189,74 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
         A file is missing, unreadable, or of an unknown format; a glob matches nothing.
     ckpred.errors.ConfigValueError
         ``fmt`` is not a known format.
+    """
+    rejects: list[Reject] = []
+    tables: list[pd.DataFrame] = []
+    summary = _run(paths, op, arch=arch, dtype=dtype, layout=layout, fmt=fmt, run_id=run_id, mapping=mapping,
+                   arch_config=arch_config, chunk_bytes=chunk_bytes, vectorised=vectorised, partitions=None,
+                   on_rejects=rejects.extend, on_table=tables.append)
+    table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
+    reject_frame = pd.DataFrame([(r.source, r.reason, r.raw) for r in rejects], columns=list(REJECT_COLUMNS))
+    return IngestResult(table=table, rejects=reject_frame, summary=summary)
+
+
+def ingest_to_parquet(paths: str | Path | Iterable[str | Path], op: OpDefinition, out: str | Path,
+                      rejects: str | Path, *, arch: str, dtype: str, layout: str, fmt: str = "auto",
+                      run_id: str = "", mapping: InputMapping | None = None, arch_config: Any = None,
+                      chunk_bytes: int = DEFAULT_CHUNK_BYTES, vectorised: bool = True) -> IngestSummary:
+    """Stream benchmark files into canonical Parquet and a rejects CSV, memory bounded by a chunk.
+
+    The same rows, reasons, rejects and counts as :func:`read_files` (whose parameters these
+    are), without holding the table: each block of about ``chunk_bytes`` is read, checked and
+    spilled to a temporary directory, hash-partitioned by the problem fields into
+    ``ceil(input bytes / chunk_bytes)`` partitions; then each partition -- every measurement of
+    its problems, so the rule check and the merge of repeats need nothing else -- is merged
+    and written. ``out`` ending in ``.parquet`` is one file (a row group per partition);
+    otherwise a directory of ``part-NNNNN.parquet`` files, one per partition (each holds whole
+    problems). Rejects stream to ``rejects`` (CSV: source, reason, raw) as they are found.
+    Within a partition rows keep their order of first appearance.
+
+    Returns
+    -------
+    IngestSummary
+        The counts; ``rows`` and ``valid_rows`` are those written.
+    """
+    import shutil
+    import tempfile
+
+    out, rejects = Path(out), Path(rejects)
+    files = expand_paths(paths)
+    size = sum(p.stat().st_size for p in files)
+    partitions = max(1, -(-size // max(int(chunk_bytes), 1)))
+    spill = Path(tempfile.mkdtemp(prefix=".ckpred-ingest-", dir=out.parent if out.parent.exists() else None))
+    try:
+        with atomic_path(rejects) as reject_tmp, open(reject_tmp, "w", newline="") as reject_fh, \
+                _TableWriter(out, op) as writer:
+            pd.DataFrame(columns=list(REJECT_COLUMNS)).to_csv(reject_fh, index=False)
+
+            def on_rejects(batch: list[Reject]) -> None:
+                if batch:
+                    pd.DataFrame([(r.source, r.reason, r.raw) for r in batch],
+                                 columns=list(REJECT_COLUMNS)).to_csv(reject_fh, index=False, header=False)
+
+            summary = _run(files, op, arch=arch, dtype=dtype, layout=layout, fmt=fmt, run_id=run_id,
+                           mapping=mapping, arch_config=arch_config, chunk_bytes=chunk_bytes, vectorised=vectorised,
+                           partitions=(partitions, spill), on_rejects=on_rejects, on_table=writer.write)
+            if summary.valid_rows == 0:
+                writer.discard()
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
+    return summary
+
+
+def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: str, dtype: str, layout: str,
+         fmt: str, run_id: str, mapping: InputMapping | None, arch_config: Any, chunk_bytes: int,
+         vectorised: bool, partitions: tuple[int, Path] | None, on_rejects: Callable[[list[Reject]], None],
+         on_table: Callable[[pd.DataFrame], None]) -> IngestSummary:
+    """The one ingestion: read and check in chunks, partition, then merge each partition.
+
+    ``partitions`` is ``None`` (one partition, in memory: the table in order of first
+    appearance) or (count, spill directory). Rejects and table parts go to the callbacks.
     """
     if fmt not in FORMATS:
         raise ConfigValueError("data.format", fmt, f"one of {list(FORMATS)}")
@@ -190,69 +268,227 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
     # A field of the op is judged per row, not against the run's config.
     resolver = KernelResolver(op, dtype=None if "dtype" in op.problem_names else dtype,
                               layout=None if "layout" in op.problem_names else layout)
-    frames: list[pd.DataFrame] = []
-    rejects: list[Reject] = []
     labels = _labels(files)
     summary = IngestSummary(files=[labels[p] for p in files])
+    store = _Partitions(op, *(partitions or (1, None)))
+    headers = (("arch", arch), ("dtype", dtype), ("layout", layout))
+    seen: set[str] = set()  # header columns a table gives per row (input.columns.arch...)
+    n_rows = n_rejects = 0
+    rejected: Counter[str] = Counter()
     for path in files:
-        label = labels[path]
-        table_reader, file_fmt = _reader_of(path, fmt, mapping, op)
-        summary.formats.append(file_fmt or "empty")
-        if file_fmt is None:  # empty file: nothing to read, nothing lost
-            continue
-        ctx = ReadContext(op=op, resolver=resolver, dtype=dtype, layout=layout, arch=arch, label=label)
-        try:
-            if table_reader:
-                raw = TABLE_READERS[file_fmt](path, ctx)
-                mapped = map_rows(raw, op, mapping, resolver,  # type: ignore[arg-type]
-                                  label=label, run_id=run_id or label)
-                frames.append(mapped.frame)
-                rejects += raw.rejects + mapped.rejects
-            else:
-                read = READERS[file_fmt](path, ctx)
-                frames.append(read.frame if read.frame is not None else _buffer_frame(read, op, run_id or label, label))
-                rejects += read.rejects
-                if read.declared_records is not None and read.found_records is not None \
-                        and read.found_records < read.declared_records:
-                    summary.missing[label] = read.declared_records - read.found_records
-        except InputFileError:
-            raise
-        except OSError as exc:
-            raise InputFileError(str(path), exc.strerror or str(exc)) from exc
-    rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0] if frames \
-        else _buffer_frame(None, op, "")
-    del frames  # peak memory: no second copy of a large input
-    # header columns a table gives per row (input.columns.arch...): the run's value elsewhere
-    per_row = [h for h, v in (("arch", arch), ("dtype", dtype), ("layout", layout))
-               if h in rows.columns and h not in op.problem_names]
-    for h, value in (("arch", arch), ("dtype", dtype), ("layout", layout)):
-        if h in per_row:
-            rows[h] = rows[h].where(rows[h].notna(), value)
-    rows = _validate(rows, op)
-    rows = _check_rules(rows, op, resolver, arch=arch_config if arch_config is not None else arch, dtype=dtype,
-                        layout=layout)
-    summary.records = len(rows) + len(rejects)
-    summary.valid = int(rows["is_valid"].sum())
-    summary.invalid = dict(Counter(_category(r) for r in rows.loc[~rows["is_valid"], "invalid_reason"]))
-    summary.rejected = dict(Counter(_category(r.reason) for r in rejects))
+        for frame, rejects in _file_chunks(path, fmt, mapping, op, resolver, summary, labels[path], arch=arch,
+                                           dtype=dtype, layout=layout, run_id=run_id, chunk_bytes=chunk_bytes,
+                                           vectorised=vectorised):
+            for h, value in headers:
+                if h in frame.columns and h not in op.problem_names:
+                    seen.add(h)
+                    frame[h] = frame[h].where(frame[h].notna(), value)
+            store.add(_validate(frame, op))
+            n_rows += len(frame)
+            n_rejects += len(rejects)
+            rejected.update(_category(r.reason) for r in rejects)
+            on_rejects(rejects)
+            del frame, rejects
+    per_row = [h for h, _ in headers if h in seen]
+    summary.records = n_rows + n_rejects
+    summary.rejected = dict(rejected)
     summary.merge_key = (*op.problem_names, *per_row)
-    table, superseded = _merge(rows, op, per_row)
-    del rows
-    summary.superseded = len(superseded)
-    rejects += superseded
     kernels = resolver.frame()
-    codes = table.pop("kernel").to_numpy()
-    for name in (*op.kernel_names, "kernel_name"):
-        # take() on the unique-kernel columns: string fields stay compact arrow arrays
-        table[name] = kernels[name].array.take(codes) if len(kernels) else np.array([], dtype=object)
-    for name, value in (("op", op.name), ("arch", arch), ("dtype", dtype), ("layout", layout)):
-        if name not in op.problem_names and name not in per_row:  # else the row's own value
-            table[name] = value
-    table = conform(table, op)
-    summary.rows = len(table)
-    summary.valid_rows = int(table["is_valid"].sum())
-    reject_frame = pd.DataFrame([(r.source, r.reason, r.raw) for r in rejects], columns=list(REJECT_COLUMNS))
-    return IngestResult(table=table, rejects=reject_frame, summary=summary)
+    invalid: Counter[str] = Counter()
+    for rows in store.parts():
+        for h, value in headers:
+            if h in per_row:
+                rows[h] = rows[h].where(rows[h].notna(), value) if h in rows.columns else value
+        rows = _check_rules(rows, op, resolver, arch=arch_config if arch_config is not None else arch, dtype=dtype,
+                            layout=layout)
+        valid = rows["is_valid"].to_numpy(dtype=bool)
+        summary.valid += int(valid.sum())
+        invalid.update(_category(r) for r in rows["invalid_reason"].to_numpy(dtype=object)[~valid])
+        table, superseded = _merge(rows, op, per_row)
+        del rows
+        summary.superseded += len(superseded)
+        on_rejects(superseded)
+        codes = table.pop("kernel").to_numpy()
+        for name in (*op.kernel_names, "kernel_name"):
+            # take() on the unique-kernel columns: string fields stay compact arrow arrays
+            table[name] = kernels[name].array.take(codes) if len(kernels) else np.array([], dtype=object)
+        for name, value in (("op", op.name), ("arch", arch), ("dtype", dtype), ("layout", layout)):
+            if name not in op.problem_names and name not in per_row:  # else the row's own value
+                table[name] = value
+        table = conform(table, op)
+        summary.rows += len(table)
+        summary.valid_rows += int(table["is_valid"].sum())
+        on_table(table)
+    summary.invalid = dict(invalid)
+    return summary
+
+
+def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefinition, resolver: KernelResolver,
+                 summary: IngestSummary, label: str, *, arch: str, dtype: str, layout: str, run_id: str,
+                 chunk_bytes: int, vectorised: bool) -> Iterator[tuple[pd.DataFrame, list[Reject]]]:
+    """(row frame, rejects) of each chunk of one file; records the file's format in ``summary``."""
+    table_reader, file_fmt = _reader_of(path, fmt, mapping, op)
+    summary.formats.append(file_fmt or "empty")
+    if file_fmt is None:  # empty file: nothing to read, nothing lost
+        return
+    ctx = ReadContext(op=op, resolver=resolver, dtype=dtype, layout=layout, arch=arch, label=label)
+    try:
+        if table_reader:
+            raw = TABLE_READERS[file_fmt](path, ctx)
+            mapped = map_rows(raw, op, mapping, resolver,  # type: ignore[arg-type]
+                              label=label, run_id=run_id or label)
+            yield mapped.frame, raw.rejects + mapped.rejects
+            return
+        chunked = CHUNKED_READERS.get(file_fmt) if vectorised else None
+        reads = chunked(path, ctx, chunk_bytes) if chunked is not None else iter([READERS[file_fmt](path, ctx)])
+        for read in reads:
+            yield (read.frame if read.frame is not None else _buffer_frame(read, op, run_id or label, label)), \
+                read.rejects
+            if read.declared_records is not None and read.found_records is not None \
+                    and read.found_records < read.declared_records:
+                summary.missing[label] = read.declared_records - read.found_records
+    except InputFileError:
+        raise
+    except OSError as exc:
+        raise InputFileError(str(path), exc.strerror or str(exc)) from exc
+
+
+class _Partitions:
+    """Checked row chunks, hash-partitioned by the problem fields.
+
+    One partition keeps the chunks in memory; more spill each chunk's share of every
+    partition to ``spill`` (pickle: the frame's exact dtypes come back) and read a partition
+    back only when it is merged, so memory holds one chunk or one partition at a time.
+    """
+
+    def __init__(self, op: OpDefinition, count: int, spill: Path | None) -> None:
+        self.op, self.count, self.spill = op, count, spill
+        self.frames: list[pd.DataFrame] = []
+        self.chunks = 0
+
+    def add(self, frame: pd.DataFrame) -> None:
+        if self.spill is None or self.count == 1 and not len(self.frames):
+            self.frames.append(frame)
+            return
+        import pickle
+
+        part = partition_of(frame[list(self.op.problem_names)], self.count)
+        order = np.argsort(part, kind="stable")
+        bounds = np.searchsorted(part[order], np.arange(self.count + 1))
+        for p in range(self.count):
+            if bounds[p] == bounds[p + 1]:
+                continue
+            piece = frame.take(order[bounds[p]:bounds[p + 1]])
+            with open(self.spill / f"p{p:05d}-c{self.chunks:06d}.pkl", "wb") as fh:
+                pickle.dump(piece, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        self.chunks += 1
+
+    def parts(self) -> Iterator[pd.DataFrame]:
+        """Each non-empty partition (all partitions' rows in order of first appearance)."""
+        if self.spill is None or self.count == 1:
+            frames, self.frames = self.frames, []
+            if self.spill is not None and self.chunks:  # pragma: no cover - one partition never spills
+                raise AssertionError("a single partition is kept in memory")
+            if not frames:
+                yield _validate(_buffer_frame(None, self.op, ""), self.op)
+                return
+            yield pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+            return
+        import pickle
+
+        for p in range(self.count):
+            names = sorted(self.spill.glob(f"p{p:05d}-c*.pkl"))
+            if not names:
+                continue
+            frames = []
+            for name in names:
+                with open(name, "rb") as fh:
+                    frames.append(pickle.load(fh))
+                name.unlink()
+            yield pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].reset_index(drop=True)
+
+
+def partition_of(problems: pd.DataFrame, count: int) -> np.ndarray:
+    """The partition (``0 .. count-1``) of each row, from a hash of its problem fields.
+
+    Every measurement of one problem lands in one partition, whatever file or chunk it
+    comes from; the hash is pandas' stable row hash, so a problem's partition is the same
+    in every run.
+    """
+    if count == 1:
+        return np.zeros(len(problems), dtype=np.int64)
+    hashed = pd.util.hash_pandas_object(problems, index=False).to_numpy()
+    return (hashed % np.uint64(count)).astype(np.int64)
+
+
+class _TableWriter:
+    """Canonical table parts into one Parquet file (a row group each) or a directory of parts.
+
+    Nothing is visible at ``out`` until the end: the file is written beside it and renamed,
+    the parts into a hidden directory inside it and moved in (replacing the previous parts).
+    """
+
+    def __init__(self, out: Path, op: OpDefinition) -> None:
+        self.out, self.op = out, op
+        self.single = out.suffix == ".parquet"
+        self.schema = canonical_schema(op)
+        self.parts = 0
+        self.discarded = False
+
+    def __enter__(self) -> "_TableWriter":
+        import tempfile
+
+        import pyarrow.parquet as pq
+
+        if self.single:
+            self._atomic = atomic_path(self.out)
+            self.tmp = self._atomic.__enter__()
+            self.writer: Any = pq.ParquetWriter(self.tmp, self.schema)
+        else:
+            self.created = not self.out.exists()
+            try:
+                self.out.mkdir(parents=True, exist_ok=True)
+                self.tmp = Path(tempfile.mkdtemp(prefix=".writing-", dir=self.out))
+            except OSError as exc:
+                raise OutputPathError(str(self.out), exc.strerror or str(exc)) from None
+        return self
+
+    def write(self, table: pd.DataFrame) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        arrow = pa.Table.from_pandas(table, schema=self.schema, preserve_index=False)
+        if self.single:
+            self.writer.write_table(arrow)
+        else:
+            pq.write_table(arrow, self.tmp / f"part-{self.parts:05d}.parquet")
+        self.parts += 1
+
+    def discard(self) -> None:
+        """Leave ``out`` as it was (nothing usable was read)."""
+        self.discarded = True
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        import shutil
+
+        if self.single:
+            self.writer.close()
+            if kind is None and self.discarded:
+                kind, exc = _Discarded, _Discarded()
+            self._atomic.__exit__(kind, exc, tb)
+            return
+        if kind is None and not self.discarded:
+            for old in self.out.glob("part-*.parquet"):  # the previous dataset at this place
+                old.unlink()
+            for new in sorted(self.tmp.glob("part-*.parquet")):
+                new.replace(self.out / new.name)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.created and (kind is not None or self.discarded):
+            shutil.rmtree(self.out, ignore_errors=True)
+
+
+class _Discarded(Exception):
+    """Thrown into the atomic writer of a table that is not to be written."""
 
 
 def _labels(files: Sequence[Path]) -> dict[Path, str]:

@@ -267,6 +267,32 @@ class RowBuffer:
     def __len__(self) -> int:
         return len(self.line)
 
+    @classmethod
+    def merged(cls, buffers: list["RowBuffer"]) -> "RowBuffer":
+        """One buffer of the rows of ``buffers`` (same op and format), ordered by line."""
+        first = buffers[0]
+        out = cls(first.problem_names, quantum_ms=first.quantum_ms, quantum_tflops=first.quantum_tflops)
+        line = np.concatenate([np.asarray(b.line, dtype=np.int64) for b in buffers])
+        order = np.argsort(line, kind="stable")
+        out.line = line[order]
+
+        def cat(values: list[Any], dtype: Any) -> np.ndarray:
+            return np.concatenate([np.asarray(v, dtype=dtype) for v in values])[order]
+
+        out.kernel = cat([b.kernel for b in buffers], np.int64)
+        out.problem = [cat([b.problem[i] for b in buffers], np.int64) for i in range(len(first.problem_names))]
+        out.tflops = cat([b.tflops for b in buffers], np.float64)
+        out.latency = cat([b.latency for b in buffers], np.float64)
+        out.bandwidth = cat([b.bandwidth for b in buffers], np.float64)
+        position = np.empty(len(order), dtype=np.int64)
+        position[order] = np.arange(len(order))
+        offset = 0
+        for b in buffers:
+            for i, reason in b.reasons.items():
+                out.reasons[int(position[offset + i])] = reason
+            offset += len(b)
+        return out
+
     def add(self, line: int, kernel: int, problem: tuple[int, ...] | list[int], tflops: float,
             latency: float, bandwidth: float, reason: str = "") -> None:
         """Append one row; ``reason`` marks it invalid already."""
@@ -279,6 +305,11 @@ class RowBuffer:
         self.tflops.append(tflops)
         self.latency.append(latency)
         self.bandwidth.append(bandwidth)
+
+
+def sorted_rejects(rejects: list[Reject]) -> list[Reject]:
+    """``rejects`` of one file in line order (``source`` is ``file:line``; stable)."""
+    return sorted(rejects, key=lambda r: int(r.source.rsplit(":", 1)[1]))
 
 
 @dataclass

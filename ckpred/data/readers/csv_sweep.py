@@ -7,15 +7,21 @@ Other columns (``problem_idx``, ``non_zero``) are ignored. A column the reader n
 appears twice in the header is refused (the file does not say which one holds the value).
 
 Lines are split on commas by hand rather than with :mod:`csv`: CK writes no quoted fields, and
-one stray quote must not swallow the lines after it.
+one stray quote must not swallow the lines after it. :func:`read_chunks` reads blocks of lines
+with pyarrow's CSV parser (quoting off, so the same split) into typed columns and leaves every
+line it cannot vouch for to the per-line reader :func:`read`'s rules.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Iterator
 
-from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer, to_float, to_int
+import numpy as np
+import pandas as pd
+
+from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer, sorted_rejects, to_float, to_int
 from ckpred.errors import InputFileError
 
 NAME = "csv"
@@ -117,3 +123,114 @@ def _read_line(text: str, lineno: int, header: list[str], index: dict[str, int |
             value = math.nan
         values.append(value)
     rows.add(lineno, code, problem, values[0], values[1], math.nan, reason)
+
+
+def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[FileRead]:
+    """Read one CSV sweep in blocks of about ``chunk_bytes`` (whole lines), vectorised.
+
+    A block is parsed by ``pyarrow.csv`` with quoting off and no null values, the kernel
+    column as text and the problem and value columns typed; the kernel names are resolved
+    once per distinct name. A block pyarrow refuses (a wrong field count, a blank line, a
+    value that is not a plain number, bytes that are not UTF-8...) or that parses into another
+    number of rows than it has lines is read line by line; a line with a rejected kernel
+    name goes to the per-line reader too. Same rows, reasons and rejects as :func:`read`.
+
+    Raises
+    ------
+    ckpred.errors.InputFileError
+        When the header lacks the kernel, latency, TFLOPS or a required problem column.
+    """
+    op = ctx.op
+    with open(path, "rb") as fh:
+        lineno = 0
+        header: list[str] | None = None
+        for raw in fh:  # the header: the first line that is not blank
+            lineno += 1
+            text = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if text.strip():
+                header = _split(text.lstrip("\ufeff"))
+                index = _column_index(path, header, ctx)
+                break
+        if header is None:
+            yield FileRead(RowBuffer(op.problem_names), [])
+            return
+        while True:
+            block = fh.read(chunk_bytes)
+            if not block:
+                break
+            if not block.endswith(b"\n"):
+                block += fh.readline()
+            yield _read_block(block, lineno + 1, header, index, ctx)
+            lineno += block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+
+
+def _read_block(block: bytes, first_line: int, header: list[str], index: dict[str, int | None],
+                ctx: ReadContext) -> FileRead:
+    """Rows and rejects of the whole lines in ``block``, the first being line ``first_line``."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    op = ctx.op
+    lines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+    names = [f"c{i}" for i in range(len(header))]
+    types = {names[index[KERNEL_COLUMN]]: pa.string(),  # type: ignore[index]
+             names[index[TFLOPS_COLUMN]]: pa.float64(), names[index[LATENCY_COLUMN]]: pa.float64()}  # type: ignore[index]
+    for field in op.problem_fields:
+        if index[field.name] is not None:
+            types[names[index[field.name]]] = pa.int64()  # type: ignore[index]
+    try:
+        table = pcsv.read_csv(
+            pa.py_buffer(block),
+            read_options=pcsv.ReadOptions(column_names=names, use_threads=False, block_size=len(block) + 1),
+            parse_options=pcsv.ParseOptions(quote_char=False, double_quote=False, escape_char=False,
+                                            newlines_in_values=False, ignore_empty_lines=False),
+            convert_options=pcsv.ConvertOptions(column_types=types, include_columns=list(types), null_values=[],
+                                                strings_can_be_null=False, quoted_strings_can_be_null=False,
+                                                check_utf8=True))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
+        table = None
+    if table is None or table.num_rows != lines:
+        return _by_line(block, first_line, header, index, ctx, range(lines))
+    kernel_col = table.column(names[index[KERNEL_COLUMN]]).to_numpy(zero_copy_only=False)  # type: ignore[index]
+    codes, uniques = pd.factorize(kernel_col)
+    resolved = [ctx.resolver.resolve(u.strip().strip('"').strip()) for u in uniques]
+    kernel = np.array([c if isinstance(c, int) else -1 for c in resolved], dtype=np.int64)[codes]
+    keep = kernel >= 0
+    rows = RowBuffer(op.problem_names)
+    rows.line = np.flatnonzero(keep) + first_line
+    rows.kernel = kernel[keep]
+    problem = []
+    reason = np.zeros(int(keep.sum()), dtype=np.int64)  # 1 + i: problem field i is the first negative
+    for i, field in enumerate(op.problem_fields):
+        pos = index[field.name]
+        if pos is None:
+            values = np.full(len(reason), int(field.default), dtype=np.int64)
+        else:
+            values = table.column(names[pos]).to_numpy()[keep]
+            reason[(reason == 0) & (values < 0)] = i + 1
+        problem.append(values)
+    rows.problem = problem
+    rows.tflops = table.column(names[index[TFLOPS_COLUMN]]).to_numpy()[keep]  # type: ignore[index]
+    rows.latency = table.column(names[index[LATENCY_COLUMN]]).to_numpy()[keep]  # type: ignore[index]
+    rows.bandwidth = np.full(len(reason), math.nan)
+    for j in np.flatnonzero(reason).tolist():
+        i = int(reason[j]) - 1
+        rows.reasons[j] = f"negative problem field: {header[index[op.problem_fields[i].name]]}={int(problem[i][j])}"  # type: ignore[index]
+    if keep.all():
+        return FileRead(rows, [])
+    rest = _by_line(block, first_line, header, index, ctx, np.flatnonzero(~keep).tolist())
+    return FileRead(RowBuffer.merged([rows, rest.rows]), rest.rejects)
+
+
+def _by_line(block: bytes, first_line: int, header: list[str], index: dict[str, int | None], ctx: ReadContext,
+             which: Iterator[int] | list[int] | range) -> FileRead:
+    """The per-line reader on the lines ``which`` (indices into ``block``'s lines)."""
+    rows = RowBuffer(ctx.op.problem_names)
+    rejects: list[Reject] = []
+    lines = block.split(b"\n")
+    for i in which:
+        text = lines[i].decode("utf-8", "replace").rstrip("\r\n")
+        if not text.strip():
+            continue
+        _read_line(text, first_line + i, header, index, ctx, rows, rejects)
+    return FileRead(rows, sorted_rejects(rejects))

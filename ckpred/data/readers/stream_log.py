@@ -16,8 +16,10 @@ disagrees with its shape header is kept invalid (``shape mismatch``); a header w
 layout or arch differs from the config rejects the rows under it. A UTF-8 byte-order mark
 before the first line is dropped.
 
-Speed: one ``orjson.loads`` per row and a handful of dict lookups; the kernel name is parsed
-once per distinct name (see :class:`~ckpred.data.readers.common.KernelResolver`).
+Speed: :func:`read_chunks` decodes blocks of rows at once (:mod:`msgspec` into typed
+structs, numpy checks); :func:`read` is the per-line reference (one ``orjson.loads`` per row),
+which also reads every line the block decoder cannot vouch for. The kernel name is parsed once
+per distinct name (see :class:`~ckpred.data.readers.common.KernelResolver`).
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ from __future__ import annotations
 import json
 import math
 import re
+from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+import numpy as np
 import orjson
+import pandas as pd
 
-from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer, to_float, to_int
+from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer, sorted_rejects, to_float, to_int
 
 NAME = "log"
 #: Half the printing step of the log's 2-decimal values.
@@ -67,113 +72,270 @@ class _Header:
                 self.problem[fields[low]] = number
 
 
+class _LineReader:
+    """The per-line reader: the current shape header, and one line at a time into rows or rejects.
+
+    Every line the vectorised path of :func:`read_chunks` cannot vouch for goes through
+    :meth:`line`, so the two paths share one set of rules.
+    """
+
+    def __init__(self, ctx: ReadContext) -> None:
+        self.ctx = ctx
+        self.header: _Header | None = None
+        self.fields = [(f.name, f.default) for f in ctx.op.problem_fields]
+
+    def line(self, lineno: int, raw: bytes, rows: RowBuffer, rejects: list[Reject]) -> None:
+        """Read one line (with its newline, when it has one) into ``rows`` or ``rejects``."""
+        label = self.ctx.label
+        if lineno == 1 and raw.startswith(BOM):  # a byte-order mark before the first line
+            raw = raw[len(BOM):]
+        if raw[:1] in b" \t":  # an indented row or header
+            raw = raw.lstrip(b" \t")
+        header = self.header
+        if raw[:1] == b"{":
+            # orjson parses a log line three times faster than json.loads; lines it refuses go
+            # through the standard library, which also accepts the NaN/Infinity literals a C++
+            # printer may emit, so both read the same rows.
+            try:
+                obj = orjson.loads(raw)
+            except ValueError:
+                obj = _slow_loads(raw)
+            if type(obj) is not dict:
+                rejects.append(Reject(f"{label}:{lineno}", _json_error(raw), _text(raw)))
+                return
+            if header is not None and header.reject:
+                rejects.append(Reject(f"{label}:{lineno}", header.reject, _text(raw)))
+                return
+            code = self.ctx.resolver.resolve(obj.get("name"))
+            if type(code) is str:
+                rejects.append(Reject(f"{label}:{lineno}", code, _text(raw)))
+                return
+            problem = obj.get("problem")
+            if type(problem) is not dict:
+                problem = {}
+            values: list[int] = []
+            reason = ""
+            for name, default in self.fields:
+                value = problem.get(name)
+                if type(value) is not int:
+                    value = _problem_value(problem, name, default, header)
+                    if type(value) is str:
+                        rejects.append(Reject(f"{label}:{lineno}", value, _text(raw)))
+                        return
+                if value < 0 and not reason:
+                    reason = f"negative problem field: {name}={value}"
+                values.append(value)
+            if header is not None:
+                for name, want in header.problem.items():
+                    if problem.get(name, want) != want:
+                        reason = reason or _mismatch(header, problem)
+                        break
+            perf = obj.get("perf_result")
+            if type(perf) is dict:
+                tflops = perf.get("tflops(TFlops)")
+                latency = perf.get("latency(ms)")
+                bandwidth = perf.get("bandwidth(GB/s)", math.nan)
+                if type(tflops) is not float or type(latency) is not float or type(bandwidth) is not float:
+                    tflops, why = _perf_value(perf, TFLOPS_KEYS)
+                    reason = reason or why
+                    latency, why = _perf_value(perf, LATENCY_KEYS)
+                    reason = reason or why
+                    bandwidth, why = _perf_value(perf, BANDWIDTH_KEYS, required=False)
+                    reason = reason or why
+            else:
+                tflops = latency = bandwidth = math.nan
+                reason = reason or "missing value: no perf_result object"
+            rows.add(lineno, code, values, tflops, latency, bandwidth, reason)
+        elif not raw.strip() or RULE.match(raw):
+            return
+        else:
+            text = _text(raw)
+            match = HEADER.match(text)
+            if match is None:
+                rejects.append(Reject(f"{label}:{lineno}", "unrecognised line: not a shape header, "
+                                                           "rule or JSON object", text))
+                return
+            try:
+                self.header = _Header(match.group(2), lineno, self.ctx)
+            except ValueError as exc:
+                self.header = None
+                rejects.append(Reject(f"{label}:{lineno}", f"bad shape header: {exc}", text))
+
+
 def read(path: Path, ctx: ReadContext) -> FileRead:
-    """Read one streaming log; see the module docstring. Never raises on content."""
-    op = ctx.op
-    rows = RowBuffer(op.problem_names, quantum_ms=QUANTUM, quantum_tflops=QUANTUM)
+    """Read one streaming log line by line; see the module docstring. Never raises on content.
+
+    The reference of :func:`read_chunks` (which gives the same rows and rejects, faster).
+    """
+    reader = _LineReader(ctx)
+    rows = new_buffer(ctx)
     rejects: list[Reject] = []
-    label = ctx.label
-    resolve = ctx.resolver.resolve
-    fields = [(f.name, f.default) for f in op.problem_fields]
-    # orjson parses a log line three times faster than json.loads (it bounds the whole
-    # reader); lines it refuses go through the standard library, which also accepts the
-    # NaN/Infinity literals a C++ printer may emit, so both paths read the same rows.
-    fast_loads = orjson.loads
-    # Bound appends: this loop runs once per kernel row.
-    add_line, add_kernel = rows.line.append, rows.kernel.append
-    add_problem = [column.append for column in rows.problem]
-    add_tflops, add_latency, add_bandwidth = rows.tflops.append, rows.latency.append, rows.bandwidth.append
-    reasons = rows.reasons
-    nan = math.nan
-    count = 0
-    header: _Header | None = None
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
-            if lineno == 1 and raw.startswith(BOM):  # a byte-order mark before the first line
-                raw = raw[len(BOM):]
-            if raw[:1] in b" \t":  # an indented row or header
-                raw = raw.lstrip(b" \t")
-            if raw[:1] == b"{":
-                try:
-                    obj = fast_loads(raw)
-                except ValueError:
-                    obj = _slow_loads(raw)
-                if type(obj) is not dict:
-                    rejects.append(Reject(f"{label}:{lineno}", _json_error(raw), _text(raw)))
-                    continue
-                if header is not None and header.reject:
-                    rejects.append(Reject(f"{label}:{lineno}", header.reject, _text(raw)))
-                    continue
-                code = resolve(obj.get("name"))
-                if type(code) is str:
-                    rejects.append(Reject(f"{label}:{lineno}", code, _text(raw)))
-                    continue
-                problem = obj.get("problem")
-                if type(problem) is not dict:
-                    problem = {}
-                values: list[int] = []
-                reason = ""
-                for name, default in fields:
-                    value = problem.get(name)
-                    if type(value) is not int:
-                        value = _problem_value(problem, name, default, header)
-                        if type(value) is str:
-                            break
-                    if value < 0 and not reason:
-                        reason = f"negative problem field: {name}={value}"
-                    values.append(value)
-                else:
-                    value = 0
-                if type(value) is str:
-                    rejects.append(Reject(f"{label}:{lineno}", value, _text(raw)))
-                    continue
-                if header is not None:
-                    for name, want in header.problem.items():
-                        if problem.get(name, want) != want:
-                            reason = reason or _mismatch(header, problem)
-                            break
-                perf = obj.get("perf_result")
-                if type(perf) is dict:
-                    tflops = perf.get("tflops(TFlops)")
-                    latency = perf.get("latency(ms)")
-                    bandwidth = perf.get("bandwidth(GB/s)", nan)
-                    if type(tflops) is not float or type(latency) is not float or type(bandwidth) is not float:
-                        tflops, why = _perf_value(perf, TFLOPS_KEYS)
-                        reason = reason or why
-                        latency, why = _perf_value(perf, LATENCY_KEYS)
-                        reason = reason or why
-                        bandwidth, why = _perf_value(perf, BANDWIDTH_KEYS, required=False)
-                        reason = reason or why
-                else:
-                    tflops = latency = bandwidth = nan
-                    reason = reason or "missing value: no perf_result object"
-                if reason:
-                    reasons[count] = reason
-                count += 1
-                add_line(lineno)
-                add_kernel(code)
-                for append, value in zip(add_problem, values):
-                    append(value)
-                add_tflops(tflops)
-                add_latency(latency)
-                add_bandwidth(bandwidth)
-            elif not raw.strip() or RULE.match(raw):
-                continue
-            else:
-                text = _text(raw)
-                match = HEADER.match(text)
-                if match is None:
-                    rejects.append(Reject(f"{label}:{lineno}", "unrecognised line: not a shape header, "
-                                                               "rule or JSON object", text))
-                    continue
-                try:
-                    header = _Header(match.group(2), lineno, ctx)
-                except ValueError as exc:
-                    header = None
-                    rejects.append(Reject(f"{label}:{lineno}", f"bad shape header: {exc}", text))
+            reader.line(lineno, raw, rows, rejects)
     return FileRead(rows, rejects)
 
 
+def new_buffer(ctx: ReadContext) -> RowBuffer:
+    """An empty row buffer with the log's printing step."""
+    return RowBuffer(ctx.op.problem_names, quantum_ms=QUANTUM, quantum_tflops=QUANTUM)
+
+
+def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[FileRead]:
+    """Read one streaming log in blocks of about ``chunk_bytes`` (whole lines), vectorised.
+
+    Per block, the rows of the common form (a JSON object on one line of plain ASCII, with
+    the kernel name, every problem field as an integer and the three perf values as numbers)
+    are decoded at once by :mod:`msgspec` into typed columns and checked with numpy; every
+    other line (headers, rules, blank or indented lines, a row with a missing, null or
+    unusual value, a kernel name that is rejected) goes through the per-line reader, in the
+    same header context. A block the decoder refuses as a whole is read line by line. So
+    the rows, reasons and rejects are those of :func:`read`.
+    """
+    reader = _LineReader(ctx)
+    decoder = _decoder(ctx.op.problem_names)
+    lineno = 1
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(chunk_bytes)
+            if not block:
+                break
+            if not block.endswith(b"\n"):
+                block += fh.readline()
+            lines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+            yield _read_block(block, lineno, reader, decoder, ctx)
+            lineno += lines
+
+
+def _decoder(problem_names: tuple[str, ...]) -> Any:
+    """A msgspec decoder of log rows into structs of only the fields the table needs."""
+    import msgspec
+
+    problem = msgspec.defstruct("Problem", [(n, int) for n in problem_names], gc=False)
+    perf = msgspec.defstruct("Perf", [("latency", float, msgspec.field(name="latency(ms)")),
+                                      ("tflops", float, msgspec.field(name="tflops(TFlops)")),
+                                      ("bandwidth", float, msgspec.field(name="bandwidth(GB/s)"))], gc=False)
+    row = msgspec.defstruct("Row", [("name", str), ("problem", problem), ("perf_result", perf)], gc=False)
+    return msgspec.json.Decoder(row)
+
+
+#: Longest line the vectorised path decodes (a longer one is read by the per-line reader,
+#: whose JSON library also decides how deep an object may nest).
+_LONG_LINE = 4096
+#: What makes a line one for the per-line reader: a byte that is not printable ASCII (a
+#: control character, UTF-8 the line reader decodes with replacement) or a ``null``/``NaN``/
+#: ``Infinity`` literal (a null is not a missing key; the literals only the standard library reads).
+_ODD = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\xff]|null|NaN|Infinity")
+
+
+def _read_block(block: bytes, first_line: int, reader: _LineReader, decoder: Any, ctx: ReadContext) -> FileRead:
+    """Rows and rejects of the whole lines in ``block``, the first being line ``first_line``."""
+    import msgspec
+
+    arr = np.frombuffer(block, dtype=np.uint8)
+    ends = np.flatnonzero(arr == 10)
+    if not len(ends) or ends[-1] != len(block) - 1:
+        ends = np.append(ends, len(block) - 1)  # the file's last line, without a newline
+    starts = np.r_[0, ends[:-1] + 1]
+    n_lines = len(starts)
+    lengths = ends - starts
+    fast = (arr[starts] == ord("{")) & (lengths < _LONG_LINE)
+    odd = [m.start() for m in _ODD.finditer(block)]
+    if odd:
+        fast[np.searchsorted(starts, np.asarray(odd), side="right") - 1] = False
+    if first_line == 1:
+        fast[0] = False  # a byte-order mark is dropped by the line reader
+    slow_rows, slow_rejects = new_buffer(ctx), []
+    start_header = reader.header
+
+    def by_line(index: int) -> None:
+        reader.line(first_line + index, block[starts[index]:ends[index] + 1], slow_rows, slow_rejects)
+
+    # lines the per-line reader takes, in order: they move the header; each fast line reads
+    # under the header left by the last of them before it
+    special = np.flatnonzero(~fast)
+    headers: list[_Header | None] = []
+    for index in special.tolist():
+        by_line(index)
+        headers.append(reader.header)
+    fast_idx = np.flatnonzero(fast)
+    if not len(fast_idx):
+        return FileRead(slow_rows, slow_rejects)
+    header_of = np.searchsorted(special, fast_idx) - 1  # -1: the header from before the block
+    header_list = [start_header, *headers]
+    header_of += 1
+    # runs of consecutive fast lines are contiguous bytes: decode them in one call
+    breaks = np.flatnonzero(np.diff(fast_idx) != 1)
+    run_first = fast_idx[np.r_[0, breaks + 1]]
+    run_last = fast_idx[np.r_[breaks, len(fast_idx) - 1]]
+    data = b"".join(block[s:e + 1] for s, e in zip(starts[run_first].tolist(), ends[run_last].tolist()))
+    try:
+        decoded = decoder.decode_lines(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        decoded = None
+    if decoded is None or len(decoded) != len(fast_idx):  # the block is read line by line
+        reader.header = start_header
+        rows, rejects = new_buffer(ctx), []
+        for index in range(n_lines):
+            reader.line(first_line + index, block[starts[index]:ends[index] + 1], rows, rejects)
+        return FileRead(rows, rejects)
+    reader_header = reader.header
+    fast_rows, deferred = _vector_rows(decoded, fast_idx + first_line, header_of, header_list, ctx)
+    for i in deferred.tolist():  # rows the vectorised checks leave to the per-line reader
+        reader.header = header_list[header_of[i]]
+        by_line(int(fast_idx[i]))
+    reader.header = reader_header
+    return FileRead(RowBuffer.merged([slow_rows, fast_rows]), sorted_rejects(slow_rejects))
+
+
+def _vector_rows(decoded: list[Any], linenos: np.ndarray, header_of: np.ndarray,
+                 headers: list[_Header | None], ctx: ReadContext) -> tuple[RowBuffer, np.ndarray]:
+    """Rows of the decoded lines, and the indices of those left to the per-line reader.
+
+    Left over: a rejected kernel name, or a row under a header that rejects its rows (both
+    rejects, whose text the line reader writes). The rest are judged here as the line
+    reader would: the first negative problem field, else a mismatch with the shape header.
+    """
+    n = len(decoded)
+    names = ctx.op.problem_names
+    name_codes, uniques = pd.factorize(np.fromiter(map(attrgetter("name"), decoded), dtype=object, count=n))
+    resolved = [ctx.resolver.resolve(u) for u in uniques]
+    kernel = np.array([c if type(c) is int else -1 for c in resolved], dtype=np.int64)[name_codes]
+    header_rejects = np.array([h is not None and bool(h.reject) for h in headers])[header_of]
+    deferred = (kernel < 0) | header_rejects
+    problems = list(map(attrgetter("problem"), decoded))
+    columns = [np.fromiter(map(attrgetter(name), problems), dtype=np.int64, count=n) for name in names]
+    perfs = list(map(attrgetter("perf_result"), decoded))
+    reason = np.zeros(n, dtype=np.int64)  # 0 none, 1 + i: problem field i negative, -1 header mismatch
+    for i, column in enumerate(columns):
+        reason[(reason == 0) & (column < 0)] = i + 1
+    mismatch = np.zeros(n, dtype=bool)
+    for i, name in enumerate(names):
+        has = np.array([h is not None and name in h.problem for h in headers])
+        if not has.any():
+            continue
+        want = np.array([h.problem[name] if h is not None and name in h.problem else 0 for h in headers],
+                        dtype=np.int64)
+        mismatch |= has[header_of] & (columns[i] != want[header_of])
+    reason[(reason == 0) & mismatch] = -1
+    keep = ~deferred
+    rows = new_buffer(ctx)
+    rows.line = linenos[keep]
+    rows.kernel = kernel[keep]
+    rows.problem = [c[keep] for c in columns]
+    rows.tflops = np.fromiter(map(attrgetter("tflops"), perfs), dtype=np.float64, count=n)[keep]
+    rows.latency = np.fromiter(map(attrgetter("latency"), perfs), dtype=np.float64, count=n)[keep]
+    rows.bandwidth = np.fromiter(map(attrgetter("bandwidth"), perfs), dtype=np.float64, count=n)[keep]
+    kept_reason = reason[keep]
+    for j in np.flatnonzero(kept_reason).tolist():
+        code = int(kept_reason[j])
+        if code > 0:
+            rows.reasons[j] = f"negative problem field: {names[code - 1]}={int(rows.problem[code - 1][j])}"
+        else:
+            header = headers[header_of[np.flatnonzero(keep)[j]]]
+            assert header is not None
+            rows.reasons[j] = _mismatch(header, {name: int(c[j]) for name, c in zip(names, rows.problem)})
+    return rows, np.flatnonzero(deferred)
 def _slow_loads(raw: bytes) -> Any:
     """``json.loads`` for what orjson refuses; ``None`` when the line is no JSON object."""
     try:
