@@ -67,7 +67,23 @@ class KernelResolver:
             self._cache[name] = hit
         return hit
 
+    def resolve_all(self, names: list[Any]) -> list[int | str]:
+        """:meth:`resolve` of each of ``names``; the new ones judged by the op's kernel rules in
+        one vectorised pass (a sweep brings thousands of kernels at once)."""
+        new = list(dict.fromkeys(n for n in names if isinstance(n, str) and n not in self._cache))
+        parsed = [self._parse(n) for n in new]
+        candidates = [p for p in parsed if not isinstance(p, str)]
+        reasons = iter(kernel_rule_reasons(self.op, [p[0] for p in candidates]))
+        for name, got in zip(new, parsed):
+            self._cache[name] = got if isinstance(got, str) else self._add(*got, reason=next(reasons))
+        return [self.resolve(n) for n in names]
+
     def _resolve_new(self, name: str) -> int | str:
+        got = self._parse(name)
+        return got if isinstance(got, str) else self._add(*got)
+
+    def _parse(self, name: str) -> str | tuple[dict[str, Any], str, str, str]:
+        """(kernel fields, name, dtype, layout) of ``name``, or the reason it is rejected."""
         try:
             parsed = self.op.parse_name(name)
         except KernelNameError as exc:
@@ -86,7 +102,7 @@ class KernelResolver:
                 fields[f.name] = f.default
             else:
                 return f"unparseable kernel name: the name gives no {f.name}"
-        return self._add(fields, name, parsed.get("dtype", ""), parsed.get("layout", ""))
+        return fields, name, parsed.get("dtype", ""), parsed.get("layout", "")
 
     def resolve_fields(self, fields: dict[str, Any]) -> int | str:
         """The kernel code of a kernel given by its fields (named by the op's kernel id), or a
@@ -103,8 +119,8 @@ class KernelResolver:
             self._cache[key] = hit
         return hit
 
-    def _add(self, fields: dict[str, Any], name: str, dtype: str, layout: str) -> int | str:
-        why = kernel_rule_reason(self.op, fields)
+    def _add(self, fields: dict[str, Any], name: str, dtype: str, layout: str, *, reason: str | None = None) -> int | str:
+        why = kernel_rule_reason(self.op, fields) if reason is None else reason
         if why:  # no problem can make this kernel valid: no configuration of the op is this kernel
             return f"impossible kernel: {why}"
         try:
@@ -154,25 +170,36 @@ def kernel_rule_reason(op: OpDefinition, fields: dict[str, Any]) -> str:
     configuration of the op can be (for example a 7x7x7 block tile over 3x3x3 warp tiles,
     against ``tile_m % (warp_m * warp_tile_m) == 0``). Empty when every such rule holds.
     """
+    return kernel_rule_reasons(op, [fields])[0]
+
+
+def kernel_rule_reasons(op: OpDefinition, kernels: list[dict[str, Any]]) -> list[str]:
+    """:func:`kernel_rule_reason` of many kernels at once (one evaluation of each rule)."""
     rules = _kernel_rules(op)
-    if not rules:
-        return ""
+    if not rules or not kernels:
+        return [""] * len(kernels)
     categories = {f.name: f.categories for f in op.kernel_fields if f.kind == "category"}
+    judged = np.ones(len(kernels), dtype=bool)  # a kernel missing a field the rules need is not judged
     columns: dict[str, np.ndarray] = {}
     for f in op.kernel_fields:
-        value = fields.get(f.name, f.default)
-        if value is None:
-            return ""  # a field the rules need is unknown: not judged here
-        columns[f.name] = (f.encode(np.asarray([value], dtype=object)).astype(np.float64)
-                           if f.kind in ("category", "bool") else np.asarray([value], dtype=np.float64))
+        raw = np.empty(len(kernels), dtype=object)
+        raw[:] = [k.get(f.name, f.default) for k in kernels]
+        missing = np.array([v is None for v in raw], dtype=bool)
+        judged &= ~missing
+        if missing.any():
+            raw[missing] = raw[~missing][0] if (~missing).any() else 0
+        columns[f.name] = (f.encode(raw).astype(np.float64) if f.kind in ("category", "bool")
+                           else np.asarray(raw, dtype=np.float64))
     from ckpred.features.base import NumpyOps
 
+    out = np.full(len(kernels), "", dtype=object)
     for expr, message in rules:
         with np.errstate(all="ignore"):
-            ok = expr.evaluate_bool({n: columns[n] for n in expr.names}, {}, NumpyOps(1), categories=categories)
-        if not bool(np.all(ok)):
-            return message
-    return ""
+            ok = np.broadcast_to(np.asarray(expr.evaluate_bool({n: columns[n] for n in expr.names}, {},
+                                                               NumpyOps(len(kernels)), categories=categories),
+                                            dtype=bool), (len(kernels),))
+        out[judged & ~ok & (out == "")] = message
+    return out.tolist()
 
 
 def to_float(value: Any) -> float | None:

@@ -193,7 +193,7 @@ def _read_block(block: bytes, first_line: int, header: list[str], index: dict[st
         return _by_line(block, first_line, header, index, ctx, range(lines))
     kernel_col = table.column(names[index[KERNEL_COLUMN]]).to_numpy(zero_copy_only=False)  # type: ignore[index]
     codes, uniques = pd.factorize(kernel_col)
-    resolved = [ctx.resolver.resolve(u.strip().strip('"').strip()) for u in uniques]
+    resolved = ctx.resolver.resolve_all([u.strip().strip('"').strip() for u in uniques])
     kernel = np.array([c if isinstance(c, int) else -1 for c in resolved], dtype=np.int64)[codes]
     keep = kernel >= 0
     rows = RowBuffer(op.problem_names)
