@@ -553,13 +553,21 @@ def _buffer_frame(read: FileRead | None, op: OpDefinition, run_id: str, label: s
     reasons = np.full(n, "", dtype=object)
     for i, reason in rows.reasons.items():
         reasons[i] = reason
-    columns["invalid_reason"] = reasons
+    columns["invalid_reason"] = pd.Series(reasons, dtype=object)  # object: no string inference
     if rows.sources is not None:
         columns["source"] = np.asarray(rows.sources, dtype=object)
     else:  # one vectorised build of compact arrow strings instead of a million f-strings
-        columns["source"] = f"{label}:" + pd.Series(ints(rows.line)).astype(str)
-    columns["run_id"] = (np.asarray([r or run_id for r in rows.run_ids], dtype=object) if rows.run_ids is not None
-                         else np.full(n, run_id, dtype=object))
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        columns["source"] = pc.binary_join_element_wise(
+            pa.scalar(f"{label}:"), pc.cast(pa.array(ints(rows.line)), pa.string()), "").to_pandas()
+    if rows.run_ids is not None:
+        columns["run_id"] = np.asarray([r or run_id for r in rows.run_ids], dtype=object)
+    else:  # one arrow string repeated, not a million Python references to convert
+        import pyarrow as pa
+
+        columns["run_id"] = pa.repeat(pa.scalar(run_id, pa.string()), n).to_pandas()
     columns["repeats"] = ints(rows.repeats) if rows.repeats is not None else np.ones(n, dtype=np.int64)
     columns["spread"] = floats(rows.spreads) if rows.spreads is not None else np.full(n, np.nan)
     columns["quantum_ms"] = np.full(n, rows.quantum_ms)
@@ -611,7 +619,7 @@ def _validate(rows: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
             mark(known & ~ok, inconsistent)
     valid = reason == ""
     out = rows.drop(columns=[c for c in ("quantum_ms", "quantum_tflops", "latency_known") if c in rows])
-    out["invalid_reason"] = reason
+    out["invalid_reason"] = pd.Series(reason, index=out.index, dtype=object)
     out["is_valid"] = valid
     # The canonical table's convention for failures: TFLOPS 0, latency a real number.
     out.loc[~valid, "tflops"] = 0.0
@@ -638,6 +646,9 @@ def _check_rules(rows: pd.DataFrame, op: OpDefinition, resolver: KernelResolver,
     if not valid.any():
         return rows
     kernels = resolver.frame()
+    # text fields as categoricals: a row's kernel fields are then a take of small codes
+    kernels = kernels.astype({c: "category" for c in op.kernel_names if not pd.api.types.is_numeric_dtype(kernels[c])
+                              and not pd.api.types.is_bool_dtype(kernels[c])})
     idx = np.flatnonzero(valid)
     codes = rows["kernel"].to_numpy()[idx]
     problems = rows.iloc[idx][list(op.problem_names)].reset_index(drop=True)
@@ -736,22 +747,33 @@ def _merge(rows: pd.DataFrame, op: OpDefinition, extra: Sequence[str] = ()) -> t
 def _joined(sub: pd.DataFrame, order: pd.Index) -> tuple[list[str], list[str]]:
     """``;``-joined sources and distinct run ids of each group, in ``order`` of group ids.
 
-    A plain loop over sorted slices: pandas' ``agg(";".join)`` takes the pure-Python path and
-    is ten times slower for the tens of thousands of groups of a large sweep.
+    Vectorised with arrow list joins: pandas' ``agg(";".join)`` takes the pure-Python path,
+    slow for the tens of thousands of groups of a large sweep.
     """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     gid = sub["_gid"].to_numpy()
     sort = np.argsort(gid, kind="stable")
     sorted_gid = gid[sort]
-    sources = sub["source"].to_numpy(dtype=object)[sort]
-    run_ids = sub["run_id"].to_numpy(dtype=object)[sort]
     starts = np.flatnonzero(np.r_[True, sorted_gid[1:] != sorted_gid[:-1]])
-    stops = np.r_[starts[1:], len(sorted_gid)]
-    src, rid = {}, {}
-    for a, b in zip(starts.tolist(), stops.tolist()):
-        g = sorted_gid[a]
-        src[g] = ";".join(sources[a:b])
-        rid[g] = ";".join(dict.fromkeys(run_ids[a:b]))
-    return [src[g] for g in order], [rid[g] for g in order]
+    position = {g: i for i, g in enumerate(sorted_gid[starts].tolist())}
+    pick = np.array([position[g] for g in np.asarray(order).tolist()], dtype=np.int64)
+
+    def join(values: pd.Series, keep: np.ndarray) -> list[str]:
+        kept_gid = sorted_gid[keep]
+        offsets = np.r_[np.flatnonzero(np.r_[True, kept_gid[1:] != kept_gid[:-1]]), len(kept_gid)]
+        text = pa.array(values.to_numpy(dtype=object)[sort][keep], pa.string())
+        joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), text), ";")
+        return joined.take(pa.array(pick)).to_pylist()
+
+    sources = join(sub["source"], np.ones(len(sort), dtype=bool))
+    # distinct run ids per group, in order of first appearance
+    run_codes = pd.factorize(sub["run_id"].to_numpy(dtype=object)[sort])[0]
+    _, first = np.unique(sorted_gid.astype(np.int64) * (int(run_codes.max()) + 1) + run_codes, return_index=True)
+    keep = np.zeros(len(sort), dtype=bool)
+    keep[first] = True
+    return sources, join(sub["run_id"], keep)
 
 
 # -- reporting ---------------------------------------------------------------------------------

@@ -173,7 +173,7 @@ def _read_block(block: bytes, first_line: int, header: list[str], index: dict[st
     op = ctx.op
     lines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
     names = [f"c{i}" for i in range(len(header))]
-    types = {names[index[KERNEL_COLUMN]]: pa.string(),  # type: ignore[index]
+    types = {names[index[KERNEL_COLUMN]]: pa.dictionary(pa.int32(), pa.string()),  # type: ignore[index]
              names[index[TFLOPS_COLUMN]]: pa.float64(), names[index[LATENCY_COLUMN]]: pa.float64()}  # type: ignore[index]
     for field in op.problem_fields:
         if index[field.name] is not None:
@@ -191,8 +191,8 @@ def _read_block(block: bytes, first_line: int, header: list[str], index: dict[st
         table = None
     if table is None or table.num_rows != lines:
         return _by_line(block, first_line, header, index, ctx, range(lines))
-    kernel_col = table.column(names[index[KERNEL_COLUMN]]).to_numpy(zero_copy_only=False)  # type: ignore[index]
-    codes, uniques = pd.factorize(kernel_col)
+    kernel_col = table.column(names[index[KERNEL_COLUMN]]).combine_chunks()  # type: ignore[index]
+    codes, uniques = kernel_col.indices.to_numpy(), kernel_col.dictionary.to_pylist()
     resolved = ctx.resolver.resolve_all([u.strip().strip('"').strip() for u in uniques])
     kernel = np.array([c if isinstance(c, int) else -1 for c in resolved], dtype=np.int64)[codes]
     keep = kernel >= 0
