@@ -391,9 +391,14 @@ class DataConfig:
     cache_dir: str = "${oc.env:CKPRED_CACHE_DIR,data/cache}"
     #: Seed of the simulator's noise and kernel idiosyncrasies.
     seed: int = 0
+    #: MiB of a measurement file read, checked and (for ``ckpred ingest``) written per chunk;
+    #: ingestion's memory follows it, not the size of the files.
+    chunk_mb: int = 64
 
     def __post_init__(self) -> None:
         check("data.source", self.source, self.source in DATA_SOURCES, f"one of {list(DATA_SOURCES)}")
+        check("data.chunk_mb", self.chunk_mb, isinstance(self.chunk_mb, int) and not isinstance(self.chunk_mb, bool)
+              and self.chunk_mb >= 1, "an integer >= 1 (MiB per chunk)")
         check("data.format", self.format, self.format in DATA_FORMATS, f"one of {list(DATA_FORMATS)}")
         if self.source == "path":
             check("data.path", self.path, bool(self.path),
@@ -410,7 +415,8 @@ class IngestConfig:
     layout: LayoutConfig = MISSING
     op: OpConfig = MISSING
     data: DataConfig = MISSING
-    #: Output parquet file of the canonical table.
+    #: Output of the canonical table: a ``.parquet`` file, or else a directory of
+    #: ``part-NNNNN.parquet`` files (a partitioned dataset, each part holding whole problems).
     out: str = "ingested.parquet"
     #: Where rows that could not be kept go (CSV with file:line and reason); empty = next to out.
     rejects: str = ""
@@ -418,7 +424,7 @@ class IngestConfig:
 
     def __post_init__(self) -> None:
         check_arch_dtype(self.arch, self.dtype)
-        check_output_path("out", self.out, kind="file")
+        check_output_path("out", self.out, kind="file" if str(self.out).endswith(".parquet") else "dir")
         check_output_path("rejects", self.rejects, kind="file")
 
 

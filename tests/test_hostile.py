@@ -133,14 +133,17 @@ def test_refused_at_compose(command: str, overrides: list[str], names: list[str]
 
 def test_output_paths_refused_before_work(tmp_path: Path, composed: list[Any],
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    a_dir, a_file = tmp_path / "adir", tmp_path / "afile.parquet"
+    a_dir, a_file, parquet_dir = tmp_path / "adir", tmp_path / "afile.parquet", tmp_path / "t.parquet"
     a_dir.mkdir()
+    parquet_dir.mkdir()
     a_file.write_bytes(b"precious")
     cases = [
         ("simulate", [f"out={a_dir}"], ["'out'", "existing directory"]),
         ("simulate", [f"log={a_dir}"], ["'log'", "existing directory"]),
         ("simulate", [f"out={a_file}/x.parquet"], ["'out'", "is a file"]),
-        ("ingest", ["data.path=in.csv", f"out={a_dir}"], ["'out'", "existing directory"]),
+        # a .parquet out is one file; any other is the directory of a partitioned table
+        ("ingest", ["data.path=in.csv", f"out={parquet_dir}"], ["'out'", "existing directory"]),
+        ("ingest", ["data.path=in.csv", f"out={a_file}/table"], ["'out'", "is a file"]),
         ("ingest", ["data.path=in.csv", f"rejects={a_dir}"], ["'rejects'", "existing directory"]),
         ("train", [f"out_dir={a_file}"], ["'out_dir'", "existing file"]),
         ("train", [f"out_dir={a_file}/run"], ["'out_dir'", "is a file"]),

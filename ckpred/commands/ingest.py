@@ -4,22 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckpred.data.ingest import nothing_usable_message, output_paths, print_summary, read_config_inputs, write_rejects
-from ckpred.data.table import write_table
+from ckpred.data.ingest import ingest_config_to_parquet, nothing_usable_message, output_paths, print_summary
 
 
 def ingest_command(cfg: Any) -> int:
-    """``ckpred ingest``: write the canonical parquet ``out`` and the rejects CSV, print the summary.
+    """``ckpred ingest``: stream the inputs into the canonical parquet ``out`` (a file, or a
+    directory of parts) and the rejects CSV, chunk by chunk; print the summary.
 
     Returns the number of valid table rows. Exits with status 1 (``SystemExit``) only when
-    nothing usable was read; the rejects are still written then, to show why.
+    nothing usable was read; the rejects are still written then, to show why, and ``out`` is
+    left as it was.
     """
     out, rejects = output_paths(cfg)
-    op, result = read_config_inputs(cfg)
-    write_rejects(result.rejects, rejects)
-    if result.summary.valid_rows == 0:
-        print_summary(result.summary, rejects=rejects)
-        raise SystemExit(f"ckpred ingest: error: {nothing_usable_message(result)}; nothing written to {out}")
-    write_table(result.table, out, op)
-    print_summary(result.summary, out=out, rejects=rejects)
-    return result.summary.valid_rows
+    summary = ingest_config_to_parquet(cfg, out, rejects)
+    if summary.valid_rows == 0:
+        print_summary(summary, rejects=rejects)
+        raise SystemExit(f"ckpred ingest: error: {nothing_usable_message(summary)}; nothing written to {out}")
+    print_summary(summary, out=out, rejects=rejects)
+    return summary.valid_rows

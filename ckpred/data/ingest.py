@@ -135,7 +135,11 @@ def expand_paths(spec: str | Path | Iterable[str | Path]) -> list[Path]:
                 raise InputFileError(item, f"no file matches this pattern (looked for {resolved})")
             paths += matches
         elif resolved.is_dir():
-            raise InputFileError(item, "is a directory; give files or a glob such as dir/*.csv")
+            parts = sorted(p for p in resolved.glob("*.parquet") if p.is_file())
+            if not parts:  # a partitioned table ingest wrote is read part by part
+                raise InputFileError(item, "is a directory without .parquet parts; give files, a glob such as "
+                                           "dir/*.csv, or a table directory ckpred ingest wrote")
+            paths += parts
         elif not resolved.exists():
             raise InputFileError(item, f"no such file ({resolved})")
         else:
@@ -356,7 +360,8 @@ def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefin
 class _Partitions:
     """Checked row chunks, hash-partitioned by the problem fields.
 
-    One partition keeps the chunks in memory; more spill each chunk's share of every
+    One partition keeps the chunks in memory (all of the input fits in one chunk, or the
+    caller wants the table in memory anyway); more spill each chunk's share of every
     partition to ``spill`` (pickle: the frame's exact dtypes come back) and read a partition
     back only when it is merged, so memory holds one chunk or one partition at a time.
     """
@@ -367,7 +372,7 @@ class _Partitions:
         self.chunks = 0
 
     def add(self, frame: pd.DataFrame) -> None:
-        if self.spill is None or self.count == 1 and not len(self.frames):
+        if self.spill is None or self.count == 1:  # one partition: the files fit in one chunk
             self.frames.append(frame)
             return
         import pickle
@@ -387,8 +392,6 @@ class _Partitions:
         """Each non-empty partition (all partitions' rows in order of first appearance)."""
         if self.spill is None or self.count == 1:
             frames, self.frames = self.frames, []
-            if self.spill is not None and self.chunks:  # pragma: no cover - one partition never spills
-                raise AssertionError("a single partition is kept in memory")
             if not frames:
                 yield _validate(_buffer_frame(None, self.op, ""), self.op)
                 return
@@ -815,14 +818,6 @@ def print_summary(summary: IngestSummary, *, out: Path | None = None, rejects: P
         console.print(f"rejects -> {rejects}")
 
 
-def write_rejects(rejects: pd.DataFrame, path: str | Path) -> Path:
-    """Write the rejects as CSV (source, reason, raw), atomically."""
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        rejects.to_csv(tmp, index=False, columns=list(REJECT_COLUMNS))
-    return path
-
-
 # -- config entry points -----------------------------------------------------------------------
 def _path_spec(value: Any) -> Any:
     if isinstance(value, (str, Path)):
@@ -853,18 +848,27 @@ def output_paths(cfg: Any) -> tuple[Path, Path]:
     return out, rejects
 
 
+def _config_kwargs(cfg: Any) -> dict[str, Any]:
+    return {"arch": cfg.arch.name, "dtype": cfg.dtype.name, "layout": cfg.layout.name,
+            "fmt": cfg.data.get("format", "auto") or "auto", "run_id": str(cfg.get("run_id", "") or ""),
+            "arch_config": cfg.arch, "chunk_bytes": int(cfg.data.get("chunk_mb", 64)) << 20}
+
+
 def read_config_inputs(cfg: Any) -> tuple[OpDefinition, IngestResult]:
     op = load_op(cfg.op)
-    result = read_files(_path_spec(cfg.data.path), op, arch=cfg.arch.name, dtype=cfg.dtype.name,
-                        layout=cfg.layout.name, fmt=cfg.data.get("format", "auto") or "auto",
-                        run_id=str(cfg.get("run_id", "") or ""), arch_config=cfg.arch)
-    return op, result
+    return op, read_files(_path_spec(cfg.data.path), op, **_config_kwargs(cfg))
 
 
-def nothing_usable_message(result: IngestResult) -> str:
-    top = sorted({**result.summary.rejected, **result.summary.invalid}.items(), key=lambda kv: -kv[1])[:3]
+def ingest_config_to_parquet(cfg: Any, out: Path, rejects: Path) -> IngestSummary:
+    """:func:`ingest_to_parquet` of an ingest config (``data.chunk_mb`` per chunk)."""
+    return ingest_to_parquet(_path_spec(cfg.data.path), load_op(cfg.op), out, rejects, **_config_kwargs(cfg))
+
+
+def nothing_usable_message(result: IngestResult | IngestSummary) -> str:
+    summary = result.summary if isinstance(result, IngestResult) else result
+    top = sorted({**summary.rejected, **summary.invalid}.items(), key=lambda kv: -kv[1])[:3]
     reasons = "; ".join(f"{k} ({v})" for k, v in top) or "the files hold no measurement"
-    return (f"no valid measurement in {', '.join(result.summary.files)}; {result.summary.records} record(s) read, "
+    return (f"no valid measurement in {', '.join(summary.files)}; {summary.records} record(s) read, "
             f"most common problems: {reasons}")
 
 
