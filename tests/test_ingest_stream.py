@@ -1,0 +1,248 @@
+"""Streaming ingestion equals the reference: block readers and partitioned merge change nothing.
+
+Three ways through one pipeline are compared on the same input:
+
+* the **reference**: every line through the per-line readers, one partition in memory
+  (``read_files(..., vectorised=False)``, the ingestion as it was before the block readers);
+* the **block readers**: ``read_files`` with small chunks (many blocks per file, so block
+  borders fall anywhere, repeats of a pair in different blocks);
+* the **stream to Parquet**: ``ingest_to_parquet`` with small chunks, so the rows are
+  hash-partitioned and spilled, each partition merged on its own, the table written part by
+  part and the rejects streamed to CSV.
+
+They must give the same summary (the reconciliation table), the same rejects with the same
+reasons per row, and the same rows (in the same order for the first two; sorted for the
+stream, whose parts follow the partitions). Inputs: hypothesis mutations of valid samples of
+each chunked format (the fuzz corpus of ``test_ingest_fuzz``), hand-written odd lines, and the
+real CK tables in ``data/``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ckpred.config import compose
+from ckpred.data.ingest import IngestResult, IngestSummary, ingest_to_parquet, read_files
+from ckpred.data.table import conform
+from ckpred.errors import InputFileError
+from ckpred.kernels.base import OpDefinition, load_op
+from ckpred.kernels.gemm_universal import OP
+from tests import fixtures_gen as fg
+from tests.conftest import data_file
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+WORK = Path(tempfile.mkdtemp(prefix="ckpred_stream_"))  # hypothesis re-runs a test body: no tmp_path
+atexit.register(shutil.rmtree, WORK, ignore_errors=True)
+KW = {"arch": "gfx950", "dtype": "fp8", "layout": "rcr"}
+
+KERNELS = fg.kernel_names(6)
+ROWS = fg.measurements(fg.SHAPES[:3], KERNELS)
+LOG_ROWS = fg.measurements(fg.SHAPES[:3], KERNELS, decimals=2)
+# every row twice (a second run of the sweep): repeats to merge across blocks and partitions
+CSV = ("\n".join(fg.csv_lines(ROWS) + fg.csv_lines(ROWS)[1:]) + "\n").encode()
+LOG = ("\n".join(fg.log_lines(LOG_ROWS) * 2) + "\n").encode()
+SAMPLES = {"csv": CSV, "log": LOG}
+
+
+def _table_key(table: pd.DataFrame) -> pd.DataFrame:
+    return table.sort_values(["m", "n", "k", "kernel_name"] if "m" in table else list(table.columns[:8])) \
+        .reset_index(drop=True)
+
+
+def _rejects_key(rejects: pd.DataFrame) -> pd.DataFrame:
+    return rejects.astype(str).sort_values(list(rejects.columns)).reset_index(drop=True)
+
+
+def assert_same(reference: IngestResult, other: IngestResult) -> None:
+    """Same summary, same rejects (in order) and the same table (in order)."""
+    assert other.summary.as_dict() == reference.summary.as_dict()
+    pd.testing.assert_frame_equal(other.rejects.astype(str), reference.rejects.astype(str))
+    pd.testing.assert_frame_equal(other.table, reference.table)
+
+
+def streamed(paths: Any, op: OpDefinition, out_name: str, chunk_bytes: int,
+             **kw: Any) -> tuple[IngestSummary, pd.DataFrame, pd.DataFrame]:
+    """``ingest_to_parquet`` into ``WORK``: (summary, table read back, rejects read back)."""
+    out, rejects = WORK / out_name, WORK / f"{out_name}.rejects.csv"
+    summary = ingest_to_parquet(paths, op, out, rejects, chunk_bytes=chunk_bytes, **kw)
+    table = conform(pq.read_table(out).to_pandas(), op) if summary.valid_rows else None
+    got_rejects = pd.read_csv(rejects, dtype=str, keep_default_na=False)
+    return summary, table, got_rejects
+
+
+def assert_stream_same(reference: IngestResult, summary: IngestSummary, table: pd.DataFrame | None,
+                       rejects: pd.DataFrame) -> None:
+    """The streamed output holds what the reference holds (rows and rejects in any order)."""
+    assert summary.as_dict() == reference.summary.as_dict()
+    pd.testing.assert_frame_equal(_rejects_key(rejects), _rejects_key(reference.rejects))
+    if reference.summary.valid_rows == 0:
+        assert table is None  # nothing usable: nothing written
+        return
+    # through the same Parquet round trip as the stream's output
+    pd.testing.assert_frame_equal(_table_key(table), _table_key(conform(reference.table, OP)))
+
+
+def _check_all_ways(data: bytes, fmt: str, chunk_bytes: int) -> None:
+    path = WORK / f"in.{fmt}"
+    path.write_bytes(data)
+    try:
+        reference = read_files(path, OP, fmt=fmt, vectorised=False, **KW)
+    except InputFileError as exc:  # refused by the reference: refused the same way by the others
+        with pytest.raises(InputFileError) as blocked:
+            read_files(path, OP, fmt=fmt, chunk_bytes=chunk_bytes, **KW)
+        assert str(blocked.value) == str(exc)
+        return
+    assert_same(reference, read_files(path, OP, fmt=fmt, chunk_bytes=chunk_bytes, **KW))
+    assert_stream_same(reference, *streamed(path, OP, "out", chunk_bytes, fmt=fmt, **KW))
+
+
+@st.composite
+def _mutated(draw: Any, sample: bytes) -> bytes:
+    """``sample`` with 1-3 spans replaced by random bytes (or by bytes of another line)."""
+    data = sample
+    for _ in range(draw(st.integers(1, 3))):
+        a = draw(st.integers(0, len(data)))
+        b = draw(st.integers(a, min(len(data), a + 24)))
+        new = draw(st.one_of(st.binary(max_size=8),
+                             st.sampled_from([b"-", b"0", b"null", b"NaN", b"1e400", b"\xff", b"\t", b"\r\n", b"\n",
+                                              b"  ", b'"', b",", b"{", b"}", b"1.5", b"999999999999999999999",
+                                              b"dtype=fp16 ", b"M=3 "])))
+        data = data[:a] + new + data[b:]
+    return data
+
+
+@SETTINGS
+@given(st.sampled_from(sorted(SAMPLES)), st.data(), st.integers(1, 1500))
+def test_mutated_inputs_read_the_same_all_ways(fmt: str, data: st.DataObject, chunk_bytes: int) -> None:
+    _check_all_ways(data.draw(_mutated(SAMPLES[fmt])), fmt, chunk_bytes)
+
+
+@pytest.mark.parametrize("fmt", sorted(SAMPLES))
+@pytest.mark.parametrize("chunk_bytes", [1, 97, 1 << 20])
+def test_unmutated_samples_read_the_same_all_ways(fmt: str, chunk_bytes: int) -> None:
+    _check_all_ways(SAMPLES[fmt], fmt, chunk_bytes)
+
+
+def _log_line(kernel: str, m: int, *, split_k: Any = 1, tflops: Any = 12.5, extra: str = "") -> str:
+    return (f'{{"name": "{kernel}", "problem": {{"split_k": {split_k}, "m": {m}, "n": 64, "k": 64{extra}}}, '
+            f'"perf_result": {{"latency(ms)": 0.01, "tflops(TFlops)": {tflops}, "bandwidth(GB/s)": 5.0}}}}')
+
+
+ODD_LOG_LINES = [
+    "\ufeff" + "=" * 20,
+    "Shape 0: M=16 N=64 K=64 dtype=fp8 layout=rcr",
+    _log_line(KERNELS[0], 16),
+    _log_line(KERNELS[1], 16, tflops="NaN"),
+    _log_line(KERNELS[2], 16, tflops="null"),
+    _log_line(KERNELS[3], 17),  # disagrees with its header
+    _log_line(KERNELS[4], -16),  # negative, and disagrees
+    "   " + _log_line(KERNELS[5], 16),  # indented
+    _log_line("gemm_universal_fp8_rcr_not_a_kernel", 16),
+    _log_line(KERNELS[0] + "\u00e9", 16),
+    _log_line(KERNELS[1], 16, split_k="true"),
+    '{"name": "' + KERNELS[2] + '", "problem": {"m": 16, "n": 64, "k": 64}, '
+    '"perf_result": {"latency(ms)": 0.01, "tflops(TFlops)": 12}}',  # no split_k, int TFLOPS, no bandwidth
+    _log_line(KERNELS[3], 16, extra=', "m": 16'),  # a repeated key
+    '{"name": 5}',
+    "{not json",
+    "garbage line",
+    "Shape 1: M=32 N=64 K=64 dtype=fp16 layout=rcr",  # another dtype: its rows are rejected
+    _log_line(KERNELS[0], 32),
+    "Shape 2: M=x N=64 K=64",  # a header that does not parse
+    _log_line(KERNELS[0], 48),
+    "Shape 3: M=16 N=64 K=64 dtype=fp8 layout=rcr",
+    _log_line(KERNELS[0], 16, tflops=13.5) + "\r",  # CRLF
+    _log_line(KERNELS[1], 16, tflops=1e400),
+    "",
+    _log_line(KERNELS[2], 16, tflops=0.0),
+]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 300, 1 << 20])
+def test_odd_log_lines_read_the_same_all_ways(chunk_bytes: int) -> None:
+    _check_all_ways(("\n".join(ODD_LOG_LINES)).encode(), "log", chunk_bytes)
+
+
+ODD_CSV_LINES = [
+    "kernel,problem_idx,M,N,K,latency_ms,tflops,non_zero",
+    f"{KERNELS[0]},0,16,64,64,0.01,12.5,1",
+    f" {KERNELS[1]} ,0, 16,64,64,0.01,12.5,1",
+    f'"{KERNELS[2]}",0,16,64,64,0.01,12.5,1',
+    f"{KERNELS[3]},0,-16,64,64,0.01,12.5,1",
+    f"{KERNELS[4]},0,16,64,64,nan,12.5,1",
+    f"{KERNELS[5]},0,16,64,64,0.01,,1",
+    f"{KERNELS[0]},0,16.0,64,64,0.01,12.5,1",
+    f"{KERNELS[1]},0,1e3,64,64,0.01,12.5,1",
+    f"{KERNELS[2]},0,16,64,64,0.01,12.5",
+    "gemm_universal_fp8_rcr_nonsense,0,16,64,64,0.01,12.5,1",
+    "",
+    "   ",
+    f"{KERNELS[3]},0,16,64,64,0.01,12.5,1\r",
+    f"{KERNELS[4]},0,16,64,64,0.01,1_0,1",
+    f"{KERNELS[5]},0,16,64,64,0.01,inf,1",
+    f"{KERNELS[0]}\u00e9,0,16,64,64,0.01,12.5,1",
+]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 200, 1 << 20])
+def test_odd_csv_lines_read_the_same_all_ways(chunk_bytes: int) -> None:
+    _check_all_ways(("\n".join(ODD_CSV_LINES) + "\n").encode(), "csv", chunk_bytes)
+
+
+# -- real CK tables --------------------------------------------------------------------------------
+@pytest.mark.parametrize("chunk_bytes", [4096, 1 << 20])
+def test_real_parity_sweeps_read_the_same_all_ways(chunk_bytes: int) -> None:
+    paths = [data_file("ck_gemm_gfx950_results", "parity_sweep_results.csv"),
+             data_file("ck_gemm_gfx950_results", "parity_sweep_results_b.csv")]
+    kw = {"arch": "gfx942", "dtype": "fp16", "layout": "rcr"}
+    reference = read_files(paths, OP, vectorised=False, **kw)
+    assert reference.summary.rows == 128 and reference.summary.merged == 128  # the two runs merge
+    assert_same(reference, read_files(paths, OP, chunk_bytes=chunk_bytes, **kw))
+    assert_stream_same(reference, *streamed(paths, OP, f"parity_{chunk_bytes}", chunk_bytes, **kw))
+
+
+@pytest.mark.parametrize(("table", "op_name", "dtype"), [
+    ("benchmark_forward_300_bf16_gfx950.csv", "grouped_conv_fwd", "bf16"),
+    ("training_data_forward_bf16_20.csv", "grouped_conv_fwd", "bf16"),
+])
+def test_real_conv_tables_stream_the_same(table: str, op_name: str, dtype: str) -> None:
+    """A table read through the op's column map: streamed in partitions, merged the same."""
+    path = data_file("ck_grouped_conv_fwd_bf16_gfx950", table)
+    cfg = compose("ingest", [f"data.path={path}", f"op={op_name}", f"dtype={dtype}"])
+    op = load_op(cfg.op)
+    kw = {"arch": "gfx950", "dtype": dtype, "layout": cfg.layout.name, "arch_config": cfg.arch}
+    reference = read_files(path, op, **kw)
+    summary, got, rejects = streamed(path, op, f"conv_{table}", 64 << 10, **kw)
+    assert summary.as_dict() == reference.summary.as_dict()
+    pd.testing.assert_frame_equal(_rejects_key(rejects), _rejects_key(reference.rejects))
+    keys = [*op.problem_names, "kernel_name"]
+    pd.testing.assert_frame_equal(got.sort_values(keys).reset_index(drop=True),
+                                  conform(reference.table, op).sort_values(keys).reset_index(drop=True))
+
+
+def test_a_streamed_directory_is_read_back_by_training(tmp_path: Path) -> None:
+    """A partitioned table directory is a data.path: its parts are read as canonical tables."""
+    from ckpred.data import load_table
+
+    path = tmp_path / "in.log"
+    path.write_bytes(LOG)
+    summary = ingest_to_parquet(path, OP, tmp_path / "table", tmp_path / "rejects.csv", chunk_bytes=512, **KW)
+    parts = sorted((tmp_path / "table").iterdir())
+    assert len(parts) > 1 and all(p.name.startswith("part-") for p in parts)
+    # each problem lies in one part
+    seen: dict[tuple[int, int, int], str] = {}
+    for part in parts:
+        for key in set(map(tuple, pq.read_table(part).to_pandas()[["m", "n", "k"]].to_numpy().tolist())):
+            assert seen.setdefault(key, part.name) == part.name
+    table = load_table(compose("train", ["data=path", f"data.path={tmp_path / 'table'}"]))
+    assert len(table) == summary.rows == len(KERNELS) * 3 and (table["repeats"] == 2).all()
