@@ -21,7 +21,7 @@ from ckpred.data.table import canonical_columns, read_table, write_table
 from ckpred.errors import ConfigValueError, InputFileError, KernelNameError
 from ckpred.kernels.base import Field, OpDefinition
 from ckpred.kernels.gemm_universal import OP
-from ckpred.data.synthetic import write_synthetic_log
+from ckpred.data.synthetic import write_synthetic_csv, write_synthetic_jsonl, write_synthetic_log
 from tests import fixtures_gen as fg
 from tests.conftest import REPO, data_file
 
@@ -88,13 +88,18 @@ def test_log_reader(tmp_path: Path) -> None:
 
 
 def test_big_log_helper_of_the_benchmark(tmp_path: Path) -> None:
-    """The generator behind scripts/bench/bench_ingest.py writes what the reader takes as all valid."""
+    """The generators behind scripts/bench/ingest_speed.py write what the readers take as all valid."""
     path = write_synthetic_log(tmp_path / "big.log", 5000)
     text = path.read_text()
     assert text.count("\nShape ") + text.startswith("Shape") == 2  # 4,608 kernels per shape
     result = read(path)
     check_accounting(result)
     assert result.summary.records == result.summary.valid == 5000 and len(result.rejects) == 0
+    for write in (write_synthetic_csv, write_synthetic_jsonl):  # the same rows in the other forms
+        other = read(write(tmp_path / f"big_{write.__name__}", 5000))
+        assert other.summary.records == other.summary.valid == 5000 and len(other.rejects) == 0
+        key = ["m", "n", "k", "kernel_name"]
+        assert other.table[key].equals(result.table[key])
 
 
 def test_json_reader_and_failed_kernels(tmp_path: Path) -> None:

@@ -24,7 +24,15 @@ a pair with no valid measurement stays an invalid row (first reason, all repeats
 Kernel fields always come from the op's name grammar (``op.parse_name``), and ``kernel_name``
 is stored in the op's canonical form (``op.format_name``): the parity-sweep name
 ``gemm_fp16_rcr_...`` and the tile-engine name ``gemm_universal_fp16_rcr_...`` of one kernel
-are one row. Nothing is cached: reading is fast (``scripts/bench/bench_ingest.py``).
+are one row. Nothing is cached: reading is fast (``scripts/bench/ingest_speed.py``).
+
+Streaming: files are read in chunks of about ``data.chunk_mb`` MiB (the CSV sweep and the
+streaming log by vectorised block readers, the other formats whole), each chunk checked on its
+own (the value checks are per row). :func:`ingest_to_parquet` (``ckpred ingest``) then
+hash-partitions the checked rows by their problem fields into spill files, so the rule check
+(per problem) and the merge of repeats (per problem and kernel) each need one partition in
+memory, and writes the table part by part; :func:`read_files` keeps one partition in memory
+and returns the table in order of first appearance. Both run the same code.
 """
 
 from __future__ import annotations
@@ -875,7 +883,7 @@ def nothing_usable_message(result: IngestResult | IngestSummary) -> str:
 def ingest_for_config(cfg: Any) -> pd.DataFrame:
     """The canonical table of ``cfg.data.path`` (used by :func:`ckpred.data.load_table`).
 
-    Prints the summary; caches nothing (reading is fast, see ``scripts/bench/bench_ingest.py``).
+    Prints the summary; caches nothing (reading is fast, see ``scripts/bench/ingest_speed.py``).
 
     Raises
     ------

@@ -15,7 +15,7 @@ process (the generator's memory does not count, imports are done before the cloc
   ``data.chunk_mb=--chunk-mb``, into a directory of Parquet parts and the rejects CSV.
 
 Printed per input and path: records, CPU seconds (user + system of the child), rows per
-CPU-second, wall seconds, peak RSS (``ru_maxrss``) and RSS after imports, and the ratio
+CPU-second, wall seconds, peak RSS (``VmHWM``) and peak RSS after imports, and the ratio
 new/old. Then the new path's peak RSS on the log at ``--small-chunk-mb`` and ``--chunk-mb``,
 on the whole log and on its first half, to show that memory follows the chunk, not the file.
 The machine is shared: CPU-seconds are the figure to compare; wall time depends on the load.
@@ -43,7 +43,7 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     import ckpred.features.base  # noqa: F401  (the kernel rules need it: imported before the clock)
     from ckpred.kernels.gemm_universal import OP
 
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    base_rss = peak_rss_mb()
     out = Path(args.out)
     start, cpu_start = time.perf_counter(), time.process_time()
     if args.mode == "old":
@@ -61,7 +61,7 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
             "rejected": sum(summary.rejected.values()), "invalid": sum(summary.invalid.values()),
             "summary": json.dumps(summary.as_dict() | {"files": []}, sort_keys=True),
             "seconds": seconds, "cpu_seconds": cpu, "rows_per_cpu_s": summary.records / cpu,
-            "rss_after_imports_mb": base_rss, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "rss_after_imports_mb": base_rss, "peak_rss_mb": peak_rss_mb()}
 
 
 def inputs(rows: int, work: Path) -> dict[str, Path]:
@@ -82,13 +82,26 @@ def inputs(rows: int, work: Path) -> dict[str, Path]:
 
 
 def half_of(path: Path) -> Path:
-    """The first half of ``path``'s lines (for the file-size side of the memory check)."""
+    """The first half of ``path``'s bytes, cut at a line end (the file-size side of the memory check)."""
     half = path.with_name(f"half_{path.name}")
     if not half.exists():
-        with open(path, "rb") as fh:
-            lines = fh.readlines()
-        half.write_bytes(b"".join(lines[:len(lines) // 2]))
+        with open(path, "rb") as src, open(half, "wb") as dst:
+            left = path.stat().st_size // 2
+            while left > 0:
+                block = src.read(min(left, 1 << 24))
+                dst.write(block)
+                left -= len(block)
+            dst.write(src.readline())
     return half
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (``VmHWM``: unlike ``ru_maxrss`` not inherited over exec)."""
+    with open("/proc/self/status") as fh:
+        for text in fh:
+            if text.startswith("VmHWM:"):
+                return int(text.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def old_source(ref: str, work: Path) -> Path:
