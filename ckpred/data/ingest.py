@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from ckpred.util import resolve_path
 from ckpred.data.mapping import InputMapping, map_rows, op_flops
@@ -326,7 +327,8 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
             table[name] = kernels[name].array.take(codes) if len(kernels) else np.array([], dtype=object)
         for name, value in (("op", op.name), ("arch", arch), ("dtype", dtype), ("layout", layout)):
             if name not in op.problem_names and name not in per_row:  # else the row's own value
-                table[name] = value
+                # one arrow string repeated: no column of Python references to convert
+                table[name] = pa.repeat(pa.scalar(str(value), pa.string()), len(table)).to_pandas()
         table = conform(table, op)
         summary.rows += len(table)
         summary.valid_rows += int(table["is_valid"].sum())
@@ -465,7 +467,6 @@ class _TableWriter:
         return self
 
     def write(self, table: pd.DataFrame) -> None:
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
         arrow = pa.Table.from_pandas(table, schema=self.schema, preserve_index=False)
@@ -568,7 +569,6 @@ def _buffer_frame(read: FileRead | None, op: OpDefinition, run_id: str, label: s
     if rows.sources is not None:
         columns["source"] = np.asarray(rows.sources, dtype=object)
     else:  # one vectorised build of compact arrow strings instead of a million f-strings
-        import pyarrow as pa
         import pyarrow.compute as pc
 
         columns["source"] = pc.binary_join_element_wise(
@@ -576,8 +576,6 @@ def _buffer_frame(read: FileRead | None, op: OpDefinition, run_id: str, label: s
     if rows.run_ids is not None:
         columns["run_id"] = np.asarray([r or run_id for r in rows.run_ids], dtype=object)
     else:  # one arrow string repeated, not a million Python references to convert
-        import pyarrow as pa
-
         columns["run_id"] = pa.repeat(pa.scalar(run_id, pa.string()), n).to_pandas()
     columns["repeats"] = ints(rows.repeats) if rows.repeats is not None else np.ones(n, dtype=np.int64)
     columns["spread"] = floats(rows.spreads) if rows.spreads is not None else np.full(n, np.nan)
@@ -761,7 +759,6 @@ def _joined(sub: pd.DataFrame, order: pd.Index) -> tuple[list[str], list[str]]:
     Vectorised with arrow list joins: pandas' ``agg(";".join)`` takes the pure-Python path,
     slow for the tens of thousands of groups of a large sweep.
     """
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     gid = sub["_gid"].to_numpy()

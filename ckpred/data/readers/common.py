@@ -19,7 +19,7 @@ import math
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Iterator
 
 import numpy as np
 import pandas as pd
@@ -297,6 +297,9 @@ class RowBuffer:
     @classmethod
     def merged(cls, buffers: list["RowBuffer"]) -> "RowBuffer":
         """One buffer of the rows of ``buffers`` (same op and format), ordered by line."""
+        filled = [b for b in buffers if len(b)]
+        if len(filled) == 1:  # already in line order
+            return filled[0]
         first = buffers[0]
         out = cls(first.problem_names, quantum_ms=first.quantum_ms, quantum_tflops=first.quantum_tflops)
         line = np.concatenate([np.asarray(b.line, dtype=np.int64) for b in buffers])
@@ -444,6 +447,32 @@ def arch_for_device(device: str) -> str:
         if found and model in re.findall(r"[A-Za-z0-9+]+", found.group(1).upper()):
             matches.append(entry.name[:-5])
     return matches[0] if len(matches) == 1 else ""
+
+
+def line_blocks(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
+    """Blocks of whole lines of about ``chunk_bytes`` from ``fh`` (a seekable binary file).
+
+    Yields ``(block, end)``: ``block[:end]`` is whole lines (the last one without a newline
+    only at the end of the file). A block's partial last line is not copied off: the file is
+    sought back to its start, so it begins the next block (a line longer than ``chunk_bytes``
+    makes a longer block).
+    """
+    size = max(int(chunk_bytes), 1)
+    while True:
+        block = fh.read(size)
+        if not block:
+            return
+        end = block.rfind(b"\n") + 1
+        while end == 0:  # no line end yet: a long line (or the file's last line)
+            more = fh.read(size)
+            if not more:
+                end = len(block)
+                break
+            block += more
+            end = block.rfind(b"\n") + 1
+        if end < len(block):
+            fh.seek(end - len(block), 1)
+        yield block, end
 
 
 def decode_line(raw: bytes) -> str:

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import pandas as pd
 
-from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer, sorted_rejects, to_float, to_int
+from ckpred.data.readers.common import (FileRead, ReadContext, Reject, RowBuffer, line_blocks, sorted_rejects, to_float,
+                                        to_int)
 from ckpred.errors import InputFileError
 
 NAME = "csv"
@@ -154,24 +154,20 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
         if header is None:
             yield FileRead(RowBuffer(op.problem_names), [])
             return
-        while True:
-            block = fh.read(chunk_bytes)
-            if not block:
-                break
-            if not block.endswith(b"\n"):
-                block += fh.readline()
-            yield _read_block(block, lineno + 1, header, index, ctx)
-            lineno += block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+        for block, end in line_blocks(fh, chunk_bytes):
+            lines = block.count(b"\n", 0, end) + (block[end - 1:end] != b"\n")
+            yield _read_block(block, end, lines, lineno + 1, header, index, ctx)
+            lineno += lines
 
 
-def _read_block(block: bytes, first_line: int, header: list[str], index: dict[str, int | None],
-                ctx: ReadContext) -> FileRead:
-    """Rows and rejects of the whole lines in ``block``, the first being line ``first_line``."""
+def _read_block(block: bytes, end: int, lines: int, first_line: int, header: list[str],
+                index: dict[str, int | None], ctx: ReadContext) -> FileRead:
+    """Rows and rejects of the ``lines`` whole lines in ``block[:end]``, the first being line
+    ``first_line``."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
     op = ctx.op
-    lines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
     names = [f"c{i}" for i in range(len(header))]
     types = {names[index[KERNEL_COLUMN]]: pa.dictionary(pa.int32(), pa.string()),  # type: ignore[index]
              names[index[TFLOPS_COLUMN]]: pa.float64(), names[index[LATENCY_COLUMN]]: pa.float64()}  # type: ignore[index]
@@ -180,8 +176,8 @@ def _read_block(block: bytes, first_line: int, header: list[str], index: dict[st
             types[names[index[field.name]]] = pa.int64()  # type: ignore[index]
     try:
         table = pcsv.read_csv(
-            pa.py_buffer(block),
-            read_options=pcsv.ReadOptions(column_names=names, use_threads=False, block_size=len(block) + 1),
+            pa.py_buffer(memoryview(block)[:end]),
+            read_options=pcsv.ReadOptions(column_names=names, use_threads=False, block_size=end + 1),
             parse_options=pcsv.ParseOptions(quote_char=False, double_quote=False, escape_char=False,
                                             newlines_in_values=False, ignore_empty_lines=False),
             convert_options=pcsv.ConvertOptions(column_types=types, include_columns=list(types), null_values=[],
@@ -190,7 +186,7 @@ def _read_block(block: bytes, first_line: int, header: list[str], index: dict[st
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
         table = None
     if table is None or table.num_rows != lines:
-        return _by_line(block, first_line, header, index, ctx, range(lines))
+        return _by_line(block[:end], first_line, header, index, ctx, range(lines))
     kernel_col = table.column(names[index[KERNEL_COLUMN]]).combine_chunks()  # type: ignore[index]
     codes, uniques = kernel_col.indices.to_numpy(), kernel_col.dictionary.to_pylist()
     resolved = ctx.resolver.resolve_all([u.strip().strip('"').strip() for u in uniques])
@@ -218,7 +214,7 @@ def _read_block(block: bytes, first_line: int, header: list[str], index: dict[st
         rows.reasons[j] = f"negative problem field: {header[index[op.problem_fields[i].name]]}={int(problem[i][j])}"  # type: ignore[index]
     if keep.all():
         return FileRead(rows, [])
-    rest = _by_line(block, first_line, header, index, ctx, np.flatnonzero(~keep).tolist())
+    rest = _by_line(block[:end], first_line, header, index, ctx, np.flatnonzero(~keep).tolist())
     return FileRead(RowBuffer.merged([rows, rest.rows]), rest.rejects)
 
 

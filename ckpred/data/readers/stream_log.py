@@ -35,7 +35,8 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer, sorted_rejects, to_float, to_int
+from ckpred.data.readers.common import (FileRead, ReadContext, Reject, RowBuffer, line_blocks, sorted_rejects, to_float,
+                                        to_int)
 
 NAME = "log"
 #: Half the printing step of the log's 2-decimal values.
@@ -196,14 +197,9 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
     decoder = _decoder(ctx.op.problem_names)
     lineno = 1
     with open(path, "rb") as fh:
-        while True:
-            block = fh.read(chunk_bytes)
-            if not block:
-                break
-            if not block.endswith(b"\n"):
-                block += fh.readline()
-            lines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
-            yield _read_block(block, lineno, reader, decoder, ctx)
+        for block, end in line_blocks(fh, chunk_bytes):
+            read, lines = _read_block(block, end, lineno, reader, decoder, ctx)
+            yield read
             lineno += lines
 
 
@@ -231,20 +227,23 @@ _FINE_BYTES = bytes(np.flatnonzero(~_ODD_BYTE).tolist())
 
 
 def _odd_positions(block: bytes, arr: np.ndarray) -> np.ndarray:
-    """Where ``block`` has a byte of :data:`_ODD_BYTE` (one C pass when there is none)."""
+    """Where ``arr`` (the start of ``block``) has a byte of :data:`_ODD_BYTE` (one C pass over
+    ``block`` when there is none)."""
     if not block.translate(None, _FINE_BYTES):
         return np.zeros(0, dtype=np.int64)
     return np.flatnonzero(_ODD_BYTE[arr])
 
 
-def _read_block(block: bytes, first_line: int, reader: _LineReader, decoder: Any, ctx: ReadContext) -> FileRead:
-    """Rows and rejects of the whole lines in ``block``, the first being line ``first_line``."""
+def _read_block(block: bytes, end: int, first_line: int, reader: _LineReader, decoder: Any,
+                ctx: ReadContext) -> tuple[FileRead, int]:
+    """Rows and rejects of the whole lines in ``block[:end]``, the first being line ``first_line``;
+    and the number of those lines."""
     import msgspec
 
-    arr = np.frombuffer(block, dtype=np.uint8)
+    arr = np.frombuffer(block, dtype=np.uint8, count=end)
     ends = np.flatnonzero(arr == 10)
-    if not len(ends) or ends[-1] != len(block) - 1:
-        ends = np.append(ends, len(block) - 1)  # the file's last line, without a newline
+    if not len(ends) or ends[-1] != end - 1:
+        ends = np.append(ends, end - 1)  # the file's last line, without a newline
     starts = np.r_[0, ends[:-1] + 1]
     n_lines = len(starts)
     lengths = ends - starts
@@ -269,7 +268,7 @@ def _read_block(block: bytes, first_line: int, reader: _LineReader, decoder: Any
         headers.append(reader.header)
     fast_idx = np.flatnonzero(fast)
     if not len(fast_idx):
-        return FileRead(slow_rows, slow_rejects)
+        return FileRead(slow_rows, slow_rejects), n_lines
     header_of = np.searchsorted(special, fast_idx) - 1  # -1: the header from before the block
     header_list = [start_header, *headers]
     header_of += 1
@@ -289,14 +288,14 @@ def _read_block(block: bytes, first_line: int, reader: _LineReader, decoder: Any
         rows, rejects = new_buffer(ctx), []
         for index in range(n_lines):
             reader.line(first_line + index, block[starts[index]:ends[index] + 1], rows, rejects)
-        return FileRead(rows, rejects)
+        return FileRead(rows, rejects), n_lines
     reader_header = reader.header
     fast_rows, deferred = _vector_rows(decoded, fast_idx + first_line, header_of, header_list, ctx)
     for i in deferred.tolist():  # rows the vectorised checks leave to the per-line reader
         reader.header = header_list[header_of[i]]
         by_line(int(fast_idx[i]))
     reader.header = reader_header
-    return FileRead(RowBuffer.merged([slow_rows, fast_rows]), sorted_rejects(slow_rejects))
+    return FileRead(RowBuffer.merged([slow_rows, fast_rows]), sorted_rejects(slow_rejects)), n_lines
 
 
 def _vector_rows(decoded: list[Any], linenos: np.ndarray, header_of: np.ndarray,
