@@ -1,7 +1,7 @@
 """Streaming ingestion against the previous path: rows per CPU-second, wall time and peak memory.
 
     OMP_NUM_THREADS=1 python scripts/bench/ingest_speed.py [--rows 1000000] [--dir /tmp/ckpred_ingest_bench]
-        [--old-ref acf5646] [--chunk-mb 64] [--small-chunk-mb 16]
+        [--old-ref acf5646] [--chunk-mb 64] [--small-chunk-mb 16] [--formats csv,log,jsonl] [--stages]
 
 Generates (once per row count) three inputs of ``--rows`` made-up gemm_universal rows with
 :mod:`ckpred.data.synthetic`: a CK CSV sweep, a streaming benchmark log (shape headers + one
@@ -19,6 +19,10 @@ CPU-second, wall seconds, peak RSS (``VmHWM``) and peak RSS after imports, and t
 new/old. Then the new path's peak RSS on the log at ``--small-chunk-mb`` and ``--chunk-mb``,
 on the whole log and on its first half, to show that memory follows the chunk, not the file.
 The machine is shared: CPU-seconds are the figure to compare; wall time depends on the load.
+
+``--stages`` instead times each step of the new path (read and check a block, partition and
+spill, rule check, merge, Parquet write...) in CPU seconds, one process per input: what limits
+the throughput.
 """
 
 from __future__ import annotations
@@ -62,6 +66,63 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
             "summary": json.dumps(summary.as_dict() | {"files": []}, sort_keys=True),
             "seconds": seconds, "cpu_seconds": cpu, "rows_per_cpu_s": summary.records / cpu,
             "rss_after_imports_mb": base_rss, "peak_rss_mb": peak_rss_mb()}
+
+
+#: Steps timed by ``--stages`` (module, function, label), in pipeline order.
+STAGES = (("ckpred.data.readers.csv_sweep", "_read_block", "read+check block (CSV, pyarrow)"),
+          ("ckpred.data.readers.stream_log", "_read_block", "read+check block (log, msgspec)"),
+          ("ckpred.data.ingest", "_buffer_frame", "block -> row frame"),
+          ("ckpred.data.ingest", "_validate", "value checks"),
+          ("ckpred.data.ingest._Partitions", "add", "hash-partition + spill"),
+          ("pickle", "load", "spill read back"),
+          ("ckpred.data.ingest", "_check_rules", "op rule check"),
+          ("ckpred.data.ingest", "_merge", "merge repeats"),
+          ("ckpred.data.table", "conform", "canonical columns"),
+          ("ckpred.data.ingest._TableWriter", "write", "Parquet write"))
+
+
+def stages(path: Path, chunk_mb: int) -> None:
+    """CPU seconds of each step of the new path on ``path`` (this process; functions wrapped)."""
+    import functools
+    import importlib
+    import shutil
+    import tempfile
+
+    import ckpred.data.ingest as ingest
+    import ckpred.features.base  # noqa: F401
+    from ckpred.kernels.gemm_universal import OP
+
+    spent: dict[str, float] = {}
+    for module, name, label in STAGES:
+        owner: object
+        if module.endswith(("._Partitions", "._TableWriter")):
+            owner = getattr(importlib.import_module(module.rsplit(".", 1)[0]), module.rsplit(".", 1)[1])
+        else:
+            owner = importlib.import_module(module)
+        inner = getattr(owner, name)
+
+        def timed(*a: object, _inner: object = inner, _label: str = label, **k: object) -> object:
+            start = time.process_time()
+            try:
+                return _inner(*a, **k)  # type: ignore[operator]
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.process_time() - start
+
+        setattr(owner, name, functools.wraps(inner)(timed))
+    out = Path(tempfile.mkdtemp(prefix="ckpred_stages_"))
+    try:
+        start = time.process_time()
+        summary = ingest.ingest_to_parquet(path, OP, out / "table", out / "rejects.csv", arch="gfx950", dtype="fp8",
+                                           layout="rcr", chunk_bytes=chunk_mb << 20)
+        total = time.process_time() - start
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    print(f"{path.name}: {summary.records:,} records in {total:.2f} CPU-s = {summary.records / total:,.0f} rows/CPU-s")
+    for _, _, label in STAGES:
+        if label in spent:
+            print(f"  {label:34s} {spent[label]:6.2f} s  {spent[label] / total:5.1%}")
+    rest = total - sum(spent.values())
+    print(f"  {'rest (file reads, kernel columns...)':34s} {rest:6.2f} s  {rest / total:5.1%}")
 
 
 def inputs(rows: int, work: Path) -> dict[str, Path]:
@@ -144,6 +205,8 @@ def main() -> None:
     parser.add_argument("--chunk-mb", type=int, default=64)
     parser.add_argument("--small-chunk-mb", type=int, default=16)
     parser.add_argument("--formats", default="csv,log,jsonl")
+    parser.add_argument("--stages", action="store_true",
+                        help="instead: CPU seconds of each step of the new path, per input (one process each)")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="new", help=argparse.SUPPRESS)
     parser.add_argument("--input", help=argparse.SUPPRESS)
@@ -154,6 +217,16 @@ def main() -> None:
         return
     args.dir.mkdir(parents=True, exist_ok=True)
     files = inputs(args.rows, args.dir)
+    if args.stages:
+        for name in args.formats.split(","):
+            if args.input:  # the child of one input
+                break
+            subprocess.run([sys.executable, __file__, "--stages", "--input", str(files[name]), "--rows",
+                            str(args.rows), "--dir", str(args.dir), "--chunk-mb", str(args.chunk_mb)], check=True)
+        else:
+            return
+        stages(Path(args.input), args.chunk_mb)
+        return
     old_src = old_source(args.old_ref, args.dir)
     print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; old = {args.old_ref} (in memory), "
           f"new = ingest_to_parquet, data.chunk_mb={args.chunk_mb}; load average {os.getloadavg()[0]:.1f}")
