@@ -37,6 +37,7 @@ and returns the table in order of first appearance. Both run the same code.
 
 from __future__ import annotations
 
+import csv
 import glob
 import math
 from collections import Counter
@@ -248,9 +249,12 @@ def ingest_to_parquet(paths: str | Path | Iterable[str | Path], op: OpDefinition
             pd.DataFrame(columns=list(REJECT_COLUMNS)).to_csv(reject_fh, index=False)
 
             def on_rejects(batch: list[Reject]) -> None:
+                # every field quoted: a raw line may hold a bare carriage return, which an
+                # unquoted field would turn into a line break
                 if batch:
                     pd.DataFrame([(r.source, r.reason, r.raw) for r in batch],
-                                 columns=list(REJECT_COLUMNS)).to_csv(reject_fh, index=False, header=False)
+                                 columns=list(REJECT_COLUMNS)).to_csv(reject_fh, index=False, header=False,
+                                                                      quoting=csv.QUOTE_ALL)
 
             summary = _run(files, op, arch=arch, dtype=dtype, layout=layout, fmt=fmt, run_id=run_id,
                            mapping=mapping, arch_config=arch_config, chunk_bytes=chunk_bytes, vectorised=vectorised,
