@@ -253,10 +253,23 @@ def cross_validate_seeds(cfg: DictConfig, out_dir: Path, seeds: list[int],
 
 
 def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, float], None] | None = None) -> float:
-    """One seed of :func:`cross_validate`."""
+    """One seed of :func:`cross_validate`.
+
+    With ``model.backend=dask`` the fold fits run as tasks on the Dask cluster
+    (:func:`ckpred.scale.fold_fits`), and a partitioned dataset (``data.path`` a directory
+    written by :func:`ckpred.scale.write_partitions`) is trained through LightGBM's Dask
+    interface instead (:func:`ckpred.scale.cross_validate_partitioned`).
+    """
     t_start = time.perf_counter()
     seed = int(cfg.seed)
     op = load_op(cfg.op)
+    if cfg.model.backend == "dask" and cfg.data.source == "path":
+        from ckpred import scale
+
+        from ckpred.util import resolve_path
+
+        if isinstance(cfg.data.path, str) and scale.is_partitioned(resolve_path(cfg.data.path)):
+            return scale.cross_validate_partitioned(cfg, op, resolve_path(cfg.data.path), out_dir)
     from ckpred.data import load_table
 
     timings: dict[str, float] = {}
@@ -305,6 +318,15 @@ def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, 
     fold_log: list[dict[str, Any]] = []
     fitted_external: Any = None
 
+    # every (fold, method) fit, in loop order: here, or as tasks on a Dask cluster (model.backend=dask)
+    jobs = [(method, fold.train_shapes, seed + i) for i, fold in enumerate(folds) for method in learned]
+    if cfg.model.backend == "dask":
+        from ckpred import scale
+
+        fits = scale.fold_fits(cfg, data, op, jobs)
+    else:
+        fits = (fit_method(method, data, shapes, op, cfg, s) for method, shapes, s in jobs)
+
     with FoldProgress(bool(cfg.progress), len(folds) * len(learned)) as progress:
         for i, fold in enumerate(folds):
             test_rows = rows_of(test.groups, fold.test_shapes)
@@ -314,7 +336,7 @@ def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, 
             for method in learned:
                 progress.describe(f"{fold.name}: {method.name}")
                 t, cpu = time.perf_counter(), time.process_time()
-                pipe, info = fit_method(method, data, fold.train_shapes, op, cfg, seed + i)
+                pipe, info = next(fits)
                 scorer = pipe if test.arch is data.arch else for_arch(pipe, method, op, cfg, test.arch, test.X)
                 scores[method.name][test_rows] = predict(scorer, test.X.iloc[test_rows])
                 if method.name in runs and failure_model(scorer) is not None:

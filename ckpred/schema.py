@@ -548,6 +548,24 @@ TARGET_NAMES: tuple[str, ...] = ("log1p", "raw", "relative")
 CV_NAMES: tuple[str, ...] = ("group_kfold", "leave_family_out", "holdout", "external")
 RANK_OBJECTIVES: tuple[str, ...] = ("lambdarank", "rank_xendcg")
 LABEL_GAINS: tuple[str, ...] = ("exp2", "linear")
+MODEL_BACKENDS: tuple[str, ...] = ("local", "dask")
+
+
+@dataclass
+class DaskConfig:
+    """The Dask cluster of ``model.backend=dask`` (see :mod:`ckpred.scale`)."""
+
+    #: Scheduler address of a running cluster (``tcp://host:8786``); null starts a local cluster.
+    address: Optional[str] = None
+    #: Local cluster: worker processes (one thread each).
+    n_workers: int = 2
+    #: Local cluster: memory limit of each worker (Dask's pause/spill/kill thresholds apply to it).
+    memory_limit: str = "4GiB"
+
+    def __post_init__(self) -> None:
+        check("model.dask.n_workers", self.n_workers, self.n_workers >= 1, "an integer >= 1")
+        check("model.dask.address", self.address, self.address is None or "://" in str(self.address),
+              "null (start a local cluster) or a scheduler address such as tcp://host:8786")
 
 
 @dataclass
@@ -590,9 +608,15 @@ class ModelConfig:
     objective: str = "lambdarank"
     #: Ranker: gain of relevance grade i, ``exp2`` (2**i - 1, LightGBM's default) or ``linear`` (i).
     label_gain: str = "exp2"
+    #: ``local``: fit in this process. ``dask``: fit on a Dask cluster (``model.dask``): a
+    #: partitioned Parquet dataset through LightGBM's Dask interface, or the CV folds of an
+    #: in-memory table as tasks on the cluster (:mod:`ckpred.scale`).
+    backend: str = "local"
+    dask: DaskConfig = field(default_factory=DaskConfig)
 
     def __post_init__(self) -> None:
         check("model.name", self.name, self.name in MODEL_NAMES, f"one of {list(MODEL_NAMES)}")
+        check("model.backend", self.backend, self.backend in MODEL_BACKENDS, f"one of {list(MODEL_BACKENDS)}")
         check("model.n_estimators", self.n_estimators, self.n_estimators >= 1, "an integer >= 1")
         check("model.learning_rate", self.learning_rate, 0 < self.learning_rate <= 1, "a number in (0, 1]")
         check("model.num_leaves", self.num_leaves, 2 <= self.num_leaves <= 131072,

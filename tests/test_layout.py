@@ -81,7 +81,7 @@ STAGES = [
     {"features"},
     {"models"},
     {"evaluate"},
-    {"fitting", "runs", "warm_start"},
+    {"fitting", "runs", "warm_start", "scale"},
     {"cv"},
     {"export"},
     {"runtime", "autotune", "replay", "guided_search"},

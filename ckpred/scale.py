@@ -1,0 +1,553 @@
+"""Training past one machine: ``model.backend=dask`` on a Dask cluster.
+
+Two routes, both on existing engines (Dask's ``distributed`` scheduler and LightGBM's Dask
+interface):
+
+* **A partitioned Parquet dataset larger than one process's memory.** A directory of Parquet
+  files (:func:`write_partitions`; ``part-00000.parquet`` ...) in which every query — one
+  shape of one (arch, dtype, layout) — lies whole inside one file. Each file is one Dask
+  partition: the workers read it, pick the training rows and targets exactly as
+  :func:`ckpred.fitting.fit_method` does for one table (:func:`ckpred.fitting.prepare`,
+  :func:`~ckpred.fitting.training_rows`, :func:`~ckpred.models.training_target`), compute
+  the features with the partition's own arch/dtype/layout constants, and LightGBM's
+  ``DaskLGBMRanker`` / ``DaskLGBMRegressor`` trains data-parallel on the rows the workers
+  hold (``group`` sizes are computed per partition, which is why a query must not span two
+  files: :func:`check_partitions` refuses such a dataset with :class:`QuerySplitError`).
+  The client never holds the table; each worker holds its share of the training features.
+  The fitted booster is put back into the pipeline of :func:`ckpred.models.build_pipeline`
+  (``to_local()``), so export, ONNX and the runtimes are unchanged.
+* **CV folds of an in-memory table** (``train model.backend=dask`` on ordinary data): every
+  (fold, method) fit is a task on the same cluster (:func:`submit_fits`).
+
+``model.dask.address`` names a running scheduler; null starts a ``LocalCluster`` of
+``model.dask.n_workers`` single-threaded worker processes (:func:`dask_client`). Dask is
+imported only here and only when used, so the default path does not need it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from ckpred import evaluate as ev
+from ckpred.errors import CkpredError, ConfigValueError, InputFileError
+from ckpred.fitting import prepare, training_rows
+from ckpred.kernels.base import OpDefinition
+from ckpred.models import build_estimator, build_pipeline, query_sizes, training_target
+
+#: The manifest :func:`write_partitions` leaves beside the Parquet files.
+MANIFEST = "_ckpred_partitions.json"
+#: Columns that, with the op's query key (``group_key``), identify a query across partitions.
+COMBO_COLUMNS: tuple[str, ...] = ("arch", "dtype", "layout")
+_Y, _Q = "_ckpred_y", "_ckpred_query"
+
+
+class QuerySplitError(CkpredError, ValueError):
+    """A query (one shape of one arch/dtype/layout) has rows in more than one partition.
+
+    LightGBM's Dask ranker takes the ``group`` sizes of each partition on its own, so a query
+    split across files would become two queries silently.
+    """
+
+    def __init__(self, path: str, key: str, files: list[str]) -> None:
+        self.path, self.key, self.files = path, key, files
+        super().__init__(f"cannot train on {path}: query {key} has rows in {len(files)} partitions {files}; "
+                         "allowed: every query whole inside one file (write the dataset partitioned by query, "
+                         "ckpred.scale.write_partitions)")
+
+
+# -- the dataset on disk ---------------------------------------------------------------------
+def write_partitions(frames: Iterable[pd.DataFrame], out_dir: str | Path, op: OpDefinition) -> dict[str, Any]:
+    """Write canonical tables as a partitioned Parquet dataset, one file per frame.
+
+    Each frame must hold whole queries and one (arch, dtype, layout); the frames come one at a
+    time (a generator), so the dataset can be far larger than memory. Columns are the
+    canonical schema (:func:`ckpred.data.table.write_table`). Returns the manifest (also
+    written as ``_ckpred_partitions.json``): op, query columns, and per file its rows and combo.
+    """
+    from ckpred.data.table import write_table
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    parts: list[dict[str, Any]] = []
+    for i, frame in enumerate(frames):
+        combos = frame[list(COMBO_COLUMNS)].drop_duplicates()
+        if len(combos) != 1:
+            raise ValueError(f"partition {i} mixes {len(combos)} arch/dtype/layout combinations; one per file")
+        name = f"part-{i:05d}.parquet"
+        write_table(frame, out / name, op)
+        parts.append({"file": name, "rows": int(len(frame)),
+                      **{c: str(combos[c].iloc[0]) for c in COMBO_COLUMNS}})
+    manifest = {"op": op.name, "query_columns": [*COMBO_COLUMNS, *op.group_key], "partitions": parts,
+                "rows": int(sum(p["rows"] for p in parts))}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def is_partitioned(path: Any) -> bool:
+    """Whether ``path`` is a dataset directory written by :func:`write_partitions`."""
+    return isinstance(path, (str, Path)) and (Path(str(path)) / MANIFEST).is_file()
+
+
+def read_manifest(path: str | Path, op: OpDefinition) -> dict[str, Any]:
+    """The manifest of a partitioned dataset, checked against ``op`` and the files present."""
+    root = Path(path)
+    file = root / MANIFEST
+    if not file.is_file():
+        raise InputFileError(str(root), f"not a partitioned dataset (no {MANIFEST}; write it with "
+                                        "ckpred.scale.write_partitions)")
+    manifest = json.loads(file.read_text())
+    if manifest.get("op") != op.name:
+        raise InputFileError(str(file), f"the dataset holds op {manifest.get('op')!r}, the config trains {op.name!r}")
+    missing = [p["file"] for p in manifest["partitions"] if not (root / p["file"]).is_file()]
+    if missing:
+        raise InputFileError(str(root), f"partition files listed in {MANIFEST} are missing: {missing[:5]}")
+    return manifest
+
+
+def _query_keys(frame: pd.DataFrame, op: OpDefinition) -> pd.Series:
+    """``arch/dtype/layout/<group key values>`` of each row (call it on distinct rows: it is slow)."""
+    cols = [*COMBO_COLUMNS, *op.group_key]
+    out = frame[cols[0]].astype(str)
+    for c in cols[1:]:
+        out = out + "/" + frame[c].astype(str)
+    return out
+
+
+def check_partitions(key_frames: Iterable[tuple[str, pd.Series]], path: str) -> None:
+    """Refuse a dataset in which a query spans partitions (:class:`QuerySplitError`).
+
+    ``key_frames`` gives, per partition file, the distinct query keys it holds.
+    """
+    seen: dict[str, str] = {}
+    for file, keys in key_frames:
+        for key in keys:
+            first = seen.setdefault(key, file)
+            if first != file:
+                raise QuerySplitError(path, key, [first, file])
+
+
+# -- one partition -> training rows ------------------------------------------------------------
+def layout_config(name: str) -> Any:
+    """The packaged ``conf/layout/<name>.yaml`` as a checked :class:`ckpred.schema.LayoutConfig`."""
+    from importlib import resources
+
+    from omegaconf import OmegaConf
+
+    from ckpred.schema import LAYOUTS, LayoutConfig
+
+    if name not in LAYOUTS:
+        raise ConfigValueError("layout", name, f"one of {list(LAYOUTS)}")
+    raw = OmegaConf.to_container(OmegaConf.create((resources.files("ckpred.conf") / "layout" /
+                                                   f"{name}.yaml").read_text()))
+    raw.pop("defaults", None)
+    return LayoutConfig(**raw)
+
+
+def combo_config(frame: pd.DataFrame) -> SimpleNamespace:
+    """``arch``, ``dtype``, ``layout`` configs of a partition (from its one combo's names)."""
+    from ckpred.dtypes import load_dtype
+    from ckpred.schema import arch_config
+
+    row = frame.iloc[0]
+    return SimpleNamespace(arch=arch_config(str(row["arch"])), dtype=load_dtype(str(row["dtype"])),
+                           layout=layout_config(str(row["layout"])))
+
+
+@dataclass
+class PartitionRecipe:
+    """What every partition needs to turn its rows into training rows (pickled to the workers)."""
+
+    op: OpDefinition
+    recipe: Any  # features, model, target, seed, layout (ckpred.fitting.recipe_config)
+    rows: Any  # the rows config
+    seed: int
+    #: Output columns of the feature step (the same for every arch/dtype/layout).
+    n_features: int = 0
+    #: Queries whose stable hash falls in [test_lo, test_hi) are held out (test) — none by default.
+    test_lo: float = 0.0
+    test_hi: float = 0.0
+
+    def held_out(self, frame: pd.DataFrame) -> np.ndarray:
+        """bool per row: its query is held out for testing (a stable hash of the query key)."""
+        if self.test_hi <= self.test_lo:
+            return np.zeros(len(frame), dtype=bool)
+        cols = [*COMBO_COLUMNS, *self.op.group_key]
+        h = pd.util.hash_pandas_object(frame[cols], index=False).to_numpy()
+        u = (h >> np.uint64(11)).astype(np.float64) / float(2 ** 53)
+        return (u >= self.test_lo) & (u < self.test_hi)
+
+    def features(self, combo: SimpleNamespace) -> Any:
+        from ckpred.features import build_features
+
+        return build_features(self.recipe.features, self.op, combo.arch, combo.dtype, combo.layout)
+
+    def training_frame(self, frame: pd.DataFrame, number: int) -> pd.DataFrame:
+        """The training rows of one partition: float32 features, target ``_ckpred_y`` and the
+        query code ``_ckpred_query`` (rows contiguous per query)."""
+        frame = frame[~self.held_out(frame)].reset_index(drop=True)
+        names = self.feature_names()
+        if len(frame) == 0:
+            return self.empty_frame(names)
+        combo = combo_config(frame)
+        data = prepare(frame, self.op, combo, arch=combo.arch)
+        model = self.recipe.model
+        max_rows = int(model.max_rows_per_query) if model.name == "lgbm_ranker" else 2 ** 62
+        # seeded per partition: the same rows whichever backend or worker reads the file
+        rng = np.random.default_rng([int(self.seed), int(number)])
+        rows = training_rows(data, np.arange(data.groups.n_shapes), self.rows, max_rows=max_rows, rng=rng)
+        if len(rows) == 0:
+            return self.empty_frame(names)
+        codes = data.groups.codes[rows]
+        y = training_target(data.perf[rows], codes, model, self.recipe.target)
+        if model.name != "lgbm_ranker":
+            y = build_estimator(model, self.recipe.target).transformer.fit_transform(
+                np.asarray(y, dtype=np.float64).reshape(-1, 1)).ravel()
+        Xt = self.features(combo).fit_transform(data.X.iloc[rows])
+        out = pd.DataFrame(np.asarray(Xt, dtype=np.float32), columns=names)
+        out[_Y] = np.asarray(y, dtype=np.float64)
+        out[_Q] = np.asarray(codes, dtype=np.int64)
+        return out
+
+    def feature_names(self) -> list[str]:
+        """Column names of the features in a training frame (``f0`` ... ``f<n-1>``)."""
+        return [f"f{i}" for i in range(self.n_features)]
+
+    def empty_frame(self, names: list[str]) -> pd.DataFrame:
+        out = pd.DataFrame({n: pd.Series(dtype=np.float32) for n in names})
+        out[_Y] = pd.Series(dtype=np.float64)
+        out[_Q] = pd.Series(dtype=np.int64)
+        return out
+
+
+def _head(file: str, rows: int = 8) -> pd.DataFrame:
+    """The first rows of a Parquet file, without reading the rest."""
+    import pyarrow.parquet as pq
+
+    batch = next(pq.ParquetFile(file).iter_batches(batch_size=rows))
+    return batch.to_pandas()
+
+
+# -- the cluster -------------------------------------------------------------------------------
+@contextmanager
+def dask_client(dask_cfg: Any) -> Iterator[Any]:
+    """A ``distributed.Client``: on ``dask_cfg.address``, or on a new ``LocalCluster`` of
+    ``n_workers`` single-threaded worker processes with ``memory_limit`` each (closed on exit).
+
+    Worker processes get ``OMP_NUM_THREADS=1`` so LightGBM's threads match the one Dask thread.
+    """
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ConfigValueError("model.backend", "dask", "local, or install the dask extra "
+                               "(pip install 'ckpred[dask]')") from exc
+    if dask_cfg.address:
+        client = Client(str(dask_cfg.address))
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    with LocalCluster(n_workers=int(dask_cfg.n_workers), threads_per_worker=1, processes=True,
+                      memory_limit=str(dask_cfg.memory_limit), dashboard_address=":0",
+                      env={"OMP_NUM_THREADS": "1"}) as cluster, Client(cluster) as client:
+        yield client
+
+
+# -- fitting on a partitioned dataset ------------------------------------------------------------
+def _partition_files(path: str | Path, op: OpDefinition) -> list[str]:
+    manifest = read_manifest(path, op)
+    return [str(Path(path) / p["file"]) for p in manifest["partitions"]]
+
+
+def _keys_of(file: str, op: OpDefinition) -> tuple[str, np.ndarray]:
+    cols = [*COMBO_COLUMNS, *op.group_key]
+    frame = pd.read_parquet(file, columns=cols).drop_duplicates()
+    return Path(file).name, _query_keys(frame, op).to_numpy()
+
+
+def _training_part(file: str, number: int, part: PartitionRecipe) -> pd.DataFrame:
+    return part.training_frame(pd.read_parquet(file), number)
+
+
+def _assemble(pipe: Any, fitted_model: Any, op: OpDefinition, first_file: str, target: str) -> Any:
+    """Put a fitted estimator into ``pipe`` (features fitted on a few rows of one partition:
+    the feature groups learn no statistics)."""
+    from sklearn.compose import TransformedTargetRegressor
+
+    pipe.named_steps["features"].fit(op.encode_frame(_head(first_file)))
+    step = pipe.named_steps["model"]
+    if isinstance(step, TransformedTargetRegressor):
+        # the partitions already applied the target transform; the TTR only inverts it
+        step.regressor_ = fitted_model
+        step.transformer_ = step.transformer.fit(np.zeros((1, 1)))
+        step._training_dim = 1
+    else:
+        pipe.steps[-1] = ("model", fitted_model)
+    pipe.ckpred_target_ = target
+    return pipe
+
+
+def _check_recipe(recipe: Any) -> None:
+    if int(recipe.model.early_stopping_rounds) > 0:
+        raise ConfigValueError("model.early_stopping_rounds", int(recipe.model.early_stopping_rounds),
+                               "0 with model.backend=dask on a partitioned dataset (no early stopping there)")
+
+
+def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: str, client: Any = None,
+                    test: tuple[float, float] = (0.0, 0.0)) -> tuple[Any, dict[str, Any]]:
+    """Fit the config's model recipe on a partitioned dataset; returns (pipeline, fit info).
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        A composed train config (``features``, ``model``, ``target``, ``rows``, ``seed``, and
+        ``arch``/``dtype``/``layout`` for the returned pipeline's feature constants).
+    backend : {"dask", "local"}
+        ``dask``: LightGBM's Dask estimator on ``client``, one partition per file. ``local``:
+        the same training rows gathered in this process and LightGBM's ordinary estimator (for
+        data that fits in memory; what the Dask fit is compared with).
+    test : (float, float)
+        Queries whose stable hash lies in this range are held out (see :func:`score_partitioned`).
+    """
+    from ckpred.fitting import model_method
+    from ckpred.models import target_name
+
+    method = model_method(cfg)
+    _check_recipe(method.recipe)
+    files = _partition_files(path, op)
+    pipe = build_pipeline(method.recipe, op, cfg.arch, cfg.dtype)
+    n_features = len(pipe.named_steps["features"].fit(op.encode_frame(_head(files[0]))).get_feature_names_out())
+    part = PartitionRecipe(op=op, recipe=method.recipe, rows=method.rows, seed=int(cfg.seed),
+                           n_features=n_features, test_lo=float(test[0]), test_hi=float(test[1]))
+    names = part.feature_names()
+    model_cfg = method.recipe.model
+    is_ranker = model_cfg.name == "lgbm_ranker"
+    estimator = build_estimator(model_cfg, method.recipe.target, int(cfg.seed))
+    inner = estimator if is_ranker else estimator.regressor
+    params = inner.get_params()
+    info: dict[str, Any] = {"backend": backend, "partitions": len(files)}
+    t0 = time.perf_counter()
+    if backend == "local":
+        check_partitions((_keys_of(f, op) for f in files), str(path))
+        frames = [_training_part(f, i, part) for i, f in enumerate(files)]
+        train = pd.concat([f for f in frames if len(f)], ignore_index=True)
+        del frames
+        fit_kw = {"group": _group_sizes(train)} if is_ranker else {}
+        inner.fit(train[names].to_numpy(), train[_Y].to_numpy(), **fit_kw)
+        fitted, rows = inner, len(train)
+        del train
+    elif backend == "dask":
+        fitted, rows = _fit_dask(client, files, part, names, params, is_ranker, str(path))
+    else:
+        raise ConfigValueError("model.backend", backend, "one of ['local', 'dask']")
+    info.update(train_rows=int(rows), fit_s=round(time.perf_counter() - t0, 2),
+                trees=int(fitted.booster_.current_iteration()))
+    return _assemble(pipe, fitted, op, files[0], target_name(model_cfg, method.recipe.target)), info
+
+
+def _group_sizes(frame: pd.DataFrame) -> np.ndarray:
+    """LightGBM ``group`` of one training frame; query codes restart per partition, so runs
+    of equal codes are counted, not distinct codes."""
+    codes = frame[_Q].to_numpy()
+    if len(codes) == 0:
+        return np.zeros(0, dtype=np.int64)
+    change = np.flatnonzero(np.diff(codes)) + 1
+    return np.diff(np.concatenate([[0], change, [len(codes)]]))
+
+
+def _fit_dask(client: Any, files: list[str], part: PartitionRecipe, names: list[str], params: dict[str, Any],
+              is_ranker: bool, path: str) -> tuple[Any, int]:
+    import dask.dataframe as dd
+    from distributed import wait
+    from lightgbm import DaskLGBMRanker, DaskLGBMRegressor
+
+    # the query check reads only the key columns, on the workers
+    keys = client.gather(client.map(_keys_of, files, op=part.op, pure=False))
+    check_partitions(keys, path)
+    meta = part.empty_frame(names)
+    train = dd.from_map(_training_part, files, list(range(len(files))), part=part, meta=meta,
+                        enforce_metadata=False)
+    train = train.persist()
+    wait(train)
+    lengths = train.map_partitions(len, meta=("n", "int64")).compute().to_numpy()
+    keep = [i for i, n in enumerate(lengths) if n > 0]
+    if len(keep) < len(lengths):
+        train = dd.concat([train.get_partition(i) for i in keep])
+        lengths = lengths[keep]
+    # arrays, not frames: the booster then carries no column names, as in a local fit
+    X = train[names].to_dask_array(lengths=list(lengths))
+    y = train[_Y].to_dask_array(lengths=list(lengths))
+    params = {k: v for k, v in params.items() if k != "n_jobs"}  # Dask gives each worker its threads
+    cls = DaskLGBMRanker if is_ranker else DaskLGBMRegressor
+    model = cls(client=client, **params)
+    fit_kw: dict[str, Any] = {}
+    if is_ranker:
+        group = train.map_partitions(lambda d: pd.Series(_group_sizes(d), dtype="int64"), meta=(None, "int64"))
+        fit_kw["group"] = group.to_dask_array(lengths=True)
+    import warnings
+
+    with warnings.catch_warnings():
+        # LightGBM's Dask estimators pass n_jobs on and then warn that Dask's threads replace it
+        warnings.filterwarnings("ignore", message="Parameter n_jobs will be ignored")
+        model.fit(X, y, **fit_kw)
+    local = model.to_local()
+    del train
+    return local, int(lengths.sum())
+
+
+# -- scoring held-out queries ------------------------------------------------------------------
+def _score_part(file: str, number: int, part: PartitionRecipe, pipe: Any) -> pd.DataFrame:
+    """Per held-out query of one partition: its efficiency (and top-1) with ``pipe``'s model."""
+    from ckpred.fitting import predict
+
+    frame = pd.read_parquet(file)
+    frame = frame[part.held_out(frame)].reset_index(drop=True)
+    if len(frame) == 0:
+        return pd.DataFrame({"query": pd.Series(dtype=str), "efficiency": pd.Series(dtype=np.float64),
+                             "top1": pd.Series(dtype=np.float64)})
+    combo = combo_config(frame)
+    data = prepare(frame, part.op, combo, arch=combo.arch)
+    from sklearn.pipeline import Pipeline
+
+    features = part.features(combo).fit(data.X.head(8))
+    scorer = Pipeline([("features", features), ("model", pipe.named_steps["model"])])
+    scores = predict(scorer, data.X)
+    sm = ev.shape_metrics(data.perf, scores, data.groups, data.selectable)
+    keys = _query_keys(frame.iloc[data.groups.first_rows()], part.op).to_numpy()
+    return pd.DataFrame({"query": keys, "efficiency": sm["efficiency"].to_numpy(),
+                         "top1": sm["top1"].to_numpy()})
+
+
+def score_partitioned(pipe: Any, cfg: Any, op: OpDefinition, path: str | Path, *, test: tuple[float, float],
+                      client: Any = None) -> pd.DataFrame:
+    """Per-query efficiency of ``pipe`` on the held-out queries of a partitioned dataset (each
+    partition scored where it is read: on the cluster with ``client``, else here)."""
+    from ckpred.fitting import model_method
+
+    method = model_method(cfg)
+    files = _partition_files(path, op)
+    part = PartitionRecipe(op=op, recipe=method.recipe, rows=method.rows, seed=int(cfg.seed),
+                           test_lo=float(test[0]), test_hi=float(test[1]))
+    if client is None:
+        frames = [_score_part(f, i, part, pipe) for i, f in enumerate(files)]
+    else:
+        remote = client.scatter(pipe, broadcast=True)
+        frames = client.gather(client.map(_score_part, files, range(len(files)), part=part, pipe=remote,
+                                          pure=False))
+    out = pd.concat(frames, ignore_index=True)
+    return out[out["efficiency"].notna()].reset_index(drop=True)
+
+
+def summary(per_query: pd.DataFrame) -> dict[str, float]:
+    """Mean and P10 per-query efficiency and top-1 share (the figures ``train`` reports)."""
+    eff = per_query["efficiency"].to_numpy()
+    return {"queries": int(len(eff)), "mean": float(eff.mean()), "p10": float(np.percentile(eff, 10)),
+            "top1": float(per_query["top1"].mean())}
+
+
+# -- CV folds of an in-memory table as tasks -------------------------------------------------------
+def submit_fits(client: Any, jobs: list[tuple[Any, np.ndarray, int]], data: Any, op: OpDefinition,
+                cfg: Any) -> list[Any]:
+    """Submit :func:`ckpred.fitting.fit_method` for each ``(method, train_shapes, seed)`` as a task
+    on ``client``; the prepared table is sent to the workers once. Returns the futures in order
+    (each resolves to ``(pipeline, info)``)."""
+    from ckpred.fitting import fit_method
+
+    remote = client.scatter(data, broadcast=True)
+    return [client.submit(fit_method, method, remote, shapes, op, cfg, seed, pure=False)
+            for method, shapes, seed in jobs]
+
+
+def fold_fits(cfg: Any, data: Any, op: OpDefinition, jobs: list[tuple[Any, np.ndarray, int]]) -> Iterator[Any]:
+    """``(pipeline, info)`` of each job, in order, fitted as tasks on the cluster of ``cfg.model.dask``.
+
+    Every job is submitted at once (the cluster runs as many as it has worker threads); the
+    cluster is closed when the last result has been taken.
+    """
+    with dask_client(cfg.model.dask) as client:
+        futures = submit_fits(client, jobs, data, op, cfg)
+        for future in futures:
+            pipe, info = future.result()
+            info["backend"] = "dask"
+            yield pipe, info
+
+
+def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: Path) -> float:
+    """``train`` on a partitioned dataset with ``model.backend=dask``; returns the mean efficiency.
+
+    Folds hold out queries by a stable hash of their key (``cv=group_kfold``: ``cv.n_splits``
+    equal hash ranges; ``cv=holdout``: the first ``cv.test_fraction`` of the range). Each
+    fold trains on the cluster and scores its held-out queries there; the final model trains
+    on every query. Writes ``metrics.json`` (the model's mean, P10, top-1 over the held-out
+    queries), ``per_query.csv``, ``pipeline.joblib`` and the run record. Baselines, plots and
+    the out-of-fold row scores of an in-memory run are not computed: they need the table in
+    one process.
+    """
+    import joblib
+
+    from ckpred.models import target_name
+    from ckpred.runs import RUN_RECORD
+    from ckpred.util import package_versions, sha256_file
+
+    if cfg.cv.name == "group_kfold":
+        k = int(cfg.cv.n_splits)
+        ranges = [(i / k, (i + 1) / k) for i in range(k)]
+    elif cfg.cv.name == "holdout":
+        ranges = [(0.0, float(cfg.cv.test_fraction))]
+    else:
+        raise ConfigValueError("cv", cfg.cv.name, "group_kfold or holdout with a partitioned dataset "
+                               "(model.backend=dask): folds hold out queries by a hash of their key")
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    per_query, folds = [], []
+    with dask_client(cfg.model.dask) as client:
+        for i, test in enumerate(ranges):
+            t = time.perf_counter()
+            pipe, info = fit_partitioned(cfg, op, path, backend="dask", client=client, test=test)
+            scored = score_partitioned(pipe, cfg, op, path, test=test, client=client).assign(fold=i)
+            per_query.append(scored)
+            folds.append({"fold": f"fold{i}", "test_hash_range": list(test), **info,
+                          "fit_score_s": round(time.perf_counter() - t, 2)})
+        t = time.perf_counter()
+        final, final_info = fit_partitioned(cfg, op, path, backend="dask", client=client) \
+            if cfg.save_pipeline else (None, {})
+        timings["final_fit_s"] = time.perf_counter() - t
+    table = pd.concat(per_query, ignore_index=True)
+    metrics = {"_heading": f"queries held out by key hash, {cfg.cv.name} ({len(ranges)} folds), Dask",
+               "model": summary(table)}
+    out_dir = Path(out_dir)
+    ev.write_json(out_dir / "metrics.json", metrics)
+    ev.write_json(out_dir / "folds.json", {"cv": cfg.cv.name, "folds": folds})
+    table.to_csv(out_dir / "per_query.csv", index=False)
+    feature_names: list[str] = []
+    pipeline = None
+    if final is not None:
+        joblib.dump(final, out_dir / "pipeline.joblib", compress=3)
+        feature_names = [str(n) for n in final.named_steps["features"].get_feature_names_out()]
+        pipeline = {"file": "pipeline.joblib", "sha256": sha256_file(out_dir / "pipeline.joblib"), **final_info}
+    timings["total_s"] = time.perf_counter() - t0
+    manifest = read_manifest(path, op)
+    from omegaconf import OmegaConf
+
+    record = {"command": "train", "op": op.name, "arch": cfg.arch.name, "dtype": cfg.dtype.name,
+              "layout": cfg.layout.name, "model": cfg.model.name, "target": target_name(cfg.model, cfg.target),
+              "features": cfg.features.name, "feature_names": feature_names, "input_names": list(op.input_names),
+              "data": {"partitioned": str(path), "rows": manifest["rows"], "partitions": len(manifest["partitions"]),
+                       "combos": sorted({"/".join(p[c] for c in COMBO_COLUMNS) for p in manifest["partitions"]})},
+              "cv": cfg.cv.name, "n_folds": len(ranges), "seed": int(cfg.seed), "backend": "dask",
+              "pipeline": pipeline, "metrics": {"model": metrics["model"]},
+              "timings_s": {k: round(v, 2) for k, v in timings.items()},
+              "versions": package_versions(("ckpred", "lightgbm", "dask", "distributed", "scikit-learn", "numpy",
+                                            "pandas", "pyarrow")),
+              "config": OmegaConf.to_container(cfg, resolve=True)}
+    ev.write_json(out_dir / RUN_RECORD, record)
+    return float(metrics["model"]["mean"])
