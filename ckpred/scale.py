@@ -338,10 +338,11 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
     t0 = time.perf_counter()
     if backend == "local":
         check_partitions((_keys_of(f, op) for f in files), str(path))
-        frames = [_training_part(f, i, part) for i, f in enumerate(files)]
-        train = pd.concat([f for f in frames if len(f)], ignore_index=True)
+        frames = [f for f in (_training_part(f, i, part) for i, f in enumerate(files)) if len(f)]
+        # query codes restart in every partition: the group sizes are taken per partition
+        fit_kw = {"group": np.concatenate([query_sizes(f[_Q].to_numpy()) for f in frames])} if is_ranker else {}
+        train = pd.concat(frames, ignore_index=True)
         del frames
-        fit_kw = {"group": _group_sizes(train)} if is_ranker else {}
         inner.fit(train[names].to_numpy(), train[_Y].to_numpy(), **fit_kw)
         fitted, rows = inner, len(train)
         del train
@@ -352,16 +353,6 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
     info.update(train_rows=int(rows), fit_s=round(time.perf_counter() - t0, 2),
                 trees=int(fitted.booster_.current_iteration()))
     return _assemble(pipe, fitted, op, files[0], target_name(model_cfg, method.recipe.target)), info
-
-
-def _group_sizes(frame: pd.DataFrame) -> np.ndarray:
-    """LightGBM ``group`` of one training frame; query codes restart per partition, so runs
-    of equal codes are counted, not distinct codes."""
-    codes = frame[_Q].to_numpy()
-    if len(codes) == 0:
-        return np.zeros(0, dtype=np.int64)
-    change = np.flatnonzero(np.diff(codes)) + 1
-    return np.diff(np.concatenate([[0], change, [len(codes)]]))
 
 
 def _fit_dask(client: Any, files: list[str], part: PartitionRecipe, names: list[str], params: dict[str, Any],
@@ -391,7 +382,8 @@ def _fit_dask(client: Any, files: list[str], part: PartitionRecipe, names: list[
     model = cls(client=client, **params)
     fit_kw: dict[str, Any] = {}
     if is_ranker:
-        group = train.map_partitions(lambda d: pd.Series(_group_sizes(d), dtype="int64"), meta=(None, "int64"))
+        group = train.map_partitions(lambda d: pd.Series(query_sizes(d[_Q].to_numpy()), dtype="int64"),
+                                     meta=(None, "int64"))
         fit_kw["group"] = group.to_dask_array(lengths=True)
     import warnings
 

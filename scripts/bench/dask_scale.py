@@ -7,8 +7,10 @@
 2. Trains the default model recipe on it with LightGBM's Dask interface on a local cluster of
    ``--workers`` single-threaded workers, holding out the queries whose stable hash falls in
    [0, ``--test``); scores the held-out queries on the cluster.
-3. On a sample of partitions (``--sample-rows`` rows), trains the same recipe in memory
-   (``backend=local``) and with Dask, and compares held-out mean / P10 efficiency.
+3. On a sample of partitions (``--sample-rows`` rows), cross-validates the same recipe
+   (``--folds`` folds of queries by key hash) in memory (``backend=local``), in memory with the
+   next seed (how much the figures move by chance), and with Dask; prints each one's
+   out-of-fold mean / P10 efficiency and the paired per-query differences (bootstrap 95%).
 
 Prints wall and CPU seconds, the peak RSS of each worker (its own high-water mark), of the
 client process (which also runs the local scheduler) and the held-out metrics.
@@ -135,7 +137,31 @@ def run(cfg, path: Path, backend: str, test: tuple[float, float], workers: int, 
     return {"backend": backend, **info, "fit_wall_s": round(fit_s, 1),
             "wall_s": round(time.perf_counter() - t, 1), "client_cpu_s": round(time.process_time() - cpu, 1),
             "workers": {str(i): s for i, s in enumerate(stats.values())},
-            "held_out": scale.summary(per_query)}
+            "held_out": scale.summary(per_query), "per_query": per_query}
+
+
+def oof(cfg, path: Path, backend: str, folds: int, workers: int, memory_limit: str) -> tuple[pd.DataFrame, dict]:
+    """Out-of-fold per-query efficiency over ``folds`` hash-range folds, and the summed costs."""
+    frames, cost = [], {"fit_wall_s": 0.0, "cpu_s": 0.0, "worker_peak_rss_mb": 0}
+    for i in range(folds):
+        r = run(cfg, path, backend, (i / folds, (i + 1) / folds), workers, memory_limit)
+        frames.append(r["per_query"])
+        cost["fit_wall_s"] += r["fit_wall_s"]
+        cost["cpu_s"] += r["client_cpu_s"] + sum(w["cpu_s"] for w in r["workers"].values())
+        cost["worker_peak_rss_mb"] = max([cost["worker_peak_rss_mb"], *(w["peak_rss_mb"] for w in r["workers"].values())])
+        cost["train_rows"] = r["train_rows"]
+    return pd.concat(frames, ignore_index=True), {k: round(v, 1) for k, v in cost.items()}
+
+
+def paired(a: pd.DataFrame, b: pd.DataFrame, seed: int = 0) -> dict:
+    """Mean of b - a efficiency over the queries both scored, with a bootstrap 95% interval."""
+    m = a.merge(b, on="query", suffixes=("_a", "_b"))
+    d = (m["efficiency_b"] - m["efficiency_a"]).to_numpy()
+    rng = np.random.default_rng(seed)
+    boot = rng.choice(d, size=(2000, len(d)), replace=True).mean(axis=1)
+    return {"queries": len(d), "mean_diff": round(float(d.mean()), 4),
+            "ci95": [round(float(np.percentile(boot, 2.5)), 4), round(float(np.percentile(boot, 97.5)), 4)],
+            "same_pick_share": round(float(np.mean(np.isclose(m["efficiency_a"], m["efficiency_b"]))), 3)}
 
 
 def sample_dataset(full: Path, out: Path, rows: int) -> int:
@@ -165,6 +191,7 @@ def main() -> None:
     ap.add_argument("--memory-limit", default="6GiB")
     ap.add_argument("--test", type=float, default=0.2, help="held-out share of the queries")
     ap.add_argument("--sample-rows", type=int, default=1_500_000)
+    ap.add_argument("--folds", type=int, default=5, help="hash-range folds of the sample comparison")
     ap.add_argument("--skip-full", action="store_true", help="only the sample comparison")
     ap.add_argument("--skip-sample", action="store_true", help="only the full-size Dask run")
     ap.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
@@ -186,19 +213,29 @@ def main() -> None:
     if not args.skip_full:
         full = run(cfg, data, "dask", test, args.workers, args.memory_limit)
         full["client_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        full.pop("per_query")
         print("FULL", json.dumps(full))
     if not args.skip_sample:
         sample = args.out / f"sample{args.sample_rows}_of_{args.rows}"
         n = sample_dataset(data, sample, args.sample_rows)
         print(f"sample: {n:,} rows")
-        dask_run = run(cfg, sample, "dask", test, args.workers, args.memory_limit)
-        print("SAMPLE_DASK", json.dumps(dask_run))
-        local_run = run(cfg, sample, "local", test, args.workers, args.memory_limit)
-        print("SAMPLE_LOCAL", json.dumps(local_run))
-        a, b = local_run["held_out"], dask_run["held_out"]
-        print(f"held-out queries {a['queries']}: mean efficiency local {a['mean']:.4f} dask {b['mean']:.4f} "
-              f"(diff {b['mean'] - a['mean']:+.4f}); P10 local {a['p10']:.4f} dask {b['p10']:.4f}; "
-              f"top-1 local {a['top1']:.3f} dask {b['top1']:.3f}")
+        # out-of-fold over the whole sample: local, local with another seed (the noise yardstick), Dask
+        seed = int(cfg.seed)
+        other = config([*args.overrides, f"seed={seed + 1}"])
+        out = {}
+        for label, c, backend in (("local", cfg, "local"), (f"local_seed{seed + 1}", other, "local"),
+                                  ("dask", cfg, "dask")):
+            per_query, cost = oof(c, sample, backend, args.folds, args.workers, args.memory_limit)
+            out[label] = per_query
+            print("SAMPLE", label, json.dumps({**scale_summary(per_query), **cost}), flush=True)
+        print("PAIRED dask - local", json.dumps(paired(out["local"], out["dask"])))
+        print(f"PAIRED local seed {seed + 1} - local", json.dumps(paired(out["local"], out[f"local_seed{seed + 1}"])))
+
+
+def scale_summary(per_query: pd.DataFrame) -> dict:
+    from ckpred.scale import summary
+
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in summary(per_query).items()}
 
 
 if __name__ == "__main__":
