@@ -27,6 +27,7 @@ imported only here and only when used, so the default path does not need it.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ MANIFEST = "_ckpred_partitions.json"
 #: Columns that, with the op's query key (``group_key``), identify a query across partitions.
 COMBO_COLUMNS: tuple[str, ...] = ("arch", "dtype", "layout")
 _Y, _Q = "_ckpred_y", "_ckpred_query"
+
+log = logging.getLogger(__name__)
 
 
 class QuerySplitError(CkpredError, ValueError):
@@ -480,9 +483,9 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
     equal hash ranges; ``cv=holdout``: the first ``cv.test_fraction`` of the range). Each
     fold trains on the cluster and scores its held-out queries there; the final model trains
     on every query. Writes ``metrics.json`` (the model's mean, P10, top-1 over the held-out
-    queries), ``per_query.csv``, ``pipeline.joblib`` and the run record. Baselines, plots and
-    the out-of-fold row scores of an in-memory run are not computed: they need the table in
-    one process.
+    queries), ``per_query.csv``, ``pipeline.joblib`` and the run record. Baselines, plots,
+    the out-of-fold row scores of an in-memory run and the learned failure model
+    (``validity.learned``) are not computed: they need the table in one process.
     """
     import joblib
 
@@ -490,6 +493,11 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
     from ckpred.runs import RUN_RECORD
     from ckpred.util import package_versions, sha256_file
 
+    if cfg.get("warm_start"):
+        raise ConfigValueError("warm_start", cfg.warm_start, "empty with a partitioned dataset (model.backend=dask)")
+    if cfg.get("validity") is not None and cfg.validity.learned:
+        log.warning("validity.learned: no failure model is fitted on a partitioned dataset; the "
+                    "pipeline masks only the op's validity rules")
     if cfg.cv.name == "group_kfold":
         k = int(cfg.cv.n_splits)
         ranges = [(i / k, (i + 1) / k) for i in range(k)]
@@ -536,6 +544,7 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
               "data": {"partitioned": str(path), "rows": manifest["rows"], "partitions": len(manifest["partitions"]),
                        "combos": sorted({"/".join(p[c] for c in COMBO_COLUMNS) for p in manifest["partitions"]})},
               "cv": cfg.cv.name, "n_folds": len(ranges), "seed": int(cfg.seed), "backend": "dask",
+              "failure_model": False,
               "pipeline": pipeline, "metrics": {"model": metrics["model"]},
               "timings_s": {k: round(v, 2) for k, v in timings.items()},
               "versions": package_versions(("ckpred", "lightgbm", "dask", "distributed", "scikit-learn", "numpy",
