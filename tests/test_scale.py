@@ -83,7 +83,7 @@ def test_dask_fit_matches_the_in_memory_fit(dataset: Path, client) -> None:
     assert here == pytest.approx(on_d)
 
 
-def test_the_pipeline_is_an_ordinary_fitted_pipeline(dataset: Path, client) -> None:
+def test_the_pipeline_is_an_ordinary_fitted_pipeline(dataset: Path, client, tmp_path: Path) -> None:
     cfg = _cfg()
     op = load_op(cfg.op)
     pipe, _ = scale.fit_partitioned(cfg, op, dataset, backend="dask", client=client)
@@ -96,6 +96,14 @@ def test_the_pipeline_is_an_ordinary_fitted_pipeline(dataset: Path, client) -> N
     Xt = pipe.named_steps["features"].transform(X)
     assert np.array_equal(scores, booster(pipe).predict(Xt))
     assert pipe.ckpred_target_ == "rank"
+    # and it exports like a pipeline fitted in one process (ONNX parity on the table's shapes)
+    from ckpred.export import manifest as mf
+    from ckpred.export.build import export_pipeline
+
+    man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=tmp_path / "x",
+                          training=mf.training_section(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout),
+                          parity_problems=table[list(op.problem_names)].drop_duplicates())
+    assert man["parity"]["checked"] and man["parity"]["top1_agreement"] == 1.0
 
 
 def test_regressor_backend_dask(dataset: Path, client) -> None:
