@@ -259,10 +259,23 @@ def dask_client(dask_cfg: Any) -> Iterator[Any]:
         finally:
             client.close()
         return
-    with LocalCluster(n_workers=int(dask_cfg.n_workers), threads_per_worker=1, processes=True,
-                      memory_limit=str(dask_cfg.memory_limit), dashboard_address=":0",
-                      env={"OMP_NUM_THREADS": "1"}) as cluster, Client(cluster) as client:
-        yield client
+    # the scheduler and nannies run in this process: their start/stop chatter is not the run's
+    quiet = logging.getLogger("distributed")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        cluster = LocalCluster(n_workers=int(dask_cfg.n_workers), threads_per_worker=1, processes=True,
+                               memory_limit=str(dask_cfg.memory_limit), dashboard_address=":0",
+                               env={"OMP_NUM_THREADS": "1"})
+        try:
+            with Client(cluster) as client:
+                yield client
+        finally:
+            # a worker slow to stop is killed by its nanny, which logs the broken connection
+            quiet.setLevel(logging.CRITICAL)
+            cluster.close()
+    finally:
+        quiet.setLevel(level)
 
 
 # -- fitting on a partitioned dataset ------------------------------------------------------------
@@ -551,4 +564,8 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
                                             "pandas", "pyarrow")),
               "config": OmegaConf.to_container(cfg, resolve=True)}
     ev.write_json(out_dir / RUN_RECORD, record)
-    return float(metrics["model"]["mean"])
+    m = metrics["model"]
+    if cfg.progress:
+        print(f"{metrics['_heading']}: model mean efficiency {m['mean']:.2%}, P10 {m['p10']:.2%}, top-1 "
+              f"{m['top1']:.1%} over {m['queries']} held-out queries of {manifest['rows']:,} rows -> {out_dir}")
+    return float(m["mean"])

@@ -114,9 +114,10 @@ def test_regressor_backend_dask(dataset: Path, client) -> None:
     remote, _ = scale.fit_partitioned(cfg, op, dataset, backend="dask", client=client, test=(0.0, 0.3))
     table = pd.read_parquet(sorted(dataset.glob("part-*.parquet"))[0])
     a, b = local.predict(op.encode_frame(table)), remote.predict(op.encode_frame(table))
-    # predictions are TFLOPS again (the transform is inverted), and the two fits agree closely
-    assert np.corrcoef(np.log1p(a), np.log1p(b))[0, 1] > 0.98
-    assert float(np.median(b)) > 1.0
+    # predictions are TFLOPS again (the transform is inverted once: same scale as the local
+    # fit's), and the two fits agree (not exactly: the bins come from each worker's rows)
+    assert np.corrcoef(np.log1p(a), np.log1p(b))[0, 1] > 0.9
+    assert 0.8 < float(np.median(b) / np.median(a)) < 1.25 and float(np.median(b)) > 1.0
 
 
 def test_a_query_split_across_partitions_is_refused(tmp_path: Path, client) -> None:
