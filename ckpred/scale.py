@@ -371,45 +371,76 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
     return _assemble(pipe, fitted, op, files[0], target_name(model_cfg, method.recipe.target)), info
 
 
+def _columns(frame: pd.DataFrame, columns: Any, dtype: Any) -> np.ndarray:
+    return frame[columns].to_numpy(dtype=dtype)
+
+
+def _query_sizes_of(frame: pd.DataFrame) -> np.ndarray:
+    return query_sizes(frame[_Q].to_numpy()).astype(np.int64)
+
+
+def spread(combos: list[str], workers: list[str]) -> list[str]:
+    """The worker each partition goes to: every combo's files dealt round robin over the
+    workers, starting one worker further for each combo.
+
+    Data-parallel LightGBM finds each feature's histogram bins on one worker's rows; a worker
+    holding only some arch/dtype combos would bin the hardware features (constant within a
+    combo) on too few values, so every worker gets files of every combo that has enough files.
+    """
+    seen: dict[str, int] = {}
+    order = {c: i for i, c in enumerate(dict.fromkeys(combos))}
+    out = []
+    for c in combos:
+        k = seen.get(c, 0)
+        seen[c] = k + 1
+        out.append(workers[(k + order[c]) % len(workers)])
+    return out
+
+
 def _fit_dask(client: Any, files: list[str], part: PartitionRecipe, names: list[str], params: dict[str, Any],
               is_ranker: bool, path: str) -> tuple[Any, int]:
-    import dask.dataframe as dd
-    from distributed import wait
     from lightgbm import DaskLGBMRanker, DaskLGBMRegressor
 
     # the query check reads only the key columns, on the workers
     keys = client.gather(client.map(_keys_of, files, op=part.op, pure=False))
     check_partitions(keys, path)
-    meta = part.empty_frame(names)
-    train = dd.from_map(_training_part, files, list(range(len(files))), part=part, meta=meta,
-                        enforce_metadata=False)
-    train = train.persist()
-    wait(train)
-    lengths = train.map_partitions(len, meta=("n", "int64")).compute().to_numpy()
-    keep = [i for i, n in enumerate(lengths) if n > 0]
-    if len(keep) < len(lengths):
-        train = dd.concat([train.get_partition(i) for i in keep])
-        lengths = lengths[keep]
-    # arrays, not frames: the booster then carries no column names, as in a local fit
-    X = train[names].to_dask_array(lengths=list(lengths))
-    y = train[_Y].to_dask_array(lengths=list(lengths))
+    combos = [json.dumps(sorted(set(k.rsplit("/", len(part.op.group_key))[0] for k in ks))) for _, ks in keys]
+    where = spread(combos, sorted(client.scheduler_info()["workers"]))
+    import dask
+    import dask.array as da
+
+    # each partition's training rows, then its X / y / group arrays, pinned to one worker
+    def pinned(fn: Any, *args: Any, worker: str) -> Any:
+        return client.submit(fn, *args, workers=[worker], allow_other_workers=False, pure=False)
+
+    frames = [pinned(_training_part, f, i, part, worker=w) for i, (f, w) in enumerate(zip(files, where))]
+    lengths = np.asarray(client.gather([pinned(len, fr, worker=w) for fr, w in zip(frames, where)]))
+    X_parts, y_parts, g_parts = [], [], []
+    for fr, w, n in zip(frames, where, lengths):
+        if n == 0:
+            continue
+        X_parts.append(da.from_delayed(dask.delayed(pinned(_columns, fr, names, np.float32, worker=w)),
+                                       shape=(int(n), len(names)), dtype=np.float32))
+        y_parts.append(da.from_delayed(dask.delayed(pinned(_columns, fr, _Y, np.float64, worker=w)),
+                                       shape=(int(n),), dtype=np.float64))
+        if is_ranker:
+            g = pinned(_query_sizes_of, fr, worker=w)
+            g_parts.append(da.from_delayed(dask.delayed(g), shape=(int(client.submit(len, g).result()),),
+                                           dtype=np.int64))
+    del frames
+    X, y = da.concatenate(X_parts), da.concatenate(y_parts)
+    lengths = lengths[lengths > 0]
     params = {k: v for k, v in params.items() if k != "n_jobs"}  # Dask gives each worker its threads
     cls = DaskLGBMRanker if is_ranker else DaskLGBMRegressor
     model = cls(client=client, **params)
-    fit_kw: dict[str, Any] = {}
-    if is_ranker:
-        group = train.map_partitions(lambda d: pd.Series(query_sizes(d[_Q].to_numpy()), dtype="int64"),
-                                     meta=(None, "int64"))
-        fit_kw["group"] = group.to_dask_array(lengths=True)
+    fit_kw: dict[str, Any] = {"group": da.concatenate(g_parts)} if is_ranker else {}
     import warnings
 
     with warnings.catch_warnings():
         # LightGBM's Dask estimators pass n_jobs on and then warn that Dask's threads replace it
         warnings.filterwarnings("ignore", message="Parameter n_jobs will be ignored")
         model.fit(X, y, **fit_kw)
-    local = model.to_local()
-    del train
-    return local, int(lengths.sum())
+    return model.to_local(), int(lengths.sum())
 
 
 # -- scoring held-out queries ------------------------------------------------------------------

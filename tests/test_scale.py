@@ -56,6 +56,10 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def _all_rows(dataset: Path) -> pd.DataFrame:
+    return pd.concat([pd.read_parquet(f) for f in sorted(dataset.glob("part-*.parquet"))], ignore_index=True)
+
+
 def _cfg(*extra: str):
     return compose("train", [*SMALL, "arch=gfx942", "dtype=fp16", *extra])
 
@@ -73,10 +77,9 @@ def test_dask_fit_matches_the_in_memory_fit(dataset: Path, client) -> None:
     on_d = scale.summary(scale.score_partitioned(remote, cfg, op, dataset, test=test, client=client))
     assert on_l["queries"] == on_d["queries"] > 0
     # data-parallel LightGBM finds each feature's bins on one worker's share of the rows (here
-    # ~1,000 rows, and which partitions a worker gets varies from run to run): the trees are
-    # related to, not equal with, one process's. The bench compares the two on 1.5M rows.
-    table = pd.concat([pd.read_parquet(f) for f in sorted(dataset.glob("part-*.parquet"))[:2]])
-    X = op.encode_frame(table)
+    # ~1,000 rows): the trees are close to, not equal with, one process's (a ranker's scores
+    # agree less across queries than within one). The bench compares the two on 1.5M rows.
+    X = op.encode_frame(_all_rows(dataset))
     assert np.corrcoef(local.predict(X), remote.predict(X))[0, 1] > 0.75
     # scoring on the cluster and here agree for one pipeline
     here = scale.summary(scale.score_partitioned(remote, cfg, op, dataset, test=test))
@@ -112,12 +115,12 @@ def test_regressor_backend_dask(dataset: Path, client) -> None:
     op = load_op(cfg.op)
     local, _ = scale.fit_partitioned(cfg, op, dataset, backend="local", test=(0.0, 0.3))
     remote, _ = scale.fit_partitioned(cfg, op, dataset, backend="dask", client=client, test=(0.0, 0.3))
-    table = pd.read_parquet(sorted(dataset.glob("part-*.parquet"))[0])
-    a, b = local.predict(op.encode_frame(table)), remote.predict(op.encode_frame(table))
-    # predictions are TFLOPS again (the transform is inverted once: same scale as the local
-    # fit's), and the two fits agree (not exactly: the bins come from each worker's rows)
-    assert np.corrcoef(np.log1p(a), np.log1p(b))[0, 1] > 0.9
-    assert 0.8 < float(np.median(b) / np.median(a)) < 1.25 and float(np.median(b)) > 1.0
+    X = op.encode_frame(_all_rows(dataset))
+    a, b = local.predict(X), remote.predict(X)
+    # predictions are TFLOPS again (the transform is inverted once: the local fit's scale), and
+    # the two fits agree closely (not exactly: the bins come from each worker's rows)
+    assert np.corrcoef(np.log1p(a), np.log1p(b))[0, 1] > 0.95
+    assert float(np.median(np.abs(b - a) / a)) < 0.1 and float(np.median(b)) > 1.0
 
 
 def test_a_query_split_across_partitions_is_refused(tmp_path: Path, client) -> None:
@@ -181,3 +184,11 @@ def test_dask_is_imported_only_when_used() -> None:
             "print([m for m in ('dask', 'distributed') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_worker_gets_files_of_every_combo() -> None:
+    combos = ["a"] * 4 + ["b"] * 4 + ["c"]
+    where = scale.spread(combos, ["w0", "w1"])
+    for w in ("w0", "w1"):
+        assert {c for c, x in zip(combos, where) if x == w} >= {"a", "b"}
+    assert where.count("w0") + where.count("w1") == len(combos)
