@@ -5,9 +5,10 @@
 For each size N, each stage runs in a fresh child process (its peak RSS is its own
 ``ru_maxrss``; CPU is its user + system time):
 
-* **ingest**: ``ckpred.data.ingest.read_files`` on a streaming benchmark log of N rows
-  (:func:`ckpred.data.synthetic.write_synthetic_log`), through ``scripts/bench/bench_ingest.py
-  --measure`` — whatever ingestion path the checkout has.
+* **ingest**: ``ckpred ingest``'s streaming path (``ingest_to_parquet``, ``data.chunk_mb=64``, a
+  directory of Parquet parts) on a streaming benchmark log of N rows
+  (:func:`ckpred.data.synthetic.write_synthetic_log`), through ``scripts/bench/ingest_speed.py
+  --measure``.
 * **train**: the default model recipe fitted on every row of an N-row simulated gfx950 fp8
   table read from Parquet (:func:`ckpred.fitting.fit_final`: what ``train`` fits as its final
   model and ``export`` fits without ``run_dir``). ``train``'s cross-validation repeats the fit
@@ -165,7 +166,8 @@ def main() -> None:
                 from ckpred.data.synthetic import write_synthetic_log
 
                 write_synthetic_log(log, n)
-            r = child(str(HERE / "bench_ingest.py"), "--measure", "--log", str(log))
+            r = child(str(HERE / "ingest_speed.py"), "--measure", "--mode", "new", "--input", str(log),
+                      "--out", str(args.work / f"ingested{n}"), "--chunk-mb", "64")
             r = {"stage": "ingest", "rows": n, **({"wall_s": round(r["seconds"], 1), "cpu_s": round(r["cpu_seconds"], 1),
                                                     "peak_mb": round(r["peak_rss_mb"], 1)} if "seconds" in r else r)}
             results.append(r)
