@@ -684,8 +684,7 @@ def _check_rules(rows: pd.DataFrame, op: OpDefinition, resolver: KernelResolver,
         return rows
     if ok.all():
         return rows
-    problem_id = problems.assign(_arch=row_arch).groupby([*op.problem_names, "_arch"], sort=False,
-                                                         dropna=False).ngroup().to_numpy()
+    problem_id = group_ids([*(problems[c].to_numpy() for c in op.problem_names), row_arch])
     runnable = np.bincount(problem_id, weights=ok.astype(np.float64), minlength=problem_id.max() + 1)
     dead = runnable[problem_id] == 0
     if not dead.any():
@@ -714,6 +713,28 @@ def _arch_named(name: Any, run_arch: Any) -> Any:
 
 
 # -- merging -----------------------------------------------------------------------------------
+def group_ids(columns: Sequence[Any]) -> np.ndarray:
+    """Group number of each row of the key ``columns``, groups numbered by first appearance.
+
+    The same numbering as ``DataFrame.groupby(keys, sort=False, dropna=False).ngroup()``, by
+    hashing each column once (``pd.factorize``) and combining the codes column by column,
+    which avoids pandas' group-by machinery over the whole frame.
+    """
+    if not len(columns):
+        return np.zeros(0, dtype=np.int64)
+    gid = np.zeros(len(columns[0]), dtype=np.int64)
+    groups = 1
+    for values in columns:
+        codes, uniques = pd.factorize(values, use_na_sentinel=False)
+        width = max(len(uniques), 1)
+        if groups * width >= 1 << 62:  # keep the combined code in int64
+            gid, uniques_gid = pd.factorize(gid)
+            groups = max(len(uniques_gid), 1)
+        gid = gid * width + codes
+        groups *= width
+    return pd.factorize(gid)[0].astype(np.int64, copy=False)
+
+
 def _merge(rows: pd.DataFrame, op: OpDefinition, extra: Sequence[str] = ()) -> tuple[pd.DataFrame, list[Reject]]:
     """One row per (problem, kernel): medians over valid repeats (see the module docstring).
 
@@ -723,7 +744,7 @@ def _merge(rows: pd.DataFrame, op: OpDefinition, extra: Sequence[str] = ()) -> t
     keys = [*op.problem_names, *extra, "kernel"]
     if not len(rows):
         return rows, []
-    gid = rows.groupby(keys, sort=False).ngroup().to_numpy()  # numbered by first appearance
+    gid = group_ids([rows[c].to_numpy() for c in keys])
     counts = np.bincount(gid)
     multi = counts[gid] > 1
     if not multi.any():
@@ -733,10 +754,15 @@ def _merge(rows: pd.DataFrame, op: OpDefinition, extra: Sequence[str] = ()) -> t
     sub = rows.loc[multi].assign(_gid=gid[multi])
     multi_ids = np.flatnonzero(counts > 1)
     sources, run_ids = _joined(sub, multi_ids)
-    out.loc[multi_ids, "source"] = sources
-    out.loc[multi_ids, "run_id"] = run_ids
-    out.loc[multi_ids, "repeats"] = sub.groupby("_gid")["repeats"].sum().loc[multi_ids].to_numpy()
-    out.loc[multi_ids, "spread"] = np.nan
+    # whole columns are replaced (a patched copy): .loc writes into many columns cost more
+    columns: dict[str, Any] = {"source": _patched(out["source"], multi_ids, sources),
+                               "run_id": _patched(out["run_id"], multi_ids, run_ids)}
+    repeats = out["repeats"].to_numpy(dtype=np.int64, copy=True)
+    sub_gid = sub["_gid"].to_numpy()
+    repeats[multi_ids] = np.bincount(sub_gid, weights=sub["repeats"].to_numpy(np.float64),
+                                     minlength=len(out))[multi_ids].astype(np.int64)
+    spread = out["spread"].to_numpy(dtype=np.float64, copy=True)
+    spread[multi_ids] = np.nan
     valid = sub[sub["is_valid"]].groupby("_gid")
     stats = pd.DataFrame({
         "tflops": valid["tflops"].median(), "latency_ms": valid["latency_ms"].median(),
@@ -744,12 +770,22 @@ def _merge(rows: pd.DataFrame, op: OpDefinition, extra: Sequence[str] = ()) -> t
         "tmax": valid["tflops"].max(), "n": valid.size(), "repeats": valid["repeats"].sum(),
     })
     idx = stats.index.to_numpy()
-    for col in ("tflops", "latency_ms", "bandwidth_gbs", "repeats"):
-        out.loc[idx, col] = stats[col].to_numpy()
-    spread = ((stats["tmax"] - stats["tmin"]) / stats["tflops"]).where(stats["n"] >= 2)
-    out.loc[idx, "spread"] = spread.to_numpy()
-    out.loc[idx, "is_valid"] = True
-    out.loc[idx, "invalid_reason"] = ""
+    for col in ("tflops", "latency_ms", "bandwidth_gbs"):
+        values = out[col].to_numpy(dtype=np.float64, copy=True)
+        values[idx] = stats[col].to_numpy()
+        columns[col] = values
+    repeats[idx] = stats["repeats"].to_numpy()
+    columns["repeats"] = repeats
+    spread[idx] = ((stats["tmax"] - stats["tmin"]) / stats["tflops"]).where(stats["n"] >= 2).to_numpy()
+    columns["spread"] = spread
+    is_valid = out["is_valid"].to_numpy(dtype=bool, copy=True)
+    is_valid[idx] = True
+    columns["is_valid"] = is_valid
+    reasons = out["invalid_reason"].to_numpy(dtype=object, copy=True)
+    reasons[idx] = ""
+    columns["invalid_reason"] = reasons
+    for col, values in columns.items():
+        out[col] = values
     superseded_rows = sub[~sub["is_valid"] & sub["_gid"].isin(idx)]
     superseded = [Reject(r.source, f"superseded: {r.invalid_reason} (a valid repeat of this problem and "
                                    "kernel is in the table)", f"tflops={r.tflops} latency_ms={r.latency_ms}")
@@ -757,7 +793,22 @@ def _merge(rows: pd.DataFrame, op: OpDefinition, extra: Sequence[str] = ()) -> t
     return out, superseded
 
 
-def _joined(sub: pd.DataFrame, order: pd.Index) -> tuple[list[str], list[str]]:
+def _arrow_text(column: pd.Series) -> pa.Array:
+    """A text column as one arrow string array (no copy when it is arrow-backed already)."""
+    values = pa.array(column.array, pa.string()) if len(column) else pa.array([], pa.string())
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def _patched(column: pd.Series, at: np.ndarray, values: pa.Array) -> pd.Series:
+    """``column`` (text) with ``values`` at the positions ``at``, built as one arrow take."""
+    base = _arrow_text(column)
+    index = np.arange(len(column), dtype=np.int64)
+    index[at] = len(column) + np.arange(len(at), dtype=np.int64)
+    merged = pa.concat_arrays([base, values.cast(pa.string())]).take(pa.array(index))
+    return pd.Series(merged.to_pandas(), index=column.index)
+
+
+def _joined(sub: pd.DataFrame, order: pd.Index) -> tuple[pa.Array, pa.Array]:
     """``;``-joined sources and distinct run ids of each group, in ``order`` of group ids.
 
     Vectorised with arrow list joins: pandas' ``agg(";".join)`` takes the pure-Python path,
@@ -772,12 +823,12 @@ def _joined(sub: pd.DataFrame, order: pd.Index) -> tuple[list[str], list[str]]:
     position = {g: i for i, g in enumerate(sorted_gid[starts].tolist())}
     pick = np.array([position[g] for g in np.asarray(order).tolist()], dtype=np.int64)
 
-    def join(values: pd.Series, keep: np.ndarray) -> list[str]:
+    def join(values: pd.Series, keep: np.ndarray) -> pa.Array:
         kept_gid = sorted_gid[keep]
         offsets = np.r_[np.flatnonzero(np.r_[True, kept_gid[1:] != kept_gid[:-1]]), len(kept_gid)]
-        text = pa.array(values.to_numpy(dtype=object)[sort][keep], pa.string())
+        text = _arrow_text(values).take(pa.array(sort[keep]))
         joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), text), ";")
-        return joined.take(pa.array(pick)).to_pylist()
+        return joined.take(pa.array(pick))
 
     sources = join(sub["source"], np.ones(len(sort), dtype=bool))
     # distinct run ids per group, in order of first appearance
