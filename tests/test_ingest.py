@@ -604,6 +604,36 @@ def test_split_k_zero_is_invalid_by_the_ops_rules(tmp_path: Path) -> None:
     assert t.loc[t["split_k"] == 1, "is_valid"].all() and result.summary.invalid == {"rule violation": 3}
 
 
+def test_a_problem_is_judged_by_all_its_kernels_not_its_first(tmp_path: Path, monkeypatch: Any) -> None:
+    # Rules that refuse the first measured kernel everywhere and every kernel on one problem:
+    # the other problem stays valid (a later kernel may run it), the ruled-out one is invalid
+    # on every row, each with its own rule message.
+    rows = fg.measurements(fg.SHAPES[:2], KERNELS[:3], decimals=2)
+    path = tmp_path / "bench.log"
+    path.write_text("\n".join(fg.log_lines(rows)) + "\n")
+    dead_m = rows[0].m
+    first = OP.parse_name(KERNELS[0])
+
+    def validity(problems: pd.DataFrame, kernels: pd.DataFrame, **_: Any) -> tuple[np.ndarray, np.ndarray]:
+        is_first = np.ones(len(kernels), dtype=bool)
+        for name in ("tile_m", "tile_n", "tile_k", "pipeline"):
+            is_first &= kernels[name].astype(object).to_numpy() == first[name]
+        dead = problems["m"].to_numpy() == dead_m
+        why = np.where(dead, "no kernel for this m", np.where(is_first, "not the first kernel", ""))
+        assert is_first.any()  # the first kernel is among those judged
+        return ~(dead | is_first), why.astype(object)
+
+    monkeypatch.setattr(OP, "validity", validity)
+    result = read(path)
+    check_accounting(result)
+    t = result.table
+    assert len(t) == 6
+    assert not t.loc[t["m"] == dead_m, "is_valid"].any()
+    assert (t.loc[t["m"] == dead_m, "invalid_reason"] == "rule violation: no kernel for this m").all()
+    assert t.loc[t["m"] != dead_m, "is_valid"].all()
+    assert result.summary.invalid == {"rule violation": 3}
+
+
 def test_a_file_of_another_arch_is_refused(tmp_path: Path) -> None:
     rows = fg.measurements(fg.SHAPES[:1], KERNELS[:3])
     doc = fg.benchmark_json(rows)

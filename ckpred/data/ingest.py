@@ -661,34 +661,49 @@ def _check_rules(rows: pd.DataFrame, op: OpDefinition, resolver: KernelResolver,
     kernels = resolver.frame()
     # text fields as categoricals: a row's kernel fields are then a take of small codes
     kernels = kernels.astype({c: "category" for c in op.kernel_names if not pd.api.types.is_numeric_dtype(kernels[c])
-                              and not pd.api.types.is_bool_dtype(kernels[c])})
+                              and not pd.api.types.is_bool_dtype(kernels[c])})[list(op.kernel_names)]
     idx = np.flatnonzero(valid)
     codes = rows["kernel"].to_numpy()[idx]
-    problems = rows.iloc[idx][list(op.problem_names)].reset_index(drop=True)
-    kernel_rows = kernels.iloc[codes][list(op.kernel_names)].reset_index(drop=True)
     # a table that gives each row its arch is judged with each arch's own constants
     row_arch = (rows["arch"].to_numpy(dtype=object)[idx] if "arch" in rows.columns and "arch" not in op.problem_names
                 else np.full(len(idx), getattr(arch, "name", arch), dtype=object))
-    ok = np.ones(len(idx), dtype=bool)
-    why = np.full(len(idx), "", dtype=object)
-    try:
-        for name in pd.unique(row_arch):
-            at = np.flatnonzero(row_arch == name)
+    problem_id = group_ids([*(rows[c].to_numpy()[idx] for c in op.problem_names), row_arch])
+
+    def judge(at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(may run, rule message) of the valid measurements at positions ``at``."""
+        ok = np.ones(len(at), dtype=bool)
+        why = np.full(len(at), "", dtype=object)
+        problems = rows.iloc[idx[at]][list(op.problem_names)].reset_index(drop=True)
+        kernel_rows = kernels.iloc[codes[at]].reset_index(drop=True)
+        names = row_arch[at]
+        for name in pd.unique(names):
+            sel = np.flatnonzero(names == name)
             with np.errstate(all="ignore"):
-                got, text = op.validity(problems.iloc[at].reset_index(drop=True),
-                                        kernel_rows.iloc[at].reset_index(drop=True),
+                got, text = op.validity(problems.iloc[sel].reset_index(drop=True),
+                                        kernel_rows.iloc[sel].reset_index(drop=True),
                                         arch=_arch_named(name, arch), dtype=dtype, layout=layout)
-            ok[at] = np.asarray(got, dtype=bool)
-            why[at] = np.asarray(text, dtype=object)
+            ok[sel] = np.asarray(got, dtype=bool)
+            why[sel] = np.asarray(text, dtype=object)
+        return ok, why
+
+    # A problem is alive when one measured kernel may run: judge one measurement per problem
+    # first, then every measurement of the problems whose first one is ruled out.
+    _, first = np.unique(problem_id, return_index=True)
+    try:
+        ok_first, _ = judge(first)
+        suspect = np.zeros(problem_id.max() + 1, dtype=bool)
+        suspect[problem_id[first[~ok_first]]] = True
+        if not suspect.any():
+            return rows
+        at = np.flatnonzero(suspect[problem_id])
+        ok, why = judge(at)
     except Exception:  # rules this run cannot evaluate: the measurements are kept as they are
         return rows
-    if ok.all():
-        return rows
-    problem_id = group_ids([*(problems[c].to_numpy() for c in op.problem_names), row_arch])
-    runnable = np.bincount(problem_id, weights=ok.astype(np.float64), minlength=problem_id.max() + 1)
-    dead = runnable[problem_id] == 0
+    runnable = np.bincount(problem_id[at], weights=ok.astype(np.float64), minlength=problem_id.max() + 1)
+    dead = runnable[problem_id[at]] == 0
     if not dead.any():
         return rows
+    idx = idx[at]
     bad = idx[dead]
     reasons = rows["invalid_reason"].to_numpy(dtype=object).copy()
     reasons[bad] = [f"rule violation: {w or 'the op rules out every kernel for this problem'}" for w in why[dead]]
