@@ -1,11 +1,17 @@
-"""Small helpers every stage uses: atomic file writes, file hashes, package versions."""
+"""Small helpers every stage uses: atomic file and directory writes, file hashes, package versions."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import hashlib
 import os
+import re
+import shutil
+import socket
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -44,6 +50,169 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 #: Write errors that are about the output's place, whatever call raised them.
 _OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EISDIR, errno.EACCES})
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling directory of ``path``; on success it replaces ``path`` at once.
+
+    The caller writes the whole directory into the yielded one; when the block ends without
+    error it is swapped in with one rename (``renameat2(RENAME_EXCHANGE)`` where the filesystem
+    has it, else two renames) and the previous directory is removed. A reader sees the old or
+    the new set of files, never a mix; an exception (or ``kill -9``) leaves the previous
+    directory untouched and the temporary one is removed (a killed writer's by the next write
+    into the same parent, :func:`clean_stale_temps`). A symlink ``path`` is followed: the
+    directory it points to is replaced and the link stays. A place that cannot be written
+    raises :class:`ckpred.errors.OutputPathError` naming ``path``.
+    """
+    path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_temps(path.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path, "tmp"), dir=path.parent))
+    except OSError as exc:
+        raise OutputPathError(str(path), exc.strerror or str(exc)) from None
+    swapping = False
+    try:
+        yield tmp
+        swapping = True
+        os.chmod(tmp, 0o755)
+        previous = _swap_in(tmp, path)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if swapping or exc.errno in _OUTPUT_ERRNOS or str(exc.filename or "").startswith(str(tmp)):
+            raise OutputPathError(str(path), exc.strerror or str(exc)) from None
+        raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2); False when unsupported here."""
+    libname = ctypes.util.find_library("c")
+    if not libname:
+        return False
+    libc = ctypes.CDLL(libname, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (38, 22, 95):  # ENOSYS, EINVAL, EOPNOTSUPP: fall back to two renames
+        return False
+    raise OSError(err, os.strerror(err), f"{a} <-> {b}")
+
+
+#: Attempts of :func:`_swap_in` when concurrent writers keep replacing ``out_dir`` under it.
+_SWAP_ATTEMPTS = 100
+#: ``.<directory name>.<tmp|old>-<host>-<pid>-<random>``: the writer of a temporary directory.
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<host>.+)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
+#: Temporary directories of writers older than this module (no host/pid in the name) are
+#: removed once they are this old: no write takes that long.
+_UNNAMED_STALE_S = 24 * 3600
+
+
+def _temp_prefix(out_dir: Path, kind: str) -> str:
+    return f".{out_dir.name}.{kind}-{socket.gethostname()}-{os.getpid()}-"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def clean_stale_temps(parent: Path) -> list[Path]:
+    """Remove the temporary directories killed writers left in ``parent``; returns them.
+
+    Only directories of writers on this host whose process no longer exists are touched, so
+    a concurrent writer's directory is never removed. A ``.old-`` directory of a writer killed
+    between its two renames holds the only copy of the previous directory when the directory itself
+    is missing: it is renamed back into place instead of removed.
+    """
+    removed: list[Path] = []
+    host = socket.gethostname()
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue
+        match = _TEMP_NAME.match(entry.name)
+        path = Path(entry.path)
+        if match is None:
+            legacy = re.match(r"^\.(.+)\.(tmp|old)-[A-Za-z0-9_]+$", entry.name)
+            try:
+                stale = legacy is not None and time.time() - entry.stat(follow_symlinks=False).st_mtime > _UNNAMED_STALE_S
+            except OSError:
+                stale = False
+            if not stale:
+                continue
+        elif match["host"] != host or _process_alive(int(match["pid"])):
+            continue
+        elif match["kind"] == "old" and not (parent / match["name"]).exists():
+            try:
+                os.rename(path, parent / match["name"])
+                continue
+            except OSError:
+                pass  # a concurrent writer put a new directory there meanwhile
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _swap_in(tmp: Path, out_dir: Path) -> Path | None:
+    """Move the complete directory ``tmp`` to ``out_dir``; returns the directory now holding the
+    previous directory (for the caller to remove), or None when there was none.
+
+    No existence check precedes a rename: between a check and the rename a concurrent writer
+    may put its directory at ``out_dir``. Each step instead handles what it finds and starts over
+    when another writer moved ``out_dir`` meanwhile.
+    """
+    for _ in range(_SWAP_ATTEMPTS):
+        try:
+            os.rename(tmp, out_dir)  # no directory there yet (or an empty directory)
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        try:
+            if _exchange(tmp, out_dir):
+                return tmp  # tmp now holds the previous directory
+        except FileNotFoundError:
+            continue  # out_dir was moved away by a concurrent two-rename swap: start over
+        old = Path(tempfile.mkdtemp(prefix=_temp_prefix(out_dir, "old"), dir=out_dir.parent))
+        old.rmdir()
+        try:
+            os.rename(out_dir, old)
+        except FileNotFoundError:
+            continue
+        try:
+            os.rename(tmp, out_dir)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                os.rename(old, out_dir)  # put the previous directory back
+                raise
+            shutil.rmtree(old, ignore_errors=True)  # a concurrent writer's directory landed first
+            continue
+        return old
+    raise OSError(errno.EBUSY, f"{out_dir} kept changing under {_SWAP_ATTEMPTS} attempts to swap in {tmp}")
 
 
 def sha256_file(path: str | Path) -> str:

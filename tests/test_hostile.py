@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 
 import ckpred.cli
 from ckpred.export import manifest as mf
+from ckpred.util import clean_stale_temps
 from tests.conftest import data_file
 
 #: The real 4-shape CK table (fp16 parity sweep): fewer shapes than the default 5 CV folds.
@@ -418,6 +419,7 @@ def test_concurrent_first_exports_into_a_new_directory(tmp_path: Path) -> None:
 _KILLED_WRITER = """
 import os, signal, sys
 from ckpred.export import manifest as mf
+from ckpred.util import clean_stale_temps
 os.fsync = lambda fd: os.kill(os.getpid(), signal.{sig})
 mf.write_export_dir(sys.argv[1], {{"model.onnx": b"x", "manifest.json": b"{{}}"}})
 """
@@ -462,7 +464,7 @@ def test_previous_export_of_a_writer_killed_between_renames_is_restored(tmp_path
     old = tmp_path / f".{name}.old-{os.uname().nodename}-{pid}-abc123"
     old.mkdir()
     (old / "manifest.json").write_bytes(b"previous")
-    mf.clean_stale_temps(tmp_path)
+    clean_stale_temps(tmp_path)
     assert (tmp_path / name / "manifest.json").read_bytes() == b"previous" and not old.exists()
 
 

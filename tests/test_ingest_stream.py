@@ -246,3 +246,36 @@ def test_a_streamed_directory_is_read_back_by_training(tmp_path: Path) -> None:
             assert seen.setdefault(key, part.name) == part.name
     table = load_table(compose("train", ["data=path", f"data.path={tmp_path / 'table'}"]))
     assert len(table) == summary.rows == len(KERNELS) * 3 and (table["repeats"] == 2).all()
+
+
+def test_a_run_failing_midway_leaves_the_previous_table_directory_whole(tmp_path: Path, monkeypatch: Any) -> None:
+    """Parts are written beside ``out`` and swapped in at the end: a run that fails after some
+    parts are written leaves the previous directory as it was, and no temporary directory."""
+    import ckpred.data.ingest as ingest
+
+    path = tmp_path / "in.log"
+    path.write_bytes(LOG)
+    out = tmp_path / "table"
+    ingest_to_parquet(path, OP, out, tmp_path / "rejects.csv", chunk_bytes=512, **KW)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert len(before) > 2
+
+    real_write = ingest._TableWriter.write
+
+    def failing_write(self: Any, table: pd.DataFrame) -> None:
+        if self.parts == 2:  # two parts of the new table are on disk
+            assert len(list(self.tmp.glob("part-*.parquet"))) == 2
+            raise RuntimeError("killed")
+        real_write(self, table)
+
+    monkeypatch.setattr(ingest._TableWriter, "write", failing_write)
+    path.write_bytes(LOG.replace(b"12.5", b"13.5") + LOG)  # another input: other parts
+    with pytest.raises(RuntimeError, match="killed"):
+        ingest_to_parquet(path, OP, out, tmp_path / "rejects.csv", chunk_bytes=256, **KW)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.log", "rejects.csv", "table"]
+    monkeypatch.setattr(ingest._TableWriter, "write", real_write)
+    summary = ingest_to_parquet(path, OP, out, tmp_path / "rejects.csv", chunk_bytes=256, **KW)
+    after = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert summary.rows > 0 and after != before and all(name.startswith("part-") for name in after)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.log", "rejects.csv", "table"]

@@ -58,7 +58,7 @@ from ckpred.data.readers.table_parquet import is_canonical
 from ckpred.data.table import canonical_schema, conform
 from ckpred.errors import ConfigValueError, InputFileError, OutputPathError
 from ckpred.kernels.base import OpDefinition, load_op
-from ckpred.util import atomic_path
+from ckpred.util import atomic_dir, atomic_path
 
 #: Relative tolerance of the check ``tflops * latency == FLOPs`` (beyond printing steps).
 CONSISTENCY_RTOL = 0.02
@@ -442,7 +442,9 @@ class _TableWriter:
     """Canonical table parts into one Parquet file (a row group each) or a directory of parts.
 
     Nothing is visible at ``out`` until the end: the file is written beside it and renamed,
-    the parts into a hidden directory inside it and moved in (replacing the previous parts).
+    the directory of parts is written as a sibling and swapped in with one rename
+    (:func:`ckpred.util.atomic_dir`), so a failed or killed run leaves the previous table
+    whole, never a mix of old and new parts.
     """
 
     def __init__(self, out: Path, op: OpDefinition) -> None:
@@ -453,21 +455,12 @@ class _TableWriter:
         self.discarded = False
 
     def __enter__(self) -> "_TableWriter":
-        import tempfile
-
         import pyarrow.parquet as pq
 
+        self._atomic: Any = atomic_path(self.out) if self.single else atomic_dir(self.out)
+        self.tmp = self._atomic.__enter__()
         if self.single:
-            self._atomic = atomic_path(self.out)
-            self.tmp = self._atomic.__enter__()
             self.writer: Any = pq.ParquetWriter(self.tmp, self.schema)
-        else:
-            self.created = not self.out.exists()
-            try:
-                self.out.mkdir(parents=True, exist_ok=True)
-                self.tmp = Path(tempfile.mkdtemp(prefix=".writing-", dir=self.out))
-            except OSError as exc:
-                raise OutputPathError(str(self.out), exc.strerror or str(exc)) from None
         return self
 
     def write(self, table: pd.DataFrame) -> None:
@@ -485,22 +478,17 @@ class _TableWriter:
         self.discarded = True
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
-        import shutil
-
         if self.single:
             self.writer.close()
-            if kind is None and self.discarded:
-                kind, exc = _Discarded, _Discarded()
-            self._atomic.__exit__(kind, exc, tb)
+        if kind is None and self.discarded:
+            kind, exc = _Discarded, _Discarded()
+        if kind is None:
+            self._atomic.__exit__(None, None, None)
             return
-        if kind is None and not self.discarded:
-            for old in self.out.glob("part-*.parquet"):  # the previous dataset at this place
-                old.unlink()
-            for new in sorted(self.tmp.glob("part-*.parquet")):
-                new.replace(self.out / new.name)
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        if self.created and (kind is not None or self.discarded):
-            shutil.rmtree(self.out, ignore_errors=True)
+        try:
+            self._atomic.__exit__(kind, exc, tb)
+        except _Discarded:
+            pass
 
 
 class _Discarded(Exception):

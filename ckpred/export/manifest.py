@@ -8,7 +8,8 @@ package versions and the sha256 of every ``.onnx``. The same content (minus the 
 written into each model's ``metadata_props`` under ``ckpred.manifest``.
 
 An export directory is written next to its final place and swapped in with one atomic
-``renameat2(RENAME_EXCHANGE)`` (or, where the filesystem lacks it, two renames), so readers see
+``renameat2(RENAME_EXCHANGE)`` (or, where the filesystem lacks it, two renames;
+:func:`ckpred.util.atomic_dir`), so readers see
 either the previous complete export or the new complete one; an interrupted export leaves the
 previous one untouched and removes its temporary directory.
 
@@ -18,18 +19,10 @@ manifest whose keys they read are missing or of the wrong type, naming the key.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import errno
 import hashlib
 import json
 import math
 import os
-import re
-import shutil
-import socket
-import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -38,10 +31,10 @@ import numpy as np
 import pandas as pd
 
 from ckpred.data.table import data_hash
-from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError, OutputPathError
+from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError
 from ckpred.kernels.base import OpDefinition
 from ckpred.util import package_versions as _package_versions
-from ckpred.util import sha256_file
+from ckpred.util import atomic_dir, sha256_file
 
 FORMAT = "ckpred.export/1"
 MANIFEST = "manifest.json"
@@ -185,170 +178,23 @@ def now_utc() -> str:
 
 
 # -- atomic directory write ----------------------------------------------------------------------
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (Linux renameat2); False when unsupported here."""
-    libname = ctypes.util.find_library("c")
-    if not libname:
-        return False
-    libc = ctypes.CDLL(libname, use_errno=True)
-    fn = getattr(libc, "renameat2", None)
-    if fn is None:
-        return False
-    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-    if rc == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (38, 22, 95):  # ENOSYS, EINVAL, EOPNOTSUPP: fall back to two renames
-        return False
-    raise OSError(err, os.strerror(err), f"{a} <-> {b}")
-
-
 def write_export_dir(out_dir: str | Path, files: Mapping[str, bytes]) -> Path:
     """Write ``files`` (name -> bytes; ``manifest.json`` last) as directory ``out_dir``, atomically.
 
-    The files go to a temporary sibling directory, are fsynced, and the directory is swapped in.
-    On any error the temporary directory is removed and a previous ``out_dir`` is untouched.
-    A symlink ``out_dir`` is followed on purpose: the export replaces the directory it points
-    to (at that directory's place) and the link stays, so a stable path such as
-    ``exports/current -> exports/v3`` keeps working.
-
-    Concurrent writers of the same ``out_dir`` each swap in a complete export (the last one
-    stays). Temporary directories are named after their writer (host and pid); the ones a
-    killed writer left (``kill -9``) are removed by the next export into the same parent once
-    that writer's process is gone (:func:`clean_stale_temps`).
+    The files are written and fsynced into a temporary sibling directory that is swapped in
+    (:func:`ckpred.util.atomic_dir`): on any error a previous ``out_dir`` is untouched. A
+    symlink ``out_dir`` is followed on purpose: the export replaces the directory it points to
+    (at that directory's place) and the link stays, so a stable path such as
+    ``exports/current -> exports/v3`` keeps working. Concurrent writers each swap in a
+    complete export (the last one stays).
     """
-    out_dir = Path(out_dir)
-    if out_dir.is_symlink():
-        out_dir = out_dir.resolve()
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        clean_stale_temps(out_dir.parent)
-        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out_dir, "tmp"), dir=out_dir.parent))
-    except OSError as exc:
-        raise OutputPathError(str(out_dir), exc.strerror or str(exc)) from None
-    try:
-        ordered = sorted(files, key=lambda n: n == MANIFEST)  # manifest last
-        for name in ordered:
+    with atomic_dir(out_dir) as tmp:
+        for name in sorted(files, key=lambda n: n == MANIFEST):  # manifest last
             with open(tmp / name, "wb") as fh:
                 fh.write(files[name])
                 fh.flush()
                 os.fsync(fh.fileno())
-        os.chmod(tmp, 0o755)
-        previous = _swap_in(tmp, out_dir)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise OutputPathError(str(out_dir), exc.strerror or str(exc)) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if previous is not None:
-        shutil.rmtree(previous, ignore_errors=True)
-    return out_dir
-
-
-#: Attempts of :func:`_swap_in` when concurrent writers keep replacing ``out_dir`` under it.
-_SWAP_ATTEMPTS = 100
-#: ``.<export name>.<tmp|old>-<host>-<pid>-<random>``: the writer of a temporary directory.
-_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<host>.+)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
-#: Temporary directories of writers older than this module (no host/pid in the name) are
-#: removed once they are this old: no export takes that long.
-_UNNAMED_STALE_S = 24 * 3600
-
-
-def _temp_prefix(out_dir: Path, kind: str) -> str:
-    return f".{out_dir.name}.{kind}-{socket.gethostname()}-{os.getpid()}-"
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def clean_stale_temps(parent: Path) -> list[Path]:
-    """Remove the temporary directories killed writers left in ``parent``; returns them.
-
-    Only directories of writers on this host whose process no longer exists are touched, so
-    a concurrent writer's directory is never removed. A ``.old-`` directory of a writer killed
-    between its two renames holds the only copy of the previous export when the export itself
-    is missing: it is renamed back into place instead of removed.
-    """
-    removed: list[Path] = []
-    host = socket.gethostname()
-    try:
-        entries = list(os.scandir(parent))
-    except OSError:
-        return removed
-    for entry in entries:
-        if not entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
-            continue
-        match = _TEMP_NAME.match(entry.name)
-        path = Path(entry.path)
-        if match is None:
-            legacy = re.match(r"^\.(.+)\.(tmp|old)-[A-Za-z0-9_]+$", entry.name)
-            try:
-                stale = legacy is not None and time.time() - entry.stat(follow_symlinks=False).st_mtime > _UNNAMED_STALE_S
-            except OSError:
-                stale = False
-            if not stale:
-                continue
-        elif match["host"] != host or _process_alive(int(match["pid"])):
-            continue
-        elif match["kind"] == "old" and not (parent / match["name"]).exists():
-            try:
-                os.rename(path, parent / match["name"])
-                continue
-            except OSError:
-                pass  # a concurrent writer put a new export there meanwhile
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
-
-
-def _swap_in(tmp: Path, out_dir: Path) -> Path | None:
-    """Move the complete directory ``tmp`` to ``out_dir``; returns the directory now holding the
-    previous export (for the caller to remove), or None when there was none.
-
-    No existence check precedes a rename: between a check and the rename a concurrent writer
-    may put its export at ``out_dir``. Each step instead handles what it finds and starts over
-    when another writer moved ``out_dir`` meanwhile.
-    """
-    for _ in range(_SWAP_ATTEMPTS):
-        try:
-            os.rename(tmp, out_dir)  # no export there yet (or an empty directory)
-            return None
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise
-        try:
-            if _exchange(tmp, out_dir):
-                return tmp  # tmp now holds the previous export
-        except FileNotFoundError:
-            continue  # out_dir was moved away by a concurrent two-rename swap: start over
-        old = Path(tempfile.mkdtemp(prefix=_temp_prefix(out_dir, "old"), dir=out_dir.parent))
-        old.rmdir()
-        try:
-            os.rename(out_dir, old)
-        except FileNotFoundError:
-            continue
-        try:
-            os.rename(tmp, out_dir)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                os.rename(old, out_dir)  # put the previous export back
-                raise
-            shutil.rmtree(old, ignore_errors=True)  # a concurrent writer's export landed first
-            continue
-        return old
-    raise OSError(errno.EBUSY, f"{out_dir} kept changing under {_SWAP_ATTEMPTS} attempts to swap in {tmp}")
+    return Path(out_dir).resolve() if Path(out_dir).is_symlink() else Path(out_dir)
 
 
 # -- reading and verifying -----------------------------------------------------------------------
