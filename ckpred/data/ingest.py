@@ -438,6 +438,10 @@ def partition_of(problems: pd.DataFrame, count: int) -> np.ndarray:
     return (hashed % np.uint64(count)).astype(np.int64)
 
 
+#: Canonical columns written without a Parquet dictionary (their values rarely repeat).
+_UNIQUE_PER_ROW = frozenset({"source", "tflops", "latency_ms", "bandwidth_gbs", "spread"})
+
+
 class _TableWriter:
     """Canonical table parts into one Parquet file (a row group each) or a directory of parts.
 
@@ -453,6 +457,12 @@ class _TableWriter:
         self.schema = canonical_schema(op)
         self.parts = 0
         self.discarded = False
+        # Measured values and sources are (nearly) unique per row: a dictionary page for them
+        # is built and thrown away, and min/max statistics of the source text serve no filter.
+        names = self.schema.names
+        self.options: dict[str, Any] = {
+            "use_dictionary": [c for c in names if c not in _UNIQUE_PER_ROW],
+            "write_statistics": [c for c in names if c != "source"]}
 
     def __enter__(self) -> "_TableWriter":
         import pyarrow.parquet as pq
@@ -460,7 +470,7 @@ class _TableWriter:
         self._atomic: Any = atomic_path(self.out) if self.single else atomic_dir(self.out)
         self.tmp = self._atomic.__enter__()
         if self.single:
-            self.writer: Any = pq.ParquetWriter(self.tmp, self.schema)
+            self.writer: Any = pq.ParquetWriter(self.tmp, self.schema, **self.options)
         return self
 
     def write(self, table: pd.DataFrame) -> None:
@@ -470,7 +480,7 @@ class _TableWriter:
         if self.single:
             self.writer.write_table(arrow)
         else:
-            pq.write_table(arrow, self.tmp / f"part-{self.parts:05d}.parquet")
+            pq.write_table(arrow, self.tmp / f"part-{self.parts:05d}.parquet", **self.options)
         self.parts += 1
 
     def discard(self) -> None:
