@@ -265,10 +265,10 @@ def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, 
     op = load_op(cfg.op)
     if cfg.model.backend == "dask" and cfg.data.source == "path":
         from ckpred import scale
-
+        from ckpred.data.partitions import is_partitioned
         from ckpred.util import resolve_path
 
-        if isinstance(cfg.data.path, str) and scale.is_partitioned(resolve_path(cfg.data.path)):
+        if isinstance(cfg.data.path, str) and is_partitioned(resolve_path(cfg.data.path)):
             return scale.cross_validate_partitioned(cfg, op, resolve_path(cfg.data.path), out_dir)
     from ckpred.data import load_table
 

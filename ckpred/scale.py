@@ -39,15 +39,12 @@ import numpy as np
 import pandas as pd
 
 from ckpred import evaluate as ev
-from ckpred.errors import CkpredError, ConfigValueError, InputFileError
+from ckpred.data.partitions import COMBO_COLUMNS, describe_part, read_manifest, write_manifest
+from ckpred.errors import CkpredError, ConfigValueError
 from ckpred.fitting import prepare, training_rows
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import build_estimator, build_pipeline, query_sizes, training_target
 
-#: The manifest :func:`write_partitions` leaves beside the Parquet files.
-MANIFEST = "_ckpred_partitions.json"
-#: Columns that, with the op's query key (``group_key``), identify a query across partitions.
-COMBO_COLUMNS: tuple[str, ...] = ("arch", "dtype", "layout")
 _Y, _Q = "_ckpred_y", "_ckpred_query"
 
 log = logging.getLogger(__name__)
@@ -82,38 +79,10 @@ def write_partitions(frames: Iterable[pd.DataFrame], out_dir: str | Path, op: Op
     out.mkdir(parents=True, exist_ok=True)
     parts: list[dict[str, Any]] = []
     for i, frame in enumerate(frames):
-        combos = frame[list(COMBO_COLUMNS)].drop_duplicates()
-        if len(combos) != 1:
-            raise ValueError(f"partition {i} mixes {len(combos)} arch/dtype/layout combinations; one per file")
         name = f"part-{i:05d}.parquet"
         write_table(frame, out / name, op)
-        parts.append({"file": name, "rows": int(len(frame)),
-                      **{c: str(combos[c].iloc[0]) for c in COMBO_COLUMNS}})
-    manifest = {"op": op.name, "query_columns": [*COMBO_COLUMNS, *op.group_key], "partitions": parts,
-                "rows": int(sum(p["rows"] for p in parts))}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    return manifest
-
-
-def is_partitioned(path: Any) -> bool:
-    """Whether ``path`` is a dataset directory written by :func:`write_partitions`."""
-    return isinstance(path, (str, Path)) and (Path(str(path)) / MANIFEST).is_file()
-
-
-def read_manifest(path: str | Path, op: OpDefinition) -> dict[str, Any]:
-    """The manifest of a partitioned dataset, checked against ``op`` and the files present."""
-    root = Path(path)
-    file = root / MANIFEST
-    if not file.is_file():
-        raise InputFileError(str(root), f"not a partitioned dataset (no {MANIFEST}; write it with "
-                                        "ckpred.scale.write_partitions)")
-    manifest = json.loads(file.read_text())
-    if manifest.get("op") != op.name:
-        raise InputFileError(str(file), f"the dataset holds op {manifest.get('op')!r}, the config trains {op.name!r}")
-    missing = [p["file"] for p in manifest["partitions"] if not (root / p["file"]).is_file()]
-    if missing:
-        raise InputFileError(str(root), f"partition files listed in {MANIFEST} are missing: {missing[:5]}")
-    return manifest
+        parts.append(describe_part(out / name))  # refuses a part that mixes combos, naming it
+    return write_manifest(out, op, parts)
 
 
 def _query_keys(frame: pd.DataFrame, op: OpDefinition) -> pd.Series:

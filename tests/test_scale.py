@@ -150,6 +150,27 @@ def test_train_command_on_a_partitioned_dataset(dataset: Path, tmp_path: Path) -
     assert len(per_query) == metrics["model"]["queries"]
 
 
+def test_an_ingested_table_directory_trains_on_dask(tmp_path: Path) -> None:
+    """``ckpred ingest out=<dir>`` writes whole queries per part and the manifest; the Dask
+    backend trains from that directory with no Python step between."""
+    from ckpred.data.ingest import ingest_to_parquet
+    from ckpred.data.table import write_table
+
+    cfg = _cfg()
+    op = load_op(cfg.op)
+    table = simulate(load_shapes(cfg.shapes), op, cfg.arch, cfg.dtype, scale.layout_config("rcr"))
+    write_table(table, tmp_path / "bench.parquet", op)
+    ingest_to_parquet(tmp_path / "bench.parquet", op, tmp_path / "table", tmp_path / "rejects.csv",
+                      arch="gfx942", dtype="fp16", layout="rcr", chunk_bytes=64 << 10)
+    manifest = json.loads((tmp_path / "table" / "_ckpred_partitions.json").read_text())
+    assert len(manifest["partitions"]) > 1 and manifest["rows"] == len(table)
+    out = tmp_path / "run"
+    mean = train(_cfg("model.backend=dask", "model.dask.memory_limit=1GiB", "data=path",
+                      f"data.path={tmp_path / 'table'}", "cv=holdout", "cv.test_fraction=0.3", f"out_dir={out}"))
+    record = json.loads((out / "run.json").read_text())
+    assert 0.5 < mean <= 1.0 and record["data"]["partitions"] == len(manifest["partitions"])
+
+
 def test_cv_folds_run_as_tasks_with_the_same_results(tmp_path: Path) -> None:
     common = ["cv.n_splits=2", "baselines.reference.enabled=false", "save_pipeline=false"]
     local = train(compose("train", [*SMALL, *common, f"out_dir={tmp_path / 'local'}"]))

@@ -29,9 +29,10 @@ are one row. Nothing is cached: reading is fast (``scripts/bench/ingest_speed.py
 Streaming: files are read in chunks of about ``data.chunk_mb`` MiB (the CSV sweep and the
 streaming log by vectorised block readers, the other formats whole), each chunk checked on its
 own (the value checks are per row). :func:`ingest_to_parquet` (``ckpred ingest``) then
-hash-partitions the checked rows by their problem fields into spill files, so the rule check
-(per problem) and the merge of repeats (per problem and kernel) each need one partition in
-memory, and writes the table part by part; :func:`read_files` keeps one partition in memory
+hash-partitions the checked rows by their query key into spill files, so the rule check
+(per problem), the merge of repeats (per problem and kernel) and a query (what the ranker and
+the Dask backend take whole) each need one partition in memory, and writes the table part by
+part (a directory output with the manifest of :mod:`ckpred.data.partitions`); :func:`read_files` keeps one partition in memory
 and returns the table in order of first appearance. Both run the same code.
 """
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import logging
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -51,12 +53,13 @@ import pyarrow as pa
 
 from ckpred.util import resolve_path
 from ckpred.data.mapping import InputMapping, map_rows, op_flops
+from ckpred.data.partitions import describe_part, write_manifest
 from ckpred.data.readers import (CHUNKED_READERS, READERS, TABLE_READERS, FileRead, ReadContext, detect_format,
                                  detect_table_format)
 from ckpred.data.readers.common import KernelResolver, Reject, RowBuffer
 from ckpred.data.readers.table_parquet import is_canonical
 from ckpred.data.table import canonical_schema, conform
-from ckpred.errors import ConfigValueError, InputFileError, OutputPathError
+from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.util import atomic_dir, atomic_path
 
@@ -222,12 +225,13 @@ def ingest_to_parquet(paths: str | Path | Iterable[str | Path], op: OpDefinition
 
     The same rows, reasons, rejects and counts as :func:`read_files` (whose parameters these
     are), without holding the table: each block of about ``chunk_bytes`` is read, checked and
-    spilled to a temporary directory, hash-partitioned by the problem fields into
+    spilled to a temporary directory, hash-partitioned by the query key into
     ``ceil(input bytes / chunk_bytes)`` partitions; then each partition -- every measurement of
     its problems, so the rule check and the merge of repeats need nothing else -- is merged
     and written. ``out`` ending in ``.parquet`` is one file (a row group per partition);
     otherwise a directory of ``part-NNNNN.parquet`` files, one per partition (each holds whole
-    problems). Rejects stream to ``rejects`` (CSV: source, reason, raw) as they are found.
+    queries), with the manifest ``model.backend=dask`` trains from
+    (:func:`ckpred.data.partitions.write_manifest`). Rejects stream to ``rejects`` (CSV: source, reason, raw) as they are found.
     Within a partition rows keep their order of first appearance.
 
     Returns
@@ -372,7 +376,7 @@ def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefin
 
 
 class _Partitions:
-    """Checked row chunks, hash-partitioned by the problem fields.
+    """Checked row chunks, hash-partitioned by the query key (:func:`hash_columns`).
 
     One partition keeps the chunks in memory (all of the input fits in one chunk, or the
     caller wants the table in memory anyway); more spill each chunk's share of every
@@ -391,7 +395,7 @@ class _Partitions:
             return
         import pickle
 
-        part = partition_of(frame[list(self.op.problem_names)], self.count)
+        part = partition_of(frame[list(hash_columns(self.op))], self.count)
         order = np.argsort(part, kind="stable")
         bounds = np.searchsorted(part[order], np.arange(self.count + 1))
         for p in range(self.count):
@@ -425,6 +429,18 @@ class _Partitions:
             yield pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].reset_index(drop=True)
 
 
+def hash_columns(op: OpDefinition) -> tuple[str, ...]:
+    """The columns rows are partitioned by: the query key, when it is made of problem fields.
+
+    A problem's fields include its query key, so partitioning by the query keeps every
+    measurement of a problem together (what the rule check and the merge need) and also every
+    problem of a query (what LightGBM's Dask interface needs: it takes each file's query
+    sizes on their own).
+    """
+    key = tuple(op.group_key)
+    return key if key and set(key) <= set(op.problem_names) else tuple(op.problem_names)
+
+
 def partition_of(problems: pd.DataFrame, count: int) -> np.ndarray:
     """The partition (``0 .. count-1``) of each row, from a hash of its problem fields.
 
@@ -456,6 +472,8 @@ class _TableWriter:
         self.single = out.suffix == ".parquet"
         self.schema = canonical_schema(op)
         self.parts = 0
+        self.entries: list[dict[str, Any]] = []
+        self.no_manifest = ""
         self.discarded = False
         # Measured values and sources are (nearly) unique per row: a dictionary page for them
         # is built and thrown away, and min/max statistics of the source text serve no filter.
@@ -480,7 +498,13 @@ class _TableWriter:
         if self.single:
             self.writer.write_table(arrow)
         else:
-            pq.write_table(arrow, self.tmp / f"part-{self.parts:05d}.parquet", **self.options)
+            file = self.tmp / f"part-{self.parts:05d}.parquet"
+            pq.write_table(arrow, file, **self.options)
+            if not self.no_manifest:
+                try:
+                    self.entries.append(describe_part(file))
+                except InputFileError as exc:  # e.g. dtype is a problem field: parts mix dtypes
+                    self.no_manifest = exc.reason
         self.parts += 1
 
     def discard(self) -> None:
@@ -493,6 +517,11 @@ class _TableWriter:
         if kind is None and self.discarded:
             kind, exc = _Discarded, _Discarded()
         if kind is None:
+            if not self.single and not self.no_manifest:
+                write_manifest(self.tmp, self.op, self.entries)
+            elif not self.single:
+                logging.getLogger(__name__).warning("%s: no partition manifest, so model.backend=dask cannot train "
+                                                    "from it: %s", self.out, self.no_manifest)
             self._atomic.__exit__(None, None, None)
             return
         try:

@@ -166,7 +166,7 @@ def paired(a: pd.DataFrame, b: pd.DataFrame, seed: int = 0) -> dict:
 
 def sample_dataset(full: Path, out: Path, rows: int) -> int:
     """A dataset of evenly spaced partitions of ``full`` (links to its files) of about ``rows`` rows."""
-    from ckpred.scale import MANIFEST
+    from ckpred.data.partitions import MANIFEST
 
     manifest = json.loads((full / MANIFEST).read_text())
     parts = manifest["partitions"]

@@ -87,6 +87,7 @@ def train(table: Path, pipeline: Path, backend: str) -> dict:
 
     from ckpred.data.table import read_table
     from ckpred.fitting import fit_final
+    from ckpred.data.partitions import read_manifest
     from ckpred.kernels.base import load_op
 
     t, cpu = time.perf_counter(), _cpu()
@@ -103,7 +104,7 @@ def train(table: Path, pipeline: Path, backend: str) -> dict:
         with scale.dask_client(cfg.model.dask) as client:
             pipe, info = scale.fit_partitioned(cfg, op, table.with_suffix(".parts"), backend="dask", client=client)
             workers = client.run(lambda: (_peak_mb(), _cpu()))
-        rows = scale.read_manifest(table.with_suffix(".parts"), op)["rows"]
+        rows = read_manifest(table.with_suffix(".parts"), op)["rows"]
         extra = {"workers_peak_mb": [w[0] for w in workers.values()],
                  "workers_cpu_s": [round(w[1], 1) for w in workers.values()], "client_peak_mb": _peak_mb()}
     joblib.dump(pipe, pipeline)
