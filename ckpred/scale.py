@@ -44,6 +44,7 @@ from ckpred.errors import CkpredError, ConfigValueError
 from ckpred.fitting import prepare, training_rows
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import build_estimator, build_pipeline, query_sizes, training_target
+from ckpred.util import atomic_dir
 
 _Y, _Q = "_ckpred_y", "_ckpred_query"
 
@@ -72,17 +73,18 @@ def write_partitions(frames: Iterable[pd.DataFrame], out_dir: str | Path, op: Op
     time (a generator), so the dataset can be far larger than memory. Columns are the
     canonical schema (:func:`ckpred.data.table.write_table`). Returns the manifest (also
     written as ``_ckpred_partitions.json``): op, query columns, and per file its rows and combo.
+    The directory is written beside ``out_dir`` and swapped in at the end
+    (:func:`ckpred.util.atomic_dir`): a failed run leaves the previous dataset whole.
     """
     from ckpred.data.table import write_table
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    parts: list[dict[str, Any]] = []
-    for i, frame in enumerate(frames):
-        name = f"part-{i:05d}.parquet"
-        write_table(frame, out / name, op)
-        parts.append(describe_part(out / name))  # refuses a part that mixes combos, naming it
-    return write_manifest(out, op, parts)
+    with atomic_dir(out_dir) as out:  # a failed run leaves the previous dataset whole
+        parts: list[dict[str, Any]] = []
+        for i, frame in enumerate(frames):
+            name = f"part-{i:05d}.parquet"
+            write_table(frame, out / name, op)
+            parts.append(describe_part(out / name))  # refuses a part that mixes combos, naming it
+        return write_manifest(out, op, parts)
 
 
 def _query_keys(frame: pd.DataFrame, op: OpDefinition) -> pd.Series:
