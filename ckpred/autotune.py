@@ -260,6 +260,13 @@ class TimeBudget(Budget):
         return f"time({self.clock}={self.seconds:g}s)"
 
 
+def _check_format(d: Any, expected: str, where: str) -> None:
+    """Refuse a calibration record of another format (or not a mapping at all), by name."""
+    if not isinstance(d, Mapping) or d.get("format") != expected:
+        got = d.get("format") if isinstance(d, Mapping) else type(d).__name__
+        raise AutotuneError(f"{where}: format {got!r}, expected {expected!r}")
+
+
 @dataclass(frozen=True)
 class Calibration:
     """P(best of the model's top j is within ``within`` of the best kernel), by score-gap bin.
@@ -302,9 +309,7 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "calibration") -> "Calibration":
-        if not isinstance(d, Mapping) or d.get("format") != CALIBRATION_FORMAT:
-            got = d.get("format") if isinstance(d, Mapping) else type(d).__name__
-            raise AutotuneError(f"{where}: format {got!r}, expected {CALIBRATION_FORMAT!r}")
+        _check_format(d, CALIBRATION_FORMAT, where)
         try:
             within = tuple(float(x) for x in d["within"])
             edges = tuple(float(x) for x in d["edges"])
@@ -474,9 +479,7 @@ class LogisticCalibration:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "calibration") -> "LogisticCalibration":
-        if not isinstance(d, Mapping) or d.get("format") != LOGISTIC_FORMAT:
-            got = d.get("format") if isinstance(d, Mapping) else type(d).__name__
-            raise AutotuneError(f"{where}: format {got!r}, expected {LOGISTIC_FORMAT!r}")
+        _check_format(d, LOGISTIC_FORMAT, where)
         try:
             within = tuple(float(x) for x in d["within"])
             fields = tuple(str(x) for x in d["fields"])

@@ -97,3 +97,13 @@ def export_gemm(out_dir: Path, *, n_estimators: int) -> Path:
     export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=out_dir,
                     training=mf.training_section(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout))
     return out_dir
+
+
+def few_tree_regressor() -> tuple[OpDefinition, Any, pd.DataFrame]:
+    """A 6-tree regressor on the synthetic gemm table and a 300-kernel catalogue: its trees split
+    on a fraction of the op's full feature set (what pruning and packing act on)."""
+    op, cfg = gemm(), configs()
+    table = synthetic_table(op, cfg, TRAIN_SHAPES, kernels=200)
+    pipe = fit_pipeline(op, cfg, table, model="regressor", target="log1p", n_estimators=6, features="gemm_universal")
+    catalogue = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).iloc[:300].reset_index(drop=True)
+    return op, pipe, catalogue

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 from ckpred.export import onnx as xo
 from ckpred.export.factorise import selector_features
 from ckpred.export.pack import pack_columns
-from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
+from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, few_tree_regressor
 
 PROBLEM = helper.make_tensor_value_info("problem", TensorProto.INT64, ["B", 3])
 
@@ -83,11 +83,7 @@ def test_pack_columns_of_per_problem_columns_keeps_their_shape() -> None:
 
 @pytest.fixture(scope="module")
 def fitted():
-    op, cfg = gemm(), configs()
-    table = synthetic_table(op, cfg, TRAIN_SHAPES, kernels=200)
-    pipe = fit_pipeline(op, cfg, table, model="regressor", target="log1p", n_estimators=6, features="gemm_universal")
-    catalogue = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).iloc[:300].reset_index(drop=True)
-    return op, pipe, catalogue
+    return few_tree_regressor()
 
 
 def test_packed_selector_features_equal_the_per_column_graph(fitted) -> None:

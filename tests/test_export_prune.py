@@ -10,17 +10,12 @@ from onnx import TensorProto, helper
 
 from ckpred.export import onnx as xo
 from ckpred.export.factorise import selector_features
-from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
+from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, few_tree_regressor
 
 
 @pytest.fixture(scope="module")
 def fitted():
-    op, cfg = gemm(), configs()
-    table = synthetic_table(op, cfg, TRAIN_SHAPES, kernels=200)
-    # few trees: they split on a fraction of the op's full feature set
-    pipe = fit_pipeline(op, cfg, table, model="regressor", target="log1p", n_estimators=6, features="gemm_universal")
-    catalogue = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).iloc[:300].reset_index(drop=True)
-    return op, pipe, catalogue
+    return few_tree_regressor()
 
 
 def _scores_graph(op, pipe, catalogue, *, prune: bool) -> onnx.ModelProto:
