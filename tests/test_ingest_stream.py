@@ -128,6 +128,20 @@ def test_mutated_inputs_read_the_same_all_ways(fmt: str, data: st.DataObject, ch
     _check_all_ways(data.draw(_mutated(SAMPLES[fmt])), fmt, chunk_bytes)
 
 
+def test_a_kernel_field_beyond_int64_is_refused_by_name() -> None:
+    """A tile size past int64 in a kernel name is a reject with its reason, the same all ways
+    (it once reached the int64 cast of the table and stopped ingestion)."""
+    data = SAMPLES["csv"].replace(b"64x64x64_1x4x1_16x16x32,1,", b"64x64x99999999999999999999964_1x4x1_16x16x32,1,", 1)
+    assert data != SAMPLES["csv"]
+    for chunk_bytes in (1, 97, 1 << 20):
+        _check_all_ways(data, "csv", chunk_bytes)
+    path = WORK / "huge.csv"
+    path.write_bytes(data)
+    result = read_files(path, OP, fmt="csv", **KW)
+    assert result.summary.rejected == {"unparseable kernel name": 1}
+    assert result.rejects["reason"].tolist() == ["unparseable kernel name: tile_k=99999999999999999999964 is beyond int64"]
+
+
 @pytest.mark.parametrize("fmt", sorted(SAMPLES))
 @pytest.mark.parametrize("chunk_bytes", [1, 97, 1 << 20])
 def test_unmutated_samples_read_the_same_all_ways(fmt: str, chunk_bytes: int) -> None:

@@ -40,6 +40,10 @@ class Reject:
     raw: str
 
 
+# Kernel fields are stored as int64: a name with a larger number is refused, not overflowed.
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 class KernelResolver:
     """Kernel name -> row of the unique-kernel table, or the reason it cannot be used.
 
@@ -102,6 +106,9 @@ class KernelResolver:
                 fields[f.name] = f.default
             else:
                 return f"unparseable kernel name: the name gives no {f.name}"
+            value = fields[f.name]
+            if isinstance(value, int) and not isinstance(value, bool) and not _INT64_MIN <= value <= _INT64_MAX:
+                return f"unparseable kernel name: {f.name}={value} is beyond int64"
         return fields, name, parsed.get("dtype", ""), parsed.get("layout", "")
 
     def resolve_fields(self, fields: dict[str, Any]) -> int | str:
