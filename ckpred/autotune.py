@@ -73,7 +73,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["STORE_FORMAT", "Measurement", "TuneResult", "Budget", "FixedK", "TimeBudget", "Confidence",
            "Calibration", "LogisticCalibration", "calibrate", "calibration_from_oof", "fit_logistic",
-           "load_calibration", "ranked_problems", "signal_features", "ResultStore", "problem_key", "autotune", "autotune_ranked"]
+           "load_calibration", "ranked_problems", "signal_features", "top_j_efficiency", "ResultStore", "problem_key", "autotune", "autotune_ranked"]
 
 #: Format tag of every store line.
 STORE_FORMAT = "ckpred.autotune/1"
@@ -260,6 +260,12 @@ class TimeBudget(Budget):
         return f"time({self.clock}={self.seconds:g}s)"
 
 
+def _check_within(within: Sequence[float], where: str) -> None:
+    """Refuse tolerances that are not distinct fractions in (0, 1), by name."""
+    if not all(0 < w < 1 for w in within) or len(set(within)) != len(within):
+        raise AutotuneError(f"{where}: within={list(within)}; allowed: distinct fractions in (0, 1)")
+
+
 def _check_format(d: Any, expected: str, where: str) -> None:
     """Refuse a calibration record of another format (or not a mapping at all), by name."""
     if not isinstance(d, Mapping) or d.get("format") != expected:
@@ -325,8 +331,7 @@ class Calibration:
                                 f"counts [{bins}]")
         if gap_to < 2:
             raise AutotuneError(f"{where}: gap_to={gap_to}; allowed: an integer >= 2")
-        if not all(0 < w < 1 for w in within) or len(set(within)) != len(within):
-            raise AutotuneError(f"{where}: within={list(within)}; allowed: distinct fractions in (0, 1)")
+        _check_within(within, where)
         if not all(math.isfinite(e) for e in edges) or any(b <= a for a, b in zip(edges, edges[1:])):
             raise AutotuneError(f"{where}: edges={list(edges)}; allowed: finite, strictly increasing")
         if not prob[0][0] or not all(0 <= p <= 1 for t in prob for r in t for p in r):
@@ -491,8 +496,7 @@ class LogisticCalibration:
             raise AutotuneError(f"{where}: malformed logistic calibration ({exc!r}); keys: within, fields, fill, "
                                 "lo, hi, mean, scale, coef, intercept") from exc
         n = len(SCORE_FEATURES) + len(fields) + 1
-        if not all(0 < w < 1 for w in within) or len(set(within)) != len(within):
-            raise AutotuneError(f"{where}: within={list(within)}; allowed: distinct fractions in (0, 1)")
+        _check_within(within, where)
         if any(len(v) != n for v in vec.values()) or len(coef) != len(within) or len(intercept) != len(within) \
                 or not intercept or not intercept[0] or any(len(r) != len(intercept[0]) for r in intercept) \
                 or any(len(t) != len(intercept[0]) or any(len(r) != n for r in t) for t in coef):
@@ -518,10 +522,13 @@ class LogisticCalibration:
         missing = [f for f in self.fields if f not in problem]
         if missing:
             raise AutotuneError(f"logistic calibration needs problem fields {missing}")
+        return self.predict(signal_features(scores, [float(problem[f]) for f in self.fields]), within)
+
+    def predict(self, features: np.ndarray, within: float) -> np.ndarray:
+        """P_j for j = 1..max_k (non-decreasing) of :func:`signal_features` rows (one or many)."""
         w = self.within.index(within)
-        x = self.standardised(signal_features(scores, [float(problem[f]) for f in self.fields]))
-        z = np.asarray(self.intercept[w]) + np.asarray(self.coef[w]) @ x
-        return np.maximum.accumulate(1.0 / (1.0 + np.exp(-z)))
+        z = np.asarray(self.intercept[w]) + self.standardised(features) @ np.asarray(self.coef[w]).T
+        return np.maximum.accumulate(1.0 / (1.0 + np.exp(-z)), axis=-1)
 
     def needed(self, scores: Sequence[float], target: float, within: float,
                problem: Mapping[str, float] | None = None) -> int:
@@ -618,8 +625,14 @@ def ranked_problems(shapes: Sequence[Any], perf: Sequence[float], scores: Sequen
         if best <= 0 or cand.empty:
             continue
         cand = cand.sort_values(["score", "tie"], ascending=[False, True], kind="stable")
-        rel = np.maximum.accumulate(cand["perf"].to_numpy()[:max_k] / best)
-        yield shape, cand["score"].to_numpy(), np.concatenate([rel, np.full(max_k - len(rel), rel[-1])])
+        yield shape, cand["score"].to_numpy(), top_j_efficiency(cand["perf"].to_numpy(), best, max_k)
+
+
+def top_j_efficiency(perf: np.ndarray, best: float, max_k: int) -> np.ndarray:
+    """Efficiency of the best of the first j of ``perf`` (model order), j = 1..max_k; past the
+    last candidate it stays at the last value (0 when there is none)."""
+    rel = np.maximum.accumulate(np.asarray(perf, dtype=np.float64)[:max_k] / best) if len(perf) else np.zeros(1)
+    return np.concatenate([rel, np.full(max_k - len(rel), rel[-1])])
 
 
 def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[float],

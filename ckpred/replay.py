@@ -240,11 +240,8 @@ def problem_features(problems: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
 def _top_j(problems: Sequence[dict[str, Any]], max_k: int) -> np.ndarray:
     """[problem, j - 1]: efficiency of the best of the model's top j (valid candidates)."""
-    out = np.zeros((len(problems), max_k))
-    for i, p in enumerate(problems):
-        rel = np.maximum.accumulate(p["perf"][:max_k] / p["best"]) if len(p["perf"]) else np.zeros(1)
-        out[i] = np.concatenate([rel, np.full(max_k - len(rel), rel[-1])])
-    return out
+    return np.vstack([at.top_j_efficiency(p["perf"], p["best"], max_k) for p in problems]) if problems \
+        else np.zeros((0, max_k))
 
 
 def _lightgbm(x_train: pd.DataFrame, hit: np.ndarray, x_test: pd.DataFrame, seed: int) -> np.ndarray:
@@ -265,9 +262,7 @@ def _logistic(x_train: pd.DataFrame, y_train: np.ndarray, x_test: pd.DataFrame, 
     """[test problem, j - 1]: P_j of :func:`ckpred.autotune.fit_logistic` fitted on the training problems."""
     fields = [c[len("log2_"):] for c in x_train.columns[len(at.SCORE_FEATURES):-1]]
     cal = at.fit_logistic(x_train.to_numpy(), y_train, fields, within=(w,))
-    z = cal.standardised(x_test[x_train.columns].to_numpy())
-    logit = np.asarray(cal.intercept[0])[None, :] + z @ np.asarray(cal.coef[0]).T
-    return 1.0 / (1.0 + np.exp(-logit))
+    return cal.predict(x_test[x_train.columns].to_numpy(), w)
 
 
 def learned_probabilities(data: ReplayData, calibration_data: ReplayData | None = None, *,
