@@ -502,7 +502,7 @@ class _TableWriter:
             pq.write_table(arrow, file, **self.options)
             if not self.no_manifest:
                 try:
-                    self.entries.append(describe_part(file))
+                    self.entries.append(describe_part(file, arrow))
                 except InputFileError as exc:  # e.g. dtype is a problem field: parts mix dtypes
                     self.no_manifest = exc.reason
         self.parts += 1

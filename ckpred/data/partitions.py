@@ -25,8 +25,11 @@ MANIFEST = "_ckpred_partitions.json"
 COMBO_COLUMNS: tuple[str, ...] = ("arch", "dtype", "layout")
 
 
-def describe_part(file: str | Path) -> dict[str, Any]:
+def describe_part(file: str | Path, table: Any = None) -> dict[str, Any]:
     """The manifest entry of one Parquet part: its name, row count and its one combo.
+
+    ``table`` is the part's pyarrow table when the caller has just written it (the file is not
+    read again); otherwise the combo columns are read from ``file``.
 
     Raises
     ------
@@ -35,11 +38,13 @@ def describe_part(file: str | Path) -> dict[str, Any]:
         columns: the Dask backend computes a partition's hardware features from its one combo.
     """
     path = Path(file)
-    absent = [c for c in COMBO_COLUMNS if c not in pq.read_schema(path).names]
+    names = table.schema.names if table is not None else pq.read_schema(path).names
+    absent = [c for c in COMBO_COLUMNS if c not in names]
     if absent:
         raise InputFileError(str(path), f"no column {absent} (the op makes it a problem field, so one file may mix "
                                         "values); allowed: one arch, dtype and layout per partition file")
-    table = pq.read_table(path, columns=list(COMBO_COLUMNS))
+    if table is None:
+        table = pq.read_table(path, columns=list(COMBO_COLUMNS))
     combo: dict[str, str] = {}
     for column in COMBO_COLUMNS:
         values = pc.unique(table.column(column)).to_pylist()
