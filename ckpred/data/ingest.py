@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ckpred.util import resolve_path
 from ckpred.data.mapping import InputMapping, map_rows, op_flops
@@ -58,7 +59,7 @@ from ckpred.data.readers import (CHUNKED_READERS, READERS, TABLE_READERS, FileRe
                                  detect_table_format)
 from ckpred.data.readers.common import KernelResolver, Reject, RowBuffer
 from ckpred.data.readers.table_parquet import is_canonical
-from ckpred.data.table import canonical_schema, conform
+from ckpred.data.table import canonical_schema, conform_arrow
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.util import atomic_dir, atomic_path
@@ -208,11 +209,11 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
         ``fmt`` is not a known format.
     """
     rejects: list[Reject] = []
-    tables: list[pd.DataFrame] = []
+    tables: list[pa.Table] = []
     summary = _run(paths, op, arch=arch, dtype=dtype, layout=layout, fmt=fmt, run_id=run_id, mapping=mapping,
                    arch_config=arch_config, chunk_bytes=chunk_bytes, vectorised=vectorised, partitions=None,
                    on_rejects=rejects.extend, on_table=tables.append)
-    table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
+    table = (pa.concat_tables(tables) if len(tables) > 1 else tables[0]).to_pandas()
     reject_frame = pd.DataFrame([(r.source, r.reason, r.raw) for r in rejects], columns=list(REJECT_COLUMNS))
     return IngestResult(table=table, rejects=reject_frame, summary=summary)
 
@@ -273,11 +274,13 @@ def ingest_to_parquet(paths: str | Path | Iterable[str | Path], op: OpDefinition
 def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: str, dtype: str, layout: str,
          fmt: str, run_id: str, mapping: InputMapping | None, arch_config: Any, chunk_bytes: int,
          vectorised: bool, partitions: tuple[int, Path] | None, on_rejects: Callable[[list[Reject]], None],
-         on_table: Callable[[pd.DataFrame], None]) -> IngestSummary:
+         on_table: Callable[[pa.Table], None]) -> IngestSummary:
     """The one ingestion: read and check in chunks, partition, then merge each partition.
 
     ``partitions`` is ``None`` (one partition, in memory: the table in order of first
-    appearance) or (count, spill directory). Rejects and table parts go to the callbacks.
+    appearance) or (count, spill directory). Rejects and canonical table parts (arrow tables)
+    go to the callbacks. Rows travel as arrow tables: columns are never consolidated or
+    converted to Python objects, and a spilled partition is written and read back as is.
     """
     if fmt not in FORMATS:
         raise ConfigValueError("data.format", fmt, f"one of {list(FORMATS)}")
@@ -297,49 +300,50 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
     n_rows = n_rejects = 0
     rejected: Counter[str] = Counter()
     for path in files:
-        for frame, rejects in _file_chunks(path, fmt, mapping, op, resolver, summary, labels[path], arch=arch,
-                                           dtype=dtype, layout=layout, run_id=run_id, chunk_bytes=chunk_bytes,
-                                           vectorised=vectorised):
+        for rows, rejects in _file_chunks(path, fmt, mapping, op, resolver, summary, labels[path], arch=arch,
+                                          dtype=dtype, layout=layout, run_id=run_id, chunk_bytes=chunk_bytes,
+                                          vectorised=vectorised):
             for h, value in headers:
-                if h in frame.columns and h not in op.problem_names:
+                if h in rows.column_names and h not in op.problem_names:
                     seen.add(h)
-                    frame[h] = frame[h].where(frame[h].notna(), value)
-            store.add(_validate(frame, op))
-            n_rows += len(frame)
+                    rows = _filled(rows, h, value)
+            store.add(_validate(rows, op))
+            n_rows += rows.num_rows
             n_rejects += len(rejects)
             rejected.update(_category(r.reason) for r in rejects)
             on_rejects(rejects)
-            del frame, rejects
+            del rows, rejects
     per_row = [h for h, _ in headers if h in seen]
     summary.records = n_rows + n_rejects
     summary.rejected = dict(rejected)
     summary.merge_key = (*op.problem_names, *per_row)
-    kernels = resolver.frame()
+    kernels = _kernel_columns(resolver, op)
     invalid: Counter[str] = Counter()
     for rows in store.parts():
         for h, value in headers:
             if h in per_row:
-                rows[h] = rows[h].where(rows[h].notna(), value) if h in rows.columns else value
+                rows = _filled(rows, h, value)
         rows = _check_rules(rows, op, resolver, arch=arch_config if arch_config is not None else arch, dtype=dtype,
                             layout=layout)
-        valid = rows["is_valid"].to_numpy(dtype=bool)
+        valid = _numpy(rows, "is_valid")
         summary.valid += int(valid.sum())
-        invalid.update(_category(r) for r in rows["invalid_reason"].to_numpy(dtype=object)[~valid])
+        if not valid.all():
+            invalid.update(_reason_counts(rows.column("invalid_reason").filter(pa.array(~valid))))
         table, superseded = _merge(rows, op, per_row)
         del rows
         summary.superseded += len(superseded)
         on_rejects(superseded)
-        codes = table.pop("kernel").to_numpy()
-        for name in (*op.kernel_names, "kernel_name"):
-            # take() on the unique-kernel columns: string fields stay compact arrow arrays
-            table[name] = kernels[name].array.take(codes) if len(kernels) else np.array([], dtype=object)
+        codes = _numpy(table, "kernel")
+        table = table.drop_columns(["kernel"])
+        for name, values in kernels.items():
+            table = _set(table, name, values[codes] if isinstance(values, np.ndarray) else
+                         values.take(pa.array(codes)) if len(values) else pa.array([], values.type))
         for name, value in (("op", op.name), ("arch", arch), ("dtype", dtype), ("layout", layout)):
             if name not in op.problem_names and name not in per_row:  # else the row's own value
-                # one arrow string repeated: no column of Python references to convert
-                table[name] = pa.repeat(pa.scalar(str(value), pa.string()), len(table)).to_pandas()
-        table = conform(table, op)
-        summary.rows += len(table)
-        summary.valid_rows += int(table["is_valid"].sum())
+                table = table.append_column(name, pa.repeat(pa.scalar(str(value), pa.string()), table.num_rows))
+        table = conform_arrow(table, op)
+        summary.rows += table.num_rows
+        summary.valid_rows += int(_numpy(table, "is_valid").sum())
         on_table(table)
     summary.invalid = dict(invalid)
     return summary
@@ -347,8 +351,8 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
 
 def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefinition, resolver: KernelResolver,
                  summary: IngestSummary, label: str, *, arch: str, dtype: str, layout: str, run_id: str,
-                 chunk_bytes: int, vectorised: bool) -> Iterator[tuple[pd.DataFrame, list[Reject]]]:
-    """(row frame, rejects) of each chunk of one file; records the file's format in ``summary``."""
+                 chunk_bytes: int, vectorised: bool) -> Iterator[tuple[pa.Table, list[Reject]]]:
+    """(rows, rejects) of each chunk of one file; records the file's format in ``summary``."""
     table_reader, file_fmt = _reader_of(path, fmt, mapping, op)
     summary.formats.append(file_fmt or "empty")
     if file_fmt is None:  # empty file: nothing to read, nothing lost
@@ -359,12 +363,12 @@ def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefin
             raw = TABLE_READERS[file_fmt](path, ctx)
             mapped = map_rows(raw, op, mapping, resolver,  # type: ignore[arg-type]
                               label=label, run_id=run_id or label)
-            yield mapped.frame, raw.rejects + mapped.rejects
+            yield _frame_rows(mapped.frame), raw.rejects + mapped.rejects
             return
         chunked = CHUNKED_READERS.get(file_fmt) if vectorised else None
         reads = chunked(path, ctx, chunk_bytes) if chunked is not None else iter([READERS[file_fmt](path, ctx)])
         for read in reads:
-            yield (read.frame if read.frame is not None else _buffer_frame(read, op, run_id or label, label)), \
+            yield (_frame_rows(read.frame) if read.frame is not None else _buffer_rows(read, op, run_id or label, label)), \
                 read.rejects
             if read.declared_records is not None and read.found_records is not None \
                     and read.found_records < read.declared_records:
@@ -380,53 +384,54 @@ class _Partitions:
 
     One partition keeps the chunks in memory (all of the input fits in one chunk, or the
     caller wants the table in memory anyway); more spill each chunk's share of every
-    partition to ``spill`` (pickle: the frame's exact dtypes come back) and read a partition
-    back only when it is merged, so memory holds one chunk or one partition at a time.
+    partition to ``spill`` (Arrow IPC: the columns are written and read back as they are)
+    and read a partition back only when it is merged, so memory holds one chunk or one
+    partition at a time.
     """
 
     def __init__(self, op: OpDefinition, count: int, spill: Path | None) -> None:
         self.op, self.count, self.spill = op, count, spill
-        self.frames: list[pd.DataFrame] = []
+        self.tables: list[pa.Table] = []
         self.chunks = 0
 
-    def add(self, frame: pd.DataFrame) -> None:
+    def add(self, rows: pa.Table) -> None:
         if self.spill is None or self.count == 1:  # one partition: the files fit in one chunk
-            self.frames.append(frame)
+            self.tables.append(rows)
             return
-        import pickle
-
-        part = partition_of(frame[list(hash_columns(self.op))], self.count)
+        part = partition_of(rows.select(list(hash_columns(self.op))).to_pandas(), self.count)
         order = np.argsort(part, kind="stable")
         bounds = np.searchsorted(part[order], np.arange(self.count + 1))
         for p in range(self.count):
             if bounds[p] == bounds[p + 1]:
                 continue
-            piece = frame.take(order[bounds[p]:bounds[p + 1]])
-            with open(self.spill / f"p{p:05d}-c{self.chunks:06d}.pkl", "wb") as fh:
-                pickle.dump(piece, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            piece = rows.take(pa.array(order[bounds[p]:bounds[p + 1]]))
+            with pa.ipc.new_file(str(self.spill / f"p{p:05d}-c{self.chunks:06d}.arrow"), piece.schema) as writer:
+                writer.write_table(piece)
         self.chunks += 1
 
-    def parts(self) -> Iterator[pd.DataFrame]:
+    def parts(self) -> Iterator[pa.Table]:
         """Each non-empty partition (all partitions' rows in order of first appearance)."""
         if self.spill is None or self.count == 1:
-            frames, self.frames = self.frames, []
-            if not frames:
-                yield _validate(_buffer_frame(None, self.op, ""), self.op)
-                return
-            yield pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+            tables, self.tables = self.tables, []
+            yield _joined_chunks(tables) if tables else _validate(_buffer_rows(None, self.op, ""), self.op)
             return
-        import pickle
-
         for p in range(self.count):
-            names = sorted(self.spill.glob(f"p{p:05d}-c*.pkl"))
+            names = sorted(self.spill.glob(f"p{p:05d}-c*.arrow"))
             if not names:
                 continue
-            frames = []
+            tables = []
             for name in names:
-                with open(name, "rb") as fh:
-                    frames.append(pickle.load(fh))
+                with pa.OSFile(str(name)) as fh:
+                    tables.append(pa.ipc.open_file(fh).read_all())
                 name.unlink()
-            yield pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].reset_index(drop=True)
+            yield _joined_chunks(tables)
+
+
+def _joined_chunks(tables: list[pa.Table]) -> pa.Table:
+    """One table of contiguous columns from the row chunks ``tables`` (their columns unified:
+    a column some chunks lack is null there, as ``pd.concat`` leaves it NaN)."""
+    table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+    return table.combine_chunks()
 
 
 def hash_columns(op: OpDefinition) -> tuple[str, ...]:
@@ -491,18 +496,18 @@ class _TableWriter:
             self.writer: Any = pq.ParquetWriter(self.tmp, self.schema, **self.options)
         return self
 
-    def write(self, table: pd.DataFrame) -> None:
+    def write(self, table: pa.Table) -> None:
+        """Write one canonical part (:func:`ckpred.data.table.conform_arrow`)."""
         import pyarrow.parquet as pq
 
-        arrow = pa.Table.from_pandas(table, schema=self.schema, preserve_index=False)
         if self.single:
-            self.writer.write_table(arrow)
+            self.writer.write_table(table)
         else:
             file = self.tmp / f"part-{self.parts:05d}.parquet"
-            pq.write_table(arrow, file, **self.options)
+            pq.write_table(table, file, **self.options)
             if not self.no_manifest:
                 try:
-                    self.entries.append(describe_part(file, arrow))
+                    self.entries.append(describe_part(file, table))
                 except InputFileError as exc:  # e.g. dtype is a problem field: parts mix dtypes
                     self.no_manifest = exc.reason
         self.parts += 1
@@ -579,58 +584,125 @@ def _category(reason: str) -> str:
     return reason.split(":", 1)[0]
 
 
-def _buffer_frame(read: FileRead | None, op: OpDefinition, run_id: str, label: str = "") -> pd.DataFrame:
-    """Columns of one file's row buffer as a frame (no per-row Python work except reasons)."""
+# -- row tables --------------------------------------------------------------------------------
+def _buffer_rows(read: FileRead | None, op: OpDefinition, run_id: str, label: str = "") -> pa.Table:
+    """One chunk's row buffer as an arrow table (no per-row Python work except reasons).
+
+    Besides the canonical measurement columns: ``kernel`` (the resolver's code) and the
+    format's printing steps ``quantum_ms``/``quantum_tflops`` (for :func:`_validate`).
+    """
     rows = read.rows if read is not None else RowBuffer(op.problem_names)
     n = len(rows)
 
-    def ints(values: Any) -> np.ndarray:  # a view of the array's buffer: no copy of the big columns
+    def ints(values: Any) -> np.ndarray:  # a view of the buffer: no copy of the big columns
         return np.frombuffer(values, dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
 
     def floats(values: Any) -> np.ndarray:
-        return np.frombuffer(values, dtype=np.float64).copy() if n else np.zeros(0)
+        return np.frombuffer(values, dtype=np.float64) if n else np.zeros(0)
 
     columns: dict[str, Any] = {name: ints(values) for name, values in zip(op.problem_names, rows.problem)}
     columns["kernel"] = ints(rows.kernel)
     columns.update(tflops=floats(rows.tflops), latency_ms=floats(rows.latency), bandwidth_gbs=floats(rows.bandwidth))
-    reasons = np.full(n, "", dtype=object)
-    for i, reason in rows.reasons.items():
-        reasons[i] = reason
-    columns["invalid_reason"] = pd.Series(reasons, dtype=object)  # object: no string inference
+    at = np.fromiter(sorted(rows.reasons), dtype=np.int64, count=len(rows.reasons))
+    columns["invalid_reason"] = _replaced(_empty_texts(n), at, [rows.reasons[i] for i in at.tolist()])
     if rows.sources is not None:
-        columns["source"] = np.asarray(rows.sources, dtype=object)
-    else:  # one vectorised build of compact arrow strings instead of a million f-strings
-        import pyarrow.compute as pc
-
-        columns["source"] = pc.binary_join_element_wise(
-            pa.scalar(f"{label}:"), pc.cast(pa.array(ints(rows.line)), pa.string()), "").to_pandas()
+        columns["source"] = pa.array(rows.sources, pa.string())
+    else:  # one vectorised build of arrow strings instead of a million f-strings
+        columns["source"] = pc.binary_join_element_wise(pa.scalar(f"{label}:"), pc.cast(pa.array(ints(rows.line)),
+                                                                                          pa.string()), "")
     if rows.run_ids is not None:
-        columns["run_id"] = np.asarray([r or run_id for r in rows.run_ids], dtype=object)
-    else:  # one arrow string repeated, not a million Python references to convert
-        columns["run_id"] = pa.repeat(pa.scalar(run_id, pa.string()), n).to_pandas()
+        columns["run_id"] = pa.array([r or run_id for r in rows.run_ids], pa.string())
+    else:
+        columns["run_id"] = pa.repeat(pa.scalar(run_id, pa.string()), n)
     columns["repeats"] = ints(rows.repeats) if rows.repeats is not None else np.ones(n, dtype=np.int64)
     columns["spread"] = floats(rows.spreads) if rows.spreads is not None else np.full(n, np.nan)
     columns["quantum_ms"] = np.full(n, rows.quantum_ms)
     columns["quantum_tflops"] = np.full(n, rows.quantum_tflops)
-    return pd.DataFrame(columns)
+    return pa.table(columns)
+
+
+def _frame_rows(frame: pd.DataFrame) -> pa.Table:
+    """A reader's row frame (columns as :func:`_buffer_rows` gives them) as an arrow table."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    # pandas' own string columns arrive as large_string: one text type throughout
+    return table.cast(pa.schema([f.with_type(pa.string()) if pa.types.is_large_string(f.type) else f
+                                 for f in table.schema]))
+
+
+def _empty_texts(n: int) -> pa.Array:
+    """``n`` empty strings (one zeroed offsets buffer)."""
+    return pa.StringArray.from_buffers(n, pa.py_buffer(np.zeros(n + 1, dtype=np.int32)), pa.py_buffer(b""))
+
+
+def _replaced(column: Any, at: np.ndarray, values: Sequence[str]) -> Any:
+    """The text ``column`` with ``values`` at the ascending positions ``at``."""
+    if not len(at):
+        return column
+    return _patched(column, at, pa.array(list(values), pa.string()))
+
+
+def _numpy(table: pa.Table, name: str) -> np.ndarray:
+    """Column ``name`` as a numpy array (read-only view when arrow allows; null floats NaN)."""
+    column = table.column(name)
+    array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return array.to_numpy(zero_copy_only=False)
+
+
+def _set(table: pa.Table, name: str, values: Any) -> pa.Table:
+    """``table`` with column ``name`` replaced by (or appended as) ``values``."""
+    if isinstance(values, np.ndarray):
+        values = pa.array(values)
+    at = table.schema.get_field_index(name)
+    return table.set_column(at, name, values) if at >= 0 else table.append_column(name, values)
+
+
+def _filled(table: pa.Table, name: str, value: str) -> pa.Table:
+    """``table`` with the nulls of text column ``name`` set to ``value`` (the run's own)."""
+    column = table.column(name)
+    if not pa.types.is_string(column.type):
+        column = column.cast(pa.string())
+    return _set(table, name, pc.fill_null(column, value))
+
+
+def _reason_counts(reasons: Any) -> Counter[str]:
+    """Rows per reason category of the text array ``reasons``."""
+    counts = pc.value_counts(reasons)
+    out: Counter[str] = Counter()
+    for reason, count in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
+        out[_category(reason or "")] += count
+    return out
+
+
+def _kernel_columns(resolver: KernelResolver, op: OpDefinition) -> dict[str, np.ndarray | pa.Array]:
+    """Each kernel field and ``kernel_name`` of every resolved kernel, by code: numbers as
+    numpy arrays (a row's value is then one numpy take), text as arrow arrays."""
+    kernels = resolver.frame()
+    columns: dict[str, np.ndarray | pa.Array] = {}
+    for name in (*op.kernel_names, "kernel_name"):
+        values = pa.array(kernels[name])
+        numeric = len(values) and not values.null_count and (pa.types.is_integer(values.type)
+                                                             or pa.types.is_floating(values.type))
+        columns[name] = values.to_numpy() if numeric else values
+    return columns
 
 
 # -- checks ------------------------------------------------------------------------------------
-def _validate(rows: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
+def _validate(rows: pa.Table, op: OpDefinition) -> pa.Table:
     """Mark rows invalid (first reason wins) and zero the TFLOPS of every invalid row."""
-    t = rows["tflops"].to_numpy(np.float64)
-    lat = rows["latency_ms"].to_numpy(np.float64)
-    bw = rows["bandwidth_gbs"].to_numpy(np.float64)
-    reason = rows["invalid_reason"].to_numpy(dtype=object).copy()
-    free = reason == ""
+    t = np.asarray(_numpy(rows, "tflops"), dtype=np.float64)
+    lat = np.asarray(_numpy(rows, "latency_ms"), dtype=np.float64)
+    bw = np.asarray(_numpy(rows, "bandwidth_gbs"), dtype=np.float64)
+    given = pc.fill_null(rows.column("invalid_reason"), "")
+    free = np.asarray(pc.equal(given, "").to_numpy(zero_copy_only=False), dtype=bool).copy()
+    new: dict[int, str] = {}
     # A throughput metric without a FLOPs formula gives no latency: NaN there is not a defect.
-    latency_known = (rows["latency_known"].fillna(True).to_numpy(dtype=bool) if "latency_known" in rows
-                     else np.ones(len(rows), dtype=bool))
+    latency_known = (np.asarray(pc.fill_null(rows.column("latency_known"), True).to_numpy(zero_copy_only=False),
+                                dtype=bool) if "latency_known" in rows.column_names else np.ones(len(rows), dtype=bool))
 
     def mark(mask: np.ndarray, text: Any) -> None:
         hit = np.flatnonzero(mask & free)
-        for i in hit:
-            reason[i] = text(i) if callable(text) else text
+        for i in hit.tolist():
+            new[i] = text(i) if callable(text) else text
         free[hit] = False
 
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -643,9 +715,9 @@ def _validate(rows: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
         mark(np.isinf(bw), lambda i: f"infinite value: bandwidth_gbs={bw[i]}")
         mark(bw < 0, lambda i: f"negative value: bandwidth_gbs={bw[i]}")
         if free.any():
-            flops = op_flops(op, rows)
-            qt = rows["quantum_tflops"].to_numpy(np.float64)
-            ql = rows["quantum_ms"].to_numpy(np.float64)
+            flops = op_flops(op, rows.select(list(op.problem_names)).to_pandas())
+            qt = np.asarray(_numpy(rows, "quantum_tflops"), dtype=np.float64)
+            ql = np.asarray(_numpy(rows, "quantum_ms"), dtype=np.float64)
             lo = np.maximum(t - qt, 0.0) * np.maximum(lat - ql, 0.0) * 1e9
             hi = (t + qt) * (lat + ql) * 1e9
             ok = (hi >= flops * (1 - CONSISTENCY_RTOL)) & (lo <= flops * (1 + CONSISTENCY_RTOL))
@@ -657,22 +729,22 @@ def _validate(rows: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
                         f"{flops[i]:.6g} FLOPs give {implied:.6g} (tolerance {CONSISTENCY_RTOL:.0%})")
 
             mark(known & ~ok, inconsistent)
-    valid = reason == ""
-    out = rows.drop(columns=[c for c in ("quantum_ms", "quantum_tflops", "latency_known") if c in rows])
-    out["invalid_reason"] = pd.Series(reason, index=out.index, dtype=object)
-    out["is_valid"] = valid
-    # The canonical table's convention for failures: TFLOPS 0, latency a real number.
-    out.loc[~valid, "tflops"] = 0.0
-    bad_latency = ~valid & ~(np.isfinite(lat) & (lat >= 0))  # valid rows of unknown latency keep NaN
-    out.loc[bad_latency, "latency_ms"] = 0.0
-    out.loc[~valid & ~(np.isfinite(bw) & (bw >= 0)), "bandwidth_gbs"] = np.nan
+    valid = free
+    at = np.fromiter(sorted(new), dtype=np.int64, count=len(new))
+    out = rows.drop_columns([c for c in ("quantum_ms", "quantum_tflops", "latency_known") if c in rows.column_names])
+    out = _set(out, "invalid_reason", _replaced(given, at, [new[i] for i in at.tolist()]))
+    out = _set(out, "is_valid", pa.array(valid))
+    if not valid.all():
+        # The canonical table's convention for failures: TFLOPS 0, latency a real number.
+        out = _set(out, "tflops", np.where(valid, t, 0.0))
+        bad_latency = ~valid & ~(np.isfinite(lat) & (lat >= 0))  # valid rows of unknown latency keep NaN
+        out = _set(out, "latency_ms", np.where(bad_latency, 0.0, lat))
+        out = _set(out, "bandwidth_gbs", np.where(~valid & ~(np.isfinite(bw) & (bw >= 0)), np.nan, bw))
     return out
 
 
-
-
-def _check_rules(rows: pd.DataFrame, op: OpDefinition, resolver: KernelResolver, *, arch: Any, dtype: str,
-                 layout: str) -> pd.DataFrame:
+def _check_rules(rows: pa.Table, op: OpDefinition, resolver: KernelResolver, *, arch: Any, dtype: str,
+                 layout: str) -> pa.Table:
     """Mark invalid the measurements of a problem the op's rules say no kernel can run.
 
     When the op's validity rules (:meth:`OpDefinition.validity`) refuse *every* kernel measured
@@ -682,7 +754,7 @@ def _check_rules(rows: pd.DataFrame, op: OpDefinition, resolver: KernelResolver,
     the hardware must not erase data). An op whose rules cannot be evaluated here (a rule
     needing an arch constant the run does not have) is not judged.
     """
-    valid = rows["is_valid"].to_numpy(dtype=bool)
+    valid = _numpy(rows, "is_valid")
     if not valid.any():
         return rows
     kernels = resolver.frame()
@@ -690,17 +762,18 @@ def _check_rules(rows: pd.DataFrame, op: OpDefinition, resolver: KernelResolver,
     kernels = kernels.astype({c: "category" for c in op.kernel_names if not pd.api.types.is_numeric_dtype(kernels[c])
                               and not pd.api.types.is_bool_dtype(kernels[c])})[list(op.kernel_names)]
     idx = np.flatnonzero(valid)
-    codes = rows["kernel"].to_numpy()[idx]
+    codes = _numpy(rows, "kernel")[idx]
     # a table that gives each row its arch is judged with each arch's own constants
-    row_arch = (rows["arch"].to_numpy(dtype=object)[idx] if "arch" in rows.columns and "arch" not in op.problem_names
+    per_row_arch = "arch" in rows.column_names and "arch" not in op.problem_names
+    row_arch = (rows.column("arch").take(pa.array(idx)).to_numpy(zero_copy_only=False) if per_row_arch
                 else np.full(len(idx), getattr(arch, "name", arch), dtype=object))
-    problem_id = group_ids([*(rows[c].to_numpy()[idx] for c in op.problem_names), row_arch])
+    problem_id = group_ids([*(_numpy(rows, c)[idx] for c in op.problem_names), *([row_arch] if per_row_arch else [])])
 
     def judge(at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(may run, rule message) of the valid measurements at positions ``at``."""
         ok = np.ones(len(at), dtype=bool)
         why = np.full(len(at), "", dtype=object)
-        problems = rows.iloc[idx[at]][list(op.problem_names)].reset_index(drop=True)
+        problems = rows.select(list(op.problem_names)).take(pa.array(idx[at])).to_pandas()
         kernel_rows = kernels.iloc[codes[at]].reset_index(drop=True)
         names = row_arch[at]
         for name in pd.unique(names):
@@ -730,14 +803,15 @@ def _check_rules(rows: pd.DataFrame, op: OpDefinition, resolver: KernelResolver,
     dead = runnable[problem_id[at]] == 0
     if not dead.any():
         return rows
-    idx = idx[at]
-    bad = idx[dead]
-    reasons = rows["invalid_reason"].to_numpy(dtype=object).copy()
-    reasons[bad] = [f"rule violation: {w or 'the op rules out every kernel for this problem'}" for w in why[dead]]
-    rows = rows.assign(invalid_reason=reasons)
-    rows.loc[bad, "is_valid"] = False
-    rows.loc[bad, "tflops"] = 0.0
-    return rows
+    bad = idx[at][dead]  # ascending: idx and at are
+    rows = _set(rows, "invalid_reason", _replaced(
+        rows.column("invalid_reason").combine_chunks(), bad,
+        [f"rule violation: {w or 'the op rules out every kernel for this problem'}" for w in why[dead]]))
+    is_valid = valid.copy()
+    is_valid[bad] = False
+    tflops = np.array(_numpy(rows, "tflops"), dtype=np.float64)
+    tflops[bad] = 0.0
+    return _set(_set(rows, "is_valid", pa.array(is_valid)), "tflops", tflops)
 
 
 def _arch_named(name: Any, run_arch: Any) -> Any:
@@ -758,52 +832,67 @@ def _arch_named(name: Any, run_arch: Any) -> Any:
 def group_ids(columns: Sequence[Any]) -> np.ndarray:
     """Group number of each row of the key ``columns``, groups numbered by first appearance.
 
-    The same numbering as ``DataFrame.groupby(keys, sort=False, dropna=False).ngroup()``, by
-    hashing each column once (``pd.factorize``) and combining the codes column by column,
-    which avoids pandas' group-by machinery over the whole frame.
+    The same numbering as ``DataFrame.groupby(keys, sort=False, dropna=False).ngroup()``.
+    The columns are combined into one integer code (an integer column of a small range by
+    its offset from the minimum, any other by ``pd.factorize``), which is factorized once:
+    no group-by machinery over the whole frame, one hash pass instead of one per column.
     """
     if not len(columns):
         return np.zeros(0, dtype=np.int64)
     gid = np.zeros(len(columns[0]), dtype=np.int64)
     groups = 1
     for values in columns:
-        codes, uniques = pd.factorize(values, use_na_sentinel=False)
-        width = max(len(uniques), 1)
+        values = np.asarray(values)
+        if values.dtype.kind in "iub" and len(values):
+            low, high = int(values.min()), int(values.max())
+            codes, width = values.astype(np.int64) - low, high - low + 1
+        else:
+            codes, uniques = pd.factorize(values, use_na_sentinel=False)
+            width = len(uniques)
+        width = max(width, 1)
         if groups * width >= 1 << 62:  # keep the combined code in int64
             gid, uniques_gid = pd.factorize(gid)
             groups = max(len(uniques_gid), 1)
+            if groups * width >= 1 << 62:  # a wide integer range: hash it after all
+                codes, uniques = pd.factorize(values, use_na_sentinel=False)
+                width = max(len(uniques), 1)
         gid = gid * width + codes
         groups *= width
     return pd.factorize(gid)[0].astype(np.int64, copy=False)
 
 
-def _merge(rows: pd.DataFrame, op: OpDefinition, extra: Sequence[str] = ()) -> tuple[pd.DataFrame, list[Reject]]:
+def _merge(rows: pa.Table, op: OpDefinition, extra: Sequence[str] = ()) -> tuple[pa.Table, list[Reject]]:
     """One row per (problem, kernel): medians over valid repeats (see the module docstring).
 
     The output keeps each pair's first row (one copy of the table, in order of first
     appearance) and overwrites only the pairs measured more than once.
     """
     keys = [*op.problem_names, *extra, "kernel"]
-    if not len(rows):
+    if not rows.num_rows:
         return rows, []
-    gid = group_ids([rows[c].to_numpy() for c in keys])
+    gid = group_ids([_numpy(rows, c) for c in keys])
     counts = np.bincount(gid)
     multi = counts[gid] > 1
     if not multi.any():
         return rows, []
     _, first = np.unique(gid, return_index=True)
-    out = rows.take(first).reset_index(drop=True)  # row g is group g
-    sub = rows.loc[multi].assign(_gid=gid[multi])
+    out = rows.take(pa.array(first))  # row g is group g
+    at = np.flatnonzero(multi)
+    sub_gid = gid[at]
     multi_ids = np.flatnonzero(counts > 1)
-    sources, run_ids = _joined(sub, multi_ids)
-    # whole columns are replaced (a patched copy): .loc writes into many columns cost more
-    columns: dict[str, Any] = {"source": _patched(out["source"], multi_ids, sources),
-                               "run_id": _patched(out["run_id"], multi_ids, run_ids)}
-    repeats = out["repeats"].to_numpy(dtype=np.int64, copy=True)
-    sub_gid = sub["_gid"].to_numpy()
+    sub_at = pa.array(at)
+    sources, run_ids = _joined(rows.column("source").take(sub_at), rows.column("run_id").take(sub_at), sub_gid,
+                               multi_ids)
+    columns: dict[str, Any] = {"source": _patched(out.column("source"), multi_ids, sources),
+                               "run_id": _patched(out.column("run_id"), multi_ids, run_ids)}
+    sub = pd.DataFrame({"_gid": sub_gid, "is_valid": _numpy(rows, "is_valid")[at],
+                        **{c: np.asarray(_numpy(rows, c), dtype=np.float64)[at]
+                           for c in ("tflops", "latency_ms", "bandwidth_gbs")},
+                        "repeats": _numpy(rows, "repeats")[at]})
+    repeats = np.array(_numpy(out, "repeats"), dtype=np.int64)
     repeats[multi_ids] = np.bincount(sub_gid, weights=sub["repeats"].to_numpy(np.float64),
-                                     minlength=len(out))[multi_ids].astype(np.int64)
-    spread = out["spread"].to_numpy(dtype=np.float64, copy=True)
+                                     minlength=len(first))[multi_ids].astype(np.int64)
+    spread = np.array(_numpy(out, "spread"), dtype=np.float64)
     spread[multi_ids] = np.nan
     valid = sub[sub["is_valid"]].groupby("_gid")
     stats = pd.DataFrame({
@@ -813,72 +902,69 @@ def _merge(rows: pd.DataFrame, op: OpDefinition, extra: Sequence[str] = ()) -> t
     })
     idx = stats.index.to_numpy()
     for col in ("tflops", "latency_ms", "bandwidth_gbs"):
-        values = out[col].to_numpy(dtype=np.float64, copy=True)
+        values = np.array(_numpy(out, col), dtype=np.float64)
         values[idx] = stats[col].to_numpy()
         columns[col] = values
     repeats[idx] = stats["repeats"].to_numpy()
     columns["repeats"] = repeats
     spread[idx] = ((stats["tmax"] - stats["tmin"]) / stats["tflops"]).where(stats["n"] >= 2).to_numpy()
     columns["spread"] = spread
-    is_valid = out["is_valid"].to_numpy(dtype=bool, copy=True)
+    is_valid = np.array(_numpy(out, "is_valid"), dtype=bool)
     is_valid[idx] = True
-    columns["is_valid"] = is_valid
-    reasons = out["invalid_reason"].to_numpy(dtype=object, copy=True)
-    reasons[idx] = ""
-    columns["invalid_reason"] = reasons
+    columns["is_valid"] = pa.array(is_valid)
+    columns["invalid_reason"] = _replaced(out.column("invalid_reason").combine_chunks(), idx, [""] * len(idx))
     for col, values in columns.items():
-        out[col] = values
-    superseded_rows = sub[~sub["is_valid"] & sub["_gid"].isin(idx)]
-    superseded = [Reject(r.source, f"superseded: {r.invalid_reason} (a valid repeat of this problem and "
-                                   "kernel is in the table)", f"tflops={r.tflops} latency_ms={r.latency_ms}")
-                  for r in superseded_rows.itertuples(index=False)]
+        out = _set(out, col, values)
+    dropped = at[~sub["is_valid"].to_numpy() & np.isin(sub_gid, idx)]
+    superseded = []
+    if len(dropped):
+        lost = rows.select(["source", "invalid_reason", "tflops", "latency_ms"]).take(pa.array(dropped)).to_pydict()
+        superseded = [Reject(source, f"superseded: {reason} (a valid repeat of this problem and kernel is in the "
+                                     "table)", f"tflops={t} latency_ms={lat}")
+                      for source, reason, t, lat in zip(lost["source"], lost["invalid_reason"], lost["tflops"],
+                                                        lost["latency_ms"])]
     return out, superseded
 
 
-def _arrow_text(column: pd.Series) -> pa.Array:
-    """A text column as one arrow string array (no copy when it is arrow-backed already)."""
-    values = pa.array(column.array, pa.string()) if len(column) else pa.array([], pa.string())
-    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+def _patched(column: Any, at: np.ndarray, values: pa.Array) -> pa.Array:
+    """The text ``column`` with the text array ``values`` at the ascending positions ``at``."""
+    base = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    mask = np.zeros(len(base), dtype=bool)
+    mask[at] = True
+    return pc.replace_with_mask(base.cast(pa.string()), pa.array(mask), values.cast(pa.string()))
 
 
-def _patched(column: pd.Series, at: np.ndarray, values: pa.Array) -> pd.Series:
-    """``column`` (text) with ``values`` at the positions ``at``, built as one arrow take."""
-    base = _arrow_text(column)
-    index = np.arange(len(column), dtype=np.int64)
-    index[at] = len(column) + np.arange(len(at), dtype=np.int64)
-    merged = pa.concat_arrays([base, values.cast(pa.string())]).take(pa.array(index))
-    return pd.Series(merged.to_pandas(), index=column.index)
-
-
-def _joined(sub: pd.DataFrame, order: pd.Index) -> tuple[pa.Array, pa.Array]:
-    """``;``-joined sources and distinct run ids of each group, in ``order`` of group ids.
+def _joined(sources: Any, run_ids: Any, gid: np.ndarray, order: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """``;``-joined ``sources`` and distinct ``run_ids`` of each group ``gid``, in ``order`` of
+    group ids.
 
     Vectorised with arrow list joins: pandas' ``agg(";".join)`` takes the pure-Python path,
     slow for the tens of thousands of groups of a large sweep.
     """
-    import pyarrow.compute as pc
-
-    gid = sub["_gid"].to_numpy()
     sort = np.argsort(gid, kind="stable")
     sorted_gid = gid[sort]
     starts = np.flatnonzero(np.r_[True, sorted_gid[1:] != sorted_gid[:-1]])
-    position = {g: i for i, g in enumerate(sorted_gid[starts].tolist())}
-    pick = np.array([position[g] for g in np.asarray(order).tolist()], dtype=np.int64)
+    position = np.zeros(int(sorted_gid.max()) + 1 if len(sorted_gid) else 0, dtype=np.int64)
+    position[sorted_gid[starts]] = np.arange(len(starts))
+    pick = pa.array(position[np.asarray(order, dtype=np.int64)])
 
-    def join(values: pd.Series, keep: np.ndarray) -> pa.Array:
+    def join(values: Any, keep: np.ndarray) -> pa.Array:
         kept_gid = sorted_gid[keep]
         offsets = np.r_[np.flatnonzero(np.r_[True, kept_gid[1:] != kept_gid[:-1]]), len(kept_gid)]
-        text = _arrow_text(values).take(pa.array(sort[keep]))
-        joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), text), ";")
-        return joined.take(pa.array(pick))
+        text = values.take(pa.array(sort[keep]))
+        text = text.combine_chunks() if isinstance(text, pa.ChunkedArray) else text
+        joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), text.cast(pa.string())), ";")
+        return joined.take(pick)
 
-    sources = join(sub["source"], np.ones(len(sort), dtype=bool))
+    joined_sources = join(sources, np.ones(len(sort), dtype=bool))
     # distinct run ids per group, in order of first appearance
-    run_codes = pd.factorize(sub["run_id"].to_numpy(dtype=object)[sort])[0]
+    encoded = run_ids.take(pa.array(sort)).dictionary_encode()
+    encoded = encoded.combine_chunks() if isinstance(encoded, pa.ChunkedArray) else encoded
+    run_codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     _, first = np.unique(sorted_gid.astype(np.int64) * (int(run_codes.max()) + 1) + run_codes, return_index=True)
     keep = np.zeros(len(sort), dtype=bool)
     keep[first] = True
-    return sources, join(sub["run_id"], keep)
+    return joined_sources, join(run_ids, keep)
 
 
 # -- reporting ---------------------------------------------------------------------------------

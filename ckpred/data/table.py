@@ -16,6 +16,7 @@ reason: a selector that picks one of them scores 0 for that shape.
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,11 @@ def canonical_columns(op: OpDefinition) -> list[str]:
     return list(canonical_schema(op).names)
 
 
+#: Values of the optional measurement columns a source may lack.
+COLUMN_DEFAULTS: dict[str, object] = {"repeats": 1, "invalid_reason": "", "source": "", "run_id": "",
+                                      "bandwidth_gbs": np.nan, "spread": np.nan}
+
+
 def conform(frame: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
     """Return ``frame`` with exactly the canonical columns, order and dtypes.
 
@@ -83,8 +89,7 @@ def conform(frame: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
     # Columns are collected and the frame built once: inserting 40+ columns one by one costs
     # pandas an index rebuild each (60 ms per call on a 10-row table).
     out: dict[str, pd.Series] = {}
-    defaults = {"repeats": 1, "invalid_reason": "", "source": "", "run_id": "",
-                "bandwidth_gbs": np.nan, "spread": np.nan}
+    defaults = COLUMN_DEFAULTS
     schema = canonical_schema(op)
     fields = {f.name: f for f in op.problem_fields + op.kernel_fields}
     for col in schema:
@@ -113,6 +118,56 @@ def conform(frame: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
             raise TableSchemaError(f"column {name!r} cannot be converted to {col.type}: {exc}") from exc
         out[name] = values
     return pd.DataFrame(out, index=frame.index).reset_index(drop=True)
+
+
+def conform_arrow(table: pa.Table, op: OpDefinition) -> pa.Table:
+    """:func:`conform` for an arrow table: exactly the canonical columns, order and types.
+
+    The same defaults and checks; as ``pa.Table.from_pandas`` would store them, NaN in a
+    nullable float column (``bandwidth_gbs``, ``spread``) becomes null.
+
+    Raises
+    ------
+    ckpred.errors.TableSchemaError
+        When a required column is missing or cannot be converted; the message names it.
+    """
+    import pyarrow.compute as pc
+
+    schema = canonical_schema(op)
+    fields = {f.name: f for f in op.problem_fields + op.kernel_fields}
+    columns = []
+    for col in schema:
+        name = col.name
+        if name in table.column_names:
+            values = table.column(name)
+        elif name in fields and fields[name].default is not None:
+            values = pa.chunked_array([pa.repeat(pa.scalar(fields[name].default), table.num_rows)])
+        elif name in COLUMN_DEFAULTS:
+            default = COLUMN_DEFAULTS[name]
+            scalar = pa.scalar(None if default != default else default, col.type)  # NaN default: null
+            values = pa.chunked_array([pa.repeat(scalar, table.num_rows)])
+        else:
+            raise TableSchemaError(f"canonical table for op {op.name!r} needs column {name!r}; "
+                                   f"got columns {table.column_names}")
+        try:
+            if pa.types.is_integer(col.type):
+                if values.null_count:
+                    raise ValueError("null values")
+                values = values.cast(pa.int64())
+            elif pa.types.is_boolean(col.type):
+                values = values.cast(pa.bool_())
+            elif pa.types.is_floating(col.type):
+                values = values.cast(pa.float64())
+                if col.nullable:
+                    values = pc.if_else(pc.is_nan(values), pa.scalar(None, pa.float64()), values)
+                else:
+                    values = pc.fill_null(values, math.nan)
+            else:
+                values = pc.fill_null(values.cast(pa.string()), "")
+        except (TypeError, ValueError, pa.ArrowException) as exc:
+            raise TableSchemaError(f"column {name!r} cannot be converted to {col.type}: {exc}") from exc
+        columns.append(values)
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def write_table(frame: pd.DataFrame, path: str | Path, op: OpDefinition) -> Path:

@@ -71,13 +71,13 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
 #: Steps timed by ``--stages`` (module, function, label), in pipeline order.
 STAGES = (("ckpred.data.readers.csv_sweep", "_read_block", "read+check block (CSV, pyarrow)"),
           ("ckpred.data.readers.stream_log", "_read_block", "read+check block (log, msgspec)"),
-          ("ckpred.data.ingest", "_buffer_frame", "block -> row frame"),
+          ("ckpred.data.ingest", "_buffer_rows", "block -> arrow rows"),
           ("ckpred.data.ingest", "_validate", "value checks"),
           ("ckpred.data.ingest._Partitions", "add", "hash-partition + spill"),
-          ("pickle", "load", "spill read back"),
+          ("ckpred.data.ingest", "_joined_chunks", "spill read back"),
           ("ckpred.data.ingest", "_check_rules", "op rule check"),
           ("ckpred.data.ingest", "_merge", "merge repeats"),
-          ("ckpred.data.table", "conform", "canonical columns"),
+          ("ckpred.data.ingest", "conform_arrow", "canonical columns"),
           ("ckpred.data.ingest._TableWriter", "write", "Parquet write"))
 
 
