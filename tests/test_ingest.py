@@ -12,6 +12,8 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ckpred.config import compose
 from ckpred.data import load_table
@@ -713,3 +715,18 @@ def test_a_block_tile_that_is_not_whole_warp_tiles_is_invalid_by_the_ops_rule(tm
     assert (result.table["kernel_name"] == good).all() and result.table["is_valid"].all()
     assert list(result.rejects["reason"]) == ["impossible kernel: the block tile is not a whole number of warp tiles"] * 2
     assert result.rejects["raw"].str.startswith(bad + ",").all()
+
+
+@given(st.lists(st.tuples(st.integers(-3, 3), st.sampled_from(["a", "b", None]), st.integers(-2**62, 2**62)),
+                max_size=40))
+def test_group_ids_number_groups_like_pandas_and_first_rows_find_their_first_row(keys: list[tuple]) -> None:
+    """The merge key's numbering is pandas' ``ngroup`` (order of first appearance), whatever the
+    columns' types and ranges; ``first_rows`` is each group's first position."""
+    from ckpred.data.ingest import first_rows, group_ids
+
+    frame = pd.DataFrame(keys, columns=["small", "text", "wide"]).astype({"small": "int64", "wide": "int64"})
+    columns = [frame["small"].to_numpy(), frame["text"].to_numpy(dtype=object), frame["wide"].to_numpy()]
+    gid = group_ids(columns)
+    expected = frame.groupby(["small", "text", "wide"], sort=False, dropna=False).ngroup().to_numpy()
+    assert gid.tolist() == expected.tolist()
+    assert first_rows(gid).tolist() == (np.unique(gid, return_index=True)[1].tolist() if len(gid) else [])

@@ -279,8 +279,9 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
 
     ``partitions`` is ``None`` (one partition, in memory: the table in order of first
     appearance) or (count, spill directory). Rejects and canonical table parts (arrow tables)
-    go to the callbacks. Rows travel as arrow tables: columns are never consolidated or
-    converted to Python objects, and a spilled partition is written and read back as is.
+    go to the callbacks. Rows travel as arrow tables of numbers: texts (reasons, run ids) as
+    codes into the run's :class:`_Texts`, the source as (file, line); the text columns are
+    built once, when a part is written.
     """
     if fmt not in FORMATS:
         raise ConfigValueError("data.format", fmt, f"one of {list(FORMATS)}")
@@ -294,20 +295,21 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
                               layout=None if "layout" in op.problem_names else layout)
     labels = _labels(files)
     summary = IngestSummary(files=[labels[p] for p in files])
+    texts = _Texts([labels[p] for p in files])
     store = _Partitions(op, *(partitions or (1, None)))
     headers = (("arch", arch), ("dtype", dtype), ("layout", layout))
     seen: set[str] = set()  # header columns a table gives per row (input.columns.arch...)
     n_rows = n_rejects = 0
     rejected: Counter[str] = Counter()
-    for path in files:
-        for rows, rejects in _file_chunks(path, fmt, mapping, op, resolver, summary, labels[path], arch=arch,
-                                          dtype=dtype, layout=layout, run_id=run_id, chunk_bytes=chunk_bytes,
-                                          vectorised=vectorised):
+    for file, path in enumerate(files):
+        for rows, rejects in _file_chunks(path, fmt, mapping, op, resolver, summary, labels[path], texts, file,
+                                          arch=arch, dtype=dtype, layout=layout, run_id=run_id,
+                                          chunk_bytes=chunk_bytes, vectorised=vectorised):
             for h, value in headers:
                 if h in rows.column_names and h not in op.problem_names:
                     seen.add(h)
                     rows = _filled(rows, h, value)
-            store.add(_validate(rows, op))
+            store.add(_validate(rows, op, texts))
             n_rows += rows.num_rows
             n_rejects += len(rejects)
             rejected.update(_category(r.reason) for r in rejects)
@@ -319,28 +321,36 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
     summary.merge_key = (*op.problem_names, *per_row)
     kernels = _kernel_columns(resolver, op)
     invalid: Counter[str] = Counter()
-    for rows in store.parts():
+    for rows in store.parts(texts):
         for h, value in headers:
             if h in per_row:
                 rows = _filled(rows, h, value)
-        rows = _check_rules(rows, op, resolver, arch=arch_config if arch_config is not None else arch, dtype=dtype,
-                            layout=layout)
+        rows = _check_rules(rows, op, resolver, texts, arch=arch_config if arch_config is not None else arch,
+                            dtype=dtype, layout=layout)
         valid = _numpy(rows, "is_valid")
         summary.valid += int(valid.sum())
         if not valid.all():
-            invalid.update(_reason_counts(rows.column("invalid_reason").filter(pa.array(~valid))))
-        table, superseded = _merge(rows, op, per_row)
+            counts = np.bincount(_numpy(rows, "reason")[~valid])
+            for code in np.flatnonzero(counts).tolist():
+                invalid[_category(texts.values[code])] += int(counts[code])
+        table, superseded, sources = _merge(rows, op, texts, per_row)
         del rows
         summary.superseded += len(superseded)
         on_rejects(superseded)
         codes = _numpy(table, "kernel")
-        table = table.drop_columns(["kernel"])
-        for name, values in kernels.items():
-            table = _set(table, name, values[codes] if isinstance(values, np.ndarray) else
-                         values.take(pa.array(codes)) if len(values) else pa.array([], values.type))
+        columns = {name: values[codes] if isinstance(values, np.ndarray) else
+                   values.take(pa.array(codes)) if len(values) else pa.array([], values.type)
+                   for name, values in kernels.items()}
         for name, value in (("op", op.name), ("arch", arch), ("dtype", dtype), ("layout", layout)):
             if name not in op.problem_names and name not in per_row:  # else the row's own value
-                table = table.append_column(name, pa.repeat(pa.scalar(str(value), pa.string()), table.num_rows))
+                columns[name] = pa.repeat(pa.scalar(str(value), pa.string()), table.num_rows)
+        # the texts, built once per row here: until now rows carried codes and line numbers
+        columns["source"] = _patched(_source_texts(table, texts), *sources)
+        columns["invalid_reason"] = texts.take(_numpy(table, "reason"))
+        columns["run_id"] = texts.take(_numpy(table, "run"))
+        table = table.drop_columns([c for c in CARRIER_COLUMNS if c in table.column_names])
+        for name, values in columns.items():
+            table = _set(table, name, values)
         table = conform_arrow(table, op)
         summary.rows += table.num_rows
         summary.valid_rows += int(_numpy(table, "is_valid").sum())
@@ -350,8 +360,9 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
 
 
 def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefinition, resolver: KernelResolver,
-                 summary: IngestSummary, label: str, *, arch: str, dtype: str, layout: str, run_id: str,
-                 chunk_bytes: int, vectorised: bool) -> Iterator[tuple[pa.Table, list[Reject]]]:
+                 summary: IngestSummary, label: str, texts: "_Texts", file: int, *, arch: str, dtype: str,
+                 layout: str, run_id: str, chunk_bytes: int,
+                 vectorised: bool) -> Iterator[tuple[pa.Table, list[Reject]]]:
     """(rows, rejects) of each chunk of one file; records the file's format in ``summary``."""
     table_reader, file_fmt = _reader_of(path, fmt, mapping, op)
     summary.formats.append(file_fmt or "empty")
@@ -363,13 +374,13 @@ def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefin
             raw = TABLE_READERS[file_fmt](path, ctx)
             mapped = map_rows(raw, op, mapping, resolver,  # type: ignore[arg-type]
                               label=label, run_id=run_id or label)
-            yield _frame_rows(mapped.frame), raw.rejects + mapped.rejects
+            yield _frame_rows(mapped.frame, texts, file), raw.rejects + mapped.rejects
             return
         chunked = CHUNKED_READERS.get(file_fmt) if vectorised else None
         reads = chunked(path, ctx, chunk_bytes) if chunked is not None else iter([READERS[file_fmt](path, ctx)])
         for read in reads:
-            yield (_frame_rows(read.frame) if read.frame is not None else _buffer_rows(read, op, run_id or label, label)), \
-                read.rejects
+            yield (_frame_rows(read.frame, texts, file) if read.frame is not None
+                   else _buffer_rows(read, op, texts, file, run_id or label)), read.rejects
             if read.declared_records is not None and read.found_records is not None \
                     and read.found_records < read.declared_records:
                 summary.missing[label] = read.declared_records - read.found_records
@@ -409,11 +420,12 @@ class _Partitions:
                 writer.write_table(piece)
         self.chunks += 1
 
-    def parts(self) -> Iterator[pa.Table]:
+    def parts(self, texts: "_Texts") -> Iterator[pa.Table]:
         """Each non-empty partition (all partitions' rows in order of first appearance)."""
         if self.spill is None or self.count == 1:
             tables, self.tables = self.tables, []
-            yield _joined_chunks(tables) if tables else _validate(_buffer_rows(None, self.op, ""), self.op)
+            yield (_joined_chunks(tables) if tables else
+                   _validate(_buffer_rows(None, self.op, texts, 0, ""), self.op, texts))
             return
         for p in range(self.count):
             names = sorted(self.spill.glob(f"p{p:05d}-c*.arrow"))
@@ -429,7 +441,7 @@ class _Partitions:
 
 def _joined_chunks(tables: list[pa.Table]) -> pa.Table:
     """One table of contiguous columns from the row chunks ``tables`` (their columns unified:
-    a column some chunks lack is null there, as ``pd.concat`` leaves it NaN)."""
+    a column some chunks lack is null there)."""
     table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
     return table.combine_chunks()
 
@@ -585,11 +597,51 @@ def _category(reason: str) -> str:
 
 
 # -- row tables --------------------------------------------------------------------------------
-def _buffer_rows(read: FileRead | None, op: OpDefinition, run_id: str, label: str = "") -> pa.Table:
+#: Columns of the rows between reading and writing that the canonical table does not have:
+#: the kernel's code, the codes of the invalid reason and run id (:class:`_Texts`) and where
+#: the row was read (the file's index and the line).
+CARRIER_COLUMNS = ("kernel", "reason", "run", "file", "line")
+
+
+class _Texts:
+    """The texts of one ingestion stored once each (``""`` is code 0); rows carry their codes.
+
+    Reasons and run ids repeat across many rows; coding them keeps the rows numeric until a
+    part is written. ``labels`` are the files' names in ``source`` (by file index).
+    """
+
+    def __init__(self, labels: Sequence[str]) -> None:
+        self.labels = list(labels)
+        self.values: list[str] = [""]
+        self.codes: dict[str, int] = {"": 0}
+        self._array: pa.Array | None = None
+
+    def code(self, text: str) -> int:
+        """The code of ``text`` (new texts are added)."""
+        found = self.codes.get(text)
+        if found is None:
+            found = self.codes[text] = len(self.values)
+            self.values.append(text)
+        return found
+
+    def codes_of(self, values: Any) -> np.ndarray:
+        """The codes of each text in ``values``, looked up once per distinct text."""
+        found, uniques = pd.factorize(np.asarray(values, dtype=object), use_na_sentinel=False)
+        table = np.array([self.code("" if u is None or u != u else str(u)) for u in uniques] or [0], dtype=np.int32)
+        return table[found] if len(found) else np.zeros(0, dtype=np.int32)
+
+    def take(self, codes: np.ndarray) -> pa.Array:
+        """The texts of ``codes`` as an arrow string array."""
+        if self._array is None or len(self._array) != len(self.values):
+            self._array = pa.array(self.values, pa.string())
+        return self._array.take(pa.array(codes))
+
+
+def _buffer_rows(read: FileRead | None, op: OpDefinition, texts: _Texts, file: int, run_id: str) -> pa.Table:
     """One chunk's row buffer as an arrow table (no per-row Python work except reasons).
 
-    Besides the canonical measurement columns: ``kernel`` (the resolver's code) and the
-    format's printing steps ``quantum_ms``/``quantum_tflops`` (for :func:`_validate`).
+    Besides the canonical measurement columns: :data:`CARRIER_COLUMNS` and the format's
+    printing steps ``quantum_ms``/``quantum_tflops`` (for :func:`_validate`).
     """
     rows = read.rows if read is not None else RowBuffer(op.problem_names)
     n = len(rows)
@@ -603,17 +655,16 @@ def _buffer_rows(read: FileRead | None, op: OpDefinition, run_id: str, label: st
     columns: dict[str, Any] = {name: ints(values) for name, values in zip(op.problem_names, rows.problem)}
     columns["kernel"] = ints(rows.kernel)
     columns.update(tflops=floats(rows.tflops), latency_ms=floats(rows.latency), bandwidth_gbs=floats(rows.bandwidth))
-    at = np.fromiter(sorted(rows.reasons), dtype=np.int64, count=len(rows.reasons))
-    columns["invalid_reason"] = _replaced(_empty_texts(n), at, [rows.reasons[i] for i in at.tolist()])
-    if rows.sources is not None:
+    reason = np.zeros(n, dtype=np.int32)
+    for i, text in rows.reasons.items():
+        reason[i] = texts.code(text)
+    columns["reason"] = reason
+    columns["run"] = (texts.codes_of([r or run_id for r in rows.run_ids]) if rows.run_ids is not None
+                      else np.full(n, texts.code(run_id), dtype=np.int32))
+    columns["file"] = np.full(n, file, dtype=np.int32)
+    columns["line"] = ints(rows.line)
+    if rows.sources is not None:  # the reader names each row's source itself
         columns["source"] = pa.array(rows.sources, pa.string())
-    else:  # one vectorised build of arrow strings instead of a million f-strings
-        columns["source"] = pc.binary_join_element_wise(pa.scalar(f"{label}:"), pc.cast(pa.array(ints(rows.line)),
-                                                                                          pa.string()), "")
-    if rows.run_ids is not None:
-        columns["run_id"] = pa.array([r or run_id for r in rows.run_ids], pa.string())
-    else:
-        columns["run_id"] = pa.repeat(pa.scalar(run_id, pa.string()), n)
     columns["repeats"] = ints(rows.repeats) if rows.repeats is not None else np.ones(n, dtype=np.int64)
     columns["spread"] = floats(rows.spreads) if rows.spreads is not None else np.full(n, np.nan)
     columns["quantum_ms"] = np.full(n, rows.quantum_ms)
@@ -621,24 +672,34 @@ def _buffer_rows(read: FileRead | None, op: OpDefinition, run_id: str, label: st
     return pa.table(columns)
 
 
-def _frame_rows(frame: pd.DataFrame) -> pa.Table:
-    """A reader's row frame (columns as :func:`_buffer_rows` gives them) as an arrow table."""
-    table = pa.Table.from_pandas(frame, preserve_index=False)
+def _frame_rows(frame: pd.DataFrame, texts: _Texts, file: int) -> pa.Table:
+    """A table reader's row frame (``invalid_reason``, ``source`` and ``run_id`` as text) as
+    the rows :func:`_buffer_rows` gives."""
+    n = len(frame)
+    coded = {"reason": texts.codes_of(frame["invalid_reason"]) if "invalid_reason" in frame else np.zeros(n, np.int32),
+             "run": texts.codes_of(frame["run_id"]) if "run_id" in frame else np.zeros(n, np.int32),
+             "file": np.full(n, file, dtype=np.int32), "line": np.zeros(n, dtype=np.int64)}
+    table = pa.Table.from_pandas(frame.drop(columns=[c for c in ("invalid_reason", "run_id") if c in frame]),
+                                 preserve_index=False)
     # pandas' own string columns arrive as large_string: one text type throughout
-    return table.cast(pa.schema([f.with_type(pa.string()) if pa.types.is_large_string(f.type) else f
-                                 for f in table.schema]))
+    table = table.cast(pa.schema([f.with_type(pa.string()) if pa.types.is_large_string(f.type) else f
+                                  for f in table.schema]))
+    for name, values in coded.items():
+        table = table.append_column(name, pa.array(values))
+    return table
 
 
-def _empty_texts(n: int) -> pa.Array:
-    """``n`` empty strings (one zeroed offsets buffer)."""
-    return pa.StringArray.from_buffers(n, pa.py_buffer(np.zeros(n + 1, dtype=np.int32)), pa.py_buffer(b""))
-
-
-def _replaced(column: Any, at: np.ndarray, values: Sequence[str]) -> Any:
-    """The text ``column`` with ``values`` at the ascending positions ``at``."""
-    if not len(at):
-        return column
-    return _patched(column, at, pa.array(list(values), pa.string()))
+def _source_texts(rows: pa.Table, texts: _Texts, at: np.ndarray | None = None) -> pa.Array:
+    """``source`` of the rows (at the positions ``at``): the reader's own, else ``<file>:<line>``."""
+    file, line = _numpy(rows, "file"), _numpy(rows, "line")
+    if at is not None:
+        file, line = file[at], line[at]
+    names = pa.array([f"{label}:" for label in texts.labels] or [""], pa.string())
+    built = pc.binary_join_element_wise(names.take(pa.array(file)), pc.cast(pa.array(line), pa.string()), "")
+    if "source" not in rows.column_names:
+        return built
+    given = rows.column("source").combine_chunks()
+    return pc.coalesce(given if at is None else given.take(pa.array(at)), built)
 
 
 def _numpy(table: pa.Table, name: str) -> np.ndarray:
@@ -664,15 +725,6 @@ def _filled(table: pa.Table, name: str, value: str) -> pa.Table:
     return _set(table, name, pc.fill_null(column, value))
 
 
-def _reason_counts(reasons: Any) -> Counter[str]:
-    """Rows per reason category of the text array ``reasons``."""
-    counts = pc.value_counts(reasons)
-    out: Counter[str] = Counter()
-    for reason, count in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
-        out[_category(reason or "")] += count
-    return out
-
-
 def _kernel_columns(resolver: KernelResolver, op: OpDefinition) -> dict[str, np.ndarray | pa.Array]:
     """Each kernel field and ``kernel_name`` of every resolved kernel, by code: numbers as
     numpy arrays (a row's value is then one numpy take), text as arrow arrays."""
@@ -687,22 +739,23 @@ def _kernel_columns(resolver: KernelResolver, op: OpDefinition) -> dict[str, np.
 
 
 # -- checks ------------------------------------------------------------------------------------
-def _validate(rows: pa.Table, op: OpDefinition) -> pa.Table:
+def _validate(rows: pa.Table, op: OpDefinition, texts: _Texts) -> pa.Table:
     """Mark rows invalid (first reason wins) and zero the TFLOPS of every invalid row."""
     t = np.asarray(_numpy(rows, "tflops"), dtype=np.float64)
     lat = np.asarray(_numpy(rows, "latency_ms"), dtype=np.float64)
     bw = np.asarray(_numpy(rows, "bandwidth_gbs"), dtype=np.float64)
-    given = pc.fill_null(rows.column("invalid_reason"), "")
-    free = np.asarray(pc.equal(given, "").to_numpy(zero_copy_only=False), dtype=bool).copy()
-    new: dict[int, str] = {}
+    reason = np.array(_numpy(rows, "reason"), dtype=np.int32)
+    free = reason == 0
     # A throughput metric without a FLOPs formula gives no latency: NaN there is not a defect.
     latency_known = (np.asarray(pc.fill_null(rows.column("latency_known"), True).to_numpy(zero_copy_only=False),
                                 dtype=bool) if "latency_known" in rows.column_names else np.ones(len(rows), dtype=bool))
 
     def mark(mask: np.ndarray, text: Any) -> None:
         hit = np.flatnonzero(mask & free)
-        for i in hit.tolist():
-            new[i] = text(i) if callable(text) else text
+        if len(hit) and not callable(text):
+            reason[hit] = texts.code(text)
+        for i in hit.tolist() if callable(text) else ():
+            reason[i] = texts.code(text(i))
         free[hit] = False
 
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -730,9 +783,8 @@ def _validate(rows: pa.Table, op: OpDefinition) -> pa.Table:
 
             mark(known & ~ok, inconsistent)
     valid = free
-    at = np.fromiter(sorted(new), dtype=np.int64, count=len(new))
     out = rows.drop_columns([c for c in ("quantum_ms", "quantum_tflops", "latency_known") if c in rows.column_names])
-    out = _set(out, "invalid_reason", _replaced(given, at, [new[i] for i in at.tolist()]))
+    out = _set(out, "reason", reason)
     out = _set(out, "is_valid", pa.array(valid))
     if not valid.all():
         # The canonical table's convention for failures: TFLOPS 0, latency a real number.
@@ -743,8 +795,8 @@ def _validate(rows: pa.Table, op: OpDefinition) -> pa.Table:
     return out
 
 
-def _check_rules(rows: pa.Table, op: OpDefinition, resolver: KernelResolver, *, arch: Any, dtype: str,
-                 layout: str) -> pa.Table:
+def _check_rules(rows: pa.Table, op: OpDefinition, resolver: KernelResolver, texts: _Texts, *, arch: Any,
+                 dtype: str, layout: str) -> pa.Table:
     """Mark invalid the measurements of a problem the op's rules say no kernel can run.
 
     When the op's validity rules (:meth:`OpDefinition.validity`) refuse *every* kernel measured
@@ -765,8 +817,7 @@ def _check_rules(rows: pa.Table, op: OpDefinition, resolver: KernelResolver, *, 
     codes = _numpy(rows, "kernel")[idx]
     # a table that gives each row its arch is judged with each arch's own constants
     per_row_arch = "arch" in rows.column_names and "arch" not in op.problem_names
-    row_arch = (rows.column("arch").take(pa.array(idx)).to_numpy(zero_copy_only=False) if per_row_arch
-                else np.full(len(idx), getattr(arch, "name", arch), dtype=object))
+    row_arch = rows.column("arch").take(pa.array(idx)).to_numpy(zero_copy_only=False) if per_row_arch else None
     problem_id = group_ids([*(_numpy(rows, c)[idx] for c in op.problem_names), *([row_arch] if per_row_arch else [])])
 
     def judge(at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -775,7 +826,7 @@ def _check_rules(rows: pa.Table, op: OpDefinition, resolver: KernelResolver, *, 
         why = np.full(len(at), "", dtype=object)
         problems = rows.select(list(op.problem_names)).take(pa.array(idx[at])).to_pandas()
         kernel_rows = kernels.iloc[codes[at]].reset_index(drop=True)
-        names = row_arch[at]
+        names = row_arch[at] if row_arch is not None else np.full(len(at), getattr(arch, "name", arch), dtype=object)
         for name in pd.unique(names):
             sel = np.flatnonzero(names == name)
             with np.errstate(all="ignore"):
@@ -788,7 +839,7 @@ def _check_rules(rows: pa.Table, op: OpDefinition, resolver: KernelResolver, *, 
 
     # A problem is alive when one measured kernel may run: judge one measurement per problem
     # first, then every measurement of the problems whose first one is ruled out.
-    _, first = np.unique(problem_id, return_index=True)
+    first = first_rows(problem_id)
     try:
         ok_first, _ = judge(first)
         suspect = np.zeros(problem_id.max() + 1, dtype=bool)
@@ -803,10 +854,11 @@ def _check_rules(rows: pa.Table, op: OpDefinition, resolver: KernelResolver, *, 
     dead = runnable[problem_id[at]] == 0
     if not dead.any():
         return rows
-    bad = idx[at][dead]  # ascending: idx and at are
-    rows = _set(rows, "invalid_reason", _replaced(
-        rows.column("invalid_reason").combine_chunks(), bad,
-        [f"rule violation: {w or 'the op rules out every kernel for this problem'}" for w in why[dead]]))
+    bad = idx[at][dead]
+    reason = np.array(_numpy(rows, "reason"), dtype=np.int32)
+    reason[bad] = [texts.code(f"rule violation: {w or 'the op rules out every kernel for this problem'}")
+                   for w in why[dead]]
+    rows = _set(rows, "reason", reason)
     is_valid = valid.copy()
     is_valid[bad] = False
     tflops = np.array(_numpy(rows, "tflops"), dtype=np.float64)
@@ -861,30 +913,49 @@ def group_ids(columns: Sequence[Any]) -> np.ndarray:
     return pd.factorize(gid)[0].astype(np.int64, copy=False)
 
 
-def _merge(rows: pa.Table, op: OpDefinition, extra: Sequence[str] = ()) -> tuple[pa.Table, list[Reject]]:
+def first_rows(gid: np.ndarray) -> np.ndarray:
+    """The first row of each group of :func:`group_ids` (whose groups are numbered by first
+    appearance, so a group's first row is where its id exceeds every id before it)."""
+    if not len(gid):
+        return np.zeros(0, dtype=np.int64)
+    seen = np.maximum.accumulate(gid)
+    return np.flatnonzero(np.r_[True, seen[1:] > seen[:-1]])
+
+
+def _merge(rows: pa.Table, op: OpDefinition, texts: _Texts,
+           extra: Sequence[str] = ()) -> tuple[pa.Table, list[Reject], tuple[np.ndarray, pa.Array]]:
     """One row per (problem, kernel): medians over valid repeats (see the module docstring).
 
     The output keeps each pair's first row (one copy of the table, in order of first
     appearance) and overwrites only the pairs measured more than once.
+
+    Returns
+    -------
+    tuple
+        The merged rows, the superseded measurements (rejects), and the ``;``-joined sources
+        of the merged pairs -- (their positions in the merged rows, their texts) -- which
+        replace the first row's own when the part is written.
     """
+    unmerged = (np.zeros(0, dtype=np.int64), pa.array([], pa.string()))
     keys = [*op.problem_names, *extra, "kernel"]
     if not rows.num_rows:
-        return rows, []
+        return rows, [], unmerged
     gid = group_ids([_numpy(rows, c) for c in keys])
     counts = np.bincount(gid)
     multi = counts[gid] > 1
     if not multi.any():
-        return rows, []
-    _, first = np.unique(gid, return_index=True)
+        return rows, [], unmerged
+    first = first_rows(gid)
     out = rows.take(pa.array(first))  # row g is group g
     at = np.flatnonzero(multi)
     sub_gid = gid[at]
-    multi_ids = np.flatnonzero(counts > 1)
-    sub_at = pa.array(at)
-    sources, run_ids = _joined(rows.column("source").take(sub_at), rows.column("run_id").take(sub_at), sub_gid,
-                               multi_ids)
-    columns: dict[str, Any] = {"source": _patched(out.column("source"), multi_ids, sources),
-                               "run_id": _patched(out.column("run_id"), multi_ids, run_ids)}
+    multi_ids = np.flatnonzero(counts > 1)  # ascending: the groups of sub_gid in order
+    order = np.argsort(sub_gid, kind="stable")  # each group's rows together, in order of appearance
+    sorted_gid = sub_gid[order]
+    starts = np.flatnonzero(np.r_[True, sorted_gid[1:] != sorted_gid[:-1]])
+    text = _source_texts(rows, texts, at[order])
+    sources = pc.binary_join(pa.ListArray.from_arrays(pa.array(np.r_[starts, len(order)], pa.int32()), text), ";")
+    run_codes = _joined_run_ids(_numpy(rows, "run")[at][order], sorted_gid, texts)
     sub = pd.DataFrame({"_gid": sub_gid, "is_valid": _numpy(rows, "is_valid")[at],
                         **{c: np.asarray(_numpy(rows, c), dtype=np.float64)[at]
                            for c in ("tflops", "latency_ms", "bandwidth_gbs")},
@@ -901,6 +972,7 @@ def _merge(rows: pa.Table, op: OpDefinition, extra: Sequence[str] = ()) -> tuple
         "tmax": valid["tflops"].max(), "n": valid.size(), "repeats": valid["repeats"].sum(),
     })
     idx = stats.index.to_numpy()
+    columns: dict[str, np.ndarray] = {}
     for col in ("tflops", "latency_ms", "bandwidth_gbs"):
         values = np.array(_numpy(out, col), dtype=np.float64)
         values[idx] = stats[col].to_numpy()
@@ -911,60 +983,52 @@ def _merge(rows: pa.Table, op: OpDefinition, extra: Sequence[str] = ()) -> tuple
     columns["spread"] = spread
     is_valid = np.array(_numpy(out, "is_valid"), dtype=bool)
     is_valid[idx] = True
-    columns["is_valid"] = pa.array(is_valid)
-    columns["invalid_reason"] = _replaced(out.column("invalid_reason").combine_chunks(), idx, [""] * len(idx))
+    columns["is_valid"] = is_valid
+    reason = np.array(_numpy(out, "reason"), dtype=np.int32)
+    reason[idx] = 0
+    columns["reason"] = reason
+    run = np.array(_numpy(out, "run"), dtype=np.int32)
+    run[multi_ids] = run_codes
+    columns["run"] = run
     for col, values in columns.items():
         out = _set(out, col, values)
     dropped = at[~sub["is_valid"].to_numpy() & np.isin(sub_gid, idx)]
     superseded = []
     if len(dropped):
-        lost = rows.select(["source", "invalid_reason", "tflops", "latency_ms"]).take(pa.array(dropped)).to_pydict()
-        superseded = [Reject(source, f"superseded: {reason} (a valid repeat of this problem and kernel is in the "
-                                     "table)", f"tflops={t} latency_ms={lat}")
-                      for source, reason, t, lat in zip(lost["source"], lost["invalid_reason"], lost["tflops"],
-                                                        lost["latency_ms"])]
-    return out, superseded
+        lost = rows.select(["reason", "tflops", "latency_ms"]).take(pa.array(dropped)).to_pydict()
+        superseded = [Reject(source, f"superseded: {texts.values[code]} (a valid repeat of this problem and kernel "
+                                     "is in the table)", f"tflops={t} latency_ms={lat}")
+                      for source, code, t, lat in zip(_source_texts(rows, texts, dropped).to_pylist(), lost["reason"],
+                                                      lost["tflops"], lost["latency_ms"])]
+    return out, superseded, (multi_ids, sources)
+
+
+def _joined_run_ids(run: np.ndarray, gid: np.ndarray, texts: _Texts) -> np.ndarray:
+    """The code of each group's distinct run ids, ``;``-joined in order of first appearance.
+
+    ``run`` holds the run-id codes of rows sorted by their group ``gid`` (ascending; each
+    group's rows in order of appearance). Most groups hold one run id: its own code.
+    """
+    pair = gid.astype(np.int64) * (int(run.max()) + 1) + run
+    _, first = np.unique(pair, return_index=True)
+    first.sort()  # group by group, each group's run ids in order of first appearance
+    kept_gid, kept_run = gid[first], run[first]
+    starts = np.flatnonzero(np.r_[True, kept_gid[1:] != kept_gid[:-1]])
+    sizes = np.diff(np.r_[starts, len(kept_gid)])
+    codes = kept_run[starts].astype(np.int32)
+    for j in np.flatnonzero(sizes > 1).tolist():
+        codes[j] = texts.code(";".join(texts.values[c] for c in kept_run[starts[j]:starts[j] + sizes[j]].tolist()))
+    return codes
 
 
 def _patched(column: Any, at: np.ndarray, values: pa.Array) -> pa.Array:
     """The text ``column`` with the text array ``values`` at the ascending positions ``at``."""
     base = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not len(at):
+        return base
     mask = np.zeros(len(base), dtype=bool)
     mask[at] = True
     return pc.replace_with_mask(base.cast(pa.string()), pa.array(mask), values.cast(pa.string()))
-
-
-def _joined(sources: Any, run_ids: Any, gid: np.ndarray, order: np.ndarray) -> tuple[pa.Array, pa.Array]:
-    """``;``-joined ``sources`` and distinct ``run_ids`` of each group ``gid``, in ``order`` of
-    group ids.
-
-    Vectorised with arrow list joins: pandas' ``agg(";".join)`` takes the pure-Python path,
-    slow for the tens of thousands of groups of a large sweep.
-    """
-    sort = np.argsort(gid, kind="stable")
-    sorted_gid = gid[sort]
-    starts = np.flatnonzero(np.r_[True, sorted_gid[1:] != sorted_gid[:-1]])
-    position = np.zeros(int(sorted_gid.max()) + 1 if len(sorted_gid) else 0, dtype=np.int64)
-    position[sorted_gid[starts]] = np.arange(len(starts))
-    pick = pa.array(position[np.asarray(order, dtype=np.int64)])
-
-    def join(values: Any, keep: np.ndarray) -> pa.Array:
-        kept_gid = sorted_gid[keep]
-        offsets = np.r_[np.flatnonzero(np.r_[True, kept_gid[1:] != kept_gid[:-1]]), len(kept_gid)]
-        text = values.take(pa.array(sort[keep]))
-        text = text.combine_chunks() if isinstance(text, pa.ChunkedArray) else text
-        joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), text.cast(pa.string())), ";")
-        return joined.take(pick)
-
-    joined_sources = join(sources, np.ones(len(sort), dtype=bool))
-    # distinct run ids per group, in order of first appearance
-    encoded = run_ids.take(pa.array(sort)).dictionary_encode()
-    encoded = encoded.combine_chunks() if isinstance(encoded, pa.ChunkedArray) else encoded
-    run_codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    _, first = np.unique(sorted_gid.astype(np.int64) * (int(run_codes.max()) + 1) + run_codes, return_index=True)
-    keep = np.zeros(len(sort), dtype=bool)
-    keep[first] = True
-    return joined_sources, join(run_ids, keep)
 
 
 # -- reporting ---------------------------------------------------------------------------------
