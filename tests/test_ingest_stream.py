@@ -267,6 +267,25 @@ def test_a_streamed_directory_is_read_back_by_training(tmp_path: Path) -> None:
     assert len(table) == summary.rows == len(KERNELS) * 3 and (table["repeats"] == 2).all()
 
 
+@pytest.mark.parametrize("out", ["table.parquet", "table"])
+def test_written_parquet_has_the_canonical_schema_and_plain_text_columns(tmp_path: Path, out: str) -> None:
+    """Text columns travel dictionary-coded to the writer; on disk (one file or parts) they are
+    the canonical schema's plain strings, with the table's metadata, whatever reads them."""
+    from ckpred.data.table import canonical_schema
+
+    path = tmp_path / "in.log"
+    path.write_bytes(LOG)
+    ingest_to_parquet(path, OP, tmp_path / out, tmp_path / "rejects.csv", chunk_bytes=512, **KW)
+    files = [tmp_path / out] if out.endswith(".parquet") else sorted((tmp_path / out).glob("part-*.parquet"))
+    schema = canonical_schema(OP)
+    for file in files:
+        read = pq.read_table(file)
+        assert [(f.name, f.type) for f in read.schema] == [(f.name, f.type) for f in schema]
+        assert read.schema.metadata[b"ckpred.table"] == b"canonical"
+    whole = pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
+    assert _table_key(whole).equals(_table_key(read_files(path, OP, **KW).table))
+
+
 def test_a_run_failing_midway_leaves_the_previous_table_directory_whole(tmp_path: Path, monkeypatch: Any) -> None:
     """Parts are written beside ``out`` and swapped in at the end: a run that fails after some
     parts are written leaves the previous directory as it was, and no temporary directory."""

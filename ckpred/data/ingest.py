@@ -213,7 +213,8 @@ def read_files(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, ar
     summary = _run(paths, op, arch=arch, dtype=dtype, layout=layout, fmt=fmt, run_id=run_id, mapping=mapping,
                    arch_config=arch_config, chunk_bytes=chunk_bytes, vectorised=vectorised, partitions=None,
                    on_rejects=rejects.extend, on_table=tables.append)
-    table = (pa.concat_tables(tables) if len(tables) > 1 else tables[0]).to_pandas()
+    schema = canonical_schema(op)
+    table = pa.concat_tables([t.cast(schema) for t in tables]).to_pandas()
     reject_frame = pd.DataFrame([(r.source, r.reason, r.raw) for r in rejects], columns=list(REJECT_COLUMNS))
     return IngestResult(table=table, rejects=reject_frame, summary=summary)
 
@@ -338,12 +339,10 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
         summary.superseded += len(superseded)
         on_rejects(superseded)
         codes = _numpy(table, "kernel")
-        columns = {name: values[codes] if isinstance(values, np.ndarray) else
-                   values.take(pa.array(codes)) if len(values) else pa.array([], values.type)
-                   for name, values in kernels.items()}
+        columns = {name: _by_code(values, codes) for name, values in kernels.items()}
         for name, value in (("op", op.name), ("arch", arch), ("dtype", dtype), ("layout", layout)):
             if name not in op.problem_names and name not in per_row:  # else the row's own value
-                columns[name] = pa.repeat(pa.scalar(str(value), pa.string()), table.num_rows)
+                columns[name] = _by_code(pa.array([str(value)]), np.zeros(table.num_rows, dtype=np.int32))
         # the texts, built once per row here: until now rows carried codes and line numbers
         columns["source"] = _patched(_source_texts(table, texts), *sources)
         columns["invalid_reason"] = texts.take(_numpy(table, "reason"))
@@ -351,7 +350,7 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
         table = table.drop_columns([c for c in CARRIER_COLUMNS if c in table.column_names])
         for name, values in columns.items():
             table = _set(table, name, values)
-        table = conform_arrow(table, op)
+        table = conform_arrow(table, op, dictionaries=True)
         summary.rows += table.num_rows
         summary.valid_rows += int(_numpy(table, "is_valid").sum())
         on_table(table)
@@ -390,6 +389,11 @@ def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefin
         raise InputFileError(str(path), exc.strerror or str(exc)) from exc
 
 
+#: Spill files are LZ4-compressed: a third of the bytes written and read back, for about the
+#: CPU that writing the difference costs.
+_SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+
+
 class _Partitions:
     """Checked row chunks, hash-partitioned by the query key (:func:`hash_columns`).
 
@@ -416,7 +420,8 @@ class _Partitions:
             if bounds[p] == bounds[p + 1]:
                 continue
             piece = rows.take(pa.array(order[bounds[p]:bounds[p + 1]]))
-            with pa.ipc.new_file(str(self.spill / f"p{p:05d}-c{self.chunks:06d}.arrow"), piece.schema) as writer:
+            with pa.ipc.new_file(str(self.spill / f"p{p:05d}-c{self.chunks:06d}.arrow"), piece.schema,
+                                 options=_SPILL_OPTIONS) as writer:
                 writer.write_table(piece)
         self.chunks += 1
 
@@ -500,23 +505,33 @@ class _TableWriter:
             "write_statistics": [c for c in names if c != "source"]}
 
     def __enter__(self) -> "_TableWriter":
-        import pyarrow.parquet as pq
-
         self._atomic: Any = atomic_path(self.out) if self.single else atomic_dir(self.out)
         self.tmp = self._atomic.__enter__()
-        if self.single:
-            self.writer: Any = pq.ParquetWriter(self.tmp, self.schema, **self.options)
+        self.writer: Any = None
         return self
+
+    def _writer(self, path: Path, schema: pa.Schema) -> Any:
+        """A Parquet writer of the canonical table: text columns that arrive dictionary-encoded
+        are written as the plain text columns they stand for (no arrow schema is stored, so they
+        read back as ``string``); the table's metadata is added at :meth:`_close`."""
+        import pyarrow.parquet as pq
+
+        return pq.ParquetWriter(path, schema, store_schema=False, **self.options)
+
+    def _close(self, writer: Any) -> None:
+        writer.add_key_value_metadata(self.schema.metadata)
+        writer.close()
 
     def write(self, table: pa.Table) -> None:
         """Write one canonical part (:func:`ckpred.data.table.conform_arrow`)."""
-        import pyarrow.parquet as pq
-
         if self.single:
+            self.writer = self.writer or self._writer(self.tmp, table.schema)
             self.writer.write_table(table)
         else:
             file = self.tmp / f"part-{self.parts:05d}.parquet"
-            pq.write_table(table, file, **self.options)
+            writer = self._writer(file, table.schema)
+            writer.write_table(table)
+            self._close(writer)
             if not self.no_manifest:
                 try:
                     self.entries.append(describe_part(file, table))
@@ -529,8 +544,8 @@ class _TableWriter:
         self.discarded = True
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
-        if self.single:
-            self.writer.close()
+        if self.single:  # an input without rows still leaves a table with the schema
+            self._close(self.writer or self._writer(self.tmp, self.schema))
         if kind is None and self.discarded:
             kind, exc = _Discarded, _Discarded()
         if kind is None:
@@ -723,6 +738,16 @@ def _filled(table: pa.Table, name: str, value: str) -> pa.Table:
     if not pa.types.is_string(column.type):
         column = column.cast(pa.string())
     return _set(table, name, pc.fill_null(column, value))
+
+
+def _by_code(values: np.ndarray | pa.Array, codes: np.ndarray) -> np.ndarray | pa.Array:
+    """The per-row column of the per-code ``values``: numbers taken, text dictionary-coded
+    (the rows share the texts instead of copying them)."""
+    if isinstance(values, np.ndarray):
+        return values[codes]
+    if pa.types.is_string(values.type) and not values.null_count:
+        return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), values)
+    return values.take(pa.array(codes)) if len(values) else pa.array([], values.type)
 
 
 def _kernel_columns(resolver: KernelResolver, op: OpDefinition) -> dict[str, np.ndarray | pa.Array]:

@@ -120,11 +120,13 @@ def conform(frame: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
     return pd.DataFrame(out, index=frame.index).reset_index(drop=True)
 
 
-def conform_arrow(table: pa.Table, op: OpDefinition) -> pa.Table:
+def conform_arrow(table: pa.Table, op: OpDefinition, *, dictionaries: bool = False) -> pa.Table:
     """:func:`conform` for an arrow table: exactly the canonical columns, order and types.
 
     The same defaults and checks; as ``pa.Table.from_pandas`` would store them, NaN in a
-    nullable float column (``bandwidth_gbs``, ``spread``) becomes null.
+    nullable float column (``bandwidth_gbs``, ``spread``) becomes null. With ``dictionaries``,
+    a text column that arrives dictionary-encoded (without nulls) stays so: a Parquet writer
+    that stores no arrow schema writes it as the plain text column it stands for.
 
     Raises
     ------
@@ -162,12 +164,14 @@ def conform_arrow(table: pa.Table, op: OpDefinition) -> pa.Table:
                     values = pc.if_else(pc.is_nan(values), pa.scalar(None, pa.float64()), values)
                 else:
                     values = pc.fill_null(values, math.nan)
-            else:
+            elif not (dictionaries and pa.types.is_dictionary(values.type)
+                      and pa.types.is_string(values.type.value_type) and not values.null_count):
                 values = pc.fill_null(values.cast(pa.string()), "")
         except (TypeError, ValueError, pa.ArrowException) as exc:
             raise TableSchemaError(f"column {name!r} cannot be converted to {col.type}: {exc}") from exc
         columns.append(values)
-    return pa.Table.from_arrays(columns, schema=schema)
+    return pa.Table.from_arrays(columns, schema=pa.schema([f.with_type(c.type) for f, c in zip(schema, columns)],
+                                                          metadata=schema.metadata))
 
 
 def write_table(frame: pd.DataFrame, path: str | Path, op: OpDefinition) -> Path:
