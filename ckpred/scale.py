@@ -521,6 +521,7 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
     else:
         raise ConfigValueError("cv", cfg.cv.name, "group_kfold or holdout with a partitioned dataset "
                                "(model.backend=dask): folds hold out queries by a hash of their key")
+    manifest = read_manifest(path, op)  # a malformed manifest is refused before a cluster starts
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     per_query, folds = [], []
@@ -550,7 +551,6 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
         feature_names = [str(n) for n in final.named_steps["features"].get_feature_names_out()]
         pipeline = {"file": "pipeline.joblib", "sha256": sha256_file(out_dir / "pipeline.joblib"), **final_info}
     timings["total_s"] = time.perf_counter() - t0
-    manifest = read_manifest(path, op)
     from omegaconf import OmegaConf
 
     record = {"command": "train", "op": op.name, "arch": cfg.arch.name, "dtype": cfg.dtype.name,
