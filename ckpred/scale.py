@@ -76,14 +76,16 @@ def write_partitions(frames: Iterable[pd.DataFrame], out_dir: str | Path, op: Op
     The directory is written beside ``out_dir`` and swapped in at the end
     (:func:`ckpred.util.atomic_dir`): a failed run leaves the previous dataset whole.
     """
-    from ckpred.data.table import write_table
+    from ckpred.data.table import canonical_arrow, write_table
 
     with atomic_dir(out_dir) as out:  # a failed run leaves the previous dataset whole
         parts: list[dict[str, Any]] = []
         for i, frame in enumerate(frames):
             name = f"part-{i:05d}.parquet"
-            write_table(frame, out / name, op)
-            parts.append(describe_part(out / name))  # refuses a part that mixes combos, naming it
+            arrow = canonical_arrow(frame, op)
+            write_table(arrow, out / name, op)
+            # described from the table just written, not read back; refuses a part that mixes combos
+            parts.append(describe_part(out / name, arrow))
         return write_manifest(out, op, parts)
 
 

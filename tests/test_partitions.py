@@ -106,3 +106,40 @@ def test_train_on_a_malformed_manifest_prints_one_line(dataset: Path, tmp_path: 
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert len(lines) == 1 and lines[0].startswith("ckpred train: error: cannot read "), done.stderr
     assert f"{MANIFEST}: partitions[0].file is absent" in lines[0]
+
+
+def test_write_partitions_describes_each_part_from_the_table_it_wrote(tmp_path: Path, monkeypatch) -> None:
+    """No part is read back to describe it: the manifest comes from the arrow table written."""
+    import ckpred.data.partitions as partitions
+
+    def no_reading(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a written part was read back")
+
+    monkeypatch.setattr(partitions.pq, "read_table", no_reading)
+    monkeypatch.setattr(partitions.pq, "read_schema", no_reading)
+    shapes = pd.DataFrame({"m": [256, 1024], "n": [512, 2048], "k": [1024, 512], "split_k": [1, 1]})
+    frames = [simulate(shapes.iloc[[i]], OP, arch_config(arch), load_dtype(dtype), layout_config("rcr"))
+              for i, (arch, dtype) in enumerate([("gfx942", "fp16"), ("gfx950", "bf16")])]
+    manifest = write_partitions(frames, tmp_path / "ds", OP)
+    assert [(p["rows"], p["arch"], p["dtype"], p["layout"]) for p in manifest["partitions"]] == \
+        [(len(frames[0]), "gfx942", "fp16", "rcr"), (len(frames[1]), "gfx950", "bf16", "rcr")]
+    assert json.loads((tmp_path / "ds" / MANIFEST).read_text()) == manifest
+    # a part mixing combos is refused, naming the part; the previous dataset stays whole
+    with pytest.raises(InputFileError, match=r"part-00000\.parquet: column 'arch' holds 2 values"):
+        write_partitions([pd.concat(frames)], tmp_path / "ds", OP)
+    assert json.loads((tmp_path / "ds" / MANIFEST).read_text()) == manifest
+
+
+def test_write_table_refuses_an_arrow_table_that_is_not_canonical(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from ckpred.data.table import canonical_arrow, write_table
+    from ckpred.errors import TableSchemaError
+
+    shapes = pd.DataFrame({"m": [256], "n": [512], "k": [1024], "split_k": [1]})
+    arrow = canonical_arrow(simulate(shapes, OP, arch_config("gfx942"), load_dtype("fp16"), layout_config("rcr")), OP)
+    write_table(arrow, tmp_path / "ok.parquet", OP)
+    assert pa.parquet.read_table(tmp_path / "ok.parquet").equals(arrow)
+    with pytest.raises(TableSchemaError, match="not the canonical table of op 'gemm_universal'"):
+        write_table(arrow.drop_columns(["tflops"]), tmp_path / "bad.parquet", OP)
+    assert not (tmp_path / "bad.parquet").exists()
