@@ -76,14 +76,16 @@ def write_partitions(frames: Iterable[pd.DataFrame], out_dir: str | Path, op: Op
     The directory is written beside ``out_dir`` and swapped in at the end
     (:func:`ckpred.util.atomic_dir`): a failed run leaves the previous dataset whole.
     """
-    from ckpred.data.table import write_table
+    from ckpred.data.table import canonical_arrow, write_table
 
     with atomic_dir(out_dir) as out:  # a failed run leaves the previous dataset whole
         parts: list[dict[str, Any]] = []
         for i, frame in enumerate(frames):
             name = f"part-{i:05d}.parquet"
-            write_table(frame, out / name, op)
-            parts.append(describe_part(out / name))  # refuses a part that mixes combos, naming it
+            arrow = canonical_arrow(frame, op)
+            write_table(arrow, out / name, op)
+            # described from the table just written, not read back; refuses a part that mixes combos
+            parts.append(describe_part(out / name, arrow))
         return write_manifest(out, op, parts)
 
 
@@ -521,6 +523,7 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
     else:
         raise ConfigValueError("cv", cfg.cv.name, "group_kfold or holdout with a partitioned dataset "
                                "(model.backend=dask): folds hold out queries by a hash of their key")
+    manifest = read_manifest(path, op)  # a malformed manifest is refused before a cluster starts
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     per_query, folds = [], []
@@ -550,7 +553,6 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
         feature_names = [str(n) for n in final.named_steps["features"].get_feature_names_out()]
         pipeline = {"file": "pipeline.joblib", "sha256": sha256_file(out_dir / "pipeline.joblib"), **final_info}
     timings["total_s"] = time.perf_counter() - t0
-    manifest = read_manifest(path, op)
     from omegaconf import OmegaConf
 
     record = {"command": "train", "op": op.name, "arch": cfg.arch.name, "dtype": cfg.dtype.name,

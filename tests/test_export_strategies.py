@@ -221,6 +221,40 @@ def test_cv_reranker_of_each_fold_sees_its_training_shapes_only(setup, monkeypat
         st.cv_efficiency(oof, t, op, top_n=None, reranker=RERANKER, recipe=compose("export"), **kw)
 
 
+def test_cv_of_an_external_test_run_learns_from_the_training_table(setup, monkeypatch) -> None:
+    """cv=external: one fold, the tested shapes are another table's; candidates and reranker
+    come from every shape of the training table and none of the tested one."""
+    op, cfg, table = setup
+    t = table.reset_index(drop=True)
+    keys = np.asarray(op.shape_keys(t))
+    shapes = pd.unique(keys)
+    trained = np.isin(keys, shapes[: len(shapes) // 2])
+    train, test = t[trained].reset_index(drop=True), t[~trained].reset_index(drop=True)
+    test_keys = np.asarray(op.shape_keys(test))
+    valid, _ = op.validity(test, test, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+    perf = np.where(test["is_valid"].to_numpy(), test["tflops"].to_numpy(), 0.0)
+    oof = pd.DataFrame({"shape": test_keys, "fold": "external", "kernel_name": test["kernel_name"], "perf": perf,
+                        "selectable": valid, "score_model": -perf})  # picks the slowest candidate
+    seen: list[set] = []
+    real = st.fit_reranker
+
+    def spy(tab, *a, **kw):
+        seen.append(set(op.shape_keys(tab)))
+        return real(tab, *a, **kw)
+
+    monkeypatch.setattr(st, "fit_reranker", spy)
+    kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=2)
+    out = st.cv_efficiency(oof, test, op, reranker=RERANKER, recipe=compose("export", ["model.n_jobs=1"]),
+                           train_table=train, **kw)
+    assert seen == [set(shapes[: len(shapes) // 2])]
+    assert out["candidates"].eq(len(st.keep_for_table(train, op, arch=cfg.arch, dtype=cfg.dtype,
+                                                      layout=cfg.layout, top_n=2))).all()
+    assert out["efficiency"].mean() > st.cv_efficiency(oof, test, op, train_table=train, **kw)["efficiency"].mean()
+    # without the training table the one fold has no other folds to learn from
+    with pytest.raises(ValueError, match="no training rows"):
+        st.cv_efficiency(oof, test, op, **kw)
+
+
 @pytest.mark.parametrize("keep", [[], [0, 0], [-1], [10**6]])
 def test_selector_refuses_a_bad_candidate_set(setup, pruned, keep) -> None:
     from ckpred.export.validity import mask_builder_for

@@ -76,19 +76,81 @@ def is_partitioned(path: Any) -> bool:
 
 
 def read_manifest(path: str | Path, op: OpDefinition) -> dict[str, Any]:
-    """The manifest of a partitioned dataset, checked against ``op`` and the files present."""
+    """The manifest of a partitioned dataset, checked against ``op`` and the files present.
+
+    The manifest may be edited by hand (a part dropped or added), so every key the trainer
+    reads is checked here, before any cluster starts: a malformed manifest is one
+    :class:`~ckpred.errors.InputFileError` naming the manifest, the key or entry, the value
+    and what is allowed, never a ``KeyError`` deep inside training.
+
+    Raises
+    ------
+    InputFileError
+        No manifest, not JSON, another op, or a key or part entry of the wrong shape: a
+        ``partitions`` list of ``{file, rows, arch, dtype, layout}`` entries whose ``file`` is
+        a Parquet part present inside the directory (each listed once) and whose ``rows`` add
+        up to the top-level ``rows``.
+    """
     root = Path(path)
     file = root / MANIFEST
     if not file.is_file():
         raise InputFileError(str(root), f"not a partitioned dataset (no {MANIFEST}; write it with "
                                         "`ckpred ingest out=<directory>` or ckpred.scale.write_partitions)")
     try:
-        manifest = json.loads(file.read_text())
+        manifest = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise InputFileError(str(file), f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        raise InputFileError(str(file), f"not valid JSON ({exc.msg} at line {exc.lineno}); allowed: the JSON "
+                                        "object the dataset writers leave") from None
+    except UnicodeDecodeError as exc:
+        raise InputFileError(str(file), f"not UTF-8 text (byte {exc.start}); allowed: the JSON object the "
+                                        "dataset writers leave") from None
+
+    def bad(where: str, value: Any, allowed: str) -> InputFileError:
+        text = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        shown = f"{text} ({type(value).__name__})" if value is not _ABSENT else "absent"
+        return InputFileError(str(file), f"{where} is {shown}; allowed: {allowed}")
+
+    if not isinstance(manifest, dict):
+        raise bad("the top level", manifest, "a JSON object with keys op, partitions and rows")
     if manifest.get("op") != op.name:
         raise InputFileError(str(file), f"the dataset holds op {manifest.get('op')!r}, the config trains {op.name!r}")
-    missing = [p["file"] for p in manifest["partitions"] if not (root / p["file"]).is_file()]
-    if missing:
-        raise InputFileError(str(root), f"partition files listed in {MANIFEST} are missing: {missing[:5]}")
+    parts = manifest.get("partitions", _ABSENT)
+    if not isinstance(parts, list) or not parts:
+        raise bad("key 'partitions'", parts, f"a non-empty list of part entries {_ENTRY}")
+    seen: set[str] = set()
+    for i, part in enumerate(parts):
+        where = f"partitions[{i}]"
+        if not isinstance(part, dict):
+            raise bad(where, part, f"a part entry {_ENTRY}")
+        name = part.get("file", _ABSENT)
+        if not isinstance(name, str) or not name:
+            raise bad(f"{where}.file", name, "the name of a Parquet part file in the dataset directory")
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise bad(f"{where}.file", name, f"a path inside {root} (relative, without '..')")
+        if name in seen:
+            raise bad(f"{where}.file", name, "each part file listed once (a second entry would train on it twice)")
+        seen.add(name)
+        if not (root / name).is_file():
+            raise bad(f"{where}.file", name, f"a Parquet part file present in {root}")
+        rows = part.get("rows", _ABSENT)
+        if not _is_count(rows):
+            raise bad(f"{where}.rows", rows, "the part's row count, an integer >= 0")
+        for column in COMBO_COLUMNS:
+            value = part.get(column, _ABSENT)
+            if not isinstance(value, str):
+                raise bad(f"{where}.{column}", value, f"the part's one {column} name, a string")
+    total = manifest.get("rows", _ABSENT)
+    counted = sum(p["rows"] for p in parts)
+    if not _is_count(total) or total != counted:
+        raise bad("key 'rows'", total, f"the sum of the parts' rows, {counted}")
     return manifest
+
+
+#: Stands for a key a manifest lacks (``None`` is a value a hand edit can write).
+_ABSENT = object()
+#: The keys of one part entry, as the errors name them.
+_ENTRY = "{file, rows, " + ", ".join(COMBO_COLUMNS) + "}"
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

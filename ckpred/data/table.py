@@ -174,10 +174,30 @@ def conform_arrow(table: pa.Table, op: OpDefinition, *, dictionaries: bool = Fal
                                                           metadata=schema.metadata))
 
 
-def write_table(frame: pd.DataFrame, path: str | Path, op: OpDefinition) -> Path:
-    """Write ``frame`` as canonical parquet, atomically (temp file in the same dir + rename)."""
+def canonical_arrow(frame: pd.DataFrame, op: OpDefinition) -> pa.Table:
+    """``frame`` conformed (:func:`conform`) as a pyarrow table of ``op``'s canonical schema."""
+    return pa.Table.from_pandas(conform(frame, op), schema=canonical_schema(op), preserve_index=False)
+
+
+def write_table(frame: pd.DataFrame | pa.Table, path: str | Path, op: OpDefinition) -> Path:
+    """Write ``frame`` as canonical parquet, atomically (temp file in the same dir + rename).
+
+    ``frame`` may be the pyarrow table of :func:`canonical_arrow` (written as is), for a caller
+    that goes on using the table it wrote.
+
+    Raises
+    ------
+    ckpred.errors.TableSchemaError
+        When a pyarrow ``frame`` does not have ``op``'s canonical schema.
+    """
     path = Path(path)
-    table = pa.Table.from_pandas(conform(frame, op), schema=canonical_schema(op), preserve_index=False)
+    if isinstance(frame, pa.Table):
+        if not frame.schema.equals(canonical_schema(op)):
+            raise TableSchemaError(f"{path}: the arrow table to write is not the canonical table of op {op.name!r} "
+                                   f"(columns {frame.schema.names}); convert it with canonical_arrow")
+        table = frame
+    else:
+        table = canonical_arrow(frame, op)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
     return path

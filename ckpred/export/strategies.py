@@ -212,7 +212,8 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.nd
 
 def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: Any,
                     layout: Any, top_n: int | None, score: str = "score_model", reranker: Any = None,
-                    recipe: Any = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    recipe: Any = None, seed: int = 0,
+                    train_table: pd.DataFrame | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Out-of-fold scores of a strategy on ``train``'s out-of-fold rows, fold by fold.
 
     Parameters
@@ -229,6 +230,10 @@ def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *,
     reranker, recipe : config nodes, optional
         ``reranked``: for each fold, :func:`fit_reranker` on that fold's training shapes scores
         its test shapes' candidates (instead of the run's out-of-fold ``score``).
+    train_table : DataFrame, optional
+        For a run tested on another table (``cv=external``): the table it trained on, every
+        shape of which is a training shape of every fold; ``table`` then holds the tested
+        shapes' rows. None: each fold trained on the other folds' shapes of ``table``.
 
     Returns
     -------
@@ -254,13 +259,14 @@ def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *,
         table_keys = np.asarray(op.shape_keys(table))
         for f in np.unique(fold):
             # the fold's training shapes: the other folds' (candidates and reranker learned there only)
-            train_table = table[_among(table_keys, pd.unique(oof["shape"].to_numpy()[fold != f]))]
-            keep = keep_for_table(train_table, op, arch=arch, dtype=dtype, layout=layout, top_n=top_n)
+            fold_train = train_table if train_table is not None else \
+                table[_among(table_keys, pd.unique(oof["shape"].to_numpy()[fold != f]))]
+            keep = keep_for_table(fold_train, op, arch=arch, dtype=dtype, layout=layout, top_n=top_n)
             rows = fold == f
             allowed[rows] = np.isin(kid[rows], keep)
             n_cand[rows] = len(keep)
             if reranker is not None:
-                pipe = fit_reranker(train_table, op, recipe, keep, reranker=reranker, arch=arch, dtype=dtype,
+                pipe = fit_reranker(fold_train, op, recipe, keep, reranker=reranker, arch=arch, dtype=dtype,
                                     layout=layout, seed=seed)
                 test = np.flatnonzero(rows & allowed)
                 test_rows = table.iloc[_table_rows(table, table_keys, oof, test)]
@@ -270,7 +276,7 @@ def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *,
 
 def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: Any,
                   layout: Any, top_n: int | None, score: str = "score_model", reranker: Any = None,
-                  recipe: Any = None, seed: int = 0,
+                  recipe: Any = None, seed: int = 0, train_table: pd.DataFrame | None = None,
                   scored: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> pd.DataFrame:
     """Per-shape selection metrics of a strategy on ``train``'s out-of-fold predictions.
 
@@ -287,7 +293,7 @@ def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, a
     oof = oof.reset_index(drop=True)
     if scored is None:
         scored = strategy_scores(oof, table, op, arch=arch, dtype=dtype, layout=layout, top_n=top_n, score=score,
-                                 reranker=reranker, recipe=recipe, seed=seed)
+                                 reranker=reranker, recipe=recipe, seed=seed, train_table=train_table)
     scores, allowed, n_cand = scored
     groups = ev.ShapeGroups.from_keys(oof["shape"].to_numpy())
     out = ev.shape_metrics(oof["perf"].to_numpy(), scores, groups,

@@ -18,8 +18,22 @@ each ``--reranker`` size:
 The load average is printed before and after: the machine is shared, and wall times grow with
 it; the CPU-time columns are the robust figure.
 
-    python scripts/bench/bench_strategies.py --train-run runs/train/<time> [--top-n 1 2 3 5 8] \\
-        [--shapes 200] [hydra overrides of the export config, e.g. model=lgbm_ranker]
+``--quality-only`` prints the quality figures alone, with each option's mean per CV fold against
+``full``'s (the worst and best fold ratio) and whether its mean is at least 0.995 of ``full``'s
+(the bar of a default). It takes several train runs (a ``seeds=[0,1,2]`` run's ``seed<s>``
+directories; each is scored with its own seed) and then adds the mean ± std over them.
+``--run-config`` takes the data and the recipe from the train run's own record instead of
+overrides: that is how a run of an op declared in a config dir (``--config-dir tests/ops``) or
+a ``cv=external`` run is scored (the latter's one fold trained on every shape of its training
+table, and its tested shapes are its ``cv.data``).
+
+    python scripts/bench/bench_strategies.py [hydra overrides of the export config, e.g. model=lgbm_ranker] \\
+        --train-run runs/train/<time> [--top-n 1 2 3 5 8] [--shapes 200]
+    python scripts/bench/bench_strategies.py --run-config --quality-only --top-n 1 --reranker 50x31 70x31 \\
+        --train-run runs/train/<time>/seed0 runs/train/<time>/seed1 runs/train/<time>/seed2
+
+Hydra overrides go before the options that take several values (``--train-run``, ``--top-n``,
+``--reranker``), which would take them as values.
 """
 
 from __future__ import annotations
@@ -41,6 +55,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+#: A strategy meets the bar when its CV mean efficiency is at least this fraction of ``full``'s.
+BAR = 0.995
 
 
 def load() -> str:
@@ -48,14 +64,51 @@ def load() -> str:
 
 
 def quality(oof: pd.DataFrame, table: pd.DataFrame, op, cfg, top_n: int | None,
-            reranker: dict | None = None) -> dict[str, float]:
+            reranker: dict | None = None, *, seed: int | None = None,
+            train_table: pd.DataFrame | None = None) -> dict[str, float]:
+    """CV mean / P10 / min efficiency of one option, and its mean per fold (``fold_means``).
+
+    ``train_table``: the training table of an external-CV run (``table`` is then the tested one).
+    """
     from ckpred.export.strategies import cv_efficiency
 
     m = cv_efficiency(oof, table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=top_n,
-                      reranker=reranker, recipe=cfg, seed=int(cfg.seed))
-    eff = m["efficiency"].dropna().to_numpy() * 100
+                      reranker=reranker, recipe=cfg, seed=int(cfg.seed if seed is None else seed),
+                      train_table=train_table)
+    m = m.dropna(subset=["efficiency"])
+    eff = m["efficiency"].to_numpy() * 100
     return {"mean": float(eff.mean()), "p10": float(np.percentile(eff, 10)), "min": float(eff.min()),
-            "shapes": int(len(eff)), "candidates_per_fold": sorted(set(int(c) for c in m["candidates"]))}
+            "shapes": int(len(eff)), "candidates_per_fold": sorted(set(int(c) for c in m["candidates"])),
+            "fold_means": {str(k): float(v) * 100 for k, v in m.groupby("fold")["efficiency"].mean().items()}}
+
+
+def print_quality(qual: dict[str, dict], heading: str) -> None:
+    """The quality-only table: each option against ``full`` overall and fold by fold."""
+    full = qual["full"]
+    print(f"\n{heading}")
+    print(f"{'option':<28} {'mean %':>7} {'P10 %':>6} {'min %':>6} {'mean/full':>9} {'dP10':>6} "
+          f"{'fold mean/full min..max':>23} {'bar':>4}")
+    for name, q in qual.items():
+        ratios = [q["fold_means"][f] / full["fold_means"][f] for f in full["fold_means"]]
+        ok = "ok" if q["mean"] >= BAR * full["mean"] else "MISS"
+        print(f"{name:<28} {q['mean']:>7.2f} {q['p10']:>6.2f} {q['min']:>6.2f} {q['mean'] / full['mean']:>9.4f} "
+              f"{q['p10'] - full['p10']:>+6.2f} {min(ratios):>11.4f}..{max(ratios):<10.4f} {ok:>4}")
+
+
+def print_over_runs(per_run: list[dict[str, dict]], runs: list[str]) -> None:
+    """Mean ± std over the train runs (seeds) of each option's figures."""
+    print(f"\nover {len(runs)} train runs ({', '.join(runs)}): mean ± std")
+    print(f"{'option':<28} {'mean %':>14} {'P10 %':>14} {'mean/full':>16} {'dP10':>13} {'bar':>4}")
+    for name in per_run[0]:
+        def stat(fn) -> tuple[float, float]:
+            values = np.array([fn(q[name], q["full"]) for q in per_run])
+            return float(values.mean()), float(values.std())
+
+        mean, p10 = stat(lambda q, f: q["mean"]), stat(lambda q, f: q["p10"])
+        ratio, dp10 = stat(lambda q, f: q["mean"] / f["mean"]), stat(lambda q, f: q["p10"] - f["p10"])
+        ok = "ok" if all(q[name]["mean"] >= BAR * q["full"]["mean"] for q in per_run) else "MISS"
+        print(f"{name:<28} {mean[0]:>7.2f} ± {mean[1]:<4.2f} {p10[0]:>7.2f} ± {p10[1]:<4.2f} "
+              f"{ratio[0]:>7.4f} ± {ratio[1]:<6.4f} {dp10[0]:>+6.2f} ± {dp10[1]:<4.2f} {ok:>4}")
 
 
 def cpp_latency(binary: Path, out: Path, shape_file: str) -> dict[str, float]:
@@ -135,7 +188,13 @@ def reranker_size(text: str) -> dict[str, int]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train-run", required=True, help="train run dir with oof_predictions.parquet")
+    parser.add_argument("--train-run", required=True, nargs="+",
+                        help="train run dir with oof_predictions.parquet; with --quality-only several "
+                             "(e.g. a seeds=[0,1,2] run's seed0 seed1 seed2, each scored with its own seed)")
+    parser.add_argument("--run-config", action="store_true",
+                        help="take the data and the recipe from the (first) train run's own config (its run.json) "
+                             "instead of composing the export config from overrides: for ops declared in a "
+                             "config dir and for cv=external runs (the tested table is the run's cv.data)")
     parser.add_argument("--top-n", type=int, nargs="*", default=[1, 2, 3, 5, 8], help="pruned options to measure")
     parser.add_argument("--reranked-top-n", type=int, nargs="*", default=[1], help="candidate sets of the reranked options")
     # argparse converts string defaults only, not a list of them
@@ -243,33 +302,60 @@ def main(argv: list[str] | None = None) -> int:
     from ckpred.data import load_table
     from ckpred.data.shapes import unseen_shapes
     from ckpred.kernels.base import load_op
+    from ckpred.kernels.declared import bind_training_catalogue
 
     print(f"load average (1/5/15 min) at start: {load()}", flush=True)
-    cfg = compose("export", list(args.overrides))
+    if len(args.train_run) > 1 and not args.quality_only:
+        raise SystemExit("several --train-run dirs need --quality-only (the exports time one final pipeline)")
+    if args.run_config:
+        if args.overrides:
+            raise SystemExit(f"--run-config takes the train run's own config; drop the overrides {args.overrides}")
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.create(json.loads((Path(args.train_run[0]) / "run.json").read_text())["config"])
+    else:
+        cfg = compose("export", list(args.overrides))
     op = load_op(cfg.op)
     table = load_table(cfg)
-    oof = pd.read_parquet(Path(args.train_run) / "oof_predictions.parquet")
-    missing = set(pd.unique(oof["shape"])) - set(pd.unique(np.asarray(op.shape_keys(table))))
-    if missing:
-        raise SystemExit(f"{args.train_run}: {len(missing)} OOF shapes are not in this config's data; "
-                         "pass the train run's data/model overrides")
-    n_folds = oof["fold"].nunique()
-    print(f"data: {len(table):,} rows; OOF: {oof['shape'].nunique()} shapes in {n_folds} folds", flush=True)
+    bind_training_catalogue(op, table, cfg)
+    train_table = None
+    if args.run_config and cfg.cv.name == "external":
+        # the OOF shapes are the tested table's; the one fold trained on every shape of `table`
+        from ckpred.cv import external_data_config
 
+        if cfg.cv.get("arch") is not None:
+            raise SystemExit("a cv=external run tested on another arch (cv.arch) is not supported here")
+        train_table, table = table, load_table(external_data_config(cfg))
     options = strategy_options(args)
-    qual = {}
-    for name, n, rr in options:
-        t0 = time.perf_counter()
-        qual[name] = quality(oof, table, op, cfg, n, rr)
-        print(f"{name}: CV quality {qual[name]['mean']:.2f} / {qual[name]['p10']:.2f} "
-              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    per_run = []
+    for run in args.train_run:
+        oof = pd.read_parquet(Path(run) / "oof_predictions.parquet")
+        missing = set(pd.unique(oof["shape"])) - set(pd.unique(np.asarray(op.shape_keys(table))))
+        if missing:
+            raise SystemExit(f"{run}: {len(missing)} OOF shapes are not in this config's data; "
+                             "pass the train run's data/model overrides (or --run-config)")
+        n_folds = oof["fold"].nunique()
+        seed = int(json.loads((Path(run) / "run.json").read_text())["seed"])
+        print(f"{run}: seed {seed}; data: {len(table):,} rows; OOF: {oof['shape'].nunique()} shapes in {n_folds} "
+              "folds", flush=True)
+        qual = {}
+        for name, n, rr in options:
+            t0, c0 = time.perf_counter(), time.process_time()
+            qual[name] = quality(oof, table, op, cfg, n, rr, seed=seed, train_table=train_table)
+            print(f"{name}: CV quality {qual[name]['mean']:.2f} / {qual[name]['p10']:.2f} "
+                  f"({time.perf_counter() - t0:.0f} s, {time.process_time() - c0:.0f} CPU s)", flush=True)
+        per_run.append(qual)
+        if args.quality_only:
+            print_quality(qual, f"{run} (seed {seed}, {n_folds} folds, {qual['full']['shapes']} shapes; "
+                                f"candidates per fold: " + "; ".join(f"{k}: {q['candidates_per_fold']}"
+                                                                   for k, q in list(qual.items())[1:]) + ")")
     if args.quality_only:
-        full = qual["full"]
-        print(f"\n{'option':<28} {'mean %':>7} {'P10 %':>6} {'min %':>6} {'mean/full':>9} {'dP10':>6}")
-        for name, q in qual.items():
-            print(f"{name:<28} {q['mean']:>7.2f} {q['p10']:>6.2f} {q['min']:>6.2f} {q['mean'] / full['mean']:>9.4f} "
-                  f"{q['p10'] - full['p10']:>+6.2f}")
+        if len(per_run) > 1:
+            print_over_runs(per_run, args.train_run)
+        if args.json:
+            Path(args.json).write_text(json.dumps(dict(zip(args.train_run, per_run)), indent=1))
         return 0
+    qual = per_run[0]
 
     t0 = time.perf_counter()
     pipe = final_pipeline(args, cfg, table, op)
@@ -305,8 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, f"Selection per unseen shape: {len(shapes)} shapes, "
                       f"{len(op.catalogue(cfg.arch, cfg.dtype, cfg.layout))} catalogue kernels, 1 thread, {trees} "
                       f"trees x {leaves} leaves ({cfg.model.name}, features {cfg.features.name}); efficiency under "
-                      f"{n_folds}-fold shape-grouped CV ({rows[0]['shapes']} shapes, {args.train_run}); load average "
-                      f"at end {load()}")
+                      f"{n_folds}-fold shape-grouped CV ({rows[0]['shapes']} shapes, {args.train_run[0]}); "
+                      f"load average at end {load()}")
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     plot(rows, Path(args.plot), f"{trees} trees x {leaves} leaves, {len(shapes)} unseen shapes, 1 thread, "
                                 f"load {load()}")
