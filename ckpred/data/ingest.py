@@ -746,20 +746,20 @@ def _by_code(values: np.ndarray | pa.Array, codes: np.ndarray) -> np.ndarray | p
     if isinstance(values, np.ndarray):
         return values[codes]
     if pa.types.is_string(values.type) and not values.null_count:
-        return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), values)
+        return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32, copy=False)), values)
     return values.take(pa.array(codes)) if len(values) else pa.array([], values.type)
 
 
 def _kernel_columns(resolver: KernelResolver, op: OpDefinition) -> dict[str, np.ndarray | pa.Array]:
-    """Each kernel field and ``kernel_name`` of every resolved kernel, by code: numbers as
-    numpy arrays (a row's value is then one numpy take), text as arrow arrays."""
+    """Each kernel field and ``kernel_name`` of every resolved kernel, by code: numbers and
+    flags as numpy arrays (a row's value is then one numpy take), text as arrow arrays."""
     kernels = resolver.frame()
     columns: dict[str, np.ndarray | pa.Array] = {}
     for name in (*op.kernel_names, "kernel_name"):
         values = pa.array(kernels[name])
-        numeric = len(values) and not values.null_count and (pa.types.is_integer(values.type)
-                                                             or pa.types.is_floating(values.type))
-        columns[name] = values.to_numpy() if numeric else values
+        plain = len(values) and not values.null_count and (pa.types.is_integer(values.type) or pa.types.is_boolean(
+            values.type) or pa.types.is_floating(values.type))
+        columns[name] = values.to_numpy(zero_copy_only=False) if plain else values
     return columns
 
 
