@@ -321,6 +321,8 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
     summary.rejected = dict(rejected)
     summary.merge_key = (*op.problem_names, *per_row)
     kernels = _kernel_columns(resolver, op)
+    constants = {name: str(value) for name, value in (("op", op.name), *headers)
+                 if name not in op.problem_names and name not in per_row}  # else the row's own value
     invalid: Counter[str] = Counter()
     for rows in store.parts(texts):
         for h, value in headers:
@@ -338,24 +340,34 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
         del rows
         summary.superseded += len(superseded)
         on_rejects(superseded)
-        codes = _numpy(table, "kernel")
-        columns = {name: _by_code(values, codes) for name, values in kernels.items()}
-        for name, value in (("op", op.name), ("arch", arch), ("dtype", dtype), ("layout", layout)):
-            if name not in op.problem_names and name not in per_row:  # else the row's own value
-                columns[name] = _by_code(pa.array([str(value)]), np.zeros(table.num_rows, dtype=np.int32))
-        # the texts, built once per row here: until now rows carried codes and line numbers
-        columns["source"] = _patched(_source_texts(table, texts), *sources)
-        columns["invalid_reason"] = texts.take(_numpy(table, "reason"))
-        columns["run_id"] = texts.take(_numpy(table, "run"))
-        table = table.drop_columns([c for c in CARRIER_COLUMNS if c in table.column_names])
-        for name, values in columns.items():
-            table = _set(table, name, values)
-        table = conform_arrow(table, op, dictionaries=True)
+        table = _canonical_part(table, sources, op, kernels, constants, texts)
         summary.rows += table.num_rows
         summary.valid_rows += int(_numpy(table, "is_valid").sum())
         on_table(table)
     summary.invalid = dict(invalid)
     return summary
+
+
+def _canonical_part(rows: pa.Table, sources: tuple[np.ndarray, pa.Array], op: OpDefinition,
+                    kernels: dict[str, np.ndarray | pa.Array], constants: dict[str, str], texts: "_Texts") -> pa.Table:
+    """Merged rows as a canonical table part (:func:`ckpred.data.table.conform_arrow`).
+
+    The kernel fields come from the rows' kernel codes (:func:`_kernel_columns`), the header
+    columns the rows do not carry from ``constants``; the text columns are built here, once
+    per row: until now rows carried codes and line numbers. ``sources`` are the merged pairs'
+    joined sources (:func:`_merge`).
+    """
+    codes = _numpy(rows, "kernel")
+    columns = {name: _by_code(values, codes) for name, values in kernels.items()}
+    for name, value in constants.items():
+        columns[name] = _by_code(pa.array([value]), np.zeros(rows.num_rows, dtype=np.int32))
+    columns["source"] = _patched(_source_texts(rows, texts), *sources)
+    columns["invalid_reason"] = texts.take(_numpy(rows, "reason"))
+    columns["run_id"] = texts.take(_numpy(rows, "run"))
+    table = rows.drop_columns([c for c in CARRIER_COLUMNS if c in rows.column_names])
+    for name, values in columns.items():
+        table = _set(table, name, values)
+    return conform_arrow(table, op, dictionaries=True)
 
 
 def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefinition, resolver: KernelResolver,
