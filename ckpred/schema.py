@@ -829,7 +829,7 @@ EXPORT_SELECT: tuple[str, ...] = ("full", "pruned", "reranked")
 class ExportRerankerConfig:
     """Size of the ``select=reranked`` model (the rest of the model config is the recipe's)."""
 
-    n_estimators: int = 70
+    n_estimators: int = 100
     num_leaves: int = 31
 
     def __post_init__(self) -> None:

@@ -15,7 +15,7 @@
     ``pipeline.predict`` on the same rows.
 ``reranked``
     The ``pruned`` candidate set, ranked by a *reranker*: the same recipe (features, model,
-    target) with a small model (``export.reranker``: 70 trees of 31 leaves by default) fitted
+    target) with a small model (``export.reranker``: 100 trees of 31 leaves by default) fitted
     only on the candidates' rows of the training shapes (:func:`fit_reranker`). Telling a few
     dozen strong kernels apart is an easier problem than ranking all 4,608, so a model a
     fraction of the size ranks them as well as the full one, and its trees (which dominate the
