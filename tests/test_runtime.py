@@ -99,6 +99,17 @@ def test_cache_is_bounded_and_hits(model) -> None:
     assert sel.select(128, 1536, 7168, top_k=2).ids == first.ids[:2]
 
 
+def test_changing_top_k_between_calls_answers_each_top_k(model) -> None:
+    # run() keeps the top_k input of its last call: a changed top_k must not reuse the old one
+    sel = KernelSelector.load(model[3], cache_size=0)
+    fresh = {k: KernelSelector.load(model[3], cache_size=0).select(128, 1536, 7168, top_k=k) for k in (1, 3, 7)}
+    assert len({len(a.ids) for a in fresh.values()}) == 3
+    for k in (3, 1, 7, 7, 3, 1):
+        assert sel.select(128, 1536, 7168, top_k=k) == fresh[k]
+    assert sel.run(np.array([[128, 1536, 7168, 1]]), 2)[0].shape == (1, 2)
+    assert sel.run(np.array([[128, 1536, 7168, 1]]), 4)[0].shape == (1, 4)
+
+
 def test_select_many_equals_select(model) -> None:
     sel = KernelSelector.load(model[3], cache_size=0)
     probs = pd.DataFrame(TRAIN_SHAPES[:6] + [(64, 1, 64)], columns=["m", "n", "k"])
