@@ -829,11 +829,15 @@ EXPORT_SELECT: tuple[str, ...] = ("full", "pruned", "reranked")
 class ExportRerankerConfig:
     """Size of the ``select=reranked`` model (the rest of the model config is the recipe's)."""
 
-    n_estimators: int = 100
+    #: Trees; ``None`` scales them with the recipe's learning rate
+    #: (:func:`ckpred.export.strategies.reranker_size`: 70 at 0.1, 140 at 0.05), since a smaller
+    #: rate needs proportionally more trees to fit as far.
+    n_estimators: Optional[int] = None
     num_leaves: int = 31
 
     def __post_init__(self) -> None:
-        check("reranker.n_estimators", self.n_estimators, self.n_estimators >= 1, "an integer >= 1")
+        check("reranker.n_estimators", self.n_estimators, self.n_estimators is None or self.n_estimators >= 1,
+              "an integer >= 1, or null (trees scaled with the recipe's learning rate)")
         check("reranker.num_leaves", self.num_leaves, self.num_leaves >= 2, "an integer >= 2")
 
 

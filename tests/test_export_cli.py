@@ -41,7 +41,8 @@ def test_export_then_select_from_the_command_line(tmp_path) -> None:
     assert man["training"]["shapes"] == 12 and man["training"]["problem_ranges"]["m"] == [1, 16384]
     assert man["model"]["n_trees"] == 15 and man["model"]["target"] == "rank"  # train's default model
     # default strategy: the candidates, ranked by the small reranker of the same recipe
-    assert man["select"] == "reranked" and man["selection"]["reranker"] == {"n_estimators": 100, "num_leaves": 31}
+    # (70 trees: the default size at the ranker's learning rate 0.1, see reranker_size)
+    assert man["select"] == "reranked" and man["selection"]["reranker"] == {"n_estimators": 70, "num_leaves": 31}
     assert man["selector_model"]["params"]["num_leaves"] == 31 and man["selector_model"]["target"] == "rank"
     assert man["selection"]["candidates"] == len(man["selection"]["candidate_ids"]) < man["catalogue"]["count"]
     sel = _cli("select", "arch=gfx950", "dtype=fp8", "problem.m=128", "problem.n=1536", "problem.k=7168", "top_k=2",

@@ -124,6 +124,23 @@ def test_reranker_is_the_recipe_sized_down_and_fitted_on_candidate_rows_only(set
     assert set(map(tuple, X[kernels].to_numpy())) <= set(map(tuple, candidates.to_numpy()))
 
 
+def test_reranker_trees_scale_with_the_recipes_learning_rate() -> None:
+    """A null ``n_estimators`` keeps trees x learning rate fixed (a smaller rate under-fits with
+    the same trees); a configured size is used as given; the config refuses a size below 1."""
+    from ckpred.errors import ConfigValueError
+    from ckpred.export.strategies import reranker_size
+    from ckpred.schema import ExportRerankerConfig
+
+    default = {"n_estimators": None, "num_leaves": 31}
+    assert reranker_size(default, {"learning_rate": 0.1}) == {"n_estimators": 70, "num_leaves": 31}
+    assert reranker_size(default, {"learning_rate": 0.05}) == {"n_estimators": 140, "num_leaves": 31}
+    assert reranker_size({"n_estimators": 100, "num_leaves": 15}, {"learning_rate": 0.05}) == \
+        {"n_estimators": 100, "num_leaves": 15}
+    assert ExportRerankerConfig().n_estimators is None
+    with pytest.raises(ConfigValueError, match="reranker.n_estimators"):
+        ExportRerankerConfig(n_estimators=0)
+
+
 def test_reranked_export_records_both_models_and_meets_parity(setup, reranked) -> None:
     _, keep, _, man = reranked
     assert man["select"] == "reranked" and man["selection"]["reranker"] == RERANKER

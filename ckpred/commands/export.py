@@ -167,7 +167,7 @@ def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition) -> tuple[np.nda
         return None, None, None, None
     from omegaconf import OmegaConf
 
-    from ckpred.export.strategies import fit_reranker, keep_for_table
+    from ckpred.export.strategies import fit_reranker, keep_for_table, reranker_size
 
     table, reranker, scored = src.table, None, None
     top_n = int(cfg.get("prune_top_n", 1))
@@ -176,7 +176,7 @@ def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition) -> tuple[np.nda
                                  "learned_from_shapes": int(len(table[list(op.problem_names)].drop_duplicates()))}
     if cfg.select == "reranked":
         # The reranker follows the recipe the pipeline was trained with (the run's, for run_dir).
-        size = OmegaConf.to_container(cfg.reranker, resolve=True)
+        size = reranker_size(OmegaConf.to_container(cfg.reranker, resolve=True), src.data_cfg.model)
         reranker = fit_reranker(table, op, src.data_cfg, candidates, reranker=size, arch=cfg.arch, dtype=cfg.dtype,
                                 layout=cfg.layout, seed=int(cfg.get("seed", 0)))
         selection["reranker"] = size

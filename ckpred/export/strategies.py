@@ -15,7 +15,8 @@
     ``pipeline.predict`` on the same rows.
 ``reranked``
     The ``pruned`` candidate set, ranked by a *reranker*: the same recipe (features, model,
-    target) with a small model (``export.reranker``: 100 trees of 31 leaves by default) fitted
+    target) with a small model (``export.reranker``: 31 leaves, 70 trees at a learning rate of 0.1
+    by default, more at a smaller rate: :func:`reranker_size`) fitted
     only on the candidates' rows of the training shapes (:func:`fit_reranker`). Telling a few
     dozen strong kernels apart is an easier problem than ranking all 4,608, so a model a
     fraction of the size ranks them as well as the full one, and its trees (which dominate the
@@ -161,6 +162,21 @@ def candidate_rows(table: pd.DataFrame, op: OpDefinition, keep: np.ndarray, *, a
     return out
 
 
+#: Trees x learning rate of the default reranker: 70 trees at LightGBM's 0.1. A fixed tree count
+#: under-fits a recipe with a smaller rate (at 0.05, 70 trees miss the quality bar on MIOpen's
+#: find-db, 140 pass); a fixed product keeps the fit and the selector as small as the rate allows.
+RERANKER_TREES_X_RATE = 7.0
+
+
+def reranker_size(reranker: Any, model: Any) -> dict[str, int]:
+    """The reranker's ``n_estimators`` and ``num_leaves``: the configured ones, with a null
+    ``n_estimators`` resolved to ``round(RERANKER_TREES_X_RATE / model.learning_rate)``."""
+    trees = reranker["n_estimators"]
+    if trees is None:
+        trees = max(1, round(RERANKER_TREES_X_RATE / float(model["learning_rate"])))
+    return {"n_estimators": int(trees), "num_leaves": int(reranker["num_leaves"])}
+
+
 def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.ndarray, *, reranker: Any,
                  arch: Any, dtype: Any, layout: Any, seed: int = 0) -> Any:
     """The ``reranked`` strategy's model: the recipe's pipeline, sized by ``reranker``, fitted on
@@ -176,8 +192,9 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.nd
     keep : ndarray of int
         The candidate set (:func:`keep_for_table` on the same shapes).
     reranker : config node or mapping
-        ``n_estimators`` and ``num_leaves`` replacing the recipe model's; every other model
-        parameter is the recipe's (early stopping off: every training shape is used; one thread).
+        ``n_estimators`` and ``num_leaves`` replacing the recipe model's (:func:`reranker_size`);
+        every other model parameter is the recipe's (early stopping off: every training shape
+        is used; one thread).
 
     Returns
     -------
@@ -194,8 +211,7 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.nd
         raise ValueError("no training row of a candidate kernel: nothing to fit the reranker on")
     sub = table.iloc[np.flatnonzero(rows)]
     codes = pd.factorize(np.asarray(op.shape_keys(sub)))[0]
-    model_cfg = OmegaConf.merge(recipe.model, {"n_estimators": int(reranker["n_estimators"]),
-                                               "num_leaves": int(reranker["num_leaves"]), "early_stopping_rounds": 0,
+    model_cfg = OmegaConf.merge(recipe.model, {**reranker_size(reranker, recipe.model), "early_stopping_rounds": 0,
                                                # a few thousand rows fit in a second on one thread;
                                                # more OpenMP threads only spin on a busy machine
                                                "n_jobs": 1})
