@@ -43,7 +43,6 @@ from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 
 from ckpred import evaluate as ev
 from ckpred.data.table import data_hash
-from ckpred.dtypes import c_bytes_per_element
 from ckpred.errors import ConfigValueError
 from ckpred.fitting import (LearnedMethod, Prepared, cv_group_names, fit_method, for_arch, model_method,
                             plain_method, predict, prepare, recipe_config, rows_of)
@@ -373,13 +372,7 @@ def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, 
     if cfg.baselines.analytical and type(op).gemm_view is not OpDefinition.gemm_view:
         try:
             # The heuristic reasons about the GEMM the kernel tiles: the op's GEMM view.
-            m, n, k = op.gemm_view(test.table)
-            gemm = test.table.assign(m=m, n=n, k=k)
-            scores["analytical"] = ev.analytical_scores(
-                gemm, cus=int(cfg.arch.cus), peak_tflops=float(cfg.arch.peak_tflops[cfg.dtype.name]),
-                bandwidth_gbs=float(cfg.arch.memory_bandwidth_gbs),
-                bytes_per_element=int(cfg.dtype.bytes_per_element),
-                c_bytes=c_bytes_per_element(cfg.dtype))
+            scores["analytical"] = ev.op_analytical_scores(test.table, op, cfg.arch, cfg.dtype)
         except (KeyError, NotImplementedError) as exc:
             analytical_note = f"skipped: {exc}"
             log.warning("analytical baseline %s", analytical_note)

@@ -473,6 +473,22 @@ def analytical_scores(frame: pd.DataFrame, *, cus: int, peak_tflops: float, band
     return -estimate * (1.0 + 1e-6 * (1.0 - reuse / (1.0 + reuse.max(initial=1.0))))
 
 
+def op_analytical_scores(table: pd.DataFrame, op: Any, arch: Any, dtype: Any) -> np.ndarray:
+    """:func:`analytical_scores` of a table of one op on one arch and dtype: the problem as the
+    op's GEMM view, the arch's CUs, peak and bandwidth and the dtype's element sizes.
+
+    Raises ``NotImplementedError`` when the op has no GEMM view and ``KeyError`` when a column
+    or an arch constant (the dtype's peak) is missing: the caller skips the baseline with that reason.
+    """
+    from ckpred.dtypes import c_bytes_per_element
+
+    m, n, k = op.gemm_view(table)
+    return analytical_scores(table.assign(m=m, n=n, k=k), cus=int(arch.cus),
+                             peak_tflops=float(arch.peak_tflops[dtype.name]),
+                             bandwidth_gbs=float(arch.memory_bandwidth_gbs),
+                             bytes_per_element=int(dtype.bytes_per_element), c_bytes=c_bytes_per_element(dtype))
+
+
 # ---------------------------------------------------------------------------------------------
 # Reports and plots
 # ---------------------------------------------------------------------------------------------
