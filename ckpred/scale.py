@@ -515,7 +515,8 @@ def _score_all(pipe: Any, part: PartitionRecipe, files: list[str], client: Any =
         got = client.gather(client.map(_score_part, files, range(len(files)), part=part, pipe=remote,
                                        static=order, pure=False))
     notes = sorted({note for _, note in got if note})
-    return pd.concat([frame for frame, _ in got], ignore_index=True), notes
+    frames = [frame for frame, _ in got if len(frame)]  # an empty one would turn the counts into floats
+    return (pd.concat(frames, ignore_index=True) if frames else _empty_scores()), notes
 
 
 def _scoring_recipe(cfg: Any, op: OpDefinition, test: tuple[float, float], baselines: tuple[str, ...] = (),

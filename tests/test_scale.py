@@ -168,6 +168,27 @@ def _in_memory_baselines(dataset: Path, op, test: tuple[float, float]) -> pd.Dat
     return pd.concat(out, ignore_index=True)
 
 
+@pytest.mark.parametrize("by", [(), ("m",)])
+def test_best_static_order_from_partition_sums_equals_the_one_process_order(dataset: Path, by: tuple) -> None:
+    """Per-file sums and counts, added up, give the order learned on all training rows at once
+    (here without a cluster: the reduction is the same)."""
+    from ckpred import evaluate as ev
+
+    op = load_op("gemm_universal")
+    part = scale.PartitionRecipe(op=op, recipe=None, rows=None, seed=0, test_lo=0.25, test_hi=0.75, static_by=by)
+    order = scale.best_static_order(part, sorted(str(f) for f in dataset.glob("part-*.parquet")))
+    table = _all_rows(dataset)
+    train_rows = np.flatnonzero(~part.held_out(table))
+    groups = ev.ShapeGroups.from_keys(scale._query_keys(table.iloc[train_rows], op).to_numpy())
+    keys = ev.static_keys(table, train_rows, list(by))
+    perf = ev.measured_perf(table["tflops"].to_numpy(), table["is_valid"].to_numpy())[train_rows]
+    _, ranking = ev.best_static_scores(keys, perf, groups, keys[:1])
+    assert len(order) == len(ranking) == len(set(keys)) and order.max() > 0
+    assert np.allclose(order[ranking.index].to_numpy(), ranking.to_numpy(), rtol=1e-12, atol=0)
+    if by:
+        assert all("@" in k for k in order.index)
+
+
 def test_train_command_on_a_partitioned_dataset(dataset: Path, tmp_path: Path) -> None:
     cfg = _cfg("model.backend=dask", "model.dask.memory_limit=1GiB", "data=path", f"data.path={dataset}",
                "cv=group_kfold", "cv.n_splits=2", "plots=true", f"out_dir={tmp_path}")
