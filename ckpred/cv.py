@@ -43,7 +43,6 @@ from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 
 from ckpred import evaluate as ev
 from ckpred.data.table import data_hash
-from ckpred.dtypes import c_bytes_per_element
 from ckpred.errors import ConfigValueError
 from ckpred.fitting import (LearnedMethod, Prepared, cv_group_names, fit_method, for_arch, model_method,
                             plain_method, predict, prepare, recipe_config, rows_of)
@@ -362,9 +361,9 @@ def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, 
             if cfg.baselines.best_static:
                 train_rows = rows_of(data.groups, fold.train_shapes)
                 sub = ev.ShapeGroups.from_keys(data.groups.codes[train_rows])
-                s, ranking = ev.best_static_scores(_static_keys(data.table, train_rows, static_by),
+                s, ranking = ev.best_static_scores(ev.static_keys(data.table, train_rows, static_by),
                                                    data.perf[train_rows], sub,
-                                                   _static_keys(test.table, test_rows, static_by))
+                                                   ev.static_keys(test.table, test_rows, static_by))
                 scores["best_static"][test_rows] = s
                 entry["best_static"] = {"top_kernels": ranking.head(5).round(4).to_dict()}
             fold_log.append(entry)
@@ -373,13 +372,7 @@ def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, 
     if cfg.baselines.analytical and type(op).gemm_view is not OpDefinition.gemm_view:
         try:
             # The heuristic reasons about the GEMM the kernel tiles: the op's GEMM view.
-            m, n, k = op.gemm_view(test.table)
-            gemm = test.table.assign(m=m, n=n, k=k)
-            scores["analytical"] = ev.analytical_scores(
-                gemm, cus=int(cfg.arch.cus), peak_tflops=float(cfg.arch.peak_tflops[cfg.dtype.name]),
-                bandwidth_gbs=float(cfg.arch.memory_bandwidth_gbs),
-                bytes_per_element=int(cfg.dtype.bytes_per_element),
-                c_bytes=c_bytes_per_element(cfg.dtype))
+            scores["analytical"] = ev.op_analytical_scores(test.table, op, cfg.arch, cfg.dtype)
         except (KeyError, NotImplementedError) as exc:
             analytical_note = f"skipped: {exc}"
             log.warning("analytical baseline %s", analytical_note)
@@ -430,15 +423,6 @@ def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, 
     mean = metrics["model"].get("mean", float("nan"))
     log.info("model mean efficiency %.4f (%s) in %.1fs -> %s", mean, cfg.cv.name, timings["total_s"], out_dir)
     return float(mean)
-
-
-def _static_keys(table: pd.DataFrame, rows: np.ndarray, by: list[str]) -> np.ndarray:
-    """The kernel names the best-static order ranks: with ``by``, one name per (kernel, values of by)."""
-    names = table["kernel_name"].to_numpy()[rows]
-    if not by:
-        return names
-    strata = table[by].iloc[rows].astype(str).agg("|".join, axis=1).to_numpy(dtype=object)
-    return np.asarray(names, dtype=object) + "@" + strata
 
 
 def _field_range(column: pd.Series) -> list[Any]:

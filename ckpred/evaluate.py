@@ -378,6 +378,31 @@ def cv_heading(group_key: Sequence[str], cv: Any, n_folds: int) -> str:
 # ---------------------------------------------------------------------------------------------
 # Baselines without a learned model
 # ---------------------------------------------------------------------------------------------
+def best_static_sums(train_kernels: np.ndarray, train_perf: np.ndarray,
+                     train_groups: ShapeGroups) -> tuple[pd.Series, int]:
+    """The additive part of the ``best_static`` order: per kernel, the sum of ``perf / best``
+    over the training shapes, and the number of training shapes with a valid kernel.
+
+    Sums and counts over disjoint sets of shapes add up, so a dataset too large for one
+    process is reduced file by file (:mod:`ckpred.scale`); the order is the summed
+    ``sums / count`` (:func:`best_static_scores`).
+    """
+    train_perf = np.asarray(train_perf, dtype=np.float64)
+    best = np.zeros(train_groups.n_shapes)
+    np.maximum.at(best, train_groups.codes, train_perf)
+    rel = np.divide(train_perf, best[train_groups.codes], out=np.zeros_like(train_perf),
+                    where=best[train_groups.codes] > 0)
+    sums = pd.Series(rel).groupby(np.asarray(train_kernels, dtype=object), sort=False).sum()
+    return sums, int(np.sum(best > 0))
+
+
+def best_static_apply(per_kernel: pd.Series, test_kernels: np.ndarray) -> np.ndarray:
+    """Scores of test rows under a ``best_static`` order (kernel -> training score); a kernel
+    the order does not hold scores -inf."""
+    scores = pd.Series(np.asarray(test_kernels, dtype=object)).map(per_kernel).to_numpy(dtype=np.float64)
+    return np.where(np.isnan(scores), -np.inf, scores)
+
+
 def best_static_scores(train_kernels: np.ndarray, train_perf: np.ndarray, train_groups: ShapeGroups,
                        test_kernels: np.ndarray) -> tuple[np.ndarray, pd.Series]:
     """Score test rows by each kernel's mean efficiency over the training shapes.
@@ -395,16 +420,19 @@ def best_static_scores(train_kernels: np.ndarray, train_perf: np.ndarray, train_
     ranking : Series
         Mean training efficiency per kernel name, highest first.
     """
-    train_perf = np.asarray(train_perf, dtype=np.float64)
-    best = np.zeros(train_groups.n_shapes)
-    np.maximum.at(best, train_groups.codes, train_perf)
-    rel = np.divide(train_perf, best[train_groups.codes], out=np.zeros_like(train_perf),
-                    where=best[train_groups.codes] > 0)
-    n_scored = max(int(np.sum(best > 0)), 1)
-    per_kernel = pd.Series(rel).groupby(np.asarray(train_kernels, dtype=object), sort=False).sum() / n_scored
+    sums, n_scored = best_static_sums(train_kernels, train_perf, train_groups)
+    per_kernel = sums / max(n_scored, 1)
     ranking = per_kernel.sort_values(ascending=False, kind="stable")
-    scores = pd.Series(np.asarray(test_kernels, dtype=object)).map(per_kernel).to_numpy(dtype=np.float64)
-    return np.where(np.isnan(scores), -np.inf, scores), ranking
+    return best_static_apply(per_kernel, test_kernels), ranking
+
+
+def static_keys(table: pd.DataFrame, rows: np.ndarray, by: Sequence[str]) -> np.ndarray:
+    """The kernel names the best-static order ranks: with ``by``, one name per (kernel, values of by)."""
+    names = table["kernel_name"].to_numpy()[rows]
+    if not by:
+        return names
+    strata = table[list(by)].iloc[rows].astype(str).agg("|".join, axis=1).to_numpy(dtype=object)
+    return np.asarray(names, dtype=object) + "@" + strata
 
 
 #: Columns the analytical heuristic needs.
@@ -443,6 +471,22 @@ def analytical_scores(frame: pd.DataFrame, *, cus: int, peak_tflops: float, band
     reuse = 2.0 * tm * tn * tk / (4.0 * (tm * tk + tk * tn))
     # reuse <= 128 for the tile ranges in use; the tie-break is tiny relative to the estimate.
     return -estimate * (1.0 + 1e-6 * (1.0 - reuse / (1.0 + reuse.max(initial=1.0))))
+
+
+def op_analytical_scores(table: pd.DataFrame, op: Any, arch: Any, dtype: Any) -> np.ndarray:
+    """:func:`analytical_scores` of a table of one op on one arch and dtype: the problem as the
+    op's GEMM view, the arch's CUs, peak and bandwidth and the dtype's element sizes.
+
+    Raises ``NotImplementedError`` when the op has no GEMM view and ``KeyError`` when a column
+    or an arch constant (the dtype's peak) is missing: the caller skips the baseline with that reason.
+    """
+    from ckpred.dtypes import c_bytes_per_element
+
+    m, n, k = op.gemm_view(table)
+    return analytical_scores(table.assign(m=m, n=n, k=k), cus=int(arch.cus),
+                             peak_tflops=float(arch.peak_tflops[dtype.name]),
+                             bandwidth_gbs=float(arch.memory_bandwidth_gbs),
+                             bytes_per_element=int(dtype.bytes_per_element), c_bytes=c_bytes_per_element(dtype))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -151,6 +151,11 @@ class PartitionRecipe:
     #: Queries whose stable hash falls in [test_lo, test_hi) are held out (test) — none by default.
     test_lo: float = 0.0
     test_hi: float = 0.0
+    #: Baselines scored beside the model on the held-out queries (``random``, ``best_static``,
+    #: ``analytical``); none by default.
+    baselines: tuple[str, ...] = ()
+    #: Problem fields the best-static order is learned per (``baselines.best_static_by``).
+    static_by: tuple[str, ...] = ()
 
     def held_out(self, frame: pd.DataFrame) -> np.ndarray:
         """bool per row: its query is held out for testing (a stable hash of the query key)."""
@@ -417,50 +422,127 @@ def _fit_dask(client: Any, files: list[str], part: PartitionRecipe, names: list[
 
 
 # -- scoring held-out queries ------------------------------------------------------------------
-def _score_part(file: str, number: int, part: PartitionRecipe, pipe: Any) -> pd.DataFrame:
-    """Per held-out query of one partition: its efficiency (and top-1) with ``pipe``'s model."""
+def _static_part(file: str, part: PartitionRecipe) -> tuple[pd.Series, int]:
+    """The training side of ``best_static`` on one partition: per kernel the sum of ``perf /
+    best`` over the partition's training (not held-out) queries, and how many of them have a
+    valid kernel (:func:`ckpred.evaluate.best_static_sums`; summed over partitions on the client)."""
+    op = part.op
+    columns = list(dict.fromkeys([*COMBO_COLUMNS, *op.group_key, "kernel_name", "tflops", "is_valid",
+                                  *part.static_by]))
+    frame = pd.read_parquet(file, columns=columns)
+    frame = frame[~part.held_out(frame)].reset_index(drop=True)
+    if len(frame) == 0:
+        return pd.Series(dtype=np.float64), 0
+    # the perf and the queries exactly as ckpred.fitting.prepare computes them
+    perf = ev.measured_perf(frame["tflops"].to_numpy(), frame["is_valid"].to_numpy())
+    groups = ev.ShapeGroups.from_keys(op.shape_keys(frame))
+    return ev.best_static_sums(ev.static_keys(frame, np.arange(len(frame)), part.static_by), perf, groups)
+
+
+def best_static_order(part: PartitionRecipe, files: list[str], client: Any = None) -> pd.Series:
+    """The ``best_static`` order learned on the training queries of every partition: per kernel
+    its mean ``perf / best`` over them (what :func:`ckpred.evaluate.best_static_scores` learns on
+    one table), from per-partition sums and counts (on the cluster with ``client``, else here)."""
+    if client is None:
+        parts = [_static_part(f, part) for f in files]
+    else:
+        parts = client.gather(client.map(_static_part, files, part=part, pure=False))
+    sums = [s for s, _ in parts if len(s)]
+    if not sums:
+        return pd.Series(dtype=np.float64)
+    total = pd.concat(sums).groupby(level=0, sort=False).sum()
+    return total / max(sum(n for _, n in parts), 1)
+
+
+def _empty_scores() -> pd.DataFrame:
+    return pd.DataFrame({"method": pd.Series(dtype=str), "query": pd.Series(dtype=str),
+                         "efficiency": pd.Series(dtype=np.float64), "top1": pd.Series(dtype=np.float64)})
+
+
+def _score_part(file: str, number: int, part: PartitionRecipe, pipe: Any,
+                static: pd.Series | None = None) -> tuple[pd.DataFrame, str | None]:
+    """Per held-out query of one partition and per method (the model, then ``part.baselines``):
+    the metrics of :func:`ckpred.evaluate.shape_metrics`, the query's family and the chosen
+    kernel. Returns the rows and why the analytical baseline was skipped here (or None)."""
     from ckpred.fitting import predict
 
     frame = pd.read_parquet(file)
     frame = frame[part.held_out(frame)].reset_index(drop=True)
     if len(frame) == 0:
-        return pd.DataFrame({"query": pd.Series(dtype=str), "efficiency": pd.Series(dtype=np.float64),
-                             "top1": pd.Series(dtype=np.float64)})
+        return _empty_scores(), None
     combo = combo_config(frame)
     data = prepare(frame, part.op, combo, arch=combo.arch)
     from sklearn.pipeline import Pipeline
 
     features = part.features(combo).fit(data.X.head(8))
     scorer = Pipeline([("features", features), ("model", pipe.named_steps["model"])])
-    scores = predict(scorer, data.X)
-    sm = ev.shape_metrics(data.perf, scores, data.groups, data.selectable)
+    per_method = {"model": ev.shape_metrics(data.perf, predict(scorer, data.X), data.groups, data.selectable)}
+    if "best_static" in part.baselines and static is not None:
+        scores = ev.best_static_apply(static, ev.static_keys(data.table, np.arange(len(data.table)), part.static_by))
+        per_method["best_static"] = ev.shape_metrics(data.perf, scores, data.groups, data.selectable)
+    note = None
+    if "analytical" in part.baselines:
+        try:  # the partition's own arch and dtype constants
+            scores = ev.op_analytical_scores(data.table, part.op, combo.arch, combo.dtype)
+            per_method["analytical"] = ev.shape_metrics(data.perf, scores, data.groups, data.selectable)
+        except (KeyError, NotImplementedError) as exc:
+            note = f"skipped: {exc}"
+    if "random" in part.baselines:
+        per_method["random"] = ev.random_shape_metrics(data.perf, data.groups)
     keys = _query_keys(frame.iloc[data.groups.first_rows()], part.op).to_numpy()
-    return pd.DataFrame({"query": keys, "efficiency": sm["efficiency"].to_numpy(),
-                         "top1": sm["top1"].to_numpy()})
+    kernels = data.table["kernel_name"].to_numpy()
+    out = []
+    for method in (m for m in ev.METHODS if m in per_method):
+        ps = per_method[method]
+        chosen = ps["chosen_row"].to_numpy()
+        head = pd.DataFrame({"method": method, "query": keys, "family": data.shapes["family"].to_numpy()})
+        if "best_pipeline" in data.shapes:
+            head["best_pipeline"] = data.shapes["best_pipeline"].to_numpy()
+        head["kernel"] = np.where(chosen >= 0, kernels[np.maximum(chosen, 0)], "") if method != "random" else ""
+        out.append(pd.concat([head, ps.drop(columns=["chosen_row", "best_row"]).reset_index(drop=True)], axis=1))
+    return pd.concat(out, ignore_index=True), note
+
+
+def _score_all(pipe: Any, part: PartitionRecipe, files: list[str], client: Any = None,
+               static: pd.Series | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """:func:`_score_part` of every partition (on the cluster with ``client``) and the
+    analytical baseline's skip reasons."""
+    if client is None:
+        got = [_score_part(f, i, part, pipe, static) for i, f in enumerate(files)]
+    else:
+        remote = client.scatter(pipe, broadcast=True)
+        order = None if static is None else client.scatter(static, broadcast=True)
+        got = client.gather(client.map(_score_part, files, range(len(files)), part=part, pipe=remote,
+                                       static=order, pure=False))
+    notes = sorted({note for _, note in got if note})
+    frames = [frame for frame, _ in got if len(frame)]  # an empty one would turn the counts into floats
+    return (pd.concat(frames, ignore_index=True) if frames else _empty_scores()), notes
+
+
+def _scoring_recipe(cfg: Any, op: OpDefinition, test: tuple[float, float], baselines: tuple[str, ...] = (),
+                    static_by: tuple[str, ...] = ()) -> PartitionRecipe:
+    from ckpred.fitting import model_method
+
+    method = model_method(cfg)
+    return PartitionRecipe(op=op, recipe=method.recipe, rows=method.rows, seed=int(cfg.seed),
+                           test_lo=float(test[0]), test_hi=float(test[1]), baselines=baselines,
+                           static_by=static_by)
 
 
 def score_partitioned(pipe: Any, cfg: Any, op: OpDefinition, path: str | Path, *, test: tuple[float, float],
                       client: Any = None) -> pd.DataFrame:
-    """Per-query efficiency of ``pipe`` on the held-out queries of a partitioned dataset (each
-    partition scored where it is read: on the cluster with ``client``, else here)."""
-    from ckpred.fitting import model_method
-
-    method = model_method(cfg)
-    files = _partition_files(path, op)
-    part = PartitionRecipe(op=op, recipe=method.recipe, rows=method.rows, seed=int(cfg.seed),
-                           test_lo=float(test[0]), test_hi=float(test[1]))
-    if client is None:
-        frames = [_score_part(f, i, part, pipe) for i, f in enumerate(files)]
-    else:
-        remote = client.scatter(pipe, broadcast=True)
-        frames = client.gather(client.map(_score_part, files, range(len(files)), part=part, pipe=remote,
-                                          pure=False))
-    out = pd.concat(frames, ignore_index=True)
+    """Per-query efficiency (and top-1 and the other per-shape metrics) of ``pipe`` on the
+    held-out queries of a partitioned dataset that have a valid kernel (each partition scored
+    where it is read: on the cluster with ``client``, else here)."""
+    out, _ = _score_all(pipe, _scoring_recipe(cfg, op, test), _partition_files(path, op), client)
     return out[out["efficiency"].notna()].reset_index(drop=True)
 
 
-def summary(per_query: pd.DataFrame) -> dict[str, float]:
-    """Mean and P10 per-query efficiency and top-1 share (the figures ``train`` reports)."""
+def summary(per_query: pd.DataFrame, method: str = "model") -> dict[str, float]:
+    """Mean and P10 per-query efficiency and top-1 share (the figures ``train`` reports) of one
+    method's rows (all rows when ``per_query`` has no ``method`` column)."""
+    if "method" in per_query:
+        per_query = per_query[per_query["method"] == method]
     eff = per_query["efficiency"].to_numpy()
     return {"queries": int(len(eff)), "mean": float(eff.mean()), "p10": float(np.percentile(eff, 10)),
             "top1": float(per_query["top1"].mean())}
@@ -493,16 +575,44 @@ def fold_fits(cfg: Any, data: Any, op: OpDefinition, jobs: list[tuple[Any, np.nd
             yield pipe, info
 
 
+def _baselines(cfg: Any, op: OpDefinition) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The baselines of ``cfg.baselines`` a partitioned run scores, and ``best_static_by``.
+
+    ``analytical`` is tried only when the op has a GEMM view, as in the in-memory run.
+    """
+    b = cfg.baselines
+    names = tuple(m for m, on in (("best_static", b.best_static),
+                                  ("analytical", b.analytical and type(op).gemm_view is not OpDefinition.gemm_view),
+                                  ("random", b.random)) if on)
+    by = tuple(str(f) for f in b.get("best_static_by") or ())
+    for f in by:
+        if f not in op.problem_names:
+            raise ConfigValueError("baselines.best_static_by", f, f"a problem field of op {op.name}: "
+                                   + ", ".join(op.problem_names))
+    return names, by
+
+
 def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: Path) -> float:
     """``train`` on a partitioned dataset with ``model.backend=dask``; returns the mean efficiency.
 
     Folds hold out queries by a stable hash of their key (``cv=group_kfold``: ``cv.n_splits``
     equal hash ranges; ``cv=holdout``: the first ``cv.test_fraction`` of the range). Each
-    fold trains on the cluster and scores its held-out queries there; the final model trains
-    on every query. Writes ``metrics.json`` (the model's mean, P10, top-1 over the held-out
-    queries), ``per_query.csv``, ``pipeline.joblib`` and the run record. Baselines, plots,
-    the out-of-fold row scores of an in-memory run and the learned failure model
-    (``validity.learned``) are not computed: they need the table in one process.
+    fold trains on the cluster and scores its held-out queries there, with the no-learning
+    baselines of ``cfg.baselines`` on the same queries: ``random`` (analytic, per query),
+    ``best_static`` (the per-kernel sums and counts of the fold's training queries, computed per
+    partition and added up on the client: :func:`best_static_order`, equal to the in-memory
+    order on the same training queries) and ``analytical`` (with each partition's own arch and
+    dtype constants; skipped, with the reason, when any partition lacks what it needs). The
+    final model trains on every query.
+
+    Writes ``metrics.json`` (per method the in-memory run's report: :func:`ckpred.evaluate.method_report`
+    with ``by_family``, ``by_best_pipeline`` and the spread over folds), ``per_query.csv`` (one
+    row per held-out query and method: ``method`` column), ``folds.json`` (with each fold's top
+    best-static kernels), ``efficiency_cdf.png`` and ``efficiency_at_k.png`` (``plots``),
+    ``pipeline.joblib`` and the run record. Not computed, as they need the table in one
+    process or more fits: the out-of-fold row scores (``oof_predictions.parquet``), the learned
+    failure model (``validity.learned``), the learned baselines ``plain`` and ``reference``, the
+    feature-importance plot and breakdowns by categorical problem fields.
     """
     import joblib
 
@@ -523,29 +633,59 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
     else:
         raise ConfigValueError("cv", cfg.cv.name, "group_kfold or holdout with a partitioned dataset "
                                "(model.backend=dask): folds hold out queries by a hash of their key")
+    baselines, static_by = _baselines(cfg, op)
     manifest = read_manifest(path, op)  # a malformed manifest is refused before a cluster starts
+    files = _partition_files(path, op)
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    per_query, folds = [], []
+    per_query, folds, notes = [], [], set()
     with dask_client(cfg.model.dask) as client:
         for i, test in enumerate(ranges):
             t = time.perf_counter()
             pipe, info = fit_partitioned(cfg, op, path, backend="dask", client=client, test=test)
-            scored = score_partitioned(pipe, cfg, op, path, test=test, client=client).assign(fold=i)
-            per_query.append(scored)
-            folds.append({"fold": f"fold{i}", "test_hash_range": list(test), **info,
-                          "fit_score_s": round(time.perf_counter() - t, 2)})
+            entry = {"fold": f"fold{i}", "test_hash_range": list(test), **info,
+                     "fit_score_s": round(time.perf_counter() - t, 2)}
+            timings["model_s"] = timings.get("model_s", 0.0) + entry["fit_score_s"]
+            part = _scoring_recipe(cfg, op, test, baselines, static_by)
+            static = None
+            if "best_static" in baselines:
+                t = time.perf_counter()
+                static = best_static_order(part, files, client)
+                entry["best_static"] = {"top_kernels": static.sort_values(ascending=False, kind="stable")
+                                        .head(5).round(4).to_dict()}
+                timings["best_static_s"] = timings.get("best_static_s", 0.0) + time.perf_counter() - t
+            scored, skipped = _score_all(pipe, part, files, client, static)
+            per_query.append(scored.assign(fold=i))
+            notes.update(skipped)
+            folds.append(entry)
         t = time.perf_counter()
         final, final_info = fit_partitioned(cfg, op, path, backend="dask", client=client) \
             if cfg.save_pipeline else (None, {})
         timings["final_fit_s"] = time.perf_counter() - t
     table = pd.concat(per_query, ignore_index=True)
-    metrics = {"_heading": f"queries held out by key hash, {cfg.cv.name} ({len(ranges)} folds), Dask",
-               "model": summary(table)}
+    if notes:  # scored on some partitions only: not comparable with the other methods
+        table = table[table["method"] != "analytical"]
+        log.warning("analytical baseline %s", "; ".join(notes))
+    # one frame per method, its queries in one order (each method scores every held-out query)
+    per_shape = {m: table[table["method"] == m].sort_values(["fold", "query"], kind="stable").reset_index(drop=True)
+                 for m in ev.METHODS if (table["method"] == m).any()}
+    heading = f"queries held out by key hash, {cfg.cv.name} ({len(ranges)} folds), Dask"
+    metrics: dict[str, Any] = {
+        m: ev.method_report(ps, ps["family"].to_numpy(), op.families,
+                            ps["best_pipeline"].to_numpy() if "best_pipeline" in ps else None,
+                            fold=ps["fold"].to_numpy() if len(ranges) > 1 else None)
+        for m, ps in per_shape.items()}
+    if notes:
+        metrics["analytical"] = {"skipped": "; ".join(notes)}
     out_dir = Path(out_dir)
-    ev.write_json(out_dir / "metrics.json", metrics)
+    ev.write_json(out_dir / "metrics.json", {"_heading": heading, **metrics})
     ev.write_json(out_dir / "folds.json", {"cv": cfg.cv.name, "folds": folds})
-    table.to_csv(out_dir / "per_query.csv", index=False)
+    first = ["fold", "method", "query", "family"]
+    table[first + [c for c in table.columns if c not in first]].to_csv(out_dir / "per_query.csv", index=False)
+    if cfg.plots and per_shape:
+        ev.plot_efficiency_cdf(per_shape, per_shape["model"]["family"].to_numpy(), op.families,
+                               out_dir / "efficiency_cdf.png")
+        ev.plot_efficiency_at_k({m: r for m, r in metrics.items() if "mean" in r}, out_dir / "efficiency_at_k.png")
     feature_names: list[str] = []
     pipeline = None
     if final is not None:
@@ -561,15 +701,15 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
               "data": {"partitioned": str(path), "rows": manifest["rows"], "partitions": len(manifest["partitions"]),
                        "combos": sorted({"/".join(p[c] for c in COMBO_COLUMNS) for p in manifest["partitions"]})},
               "cv": cfg.cv.name, "n_folds": len(ranges), "seed": int(cfg.seed), "backend": "dask",
-              "failure_model": False,
-              "pipeline": pipeline, "metrics": {"model": metrics["model"]},
+              "heading": heading, "families": list(op.families), "failure_model": False,
+              "pipeline": pipeline,
+              "metrics": {m: {k: v for k, v in r.items() if not isinstance(v, dict)} for m, r in metrics.items()},
               "timings_s": {k: round(v, 2) for k, v in timings.items()},
               "versions": package_versions(("ckpred", "lightgbm", "dask", "distributed", "scikit-learn", "numpy",
                                             "pandas", "pyarrow")),
               "config": OmegaConf.to_container(cfg, resolve=True)}
     ev.write_json(out_dir / RUN_RECORD, record)
-    m = metrics["model"]
     if cfg.progress:
-        print(f"{metrics['_heading']}: model mean efficiency {m['mean']:.2%}, P10 {m['p10']:.2%}, top-1 "
-              f"{m['top1']:.1%} over {m['queries']} held-out queries of {manifest['rows']:,} rows -> {out_dir}")
-    return float(m["mean"])
+        ev.print_summary(metrics, op.families, out_dir, timings,
+                         heading=f"{heading}, {manifest['rows']:,} rows")
+    return float(metrics.get("model", {}).get("mean", float("nan")))

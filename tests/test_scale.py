@@ -136,9 +136,62 @@ def test_a_query_split_across_partitions_is_refused(tmp_path: Path, client) -> N
         assert "gfx942/fp16/rcr/" in msg and "part-00000.parquet" in msg and "part-00001.parquet" in msg
 
 
+def _in_memory_baselines(dataset: Path, op, test: tuple[float, float]) -> pd.DataFrame:
+    """``best_static``, ``random`` and ``analytical`` per held-out query, the best-static order
+    learned on every training row of the dataset at once (one process, as the in-memory ``train``
+    does: :func:`ckpred.evaluate.best_static_scores`); each combo's rows then scored with its
+    own validity rules and constants."""
+    from ckpred import evaluate as ev
+    from ckpred.fitting import prepare
+
+    table = _all_rows(dataset)
+    held = scale.PartitionRecipe(op=op, recipe=None, rows=None, seed=0, test_lo=test[0],
+                                 test_hi=test[1]).held_out(table)
+    train_rows = np.flatnonzero(~held)
+    groups = ev.ShapeGroups.from_keys(scale._query_keys(table.iloc[train_rows], op).to_numpy())
+    perf = ev.measured_perf(table["tflops"].to_numpy(), table["is_valid"].to_numpy())
+    names = table["kernel_name"].to_numpy(dtype=object)
+    out = []
+    for _, rows in table[held].groupby(["arch", "dtype", "layout"]):
+        rows = rows.reset_index(drop=True)
+        combo = scale.combo_config(rows)
+        data = prepare(rows, op, combo, arch=combo.arch)
+        static, _ = ev.best_static_scores(names[train_rows], perf[train_rows], groups, rows["kernel_name"].to_numpy())
+        keys = scale._query_keys(rows.iloc[data.groups.first_rows()], op).to_numpy()
+        for method, ps in (
+                ("best_static", ev.shape_metrics(data.perf, static, data.groups, data.selectable)),
+                ("random", ev.random_shape_metrics(data.perf, data.groups)),
+                ("analytical", ev.shape_metrics(data.perf, ev.op_analytical_scores(rows, op, combo.arch, combo.dtype),
+                                                data.groups, data.selectable))):
+            out.append(pd.DataFrame({"method": method, "query": keys, "efficiency": ps["efficiency"].to_numpy(),
+                                     "top1": ps["top1"].to_numpy()}))
+    return pd.concat(out, ignore_index=True)
+
+
+@pytest.mark.parametrize("by", [(), ("m",)])
+def test_best_static_order_from_partition_sums_equals_the_one_process_order(dataset: Path, by: tuple) -> None:
+    """Per-file sums and counts, added up, give the order learned on all training rows at once
+    (here without a cluster: the reduction is the same)."""
+    from ckpred import evaluate as ev
+
+    op = load_op("gemm_universal")
+    part = scale.PartitionRecipe(op=op, recipe=None, rows=None, seed=0, test_lo=0.25, test_hi=0.75, static_by=by)
+    order = scale.best_static_order(part, sorted(str(f) for f in dataset.glob("part-*.parquet")))
+    table = _all_rows(dataset)
+    train_rows = np.flatnonzero(~part.held_out(table))
+    groups = ev.ShapeGroups.from_keys(scale._query_keys(table.iloc[train_rows], op).to_numpy())
+    keys = ev.static_keys(table, train_rows, list(by))
+    perf = ev.measured_perf(table["tflops"].to_numpy(), table["is_valid"].to_numpy())[train_rows]
+    _, ranking = ev.best_static_scores(keys, perf, groups, keys[:1])
+    assert len(order) == len(ranking) == len(set(keys)) and order.max() > 0
+    assert np.allclose(order[ranking.index].to_numpy(), ranking.to_numpy(), rtol=1e-12, atol=0)
+    if by:
+        assert all("@" in k for k in order.index)
+
+
 def test_train_command_on_a_partitioned_dataset(dataset: Path, tmp_path: Path) -> None:
     cfg = _cfg("model.backend=dask", "model.dask.memory_limit=1GiB", "data=path", f"data.path={dataset}",
-               "cv=holdout", "cv.test_fraction=0.3", f"out_dir={tmp_path}")
+               "cv=group_kfold", "cv.n_splits=2", "plots=true", f"out_dir={tmp_path}")
     mean = train(cfg)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     record = json.loads((tmp_path / "run.json").read_text())
@@ -146,8 +199,28 @@ def test_train_command_on_a_partitioned_dataset(dataset: Path, tmp_path: Path) -
     assert record["backend"] == "dask" and record["data"]["partitions"] == 8
     assert record["data"]["combos"] == ["gfx942/fp16/rcr", "gfx950/bf16/rcr"]
     assert (tmp_path / "pipeline.joblib").is_file()
+    # the baselines on the same held-out queries, reported as the in-memory run reports them
+    assert [m for m in metrics if not m.startswith("_")] == ["model", "best_static", "analytical", "random"]
     per_query = pd.read_csv(tmp_path / "per_query.csv")
-    assert len(per_query) == metrics["model"]["queries"]
+    for method in ("model", "best_static", "analytical", "random"):
+        rep = metrics[method]
+        assert {"mean", "p10", "top1", "efficiency@5", "failed_pick", "by_family", "folds"} <= set(rep)
+        assert rep["folds"]["n"] == 2 and 0.0 < rep["p10"] <= rep["mean"] <= 1.0
+        rows = per_query[per_query["method"] == method]
+        assert len(rows) == rep["n_shapes"] + rep["n_shapes_without_valid_kernel"] > 0
+        assert rows["efficiency"].mean() == pytest.approx(rep["mean"])
+        assert record["metrics"][method]["mean"] == rep["mean"]
+    assert metrics["model"]["mean"] > metrics["random"]["mean"]
+    # equal to the baselines computed on the whole table in one process, fold by fold
+    op = load_op(cfg.op)
+    expected = pd.concat([_in_memory_baselines(dataset, op, (i / 2, (i + 1) / 2)) for i in range(2)])
+    got = per_query.merge(expected, on=["method", "query"], suffixes=("", "_in_memory"))
+    assert len(got) == len(per_query) - (per_query["method"] == "model").sum() == len(expected)
+    for col in ("efficiency", "top1"):
+        assert np.allclose(got[col], got[f"{col}_in_memory"], rtol=1e-12, atol=0, equal_nan=True), col
+    folds = json.loads((tmp_path / "folds.json").read_text())["folds"]
+    assert len(folds[0]["best_static"]["top_kernels"]) == 5
+    assert (tmp_path / "efficiency_cdf.png").stat().st_size > 0 and (tmp_path / "efficiency_at_k.png").is_file()
 
 
 def test_an_ingested_table_directory_trains_on_dask(tmp_path: Path) -> None:
