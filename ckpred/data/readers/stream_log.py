@@ -27,13 +27,13 @@ from __future__ import annotations
 import json
 import math
 import re
+from itertools import chain
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import orjson
-import pandas as pd
 
 from ckpred.data.readers.common import (FileRead, ReadContext, Reject, RowBuffer, line_blocks, sorted_rejects, to_float,
                                         to_int)
@@ -223,32 +223,40 @@ _LONG_LINE = 4096
 _ODD_BYTE = np.ones(256, dtype=bool)
 _ODD_BYTE[32:127] = False
 _ODD_BYTE[[9, 10, 13]] = False
-_FINE_BYTES = bytes(np.flatnonzero(~_ODD_BYTE).tolist())
 
 
-def _odd_positions(block: bytes, arr: np.ndarray) -> np.ndarray:
-    """Where ``arr`` (the start of ``block``) has a byte of :data:`_ODD_BYTE` (one C pass over
-    ``block`` when there is none)."""
-    if not block.translate(None, _FINE_BYTES):
-        return np.zeros(0, dtype=np.int64)
-    return np.flatnonzero(_ODD_BYTE[arr])
+def _scan(block: bytes, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions in ``arr`` (the start of ``block``) of the newlines, and of the bytes of
+    :data:`_ODD_BYTE`.
+
+    One pass finds every control byte (newlines among them); bytes from DEL up are looked for
+    only when ``block`` has one (a C scan each).
+    """
+    control = np.flatnonzero(arr < 32)
+    kind = arr[control]
+    newline = kind == 10
+    if newline.all():
+        ends, odd = control, control[:0]
+    else:
+        ends = control[newline]
+        odd = control[_ODD_BYTE[kind]]
+    if not block.isascii() or b"\x7f" in block:
+        odd = np.union1d(odd, np.flatnonzero(arr >= 127))
+    return ends, odd
 
 
 def _read_block(block: bytes, end: int, first_line: int, reader: _LineReader, decoder: Any,
                 ctx: ReadContext) -> tuple[FileRead, int]:
     """Rows and rejects of the whole lines in ``block[:end]``, the first being line ``first_line``;
     and the number of those lines."""
-    import msgspec
-
     arr = np.frombuffer(block, dtype=np.uint8, count=end)
-    ends = np.flatnonzero(arr == 10)
+    ends, odd = _scan(block, arr)
     if not len(ends) or ends[-1] != end - 1:
         ends = np.append(ends, end - 1)  # the file's last line, without a newline
     starts = np.r_[0, ends[:-1] + 1]
     n_lines = len(starts)
     lengths = ends - starts
     fast = (arr[starts] == ord("{")) & (lengths < _LONG_LINE)
-    odd = _odd_positions(block, arr)
     if len(odd):
         fast[np.searchsorted(starts, odd, side="right") - 1] = False
     if first_line == 1:
@@ -276,21 +284,16 @@ def _read_block(block: bytes, end: int, first_line: int, reader: _LineReader, de
     breaks = np.flatnonzero(np.diff(fast_idx) != 1)
     run_first = fast_idx[np.r_[0, breaks + 1]]
     run_last = fast_idx[np.r_[breaks, len(fast_idx) - 1]]
-    view = memoryview(block)
-    decoded: list[Any] | None = []
-    try:
-        for s, e in zip(starts[run_first].tolist(), ends[run_last].tolist()):
-            decoded += decoder.decode_lines(view[s:e + 1])  # type: ignore[operator]
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        decoded = None
-    if decoded is None or len(decoded) != len(fast_idx):  # the block is read line by line
+    decoded = _decode(memoryview(block), starts, ends, run_first, run_last, decoder, len(ctx.op.problem_names),
+                      len(fast_idx))
+    if decoded is None:  # the block is read line by line
         reader.header = start_header
         rows, rejects = new_buffer(ctx), []
         for index in range(n_lines):
             reader.line(first_line + index, block[starts[index]:ends[index] + 1], rows, rejects)
         return FileRead(rows, rejects), n_lines
     reader_header = reader.header
-    fast_rows, deferred = _vector_rows(decoded, fast_idx + first_line, header_of, header_list, ctx)
+    fast_rows, deferred = _vector_rows(*decoded, fast_idx + first_line, header_of, header_list, ctx)
     for i in deferred.tolist():  # rows the vectorised checks leave to the per-line reader
         reader.header = header_list[header_of[i]]
         by_line(int(fast_idx[i]))
@@ -298,27 +301,64 @@ def _read_block(block: bytes, end: int, first_line: int, reader: _LineReader, de
     return FileRead(RowBuffer.merged([slow_rows, fast_rows]), sorted_rejects(slow_rejects)), n_lines
 
 
-def _vector_rows(decoded: list[Any], linenos: np.ndarray, header_of: np.ndarray,
-                 headers: list[_Header | None], ctx: ReadContext) -> tuple[RowBuffer, np.ndarray]:
+#: Bytes of lines per decoder call: a piece's structs become numpy columns and are freed
+#: while they are still in the CPU cache (decoding a whole block first is slower).
+_PIECE_BYTES = 1 << 20
+
+
+def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: np.ndarray, run_last: np.ndarray,
+            decoder: Any, n_fields: int, n: int) -> tuple[list[str], np.ndarray, np.ndarray] | None:
+    """Kernel names, problem values (``n x n_fields``) and perf values (``n x 3``: latency,
+    TFLOPS, bandwidth) of the ``n`` lines of the runs of consecutive lines ``run_first[i]`` to
+    ``run_last[i]``; ``None`` when the decoder refuses a line (or a piece decodes into another
+    number of rows than it has lines)."""
+    import msgspec
+    from msgspec.structs import astuple
+
+    names: list[str] = []
+    problems = np.empty((n, n_fields), dtype=np.int64)
+    perf = np.empty((n, 3), dtype=np.float64)
+    get_name, get_problem, get_perf = attrgetter("name"), attrgetter("problem"), attrgetter("perf_result")
+    done = 0
+    try:
+        for first, last in zip(run_first.tolist(), run_last.tolist()):
+            while first <= last:
+                stop = min(last, max(first, int(np.searchsorted(starts, starts[first] + _PIECE_BYTES)) - 1))
+                piece = decoder.decode_lines(view[starts[first]:ends[stop] + 1])
+                k = len(piece)
+                if k != stop - first + 1:
+                    return None
+                problems[done:done + k] = np.fromiter(chain.from_iterable(map(astuple, map(get_problem, piece))),
+                                                      dtype=np.int64, count=k * n_fields).reshape(k, n_fields)
+                perf[done:done + k] = np.fromiter(chain.from_iterable(map(astuple, map(get_perf, piece))),
+                                                  dtype=np.float64, count=3 * k).reshape(k, 3)
+                names += map(get_name, piece)
+                done += k
+                first = stop + 1
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return (names, problems, perf) if done == n else None
+
+
+def _vector_rows(row_names: list[str], problems: np.ndarray, perf: np.ndarray, linenos: np.ndarray,
+                 header_of: np.ndarray, headers: list[_Header | None],
+                 ctx: ReadContext) -> tuple[RowBuffer, np.ndarray]:
     """Rows of the decoded lines, and the indices of those left to the per-line reader.
 
     Left over: a rejected kernel name, or a row under a header that rejects its rows (both
     rejects, whose text the line reader writes). The rest are judged here as the line
     reader would: the first negative problem field, else a mismatch with the shape header.
     """
-    n = len(decoded)
+    n = len(row_names)
     names = ctx.op.problem_names
-    name_codes, uniques = pd.factorize(np.fromiter(map(attrgetter("name"), decoded), dtype=object, count=n))
-    resolved = ctx.resolver.resolve_all(list(uniques))
-    kernel = np.array([c if type(c) is int else -1 for c in resolved], dtype=np.int64)[name_codes]
+    # kernel codes: each distinct name resolved once, then looked up per row (C-level maps)
+    code_of: dict[str, int | str] = dict.fromkeys(row_names)  # type: ignore[arg-type]
+    for name, code in zip(code_of, ctx.resolver.resolve_all(list(code_of))):
+        code_of[name] = code if type(code) is int else -1
+    kernel = np.fromiter(map(code_of.__getitem__, row_names), dtype=np.int64, count=n)
     header_rejects = np.array([h is not None and bool(h.reject) for h in headers])[header_of]
     deferred = (kernel < 0) | header_rejects
-    # one pass over the structs into a record array of every numeric value
-    getter = attrgetter(*(f"problem.{name}" for name in names), "perf_result.tflops", "perf_result.latency",
-                        "perf_result.bandwidth")
-    values = np.fromiter(map(getter, decoded), count=n, dtype=[*((f"p{i}", np.int64) for i in range(len(names))),
-                                                              ("t", np.float64), ("l", np.float64), ("b", np.float64)])
-    columns = [values[f"p{i}"] for i in range(len(names))]
+    columns = [problems[:, i] for i in range(len(names))]
     reason = np.zeros(n, dtype=np.int64)  # 0 none, 1 + i: problem field i negative, -1 header mismatch
     for i, column in enumerate(columns):
         reason[(reason == 0) & (column < 0)] = i + 1
@@ -336,9 +376,7 @@ def _vector_rows(decoded: list[Any], linenos: np.ndarray, header_of: np.ndarray,
     rows.line = linenos[keep]
     rows.kernel = kernel[keep]
     rows.problem = [np.ascontiguousarray(c[keep]) for c in columns]
-    rows.tflops = values["t"][keep]
-    rows.latency = values["l"][keep]
-    rows.bandwidth = values["b"][keep]
+    rows.latency, rows.tflops, rows.bandwidth = (np.ascontiguousarray(perf[keep, i]) for i in range(3))
     kept_reason = reason[keep]
     for j in np.flatnonzero(kept_reason).tolist():
         code = int(kept_reason[j])
