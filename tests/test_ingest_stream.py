@@ -250,6 +250,19 @@ def test_log_fast_path_lines_read_the_same_all_ways(chunk_bytes: int, piece_byte
     assert result.summary.records == 4 * len(KERNELS) + 2 + 4  # with the tab-indented row and split_k=1.0
 
 
+@pytest.mark.parametrize("chunk_bytes", [1, 300, 1 << 20])
+def test_a_log_problem_field_beyond_int64_is_a_reject(chunk_bytes: int) -> None:
+    """A problem value past int64 in a log row is a reject with its reason, the same all ways
+    (it once stopped the per-line reader at the int64 buffer, and the block decoder at its cast)."""
+    lines = ["Shape 0: M=16 N=64 K=64 dtype=fp8 layout=rcr", *_run(),
+             _log_line(KERNELS[0], 2**63), _log_line(KERNELS[1], -10**30), *_run()]
+    _check_all_ways(("\n".join(lines) + "\n").encode(), "log", chunk_bytes)
+    result = read_files(WORK / "in.log", OP, fmt="log", chunk_bytes=chunk_bytes, **KW)
+    assert result.rejects["reason"].tolist() == [f"bad problem field: m={2**63} is beyond int64",
+                                                 "bad problem field: m=-1e+30 is not an integer"]  # JSON reads it as a float
+    assert result.summary.records == 2 * len(KERNELS) + 2
+
+
 @SETTINGS
 @given(st.binary(max_size=400), st.data())
 def test_block_scan_finds_every_newline_and_odd_byte(block: bytes, data: st.DataObject) -> None:

@@ -14,9 +14,11 @@ value and no per-row pandas work.
 from __future__ import annotations
 
 import bz2
+import gc
 import gzip
 import math
 from array import array
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -75,11 +77,13 @@ class KernelResolver:
         """:meth:`resolve` of each of ``names``; the new ones judged by the op's kernel rules in
         one vectorised pass (a sweep brings thousands of kernels at once)."""
         new = list(dict.fromkeys(n for n in names if isinstance(n, str) and n not in self._cache))
-        parsed = [self._parse(n) for n in new]
-        candidates = [p for p in parsed if not isinstance(p, str)]
-        reasons = iter(kernel_rule_reasons(self.op, [p[0] for p in candidates]))
-        for name, got in zip(new, parsed):
-            self._cache[name] = got if isinstance(got, str) else self._add(*got, reason=next(reasons))
+        if new:
+            with _gc_paused():  # thousands of small containers, none of them cyclic garbage
+                parsed = [self._parse(n) for n in new]
+                candidates = [p for p in parsed if not isinstance(p, str)]
+                reasons = iter(kernel_rule_reasons(self.op, [p[0] for p in candidates]))
+                for name, got in zip(new, parsed):
+                    self._cache[name] = got if isinstance(got, str) else self._add(*got, reason=next(reasons))
         return [self.resolve(n) for n in names]
 
     def _resolve_new(self, name: str) -> int | str:
@@ -147,6 +151,23 @@ class KernelResolver:
         frame = pd.DataFrame(self.kernels, columns=list(self.op.kernel_names))
         frame["kernel_name"] = self.canonical_names
         return frame
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside the block (restored after it, whatever happens).
+
+    Parsing a batch of new kernel names allocates a few small containers per name, all kept;
+    the collections their allocations would trigger walk every object of the process (the
+    decoded rows of the current block among them) and find nothing to free.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _kernel_rules(op: OpDefinition) -> list[tuple[Any, str]]:

@@ -35,8 +35,8 @@ from typing import Any, Iterator
 import numpy as np
 import orjson
 
-from ckpred.data.readers.common import (FileRead, ReadContext, Reject, RowBuffer, line_blocks, sorted_rejects, to_float,
-                                        to_int)
+from ckpred.data.readers.common import (_INT_LIMIT, FileRead, ReadContext, Reject, RowBuffer, line_blocks, sorted_rejects,
+                                        to_float, to_int)
 
 NAME = "log"
 #: Half the printing step of the log's 2-decimal values.
@@ -118,7 +118,7 @@ class _LineReader:
             reason = ""
             for name, default in self.fields:
                 value = problem.get(name)
-                if type(value) is not int:
+                if type(value) is not int or not -_INT_LIMIT <= value <= _INT_LIMIT:
                     value = _problem_value(problem, name, default, header)
                     if type(value) is str:
                         rejects.append(Reject(f"{label}:{lineno}", value, _text(raw)))
@@ -335,7 +335,7 @@ def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: n
                 names += map(get_name, piece)
                 done += k
                 first = stop + 1
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, OverflowError):  # overflow: an integer beyond int64
         return None
     return (names, problems, perf) if done == n else None
 
@@ -372,18 +372,24 @@ def _vector_rows(row_names: list[str], problems: np.ndarray, perf: np.ndarray, l
         mismatch |= has[header_of] & (columns[i] != want[header_of])
     reason[(reason == 0) & mismatch] = -1
     keep = ~deferred
+    every = not deferred.any()  # the common case: a column is copied out, not masked
+
+    def kept(values: np.ndarray) -> np.ndarray:  # a contiguous array of the kept rows
+        return np.ascontiguousarray(values) if every else values[keep]
+
     rows = new_buffer(ctx)
-    rows.line = linenos[keep]
-    rows.kernel = kernel[keep]
-    rows.problem = [np.ascontiguousarray(c[keep]) for c in columns]
-    rows.latency, rows.tflops, rows.bandwidth = (np.ascontiguousarray(perf[keep, i]) for i in range(3))
-    kept_reason = reason[keep]
+    rows.line = kept(linenos)
+    rows.kernel = kept(kernel)
+    rows.problem = [kept(c) for c in columns]
+    rows.latency, rows.tflops, rows.bandwidth = (kept(perf[:, i]) for i in range(3))
+    kept_reason = kept(reason)
+    kept_header = kept(header_of)
     for j in np.flatnonzero(kept_reason).tolist():
         code = int(kept_reason[j])
         if code > 0:
             rows.reasons[j] = f"negative problem field: {names[code - 1]}={int(rows.problem[code - 1][j])}"
         else:
-            header = headers[header_of[np.flatnonzero(keep)[j]]]
+            header = headers[kept_header[j]]
             assert header is not None
             rows.reasons[j] = _mismatch(header, {name: int(c[j]) for name, c in zip(names, rows.problem)})
     return rows, np.flatnonzero(deferred)
@@ -411,9 +417,11 @@ def _text(raw: bytes) -> str:
 def _problem_value(problem: dict[str, Any], name: str, default: Any, header: _Header | None) -> int | str:
     """A problem field from the row's problem object, else its shape header, else its default."""
     if name in problem:
-        value = to_int(problem[name])
+        raw = problem[name]
+        value = to_int(raw)
         if value is None:
-            return f"bad problem field: {name}={problem[name]!r} is not an integer"
+            return f"bad problem field: {name}={raw!r} is " + \
+                ("beyond int64" if type(raw) is int else "not an integer")
         return value
     if header is not None and name in header.problem:
         return header.problem[name]
