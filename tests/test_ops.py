@@ -347,7 +347,7 @@ def test_ck_gemm_folds_are_the_folds_of_its_query_key() -> None:
 
 def test_a_template_parses_each_kind_and_formats_the_canonical_name() -> None:
     """Each placeholder kind's text -> value (written forms the pattern allows that are not the
-    canonical ones included) and value -> text, through the per-kind converters."""
+    canonical ones included) and value -> text: what makes two forms of a name one kernel."""
     from ckpred.kernels.template import KernelTemplate
 
     kinds = {"tile": ("int", ()), "scale": ("float", ()), "pad": ("bool", ()), "pipe": ("categorical", ("mem", "memv2"))}

@@ -73,18 +73,15 @@ class KernelTemplate:
         self.names: tuple[str, ...] = tuple(seen)
         self.kinds = {n: kinds[n] for n in seen}
         self.regex = re.compile("".join(pattern))
-        # the only groups are the placeholders', in template order: ``match.groups()`` is their text
-        assert self.regex.groups == len(seen) and all(self.regex.groupindex[n] == i + 1 for i, n in enumerate(seen))
-        #: text -> value of each placeholder, in template order (what :meth:`parse` applies).
-        self._from_text = tuple(_FROM_TEXT.get(kinds[n][0], str) for n in seen)
-        #: (literal, placeholder, value -> text) of each part (what :meth:`format` applies).
-        self._pieces = tuple((literal, name, _TO_TEXT.get(kinds[name][0], str) if name else None)
-                             for literal, name in self.parts)
 
     def format(self, values: Mapping[str, Any]) -> str:
         """The name of ``values`` (a mapping holding every placeholder's value)."""
-        return "".join([literal if name is None else literal + to_text(values[name])
-                        for literal, name, to_text in self._pieces])
+        out = []
+        for literal, name in self.parts:
+            out.append(literal)
+            if name is not None:
+                out.append(_text(values[name], self.kinds[name][0]))
+        return "".join(out)
 
     def parse(self, name: str) -> dict[str, Any]:
         """The placeholder values of ``name``.
@@ -99,8 +96,14 @@ class KernelTemplate:
         match = self.regex.match(name)
         if match is None:
             raise KernelNameError(name, self._diagnose(name))
-        return {field_name: convert(text)
-                for field_name, convert, text in zip(self.names, self._from_text, match.groups())}
+        out: dict[str, Any] = {}
+        for field_name in self.names:
+            text = match.group(field_name)
+            kind = self.kinds[field_name][0]
+            out[field_name] = (int(text) if kind == "int" else float(text) if kind == "float"
+                               else _BOOL_TEXT[text] if kind == "bool" else text)
+        return out
+
 
     def _diagnose(self, name: str) -> str:
         """Which part of the template ``name`` first fails to match, and the text found there."""
@@ -137,11 +140,14 @@ class KernelTemplate:
         return f"{field_name} ({allowed})"
 
 
-#: A placeholder's text -> its value, by field kind (categorical: the text itself).
-_FROM_TEXT: dict[str, Any] = {"int": int, "float": float, "bool": _BOOL_TEXT.__getitem__}
-#: A value -> its placeholder's text, by field kind (categorical: ``str``).
-_TO_TEXT: dict[str, Any] = {"int": lambda v: str(int(v)), "float": lambda v: repr(float(v)),
-                            "bool": lambda v: str(bool(v))}
+def _text(value: Any, kind: str) -> str:
+    if kind == "int":
+        return str(int(value))
+    if kind == "float":
+        return repr(float(value))
+    if kind == "bool":
+        return str(bool(value))
+    return str(value)
 
 
 def sample_values(kinds: Mapping[str, tuple[str, Sequence[str]]], names: Sequence[str]) -> list[dict[str, Any]]:

@@ -157,9 +157,9 @@ class KernelResolver:
 def _gc_paused() -> Iterator[None]:
     """No cyclic garbage collection inside the block (restored after it, whatever happens).
 
-    Parsing a batch of new kernel names allocates a few small containers per name, all kept;
-    the collections their allocations would trigger walk every object of the process (the
-    decoded rows of the current block among them) and find nothing to free.
+    Parsing a batch of new kernel names allocates a few small containers per name, none of
+    them cyclic garbage; the full collections their allocations trigger walk every tracked
+    object of the process and find nothing to free.
     """
     enabled = gc.isenabled()
     gc.disable()
