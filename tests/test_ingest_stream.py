@@ -266,12 +266,17 @@ def test_a_log_problem_field_beyond_int64_is_a_reject(chunk_bytes: int) -> None:
 @SETTINGS
 @given(st.binary(max_size=400), st.data())
 def test_block_scan_finds_every_newline_and_odd_byte(block: bytes, data: st.DataObject) -> None:
-    """``_scan`` (one pass for control bytes, another only for a block with DEL or non-ASCII)
-    against its definition, byte by byte, on the whole lines ``block[:end]``."""
+    """``_scan`` (passes of ``_SCAN_BYTES`` for control bytes, one more only for a block with
+    DEL or non-ASCII) against its definition, byte by byte, on the whole lines ``block[:end]``."""
     from ckpred.data.readers import stream_log
 
     end = data.draw(st.integers(0, len(block)))
-    ends, odd = stream_log._scan(block, np.frombuffer(block, dtype=np.uint8, count=end))
+    step = data.draw(st.sampled_from([1, 7, 64, stream_log._SCAN_BYTES]))
+    saved, stream_log._SCAN_BYTES = stream_log._SCAN_BYTES, step
+    try:
+        ends, odd = stream_log._scan(block, np.frombuffer(block, dtype=np.uint8, count=end))
+    finally:
+        stream_log._SCAN_BYTES = saved
     assert ends.tolist() == [i for i in range(end) if block[i] == 10]
     assert odd.tolist() == [i for i in range(end) if not (32 <= block[i] < 127 or block[i] in (9, 10, 13))]
 

@@ -225,6 +225,10 @@ _ODD_BYTE[32:127] = False
 _ODD_BYTE[[9, 10, 13]] = False
 
 
+#: Bytes per pass of :func:`_scan` (its temporaries stay in the CPU cache).
+_SCAN_BYTES = 1 << 20
+
+
 def _scan(block: bytes, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Positions in ``arr`` (the start of ``block``) of the newlines, and of the bytes of
     :data:`_ODD_BYTE`.
@@ -232,17 +236,22 @@ def _scan(block: bytes, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     One pass finds every control byte (newlines among them); bytes from DEL up are looked for
     only when ``block`` has one (a C scan each).
     """
-    control = np.flatnonzero(arr < 32)
-    kind = arr[control]
-    newline = kind == 10
-    if newline.all():
-        ends, odd = control, control[:0]
-    else:
-        ends = control[newline]
-        odd = control[_ODD_BYTE[kind]]
+    ends: list[np.ndarray] = []
+    odd: list[np.ndarray] = []
+    for start in range(0, len(arr), _SCAN_BYTES):
+        part = arr[start:start + _SCAN_BYTES]
+        control = np.flatnonzero(part < 32)
+        kind = part[control]
+        newline = kind == 10
+        if newline.all():
+            ends.append(control + start)
+        else:
+            ends.append(control[newline] + start)
+            odd.append(control[_ODD_BYTE[kind]] + start)
     if not block.isascii() or b"\x7f" in block:
-        odd = np.union1d(odd, np.flatnonzero(arr >= 127))
-    return ends, odd
+        odd.append(np.flatnonzero(arr >= 127))
+    return (np.concatenate(ends) if ends else np.zeros(0, dtype=np.int64),
+            np.unique(np.concatenate(odd)) if odd else np.zeros(0, dtype=np.int64))
 
 
 def _read_block(block: bytes, end: int, first_line: int, reader: _LineReader, decoder: Any,
