@@ -281,6 +281,22 @@ def test_block_scan_finds_every_newline_and_odd_byte(block: bytes, data: st.Data
     assert odd.tolist() == [i for i in range(end) if not (32 <= block[i] < 127 or block[i] in (9, 10, 13))]
 
 
+@SETTINGS
+@given(st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=20), st.booleans(),
+       st.integers(1, 64))
+def test_line_blocks_cut_a_file_into_its_whole_lines(lines: list[bytes], last_newline: bool, chunk: int) -> None:
+    """The blocks (one buffer read into again, a longer one for a long line) copied as they
+    come are the file's bytes, each ending at a line end except at the end of the file."""
+    import io
+
+    from ckpred.data.readers.common import line_blocks
+
+    data = b"\n".join(lines) + (b"\n" if last_newline and lines else b"")
+    got = [bytes(block[:end]) for block, end in line_blocks(io.BufferedReader(io.BytesIO(data)), chunk)]
+    assert b"".join(got) == data
+    assert all(part.endswith(b"\n") for part in got[:-1]) and all(got)
+
+
 # -- real CK tables --------------------------------------------------------------------------------
 @pytest.mark.parametrize("chunk_bytes", [4096, 1 << 20])
 def test_real_parity_sweeps_read_the_same_all_ways(chunk_bytes: int) -> None:

@@ -477,26 +477,32 @@ def arch_for_device(device: str) -> str:
     return matches[0] if len(matches) == 1 else ""
 
 
-def line_blocks(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
+def line_blocks(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[bytearray, int]]:
     """Blocks of whole lines of about ``chunk_bytes`` from ``fh`` (a seekable binary file).
 
     Yields ``(block, end)``: ``block[:end]`` is whole lines (the last one without a newline
     only at the end of the file). A block's partial last line is not copied off: the file is
     sought back to its start, so it begins the next block (a line longer than ``chunk_bytes``
     makes a longer block).
+
+    The blocks are one buffer read into again for each block (a new object of ``chunk_bytes``
+    per block costs more in fresh memory than the read itself): a caller keeps nothing of a
+    block, or of a view of it, past the next one.
     """
     size = max(int(chunk_bytes), 1)
+    buffer = bytearray(size)
     while True:
-        block = fh.read(size)
-        if not block:
+        got = fh.readinto(buffer)  # type: ignore[attr-defined]
+        if not got:
             return
+        block = buffer if got == size else buffer[:got]
         end = block.rfind(b"\n") + 1
         while end == 0:  # no line end yet: a long line (or the file's last line)
             more = fh.read(size)
             if not more:
                 end = len(block)
                 break
-            block += more
+            block = block + more  # a new buffer (the shared one keeps its size)
             end = block.rfind(b"\n") + 1
         if end < len(block):
             fh.seek(end - len(block), 1)

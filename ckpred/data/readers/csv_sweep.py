@@ -160,7 +160,7 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
             lineno += lines
 
 
-def _read_block(block: bytes, end: int, lines: int, first_line: int, header: list[str],
+def _read_block(block: bytes | bytearray, end: int, lines: int, first_line: int, header: list[str],
                 index: dict[str, int | None], ctx: ReadContext) -> FileRead:
     """Rows and rejects of the ``lines`` whole lines in ``block[:end]``, the first being line
     ``first_line``."""
@@ -224,7 +224,7 @@ def _read_block(block: bytes, end: int, lines: int, first_line: int, header: lis
     return FileRead(RowBuffer.merged([rows, rest.rows]), rest.rejects)
 
 
-def _by_line(block: bytes, first_line: int, header: list[str], index: dict[str, int | None], ctx: ReadContext,
+def _by_line(block: bytes | bytearray, first_line: int, header: list[str], index: dict[str, int | None], ctx: ReadContext,
              which: Iterator[int] | list[int] | range) -> FileRead:
     """The per-line reader on the lines ``which`` (indices into ``block``'s lines)."""
     rows = RowBuffer(ctx.op.problem_names)

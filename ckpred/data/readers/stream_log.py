@@ -17,7 +17,7 @@ layout or arch differs from the config rejects the rows under it. A UTF-8 byte-o
 before the first line is dropped.
 
 Speed: :func:`read_chunks` decodes blocks of rows at once (:mod:`msgspec` into typed
-structs, numpy checks); :func:`read` is the per-line reference (one ``orjson.loads`` per row),
+structs, flattened into numpy columns piece by piece; numpy checks); :func:`read` is the per-line reference (one ``orjson.loads`` per row),
 which also reads every line the block decoder cannot vouch for. The kernel name is parsed once
 per distinct name (see :class:`~ckpred.data.readers.common.KernelResolver`).
 """
@@ -187,7 +187,8 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
 
     Per block, the rows of the common form (a JSON object on one line of plain ASCII, with
     the kernel name, every problem field as an integer and the three perf values as numbers)
-    are decoded at once by :mod:`msgspec` into typed columns and checked with numpy; every
+    are decoded by :mod:`msgspec` (runs of lines in pieces of about ``_PIECE_BYTES``, each
+    piece's typed structs turned into numpy columns at once) and checked with numpy; every
     other line (headers, rules, blank or indented lines, a row with a missing, null or
     unusual value, a kernel name that is rejected) goes through the per-line reader, in the
     same header context. A block the decoder refuses as a whole is read line by line. So
@@ -229,7 +230,7 @@ _ODD_BYTE[[9, 10, 13]] = False
 _SCAN_BYTES = 1 << 20
 
 
-def _scan(block: bytes, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _scan(block: bytes | bytearray, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Positions in ``arr`` (the start of ``block``) of the newlines, and of the bytes of
     :data:`_ODD_BYTE`.
 
@@ -254,7 +255,7 @@ def _scan(block: bytes, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             np.unique(np.concatenate(odd)) if odd else np.zeros(0, dtype=np.int64))
 
 
-def _read_block(block: bytes, end: int, first_line: int, reader: _LineReader, decoder: Any,
+def _read_block(block: bytes | bytearray, end: int, first_line: int, reader: _LineReader, decoder: Any,
                 ctx: ReadContext) -> tuple[FileRead, int]:
     """Rows and rejects of the whole lines in ``block[:end]``, the first being line ``first_line``;
     and the number of those lines."""
