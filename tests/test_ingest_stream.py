@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -212,6 +213,88 @@ ODD_CSV_LINES = [
 @pytest.mark.parametrize("chunk_bytes", [1, 200, 1 << 20])
 def test_odd_csv_lines_read_the_same_all_ways(chunk_bytes: int) -> None:
     _check_all_ways(("\n".join(ODD_CSV_LINES) + "\n").encode(), "csv", chunk_bytes)
+
+
+# -- the log block reader's fast paths, and where each leaves a line to the per-line reader -------
+def _run(m: int = 16) -> list[str]:
+    return [_log_line(kernel, m) for kernel in KERNELS]
+
+
+FAST_PATH_LOG_LINES = [
+    "Shape 0: M=16 N=64 K=64 dtype=fp8 layout=rcr",
+    *_run(),
+    _log_line(KERNELS[0], 16).replace(", ", ",\x0b", 1),  # a control byte between tokens: malformed
+    _log_line(KERNELS[1] + "\x00", 16),  # a control byte in a string: malformed
+    _log_line(KERNELS[2] + "\x7f", 16),  # DEL in a string: JSON, but no kernel of the op
+    "\t" + _log_line(KERNELS[3], 16),  # indented by a tab
+    *_run(),
+    _log_line(KERNELS[3], 16) + " " + _log_line(KERNELS[4], 16),  # two objects on one line: malformed
+    *_run(),
+    _log_line(KERNELS[5], 16, split_k="1.0"),  # an integer written as a float: read as 1 by the line reader
+    *_run(),
+]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 300, 2500, 1 << 20])
+@pytest.mark.parametrize("piece_bytes", [1, 700, 1 << 20])
+def test_log_fast_path_lines_read_the_same_all_ways(chunk_bytes: int, piece_bytes: int, monkeypatch: Any) -> None:
+    """Runs decoded in pieces (down to a line each), control bytes, DEL, a tab, two objects on
+    a line and a float where the decoder wants an integer (the block falls back to the per-line
+    reader): the same rows and rejects as the reference."""
+    from ckpred.data.readers import stream_log
+
+    monkeypatch.setattr(stream_log, "_PIECE_BYTES", piece_bytes)
+    _check_all_ways(("\n".join(FAST_PATH_LOG_LINES) + "\n").encode(), "log", chunk_bytes)
+    result = read_files(WORK / "in.log", OP, fmt="log", chunk_bytes=chunk_bytes, **KW)
+    assert result.summary.rejected == {"malformed JSON": 3, "unparseable kernel name": 1}
+    assert result.summary.records == 4 * len(KERNELS) + 2 + 4  # with the tab-indented row and split_k=1.0
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 300, 1 << 20])
+def test_a_log_problem_field_beyond_int64_is_a_reject(chunk_bytes: int) -> None:
+    """A problem value past int64 in a log row is a reject with its reason, the same all ways
+    (it once stopped the per-line reader at the int64 buffer, and the block decoder at its cast)."""
+    lines = ["Shape 0: M=16 N=64 K=64 dtype=fp8 layout=rcr", *_run(),
+             _log_line(KERNELS[0], 2**63), _log_line(KERNELS[1], -10**30), *_run()]
+    _check_all_ways(("\n".join(lines) + "\n").encode(), "log", chunk_bytes)
+    result = read_files(WORK / "in.log", OP, fmt="log", chunk_bytes=chunk_bytes, **KW)
+    assert result.rejects["reason"].tolist() == [f"bad problem field: m={2**63} is beyond int64",
+                                                 "bad problem field: m=-1e+30 is not an integer"]  # JSON reads it as a float
+    assert result.summary.records == 2 * len(KERNELS) + 2
+
+
+@SETTINGS
+@given(st.binary(max_size=400), st.data())
+def test_block_scan_finds_every_newline_and_odd_byte(block: bytes, data: st.DataObject) -> None:
+    """``_scan`` (passes of ``_SCAN_BYTES`` for control bytes, one more only for a block with
+    DEL or non-ASCII) against its definition, byte by byte, on the whole lines ``block[:end]``."""
+    from ckpred.data.readers import stream_log
+
+    end = data.draw(st.integers(0, len(block)))
+    step = data.draw(st.sampled_from([1, 7, 64, stream_log._SCAN_BYTES]))
+    saved, stream_log._SCAN_BYTES = stream_log._SCAN_BYTES, step
+    try:
+        ends, odd = stream_log._scan(block, np.frombuffer(block, dtype=np.uint8, count=end))
+    finally:
+        stream_log._SCAN_BYTES = saved
+    assert ends.tolist() == [i for i in range(end) if block[i] == 10]
+    assert odd.tolist() == [i for i in range(end) if not (32 <= block[i] < 127 or block[i] in (9, 10, 13))]
+
+
+@SETTINGS
+@given(st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=20), st.booleans(),
+       st.integers(1, 64))
+def test_line_blocks_cut_a_file_into_its_whole_lines(lines: list[bytes], last_newline: bool, chunk: int) -> None:
+    """The blocks (one buffer read into again, a longer one for a long line) copied as they
+    come are the file's bytes, each ending at a line end except at the end of the file."""
+    import io
+
+    from ckpred.data.readers.common import line_blocks
+
+    data = b"\n".join(lines) + (b"\n" if last_newline and lines else b"")
+    got = [bytes(block[:end]) for block, end in line_blocks(io.BufferedReader(io.BytesIO(data)), chunk)]
+    assert b"".join(got) == data
+    assert all(part.endswith(b"\n") for part in got[:-1]) and all(got)
 
 
 # -- real CK tables --------------------------------------------------------------------------------

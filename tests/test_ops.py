@@ -343,3 +343,20 @@ def test_ck_gemm_folds_are_the_folds_of_its_query_key() -> None:
         ours, theirs = make_folds(cv_cfg, data, seed=3), make_folds(cv_cfg, per_shape, seed=3)
         assert [(f.train_shapes.tolist(), f.test_shapes.tolist()) for f in ours] == \
             [(f.train_shapes.tolist(), f.test_shapes.tolist()) for f in theirs]
+
+
+def test_a_template_parses_each_kind_and_formats_the_canonical_name() -> None:
+    """Each placeholder kind's text -> value (written forms the pattern allows that are not the
+    canonical ones included) and value -> text: what makes two forms of a name one kernel."""
+    from ckpred.kernels.template import KernelTemplate
+
+    kinds = {"tile": ("int", ()), "scale": ("float", ()), "pad": ("bool", ()), "pipe": ("categorical", ("mem", "memv2"))}
+    template = KernelTemplate("k_{pipe}_{tile}x_{scale}_{pad}", kinds, key="op.kernel_id.template")
+    got = template.parse("k_memv2_064x_1.50_true")
+    assert got == {"pipe": "memv2", "tile": 64, "scale": 1.5, "pad": True}
+    assert [type(v) for v in got.values()] == [str, int, float, bool]
+    assert template.format(got) == "k_memv2_64x_1.5_True"
+    assert template.parse("k_mem_-3x_2e3_False") == {"pipe": "mem", "tile": -3, "scale": 2000.0, "pad": False}
+    assert template.format({"pipe": "mem", "tile": 7.0, "scale": 2, "pad": 0}) == "k_mem_7x_2.0_False"
+    with pytest.raises(KernelNameError, match="tile"):
+        template.parse("k_mem_x_1.0_True")

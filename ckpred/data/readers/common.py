@@ -14,9 +14,11 @@ value and no per-row pandas work.
 from __future__ import annotations
 
 import bz2
+import gc
 import gzip
 import math
 from array import array
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -75,11 +77,13 @@ class KernelResolver:
         """:meth:`resolve` of each of ``names``; the new ones judged by the op's kernel rules in
         one vectorised pass (a sweep brings thousands of kernels at once)."""
         new = list(dict.fromkeys(n for n in names if isinstance(n, str) and n not in self._cache))
-        parsed = [self._parse(n) for n in new]
-        candidates = [p for p in parsed if not isinstance(p, str)]
-        reasons = iter(kernel_rule_reasons(self.op, [p[0] for p in candidates]))
-        for name, got in zip(new, parsed):
-            self._cache[name] = got if isinstance(got, str) else self._add(*got, reason=next(reasons))
+        if new:
+            with _gc_paused():  # thousands of small containers, none of them cyclic garbage
+                parsed = [self._parse(n) for n in new]
+                candidates = [p for p in parsed if not isinstance(p, str)]
+                reasons = iter(kernel_rule_reasons(self.op, [p[0] for p in candidates]))
+                for name, got in zip(new, parsed):
+                    self._cache[name] = got if isinstance(got, str) else self._add(*got, reason=next(reasons))
         return [self.resolve(n) for n in names]
 
     def _resolve_new(self, name: str) -> int | str:
@@ -147,6 +151,23 @@ class KernelResolver:
         frame = pd.DataFrame(self.kernels, columns=list(self.op.kernel_names))
         frame["kernel_name"] = self.canonical_names
         return frame
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside the block (restored after it, whatever happens).
+
+    Parsing a batch of new kernel names allocates a few small containers per name, none of
+    them cyclic garbage; the full collections their allocations trigger walk every tracked
+    object of the process and find nothing to free.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _kernel_rules(op: OpDefinition) -> list[tuple[Any, str]]:
@@ -456,26 +477,32 @@ def arch_for_device(device: str) -> str:
     return matches[0] if len(matches) == 1 else ""
 
 
-def line_blocks(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
+def line_blocks(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[bytearray, int]]:
     """Blocks of whole lines of about ``chunk_bytes`` from ``fh`` (a seekable binary file).
 
     Yields ``(block, end)``: ``block[:end]`` is whole lines (the last one without a newline
     only at the end of the file). A block's partial last line is not copied off: the file is
     sought back to its start, so it begins the next block (a line longer than ``chunk_bytes``
     makes a longer block).
+
+    The blocks are one buffer read into again for each block (a new object of ``chunk_bytes``
+    per block costs more in fresh memory than the read itself): a caller keeps nothing of a
+    block, or of a view of it, past the next one.
     """
     size = max(int(chunk_bytes), 1)
+    buffer = bytearray(size)
     while True:
-        block = fh.read(size)
-        if not block:
+        got = fh.readinto(buffer)  # type: ignore[attr-defined]
+        if not got:
             return
+        block = buffer if got == size else buffer[:got]
         end = block.rfind(b"\n") + 1
         while end == 0:  # no line end yet: a long line (or the file's last line)
             more = fh.read(size)
             if not more:
                 end = len(block)
                 break
-            block += more
+            block = block + more  # a new buffer (the shared one keeps its size)
             end = block.rfind(b"\n") + 1
         if end < len(block):
             fh.seek(end - len(block), 1)

@@ -160,7 +160,7 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
             lineno += lines
 
 
-def _read_block(block: bytes, end: int, lines: int, first_line: int, header: list[str],
+def _read_block(block: bytes | bytearray, end: int, lines: int, first_line: int, header: list[str],
                 index: dict[str, int | None], ctx: ReadContext) -> FileRead:
     """Rows and rejects of the ``lines`` whole lines in ``block[:end]``, the first being line
     ``first_line``."""
@@ -182,7 +182,8 @@ def _read_block(block: bytes, end: int, lines: int, first_line: int, header: lis
                                             newlines_in_values=False, ignore_empty_lines=False),
             convert_options=pcsv.ConvertOptions(column_types=types, include_columns=list(types), null_values=[],
                                                 strings_can_be_null=False, quoted_strings_can_be_null=False,
-                                                check_utf8=True))
+                                                # ASCII is UTF-8: the check is needed only otherwise
+                                                check_utf8=not block.isascii()))
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
         table = None
     if table is None or table.num_rows != lines:
@@ -192,33 +193,38 @@ def _read_block(block: bytes, end: int, lines: int, first_line: int, header: lis
     resolved = ctx.resolver.resolve_all([u.strip().strip('"').strip() for u in uniques])
     kernel = np.array([c if isinstance(c, int) else -1 for c in resolved], dtype=np.int64)[codes]
     keep = kernel >= 0
+    every = bool(keep.all())  # the common case: no row is left to the per-line reader
+
+    def kept(values: np.ndarray) -> np.ndarray:  # a writable array of the kept rows (arrow's are read-only)
+        return values.copy() if every else values[keep]
+
     rows = RowBuffer(op.problem_names)
-    rows.line = np.flatnonzero(keep) + first_line
-    rows.kernel = kernel[keep]
+    rows.line = np.arange(first_line, first_line + lines, dtype=np.int64) if every else np.flatnonzero(keep) + first_line
+    rows.kernel = kernel if every else kernel[keep]
     problem = []
-    reason = np.zeros(int(keep.sum()), dtype=np.int64)  # 1 + i: problem field i is the first negative
+    reason = np.zeros(len(rows.kernel), dtype=np.int64)  # 1 + i: problem field i is the first negative
     for i, field in enumerate(op.problem_fields):
         pos = index[field.name]
         if pos is None:
             values = np.full(len(reason), int(field.default), dtype=np.int64)
         else:
-            values = table.column(names[pos]).to_numpy()[keep]
+            values = kept(table.column(names[pos]).to_numpy())
             reason[(reason == 0) & (values < 0)] = i + 1
         problem.append(values)
     rows.problem = problem
-    rows.tflops = table.column(names[index[TFLOPS_COLUMN]]).to_numpy()[keep]  # type: ignore[index]
-    rows.latency = table.column(names[index[LATENCY_COLUMN]]).to_numpy()[keep]  # type: ignore[index]
+    rows.tflops = kept(table.column(names[index[TFLOPS_COLUMN]]).to_numpy())  # type: ignore[index]
+    rows.latency = kept(table.column(names[index[LATENCY_COLUMN]]).to_numpy())  # type: ignore[index]
     rows.bandwidth = np.full(len(reason), math.nan)
     for j in np.flatnonzero(reason).tolist():
         i = int(reason[j]) - 1
         rows.reasons[j] = f"negative problem field: {header[index[op.problem_fields[i].name]]}={int(problem[i][j])}"  # type: ignore[index]
-    if keep.all():
+    if every:
         return FileRead(rows, [])
     rest = _by_line(block[:end], first_line, header, index, ctx, np.flatnonzero(~keep).tolist())
     return FileRead(RowBuffer.merged([rows, rest.rows]), rest.rejects)
 
 
-def _by_line(block: bytes, first_line: int, header: list[str], index: dict[str, int | None], ctx: ReadContext,
+def _by_line(block: bytes | bytearray, first_line: int, header: list[str], index: dict[str, int | None], ctx: ReadContext,
              which: Iterator[int] | list[int] | range) -> FileRead:
     """The per-line reader on the lines ``which`` (indices into ``block``'s lines)."""
     rows = RowBuffer(ctx.op.problem_names)

@@ -17,7 +17,7 @@ layout or arch differs from the config rejects the rows under it. A UTF-8 byte-o
 before the first line is dropped.
 
 Speed: :func:`read_chunks` decodes blocks of rows at once (:mod:`msgspec` into typed
-structs, numpy checks); :func:`read` is the per-line reference (one ``orjson.loads`` per row),
+structs, flattened into numpy columns piece by piece; numpy checks); :func:`read` is the per-line reference (one ``orjson.loads`` per row),
 which also reads every line the block decoder cannot vouch for. The kernel name is parsed once
 per distinct name (see :class:`~ckpred.data.readers.common.KernelResolver`).
 """
@@ -27,16 +27,16 @@ from __future__ import annotations
 import json
 import math
 import re
+from itertools import chain
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import orjson
-import pandas as pd
 
-from ckpred.data.readers.common import (FileRead, ReadContext, Reject, RowBuffer, line_blocks, sorted_rejects, to_float,
-                                        to_int)
+from ckpred.data.readers.common import (_INT_LIMIT, FileRead, ReadContext, Reject, RowBuffer, line_blocks, sorted_rejects,
+                                        to_float, to_int)
 
 NAME = "log"
 #: Half the printing step of the log's 2-decimal values.
@@ -118,7 +118,7 @@ class _LineReader:
             reason = ""
             for name, default in self.fields:
                 value = problem.get(name)
-                if type(value) is not int:
+                if type(value) is not int or not -_INT_LIMIT <= value <= _INT_LIMIT:
                     value = _problem_value(problem, name, default, header)
                     if type(value) is str:
                         rejects.append(Reject(f"{label}:{lineno}", value, _text(raw)))
@@ -187,7 +187,8 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
 
     Per block, the rows of the common form (a JSON object on one line of plain ASCII, with
     the kernel name, every problem field as an integer and the three perf values as numbers)
-    are decoded at once by :mod:`msgspec` into typed columns and checked with numpy; every
+    are decoded by :mod:`msgspec` (runs of lines in pieces of about ``_PIECE_BYTES``, each
+    piece's typed structs turned into numpy columns at once) and checked with numpy; every
     other line (headers, rules, blank or indented lines, a row with a missing, null or
     unusual value, a kernel name that is rejected) goes through the per-line reader, in the
     same header context. A block the decoder refuses as a whole is read line by line. So
@@ -223,32 +224,49 @@ _LONG_LINE = 4096
 _ODD_BYTE = np.ones(256, dtype=bool)
 _ODD_BYTE[32:127] = False
 _ODD_BYTE[[9, 10, 13]] = False
-_FINE_BYTES = bytes(np.flatnonzero(~_ODD_BYTE).tolist())
 
 
-def _odd_positions(block: bytes, arr: np.ndarray) -> np.ndarray:
-    """Where ``arr`` (the start of ``block``) has a byte of :data:`_ODD_BYTE` (one C pass over
-    ``block`` when there is none)."""
-    if not block.translate(None, _FINE_BYTES):
-        return np.zeros(0, dtype=np.int64)
-    return np.flatnonzero(_ODD_BYTE[arr])
+#: Bytes per pass of :func:`_scan` (its temporaries stay in the CPU cache).
+_SCAN_BYTES = 1 << 20
 
 
-def _read_block(block: bytes, end: int, first_line: int, reader: _LineReader, decoder: Any,
+def _scan(block: bytes | bytearray, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions in ``arr`` (the start of ``block``) of the newlines, and of the bytes of
+    :data:`_ODD_BYTE`.
+
+    One pass finds every control byte (newlines among them); bytes from DEL up are looked for
+    only when ``block`` has one (a C scan each).
+    """
+    ends: list[np.ndarray] = []
+    odd: list[np.ndarray] = []
+    for start in range(0, len(arr), _SCAN_BYTES):
+        part = arr[start:start + _SCAN_BYTES]
+        control = np.flatnonzero(part < 32)
+        kind = part[control]
+        newline = kind == 10
+        if newline.all():
+            ends.append(control + start)
+        else:
+            ends.append(control[newline] + start)
+            odd.append(control[_ODD_BYTE[kind]] + start)
+    if not block.isascii() or b"\x7f" in block:
+        odd.append(np.flatnonzero(arr >= 127))
+    return (np.concatenate(ends) if ends else np.zeros(0, dtype=np.int64),
+            np.unique(np.concatenate(odd)) if odd else np.zeros(0, dtype=np.int64))
+
+
+def _read_block(block: bytes | bytearray, end: int, first_line: int, reader: _LineReader, decoder: Any,
                 ctx: ReadContext) -> tuple[FileRead, int]:
     """Rows and rejects of the whole lines in ``block[:end]``, the first being line ``first_line``;
     and the number of those lines."""
-    import msgspec
-
     arr = np.frombuffer(block, dtype=np.uint8, count=end)
-    ends = np.flatnonzero(arr == 10)
+    ends, odd = _scan(block, arr)
     if not len(ends) or ends[-1] != end - 1:
         ends = np.append(ends, end - 1)  # the file's last line, without a newline
     starts = np.r_[0, ends[:-1] + 1]
     n_lines = len(starts)
     lengths = ends - starts
     fast = (arr[starts] == ord("{")) & (lengths < _LONG_LINE)
-    odd = _odd_positions(block, arr)
     if len(odd):
         fast[np.searchsorted(starts, odd, side="right") - 1] = False
     if first_line == 1:
@@ -276,21 +294,16 @@ def _read_block(block: bytes, end: int, first_line: int, reader: _LineReader, de
     breaks = np.flatnonzero(np.diff(fast_idx) != 1)
     run_first = fast_idx[np.r_[0, breaks + 1]]
     run_last = fast_idx[np.r_[breaks, len(fast_idx) - 1]]
-    view = memoryview(block)
-    decoded: list[Any] | None = []
-    try:
-        for s, e in zip(starts[run_first].tolist(), ends[run_last].tolist()):
-            decoded += decoder.decode_lines(view[s:e + 1])  # type: ignore[operator]
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        decoded = None
-    if decoded is None or len(decoded) != len(fast_idx):  # the block is read line by line
+    decoded = _decode(memoryview(block), starts, ends, run_first, run_last, decoder, len(ctx.op.problem_names),
+                      len(fast_idx))
+    if decoded is None:  # the block is read line by line
         reader.header = start_header
         rows, rejects = new_buffer(ctx), []
         for index in range(n_lines):
             reader.line(first_line + index, block[starts[index]:ends[index] + 1], rows, rejects)
         return FileRead(rows, rejects), n_lines
     reader_header = reader.header
-    fast_rows, deferred = _vector_rows(decoded, fast_idx + first_line, header_of, header_list, ctx)
+    fast_rows, deferred = _vector_rows(*decoded, fast_idx + first_line, header_of, header_list, ctx)
     for i in deferred.tolist():  # rows the vectorised checks leave to the per-line reader
         reader.header = header_list[header_of[i]]
         by_line(int(fast_idx[i]))
@@ -298,27 +311,64 @@ def _read_block(block: bytes, end: int, first_line: int, reader: _LineReader, de
     return FileRead(RowBuffer.merged([slow_rows, fast_rows]), sorted_rejects(slow_rejects)), n_lines
 
 
-def _vector_rows(decoded: list[Any], linenos: np.ndarray, header_of: np.ndarray,
-                 headers: list[_Header | None], ctx: ReadContext) -> tuple[RowBuffer, np.ndarray]:
+#: Bytes of lines per decoder call: a piece's structs become numpy columns and are freed
+#: while they are still in the CPU cache (decoding a whole block first is slower).
+_PIECE_BYTES = 1 << 20
+
+
+def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: np.ndarray, run_last: np.ndarray,
+            decoder: Any, n_fields: int, n: int) -> tuple[list[str], np.ndarray, np.ndarray] | None:
+    """Kernel names, problem values (``n x n_fields``) and perf values (``n x 3``: latency,
+    TFLOPS, bandwidth) of the ``n`` lines of the runs of consecutive lines ``run_first[i]`` to
+    ``run_last[i]``; ``None`` when the decoder refuses a line (or a piece decodes into another
+    number of rows than it has lines)."""
+    import msgspec
+    from msgspec.structs import astuple
+
+    names: list[str] = []
+    problems = np.empty((n, n_fields), dtype=np.int64)
+    perf = np.empty((n, 3), dtype=np.float64)
+    get_name, get_problem, get_perf = attrgetter("name"), attrgetter("problem"), attrgetter("perf_result")
+    done = 0
+    try:
+        for first, last in zip(run_first.tolist(), run_last.tolist()):
+            while first <= last:
+                stop = min(last, max(first, int(np.searchsorted(starts, starts[first] + _PIECE_BYTES)) - 1))
+                piece = decoder.decode_lines(view[starts[first]:ends[stop] + 1])
+                k = len(piece)
+                if k != stop - first + 1:
+                    return None
+                problems[done:done + k] = np.fromiter(chain.from_iterable(map(astuple, map(get_problem, piece))),
+                                                      dtype=np.int64, count=k * n_fields).reshape(k, n_fields)
+                perf[done:done + k] = np.fromiter(chain.from_iterable(map(astuple, map(get_perf, piece))),
+                                                  dtype=np.float64, count=3 * k).reshape(k, 3)
+                names += map(get_name, piece)
+                done += k
+                first = stop + 1
+    except (msgspec.DecodeError, msgspec.ValidationError, OverflowError):  # overflow: an integer beyond int64
+        return None
+    return (names, problems, perf) if done == n else None
+
+
+def _vector_rows(row_names: list[str], problems: np.ndarray, perf: np.ndarray, linenos: np.ndarray,
+                 header_of: np.ndarray, headers: list[_Header | None],
+                 ctx: ReadContext) -> tuple[RowBuffer, np.ndarray]:
     """Rows of the decoded lines, and the indices of those left to the per-line reader.
 
     Left over: a rejected kernel name, or a row under a header that rejects its rows (both
     rejects, whose text the line reader writes). The rest are judged here as the line
     reader would: the first negative problem field, else a mismatch with the shape header.
     """
-    n = len(decoded)
+    n = len(row_names)
     names = ctx.op.problem_names
-    name_codes, uniques = pd.factorize(np.fromiter(map(attrgetter("name"), decoded), dtype=object, count=n))
-    resolved = ctx.resolver.resolve_all(list(uniques))
-    kernel = np.array([c if type(c) is int else -1 for c in resolved], dtype=np.int64)[name_codes]
+    # kernel codes: each distinct name resolved once, then looked up per row (C-level maps)
+    code_of: dict[str, int | str] = dict.fromkeys(row_names)  # type: ignore[arg-type]
+    for name, code in zip(code_of, ctx.resolver.resolve_all(list(code_of))):
+        code_of[name] = code if type(code) is int else -1
+    kernel = np.fromiter(map(code_of.__getitem__, row_names), dtype=np.int64, count=n)
     header_rejects = np.array([h is not None and bool(h.reject) for h in headers])[header_of]
     deferred = (kernel < 0) | header_rejects
-    # one pass over the structs into a record array of every numeric value
-    getter = attrgetter(*(f"problem.{name}" for name in names), "perf_result.tflops", "perf_result.latency",
-                        "perf_result.bandwidth")
-    values = np.fromiter(map(getter, decoded), count=n, dtype=[*((f"p{i}", np.int64) for i in range(len(names))),
-                                                              ("t", np.float64), ("l", np.float64), ("b", np.float64)])
-    columns = [values[f"p{i}"] for i in range(len(names))]
+    columns = [problems[:, i] for i in range(len(names))]
     reason = np.zeros(n, dtype=np.int64)  # 0 none, 1 + i: problem field i negative, -1 header mismatch
     for i, column in enumerate(columns):
         reason[(reason == 0) & (column < 0)] = i + 1
@@ -332,20 +382,24 @@ def _vector_rows(decoded: list[Any], linenos: np.ndarray, header_of: np.ndarray,
         mismatch |= has[header_of] & (columns[i] != want[header_of])
     reason[(reason == 0) & mismatch] = -1
     keep = ~deferred
+    every = not deferred.any()  # the common case: a column is copied out, not masked
+
+    def kept(values: np.ndarray) -> np.ndarray:  # a contiguous array of the kept rows
+        return np.ascontiguousarray(values) if every else values[keep]
+
     rows = new_buffer(ctx)
-    rows.line = linenos[keep]
-    rows.kernel = kernel[keep]
-    rows.problem = [np.ascontiguousarray(c[keep]) for c in columns]
-    rows.tflops = values["t"][keep]
-    rows.latency = values["l"][keep]
-    rows.bandwidth = values["b"][keep]
-    kept_reason = reason[keep]
+    rows.line = kept(linenos)
+    rows.kernel = kept(kernel)
+    rows.problem = [kept(c) for c in columns]
+    rows.latency, rows.tflops, rows.bandwidth = (kept(perf[:, i]) for i in range(3))
+    kept_reason = kept(reason)
+    kept_header = kept(header_of)
     for j in np.flatnonzero(kept_reason).tolist():
         code = int(kept_reason[j])
         if code > 0:
             rows.reasons[j] = f"negative problem field: {names[code - 1]}={int(rows.problem[code - 1][j])}"
         else:
-            header = headers[header_of[np.flatnonzero(keep)[j]]]
+            header = headers[kept_header[j]]
             assert header is not None
             rows.reasons[j] = _mismatch(header, {name: int(c[j]) for name, c in zip(names, rows.problem)})
     return rows, np.flatnonzero(deferred)
@@ -373,9 +427,11 @@ def _text(raw: bytes) -> str:
 def _problem_value(problem: dict[str, Any], name: str, default: Any, header: _Header | None) -> int | str:
     """A problem field from the row's problem object, else its shape header, else its default."""
     if name in problem:
-        value = to_int(problem[name])
+        raw = problem[name]
+        value = to_int(raw)
         if value is None:
-            return f"bad problem field: {name}={problem[name]!r} is not an integer"
+            return f"bad problem field: {name}={raw!r} is " + \
+                ("beyond int64" if type(raw) is int else "not an integer")
         return value
     if header is not None and name in header.problem:
         return header.problem[name]
