@@ -365,6 +365,11 @@ def test_written_parquet_has_the_canonical_schema_and_plain_text_columns(tmp_pat
         read = pq.read_table(file)
         assert [(f.name, f.type) for f in read.schema] == [(f.name, f.type) for f in schema]
         assert read.schema.metadata[b"ckpred.table"] == b"canonical"
+        # min/max statistics on the problem fields (filters by shape), not on the texts
+        group = pq.read_metadata(file).row_group(0)
+        stats = {group.column(i).path_in_schema: group.column(i).statistics for i in range(group.num_columns)}
+        assert stats["m"].has_min_max and stats["m"].min <= stats["m"].max
+        assert stats["kernel_name"] is None or not stats["kernel_name"].has_min_max
     whole = pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
     assert _table_key(whole).equals(_table_key(read_files(path, OP, **KW).table))
 

@@ -59,7 +59,7 @@ from ckpred.data.readers import (CHUNKED_READERS, READERS, TABLE_READERS, FileRe
                                  detect_table_format)
 from ckpred.data.readers.common import KernelResolver, Reject, RowBuffer
 from ckpred.data.readers.table_parquet import is_canonical
-from ckpred.data.table import canonical_schema, conform_arrow
+from ckpred.data.table import HEADER_COLUMNS, canonical_schema, conform_arrow
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.util import atomic_dir, atomic_path
@@ -510,11 +510,12 @@ class _TableWriter:
         self.no_manifest = ""
         self.discarded = False
         # Measured values and sources are (nearly) unique per row: a dictionary page for them
-        # is built and thrown away, and min/max statistics of the source text serve no filter.
+        # is built and thrown away. Min/max statistics serve filters on the problem and its
+        # hardware; of the measured values and the texts they would cost a quarter of the write.
         names = self.schema.names
         self.options: dict[str, Any] = {
             "use_dictionary": [c for c in names if c not in _UNIQUE_PER_ROW],
-            "write_statistics": [c for c in names if c != "source"]}
+            "write_statistics": [c for c in names if c in (*HEADER_COLUMNS, *op.problem_names, "is_valid")]}
 
     def __enter__(self) -> "_TableWriter":
         self._atomic: Any = atomic_path(self.out) if self.single else atomic_dir(self.out)
@@ -769,6 +770,8 @@ def _kernel_columns(resolver: KernelResolver, op: OpDefinition) -> dict[str, np.
     columns: dict[str, np.ndarray | pa.Array] = {}
     for name in (*op.kernel_names, "kernel_name"):
         values = pa.array(kernels[name])
+        if pa.types.is_large_string(values.type):  # pandas' text columns: one text type throughout
+            values = values.cast(pa.string())
         plain = len(values) and not values.null_count and (pa.types.is_integer(values.type) or pa.types.is_boolean(
             values.type) or pa.types.is_floating(values.type))
         columns[name] = values.to_numpy(zero_copy_only=False) if plain else values

@@ -77,7 +77,7 @@ STAGES = (("ckpred.data.readers.csv_sweep", "_read_block", "read+check block (CS
           ("ckpred.data.ingest", "_joined_chunks", "spill read back"),
           ("ckpred.data.ingest", "_check_rules", "op rule check"),
           ("ckpred.data.ingest", "_merge", "merge repeats"),
-          ("ckpred.data.ingest", "conform_arrow", "canonical columns"),
+          ("ckpred.data.ingest", "_canonical_part", "canonical part (text columns...)"),
           ("ckpred.data.ingest._TableWriter", "write", "Parquet write"))
 
 
@@ -122,7 +122,7 @@ def stages(path: Path, chunk_mb: int) -> None:
         if label in spent:
             print(f"  {label:34s} {spent[label]:6.2f} s  {spent[label] / total:5.1%}")
     rest = total - sum(spent.values())
-    print(f"  {'rest (file reads, kernel columns...)':34s} {rest:6.2f} s  {rest / total:5.1%}")
+    print(f"  {'rest (file reads, summary, rejects)':34s} {rest:6.2f} s  {rest / total:5.1%}")
 
 
 def inputs(rows: int, work: Path) -> dict[str, Path]:
