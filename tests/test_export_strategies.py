@@ -209,16 +209,16 @@ def test_cv_efficiency_learns_each_folds_candidates_from_its_training_shapes(set
     assert (pruned["candidates"] < len(op.catalogue(cfg.arch, cfg.dtype, cfg.layout))).all()
 
 
-def test_cv_reranker_of_each_fold_sees_its_training_shapes_only(setup, monkeypatch) -> None:
-    op, cfg, table = setup
-    t = table.reset_index(drop=True)
-    keys = np.asarray(op.shape_keys(t))
-    shapes = pd.unique(keys)
-    fold = pd.Series(keys).map({k: i % 3 for i, k in enumerate(shapes)}).to_numpy()
-    valid, _ = op.validity(t, t, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
-    perf = np.where(t["is_valid"].to_numpy(), t["tflops"].to_numpy(), 0.0)
-    oof = pd.DataFrame({"shape": keys, "fold": fold, "kernel_name": t["kernel_name"], "perf": perf,
-                        "selectable": valid, "score_model": -perf})  # picks the slowest candidate
+def _slowest_first(op, cfg, table: pd.DataFrame, fold) -> pd.DataFrame:
+    """Out-of-fold rows of ``table`` whose scores pick each shape's slowest candidate."""
+    valid, _ = op.validity(table, table, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
+    perf = np.where(table["is_valid"].to_numpy(), table["tflops"].to_numpy(), 0.0)
+    return pd.DataFrame({"shape": np.asarray(op.shape_keys(table)), "fold": fold, "kernel_name": table["kernel_name"],
+                         "perf": perf, "selectable": valid, "score_model": -perf})
+
+
+def _reranker_shapes(op, monkeypatch) -> list[set]:
+    """The shapes each reranker fit sees, in order (``fit_reranker`` spied on)."""
     seen: list[set] = []
     real = st.fit_reranker
 
@@ -227,6 +227,17 @@ def test_cv_reranker_of_each_fold_sees_its_training_shapes_only(setup, monkeypat
         return real(tab, *a, **kw)
 
     monkeypatch.setattr(st, "fit_reranker", spy)
+    return seen
+
+
+def test_cv_reranker_of_each_fold_sees_its_training_shapes_only(setup, monkeypatch) -> None:
+    op, cfg, table = setup
+    t = table.reset_index(drop=True)
+    keys = np.asarray(op.shape_keys(t))
+    shapes = pd.unique(keys)
+    fold = pd.Series(keys).map({k: i % 3 for i, k in enumerate(shapes)}).to_numpy()
+    oof = _slowest_first(op, cfg, t, fold)
+    seen = _reranker_shapes(op, monkeypatch)
     kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
     out = st.cv_efficiency(oof, t, op, top_n=2, reranker=RERANKER, recipe=compose("export", ["model.n_jobs=1"]), **kw)
     assert len(seen) == 3
@@ -247,19 +258,8 @@ def test_cv_of_an_external_test_run_learns_from_the_training_table(setup, monkey
     shapes = pd.unique(keys)
     trained = np.isin(keys, shapes[: len(shapes) // 2])
     train, test = t[trained].reset_index(drop=True), t[~trained].reset_index(drop=True)
-    test_keys = np.asarray(op.shape_keys(test))
-    valid, _ = op.validity(test, test, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
-    perf = np.where(test["is_valid"].to_numpy(), test["tflops"].to_numpy(), 0.0)
-    oof = pd.DataFrame({"shape": test_keys, "fold": "external", "kernel_name": test["kernel_name"], "perf": perf,
-                        "selectable": valid, "score_model": -perf})  # picks the slowest candidate
-    seen: list[set] = []
-    real = st.fit_reranker
-
-    def spy(tab, *a, **kw):
-        seen.append(set(op.shape_keys(tab)))
-        return real(tab, *a, **kw)
-
-    monkeypatch.setattr(st, "fit_reranker", spy)
+    oof = _slowest_first(op, cfg, test, "external")
+    seen = _reranker_shapes(op, monkeypatch)
     kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=2)
     out = st.cv_efficiency(oof, test, op, reranker=RERANKER, recipe=compose("export", ["model.n_jobs=1"]),
                            train_table=train, **kw)
