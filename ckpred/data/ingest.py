@@ -321,6 +321,7 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
     summary.rejected = dict(rejected)
     summary.merge_key = (*op.problem_names, *per_row)
     kernels = _kernel_columns(resolver, op)
+    rule_kernels = _rule_kernels(resolver, op)
     constants = {name: str(value) for name, value in (("op", op.name), *headers)
                  if name not in op.problem_names and name not in per_row}  # else the row's own value
     invalid: Counter[str] = Counter()
@@ -328,7 +329,7 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
         for h, value in headers:
             if h in per_row:
                 rows = _filled(rows, h, value)
-        rows = _check_rules(rows, op, resolver, texts, arch=arch_config if arch_config is not None else arch,
+        rows = _check_rules(rows, op, rule_kernels, texts, arch=arch_config if arch_config is not None else arch,
                             dtype=dtype, layout=layout)
         valid = _numpy(rows, "is_valid")
         summary.valid += int(valid.sum())
@@ -835,7 +836,15 @@ def _validate(rows: pa.Table, op: OpDefinition, texts: _Texts) -> pa.Table:
     return out
 
 
-def _check_rules(rows: pa.Table, op: OpDefinition, resolver: KernelResolver, texts: _Texts, *, arch: Any,
+def _rule_kernels(resolver: KernelResolver, op: OpDefinition) -> pd.DataFrame:
+    """The kernel fields of every resolved kernel, by code, as the op's rules read them (text
+    fields as categoricals: a row's kernel fields are then a take of small codes)."""
+    kernels = resolver.frame()
+    return kernels.astype({c: "category" for c in op.kernel_names if not pd.api.types.is_numeric_dtype(kernels[c])
+                           and not pd.api.types.is_bool_dtype(kernels[c])})[list(op.kernel_names)]
+
+
+def _check_rules(rows: pa.Table, op: OpDefinition, kernels: pd.DataFrame, texts: _Texts, *, arch: Any,
                  dtype: str, layout: str) -> pa.Table:
     """Mark invalid the measurements of a problem the op's rules say no kernel can run.
 
@@ -844,15 +853,12 @@ def _check_rules(rows: pa.Table, op: OpDefinition, resolver: KernelResolver, tex
     contradict the op: they become invalid with the reason ``rule violation: <rule message>``.
     A problem some measured kernel may run is left as measured (a rule that is stricter than
     the hardware must not erase data). An op whose rules cannot be evaluated here (a rule
-    needing an arch constant the run does not have) is not judged.
+    needing an arch constant the run does not have) is not judged. ``kernels`` are the
+    resolved kernels' fields (:func:`_rule_kernels`).
     """
     valid = _numpy(rows, "is_valid")
     if not valid.any():
         return rows
-    kernels = resolver.frame()
-    # text fields as categoricals: a row's kernel fields are then a take of small codes
-    kernels = kernels.astype({c: "category" for c in op.kernel_names if not pd.api.types.is_numeric_dtype(kernels[c])
-                              and not pd.api.types.is_bool_dtype(kernels[c])})[list(op.kernel_names)]
     idx = np.flatnonzero(valid)
     codes = _numpy(rows, "kernel")[idx]
     # a table that gives each row its arch is judged with each arch's own constants
