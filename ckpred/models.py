@@ -302,22 +302,34 @@ def fit_failure_model(pipe: Pipeline, X: pd.DataFrame | None, failed: np.ndarray
         The rows' features when already computed (the ranking model's training features).
     """
     failed = np.asarray(failed, dtype=bool)
-    pipe.ckpred_failure_threshold_ = float(validity_cfg.threshold)
-    pipe.ckpred_failure_model_ = None
+    set_failure_model(pipe, None, float(validity_cfg.threshold))
     if not failed.any() or failed.all():
         return None
     if Xt is None:
         Xt = pipe.named_steps["features"].transform(X)
-    model = lgb.LGBMRegressor(objective="regression", n_estimators=int(validity_cfg.n_estimators),
-                              learning_rate=0.1, num_leaves=int(validity_cfg.num_leaves),
-                              min_child_samples=int(validity_cfg.min_child_samples),
-                              n_jobs=int(validity_cfg.get("n_jobs", 1)), random_state=int(seed),
-                              deterministic=True, force_row_wise=True, verbose=-1)
+    model = failure_estimator(validity_cfg, seed)
     model.fit(Xt, failed.astype(np.float64))
     if not np.any(model.predict(Xt) > pipe.ckpred_failure_threshold_):
         return None
-    pipe.ckpred_failure_model_ = model
+    set_failure_model(pipe, model, float(validity_cfg.threshold))
     return model
+
+
+def set_failure_model(pipe: Pipeline, model: lgb.LGBMRegressor | None, threshold: float) -> None:
+    """Attach a fitted failure model (or None: none kept) and its threshold (``validity.threshold``)
+    to ``pipe``, where :func:`predicted_ok`, the export and the runtimes read them."""
+    pipe.ckpred_failure_threshold_ = float(threshold)
+    pipe.ckpred_failure_model_ = model
+
+
+def failure_estimator(validity_cfg: Any, seed: int = 0) -> lgb.LGBMRegressor:
+    """The unfitted failure model of :func:`fit_failure_model` (its parameters are also what a
+    partitioned dataset's Dask fit uses, :mod:`ckpred.scale`)."""
+    return lgb.LGBMRegressor(objective="regression", n_estimators=int(validity_cfg.n_estimators),
+                             learning_rate=0.1, num_leaves=int(validity_cfg.num_leaves),
+                             min_child_samples=int(validity_cfg.min_child_samples),
+                             n_jobs=int(validity_cfg.get("n_jobs", 1)), random_state=int(seed),
+                             deterministic=True, force_row_wise=True, verbose=-1)
 
 
 def failure_model(pipe: Pipeline) -> lgb.LGBMRegressor | None:

@@ -47,6 +47,8 @@ from ckpred.models import build_estimator, build_pipeline, query_sizes, training
 from ckpred.util import atomic_dir
 
 _Y, _Q = "_ckpred_y", "_ckpred_query"
+#: Training-frame column: the row failed when measured (the learned failure model's label).
+_F = "_ckpred_failed"
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +174,9 @@ class PartitionRecipe:
         return build_features(self.recipe.features, self.op, combo.arch, combo.dtype, combo.layout)
 
     def training_frame(self, frame: pd.DataFrame, number: int) -> pd.DataFrame:
-        """The training rows of one partition: float32 features, target ``_ckpred_y`` and the
-        query code ``_ckpred_query`` (rows contiguous per query)."""
+        """The training rows of one partition: float32 features, target ``_ckpred_y``, the
+        query code ``_ckpred_query`` (rows contiguous per query) and ``_ckpred_failed`` (the row
+        failed when measured: the label of the learned failure model, ``validity.learned``)."""
         frame = frame[~self.held_out(frame)].reset_index(drop=True)
         names = self.feature_names()
         if len(frame) == 0:
@@ -196,6 +199,8 @@ class PartitionRecipe:
         out = pd.DataFrame(np.asarray(Xt, dtype=np.float32), columns=names)
         out[_Y] = np.asarray(y, dtype=np.float64)
         out[_Q] = np.asarray(codes, dtype=np.int64)
+        # the in-memory fit's label (ckpred.fitting.fit_method): measured perf 0 = failed
+        out[_F] = data.perf[rows] <= 0
         return out
 
     def feature_names(self) -> list[str]:
@@ -206,6 +211,7 @@ class PartitionRecipe:
         out = pd.DataFrame({n: pd.Series(dtype=np.float32) for n in names})
         out[_Y] = pd.Series(dtype=np.float64)
         out[_Q] = pd.Series(dtype=np.int64)
+        out[_F] = pd.Series(dtype=bool)
         return out
 
 
@@ -311,9 +317,16 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
         data that fits in memory; what the Dask fit is compared with).
     test : (float, float)
         Queries whose stable hash lies in this range are held out (see :func:`score_partitioned`).
+
+    With ``validity.learned`` the learned failure model is fitted too, on the same training rows
+    and features as the ranking model (as in :func:`ckpred.fitting.fit_method`): ``dask``:
+    LightGBM's ``DaskLGBMRegressor`` with :func:`ckpred.models.failure_estimator`'s parameters,
+    kept only when a distributed predict flags at least one training row above
+    ``validity.threshold``; ``local``: :func:`ckpred.models.fit_failure_model`. The fit info then
+    says ``failure_model`` (kept or not) and ``failed_rows``.
     """
     from ckpred.fitting import model_method
-    from ckpred.models import target_name
+    from ckpred.models import fit_failure_model, set_failure_model, target_name
 
     method = model_method(cfg)
     _check_recipe(method.recipe)
@@ -328,6 +341,7 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
     estimator = build_estimator(model_cfg, method.recipe.target, int(cfg.seed))
     inner = estimator if is_ranker else estimator.regressor
     params = inner.get_params()
+    validity = method.validity if method.validity is not None and bool(method.validity.learned) else None
     info: dict[str, Any] = {"backend": backend, "partitions": len(files)}
     t0 = time.perf_counter()
     if backend == "local":
@@ -337,11 +351,20 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
         fit_kw = {"group": np.concatenate([query_sizes(f[_Q].to_numpy()) for f in frames])} if is_ranker else {}
         train = pd.concat(frames, ignore_index=True)
         del frames
-        inner.fit(train[names].to_numpy(), train[_Y].to_numpy(), **fit_kw)
+        Xt = train[names].to_numpy()
+        inner.fit(Xt, train[_Y].to_numpy(), **fit_kw)
         fitted, rows = inner, len(train)
-        del train
+        if validity is not None:
+            failed = train[_F].to_numpy()
+            failure = fit_failure_model(pipe, None, failed, validity, int(cfg.seed), Xt=Xt)
+            info.update(failure_model=failure is not None, failed_rows=int(failed.sum()))
+        del train, Xt
     elif backend == "dask":
-        fitted, rows = _fit_dask(client, files, part, names, params, is_ranker, str(path))
+        fitted, rows, failure, n_failed = _fit_dask(client, files, part, names, params, is_ranker, str(path),
+                                                    validity=validity, seed=int(cfg.seed))
+        if validity is not None:
+            set_failure_model(pipe, failure, float(validity.threshold))
+            info.update(failure_model=failure is not None, failed_rows=int(n_failed))
     else:
         raise ConfigValueError("model.backend", backend, "one of ['local', 'dask']")
     info.update(train_rows=int(rows), fit_s=round(time.perf_counter() - t0, 2),
@@ -376,7 +399,11 @@ def spread(combos: list[str], workers: list[str]) -> list[str]:
 
 
 def _fit_dask(client: Any, files: list[str], part: PartitionRecipe, names: list[str], params: dict[str, Any],
-              is_ranker: bool, path: str) -> tuple[Any, int]:
+              is_ranker: bool, path: str, validity: Any = None, seed: int = 0) -> tuple[Any, int, Any, int]:
+    """The ranking model fitted data-parallel on the partitions' training rows; returns (local
+    model, training rows, failure model or None, failed training rows). With ``validity`` (the
+    ``validity`` config, ``learned`` on) the failure model is fitted on the same rows (see
+    :func:`_fit_failures`)."""
     from lightgbm import DaskLGBMRanker, DaskLGBMRegressor
 
     # the query check reads only the key columns, on the workers
@@ -393,7 +420,7 @@ def _fit_dask(client: Any, files: list[str], part: PartitionRecipe, names: list[
 
     frames = [pinned(_training_part, f, i, part, worker=w) for i, (f, w) in enumerate(zip(files, where))]
     lengths = np.asarray(client.gather([pinned(len, fr, worker=w) for fr, w in zip(frames, where)]))
-    X_parts, y_parts, g_parts = [], [], []
+    X_parts, y_parts, g_parts, f_parts = [], [], [], []
     for fr, w, n in zip(frames, where, lengths):
         if n == 0:
             continue
@@ -401,6 +428,9 @@ def _fit_dask(client: Any, files: list[str], part: PartitionRecipe, names: list[
                                        shape=(int(n), len(names)), dtype=np.float32))
         y_parts.append(da.from_delayed(dask.delayed(pinned(_columns, fr, _Y, np.float64, worker=w)),
                                        shape=(int(n),), dtype=np.float64))
+        if validity is not None:
+            f_parts.append(da.from_delayed(dask.delayed(pinned(_columns, fr, _F, np.float64, worker=w)),
+                                           shape=(int(n),), dtype=np.float64))
         if is_ranker:
             g = pinned(_query_sizes_of, fr, worker=w)
             g_parts.append(da.from_delayed(dask.delayed(g), shape=(int(client.submit(len, g).result()),),
@@ -418,7 +448,29 @@ def _fit_dask(client: Any, files: list[str], part: PartitionRecipe, names: list[
         # LightGBM's Dask estimators pass n_jobs on and then warn that Dask's threads replace it
         warnings.filterwarnings("ignore", message="Parameter n_jobs will be ignored")
         model.fit(X, y, **fit_kw)
-    return model.to_local(), int(lengths.sum())
+        failure, n_failed = (None, 0) if validity is None else \
+            _fit_failures(client, X, da.concatenate(f_parts), validity, seed)
+    return model.to_local(), int(lengths.sum()), failure, n_failed
+
+
+def _fit_failures(client: Any, X: Any, failed: Any, validity: Any, seed: int) -> tuple[Any, int]:
+    """The learned failure model on the Dask arrays of the ranking model's training rows: a
+    ``DaskLGBMRegressor`` with :func:`ckpred.models.failure_estimator`'s parameters on the 0/1
+    label ``failed``, kept (as a local ``LGBMRegressor``) only when a distributed predict flags
+    at least one training row above ``validity.threshold`` (the rule of
+    :func:`ckpred.models.fit_failure_model`). Returns (model or None, failed rows)."""
+    from lightgbm import DaskLGBMRegressor
+
+    from ckpred.models import failure_estimator
+
+    n_failed = int(client.compute(failed.sum()).result())
+    if n_failed == 0 or n_failed == int(failed.shape[0]):
+        return None, n_failed
+    params = {k: v for k, v in failure_estimator(validity, seed).get_params().items() if k != "n_jobs"}
+    model = DaskLGBMRegressor(client=client, **params)
+    model.fit(X, failed)
+    flagged = int(client.compute((model.predict(X) > float(validity.threshold)).sum()).result())
+    return (model.to_local() if flagged else None), n_failed
 
 
 # -- scoring held-out queries ------------------------------------------------------------------
@@ -463,8 +515,13 @@ def _score_part(file: str, number: int, part: PartitionRecipe, pipe: Any,
                 static: pd.Series | None = None) -> tuple[pd.DataFrame, str | None]:
     """Per held-out query of one partition and per method (the model, then ``part.baselines``):
     the metrics of :func:`ckpred.evaluate.shape_metrics`, the query's family and the chosen
-    kernel. Returns the rows and why the analytical baseline was skipped here (or None)."""
+    kernel. Returns the rows and why the analytical baseline was skipped here (or None).
+
+    With a learned failure model on ``pipe`` the model picks among the rule-valid kernels it
+    predicts to run, falling back to the rules where it predicts none
+    (:func:`ckpred.evaluate.learned_selection_mask`, as the in-memory CV scores it)."""
     from ckpred.fitting import predict
+    from ckpred.models import failure_model, predicted_ok, set_failure_model
 
     frame = pd.read_parquet(file)
     frame = frame[part.held_out(frame)].reset_index(drop=True)
@@ -476,7 +533,11 @@ def _score_part(file: str, number: int, part: PartitionRecipe, pipe: Any,
 
     features = part.features(combo).fit(data.X.head(8))
     scorer = Pipeline([("features", features), ("model", pipe.named_steps["model"])])
-    per_method = {"model": ev.shape_metrics(data.perf, predict(scorer, data.X), data.groups, data.selectable)}
+    mask = data.selectable
+    if failure_model(pipe) is not None:
+        set_failure_model(scorer, failure_model(pipe), pipe.ckpred_failure_threshold_)
+        mask = ev.learned_selection_mask(mask, predicted_ok(scorer, data.X), data.groups)
+    per_method = {"model": ev.shape_metrics(data.perf, predict(scorer, data.X), data.groups, mask)}
     if "best_static" in part.baselines and static is not None:
         scores = ev.best_static_apply(static, ev.static_keys(data.table, np.arange(len(data.table)), part.static_by))
         per_method["best_static"] = ev.shape_metrics(data.perf, scores, data.groups, data.selectable)
@@ -605,26 +666,30 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
     dtype constants; skipped, with the reason, when any partition lacks what it needs). The
     final model trains on every query.
 
+    With ``validity.learned`` every fit also learns the failure model on its training rows
+    (:func:`fit_partitioned`, on the cluster); the model is then scored on the rule-valid
+    kernels its failure model predicts to run (:func:`ckpred.evaluate.learned_selection_mask`,
+    as in the in-memory CV), each fold's entry in ``folds.json`` says whether a failure model
+    was kept and how many training rows failed, and the run record's ``failure_model`` says
+    whether the saved pipeline carries one (where the export and the runtimes use it).
+
     Writes ``metrics.json`` (per method the in-memory run's report: :func:`ckpred.evaluate.method_report`
     with ``by_family``, ``by_best_pipeline`` and the spread over folds), ``per_query.csv`` (one
     row per held-out query and method: ``method`` column), ``folds.json`` (with each fold's top
     best-static kernels), ``efficiency_cdf.png`` and ``efficiency_at_k.png`` (``plots``),
     ``pipeline.joblib`` and the run record. Not computed, as they need the table in one
     process or more fits: the out-of-fold row scores (``oof_predictions.parquet``), the learned
-    failure model (``validity.learned``), the learned baselines ``plain`` and ``reference``, the
-    feature-importance plot and breakdowns by categorical problem fields.
+    baselines ``plain`` and ``reference``, the feature-importance plot and breakdowns by
+    categorical problem fields.
     """
     import joblib
 
-    from ckpred.models import target_name
+    from ckpred.models import failure_model, target_name
     from ckpred.runs import RUN_RECORD
     from ckpred.util import package_versions, sha256_file
 
     if cfg.get("warm_start"):
         raise ConfigValueError("warm_start", cfg.warm_start, "empty with a partitioned dataset (model.backend=dask)")
-    if cfg.get("validity") is not None and cfg.validity.learned:
-        log.warning("validity.learned: no failure model is fitted on a partitioned dataset; the "
-                    "pipeline masks only the op's validity rules")
     if cfg.cv.name == "group_kfold":
         k = int(cfg.cv.n_splits)
         ranges = [(i / k, (i + 1) / k) for i in range(k)]
@@ -701,7 +766,7 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
               "data": {"partitioned": str(path), "rows": manifest["rows"], "partitions": len(manifest["partitions"]),
                        "combos": sorted({"/".join(p[c] for c in COMBO_COLUMNS) for p in manifest["partitions"]})},
               "cv": cfg.cv.name, "n_folds": len(ranges), "seed": int(cfg.seed), "backend": "dask",
-              "heading": heading, "families": list(op.families), "failure_model": False,
+              "heading": heading, "families": list(op.families), "failure_model": final is not None and failure_model(final) is not None,
               "pipeline": pipeline,
               "metrics": {m: {k: v for k, v in r.items() if not isinstance(v, dict)} for m, r in metrics.items()},
               "timings_s": {k: round(v, 2) for k, v in timings.items()},

@@ -286,3 +286,63 @@ def test_every_worker_gets_files_of_every_combo() -> None:
     for w in ("w0", "w1"):
         assert {c for c, x in zip(combos, where) if x == w} >= {"a", "b"}
     assert where.count("w0") + where.count("w1") == len(combos)
+
+
+# -- the learned failure model (validity.learned) on a partitioned dataset -------------------------
+VALIDITY = ["validity.learned=true", "validity.n_estimators=20", "validity.num_leaves=7",
+            "validity.min_child_samples=5"]
+
+
+@pytest.fixture(scope="module")
+def failing_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module's dataset in four files, where every kernel of the ``compv4`` pipeline (a
+    feature) that ran now fails: a failure the features separate."""
+    cfg = compose("train", SMALL)
+    op = load_op(cfg.op)
+
+    def failing(frames):
+        for frame in frames:
+            fails = frame["is_valid"].to_numpy() & (frame["pipeline"] == "compv4").to_numpy()
+            yield frame.assign(is_valid=frame["is_valid"] & ~fails, tflops=np.where(fails, 0.0, frame["tflops"]))
+
+    out = tmp_path_factory.mktemp("failing")
+    scale.write_partitions(failing(_frames(load_shapes(cfg.shapes), 6)), out, op)
+    return out
+
+
+def test_dask_failure_model_flags_the_failing_kernels_like_the_in_memory_fit(failing_dataset: Path, client) -> None:
+    from ckpred.models import failure_model, predicted_ok
+
+    cfg = _cfg(*VALIDITY)
+    op = load_op(cfg.op)
+    test = (0.0, 0.3)
+    # backend=local fits ckpred.models.fit_failure_model in this process on the same training rows
+    local, info_l = scale.fit_partitioned(cfg, op, failing_dataset, backend="local", test=test)
+    remote, info_d = scale.fit_partitioned(cfg, op, failing_dataset, backend="dask", client=client, test=test)
+    assert info_l["failure_model"] and info_d["failure_model"]
+    assert info_d["failed_rows"] == info_l["failed_rows"] > 0 and info_d["train_rows"] == info_l["train_rows"]
+    model = failure_model(remote)
+    assert type(model).__name__ == "LGBMRegressor" and remote.ckpred_failure_threshold_ == 0.5
+    table = _all_rows(failing_dataset)
+    X = op.encode_frame(table)
+    compv4 = (table["pipeline"] == "compv4").to_numpy()
+    ran = table["is_valid"].to_numpy()
+    ok = predicted_ok(remote, X)
+    # every compv4 kernel is masked (held-out queries too); nearly every kernel that ran is not
+    assert not ok[compv4].any() and ok[ran].mean() > 0.95
+    # the same rows flagged as by the in-memory fit, and estimates close to its own: one feature
+    # separates the failures, so the data-parallel fit (bins found per worker) finds the same splits
+    assert np.array_equal(ok, predicted_ok(local, X))
+    Xt = remote.named_steps["features"].transform(X)
+    assert np.abs(model.predict(Xt) - failure_model(local).predict(Xt)).max() < 0.01
+
+
+def test_no_failure_model_on_a_partitioned_dataset_with_random_failures(dataset: Path, client) -> None:
+    from ckpred.models import failure_model, predicted_ok
+
+    cfg = _cfg("validity.learned=true")
+    op = load_op(cfg.op)
+    pipe, info = scale.fit_partitioned(cfg, op, dataset, backend="dask", client=client)
+    # the simulator's few launch failures among rule-valid kernels are random: nothing to learn
+    assert info["failed_rows"] > 0 and info["failure_model"] is False
+    assert failure_model(pipe) is None and predicted_ok(pipe, op.encode_frame(_all_rows(dataset))).all()
