@@ -766,7 +766,9 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
               "data": {"partitioned": str(path), "rows": manifest["rows"], "partitions": len(manifest["partitions"]),
                        "combos": sorted({"/".join(p[c] for c in COMBO_COLUMNS) for p in manifest["partitions"]})},
               "cv": cfg.cv.name, "n_folds": len(ranges), "seed": int(cfg.seed), "backend": "dask",
-              "heading": heading, "families": list(op.families), "failure_model": final is not None and failure_model(final) is not None,
+              "heading": heading, "families": list(op.families),
+              # whether the saved pipeline masks learned failures (each fold's is in folds.json)
+              "failure_model": final is not None and failure_model(final) is not None,
               "pipeline": pipeline,
               "metrics": {m: {k: v for k, v in r.items() if not isinstance(v, dict)} for m, r in metrics.items()},
               "timings_s": {k: round(v, 2) for k, v in timings.items()},
