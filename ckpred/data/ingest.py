@@ -368,7 +368,7 @@ def _canonical_part(rows: pa.Table, sources: tuple[np.ndarray, pa.Array], op: Op
     table = rows.drop_columns([c for c in CARRIER_COLUMNS if c in rows.column_names])
     for name, values in columns.items():
         table = _set(table, name, values)
-    return conform_arrow(table, op, dictionaries=True)
+    return conform_arrow(table, op)
 
 
 def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefinition, resolver: KernelResolver,

@@ -89,7 +89,6 @@ def conform(frame: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
     # Columns are collected and the frame built once: inserting 40+ columns one by one costs
     # pandas an index rebuild each (60 ms per call on a 10-row table).
     out: dict[str, pd.Series] = {}
-    defaults = COLUMN_DEFAULTS
     schema = canonical_schema(op)
     fields = {f.name: f for f in op.problem_fields + op.kernel_fields}
     for col in schema:
@@ -98,8 +97,8 @@ def conform(frame: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
             values = frame[name]
         elif name in fields and fields[name].default is not None:
             values = pd.Series(fields[name].default, index=frame.index)
-        elif name in defaults:
-            values = pd.Series(defaults[name], index=frame.index)
+        elif name in COLUMN_DEFAULTS:
+            values = pd.Series(COLUMN_DEFAULTS[name], index=frame.index)
         else:
             raise TableSchemaError(f"canonical table for op {op.name!r} needs column {name!r}; "
                                    f"got columns {list(frame.columns)}")
@@ -120,13 +119,14 @@ def conform(frame: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
     return pd.DataFrame(out, index=frame.index).reset_index(drop=True)
 
 
-def conform_arrow(table: pa.Table, op: OpDefinition, *, dictionaries: bool = False) -> pa.Table:
+def conform_arrow(table: pa.Table, op: OpDefinition) -> pa.Table:
     """:func:`conform` for an arrow table: exactly the canonical columns, order and types.
 
     The same defaults and checks; as ``pa.Table.from_pandas`` would store them, NaN in a
-    nullable float column (``bandwidth_gbs``, ``spread``) becomes null. With ``dictionaries``,
-    a text column that arrives dictionary-encoded (without nulls) stays so: a Parquet writer
-    that stores no arrow schema writes it as the plain text column it stands for.
+    nullable float column (``bandwidth_gbs``, ``spread``) becomes null. A text column that
+    arrives dictionary-encoded (without nulls) stays so: a Parquet writer that stores no arrow
+    schema writes it as the plain text column it stands for (cast to the canonical schema for
+    plain text in memory).
 
     Raises
     ------
@@ -164,8 +164,8 @@ def conform_arrow(table: pa.Table, op: OpDefinition, *, dictionaries: bool = Fal
                     values = pc.if_else(pc.is_nan(values), pa.scalar(None, pa.float64()), values)
                 else:
                     values = pc.fill_null(values, math.nan)
-            elif not (dictionaries and pa.types.is_dictionary(values.type)
-                      and pa.types.is_string(values.type.value_type) and not values.null_count):
+            elif not (pa.types.is_dictionary(values.type) and pa.types.is_string(values.type.value_type)
+                      and not values.null_count):
                 values = pc.fill_null(values.cast(pa.string()), "")
         except (TypeError, ValueError, pa.ArrowException) as exc:
             raise TableSchemaError(f"column {name!r} cannot be converted to {col.type}: {exc}") from exc

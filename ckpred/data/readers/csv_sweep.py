@@ -195,8 +195,8 @@ def _read_block(block: bytes | bytearray, end: int, lines: int, first_line: int,
     keep = kernel >= 0
     every = bool(keep.all())  # the common case: no row is left to the per-line reader
 
-    def kept(values: np.ndarray) -> np.ndarray:  # a writable array of the kept rows (arrow's are read-only)
-        return values.copy() if every else values[keep]
+    def kept(values: np.ndarray) -> np.ndarray:  # arrow's read-only view when every row is kept
+        return values if every else values[keep]
 
     rows = RowBuffer(op.problem_names)
     rows.line = np.arange(first_line, first_line + lines, dtype=np.int64) if every else np.flatnonzero(keep) + first_line

@@ -403,6 +403,8 @@ def _vector_rows(row_names: list[str], problems: np.ndarray, perf: np.ndarray, l
             assert header is not None
             rows.reasons[j] = _mismatch(header, {name: int(c[j]) for name, c in zip(names, rows.problem)})
     return rows, np.flatnonzero(deferred)
+
+
 def _slow_loads(raw: bytes) -> Any:
     """``json.loads`` for what orjson refuses; ``None`` when the line is no JSON object."""
     try:
