@@ -308,11 +308,7 @@ def _cross_validate_one(cfg: DictConfig, out_dir: Path, on_fold: Callable[[int, 
     runs: dict[str, np.ndarray] = {m.name: np.ones(n_test, dtype=bool) for m in learned if m.validity is not None}
     if cfg.baselines.best_static:
         scores["best_static"] = np.full(n_test, np.nan)
-    static_by = [str(f) for f in cfg.baselines.get("best_static_by") or ()]
-    for f in static_by:
-        if f not in op.problem_names:
-            raise ConfigValueError("baselines.best_static_by", f, f"a problem field of op {op.name}: "
-                                   + ", ".join(op.problem_names))
+    static_by = ev.best_static_by(cfg.baselines, op)
     fold_of_row = np.full(n_test, -1, dtype=np.int64)
     fold_log: list[dict[str, Any]] = []
     fitted_external: Any = None

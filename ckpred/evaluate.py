@@ -426,6 +426,24 @@ def best_static_scores(train_kernels: np.ndarray, train_perf: np.ndarray, train_
     return best_static_apply(per_kernel, test_kernels), ranking
 
 
+def best_static_by(baselines: Any, op: Any) -> list[str]:
+    """``baselines.best_static_by``: the problem fields the ``best_static`` order is learned per.
+
+    Raises
+    ------
+    ckpred.errors.ConfigValueError
+        When one is not a problem field of ``op``.
+    """
+    from ckpred.errors import ConfigValueError
+
+    by = [str(f) for f in baselines.get("best_static_by") or ()]
+    for f in by:
+        if f not in op.problem_names:
+            raise ConfigValueError("baselines.best_static_by", f, f"a problem field of op {op.name}: "
+                                   + ", ".join(op.problem_names))
+    return by
+
+
 def static_keys(table: pd.DataFrame, rows: np.ndarray, by: Sequence[str]) -> np.ndarray:
     """The kernel names the best-static order ranks: with ``by``, one name per (kernel, values of by)."""
     names = table["kernel_name"].to_numpy()[rows]

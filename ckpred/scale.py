@@ -39,9 +39,9 @@ import numpy as np
 import pandas as pd
 
 from ckpred import evaluate as ev
-from ckpred.data.partitions import COMBO_COLUMNS, describe_part, read_manifest, write_manifest
-from ckpred.errors import CkpredError, ConfigValueError
-from ckpred.fitting import prepare, training_rows
+from ckpred.data.partitions import COMBO_COLUMNS, MANIFEST, describe_part, read_manifest, write_manifest
+from ckpred.errors import CkpredError, ConfigValueError, InputFileError
+from ckpred.fitting import model_method, prepare, training_rows
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import build_estimator, build_pipeline, query_sizes, training_target
 from ckpred.util import atomic_dir
@@ -216,10 +216,18 @@ class PartitionRecipe:
 
 
 def _head(file: str, rows: int = 8) -> pd.DataFrame:
-    """The first rows of a Parquet file, without reading the rest."""
+    """The first rows of a Parquet file, without reading the rest.
+
+    Raises
+    ------
+    InputFileError
+        When the file holds no row.
+    """
     import pyarrow.parquet as pq
 
-    batch = next(pq.ParquetFile(file).iter_batches(batch_size=rows))
+    batch = next(pq.ParquetFile(file).iter_batches(batch_size=rows), None)
+    if batch is None:
+        raise InputFileError(file, "holds no row; allowed: a partition with at least one row")
     return batch.to_pandas()
 
 
@@ -243,13 +251,21 @@ def dask_client(dask_cfg: Any) -> Iterator[Any]:
         finally:
             client.close()
         return
+    limit = str(dask_cfg.memory_limit)
+    if limit != "auto":  # Dask would refuse it only from inside the starting cluster
+        from dask.utils import parse_bytes
+
+        try:
+            parse_bytes(limit)
+        except ValueError:
+            raise ConfigValueError("model.dask.memory_limit", limit, "a size such as 4GiB or 512MB, or auto") from None
     # the scheduler and nannies run in this process: their start/stop chatter is not the run's
     quiet = logging.getLogger("distributed")
     level = quiet.level
     quiet.setLevel(logging.WARNING)
     try:
         cluster = LocalCluster(n_workers=int(dask_cfg.n_workers), threads_per_worker=1, processes=True,
-                               memory_limit=str(dask_cfg.memory_limit), dashboard_address=":0",
+                               memory_limit=limit, dashboard_address=":0",
                                env={"OMP_NUM_THREADS": "1"})
         try:
             with Client(cluster) as client:
@@ -263,9 +279,21 @@ def dask_client(dask_cfg: Any) -> Iterator[Any]:
 
 
 # -- fitting on a partitioned dataset ------------------------------------------------------------
-def _partition_files(path: str | Path, op: OpDefinition) -> list[str]:
-    manifest = read_manifest(path, op)
+def _partition_files(path: str | Path, op: OpDefinition, manifest: dict[str, Any] | None = None) -> list[str]:
+    """The partition files of the dataset at ``path`` (``manifest``: its manifest, already read)."""
+    manifest = manifest if manifest is not None else read_manifest(path, op)
     return [str(Path(path) / p["file"]) for p in manifest["partitions"]]
+
+
+def _first_with_rows(files: list[str], path: str | Path) -> str:
+    """The first of ``files`` that holds a row (the feature step is fitted on a few of its rows)."""
+    import pyarrow.parquet as pq
+
+    for file in files:
+        if pq.ParquetFile(file).metadata.num_rows:
+            return file
+    raise InputFileError(str(Path(path) / MANIFEST), "every partition holds 0 rows; allowed: at least one "
+                                                      "partition with rows")
 
 
 def _keys_of(file: str, op: OpDefinition) -> tuple[str, np.ndarray]:
@@ -278,12 +306,11 @@ def _training_part(file: str, number: int, part: PartitionRecipe) -> pd.DataFram
     return part.training_frame(pd.read_parquet(file), number)
 
 
-def _assemble(pipe: Any, fitted_model: Any, op: OpDefinition, first_file: str, target: str) -> Any:
-    """Put a fitted estimator into ``pipe`` (features fitted on a few rows of one partition:
-    the feature groups learn no statistics)."""
+def _assemble(pipe: Any, fitted_model: Any, target: str) -> Any:
+    """Put a fitted estimator into ``pipe``, whose feature step is fitted already (on a few rows of
+    one partition: the feature groups learn no statistics)."""
     from sklearn.compose import TransformedTargetRegressor
 
-    pipe.named_steps["features"].fit(op.encode_frame(_head(first_file)))
     step = pipe.named_steps["model"]
     if isinstance(step, TransformedTargetRegressor):
         # the partitions already applied the target transform; the TTR only inverts it
@@ -303,7 +330,8 @@ def _check_recipe(recipe: Any) -> None:
 
 
 def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: str, client: Any = None,
-                    test: tuple[float, float] = (0.0, 0.0)) -> tuple[Any, dict[str, Any]]:
+                    test: tuple[float, float] = (0.0, 0.0), files: list[str] | None = None,
+                    where: list[str] | None = None) -> tuple[Any, dict[str, Any]]:
     """Fit the config's model recipe on a partitioned dataset; returns (pipeline, fit info).
 
     Parameters
@@ -317,6 +345,10 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
         data that fits in memory; what the Dask fit is compared with).
     test : (float, float)
         Queries whose stable hash lies in this range are held out (see :func:`score_partitioned`).
+    files, where : list of str, optional
+        The dataset's partition files and, for ``dask``, the worker of each (:func:`placement`),
+        when the caller fits several times on one dataset and cluster; by default read from the
+        manifest and placed here.
 
     With ``validity.learned`` the learned failure model is fitted too, on the same training rows
     and features as the ranking model (as in :func:`ckpred.fitting.fit_method`): ``dask``:
@@ -325,14 +357,14 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
     ``validity.threshold``; ``local``: :func:`ckpred.models.fit_failure_model`. The fit info then
     says ``failure_model`` (kept or not) and ``failed_rows``.
     """
-    from ckpred.fitting import model_method
     from ckpred.models import fit_failure_model, set_failure_model, target_name
 
     method = model_method(cfg)
     _check_recipe(method.recipe)
-    files = _partition_files(path, op)
+    files = files if files is not None else _partition_files(path, op)
     pipe = build_pipeline(method.recipe, op, cfg.arch, cfg.dtype)
-    n_features = len(pipe.named_steps["features"].fit(op.encode_frame(_head(files[0]))).get_feature_names_out())
+    head = _head(_first_with_rows(files, path))
+    n_features = len(pipe.named_steps["features"].fit(op.encode_frame(head)).get_feature_names_out())
     part = PartitionRecipe(op=op, recipe=method.recipe, rows=method.rows, seed=int(cfg.seed),
                            n_features=n_features, test_lo=float(test[0]), test_hi=float(test[1]))
     names = part.feature_names()
@@ -360,7 +392,8 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
             info.update(failure_model=failure is not None, failed_rows=int(failed.sum()))
         del train, Xt
     elif backend == "dask":
-        fitted, rows, failure, n_failed = _fit_dask(client, files, part, names, params, is_ranker, str(path),
+        where = where if where is not None else placement(client, files, op, str(path))
+        fitted, rows, failure, n_failed = _fit_dask(client, files, where, part, names, params, is_ranker,
                                                     validity=validity, seed=int(cfg.seed))
         if validity is not None:
             set_failure_model(pipe, failure, float(validity.threshold))
@@ -369,7 +402,7 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
         raise ConfigValueError("model.backend", backend, "one of ['local', 'dask']")
     info.update(train_rows=int(rows), fit_s=round(time.perf_counter() - t0, 2),
                 trees=int(fitted.booster_.current_iteration()))
-    return _assemble(pipe, fitted, op, files[0], target_name(model_cfg, method.recipe.target)), info
+    return _assemble(pipe, fitted, target_name(model_cfg, method.recipe.target)), info
 
 
 def _columns(frame: pd.DataFrame, columns: Any, dtype: Any) -> np.ndarray:
@@ -398,19 +431,25 @@ def spread(combos: list[str], workers: list[str]) -> list[str]:
     return out
 
 
-def _fit_dask(client: Any, files: list[str], part: PartitionRecipe, names: list[str], params: dict[str, Any],
-              is_ranker: bool, path: str, validity: Any = None, seed: int = 0) -> tuple[Any, int, Any, int]:
-    """The ranking model fitted data-parallel on the partitions' training rows; returns (local
-    model, training rows, failure model or None, failed training rows). With ``validity`` (the
-    ``validity`` config, ``learned`` on) the failure model is fitted on the same rows (see
-    :func:`_fit_failures`)."""
+def placement(client: Any, files: list[str], op: OpDefinition, path: str) -> list[str]:
+    """The worker of each partition file (:func:`spread` of their combos over the client's
+    workers), after checking that no query is split across files (:func:`check_partitions`;
+    only the key columns are read, on the workers)."""
+    keys = client.gather(client.map(_keys_of, files, op=op, pure=False))
+    check_partitions(keys, path)
+    combos = [json.dumps(sorted(set(k.rsplit("/", len(op.group_key))[0] for k in ks))) for _, ks in keys]
+    return spread(combos, sorted(client.scheduler_info()["workers"]))
+
+
+def _fit_dask(client: Any, files: list[str], where: list[str], part: PartitionRecipe, names: list[str],
+              params: dict[str, Any], is_ranker: bool, validity: Any = None,
+              seed: int = 0) -> tuple[Any, int, Any, int]:
+    """The ranking model fitted data-parallel on the partitions' training rows, each partition on
+    its worker ``where``; returns (local model, training rows, failure model or None, failed
+    training rows). With ``validity`` (the ``validity`` config, ``learned`` on) the failure model
+    is fitted on the same rows (see :func:`_fit_failures`)."""
     from lightgbm import DaskLGBMRanker, DaskLGBMRegressor
 
-    # the query check reads only the key columns, on the workers
-    keys = client.gather(client.map(_keys_of, files, op=part.op, pure=False))
-    check_partitions(keys, path)
-    combos = [json.dumps(sorted(set(k.rsplit("/", len(part.op.group_key))[0] for k in ks))) for _, ks in keys]
-    where = spread(combos, sorted(client.scheduler_info()["workers"]))
     import dask
     import dask.array as da
 
@@ -420,7 +459,7 @@ def _fit_dask(client: Any, files: list[str], part: PartitionRecipe, names: list[
 
     frames = [pinned(_training_part, f, i, part, worker=w) for i, (f, w) in enumerate(zip(files, where))]
     lengths = np.asarray(client.gather([pinned(len, fr, worker=w) for fr, w in zip(frames, where)]))
-    X_parts, y_parts, g_parts, f_parts = [], [], [], []
+    X_parts, y_parts, g_futures, f_parts = [], [], [], []
     for fr, w, n in zip(frames, where, lengths):
         if n == 0:
             continue
@@ -432,9 +471,10 @@ def _fit_dask(client: Any, files: list[str], part: PartitionRecipe, names: list[
             f_parts.append(da.from_delayed(dask.delayed(pinned(_columns, fr, _F, np.float64, worker=w)),
                                            shape=(int(n),), dtype=np.float64))
         if is_ranker:
-            g = pinned(_query_sizes_of, fr, worker=w)
-            g_parts.append(da.from_delayed(dask.delayed(g), shape=(int(client.submit(len, g).result()),),
-                                           dtype=np.int64))
+            g_futures.append(pinned(_query_sizes_of, fr, worker=w))
+    # every partition's number of queries in one round trip
+    g_parts = [da.from_delayed(dask.delayed(g), shape=(int(n),), dtype=np.int64)
+               for g, n in zip(g_futures, client.gather([client.submit(len, g) for g in g_futures]))]
     del frames
     X, y = da.concatenate(X_parts), da.concatenate(y_parts)
     lengths = lengths[lengths > 0]
@@ -582,8 +622,6 @@ def _score_all(pipe: Any, part: PartitionRecipe, files: list[str], client: Any =
 
 def _scoring_recipe(cfg: Any, op: OpDefinition, test: tuple[float, float], baselines: tuple[str, ...] = (),
                     static_by: tuple[str, ...] = ()) -> PartitionRecipe:
-    from ckpred.fitting import model_method
-
     method = model_method(cfg)
     return PartitionRecipe(op=op, recipe=method.recipe, rows=method.rows, seed=int(cfg.seed),
                            test_lo=float(test[0]), test_hi=float(test[1]), baselines=baselines,
@@ -645,12 +683,7 @@ def _baselines(cfg: Any, op: OpDefinition) -> tuple[tuple[str, ...], tuple[str, 
     names = tuple(m for m, on in (("best_static", b.best_static),
                                   ("analytical", b.analytical and type(op).gemm_view is not OpDefinition.gemm_view),
                                   ("random", b.random)) if on)
-    by = tuple(str(f) for f in b.get("best_static_by") or ())
-    for f in by:
-        if f not in op.problem_names:
-            raise ConfigValueError("baselines.best_static_by", f, f"a problem field of op {op.name}: "
-                                   + ", ".join(op.problem_names))
-    return names, by
+    return names, tuple(ev.best_static_by(b, op))
 
 
 def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: Path) -> float:
@@ -699,15 +732,18 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
         raise ConfigValueError("cv", cfg.cv.name, "group_kfold or holdout with a partitioned dataset "
                                "(model.backend=dask): folds hold out queries by a hash of their key")
     baselines, static_by = _baselines(cfg, op)
-    manifest = read_manifest(path, op)  # a malformed manifest is refused before a cluster starts
-    files = _partition_files(path, op)
+    _check_recipe(model_method(cfg).recipe)  # config and manifest are refused before a cluster starts
+    manifest = read_manifest(path, op)
+    files = _partition_files(path, op, manifest)
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     per_query, folds, notes = [], [], set()
     with dask_client(cfg.model.dask) as client:
+        where = placement(client, files, op, str(path))  # the files and workers are the same for every fit
         for i, test in enumerate(ranges):
             t = time.perf_counter()
-            pipe, info = fit_partitioned(cfg, op, path, backend="dask", client=client, test=test)
+            pipe, info = fit_partitioned(cfg, op, path, backend="dask", client=client, test=test, files=files,
+                                         where=where)
             entry = {"fold": f"fold{i}", "test_hash_range": list(test), **info,
                      "fit_score_s": round(time.perf_counter() - t, 2)}
             timings["model_s"] = timings.get("model_s", 0.0) + entry["fit_score_s"]
@@ -724,8 +760,8 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
             notes.update(skipped)
             folds.append(entry)
         t = time.perf_counter()
-        final, final_info = fit_partitioned(cfg, op, path, backend="dask", client=client) \
-            if cfg.save_pipeline else (None, {})
+        final, final_info = fit_partitioned(cfg, op, path, backend="dask", client=client, files=files,
+                                            where=where) if cfg.save_pipeline else (None, {})
         timings["final_fit_s"] = time.perf_counter() - t
     table = pd.concat(per_query, ignore_index=True)
     if notes:  # scored on some partitions only: not comparable with the other methods

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from ckpred.config import compose
-from ckpred.errors import ConfigValueError
+from ckpred.errors import ConfigValueError, InputFileError
 
 pytest.importorskip("distributed")
 
@@ -134,6 +134,20 @@ def test_a_query_split_across_partitions_is_refused(tmp_path: Path, client) -> N
             scale.fit_partitioned(cfg, op, tmp_path, backend=backend, client=client)
         msg = str(err.value)
         assert "gfx942/fp16/rcr/" in msg and "part-00000.parquet" in msg and "part-00001.parquet" in msg
+
+
+def test_partitions_without_rows_are_skipped_or_refused_by_name(tmp_path: Path) -> None:
+    """An empty first part is passed over for the feature step's rows; a dataset whose every
+    part is empty is a one-line error naming the manifest (it was a bare StopIteration)."""
+    cfg = _cfg()
+    op = load_op(cfg.op)
+    table = simulate(load_shapes(cfg.shapes).head(2), op, cfg.arch, cfg.dtype, scale.layout_config("rcr"))
+    scale.write_partitions([table.iloc[:0], table], tmp_path / "some", op)
+    _, info = scale.fit_partitioned(cfg, op, tmp_path / "some", backend="local")
+    assert info["train_rows"] > 0
+    scale.write_partitions([table.iloc[:0]], tmp_path / "none", op)
+    with pytest.raises(InputFileError, match=r"_ckpred_partitions\.json: every partition holds 0 rows"):
+        scale.fit_partitioned(cfg, op, tmp_path / "none", backend="local")
 
 
 def _in_memory_baselines(dataset: Path, op, test: tuple[float, float]) -> pd.DataFrame:
@@ -419,3 +433,13 @@ def test_train_command_masks_the_learned_failures_on_a_partitioned_dataset(faili
     assert metrics["model"]["failed_pick"] == 0
     # the saved pipeline carries the failure model where the export reads it
     assert failure_model(joblib.load(tmp_path / "pipeline.joblib")) is not None
+
+
+@pytest.mark.parametrize("limit", ["lots", "4 GB!"])
+def test_a_bad_worker_memory_limit_is_refused_by_name_before_a_cluster_starts(limit: str) -> None:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"address": None, "n_workers": 1, "memory_limit": limit})
+    with pytest.raises(ConfigValueError, match="model.dask.memory_limit.*4GiB"):
+        with scale.dask_client(cfg):
+            pass

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ckpred.errors import InputFileError
 from ckpred.kernels.base import OpDefinition
@@ -25,11 +24,11 @@ MANIFEST = "_ckpred_partitions.json"
 COMBO_COLUMNS: tuple[str, ...] = ("arch", "dtype", "layout")
 
 
-def describe_part(file: str | Path, table: Any = None) -> dict[str, Any]:
+def describe_part(file: str | Path, table: Any) -> dict[str, Any]:
     """The manifest entry of one Parquet part: its name, row count and its one combo.
 
-    ``table`` is the part's pyarrow table when the caller has just written it (the file is not
-    read again); otherwise the combo columns are read from ``file``.
+    ``table`` is the part's pyarrow table, which the caller has just written to ``file`` (the
+    file is not read again).
 
     Raises
     ------
@@ -38,13 +37,11 @@ def describe_part(file: str | Path, table: Any = None) -> dict[str, Any]:
         columns: the Dask backend computes a partition's hardware features from its one combo.
     """
     path = Path(file)
-    names = table.schema.names if table is not None else pq.read_schema(path).names
+    names = table.schema.names
     absent = [c for c in COMBO_COLUMNS if c not in names]
     if absent:
         raise InputFileError(str(path), f"no column {absent} (the op makes it a problem field, so one file may mix "
                                         "values); allowed: one arch, dtype and layout per partition file")
-    if table is None:
-        table = pq.read_table(path, columns=list(COMBO_COLUMNS))
     combo: dict[str, str] = {}
     for column in COMBO_COLUMNS:
         values = pc.unique(table.column(column)).to_pylist()
@@ -55,15 +52,10 @@ def describe_part(file: str | Path, table: Any = None) -> dict[str, Any]:
     return {"file": path.name, "rows": int(table.num_rows), **combo}
 
 
-def write_manifest(root: str | Path, op: OpDefinition, parts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Write the manifest of the dataset in ``root`` and return it.
-
-    ``parts`` are the entries of :func:`describe_part`; without them every ``part-*.parquet``
-    in ``root`` is described, in name order.
-    """
+def write_manifest(root: str | Path, op: OpDefinition, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write the manifest of the dataset in ``root`` (``parts``: the entries of
+    :func:`describe_part`, in order) and return it."""
     root = Path(root)
-    if parts is None:
-        parts = [describe_part(f) for f in sorted(root.glob("part-*.parquet"))]
     manifest = {"op": op.name, "query_columns": [*COMBO_COLUMNS, *op.group_key], "partitions": parts,
                 "rows": int(sum(p["rows"] for p in parts))}
     (root / MANIFEST).write_text(json.dumps(manifest, indent=1))
