@@ -338,7 +338,7 @@ class KernelSelector:
             if isinstance(value, str) and value in spec["categories"]:
                 return spec["categories"].index(value)
             raise ConfigValueError(key, value, f"one of {spec['categories']}")
-        lo = int(self._minimum.get(name, 0))
+        # an int field (the manifest allows no other kind): lo is its minimum from _int_minimum
         if isinstance(value, str):  # decimal text ("128") is fine, as in the C++ selector; "1.5", "1_0", "x" are not
             if not _DECIMAL.fullmatch(value.strip(" \t\r\n")):
                 raise ConfigValueError(key, value, f"an integer in [{lo}, {mf.INT64_MAX}]")

@@ -277,6 +277,23 @@ def test_interrupted_export_keeps_previous_export(setup, exported, tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == [d.name]
 
 
+def test_an_fsync_failure_naming_no_file_is_a_one_line_error(tmp_path, monkeypatch) -> None:
+    """An I/O error from fsync carries no file name and an errno no writer expects: it still
+    names the export directory (no bare OSError) and leaves nothing behind."""
+    import errno
+
+    from ckpred.errors import OutputPathError
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(mf.os, "fsync", failing_fsync)
+    d = tmp_path / "export"
+    with pytest.raises(OutputPathError, match=f"cannot write {d}: Input/output error"):
+        mf.write_export_dir(d, {"model.onnx": b"x", "manifest.json": b"{}"})
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_failed_parity_writes_nothing(setup, exported, tmp_path, monkeypatch) -> None:
     op, cfg, table = setup
     pipe, _, _ = exported[("regressor", "log1p")]

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ckpred.data.table import data_hash
-from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError
+from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError, OutputPathError
 from ckpred.kernels.base import OpDefinition
 from ckpred.util import package_versions as _package_versions
 from ckpred.util import atomic_dir, sha256_file
@@ -189,11 +189,14 @@ def write_export_dir(out_dir: str | Path, files: Mapping[str, bytes]) -> Path:
     complete export (the last one stays).
     """
     with atomic_dir(out_dir) as tmp:
-        for name in sorted(files, key=lambda n: n == MANIFEST):  # manifest last
-            with open(tmp / name, "wb") as fh:
-                fh.write(files[name])
-                fh.flush()
-                os.fsync(fh.fileno())
+        try:
+            for name in sorted(files, key=lambda n: n == MANIFEST):  # manifest last
+                with open(tmp / name, "wb") as fh:
+                    fh.write(files[name])
+                    fh.flush()
+                    os.fsync(fh.fileno())
+        except OSError as exc:  # an fsync failure (EIO...) names no file: the export's place is the culprit
+            raise OutputPathError(str(out_dir), exc.strerror or str(exc)) from None
     return Path(out_dir).resolve() if Path(out_dir).is_symlink() else Path(out_dir)
 
 
