@@ -111,7 +111,7 @@ def with_learned_failures(rules: MaskBuilder, pipeline: Any) -> MaskBuilder:
 
     Returns ``rules`` itself when the pipeline has no failure model. Otherwise the builder
     computes the features of every (problem, scored kernel) pair
-    (:func:`ckpred.export.factorise.selector_features`), runs the failure model on them
+    (:func:`ckpred.export.factorise.selector_feature_columns`), runs the failure model on them
     (predicted to fail: estimate > ``pipeline.ckpred_failure_threshold_``) and returns
     ``rules & (runs | ~any(rules & runs))`` per problem.
     """
@@ -127,13 +127,15 @@ def with_learned_failures(rules: MaskBuilder, pipeline: Any) -> MaskBuilder:
     converted = xo.convert_model_step(Pipeline([("features", pipeline.named_steps["features"]), ("model", model)]))
 
     def builder(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: OpDefinition, **kw: Any) -> str:
-        from ckpred.export.factorise import selector_features
+        from ckpred.export.factorise import selector_feature_columns
 
         rule = rules(g, problem, catalogue, op=op, **kw)  # [B, K]
         columns = xo.used_features(converted, converted.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
-        x = selector_features(g, pipeline, op, op.encode(catalogue, op.kernel_names), problem, columns)  # [B*K, F']
+        # [B*K, F'] in the order the packed feature graph makes the columns: the trees are
+        # renumbered to it (as the selector's are) instead of a Gather putting them in order
+        x, order = selector_feature_columns(g, pipeline, op, op.encode(catalogue, op.kernel_names), problem, columns)
         estimate = g.name("failure_estimate")
-        xo._add_pipeline(g, xo.keep_features(converted, columns), x, estimate, prefix="failure/")
+        xo._add_pipeline(g, xo.keep_features(converted, [columns[i] for i in order]), x, estimate, prefix="failure/")
         estimate = g.op("Reshape", estimate, g.const([-1, len(catalogue)], dtype=np.int64))
         runs = g.op("LessOrEqual", estimate, g.const(threshold, dtype=np.float64))
         both = g.op("And", rule, runs)
