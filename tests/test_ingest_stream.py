@@ -215,6 +215,21 @@ def test_odd_csv_lines_read_the_same_all_ways(chunk_bytes: int) -> None:
     _check_all_ways(("\n".join(ODD_CSV_LINES) + "\n").encode(), "csv", chunk_bytes)
 
 
+_GOOD_CSV_LINE = f"{KERNELS[0]},0,16,64,64,0.01,12.5,1"
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 200, 1 << 20])
+@pytest.mark.parametrize("odd", [
+    _GOOD_CSV_LINE + "\r" + _GOOD_CSV_LINE.replace(",16,", ",32,"),  # two rows one line apart by a lone CR
+    _GOOD_CSV_LINE + "\r",  # CRLF
+    _GOOD_CSV_LINE.replace(",16,", ",\r16,"),  # a CR inside a field
+])
+def test_csv_blocks_with_a_carriage_return_read_the_same_all_ways(chunk_bytes: int, odd: str) -> None:
+    """pyarrow ends a line at a lone CR too: a block that parses must still give one row per line."""
+    lines = ["kernel,problem_idx,m,n,k,latency_ms,tflops,non_zero", *[_GOOD_CSV_LINE] * 5, odd, *[_GOOD_CSV_LINE] * 5]
+    _check_all_ways(("\n".join(lines) + "\n").encode(), "csv", chunk_bytes)
+
+
 # -- the log block reader's fast paths, and where each leaves a line to the per-line reader -------
 def _run(m: int = 16) -> list[str]:
     return [_log_line(kernel, m) for kernel in KERNELS]

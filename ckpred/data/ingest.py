@@ -426,8 +426,13 @@ class _Partitions:
         if self.spill is None or self.count == 1:  # one partition: the files fit in one chunk
             self.tables.append(rows)
             return
-        part = partition_of(rows.select(list(hash_columns(self.op))).to_pandas(), self.count)
-        order = np.argsort(part, kind="stable")
+        names = list(hash_columns(self.op))
+        keys = [_numpy(rows, c) for c in names]
+        gid = group_ids(keys)  # a chunk holds few problems: each is hashed once, not once per row
+        first = first_rows(gid)
+        part = partition_of(pd.DataFrame({c: k[first] for c, k in zip(names, keys)}), self.count)[gid]
+        # a stable sort of 16-bit keys is a radix sort
+        order = np.argsort(part.astype(np.uint16) if self.count <= 1 << 16 else part, kind="stable")
         bounds = np.searchsorted(part[order], np.arange(self.count + 1))
         for p in range(self.count):
             if bounds[p] == bounds[p + 1]:

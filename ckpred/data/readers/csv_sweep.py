@@ -155,15 +155,15 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
             yield FileRead(RowBuffer(op.problem_names), [])
             return
         for block, end in line_blocks(fh, chunk_bytes):
-            lines = block.count(b"\n", 0, end) + (block[end - 1:end] != b"\n")
-            yield _read_block(block, end, lines, lineno + 1, header, index, ctx)
+            read, lines = _read_block(block, end, lineno + 1, header, index, ctx)
+            yield read
             lineno += lines
 
 
-def _read_block(block: bytes | bytearray, end: int, lines: int, first_line: int, header: list[str],
-                index: dict[str, int | None], ctx: ReadContext) -> FileRead:
-    """Rows and rejects of the ``lines`` whole lines in ``block[:end]``, the first being line
-    ``first_line``."""
+def _read_block(block: bytes | bytearray, end: int, first_line: int, header: list[str],
+                index: dict[str, int | None], ctx: ReadContext) -> tuple[FileRead, int]:
+    """Rows and rejects of the whole lines in ``block[:end]``, the first being line
+    ``first_line``; and the number of those lines."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
@@ -186,8 +186,14 @@ def _read_block(block: bytes | bytearray, end: int, lines: int, first_line: int,
                                                 check_utf8=not block.isascii()))
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
         table = None
+    if table is not None and block.find(b"\r", 0, end) < 0:
+        # Without a carriage return (which pyarrow also ends a line at) every line is one of
+        # pyarrow's rows: a blank line has too few fields and fails the parse.
+        lines = table.num_rows
+    else:
+        lines = block.count(b"\n", 0, end) + (block[end - 1:end] != b"\n")
     if table is None or table.num_rows != lines:
-        return _by_line(block[:end], first_line, header, index, ctx, range(lines))
+        return _by_line(block[:end], first_line, header, index, ctx, range(lines)), lines
     kernel_col = table.column(names[index[KERNEL_COLUMN]]).combine_chunks()  # type: ignore[index]
     codes, uniques = kernel_col.indices.to_numpy(), kernel_col.dictionary.to_pylist()
     resolved = ctx.resolver.resolve_all([u.strip().strip('"').strip() for u in uniques])
@@ -219,9 +225,9 @@ def _read_block(block: bytes | bytearray, end: int, lines: int, first_line: int,
         i = int(reason[j]) - 1
         rows.reasons[j] = f"negative problem field: {header[index[op.problem_fields[i].name]]}={int(problem[i][j])}"  # type: ignore[index]
     if every:
-        return FileRead(rows, [])
+        return FileRead(rows, []), lines
     rest = _by_line(block[:end], first_line, header, index, ctx, np.flatnonzero(~keep).tolist())
-    return FileRead(RowBuffer.merged([rows, rest.rows]), rest.rejects)
+    return FileRead(RowBuffer.merged([rows, rest.rows]), rest.rejects), lines
 
 
 def _by_line(block: bytes | bytearray, first_line: int, header: list[str], index: dict[str, int | None], ctx: ReadContext,
