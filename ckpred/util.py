@@ -114,6 +114,25 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), f"{a} <-> {b}")
 
 
+#: glibc's ``mallopt`` parameters (``malloc.h``).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_freed_memory(limit_bytes: int = 1 << 28) -> bool:
+    """Ask glibc to keep freed blocks of up to ``limit_bytes`` in the heap for reuse.
+
+    Chunked work allocates and frees chunk-sized arrays over and over. By default glibc maps
+    each large one afresh and unmaps it on free, so every page of the next chunk's arrays
+    faults in zeroed again, which is system time. Kept in the heap, the pages are reused.
+    Memory still follows the largest chunk, not the input. The setting holds for the rest of
+    the process. Returns False (nothing done) where the C library has no ``mallopt``.
+    """
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is None:
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, int(limit_bytes))) and bool(mallopt(_M_TRIM_THRESHOLD, 2 * int(limit_bytes)))
+
+
 #: Attempts of :func:`_swap_in` when concurrent writers keep replacing ``out_dir`` under it.
 _SWAP_ATTEMPTS = 100
 #: ``.<directory name>.<tmp|old>-<host>-<pid>-<random>``: the writer of a temporary directory.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckpred.data.ingest import ingest_config_to_parquet, nothing_usable_message, output_paths, print_summary
+from ckpred.util import keep_freed_memory
 
 
 def ingest_command(cfg: Any) -> int:
@@ -16,6 +17,7 @@ def ingest_command(cfg: Any) -> int:
     left as it was.
     """
     out, rejects = output_paths(cfg)
+    keep_freed_memory()  # each chunk reuses the last one's memory instead of faulting in fresh pages
     summary = ingest_config_to_parquet(cfg, out, rejects)
     if summary.valid_rows == 0:
         print_summary(summary, rejects=rejects)

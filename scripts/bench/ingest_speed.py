@@ -1,7 +1,7 @@
 """Streaming ingestion against the previous path: rows per CPU-second, wall time and peak memory.
 
     OMP_NUM_THREADS=1 python scripts/bench/ingest_speed.py [--rows 1000000] [--dir /tmp/ckpred_ingest_bench]
-        [--old-ref acf5646] [--chunk-mb 64] [--small-chunk-mb 16] [--formats csv,log,jsonl] [--stages]
+        [--old-ref acf5646] [--chunk-mb 64] [--small-chunk-mb 16] [--formats csv,log,jsonl] [--repeat 3] [--stages]
 
 Generates (once per row count) three inputs of ``--rows`` made-up gemm_universal rows with
 :mod:`ckpred.data.synthetic`: a CK CSV sweep, a streaming benchmark log (shape headers + one
@@ -19,6 +19,9 @@ CPU-second, wall seconds, peak RSS (``VmHWM``) and peak RSS after imports, and t
 new/old. Then the new path's peak RSS on the log at ``--small-chunk-mb`` and ``--chunk-mb``,
 on the whole log and on its first half, to show that memory follows the chunk, not the file.
 The machine is shared: CPU-seconds are the figure to compare; wall time depends on the load.
+The new path runs ``--repeat`` times per input: its median run is compared, and every run's
+rows per CPU-second are printed with the range of their system CPU (page faults make most of
+the run-to-run spread).
 
 ``--stages`` instead times each step of the new path (read and check a block, partition and
 spill, rule check, merge, Parquet write...) in CPU seconds, one process per input: what limits
@@ -50,6 +53,7 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     base_rss = peak_rss_mb()
     out = Path(args.out)
     start, cpu_start = time.perf_counter(), time.process_time()
+    system_start = resource.getrusage(resource.RUSAGE_SELF).ru_stime
     if args.mode == "old":
         from ckpred.data.table import write_table
 
@@ -58,13 +62,17 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
         write_table(result.table, out.with_suffix(".parquet"), OP)
         summary = result.summary
     else:
+        from ckpred.util import keep_freed_memory
+
+        keep_freed_memory()  # as the ingest command does
         summary = ingest.ingest_to_parquet(args.input, OP, out, out.with_suffix(".rejects.csv"), arch="gfx950",
                                            dtype="fp8", layout="rcr", chunk_bytes=args.chunk_mb << 20)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    system = resource.getrusage(resource.RUSAGE_SELF).ru_stime - system_start
     return {"records": summary.records, "rows": summary.rows, "valid_rows": summary.valid_rows,
             "rejected": sum(summary.rejected.values()), "invalid": sum(summary.invalid.values()),
             "summary": json.dumps(summary.as_dict() | {"files": []}, sort_keys=True),
-            "seconds": seconds, "cpu_seconds": cpu, "rows_per_cpu_s": summary.records / cpu,
+            "seconds": seconds, "cpu_seconds": cpu, "system_cpu_s": system, "rows_per_cpu_s": summary.records / cpu,
             "rss_after_imports_mb": base_rss, "peak_rss_mb": peak_rss_mb()}
 
 
@@ -109,6 +117,9 @@ def stages(path: Path, chunk_mb: int) -> None:
                 spent[_label] = spent.get(_label, 0.0) + time.process_time() - start
 
         setattr(owner, name, functools.wraps(inner)(timed))
+    from ckpred.util import keep_freed_memory
+
+    keep_freed_memory()  # as the ingest command does
     out = Path(tempfile.mkdtemp(prefix="ckpred_stages_"))
     try:
         start = time.process_time()
@@ -205,6 +216,8 @@ def main() -> None:
     parser.add_argument("--chunk-mb", type=int, default=64)
     parser.add_argument("--small-chunk-mb", type=int, default=16)
     parser.add_argument("--formats", default="csv,log,jsonl")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of the new path per input (the median is compared; all are printed)")
     parser.add_argument("--stages", action="store_true",
                         help="instead: CPU seconds of each step of the new path, per input (one process each)")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
@@ -232,10 +245,18 @@ def main() -> None:
           f"new = ingest_to_parquet, data.chunk_mb={args.chunk_mb}; load average {os.getloadavg()[0]:.1f}")
     for name in args.formats.split(","):
         old = child("old", files[name], args.dir, args.chunk_mb, old_src)
-        new = child("new", files[name], args.dir, args.chunk_mb, None)
+        runs = [child("new", files[name], args.dir, args.chunk_mb, None) for _ in range(args.repeat)]
+        new = sorted(runs, key=lambda f: f["cpu_seconds"])[len(runs) // 2]  # the median run
         print(f"{name} ({files[name].stat().st_size / 1e6:.0f} MB):")
         print(line(name, "old", old))
-        print(line(name, "new", new))
+        print(line(name, "new", new) + (f" (median of {len(runs)} runs)" if len(runs) > 1 else ""))
+        if len(runs) > 1:
+            rates = sorted(f["rows_per_cpu_s"] for f in runs)
+            print(f"  new, all {len(runs)} runs: {', '.join(f'{r:,.0f}' for r in rates)} rows/CPU-s "
+                  f"(user + system CPU, the system part {min(f['system_cpu_s'] for f in runs):.2f}-"
+                  f"{max(f['system_cpu_s'] for f in runs):.2f} s)")
+        if len({f["summary"] for f in runs}) != 1:
+            raise SystemExit(f"{name}: repeated runs of the new path gave different summaries")
         same = "same" if old["summary"] == new["summary"] else "DIFFERENT"
         print(f"  ratio new/old: rows per CPU-second x{new['rows_per_cpu_s'] / old['rows_per_cpu_s']:.2f}, "
               f"wall x{old['seconds'] / new['seconds']:.2f} faster, peak RSS x{new['peak_rss_mb'] / old['peak_rss_mb']:.2f}; "
