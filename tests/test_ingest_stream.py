@@ -421,3 +421,33 @@ def test_a_run_failing_midway_leaves_the_previous_table_directory_whole(tmp_path
     assert summary.rows > 0 and after != before
     assert all(name.startswith("part-") for name in after if name != MANIFEST) and MANIFEST in after
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.log", "rejects.csv", "table"]
+
+
+_REUSE_PROBE = """
+import resource, sys
+import numpy as np
+np._core.multiarray._set_madvise_hugepage(False)  # count 4 KB faults, not huge pages
+from ckpred.util import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "keep" else None
+np.ones(1 << 24).sum()  # a 128 MB block, freed
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+np.ones(1 << 24).sum()  # the next one of the same size
+print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_kept_freed_memory_is_reused_by_the_next_chunk() -> None:
+    """Without the setting a freed chunk-sized block is unmapped and the next faults in all its
+    pages afresh; with it, the next block reuses the freed pages."""
+    import subprocess
+    import sys
+
+    pages = (1 << 27) // 4096
+    faults = {}
+    for mode in ("default", "keep"):
+        out = subprocess.run([sys.executable, "-c", _REUSE_PROBE, mode], capture_output=True, text=True, check=True)
+        kept, faults[mode] = out.stdout.split()
+        assert kept == ("True" if mode == "keep" else "None")
+    assert int(faults["default"]) > pages // 2
+    assert int(faults["keep"]) < pages // 20
