@@ -402,9 +402,10 @@ def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefin
         raise InputFileError(str(path), exc.strerror or str(exc)) from exc
 
 
-#: Spill files are LZ4-compressed: a third of the bytes written and read back, for about the
-#: CPU that writing the difference costs.
-_SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+#: Spill files are not compressed, and are read back memory-mapped: a partition's columns are
+#: then the file's pages, with no decompression. The spill of a row of numbers is smaller than
+#: its line of input text, so the temporary disk stays below the input's size.
+_SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression=None)
 
 
 class _Partitions:
@@ -456,7 +457,7 @@ class _Partitions:
                 continue
             tables = []
             for name in names:
-                with pa.OSFile(str(name)) as fh:
+                with pa.memory_map(str(name)) as fh:
                     tables.append(pa.ipc.open_file(fh).read_all())
                 name.unlink()
             yield _joined_chunks(tables)
