@@ -175,17 +175,26 @@ class DeclaredOp(OpDefinition):
                 raise KernelNameError(name, f"{f}={text!r} not in {list(values)}")
         return out
 
+    @cached_property
+    def _kernel_defaults(self) -> dict[str, Any]:
+        """Kernel field -> its default, for the fields that have one."""
+        return {f.name: f.default for f in self.kernel_fields if f.default is not None}
+
     def format_name(self, kernel: Mapping[str, Any], *, dtype: str = "", layout: str = "") -> str:
-        defaults = {f.name: f.default for f in self.kernel_fields if f.default is not None}
-        kernel = {**defaults, **dict(kernel)}
+        values = dict(self._kernel_defaults)
+        values.update(kernel)
         if self.template is not None:
             # The run's dtype/layout name the kernel even when the mapping carries parsed ones.
-            context = {"dtype": getattr(dtype, "name", dtype), "layout": getattr(layout, "name", layout)}
-            return self.template.format({**kernel, **{k: v for k, v in context.items() if v}})
+            dtype, layout = getattr(dtype, "name", dtype), getattr(layout, "name", layout)
+            if dtype:
+                values["dtype"] = dtype
+            if layout:
+                values["layout"] = layout
+            return self.template.format(values)
         parts = []
         for f in self.config.kernel_id.fields:
             kind = self._kinds[f][0]
-            v = kernel[f]
+            v = values[f]
             parts.append(str(int(v)) if kind == "int" else str(bool(v)) if kind == "bool" else str(v))
         return "(" + ",".join(parts) + ")"
 

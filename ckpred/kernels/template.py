@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import string
+from operator import call
 from typing import Any, Mapping, Sequence
 
 from ckpred.errors import ConfigValueError, KernelNameError
@@ -21,6 +22,11 @@ from ckpred.errors import ConfigValueError, KernelNameError
 _KIND_PATTERNS = {"int": r"-?\d+", "float": r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?",
                   "bool": r"True|False|true|false"}
 _BOOL_TEXT = {"True": True, "true": True, "False": False, "false": False}
+#: The value of a placeholder's text, per field kind (a categorical's text is its value).
+_FROM_TEXT = {"int": int, "float": float, "bool": _BOOL_TEXT.__getitem__, "categorical": str}
+#: The canonical text of a value, per field kind: (normalise, %-format conversion), i.e.
+#: ``str(int(v))``, ``repr(float(v))``, ``str(bool(v))`` and ``str(v)``.
+_TO_TEXT = {"int": (int, "%s"), "float": (float, "%r"), "bool": (bool, "%s"), "categorical": (str, "%s")}
 
 
 class KernelTemplate:
@@ -73,15 +79,19 @@ class KernelTemplate:
         self.names: tuple[str, ...] = tuple(seen)
         self.kinds = {n: kinds[n] for n in seen}
         self.regex = re.compile("".join(pattern))
+        # Parsing and formatting run once per distinct kernel name of every file read, so the
+        # per-field work is planned here: the regex's groups are the placeholders in order,
+        # and a name is one %-format of the fields' normalised values.
+        self._from_text = tuple(_FROM_TEXT[self.kinds[n][0]] for n in seen)
+        self._normalise = tuple(_TO_TEXT[self.kinds[n][0]][0] for n in seen)
+        self._format_text = "".join(literal.replace("%", "%%") + (_TO_TEXT[self.kinds[name][0]][1] if name else "")
+                                    for literal, name in self.parts)
 
     def format(self, values: Mapping[str, Any]) -> str:
         """The name of ``values`` (a mapping holding every placeholder's value)."""
-        out = []
-        for literal, name in self.parts:
-            out.append(literal)
-            if name is not None:
-                out.append(_text(values[name], self.kinds[name][0]))
-        return "".join(out)
+        # Field by field in template order, as each value is looked up and normalised: a
+        # missing or bad value raises what ``values[name]`` or the normalising call raises.
+        return self._format_text % tuple(map(call, self._normalise, map(values.__getitem__, self.names)))
 
     def parse(self, name: str) -> dict[str, Any]:
         """The placeholder values of ``name``.
@@ -96,14 +106,7 @@ class KernelTemplate:
         match = self.regex.match(name)
         if match is None:
             raise KernelNameError(name, self._diagnose(name))
-        out: dict[str, Any] = {}
-        for field_name in self.names:
-            text = match.group(field_name)
-            kind = self.kinds[field_name][0]
-            out[field_name] = (int(text) if kind == "int" else float(text) if kind == "float"
-                               else _BOOL_TEXT[text] if kind == "bool" else text)
-        return out
-
+        return dict(zip(self.names, map(call, self._from_text, match.groups())))
 
     def _diagnose(self, name: str) -> str:
         """Which part of the template ``name`` first fails to match, and the text found there."""
@@ -138,16 +141,6 @@ class KernelTemplate:
         allowed = f"one of {list(values)}" if kind == "categorical" else \
             {"int": "an integer", "float": "a number", "bool": "True or False"}[kind]
         return f"{field_name} ({allowed})"
-
-
-def _text(value: Any, kind: str) -> str:
-    if kind == "int":
-        return str(int(value))
-    if kind == "float":
-        return repr(float(value))
-    if kind == "bool":
-        return str(bool(value))
-    return str(value)
 
 
 def sample_values(kinds: Mapping[str, tuple[str, Sequence[str]]], names: Sequence[str]) -> list[dict[str, Any]]:

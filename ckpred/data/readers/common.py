@@ -44,6 +44,8 @@ class Reject:
 
 # Kernel fields are stored as int64: a name with a larger number is refused, not overflowed.
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+#: Marks a kernel field without a default (``None`` can be a value a plug-in's name parser gives).
+_NO_DEFAULT = object()
 
 
 class KernelResolver:
@@ -62,6 +64,12 @@ class KernelResolver:
         self.kernels: list[dict[str, Any]] = []
         self.canonical_names: list[str] = []
         self._by_canonical: dict[str, int] = {}
+        self._frame: pd.DataFrame | None = None
+        #: (field, default or ``_NO_DEFAULT``) of each kernel field, in the op's order.
+        self._field_defaults = tuple((f.name, _NO_DEFAULT if f.default is None else f.default)
+                                     for f in op.kernel_fields)
+        #: (key, the config's value) of the name parts checked against the config.
+        self._config_checks = tuple((k, v) for k, v in (("dtype", dtype), ("layout", layout)) if v is not None)
 
     def resolve(self, name: Any) -> int | str:
         """The kernel code (``int >= 0``) of ``name``, or a reject reason (``str``)."""
@@ -98,21 +106,16 @@ class KernelResolver:
             return f"unparseable kernel name: {exc.reason}"
         except Exception as exc:  # a grammar bug must not stop ingestion; the row is kept in rejects
             return f"unparseable kernel name: {type(exc).__name__}: {exc}"
-        for key, want in (("dtype", self.dtype), ("layout", self.layout)):
+        for key, want in self._config_checks:
             got = parsed.get(key)
-            if want is not None and got is not None and got != want:
+            if got is not None and got != want:
                 return f"{key} mismatch: kernel name says {key}={got}, config has {key}={want}"
-        fields: dict[str, Any] = {}
-        for f in self.op.kernel_fields:
-            if f.name in parsed:
-                fields[f.name] = parsed[f.name]
-            elif f.default is not None:
-                fields[f.name] = f.default
-            else:
-                return f"unparseable kernel name: the name gives no {f.name}"
-            value = fields[f.name]
-            if isinstance(value, int) and not isinstance(value, bool) and not _INT64_MIN <= value <= _INT64_MAX:
-                return f"unparseable kernel name: {f.name}={value} is beyond int64"
+        fields = {n: parsed.get(n, default) for n, default in self._field_defaults}
+        for n, value in fields.items():  # in field order: the first field at fault is named
+            if value is _NO_DEFAULT:
+                return f"unparseable kernel name: the name gives no {n}"
+            if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:  # (a bool is in range)
+                return f"unparseable kernel name: {n}={value} is beyond int64"
         return fields, name, parsed.get("dtype", ""), parsed.get("layout", "")
 
     def resolve_fields(self, fields: dict[str, Any]) -> int | str:
@@ -147,10 +150,16 @@ class KernelResolver:
         return code
 
     def frame(self) -> pd.DataFrame:
-        """Kernel fields and canonical ``kernel_name`` of every accepted kernel, by code."""
-        frame = pd.DataFrame(self.kernels, columns=list(self.op.kernel_names))
-        frame["kernel_name"] = self.canonical_names
-        return frame
+        """Kernel fields and canonical ``kernel_name`` of every accepted kernel, by code.
+
+        Built once per number of kernels (kernels are only ever appended); each call returns
+        its own shallow copy, so a caller that sets or drops a column changes no other's frame.
+        """
+        if self._frame is None or len(self._frame) != len(self.kernels):
+            frame = pd.DataFrame(self.kernels, columns=list(self.op.kernel_names))
+            frame["kernel_name"] = self.canonical_names
+            self._frame = frame
+        return self._frame.copy(deep=False)
 
 
 @contextmanager
@@ -207,9 +216,13 @@ def kernel_rule_reasons(op: OpDefinition, kernels: list[dict[str, Any]]) -> list
     if not rules or not kernels:
         return [""] * len(kernels)
     categories = {f.name: f.categories for f in op.kernel_fields if f.kind == "category"}
+    read = set().union(*(expr.names for expr, _ in rules))
     judged = np.ones(len(kernels), dtype=bool)  # a kernel missing a field the rules need is not judged
     columns: dict[str, np.ndarray] = {}
     for f in op.kernel_fields:
+        if f.name not in read:  # only whether the kernel has it
+            judged &= ~np.array([k.get(f.name, f.default) is None for k in kernels], dtype=bool)
+            continue
         raw = np.empty(len(kernels), dtype=object)
         raw[:] = [k.get(f.name, f.default) for k in kernels]
         missing = np.array([v is None for v in raw], dtype=bool)
