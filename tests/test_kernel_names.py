@@ -183,7 +183,8 @@ def test_the_resolver_names_the_first_field_at_fault_and_keeps_what_the_parser_g
     big = 2**63
     op = _StubOp({"none": {"a": 1, "b": None}, "big": {"a": big, "b": 1}, "nob": {"a": big},
                   "noa": {"b": big}, "edge": {"a": True, "b": -big, "c": big - 1}, "fp16": {"a": 1, "dtype": "fp16"},
-                  "rrr": {"a": 1, "b": 2, "layout": "rrr"}, "unnamed": {"a": 99, "b": 1}, "other": {"a": 1, "b": 2, "c": 7}})
+                  "rrr": {"a": 1, "b": 2, "layout": "rrr"}, "unnamed": {"a": 99, "b": 1},
+                  "other": {"a": 1, "b": 2, "c": 7}})
     resolver = KernelResolver(op, dtype="fp8", layout="rcr")
     names = ["none", "big", "nob", "noa", "edge", "fp16", "rrr", "unnamed", "other", "junk", None]
     assert resolver.resolve_all(names) == [
@@ -201,7 +202,8 @@ def test_the_resolver_names_the_first_field_at_fault_and_keeps_what_the_parser_g
     assert free.resolve_all(["fp16", "rrr"]) == ["unparseable kernel name: the name gives no b", 0]
     assert free.resolve_fields({"a": 99, "b": 1}) == ("unnamed kernel: the op cannot name {'a': 99, 'b': 1} "
                                                       "(ValueError: no name for a=99)")
-    assert free.resolve_fields({"a": 5, "b": 1}) == "unnamed kernel: the op cannot name {'a': 5, 'b': 1} (KeyError: 'c')"
+    assert free.resolve_fields({"a": 5, "b": 1}) == ("unnamed kernel: the op cannot name {'a': 5, 'b': 1} "
+                                                     "(KeyError: 'c')")
     assert free.resolve_fields({"a": 1, "b": 2, "c": 7}) == 0
 
 
@@ -232,7 +234,8 @@ def test_a_tuple_kernel_id_round_trips() -> None:
     op = load_op({"name": "tuple_names", "problem_fields": {"m": {"kind": "int"}},
                   "kernel_fields": {"w": {"kind": "int"}, "on": {"kind": "bool", "default": True},
                                     "kind": {"kind": "categorical", "values": ["a", "b"]}},
-                  "kernel_id": {"fields": ["w", "on", "kind"]}, "metric": {"column": "t", "better": "lower", "unit": "ms"},
+                  "kernel_id": {"fields": ["w", "on", "kind"]},
+                  "metric": {"column": "t", "better": "lower", "unit": "ms"},
                   "keys": {"query": ["m"]}})
     assert op.parse_name("(007, 1, b)") == {"w": 7, "on": True, "kind": "b"}
     assert op.format_name({"w": 7.0, "kind": "b"}) == "(7,True,b)"
