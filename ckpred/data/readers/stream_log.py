@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from itertools import chain
+from itertools import chain, repeat
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, Iterator
@@ -196,10 +196,11 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
     """
     reader = _LineReader(ctx)
     decoder = _decoder(ctx.op.problem_names)
+    code_of: dict[str, int] = {}
     lineno = 1
     with open(path, "rb") as fh:
         for block, end in line_blocks(fh, chunk_bytes):
-            read, lines = _read_block(block, end, lineno, reader, decoder, ctx)
+            read, lines = _read_block(block, end, lineno, reader, decoder, code_of, ctx)
             yield read
             lineno += lines
 
@@ -256,9 +257,10 @@ def _scan(block: bytes | bytearray, arr: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 def _read_block(block: bytes | bytearray, end: int, first_line: int, reader: _LineReader, decoder: Any,
-                ctx: ReadContext) -> tuple[FileRead, int]:
+                code_of: dict[str, int], ctx: ReadContext) -> tuple[FileRead, int]:
     """Rows and rejects of the whole lines in ``block[:end]``, the first being line ``first_line``;
-    and the number of those lines."""
+    and the number of those lines. ``code_of``: the kernel codes of the names met so far in
+    the file (see :func:`_decode`)."""
     arr = np.frombuffer(block, dtype=np.uint8, count=end)
     ends, odd = _scan(block, arr)
     if not len(ends) or ends[-1] != end - 1:
@@ -295,7 +297,7 @@ def _read_block(block: bytes | bytearray, end: int, first_line: int, reader: _Li
     run_first = fast_idx[np.r_[0, breaks + 1]]
     run_last = fast_idx[np.r_[breaks, len(fast_idx) - 1]]
     decoded = _decode(memoryview(block), starts, ends, run_first, run_last, decoder, len(ctx.op.problem_names),
-                      len(fast_idx))
+                      len(fast_idx), code_of, ctx)
     if decoded is None:  # the block is read line by line
         reader.header = start_header
         rows, rejects = new_buffer(ctx), []
@@ -314,21 +316,32 @@ def _read_block(block: bytes | bytearray, end: int, first_line: int, reader: _Li
 #: Bytes of lines per decoder call: a piece's structs become numpy columns and are freed
 #: while they are still in the CPU cache (decoding a whole block first is slower).
 _PIECE_BYTES = 1 << 20
+#: Kernel code of a name not yet looked up in :func:`_decode`.
+_UNSEEN = -2
 
 
 def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: np.ndarray, run_last: np.ndarray,
-            decoder: Any, n_fields: int, n: int) -> tuple[list[str], np.ndarray, np.ndarray] | None:
-    """Kernel names, problem values (``n x n_fields``) and perf values (``n x 3``: latency,
+            decoder: Any, n_fields: int, n: int, code_of: dict[str, int],
+            ctx: ReadContext) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Kernel codes, problem values (``n_fields x n``) and perf values (``3 x n``: latency,
     TFLOPS, bandwidth) of the ``n`` lines of the runs of consecutive lines ``run_first[i]`` to
     ``run_last[i]``; ``None`` when the decoder refuses a line (or a piece decodes into another
-    number of rows than it has lines)."""
+    number of rows than it has lines).
+
+    ``code_of`` maps each kernel name met so far in the file to its code (``-1``: a rejected
+    name, left to the per-line reader); a piece's new names are resolved as they come, in the
+    order they first appear, so the codes are those one pass over the names would give. Each
+    column is one contiguous row of its array: the row buffer takes it without a copy.
+    """
     import msgspec
     from msgspec.structs import astuple
 
-    names: list[str] = []
-    problems = np.empty((n, n_fields), dtype=np.int64)
-    perf = np.empty((n, 3), dtype=np.float64)
+    kernel = np.empty(n, dtype=np.int64)
+    problems = np.empty((n_fields, n), dtype=np.int64)
+    perf = np.empty((3, n), dtype=np.float64)
     get_name, get_problem, get_perf = attrgetter("name"), attrgetter("problem"), attrgetter("perf_result")
+    code_get = code_of.get
+    unseen = repeat(_UNSEEN)
     done = 0
     try:
         for first, last in zip(run_first.tolist(), run_last.tolist()):
@@ -338,40 +351,47 @@ def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: n
                 k = len(piece)
                 if k != stop - first + 1:
                     return None
-                problems[done:done + k] = np.fromiter(chain.from_iterable(map(astuple, map(get_problem, piece))),
-                                                      dtype=np.int64, count=k * n_fields).reshape(k, n_fields)
-                perf[done:done + k] = np.fromiter(chain.from_iterable(map(astuple, map(get_perf, piece))),
-                                                  dtype=np.float64, count=3 * k).reshape(k, 3)
-                names += map(get_name, piece)
+                problems[:, done:done + k] = np.fromiter(chain.from_iterable(map(astuple, map(get_problem, piece))),
+                                                         dtype=np.int64, count=k * n_fields).reshape(k, n_fields).T
+                perf[:, done:done + k] = np.fromiter(chain.from_iterable(map(astuple, map(get_perf, piece))),
+                                                     dtype=np.float64, count=3 * k).reshape(k, 3).T
+                codes = kernel[done:done + k]
+                codes[:] = np.fromiter(map(code_get, map(get_name, piece), unseen), dtype=np.int64, count=k)
+                if codes.min() == _UNSEEN:
+                    new = np.flatnonzero(codes == _UNSEEN)
+                    names = [piece[i].name for i in new.tolist()]
+                    fresh = list(dict.fromkeys(names))
+                    for name, code in zip(fresh, ctx.resolver.resolve_all(fresh)):
+                        code_of[name] = code if type(code) is int else -1
+                    codes[new] = [code_of[name] for name in names]
                 done += k
                 first = stop + 1
     except (msgspec.DecodeError, msgspec.ValidationError, OverflowError):  # overflow: an integer beyond int64
         return None
-    return (names, problems, perf) if done == n else None
+    return (kernel, problems, perf) if done == n else None
 
 
-def _vector_rows(row_names: list[str], problems: np.ndarray, perf: np.ndarray, linenos: np.ndarray,
+def _vector_rows(kernel: np.ndarray, problems: np.ndarray, perf: np.ndarray, linenos: np.ndarray,
                  header_of: np.ndarray, headers: list[_Header | None],
                  ctx: ReadContext) -> tuple[RowBuffer, np.ndarray]:
-    """Rows of the decoded lines, and the indices of those left to the per-line reader.
+    """Rows of the decoded lines (columns as :func:`_decode` gives them), and the indices of
+    those left to the per-line reader.
 
     Left over: a rejected kernel name, or a row under a header that rejects its rows (both
     rejects, whose text the line reader writes). The rest are judged here as the line
     reader would: the first negative problem field, else a mismatch with the shape header.
     """
-    n = len(row_names)
+    n = len(kernel)
     names = ctx.op.problem_names
-    # kernel codes: each distinct name resolved once, then looked up per row (C-level maps)
-    code_of: dict[str, int | str] = dict.fromkeys(row_names)  # type: ignore[arg-type]
-    for name, code in zip(code_of, ctx.resolver.resolve_all(list(code_of))):
-        code_of[name] = code if type(code) is int else -1
-    kernel = np.fromiter(map(code_of.__getitem__, row_names), dtype=np.int64, count=n)
-    header_rejects = np.array([h is not None and bool(h.reject) for h in headers])[header_of]
-    deferred = (kernel < 0) | header_rejects
-    columns = [problems[:, i] for i in range(len(names))]
+    deferred = kernel < 0
+    header_rejects = np.array([h is not None and bool(h.reject) for h in headers])
+    if header_rejects.any():
+        deferred |= header_rejects[header_of]
+    columns = list(problems)
     reason = np.zeros(n, dtype=np.int64)  # 0 none, 1 + i: problem field i negative, -1 header mismatch
-    for i, column in enumerate(columns):
-        reason[(reason == 0) & (column < 0)] = i + 1
+    if problems.min() < 0:
+        for i, column in enumerate(columns):
+            reason[(reason == 0) & (column < 0)] = i + 1
     mismatch = np.zeros(n, dtype=bool)
     for i, name in enumerate(names):
         has = np.array([h is not None and name in h.problem for h in headers])
@@ -379,19 +399,20 @@ def _vector_rows(row_names: list[str], problems: np.ndarray, perf: np.ndarray, l
             continue
         want = np.array([h.problem[name] if h is not None and name in h.problem else 0 for h in headers],
                         dtype=np.int64)
-        mismatch |= has[header_of] & (columns[i] != want[header_of])
+        wrong = columns[i] != want[header_of]
+        mismatch |= wrong if has.all() else has[header_of] & wrong
     reason[(reason == 0) & mismatch] = -1
     keep = ~deferred
-    every = not deferred.any()  # the common case: a column is copied out, not masked
+    every = not deferred.any()  # the common case: a column is taken as it is, not masked
 
     def kept(values: np.ndarray) -> np.ndarray:  # a contiguous array of the kept rows
-        return np.ascontiguousarray(values) if every else values[keep]
+        return values if every else values[keep]
 
     rows = new_buffer(ctx)
     rows.line = kept(linenos)
     rows.kernel = kept(kernel)
     rows.problem = [kept(c) for c in columns]
-    rows.latency, rows.tflops, rows.bandwidth = (kept(perf[:, i]) for i in range(3))
+    rows.latency, rows.tflops, rows.bandwidth = (kept(c) for c in perf)
     kept_reason = kept(reason)
     kept_header = kept(header_of)
     for j in np.flatnonzero(kept_reason).tolist():
