@@ -281,19 +281,33 @@ def test_a_log_problem_field_beyond_int64_is_a_reject(chunk_bytes: int) -> None:
 @SETTINGS
 @given(st.binary(max_size=400), st.data())
 def test_block_scan_finds_every_newline_and_odd_byte(block: bytes, data: st.DataObject) -> None:
-    """``_scan`` (passes of ``_SCAN_BYTES`` for control bytes, one more only for a block with
-    DEL or non-ASCII) against its definition, byte by byte, on the whole lines ``block[:end]``."""
+    """``_scan`` (passes of ``_SCAN_BYTES`` for the bytes that are not printable ASCII) against
+    its definition, byte by byte, on the whole lines ``block[:end]``."""
     from ckpred.data.readers import stream_log
 
     end = data.draw(st.integers(0, len(block)))
     step = data.draw(st.sampled_from([1, 7, 64, stream_log._SCAN_BYTES]))
     saved, stream_log._SCAN_BYTES = stream_log._SCAN_BYTES, step
     try:
-        ends, odd = stream_log._scan(block, np.frombuffer(block, dtype=np.uint8, count=end))
+        ends, odd = stream_log._scan(np.frombuffer(block, dtype=np.uint8, count=end))
     finally:
         stream_log._SCAN_BYTES = saved
     assert ends.tolist() == [i for i in range(end) if block[i] == 10]
     assert odd.tolist() == [i for i in range(end) if not (32 <= block[i] < 127 or block[i] in (9, 10, 13))]
+
+
+@pytest.mark.parametrize("step", [1, 7, 64, 1 << 20])
+def test_block_scan_sorts_every_byte_value(step: int, monkeypatch: Any) -> None:
+    """Each of the 256 byte values (the edges of printable ASCII: 31, 32, 126, DEL, 128, 255),
+    alone and between newlines: newlines, and tab and CR as plain bytes."""
+    from ckpred.data.readers import stream_log
+
+    monkeypatch.setattr(stream_log, "_SCAN_BYTES", step)
+    block = bytes(range(256)) + b"\n".join(bytes([i]) for i in range(256))
+    ends, odd = stream_log._scan(np.frombuffer(block, dtype=np.uint8))
+    assert ends.tolist() == [i for i, byte in enumerate(block) if byte == 10]
+    assert {block[i] for i in odd.tolist()} == set(range(32)) - {9, 10, 13} | set(range(127, 256))
+    assert len(odd) == 2 * (256 - 95 - 3)
 
 
 @SETTINGS

@@ -231,29 +231,35 @@ _ODD_BYTE[[9, 10, 13]] = False
 _SCAN_BYTES = 1 << 20
 
 
-def _scan(block: bytes | bytearray, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Positions in ``arr`` (the start of ``block``) of the newlines, and of the bytes of
+def _scan(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions in ``arr`` (the bytes of a block) of the newlines, and of the bytes of
     :data:`_ODD_BYTE`.
 
-    One pass finds every control byte (newlines among them); bytes from DEL up are looked for
-    only when ``block`` has one (a C scan each).
+    One pass per piece of ``_SCAN_BYTES`` finds every byte that is not printable ASCII
+    (shifted down by 32, wrapping, these are the bytes from 95 up), into two reused
+    buffers; the few found are then sorted into newlines and odd bytes.
     """
+    size = min(_SCAN_BYTES, len(arr))
+    shifted = np.empty(size, dtype=np.uint8)
+    mask = np.empty(size, dtype=bool)
     ends: list[np.ndarray] = []
     odd: list[np.ndarray] = []
     for start in range(0, len(arr), _SCAN_BYTES):
         part = arr[start:start + _SCAN_BYTES]
-        control = np.flatnonzero(part < 32)
-        kind = part[control]
+        k = len(part)
+        np.subtract(part, 32, out=shifted[:k])
+        np.greater_equal(shifted[:k], 95, out=mask[:k])
+        found = np.flatnonzero(mask[:k])
+        kind = part[found]
+        found += start
         newline = kind == 10
         if newline.all():
-            ends.append(control + start)
+            ends.append(found)
         else:
-            ends.append(control[newline] + start)
-            odd.append(control[_ODD_BYTE[kind]] + start)
-    if not block.isascii() or b"\x7f" in block:
-        odd.append(np.flatnonzero(arr >= 127))
-    return (np.concatenate(ends) if ends else np.zeros(0, dtype=np.int64),
-            np.unique(np.concatenate(odd)) if odd else np.zeros(0, dtype=np.int64))
+            ends.append(found[newline])
+            odd.append(found[_ODD_BYTE[kind]])
+    none = np.zeros(0, dtype=np.int64)
+    return (np.concatenate(ends) if ends else none), (np.concatenate(odd) if odd else none)
 
 
 def _read_block(block: bytes | bytearray, end: int, first_line: int, reader: _LineReader, decoder: Any,
@@ -262,7 +268,7 @@ def _read_block(block: bytes | bytearray, end: int, first_line: int, reader: _Li
     and the number of those lines. ``code_of``: the kernel codes of the names met so far in
     the file (see :func:`_decode`)."""
     arr = np.frombuffer(block, dtype=np.uint8, count=end)
-    ends, odd = _scan(block, arr)
+    ends, odd = _scan(arr)
     if not len(ends) or ends[-1] != end - 1:
         ends = np.append(ends, end - 1)  # the file's last line, without a newline
     starts = np.r_[0, ends[:-1] + 1]
