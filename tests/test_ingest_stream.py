@@ -312,18 +312,24 @@ def test_block_scan_sorts_every_byte_value(step: int, monkeypatch: Any) -> None:
 
 @SETTINGS
 @given(st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=20), st.booleans(),
-       st.integers(1, 64))
-def test_line_blocks_cut_a_file_into_its_whole_lines(lines: list[bytes], last_newline: bool, chunk: int) -> None:
+       st.integers(1, 64), st.integers(0, 5000))
+def test_line_blocks_cut_a_file_into_its_whole_lines(lines: list[bytes], last_newline: bool, chunk: int,
+                                                     skip: int) -> None:
     """The blocks (one buffer read into again, a longer one for a long line) copied as they
-    come are the file's bytes, each ending at a line end except at the end of the file."""
+    come are the file's bytes, each ending at a line end except at the end of the file; the
+    same for the spans read at their offset within a page, from any position of the file."""
     import io
 
-    from ckpred.data.readers.common import line_blocks
+    from ckpred.data.readers.common import line_blocks, line_spans
 
     data = b"\n".join(lines) + (b"\n" if last_newline and lines else b"")
     got = [bytes(block[:end]) for block, end in line_blocks(io.BufferedReader(io.BytesIO(data)), chunk)]
     assert b"".join(got) == data
     assert all(part.endswith(b"\n") for part in got[:-1]) and all(got)
+    fh = io.BufferedReader(io.BytesIO(b"x" * skip + data))
+    fh.seek(skip)
+    spans = [bytes(buffer[start:end]) for buffer, start, end in line_spans(fh, chunk)]
+    assert spans == got
 
 
 # -- real CK tables --------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import numpy as np
 import orjson
 
-from ckpred.data.readers.common import (_INT_LIMIT, FileRead, ReadContext, Reject, RowBuffer, line_blocks, sorted_rejects,
+from ckpred.data.readers.common import (_INT_LIMIT, FileRead, ReadContext, Reject, RowBuffer, line_spans, sorted_rejects,
                                         to_float, to_int)
 
 NAME = "log"
@@ -199,8 +199,8 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
     code_of: dict[str, int] = {}
     lineno = 1
     with open(path, "rb") as fh:
-        for block, end in line_blocks(fh, chunk_bytes):
-            read, lines = _read_block(block, end, lineno, reader, decoder, code_of, ctx)
+        for buffer, start, end in line_spans(fh, chunk_bytes):
+            read, lines = _read_block(memoryview(buffer)[start:end], lineno, reader, decoder, code_of, ctx)
             yield read
             lineno += lines
 
@@ -262,12 +262,13 @@ def _scan(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (np.concatenate(ends) if ends else none), (np.concatenate(odd) if odd else none)
 
 
-def _read_block(block: bytes | bytearray, end: int, first_line: int, reader: _LineReader, decoder: Any,
-                code_of: dict[str, int], ctx: ReadContext) -> tuple[FileRead, int]:
-    """Rows and rejects of the whole lines in ``block[:end]``, the first being line ``first_line``;
+def _read_block(block: memoryview, first_line: int, reader: _LineReader, decoder: Any, code_of: dict[str, int],
+                ctx: ReadContext) -> tuple[FileRead, int]:
+    """Rows and rejects of the whole lines in ``block``, the first being line ``first_line``;
     and the number of those lines. ``code_of``: the kernel codes of the names met so far in
     the file (see :func:`_decode`)."""
-    arr = np.frombuffer(block, dtype=np.uint8, count=end)
+    end = len(block)
+    arr = np.frombuffer(block, dtype=np.uint8)
     ends, odd = _scan(arr)
     if not len(ends) or ends[-1] != end - 1:
         ends = np.append(ends, end - 1)  # the file's last line, without a newline
@@ -283,7 +284,7 @@ def _read_block(block: bytes | bytearray, end: int, first_line: int, reader: _Li
     start_header = reader.header
 
     def by_line(index: int) -> None:
-        reader.line(first_line + index, block[starts[index]:ends[index] + 1], slow_rows, slow_rejects)
+        reader.line(first_line + index, bytes(block[starts[index]:ends[index] + 1]), slow_rows, slow_rejects)
 
     # lines the per-line reader takes, in order: they move the header; each fast line reads
     # under the header left by the last of them before it
@@ -302,13 +303,13 @@ def _read_block(block: bytes | bytearray, end: int, first_line: int, reader: _Li
     breaks = np.flatnonzero(np.diff(fast_idx) != 1)
     run_first = fast_idx[np.r_[0, breaks + 1]]
     run_last = fast_idx[np.r_[breaks, len(fast_idx) - 1]]
-    decoded = _decode(memoryview(block), starts, ends, run_first, run_last, decoder, len(ctx.op.problem_names),
+    decoded = _decode(block, starts, ends, run_first, run_last, decoder, len(ctx.op.problem_names),
                       len(fast_idx), code_of, ctx)
     if decoded is None:  # the block is read line by line
         reader.header = start_header
         rows, rejects = new_buffer(ctx), []
         for index in range(n_lines):
-            reader.line(first_line + index, block[starts[index]:ends[index] + 1], rows, rejects)
+            reader.line(first_line + index, bytes(block[starts[index]:ends[index] + 1]), rows, rejects)
         return FileRead(rows, rejects), n_lines
     reader_header = reader.header
     fast_rows, deferred = _vector_rows(*decoded, fast_idx + first_line, header_of, header_list, ctx)
