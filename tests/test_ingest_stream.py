@@ -265,6 +265,45 @@ def test_log_fast_path_lines_read_the_same_all_ways(chunk_bytes: int, piece_byte
     assert result.summary.records == 4 * len(KERNELS) + 2 + 4  # with the tab-indented row and split_k=1.0
 
 
+def _names_log() -> bytes:
+    """A log whose kernel names come and go across blocks: new names in later shapes, a rejected
+    name in every shape, a name written with a JSON escape, a new name first met under a header
+    that rejects its rows, and odd lines (BOM, CRLF, a long line, non-ASCII) between them."""
+    kernels = fg.kernel_names(12)
+    lines = ["\ufeff" + "=" * 20]
+    shapes = [(16, kernels[:4], "fp8"), (24, kernels[9:11], "fp16"), (32, kernels[2:8], "fp8"),
+              (48, kernels[6:] + kernels[:2], "fp8")]
+    for number, (m, names, dtype) in enumerate(shapes):
+        lines.append(f"Shape {number}: M={m} N=64 K=64 dtype={dtype} layout=rcr")
+        for i, kernel in enumerate(names):
+            lines.append(_log_line(kernel, m, tflops=10.0 + i))
+            if i == 1:
+                lines.append(_log_line("gemm_universal_fp8_rcr_not_a_kernel", m))  # rejected, every shape
+                lines.append(_log_line(kernel.replace("gemm", "\\u0067emm", 1), m))  # the same kernel, escaped
+        lines.append(_log_line(names[0], m) + "\r")
+        lines.append(_log_line(names[-1], m, extra=', "note": "' + "x" * 5000 + '"'))  # past the decoder's line limit
+        lines.append(_log_line(names[0] + "\u00e9", m))  # non-ASCII: no kernel of the op
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 700, 3000, 1 << 20])
+@pytest.mark.parametrize("piece_bytes", [1, 500, 1 << 20])
+def test_log_kernel_codes_across_blocks_read_the_same_all_ways(chunk_bytes: int, piece_bytes: int,
+                                                               monkeypatch: Any) -> None:
+    """Kernel codes looked up per decoded piece in the file's name -> code map (names new in a
+    later block or piece, a rejected name met again, an escaped name, a name first met under a
+    rejecting header): the same rows and rejects as the per-line reader, blocks and pieces cut
+    anywhere."""
+    from ckpred.data.readers import stream_log
+
+    monkeypatch.setattr(stream_log, "_PIECE_BYTES", piece_bytes)
+    data = _names_log()
+    _check_all_ways(data, "log", chunk_bytes)
+    result = read_files(WORK / "in.log", OP, fmt="log", chunk_bytes=chunk_bytes, **KW)
+    assert result.summary.rejected == {"dtype mismatch": 7, "unparseable kernel name": 2 * 3}
+    assert result.summary.records == 4 + 6 + 8 + 3 * 3 + 7 + 2 * 3  # the escaped, CRLF and long rows kept
+
+
 @pytest.mark.parametrize("chunk_bytes", [1, 300, 1 << 20])
 def test_a_log_problem_field_beyond_int64_is_a_reject(chunk_bytes: int) -> None:
     """A problem value past int64 in a log row is a reject with its reason, the same all ways
