@@ -1,7 +1,7 @@
 """The streaming-log block reader alone: CPU seconds per pass and a hash of what it read, old vs new.
 
     OMP_NUM_THREADS=1 python scripts/bench/log_reader_speed.py [--rows 1000000] [--dir /tmp/ckpred_ingest_bench]
-        [--old-ref 4d38308] [--chunk-mb 64] [--repeat 5] [--formats log,jsonl] [--profile]
+        [--old-ref 4a88129] [--chunk-mb 64] [--repeat 5] [--formats log,jsonl] [--profile]
 
 Reads the inputs of ``ingest_speed.py`` (a streaming log with shape headers and the same rows as
 JSON lines, both read by :func:`ckpred.data.readers.stream_log.read_chunks`; generated there when
@@ -11,7 +11,7 @@ fresh child process per pass, alternating the source of ``--old-ref`` (extracted
 system alone: page faults of fresh memory), rows per CPU-second, and a SHA-256 of every row
 column, row reason, reject and kernel code it read: the two sources must give the same hash.
 Printed per input and source: median, min and max over ``--repeat`` passes, and the ratio of the
-medians. The machine is shared: compare CPU seconds, not wall time.
+medians. Both keep freed memory for reuse, as the ingest command does. The machine is shared: compare CPU seconds, not wall time.
 
 ``--profile`` instead runs one pass of the working tree under :mod:`cProfile` (top functions by
 own time).
@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-#: The commit before the block reader was made cheaper.
-OLD_REF = "4d38308"
+#: The last commit of main before the block reader was made cheaper.
+OLD_REF = "4a88129"
 
 
 def one_pass(path: Path, chunk_mb: int) -> dict[str, float | str]:
@@ -41,6 +41,9 @@ def one_pass(path: Path, chunk_mb: int) -> dict[str, float | str]:
     from ckpred.data.readers import stream_log
     from ckpred.data.readers.common import KernelResolver, ReadContext
     from ckpred.kernels.gemm_universal import OP
+    from ckpred.util import keep_freed_memory
+
+    keep_freed_memory()  # as the ingest command does
 
     ctx = ReadContext(OP, KernelResolver(OP, dtype="fp8", layout="rcr"), "fp8", "rcr", "gfx950", path.name)
     digest = hashlib.sha256()
