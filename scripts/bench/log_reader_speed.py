@@ -8,10 +8,11 @@ JSON lines, both read by :func:`ckpred.data.readers.stream_log.read_chunks`; gen
 absent) with :func:`~ckpred.data.readers.stream_log.read_chunks` only, no ingestion after it, in a
 fresh child process per pass, alternating the source of ``--old-ref`` (extracted with
 ``git archive``) and the working tree. Each pass prints its CPU seconds (user + system, and
-system alone: page faults of fresh memory), rows per CPU-second, and a SHA-256 of every row
+system alone: file reads and page faults), rows per CPU-second, and a SHA-256 of every row
 column, row reason, reject and kernel code it read: the two sources must give the same hash.
 Printed per input and source: median, min and max over ``--repeat`` passes, and the ratio of the
-medians. Both keep freed memory for reuse, as the ingest command does. The machine is shared: compare CPU seconds, not wall time.
+medians. Both keep freed memory for reuse, as the ingest command does. The machine is shared:
+compare CPU seconds, not wall time.
 
 ``--profile`` instead runs one pass of the working tree under :mod:`cProfile` (top functions by
 own time).

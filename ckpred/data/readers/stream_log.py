@@ -17,9 +17,11 @@ layout or arch differs from the config rejects the rows under it. A UTF-8 byte-o
 before the first line is dropped.
 
 Speed: :func:`read_chunks` decodes blocks of rows at once (:mod:`msgspec` into typed
-structs, flattened into numpy columns piece by piece; numpy checks); :func:`read` is the per-line reference (one ``orjson.loads`` per row),
-which also reads every line the block decoder cannot vouch for. The kernel name is parsed once
-per distinct name (see :class:`~ckpred.data.readers.common.KernelResolver`).
+structs, flattened into numpy columns piece by piece; numpy checks); :func:`read` is the
+per-line reference (one ``orjson.loads`` per row), which also reads every line the block
+decoder cannot vouch for. The kernel name is parsed once per distinct name (see
+:class:`~ckpred.data.readers.common.KernelResolver`), and each row's name is looked up once
+in the file's map of names to kernel codes.
 """
 
 from __future__ import annotations
@@ -188,11 +190,11 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
     Per block, the rows of the common form (a JSON object on one line of plain ASCII, with
     the kernel name, every problem field as an integer and the three perf values as numbers)
     are decoded by :mod:`msgspec` (runs of lines in pieces of about ``_PIECE_BYTES``, each
-    piece's typed structs turned into numpy columns at once) and checked with numpy; every
-    other line (headers, rules, blank or indented lines, a row with a missing, null or
-    unusual value, a kernel name that is rejected) goes through the per-line reader, in the
-    same header context. A block the decoder refuses as a whole is read line by line. So
-    the rows, reasons and rejects are those of :func:`read`.
+    piece's typed structs turned into numpy columns and kernel codes at once) and checked
+    with numpy; every other line (headers, rules, blank or indented lines, a row with a
+    missing, null or unusual value, a kernel name that is rejected) goes through the
+    per-line reader, in the same header context. A block the decoder refuses as a whole is
+    read line by line. So the rows, reasons and rejects are those of :func:`read`.
     """
     reader = _LineReader(ctx)
     decoder = _decoder(ctx.op.problem_names)
