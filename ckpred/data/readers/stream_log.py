@@ -398,7 +398,7 @@ def _vector_rows(kernel: np.ndarray, problems: np.ndarray, perf: np.ndarray, lin
         deferred |= header_rejects[header_of]
     columns = list(problems)
     reason = np.zeros(n, dtype=np.int64)  # 0 none, 1 + i: problem field i negative, -1 header mismatch
-    if problems.min() < 0:
+    if problems.size and problems.min() < 0:
         for i, column in enumerate(columns):
             reason[(reason == 0) & (column < 0)] = i + 1
     mismatch = np.zeros(n, dtype=bool)
