@@ -17,6 +17,7 @@ import bz2
 import gc
 import gzip
 import math
+import os
 from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -520,9 +521,15 @@ def line_spans(fh: IO[bytes], chunk_bytes: int, *, align: bool = True) -> Iterat
     by the next block), but with ``align`` each block is read to the offset within a memory
     page that it has in the file: the system copies a file's cached pages to a buffer at the
     same offset faster than to one shifted by a few bytes. A caller keeps nothing of a block
-    past the next one.
+    past the next one. The buffer is no larger than what is left of the file when it starts (a
+    small file does not cost a chunk of memory; a file that grows meanwhile is read in more
+    blocks).
     """
     size = max(int(chunk_bytes), 1)
+    try:
+        size = max(1, min(size, os.fstat(fh.fileno()).st_size - fh.tell()))
+    except (OSError, ValueError):  # not a file of the system (an in-memory stream): a whole chunk
+        pass
     slack = _PAGE if align else 0
     buffer = bytearray(size + slack)
     view = memoryview(buffer)
