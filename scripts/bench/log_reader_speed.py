@@ -1,7 +1,7 @@
 """The streaming-log block reader alone: CPU seconds per pass and a hash of what it read, old vs new.
 
     OMP_NUM_THREADS=1 python scripts/bench/log_reader_speed.py [--rows 1000000] [--dir /tmp/ckpred_ingest_bench]
-        [--old-ref 4a88129] [--chunk-mb 64] [--repeat 5] [--formats log,jsonl] [--ingest] [--profile]
+        [--old-ref main] [--chunk-mb 64] [--repeat 5] [--formats log,jsonl] [--ingest] [--profile]
 
 Reads the inputs of ``ingest_speed.py`` (a streaming log with shape headers and the same rows as
 JSON lines, both read by :func:`ckpred.data.readers.stream_log.read_chunks`; generated there when
@@ -34,8 +34,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-#: The last commit of main before the block reader was made cheaper.
-OLD_REF = "4a88129"
+#: What the working tree is compared with by default.
+OLD_REF = "main"
 
 
 def one_pass(path: Path, chunk_mb: int) -> dict[str, float | str]:
@@ -179,7 +179,8 @@ def main() -> None:
         return
     sources = {"old": old_source(args.old_ref, args.dir), "new": REPO}
     print(f"{'ingest_to_parquet' if args.ingest else 'read_chunks'}: "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; old = {args.old_ref}, new = working tree; "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; old = {args.old_ref} ({sources['old'].name[4:]}), "
+          f"new = working tree; "
           f"data.chunk_mb={args.chunk_mb}; {args.repeat} passes each, alternating; "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
     for name in args.formats.split(","):
