@@ -179,8 +179,8 @@ def main() -> None:
         return
     sources = {"old": old_source(args.old_ref, args.dir), "new": REPO}
     print(f"{'ingest_to_parquet' if args.ingest else 'read_chunks'}: "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; old = {args.old_ref} ({sources['old'].name[4:]}), "
-          f"new = working tree; "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; "
+          f"old = {args.old_ref} ({sources['old'].name[4:]}), new = working tree; "
           f"data.chunk_mb={args.chunk_mb}; {args.repeat} passes each, alternating; "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
     for name in args.formats.split(","):

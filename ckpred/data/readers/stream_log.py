@@ -37,8 +37,8 @@ from typing import Any, Iterator
 import numpy as np
 import orjson
 
-from ckpred.data.readers.common import (_INT_LIMIT, FileRead, ReadContext, Reject, RowBuffer, line_spans, sorted_rejects,
-                                        to_float, to_int)
+from ckpred.data.readers.common import (_INT_LIMIT, FileRead, ReadContext, Reject, RowBuffer, line_spans,
+                                        sorted_rejects, to_float, to_int)
 
 NAME = "log"
 #: Half the printing step of the log's 2-decimal values.
