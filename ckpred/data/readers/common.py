@@ -18,6 +18,7 @@ import gc
 import gzip
 import math
 import os
+import stat
 from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -527,7 +528,9 @@ def line_spans(fh: IO[bytes], chunk_bytes: int, *, align: bool = True) -> Iterat
     """
     size = max(int(chunk_bytes), 1)
     try:
-        size = max(1, min(size, os.fstat(fh.fileno()).st_size - fh.tell()))
+        info = os.fstat(fh.fileno())
+        if stat.S_ISREG(info.st_mode) and info.st_size > 0:  # not a pipe, nor a file that tells no size
+            size = max(1, min(size, info.st_size - fh.tell()))
     except (OSError, ValueError):  # not a file of the system (an in-memory stream): a whole chunk
         pass
     slack = _PAGE if align else 0
