@@ -371,6 +371,23 @@ def test_line_blocks_cut_a_file_into_its_whole_lines(lines: list[bytes], last_ne
     assert spans == got
 
 
+@pytest.mark.parametrize("chunk", [1, 10, 1 << 20])
+def test_line_spans_of_a_file_after_its_header_line(tmp_path: Path, chunk: int) -> None:
+    """A real file read from after a first line taken by iteration (as the CSV reader takes its
+    header), with a chunk larger than what is left: the blocks are the rest of the file."""
+    from ckpred.data.readers.common import line_blocks, line_spans
+
+    path = tmp_path / "lines.txt"
+    path.write_bytes(b"header\n" + b"".join(b"line %d\n" % i for i in range(50)) + b"last")
+    for spans in (True, False):
+        with open(path, "rb") as fh:
+            assert next(iter(fh)) == b"header\n"
+            blocks = ([bytes(buffer[start:end]) for buffer, start, end in line_spans(fh, chunk)] if spans
+                      else [bytes(block[:end]) for block, end in line_blocks(fh, chunk)])
+        assert b"".join(blocks) == path.read_bytes()[len(b"header\n"):]
+        assert all(part.endswith(b"\n") for part in blocks[:-1]) and blocks[-1].endswith(b"last")
+
+
 # -- real CK tables --------------------------------------------------------------------------------
 @pytest.mark.parametrize("chunk_bytes", [4096, 1 << 20])
 def test_real_parity_sweeps_read_the_same_all_ways(chunk_bytes: int) -> None:
