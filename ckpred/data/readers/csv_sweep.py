@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ckpred.data.readers.common import (FileRead, ReadContext, Reject, RowBuffer, line_blocks, sorted_rejects, to_float,
+from ckpred.data.readers.common import (FileRead, ReadContext, Reject, RowBuffer, line_spans, sorted_rejects, to_float,
                                         to_int)
 from ckpred.errors import InputFileError
 
@@ -154,15 +154,15 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
         if header is None:
             yield FileRead(RowBuffer(op.problem_names), [])
             return
-        for block, end in line_blocks(fh, chunk_bytes):
-            read, lines = _read_block(block, end, lineno + 1, header, index, ctx)
+        for block, start, end in line_spans(fh, chunk_bytes):
+            read, lines = _read_block(block, start, end, lineno + 1, header, index, ctx)
             yield read
             lineno += lines
 
 
-def _read_block(block: bytes | bytearray, end: int, first_line: int, header: list[str],
+def _read_block(block: bytes | bytearray, start: int, end: int, first_line: int, header: list[str],
                 index: dict[str, int | None], ctx: ReadContext) -> tuple[FileRead, int]:
-    """Rows and rejects of the whole lines in ``block[:end]``, the first being line
+    """Rows and rejects of the whole lines in ``block[start:end]``, the first being line
     ``first_line``; and the number of those lines."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
@@ -176,24 +176,26 @@ def _read_block(block: bytes | bytearray, end: int, first_line: int, header: lis
             types[names[index[field.name]]] = pa.int64()  # type: ignore[index]
     try:
         table = pcsv.read_csv(
-            pa.py_buffer(memoryview(block)[:end]),
-            read_options=pcsv.ReadOptions(column_names=names, use_threads=False, block_size=end + 1),
+            pa.py_buffer(memoryview(block)[start:end]),
+            read_options=pcsv.ReadOptions(column_names=names, use_threads=False, block_size=end - start + 1),
             parse_options=pcsv.ParseOptions(quote_char=False, double_quote=False, escape_char=False,
                                             newlines_in_values=False, ignore_empty_lines=False),
             convert_options=pcsv.ConvertOptions(column_types=types, include_columns=list(types), null_values=[],
                                                 strings_can_be_null=False, quoted_strings_can_be_null=False,
                                                 # ASCII is UTF-8: the check is needed only otherwise
+                                                # (tested on the whole buffer, which holds only
+                                                # the file's bytes or zeros: no copy of the block)
                                                 check_utf8=not block.isascii()))
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
         table = None
-    if table is not None and block.find(b"\r", 0, end) < 0:
+    if table is not None and block.find(b"\r", start, end) < 0:
         # Without a carriage return (which pyarrow also ends a line at) every line is one of
         # pyarrow's rows: a blank line has too few fields and fails the parse.
         lines = table.num_rows
     else:
-        lines = block.count(b"\n", 0, end) + (block[end - 1:end] != b"\n")
+        lines = block.count(b"\n", start, end) + (block[end - 1:end] != b"\n")
     if table is None or table.num_rows != lines:
-        return _by_line(block[:end], first_line, header, index, ctx, range(lines)), lines
+        return _by_line(block[start:end], first_line, header, index, ctx, range(lines)), lines
     kernel_col = table.column(names[index[KERNEL_COLUMN]]).combine_chunks()  # type: ignore[index]
     codes, uniques = kernel_col.indices.to_numpy(), kernel_col.dictionary.to_pylist()
     resolved = ctx.resolver.resolve_all([u.strip().strip('"').strip() for u in uniques])
@@ -226,7 +228,7 @@ def _read_block(block: bytes | bytearray, end: int, first_line: int, header: lis
         rows.reasons[j] = f"negative problem field: {header[index[op.problem_fields[i].name]]}={int(problem[i][j])}"  # type: ignore[index]
     if every:
         return FileRead(rows, []), lines
-    rest = _by_line(block[:end], first_line, header, index, ctx, np.flatnonzero(~keep).tolist())
+    rest = _by_line(block[start:end], first_line, header, index, ctx, np.flatnonzero(~keep).tolist())
     return FileRead(RowBuffer.merged([rows, rest.rows]), rest.rejects), lines
 
 
