@@ -522,7 +522,9 @@ class _TableWriter:
         names = self.schema.names
         self.options: dict[str, Any] = {
             "use_dictionary": [c for c in names if c not in _UNIQUE_PER_ROW],
-            "write_statistics": [c for c in names if c in (*HEADER_COLUMNS, *op.problem_names, "is_valid")]}
+            "write_statistics": [c for c in names if c in (*HEADER_COLUMNS, *op.problem_names, "is_valid")],
+            # values handed to the encoders per call: fewer calls, the same pages and bytes
+            "write_batch_size": 1 << 16}
 
     def __enter__(self) -> "_TableWriter":
         self._atomic: Any = atomic_path(self.out) if self.single else atomic_dir(self.out)
