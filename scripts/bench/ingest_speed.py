@@ -177,11 +177,14 @@ def peak_rss_mb() -> float:
 
 
 def old_source(ref: str, work: Path) -> Path:
-    """The package source of ``ref`` (``git archive``), for the old path's child process."""
-    dest = work / f"src_{ref}"
+    """The package source of ``ref`` (``git archive`` of the commit it names now, so a branch
+    name is read afresh when it moves), for an old path's child process."""
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", ref], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    dest = work / f"src_{commit}"
     if not (dest / "ckpred").exists():
         dest.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "ckpred", "conf"], check=True,
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "ckpred", "conf"], check=True,
                                  capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
         if (dest / "conf").exists() and not (dest / "ckpred" / "conf").exists():

@@ -112,21 +112,6 @@ def one_ingest(path: Path, chunk_mb: int) -> dict[str, float | str]:
             "hash": digest.hexdigest()[:16], "module": ingest.__file__}
 
 
-def old_source(ref: str, work: Path) -> Path:
-    """The package source of ``ref`` (``git archive``), for the old source's child process."""
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", ref], check=True, capture_output=True,
-                            text=True).stdout.strip()
-    dest = work / f"src_{commit}"
-    if not (dest / "ckpred").exists():
-        dest.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "ckpred", "conf"], check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-        if (dest / "conf").exists() and not (dest / "ckpred" / "conf").exists():
-            (dest / "ckpred" / "conf").symlink_to(dest / "conf")
-    return dest
-
-
 def child(path: Path, chunk_mb: int, src: Path, whole: bool) -> dict[str, float | str]:
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONPATH=str(src))
     run = subprocess.run([sys.executable, __file__, "--measure", "--input", str(path), "--chunk-mb", str(chunk_mb),
@@ -169,7 +154,7 @@ def main() -> None:
         print(json.dumps((one_ingest if args.ingest else one_pass)(Path(args.input), args.chunk_mb)))
         return
     sys.path.insert(0, str(Path(__file__).parent))
-    from ingest_speed import inputs
+    from ingest_speed import inputs, old_source
 
     args.dir.mkdir(parents=True, exist_ok=True)
     files = inputs(args.rows, args.dir)
