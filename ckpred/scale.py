@@ -331,7 +331,7 @@ def _check_recipe(recipe: Any) -> None:
 
 def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: str, client: Any = None,
                     test: tuple[float, float] = (0.0, 0.0), files: list[str] | None = None,
-                    where: list[str] | None = None) -> tuple[Any, dict[str, Any]]:
+                    where: list[str] | None = None, seed: int | None = None) -> tuple[Any, dict[str, Any]]:
     """Fit the config's model recipe on a partitioned dataset; returns (pipeline, fit info).
 
     Parameters
@@ -349,6 +349,9 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
         The dataset's partition files and, for ``dask``, the worker of each (:func:`placement`),
         when the caller fits several times on one dataset and cluster; by default read from the
         manifest and placed here.
+    seed : int, optional
+        Seed of the row sample, the model and the failure model; default ``cfg.seed``. A CV
+        fold passes ``cfg.seed + fold`` as the in-memory CV does.
 
     With ``validity.learned`` the learned failure model is fitted too, on the same training rows
     and features as the ranking model (as in :func:`ckpred.fitting.fit_method`): ``dask``:
@@ -361,16 +364,17 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
 
     method = model_method(cfg)
     _check_recipe(method.recipe)
+    seed = int(cfg.seed) if seed is None else int(seed)
     files = files if files is not None else _partition_files(path, op)
     pipe = build_pipeline(method.recipe, op, cfg.arch, cfg.dtype)
     head = _head(_first_with_rows(files, path))
     n_features = len(pipe.named_steps["features"].fit(op.encode_frame(head)).get_feature_names_out())
-    part = PartitionRecipe(op=op, recipe=method.recipe, rows=method.rows, seed=int(cfg.seed),
+    part = PartitionRecipe(op=op, recipe=method.recipe, rows=method.rows, seed=seed,
                            n_features=n_features, test_lo=float(test[0]), test_hi=float(test[1]))
     names = part.feature_names()
     model_cfg = method.recipe.model
     is_ranker = model_cfg.name == "lgbm_ranker"
-    estimator = build_estimator(model_cfg, method.recipe.target, int(cfg.seed))
+    estimator = build_estimator(model_cfg, method.recipe.target, seed)
     inner = estimator if is_ranker else estimator.regressor
     params = inner.get_params()
     validity = method.validity if method.validity is not None and bool(method.validity.learned) else None
@@ -388,13 +392,13 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
         fitted, rows = inner, len(train)
         if validity is not None:
             failed = train[_F].to_numpy()
-            failure = fit_failure_model(pipe, None, failed, validity, int(cfg.seed), Xt=Xt)
+            failure = fit_failure_model(pipe, None, failed, validity, seed, Xt=Xt)
             info.update(failure_model=failure is not None, failed_rows=int(failed.sum()))
         del train, Xt
     elif backend == "dask":
         where = where if where is not None else placement(client, files, op, str(path))
         fitted, rows, failure, n_failed = _fit_dask(client, files, where, part, names, params, is_ranker,
-                                                    validity=validity, seed=int(cfg.seed))
+                                                    validity=validity, seed=seed)
         if validity is not None:
             set_failure_model(pipe, failure, float(validity.threshold))
             info.update(failure_model=failure is not None, failed_rows=int(n_failed))
@@ -743,8 +747,8 @@ def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: 
         for i, test in enumerate(ranges):
             t = time.perf_counter()
             pipe, info = fit_partitioned(cfg, op, path, backend="dask", client=client, test=test, files=files,
-                                         where=where)
-            entry = {"fold": f"fold{i}", "test_hash_range": list(test), **info,
+                                         where=where, seed=int(cfg.seed) + i)  # as the in-memory CV seeds a fold
+            entry = {"fold": f"fold{i}", "seed": int(cfg.seed) + i, "test_hash_range": list(test), **info,
                      "fit_score_s": round(time.perf_counter() - t, 2)}
             timings["model_s"] = timings.get("model_s", 0.0) + entry["fit_score_s"]
             part = _scoring_recipe(cfg, op, test, baselines, static_by)

@@ -238,6 +238,7 @@ def test_train_command_on_a_partitioned_dataset(dataset: Path, tmp_path: Path) -
         assert np.allclose(got[col], got[f"{col}_in_memory"], rtol=1e-12, atol=0, equal_nan=True), col
     folds = json.loads((tmp_path / "folds.json").read_text())["folds"]
     assert len(folds[0]["best_static"]["top_kernels"]) == 5
+    assert [f["seed"] for f in folds] == [0, 1]  # seed + fold, as the in-memory CV seeds its folds
     assert (tmp_path / "efficiency_cdf.png").stat().st_size > 0 and (tmp_path / "efficiency_at_k.png").is_file()
 
 
