@@ -23,6 +23,10 @@ class Command(NamedTuple):
     #: Config key a bare positional argument is translated to (``sweep-report <dir>`` ->
     #: ``dir=<dir>``); empty = the command takes Hydra overrides only.
     positional: str = ""
+    #: Config nodes whose keys come from the op, not from a config file: ``<node>.<key>=v`` adds
+    #: the key when no file declares it (as ``++<node>.<key>=v``), so an op written in YAML alone
+    #: needs no ``problem/<op>.yaml``; the command checks the keys against the op.
+    open_nodes: tuple[str, ...] = ()
 
 
 #: Every command, with the primary config it composes and a one-line summary for ``--help``.
@@ -34,7 +38,7 @@ COMMANDS: dict[str, Command] = {
     "export": Command("export", "ckpred.commands.export:export_command",
                       "compile the model to ONNX (selector + scorer) with a manifest, parity-checked"),
     "select": Command("select", "ckpred.commands.select:select_command",
-                      "pick the top-k kernels for one problem with an exported model"),
+                      "pick the top-k kernels for one problem with an exported model", open_nodes=("problem",)),
     "simulate": Command("simulate", "ckpred.commands.simulate:simulate_command",
                         "simulate CK Tile GEMM benchmarks (embedded default data); calibrate=true reports vs real"),
     "tune": Command("tune", "ckpred.commands.tune:tune",
@@ -81,6 +85,18 @@ def _positional_to_override(argv: list[str], key: str) -> list[str]:
     return out
 
 
+def _open_node_overrides(argv: list[str], nodes: tuple[str, ...]) -> list[str]:
+    """``<node>.<key>=v`` as ``++<node>.<key>=v`` (add or override) for each of ``nodes``."""
+    out, after_option = [], False
+    for arg in argv:
+        key = arg.split("=", 1)[0]
+        if not after_option and "=" in arg and key.split(".", 1)[0] in nodes and "." in key:
+            arg = "++" + arg
+        out.append(arg)
+        after_option = arg in _HYDRA_VALUE_OPTIONS
+    return out
+
+
 def _check_override_syntax(name: str, argv: list[str]) -> None:
     """Refuse an override Hydra's grammar cannot parse, naming it (Hydra's own message names
     only the offending token, not which override it came from)."""
@@ -122,7 +138,7 @@ def run_command(name: str, argv: list[str]) -> Any:
     from ckpred.errors import CkpredError
 
     command = COMMANDS[name]
-    argv = _positional_to_override(argv, command.positional)
+    argv = _open_node_overrides(_positional_to_override(argv, command.positional), command.open_nodes)
     _check_override_syntax(name, argv)
     register_schemas()
 

@@ -925,9 +925,13 @@ class SelectConfig(RecipeConfig):
     picks the same export for ``select`` as for ``train`` and ``export``.
     """
 
-    #: Problem fields of the op, e.g. ``problem.m=128 problem.n=1536 problem.k=7168``; the keys
-    #: come from ``conf/problem/<op>.yaml`` (required ones are ``???``).
-    problem: dict[str, Any] = MISSING
+    #: Problem fields of the op, e.g. ``problem.m=128 problem.n=1536 problem.k=7168``. An op
+    #: with a ``conf/problem/<op>.yaml`` declares its keys there (required ones are ``???``);
+    #: for any other op the keys are the op's problem fields, checked against it.
+    problem: dict[str, Any] = field(default_factory=dict)
+    #: Unused by ``select``; composed from ``features/<op>.yaml`` when the op has one, so that
+    #: an op written in YAML alone needs no feature set to be answered.
+    features: Any = None
     top_k: int = 5
     #: Export directory; empty = ``<exports_dir>/<op>_<arch>_<dtype>_<layout>``.
     model_dir: str = ""

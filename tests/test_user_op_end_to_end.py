@@ -15,6 +15,7 @@ import math
 import random
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,6 +109,31 @@ def test_export_parity_and_python_select(exported: tuple[Path, Path]) -> None:
     for name in answer.kernels:  # rule-valid and never a configuration that failed in training
         bm, bn, w, s = (int(part[1:].lstrip("mnws")) for part in name.split("_"))
         assert not _fails("fp32", bm, bn, s)
+
+
+def test_select_cli_needs_only_the_op_yaml(exported: tuple[Path, Path], tmp_path: Path, capsys: Any) -> None:
+    """A config dir holding the op alone (no problem/<op>.yaml, no feature set) is enough for
+    ``select``: the problem keys are checked against the op's fields."""
+    import shutil
+
+    from ckpred.runtime import KernelSelector
+
+    _, model = exported
+    shutil.copytree(USER_CONF / "op", tmp_path / "op")
+    base = ["select", "--config-dir", str(tmp_path), "op=tmm", f"model_dir={model}", "json=true",
+            f"hydra.run.dir={tmp_path / 'hydra'}"]
+    problem = ["problem.rows=512", "problem.cols=256", "problem.depth=1024", "problem.precision=fp32"]
+    capsys.readouterr()
+    assert main([*base, *problem, "top_k=3"]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    want = KernelSelector.load(model, cache_size=0).select(rows=512, cols=256, depth=1024, precision="fp32", top_k=3)
+    assert [k["name"] for k in got["kernels"]] == list(want.kernels)
+    with pytest.raises(SystemExit):  # a key the op does not have is named
+        main([*base, *problem, "problem.colz=3"])
+    assert "problem.colz" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a field left out is named
+        main([*base, *problem[:3]])
+    assert "precision" in capsys.readouterr().err
 
 
 def test_cpp_selector_gives_the_python_answers(exported: tuple[Path, Path], binary: Path) -> None:  # noqa: F811
