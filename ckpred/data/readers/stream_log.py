@@ -30,7 +30,7 @@ import json
 import math
 import re
 from itertools import chain, repeat
-from operator import attrgetter
+from operator import attrgetter, eq
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -207,16 +207,22 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
             lineno += lines
 
 
-def _decoder(problem_names: tuple[str, ...]) -> Any:
-    """A msgspec decoder of log rows into structs of only the fields the table needs."""
+def _decoder(problem_names: tuple[str, ...]) -> tuple[Any, Any]:
+    """msgspec decoders of log rows into structs of only the fields the table needs: (rows,
+    their ``problem`` kept as its raw JSON text; problem objects, one per line).
+
+    Consecutive rows of a sweep carry the same problem object, byte for byte, and it holds
+    many keys the table does not read: a row keeps its problem's text, and each distinct run
+    of them is decoded once (:func:`_decode`).
+    """
     import msgspec
 
     problem = msgspec.defstruct("Problem", [(n, int) for n in problem_names], gc=False)
     perf = msgspec.defstruct("Perf", [("latency", float, msgspec.field(name="latency(ms)")),
                                       ("tflops", float, msgspec.field(name="tflops(TFlops)")),
                                       ("bandwidth", float, msgspec.field(name="bandwidth(GB/s)"))], gc=False)
-    row = msgspec.defstruct("Row", [("name", str), ("problem", problem), ("perf_result", perf)], gc=False)
-    return msgspec.json.Decoder(row)
+    row = msgspec.defstruct("Row", [("name", str), ("problem", msgspec.Raw), ("perf_result", perf)], gc=False)
+    return msgspec.json.Decoder(row), msgspec.json.Decoder(problem)
 
 
 #: Longest line the vectorised path decodes (a longer one is read by the per-line reader,
@@ -345,6 +351,7 @@ def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: n
     import msgspec
     from msgspec.structs import astuple
 
+    row_decoder, problem_decoder = decoder
     kernel = np.empty(n, dtype=np.int64)
     problems = np.empty((n_fields, n), dtype=np.int64)
     perf = np.empty((3, n), dtype=np.float64)
@@ -356,12 +363,20 @@ def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: n
         for first, last in zip(run_first.tolist(), run_last.tolist()):
             while first <= last:
                 stop = min(last, max(first, int(np.searchsorted(starts, starts[first] + _PIECE_BYTES)) - 1))
-                piece = decoder.decode_lines(view[starts[first]:ends[stop] + 1])
+                piece = row_decoder.decode_lines(view[starts[first]:ends[stop] + 1])
                 k = len(piece)
                 if k != stop - first + 1:
                     return None
-                problems[:, done:done + k] = np.fromiter(chain.from_iterable(map(astuple, map(get_problem, piece))),
-                                                         dtype=np.int64, count=k * n_fields).reshape(k, n_fields).T
+                # each run of rows with the same problem text: its problem decoded once
+                texts = list(map(get_problem, piece))
+                same = np.fromiter(map(eq, texts[1:], texts[:-1]), dtype=bool, count=k - 1)
+                run = np.flatnonzero(np.r_[True, ~same])
+                distinct = problem_decoder.decode_lines(b"\n".join([texts[i] for i in run.tolist()]))
+                if len(distinct) != len(run):  # a problem text that is not one JSON object
+                    return None
+                values = np.fromiter(chain.from_iterable(map(astuple, distinct)), dtype=np.int64,
+                                     count=len(run) * n_fields).reshape(len(run), n_fields)
+                problems[:, done:done + k] = np.repeat(values, np.diff(np.r_[run, k]), axis=0).T
                 perf[:, done:done + k] = np.fromiter(chain.from_iterable(map(astuple, map(get_perf, piece))),
                                                      dtype=np.float64, count=3 * k).reshape(k, 3).T
                 codes = kernel[done:done + k]
