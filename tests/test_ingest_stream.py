@@ -527,3 +527,37 @@ def test_kept_freed_memory_is_reused_by_the_next_chunk() -> None:
         assert kept == ("True" if mode == "keep" else "None")
     assert int(faults["default"]) > pages // 2
     assert int(faults["keep"]) < pages // 20
+
+
+@pytest.mark.parametrize("fmt", sorted(SAMPLES))
+def test_held_and_spilled_partition_pieces_give_the_same_table(fmt: str, monkeypatch: Any) -> None:
+    """A partition's pieces held in memory, spilled to disk, or some of each (the budget full
+    midway) give the table, rejects and summary of the reference; the spill files are written
+    only for what does not fit the budget, and none is left behind."""
+    import pyarrow as pa
+
+    import ckpred.data.ingest as ingest
+
+    path = WORK / f"held.{fmt}"
+    path.write_bytes(SAMPLES[fmt])
+    reference = read_files(path, OP, fmt=fmt, vectorised=False, **KW)
+    spilled: list[str] = []
+    new_file = pa.ipc.new_file
+
+    def counted(sink: Any, *args: Any, **kwargs: Any) -> Any:
+        spilled.append(str(sink))
+        return new_file(sink, *args, **kwargs)
+
+    monkeypatch.setattr(ingest.pa.ipc, "new_file", counted)
+    init = ingest._Partitions.__init__
+    written = {}
+    for hold in (0, 3000, 1 << 30):
+        def with_hold(self: Any, op: Any, count: int, spill: Any, hold_bytes: int = 0, hold: int = hold) -> None:
+            init(self, op, count, spill, hold_bytes=hold)
+
+        monkeypatch.setattr(ingest._Partitions, "__init__", with_hold)
+        spilled.clear()
+        assert_stream_same(reference, *streamed(path, OP, f"held{hold}", 700, fmt=fmt, **KW))
+        written[hold] = len(spilled)
+        assert not any(Path(p).exists() for p in spilled)
+    assert written[0] > written[3000] > written[1 << 30] == 0
