@@ -683,10 +683,11 @@ class _Texts:
         return table[found] if len(found) else np.zeros(0, dtype=np.int32)
 
     def take(self, codes: np.ndarray) -> pa.Array:
-        """The texts of ``codes`` as an arrow string array."""
+        """The texts of ``codes``, dictionary-coded (the texts are distinct: a Parquet writer
+        stores them once, without hashing a text per row)."""
         if self._array is None or len(self._array) != len(self.values):
             self._array = pa.array(self.values, pa.string())
-        return self._array.take(pa.array(codes))
+        return pa.DictionaryArray.from_arrays(pa.array(np.asarray(codes, dtype=np.int32)), self._array)
 
 
 def _buffer_rows(read: FileRead | None, op: OpDefinition, texts: _Texts, file: int, run_id: str) -> pa.Table:
@@ -747,7 +748,9 @@ def _source_texts(rows: pa.Table, texts: _Texts, at: np.ndarray | None = None) -
     if at is not None:
         file, line = file[at], line[at]
     names = pa.array([f"{label}:" for label in texts.labels] or [""], pa.string())
-    built = pc.binary_join_element_wise(names.take(pa.array(file)), pc.cast(pa.array(line), pa.string()), "")
+    # rows of one file (the usual part) join one prefix, not a copy of it per row
+    prefix = names[int(file[0])] if len(file) and file.min() == file.max() else names.take(pa.array(file))
+    built = pc.binary_join_element_wise(prefix, pc.cast(pa.array(line), pa.string()), "")
     if "source" not in rows.column_names:
         return built
     given = rows.column("source").combine_chunks()
@@ -782,6 +785,8 @@ def _by_code(values: np.ndarray | pa.Array, codes: np.ndarray) -> np.ndarray | p
     (the rows share the texts instead of copying them)."""
     if isinstance(values, np.ndarray):
         return values[codes]
+    if isinstance(values, pa.DictionaryArray):  # per code, an index into its distinct texts
+        return pa.DictionaryArray.from_arrays(pa.array(values.indices.to_numpy()[codes]), values.dictionary)
     if pa.types.is_string(values.type) and not values.null_count:
         return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32, copy=False)), values)
     return values.take(pa.array(codes)) if len(values) else pa.array([], values.type)
@@ -789,7 +794,9 @@ def _by_code(values: np.ndarray | pa.Array, codes: np.ndarray) -> np.ndarray | p
 
 def _kernel_columns(resolver: KernelResolver, op: OpDefinition) -> dict[str, np.ndarray | pa.Array]:
     """Each kernel field and ``kernel_name`` of every resolved kernel, by code: numbers and
-    flags as numpy arrays (a row's value is then one numpy take), text as arrow arrays."""
+    flags as numpy arrays (a row's value is then one numpy take), text without nulls as a
+    dictionary array of its distinct values (a Parquet writer then adds each distinct text to
+    its dictionary once, not once per kernel), other text as arrow arrays."""
     kernels = resolver.frame()
     columns: dict[str, np.ndarray | pa.Array] = {}
     for name in (*op.kernel_names, "kernel_name"):
@@ -798,7 +805,12 @@ def _kernel_columns(resolver: KernelResolver, op: OpDefinition) -> dict[str, np.
             values = values.cast(pa.string())
         plain = len(values) and not values.null_count and (pa.types.is_integer(values.type) or pa.types.is_boolean(
             values.type) or pa.types.is_floating(values.type))
-        columns[name] = values.to_numpy(zero_copy_only=False) if plain else values
+        if plain:
+            columns[name] = values.to_numpy(zero_copy_only=False)
+        elif pa.types.is_string(values.type) and not values.null_count:
+            columns[name] = pc.dictionary_encode(values)
+        else:
+            columns[name] = values
     return columns
 
 
@@ -966,18 +978,28 @@ def group_ids(columns: Sequence[Any]) -> np.ndarray:
         values = np.asarray(values)
         if values.dtype.kind in "iub" and len(values):
             low, high = int(values.min()), int(values.max())
-            codes, width = values.astype(np.int64) - low, high - low + 1
+            if low == high:  # one value: no group is split by it
+                continue
+            width = high - low + 1
+            # added in place below; offset first where the sum could leave int64
+            codes = values if values.dtype.kind in "ib" and -(1 << 61) < low and high < 1 << 61 \
+                else values.astype(np.int64) - low
+            low = low if codes is values else 0
         else:
             codes, uniques = pd.factorize(values, use_na_sentinel=False)
-            width = len(uniques)
+            low, width = 0, len(uniques)
         width = max(width, 1)
         if groups * width >= 1 << 62:  # keep the combined code in int64
             gid, uniques_gid = pd.factorize(gid)
             groups = max(len(uniques_gid), 1)
             if groups * width >= 1 << 62:  # a wide integer range: hash it after all
                 codes, uniques = pd.factorize(values, use_na_sentinel=False)
-                width = max(len(uniques), 1)
-        gid = gid * width + codes
+                low, width = 0, max(len(uniques), 1)
+        # in place (the key columns of a chunk are long): gid = gid * width + codes - low
+        gid *= width
+        gid += codes
+        if low:
+            gid -= low
         groups *= width
     return pd.factorize(gid)[0].astype(np.int64, copy=False)
 
@@ -1015,7 +1037,8 @@ def _merge(rows: pa.Table, op: OpDefinition, texts: _Texts,
     if not multi.any():
         return rows, [], unmerged
     first = first_rows(gid)
-    out = rows.take(pa.array(first))  # row g is group g
+    # row g is group g; the columns the merge rewrites are taken by numpy below, not copied twice
+    out = rows.drop_columns([c for c in _MERGED_COLUMNS if c in rows.column_names]).take(pa.array(first))
     at = np.flatnonzero(multi)
     sub_gid = gid[at]
     multi_ids = np.flatnonzero(counts > 1)  # ascending: the groups of sub_gid in order
@@ -1029,10 +1052,10 @@ def _merge(rows: pa.Table, op: OpDefinition, texts: _Texts,
                         **{c: np.asarray(_numpy(rows, c), dtype=np.float64)[at]
                            for c in ("tflops", "latency_ms", "bandwidth_gbs")},
                         "repeats": _numpy(rows, "repeats")[at]})
-    repeats = np.array(_numpy(out, "repeats"), dtype=np.int64)
+    repeats = np.asarray(_numpy(rows, "repeats"), dtype=np.int64)[first]
     repeats[multi_ids] = np.bincount(sub_gid, weights=sub["repeats"].to_numpy(np.float64),
                                      minlength=len(first))[multi_ids].astype(np.int64)
-    spread = np.array(_numpy(out, "spread"), dtype=np.float64)
+    spread = np.asarray(_numpy(rows, "spread"), dtype=np.float64)[first]
     spread[multi_ids] = np.nan
     valid = sub[sub["is_valid"]].groupby("_gid")
     stats = pd.DataFrame({
@@ -1043,20 +1066,20 @@ def _merge(rows: pa.Table, op: OpDefinition, texts: _Texts,
     idx = stats.index.to_numpy()
     columns: dict[str, np.ndarray] = {}
     for col in ("tflops", "latency_ms", "bandwidth_gbs"):
-        values = np.array(_numpy(out, col), dtype=np.float64)
+        values = np.asarray(_numpy(rows, col), dtype=np.float64)[first]
         values[idx] = stats[col].to_numpy()
         columns[col] = values
     repeats[idx] = stats["repeats"].to_numpy()
     columns["repeats"] = repeats
     spread[idx] = ((stats["tmax"] - stats["tmin"]) / stats["tflops"]).where(stats["n"] >= 2).to_numpy()
     columns["spread"] = spread
-    is_valid = np.array(_numpy(out, "is_valid"), dtype=bool)
+    is_valid = np.asarray(_numpy(rows, "is_valid"), dtype=bool)[first]
     is_valid[idx] = True
     columns["is_valid"] = is_valid
-    reason = np.array(_numpy(out, "reason"), dtype=np.int32)
+    reason = np.asarray(_numpy(rows, "reason"), dtype=np.int32)[first]
     reason[idx] = 0
     columns["reason"] = reason
-    run = np.array(_numpy(out, "run"), dtype=np.int32)
+    run = np.asarray(_numpy(rows, "run"), dtype=np.int32)[first]
     run[multi_ids] = run_codes
     columns["run"] = run
     for col, values in columns.items():
@@ -1070,6 +1093,10 @@ def _merge(rows: pa.Table, op: OpDefinition, texts: _Texts,
                       for source, code, t, lat in zip(_source_texts(rows, texts, dropped).to_pylist(), lost["reason"],
                                                       lost["tflops"], lost["latency_ms"])]
     return out, superseded, (multi_ids, sources)
+
+
+#: Columns :func:`_merge` computes for every merged row (the rest are the group's first row's).
+_MERGED_COLUMNS = ("tflops", "latency_ms", "bandwidth_gbs", "repeats", "spread", "is_valid", "reason", "run")
 
 
 def _joined_run_ids(run: np.ndarray, gid: np.ndarray, texts: _Texts) -> np.ndarray:
