@@ -215,6 +215,18 @@ def test_odd_csv_lines_read_the_same_all_ways(chunk_bytes: int) -> None:
     _check_all_ways(("\n".join(ODD_CSV_LINES) + "\n").encode(), "csv", chunk_bytes)
 
 
+@pytest.mark.parametrize("parse_bytes", [150, 400, 5000])
+@pytest.mark.parametrize("sample", ["sweep", "odd"])
+def test_csv_blocks_parsed_in_pieces_read_the_same_all_ways(parse_bytes: int, sample: str, monkeypatch: Any) -> None:
+    """A block pyarrow parses a piece at a time (its columns in several chunks, a line
+    across two pieces, a kernel dictionary per piece) reads as the reference does."""
+    from ckpred.data.readers import csv_sweep
+
+    monkeypatch.setattr(csv_sweep, "_PARSE_BLOCK_BYTES", parse_bytes)
+    data = CSV if sample == "sweep" else ("\n".join(ODD_CSV_LINES) + "\n").encode()
+    _check_all_ways(data, "csv", 1 << 20)
+
+
 _GOOD_CSV_LINE = f"{KERNELS[0]},0,16,64,64,0.01,12.5,1"
 
 
