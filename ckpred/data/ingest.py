@@ -844,7 +844,8 @@ def _validate(rows: pa.Table, op: OpDefinition, texts: _Texts) -> pa.Table:
         mark(np.isinf(bw), lambda i: f"infinite value: bandwidth_gbs={bw[i]}")
         mark(bw < 0, lambda i: f"negative value: bandwidth_gbs={bw[i]}")
         if free.any():
-            flops = op_flops(op, rows.select(list(op.problem_names)).to_pandas())
+            # the columns as they are (to_pandas would copy them into one block first)
+            flops = op_flops(op, pd.DataFrame({c: _numpy(rows, c) for c in op.problem_names}, copy=False))
             qt = np.asarray(_numpy(rows, "quantum_tflops"), dtype=np.float64)
             ql = np.asarray(_numpy(rows, "quantum_ms"), dtype=np.float64)
             lo = np.maximum(t - qt, 0.0) * np.maximum(lat - ql, 0.0) * 1e9
