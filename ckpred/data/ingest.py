@@ -896,11 +896,17 @@ def _check_rules(rows: pa.Table, op: OpDefinition, kernels: pd.DataFrame, texts:
     if not valid.any():
         return rows
     idx = np.flatnonzero(valid)
-    codes = _numpy(rows, "kernel")[idx]
+    every = len(idx) == len(valid)  # the usual part: the columns as they are, not copies of them
+
+    def of_valid(values: np.ndarray) -> np.ndarray:
+        return values if every else values[idx]
+
+    codes = of_valid(_numpy(rows, "kernel"))
     # a table that gives each row its arch is judged with each arch's own constants
     per_row_arch = "arch" in rows.column_names and "arch" not in op.problem_names
-    row_arch = rows.column("arch").take(pa.array(idx)).to_numpy(zero_copy_only=False) if per_row_arch else None
-    problem_id = group_ids([*(_numpy(rows, c)[idx] for c in op.problem_names), *([row_arch] if per_row_arch else [])])
+    row_arch = of_valid(_numpy(rows, "arch")) if per_row_arch else None
+    problem_id = group_ids([*(of_valid(_numpy(rows, c)) for c in op.problem_names),
+                            *([row_arch] if per_row_arch else [])])
 
     def judge(at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(may run, rule message) of the valid measurements at positions ``at``."""
