@@ -717,22 +717,31 @@ def test_a_block_tile_that_is_not_whole_warp_tiles_is_invalid_by_the_ops_rule(tm
     assert result.rejects["raw"].str.startswith(bad + ",").all()
 
 
-@given(st.lists(st.tuples(st.integers(-3, 3), st.sampled_from(["a", "b", None]),
+@given(st.lists(st.tuples(st.integers(-3, 3), st.sampled_from(["a", "b", None, float("nan")]),
                           st.one_of(st.integers(-2**63, 2**63 - 1), st.integers(2**63 - 4, 2**63 - 1),
                                     st.integers(-2**63, -2**63 + 3)),
                           st.booleans(), st.just(7)),
-                max_size=40))
-def test_group_ids_number_groups_like_pandas_and_first_rows_find_their_first_row(keys: list[tuple]) -> None:
+                max_size=40),
+       st.lists(st.integers(1, 30), min_size=40, max_size=40))
+def test_group_ids_number_groups_like_pandas_and_first_rows_find_their_first_row(keys: list[tuple],
+                                                                                 runs: list[int]) -> None:
     """The merge key's numbering is pandas' ``ngroup`` (order of first appearance), whatever the
-    columns' types and ranges (small, text, the whole int64 range or a few values at its ends,
-    flags, a constant); ``first_rows`` is each group's first position."""
+    columns' types and ranges (small, text with missing values, the whole int64 range or a few
+    values at its ends, flags, a constant), row by row or by runs of one key (each key repeated
+    ``runs`` times); ``first_rows`` is each group's first position."""
+    from unittest import mock
+
+    import ckpred.data.ingest as ingest
     from ckpred.data.ingest import first_rows, group_ids
 
     names = ["small", "text", "wide", "flag", "constant"]
     frame = pd.DataFrame(keys, columns=names).astype({"small": "int64", "wide": "int64", "flag": bool,
                                                       "constant": "int64"})
-    columns = [frame[c].to_numpy(dtype=object if c == "text" else None) for c in names]
-    gid = group_ids(columns)
-    expected = frame.groupby(names, sort=False, dropna=False).ngroup().to_numpy()
-    assert gid.tolist() == expected.tolist()
-    assert first_rows(gid).tolist() == (np.unique(gid, return_index=True)[1].tolist() if len(gid) else [])
+    for frame in (frame, frame.loc[frame.index.repeat(runs[:len(frame)])].reset_index(drop=True)):
+        columns = [frame[c].to_numpy(dtype=object if c == "text" else None) for c in names]
+        expected = frame.groupby(names, sort=False, dropna=False).ngroup().to_numpy()
+        with mock.patch.object(ingest, "_RUN_MIN_ROWS", 1):  # runs looked for at any length
+            assert group_ids(columns).tolist() == expected.tolist()
+        gid = group_ids(columns)
+        assert gid.tolist() == expected.tolist()
+        assert first_rows(gid).tolist() == (np.unique(gid, return_index=True)[1].tolist() if len(gid) else [])

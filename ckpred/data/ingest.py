@@ -973,12 +973,35 @@ def group_ids(columns: Sequence[Any]) -> np.ndarray:
     """Group number of each row of the key ``columns``, groups numbered by first appearance.
 
     The same numbering as ``DataFrame.groupby(keys, sort=False, dropna=False).ngroup()``.
-    The columns are combined into one integer code (an integer column of a small range by
-    its offset from the minimum, any other by ``pd.factorize``), which is factorized once:
-    no group-by machinery over the whole frame, one hash pass instead of one per column.
+    Rows come in runs of one key (a sweep measures every kernel of a problem in a row): when
+    the runs are few, only each run's first row is numbered (:func:`_combined_group_ids`)
+    and its number repeated over the run; otherwise every row is.
     """
     if not len(columns):
         return np.zeros(0, dtype=np.int64)
+    columns = [np.asarray(c) for c in columns]
+    n = len(columns[0])
+    if n >= _RUN_MIN_ROWS:
+        new_run = np.zeros(n, dtype=bool)
+        new_run[0] = True
+        for values in columns:  # a NaN starts a run of its own: runs only need to hold one key
+            new_run[1:] |= values[1:] != values[:-1]
+        starts = np.flatnonzero(new_run)
+        if len(starts) <= n // 8:
+            numbers = _combined_group_ids([values[starts] for values in columns])
+            return np.repeat(numbers, np.diff(np.append(starts, n)))
+    return _combined_group_ids(columns)
+
+
+#: Rows below which :func:`group_ids` does not look for runs (it would save little).
+_RUN_MIN_ROWS = 4096
+
+
+def _combined_group_ids(columns: Sequence[np.ndarray]) -> np.ndarray:
+    """:func:`group_ids` of every row: the columns are combined into one integer code (an
+    integer column of a small range by its offset from the minimum, any other by
+    ``pd.factorize``), which is factorized once: no group-by machinery over the whole frame,
+    one hash pass instead of one per column."""
     gid = np.zeros(len(columns[0]), dtype=np.int64)
     groups = 1
     for values in columns:
@@ -1038,7 +1061,10 @@ def _merge(rows: pa.Table, op: OpDefinition, texts: _Texts,
     keys = [*op.problem_names, *extra, "kernel"]
     if not rows.num_rows:
         return rows, [], unmerged
-    gid = group_ids([_numpy(rows, c) for c in keys])
+    # the problem first (its rows come in runs), then the (problem, kernel) pairs
+    problem = (group_ids([_numpy(rows, c) for c in keys[:-1]]) if len(keys) > 1
+               else np.zeros(rows.num_rows, dtype=np.int64))
+    gid = _combined_group_ids([problem, _numpy(rows, "kernel")])
     counts = np.bincount(gid)
     multi = counts[gid] > 1
     if not multi.any():
