@@ -317,6 +317,87 @@ def test_a_log_problem_field_beyond_int64_is_a_reject(chunk_bytes: int) -> None:
     assert result.summary.records == 2 * len(KERNELS) + 2
 
 
+def _block_read_is_the_line_read(data: bytes, chunk_bytes: int) -> None:
+    """``stream_log.read_chunks`` of ``data`` gives exactly what ``stream_log.read`` gives: every
+    column (the floats bit for bit), reason, reject and kernel code (resolvers met in the same
+    order give the same codes)."""
+    from ckpred.data.readers import stream_log
+    from ckpred.data.readers.common import KernelResolver, ReadContext, RowBuffer
+
+    path = WORK / "direct.log"
+    path.write_bytes(data)
+
+    def context() -> ReadContext:
+        return ReadContext(OP, KernelResolver(OP, dtype="fp8", layout="rcr"), "fp8", "rcr", "gfx950", path.name)
+
+    ref_ctx, ctx = context(), context()
+    reference = stream_log.read(path, ref_ctx)
+    reads = list(stream_log.read_chunks(path, ctx, chunk_bytes))
+    rows = RowBuffer.merged([r.rows for r in reads]) if reads else stream_log.new_buffer(ctx)
+    want = reference.rows
+    for column in ("line", "kernel"):
+        assert np.asarray(getattr(rows, column), dtype=np.int64).tolist() == \
+            np.asarray(getattr(want, column), dtype=np.int64).tolist(), column
+    for got, expected in zip(rows.problem, want.problem):
+        assert np.asarray(got, dtype=np.int64).tolist() == np.asarray(expected, dtype=np.int64).tolist()
+    for column in ("latency", "tflops", "bandwidth"):
+        assert np.asarray(getattr(rows, column), dtype=np.float64).view(np.int64).tolist() == \
+            np.asarray(getattr(want, column), dtype=np.float64).view(np.int64).tolist(), column
+    assert rows.reasons == want.reasons
+    assert [r for read in reads for r in read.rejects] == reference.rejects
+    assert ctx.resolver.canonical_names == ref_ctx.resolver.canonical_names
+
+
+#: Perf values at the edges of a double: 17 significant digits, subnormal, the largest, beyond
+#: it, negative zero, integers, exponents.
+_PERF_VALUES = ["0.1", "0.30000000000000004", "24.43478743058634", "5e-324", "2.2250738585072014e-308",
+                "1.7976931348623157e308", "1e400", "-0.0", "0", "7", "-3", "1E2", "123456789012345678901234567890",
+                "0.000001", "9007199254740993"]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 900, 1 << 20])
+@pytest.mark.parametrize("piece_bytes", [1, 2000, 1 << 20])
+def test_log_perf_values_read_bit_for_bit(chunk_bytes: int, piece_bytes: int, monkeypatch: Any) -> None:
+    """Perf values read out of the packed perf structs, pieces of 1 to hundreds of rows (the
+    packed array's header of 1 or 3 bytes): the same doubles as the per-line reader's."""
+    from ckpred.data.readers import stream_log
+
+    monkeypatch.setattr(stream_log, "_PIECE_BYTES", piece_bytes)
+    lines = ["Shape 0: M=16 N=64 K=64 dtype=fp8 layout=rcr"]
+    for i in range(300):
+        value = _PERF_VALUES[i % len(_PERF_VALUES)]
+        other = _PERF_VALUES[(i * 7 + 3) % len(_PERF_VALUES)]
+        lines.append(_log_line(KERNELS[i % len(KERNELS)], 16, tflops=value).replace('"latency(ms)": 0.01',
+                                                                                  f'"latency(ms)": {other}'))
+    _block_read_is_the_line_read(("\n".join(lines) + "\n").encode(), chunk_bytes)
+
+
+@pytest.mark.parametrize("k", [0, 1, 15, 16, 65535, 65536])
+def test_perf_columns_of_packed_structs_are_the_structs_floats(k: int, monkeypatch: Any) -> None:
+    """``_perf_columns`` around each size of the packed array's header (1, 3, 5 bytes), and its
+    Python-level way for structs packed otherwise (a layout that does not fit): the floats of
+    the structs, in order."""
+    from ckpred.data.readers import stream_log
+
+    decoder = stream_log._decoder(OP.problem_names)
+    values = np.random.default_rng(k).standard_normal((k, 3)) * 1e3
+    text = "\n".join(f'{{"name": "{KERNELS[0]}", "problem": {{"m": 16}}, "perf_result": {{"latency(ms)": {a!r}, '
+                     f'"tflops(TFlops)": {b!r}, "bandwidth(GB/s)": {c!r}}}}}' for a, b, c in values.tolist()).encode()
+    perfs = [r.perf_result for r in decoder.row.decode_lines(text)] if k else []
+    assert len(perfs) == k
+    out = np.full((3, k), np.nan)
+    with monkeypatch.context() as patch:  # read out of the packed bytes, not by the Python-level way
+        patch.setattr(stream_log, "chain", None)
+        stream_log._perf_columns(out, perfs, decoder)
+    assert out.T.tolist() == values.tolist()
+    monkeypatch.setattr(decoder, "perf_dtype", np.dtype({"names": ["latency", "tflops", "bandwidth"],
+                                                         "formats": [">f8"] * 3, "offsets": [0, 8, 16],
+                                                         "itemsize": decoder.perf_dtype.itemsize + 1}))
+    out = np.full((3, k), np.nan)
+    stream_log._perf_columns(out, perfs, decoder)
+    assert out.T.tolist() == values.tolist()
+
+
 @SETTINGS
 @given(st.binary(max_size=400), st.data())
 def test_block_scan_finds_every_newline_and_odd_byte(block: bytes, data: st.DataObject) -> None:

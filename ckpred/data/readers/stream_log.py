@@ -207,14 +207,9 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
             lineno += lines
 
 
-def _decoder(problem_names: tuple[str, ...]) -> tuple[Any, Any]:
-    """msgspec decoders of log rows into structs of only the fields the table needs: (rows,
-    their ``problem`` kept as its raw JSON text; problem objects, one per line).
-
-    Consecutive rows of a sweep carry the same problem object, byte for byte, and it holds
-    many keys the table does not read: a row keeps its problem's text, and each distinct run
-    of them is decoded once (:func:`_decode`).
-    """
+def _decoder(problem_names: tuple[str, ...]) -> _Decoders:
+    """msgspec decoders of log rows into structs of only the fields the table needs (see
+    :class:`_Decoders`)."""
     import msgspec
 
     problem = msgspec.defstruct("Problem", [(n, int) for n in problem_names], gc=False)
@@ -222,7 +217,36 @@ def _decoder(problem_names: tuple[str, ...]) -> tuple[Any, Any]:
                                       ("tflops", float, msgspec.field(name="tflops(TFlops)")),
                                       ("bandwidth", float, msgspec.field(name="bandwidth(GB/s)"))], gc=False)
     row = msgspec.defstruct("Row", [("name", str), ("problem", msgspec.Raw), ("perf_result", perf)], gc=False)
-    return msgspec.json.Decoder(row), msgspec.json.Decoder(problem)
+    return _Decoders(msgspec.json.Decoder(row), msgspec.json.Decoder(problem), perf)
+
+
+class _Decoders:
+    """The decoders of :func:`_decode`: ``row`` (a row's ``problem`` kept as its raw JSON text),
+    ``problem`` (problem objects, one per line), and the packing of perf structs into numbers.
+
+    Consecutive rows of a sweep carry the same problem object, byte for byte, and it holds
+    many keys the table does not read: a row keeps its problem's text, and each distinct run
+    of them is decoded once.
+
+    A piece's perf structs are written by msgspec's MessagePack encoder, which writes every
+    float as its 8 bytes (``0xcb`` and the big-endian double) and a struct as a map of its
+    fields in order, so every struct takes the same bytes at the same offsets: numpy reads the
+    three columns out of the packed bytes (``perf_dtype``, found by packing a struct of known
+    values), instead of a Python-level pass over each row's floats.
+    """
+
+    def __init__(self, row: Any, problem: Any, perf: type) -> None:
+        import struct
+
+        import msgspec
+
+        self.row, self.problem = row, problem
+        self.perf_encoder = msgspec.msgpack.Encoder()
+        values = (1.25, 2.5, 3.75)  # distinct, exact: each found once in the packed struct
+        packed = self.perf_encoder.encode(perf(*values))
+        offsets = [packed.index(b"\xcb" + struct.pack(">d", v)) + 1 for v in values]
+        self.perf_dtype = np.dtype({"names": ["latency", "tflops", "bandwidth"], "formats": [">f8"] * 3,
+                                    "offsets": offsets, "itemsize": len(packed)})
 
 
 #: Longest line the vectorised path decodes (a longer one is read by the per-line reader,
@@ -270,7 +294,7 @@ def _scan(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (np.concatenate(ends) if ends else none), (np.concatenate(odd) if odd else none)
 
 
-def _read_block(block: memoryview, first_line: int, reader: _LineReader, decoder: Any, code_of: dict[str, int],
+def _read_block(block: memoryview, first_line: int, reader: _LineReader, decoder: _Decoders, code_of: dict[str, int],
                 ctx: ReadContext) -> tuple[FileRead, int]:
     """Rows and rejects of the whole lines in ``block``, the first being line ``first_line``;
     and the number of those lines. ``code_of``: the kernel codes of the names met so far in
@@ -336,7 +360,7 @@ _UNSEEN = -2
 
 
 def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: np.ndarray, run_last: np.ndarray,
-            decoder: Any, n_fields: int, n: int, code_of: dict[str, int],
+            decoder: _Decoders, n_fields: int, n: int, code_of: dict[str, int],
             ctx: ReadContext) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Kernel codes, problem values (``n_fields x n``) and perf values (``3 x n``: latency,
     TFLOPS, bandwidth) of the ``n`` lines of the runs of consecutive lines ``run_first[i]`` to
@@ -351,7 +375,7 @@ def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: n
     import msgspec
     from msgspec.structs import astuple
 
-    row_decoder, problem_decoder = decoder
+    row_decoder, problem_decoder = decoder.row, decoder.problem
     kernel = np.empty(n, dtype=np.int64)
     problems = np.empty((n_fields, n), dtype=np.int64)
     perf = np.empty((3, n), dtype=np.float64)
@@ -377,8 +401,7 @@ def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: n
                 values = np.fromiter(chain.from_iterable(map(astuple, distinct)), dtype=np.int64,
                                      count=len(run) * n_fields).reshape(len(run), n_fields)
                 problems[:, done:done + k] = np.repeat(values, np.diff(np.r_[run, k]), axis=0).T
-                perf[:, done:done + k] = np.fromiter(chain.from_iterable(map(astuple, map(get_perf, piece))),
-                                                     dtype=np.float64, count=3 * k).reshape(k, 3).T
+                _perf_columns(perf[:, done:done + k], list(map(get_perf, piece)), decoder)
                 codes = kernel[done:done + k]
                 codes[:] = np.fromiter(map(code_get, map(get_name, piece), unseen), dtype=np.int64, count=k)
                 if codes.min() == _UNSEEN:
@@ -393,6 +416,21 @@ def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: n
     except (msgspec.DecodeError, msgspec.ValidationError, OverflowError):  # overflow: an integer beyond int64
         return None
     return (kernel, problems, perf) if done == n else None
+
+
+def _perf_columns(out: np.ndarray, perfs: list[Any], decoder: _Decoders) -> None:
+    """Latency, TFLOPS and bandwidth (the rows of ``out``, ``3 x k``) of the ``k`` perf structs
+    ``perfs``, read out of their MessagePack bytes (see :class:`_Decoders`)."""
+    from msgspec.structs import astuple
+
+    k = len(perfs)
+    packed = decoder.perf_encoder.encode(perfs)
+    head = len(packed) - k * decoder.perf_dtype.itemsize  # the array's header: 1, 3 or 5 bytes
+    if head == (1 if k < 16 else 3 if k < 1 << 16 else 5):
+        records = np.frombuffer(packed, dtype=decoder.perf_dtype, count=k, offset=head)
+        out[0], out[1], out[2] = records["latency"], records["tflops"], records["bandwidth"]
+    else:  # never seen: a struct packed otherwise than the one of known values
+        out[:] = np.fromiter(chain.from_iterable(map(astuple, perfs)), dtype=np.float64, count=3 * k).reshape(k, 3).T
 
 
 def _vector_rows(kernel: np.ndarray, problems: np.ndarray, perf: np.ndarray, linenos: np.ndarray,
