@@ -398,6 +398,91 @@ def test_perf_columns_of_packed_structs_are_the_structs_floats(k: int, monkeypat
     assert out.T.tolist() == values.tolist()
 
 
+def _sweep_log(kernels: list[str]) -> bytes:
+    """A sweep whose kernel order changes between shapes: the same order again, a kernel
+    missing, the order reversed, new kernels between old ones, a rejected name and an escaped
+    one in the middle, one kernel over and over, and the first order once more."""
+    shapes = [kernels[:12], kernels[:12], kernels[:3] + kernels[4:12], kernels[11::-1],
+              [k for pair in zip(kernels[:6], kernels[12:18]) for k in pair],
+              kernels[:5] + ["gemm_universal_fp8_rcr_not_a_kernel", kernels[5].replace("gemm", "\\u0067emm", 1)]
+              + kernels[6:12], [kernels[7]] * 40, kernels[:18]]
+    lines = []
+    for number, names in enumerate(shapes):
+        lines.append(f"Shape {number}: M={16 + number} N=64 K=64 dtype=fp8 layout=rcr")
+        lines += [_log_line(kernel, 16 + number, tflops=10.0 + i) for i, kernel in enumerate(names)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 2000, 1 << 20])
+@pytest.mark.parametrize("piece_bytes", [1, 700, 3000, 1 << 20])
+@pytest.mark.parametrize("stretches", [1, 8])
+def test_log_kernel_names_in_changing_orders_read_the_same(chunk_bytes: int, piece_bytes: int, stretches: int,
+                                                           monkeypatch: Any) -> None:
+    """Kernel codes of pieces compared with stretches of the names' first-met order, the order
+    changing between shapes (see ``_sweep_log``): exactly what the per-line reader gives."""
+    from ckpred.data.readers import stream_log
+
+    monkeypatch.setattr(stream_log, "_PIECE_BYTES", piece_bytes)
+    monkeypatch.setattr(stream_log, "_STRETCHES", stretches)
+    _block_read_is_the_line_read(_sweep_log(fg.kernel_names(18)), chunk_bytes)
+
+
+class _CountingResolver:
+    """Codes in the order names are first resolved; a name starting with ``bad`` is rejected."""
+
+    def __init__(self) -> None:
+        self.codes: dict[str, int | str] = {}
+        self.resolved: list[str] = []
+
+    def resolve_all(self, names: list[str]) -> list[int | str]:
+        for name in names:
+            if name not in self.codes:
+                self.resolved.append(name)
+                self.codes[name] = "rejected" if name.startswith("bad") else len(self.codes)
+        return [self.codes[name] for name in names]
+
+
+@SETTINGS
+@given(st.lists(st.lists(st.sampled_from(["a", "b", "c", "d", "e", "bad1", "bad2"]), min_size=1, max_size=40),
+                max_size=12), st.integers(1, 10))
+def test_kernel_codes_of_pieces_are_those_of_the_names(pieces: list[list[str]], stretches: int) -> None:
+    """``_KernelCodes.fill`` over pieces of names (repeats, new names, rejected names, in any
+    order): the code of each name, new names resolved in the order first met."""
+    from ckpred.data.readers import stream_log
+
+    saved, stream_log._STRETCHES = stream_log._STRETCHES, stretches
+    try:
+        codes, resolver, reference = stream_log._KernelCodes(), _CountingResolver(), _CountingResolver()
+        for piece in pieces:
+            out = np.full(len(piece), -99, dtype=np.int64)
+            codes.fill(out, [str(name) for name in piece], resolver)  # new str objects: compared by value
+            want = [code if type(code) is int else -1 for code in reference.resolve_all(piece)]
+            assert out.tolist() == want
+        assert resolver.resolved == reference.resolved
+    finally:
+        stream_log._STRETCHES = saved
+
+
+def test_kernel_codes_of_a_repeated_order_come_from_its_stretches(monkeypatch: Any) -> None:
+    """Pieces that repeat the first-met order (across its end too) are not looked up by name."""
+    from ckpred.data.readers import stream_log
+
+    names = [f"k{i}" for i in range(50)]
+    codes, resolver = stream_log._KernelCodes(), _CountingResolver()
+    out = np.empty(50, dtype=np.int64)
+    codes.fill(out, names, resolver)
+    looked_up: list[int] = []
+    monkeypatch.setattr(codes, "_look_up", lambda out, names, resolver: looked_up.append(len(names)))
+    for start in (0, 10, 45, 49):
+        piece = (names * 3)[start:start + 70]
+        out = np.full(70, -99, dtype=np.int64)
+        codes.fill(out, piece, resolver)
+        assert out.tolist() == [int(name[1:]) for name in piece]
+    assert looked_up == []
+    codes.fill(np.empty(3, dtype=np.int64), ["k1", "k3", "k4"], resolver)  # a kernel missing: looked up
+    assert looked_up == [3]
+
+
 @SETTINGS
 @given(st.binary(max_size=400), st.data())
 def test_block_scan_finds_every_newline_and_odd_byte(block: bytes, data: st.DataObject) -> None:

@@ -198,11 +198,11 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
     """
     reader = _LineReader(ctx)
     decoder = _decoder(ctx.op.problem_names)
-    code_of: dict[str, int] = {}
+    codes = _KernelCodes()
     lineno = 1
     with open(path, "rb") as fh:
         for buffer, start, end in line_spans(fh, chunk_bytes):
-            read, lines = _read_block(memoryview(buffer)[start:end], lineno, reader, decoder, code_of, ctx)
+            read, lines = _read_block(memoryview(buffer)[start:end], lineno, reader, decoder, codes, ctx)
             yield read
             lineno += lines
 
@@ -294,11 +294,11 @@ def _scan(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (np.concatenate(ends) if ends else none), (np.concatenate(odd) if odd else none)
 
 
-def _read_block(block: memoryview, first_line: int, reader: _LineReader, decoder: _Decoders, code_of: dict[str, int],
+def _read_block(block: memoryview, first_line: int, reader: _LineReader, decoder: _Decoders, codes: _KernelCodes,
                 ctx: ReadContext) -> tuple[FileRead, int]:
     """Rows and rejects of the whole lines in ``block``, the first being line ``first_line``;
-    and the number of those lines. ``code_of``: the kernel codes of the names met so far in
-    the file (see :func:`_decode`)."""
+    and the number of those lines. ``codes``: the kernel codes of the names met so far in the
+    file."""
     end = len(block)
     arr = np.frombuffer(block, dtype=np.uint8)
     ends, odd = _scan(arr)
@@ -336,7 +336,7 @@ def _read_block(block: memoryview, first_line: int, reader: _LineReader, decoder
     run_first = fast_idx[np.r_[0, breaks + 1]]
     run_last = fast_idx[np.r_[breaks, len(fast_idx) - 1]]
     decoded = _decode(block, starts, ends, run_first, run_last, decoder, len(ctx.op.problem_names),
-                      len(fast_idx), code_of, ctx)
+                      len(fast_idx), codes, ctx)
     if decoded is None:  # the block is read line by line
         reader.header = start_header
         rows, rejects = new_buffer(ctx), []
@@ -355,22 +355,82 @@ def _read_block(block: memoryview, first_line: int, reader: _LineReader, decoder
 #: Bytes of lines per decoder call: a piece's structs become numpy columns and are freed
 #: while they are still in the CPU cache (decoding a whole block first is slower).
 _PIECE_BYTES = 1 << 20
-#: Kernel code of a name not yet looked up in :func:`_decode`.
+#: Kernel code of a name not yet looked up in :class:`_KernelCodes`.
 _UNSEEN = -2
+#: Most stretches of the names' first-met order a piece's names are compared with (see
+#: :class:`_KernelCodes`); the rest of the piece is looked up name by name.
+_STRETCHES = 8
+
+
+class _KernelCodes:
+    """The kernel codes of the names met so far in one file (``-1``: a rejected name, left to
+    the per-line reader), and the order the names were first met in.
+
+    A sweep prints the same kernels in the same order for every shape, so a piece's names are
+    mostly a stretch of that order (or two, across a shape's end): one list comparison of the
+    names with the stretch (a byte comparison per name) gives their codes, instead of a dict
+    lookup per row (which hashes each freshly decoded name). A piece that stops matching (a
+    kernel missing from a shape, another order, a name not met before), or whose stretches are
+    short (a few kernels per shape), is looked up name by name from there. The codes are those
+    of the names, whichever way they are found.
+    """
+
+    def __init__(self) -> None:
+        self.code_of: dict[str, int] = {}
+        #: The names in the order first met, the index of each, and their codes (the first
+        #: ``len(order)`` of a buffer that grows by doubling).
+        self.order: list[str] = []
+        self.position: dict[str, int] = {}
+        self.codes = np.empty(1024, dtype=np.int64)
+
+    def fill(self, out: np.ndarray, names: list[str], resolver: Any) -> None:
+        """The codes of ``names`` into ``out``; new names are resolved by ``resolver`` (a
+        :class:`~ckpred.data.readers.common.KernelResolver`) in the order they first appear, so
+        the codes are those one pass over the names would give."""
+        k, order, position = len(names), self.order, self.position
+        done = 0
+        for _ in range(_STRETCHES):
+            at = position.get(names[done]) if done < k else None
+            if at is None:
+                break
+            m = min(k - done, len(order) - at)
+            if (names if m == k else names[done:done + m]) != order[at:at + m]:
+                break
+            out[done:done + m] = self.codes[at:at + m]
+            done += m
+        if done < k:
+            self._look_up(out[done:], names[done:] if done else names, resolver)
+
+    def _look_up(self, out: np.ndarray, names: list[str], resolver: Any) -> None:
+        out[:] = np.fromiter(map(self.code_of.get, names, repeat(_UNSEEN)), dtype=np.int64, count=len(names))
+        if out.min() != _UNSEEN:
+            return
+        new = np.flatnonzero(out == _UNSEEN)
+        unseen = [names[i] for i in new.tolist()]
+        fresh = list(dict.fromkeys(unseen))
+        start = len(self.order)
+        if start + len(fresh) > len(self.codes):
+            self.codes = np.resize(self.codes, 2 * (start + len(fresh)))
+        for i, (name, code) in enumerate(zip(fresh, resolver.resolve_all(fresh)), start):
+            code = code if type(code) is int else -1
+            self.code_of[name] = code
+            self.position[name] = i
+            self.codes[i] = code
+        self.order.extend(fresh)
+        out[new] = [self.code_of[name] for name in unseen]
 
 
 def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: np.ndarray, run_last: np.ndarray,
-            decoder: _Decoders, n_fields: int, n: int, code_of: dict[str, int],
+            decoder: _Decoders, n_fields: int, n: int, codes: _KernelCodes,
             ctx: ReadContext) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Kernel codes, problem values (``n_fields x n``) and perf values (``3 x n``: latency,
     TFLOPS, bandwidth) of the ``n`` lines of the runs of consecutive lines ``run_first[i]`` to
     ``run_last[i]``; ``None`` when the decoder refuses a line (or a piece decodes into another
     number of rows than it has lines).
 
-    ``code_of`` maps each kernel name met so far in the file to its code (``-1``: a rejected
-    name, left to the per-line reader); a piece's new names are resolved as they come, in the
-    order they first appear, so the codes are those one pass over the names would give. Each
-    column is one contiguous row of its array: the row buffer takes it without a copy.
+    ``codes``: the kernel codes of the names met so far in the file (a piece's new names are
+    resolved as they come, see :class:`_KernelCodes`). Each column is one contiguous row of its
+    array: the row buffer takes it without a copy.
     """
     import msgspec
     from msgspec.structs import astuple
@@ -380,8 +440,6 @@ def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: n
     problems = np.empty((n_fields, n), dtype=np.int64)
     perf = np.empty((3, n), dtype=np.float64)
     get_name, get_problem, get_perf = attrgetter("name"), attrgetter("problem"), attrgetter("perf_result")
-    code_get = code_of.get
-    unseen = repeat(_UNSEEN)
     done = 0
     try:
         for first, last in zip(run_first.tolist(), run_last.tolist()):
@@ -402,15 +460,7 @@ def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: n
                                      count=len(run) * n_fields).reshape(len(run), n_fields)
                 problems[:, done:done + k] = np.repeat(values, np.diff(np.r_[run, k]), axis=0).T
                 _perf_columns(perf[:, done:done + k], list(map(get_perf, piece)), decoder)
-                codes = kernel[done:done + k]
-                codes[:] = np.fromiter(map(code_get, map(get_name, piece), unseen), dtype=np.int64, count=k)
-                if codes.min() == _UNSEEN:
-                    new = np.flatnonzero(codes == _UNSEEN)
-                    names = [piece[i].name for i in new.tolist()]
-                    fresh = list(dict.fromkeys(names))
-                    for name, code in zip(fresh, ctx.resolver.resolve_all(fresh)):
-                        code_of[name] = code if type(code) is int else -1
-                    codes[new] = [code_of[name] for name in names]
+                codes.fill(kernel[done:done + k], list(map(get_name, piece)), ctx.resolver)
                 done += k
                 first = stop + 1
     except (msgspec.DecodeError, msgspec.ValidationError, OverflowError):  # overflow: an integer beyond int64
