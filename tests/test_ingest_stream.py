@@ -484,6 +484,56 @@ def test_kernel_codes_of_a_repeated_order_come_from_its_stretches(monkeypatch: A
 
 
 @SETTINGS
+@given(st.lists(st.sampled_from([b'{"m": 1}', b'{"m":1}', b'{"m": 2}', b'{"m": 1, "n": 2}']), max_size=300),
+       st.integers(2, 80))
+def test_problem_text_changes_are_every_change(texts: list[bytes], pairwise: int) -> None:
+    """``_changes`` (a list comparison per stretch, halving the stretches that hold a change)
+    against the pair-by-pair definition, on raw texts of any runs."""
+    import msgspec
+
+    from ckpred.data.readers import stream_log
+
+    raws = [msgspec.Raw(bytes(text)) for text in texts]  # equal texts are distinct objects
+    saved, stream_log._PAIRWISE = stream_log._PAIRWISE, pairwise
+    try:
+        out = [0]
+        stream_log._changes(raws, 0, len(raws), out)
+    finally:
+        stream_log._PAIRWISE = saved
+    assert out == [0] + [i for i in range(1, len(texts)) if texts[i] != texts[i - 1]]
+
+
+def _problem_runs_log() -> bytes:
+    """Rows whose problem texts change inside a shape and inside a piece: the same problem in
+    another key order, with other spaces, with a key more, a value changed for one row, runs of
+    one row, and long runs."""
+    problems = ['{"split_k": 1, "m": 16, "n": 64, "k": 64}', '{"m": 16, "n": 64, "k": 64, "split_k": 1}',
+                '{"split_k":1,"m":16,"n":64,"k":64}', '{"split_k": 1, "m": 16, "n": 64, "k": 64, "x": [1, {"m": 3}]}',
+                '{"split_k": 1, "m": 16, "n": 64, "k": 65}', '{"split_k": 2, "m": 16, "n": 64, "k": 64}']
+    lines = ["Shape 0: M=16 N=64 K=64 dtype=fp8 layout=rcr"]
+    pattern = [0] * 70 + [1, 2, 0, 3, 3, 4, 0] + [5] * 3 + [1] * 90 + [2, 1, 2, 1] + [0] * 40
+    for i, which in enumerate(pattern):
+        perf = f'{{"latency(ms)": 0.01, "tflops(TFlops)": {10 + i % 7}.5, "bandwidth(GB/s)": 5.0}}'
+        lines.append(f'{{"name": "{KERNELS[i % len(KERNELS)]}", "problem": {problems[which]}, "perf_result": {perf}}}')
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 3000, 1 << 20])
+@pytest.mark.parametrize("piece_bytes", [1, 1000, 9000, 1 << 20])
+@pytest.mark.parametrize("pairwise", [2, 64])
+def test_log_problem_runs_broken_anywhere_read_the_same(chunk_bytes: int, piece_bytes: int, pairwise: int,
+                                                        monkeypatch: Any) -> None:
+    """Each run of identical problem texts decoded once, runs broken mid-piece by texts that
+    differ in key order, spaces, a key or a value: exactly what the per-line reader gives
+    (rows of another k or split_k keep their shape-mismatch reason)."""
+    from ckpred.data.readers import stream_log
+
+    monkeypatch.setattr(stream_log, "_PIECE_BYTES", piece_bytes)
+    monkeypatch.setattr(stream_log, "_PAIRWISE", pairwise)
+    _block_read_is_the_line_read(_problem_runs_log(), chunk_bytes)
+
+
+@SETTINGS
 @given(st.binary(max_size=400), st.data())
 def test_block_scan_finds_every_newline_and_odd_byte(block: bytes, data: st.DataObject) -> None:
     """``_scan`` (passes of ``_SCAN_BYTES`` for the bytes that are not printable ASCII) against

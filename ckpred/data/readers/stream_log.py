@@ -29,8 +29,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from itertools import chain, repeat
-from operator import attrgetter, eq
+from itertools import chain, compress, repeat
+from operator import attrgetter, ne
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -451,14 +451,18 @@ def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: n
                     return None
                 # each run of rows with the same problem text: its problem decoded once
                 texts = list(map(get_problem, piece))
-                same = np.fromiter(map(eq, texts[1:], texts[:-1]), dtype=bool, count=k - 1)
-                run = np.flatnonzero(np.r_[True, ~same])
-                distinct = problem_decoder.decode_lines(b"\n".join([texts[i] for i in run.tolist()]))
+                run = [0]
+                _changes(texts, 0, k, run)
+                distinct = problem_decoder.decode_lines(b"\n".join([texts[i] for i in run]))
                 if len(distinct) != len(run):  # a problem text that is not one JSON object
                     return None
                 values = np.fromiter(chain.from_iterable(map(astuple, distinct)), dtype=np.int64,
                                      count=len(run) * n_fields).reshape(len(run), n_fields)
-                problems[:, done:done + k] = np.repeat(values, np.diff(np.r_[run, k]), axis=0).T
+                if len(run) == 1:
+                    problems[:, done:done + k] = values.T
+                else:
+                    run.append(k)
+                    problems[:, done:done + k] = np.repeat(values, np.diff(run), axis=0).T
                 _perf_columns(perf[:, done:done + k], list(map(get_perf, piece)), decoder)
                 codes.fill(kernel[done:done + k], list(map(get_name, piece)), ctx.resolver)
                 done += k
@@ -466,6 +470,27 @@ def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: n
     except (msgspec.DecodeError, msgspec.ValidationError, OverflowError):  # overflow: an integer beyond int64
         return None
     return (kernel, problems, perf) if done == n else None
+
+
+#: Longest stretch of problem texts :func:`_changes` compares pair by pair.
+_PAIRWISE = 64
+
+
+def _changes(texts: list[Any], lo: int, hi: int, out: list[int]) -> None:
+    """Append to ``out`` each ``i`` (``lo < i < hi``, in order) where ``texts[i] != texts[i - 1]``.
+
+    A sweep's rows carry the same problem text for a whole shape, so a piece holds a few long
+    runs: one list comparison (a loop in C) tells a stretch without a change, and only a stretch
+    with one is halved; a short one is compared pair by pair.
+    """
+    if texts[lo:hi - 1] == texts[lo + 1:hi]:
+        return
+    if hi - lo <= _PAIRWISE:
+        out.extend(compress(range(lo + 1, hi), map(ne, texts[lo + 1:hi], texts[lo:hi - 1])))
+        return
+    mid = (lo + hi) // 2
+    _changes(texts, lo, mid + 1, out)
+    _changes(texts, mid, hi, out)
 
 
 def _perf_columns(out: np.ndarray, perfs: list[Any], decoder: _Decoders) -> None:
