@@ -483,16 +483,22 @@ def test_kernel_codes_of_a_repeated_order_come_from_its_stretches(monkeypatch: A
     assert looked_up == [3]
 
 
+_PROBLEM_TEXTS = st.sampled_from([b'{"m": 1}', b'{"m":1}', b'{"m": 2}', b'{"m": 1, "n": 2}'])
+
+
 @SETTINGS
-@given(st.lists(st.sampled_from([b'{"m": 1}', b'{"m":1}', b'{"m": 2}', b'{"m": 1, "n": 2}']), max_size=300),
-       st.integers(2, 80))
-def test_problem_text_changes_are_every_change(texts: list[bytes], pairwise: int) -> None:
-    """``_changes`` (a list comparison per stretch, halving the stretches that hold a change)
-    against the pair-by-pair definition, on raw texts of any runs."""
+@given(st.lists(st.tuples(_PROBLEM_TEXTS, st.integers(1, 150)), max_size=12), st.lists(_PROBLEM_TEXTS, max_size=300),
+       st.booleans(), st.integers(2, 80))
+def test_problem_text_changes_are_every_change(runs: list[tuple[bytes, int]], loose: list[bytes], in_runs: bool,
+                                               pairwise: int) -> None:
+    """``_changes`` (runs found by counts and binary searches, stretches of short runs pair by
+    pair) against the pair-by-pair definition, on raw texts in long runs (a run coming back
+    after another, runs of one) or in any order."""
     import msgspec
 
     from ckpred.data.readers import stream_log
 
+    texts = [text for text, length in runs for _ in range(length)] if in_runs else loose
     raws = [msgspec.Raw(bytes(text)) for text in texts]  # equal texts are distinct objects
     saved, stream_log._PAIRWISE = stream_log._PAIRWISE, pairwise
     try:
@@ -501,6 +507,25 @@ def test_problem_text_changes_are_every_change(texts: list[bytes], pairwise: int
     finally:
         stream_log._PAIRWISE = saved
     assert out == [0] + [i for i in range(1, len(texts)) if texts[i] != texts[i - 1]]
+
+
+@pytest.mark.parametrize("pairwise", [2, 5, 64])
+def test_problem_text_changes_around_every_position(pairwise: int, monkeypatch: Any) -> None:
+    """``_changes`` on one text with a short run of another anywhere in it (inside, at an end,
+    at each halving point), and on two long runs meeting anywhere: every change, no other."""
+    import msgspec
+
+    from ckpred.data.readers import stream_log
+
+    monkeypatch.setattr(stream_log, "_PAIRWISE", pairwise)
+    cases = [["a"] * start + ["b"] * length + ["a"] * (n - start - length)
+             for n in (3, 66, 131) for length in (1, 2, 3) for start in range(n - length + 1)]
+    cases += [["a"] * cut + ["b"] * (n - cut) for n in (70, 131) for cut in range(1, n)]
+    for texts in cases:
+        raws = [msgspec.Raw(text.encode()) for text in texts]
+        out = [0]
+        stream_log._changes(raws, 0, len(raws), out)
+        assert out == [0] + [i for i in range(1, len(texts)) if texts[i] != texts[i - 1]], texts
 
 
 def _problem_runs_log() -> bytes:

@@ -481,7 +481,8 @@ def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: n
     return (kernel, problems, perf) if done == n else None
 
 
-#: Longest stretch of problem texts :func:`_changes` compares pair by pair.
+#: Shortest stretch of problem texts :func:`_changes` searches for its changes as long runs;
+#: a shorter one (or one of short runs) is compared pair by pair.
 _PAIRWISE = 64
 
 
@@ -489,17 +490,38 @@ def _changes(texts: list[Any], lo: int, hi: int, out: list[int]) -> None:
     """Append to ``out`` each ``i`` (``lo < i < hi``, in order) where ``texts[i] != texts[i - 1]``.
 
     A sweep's rows carry the same problem text for a whole shape, so a piece holds a few long
-    runs: one list comparison (a loop in C) tells a stretch without a change, and only a stretch
-    with one is halved; a short one is compared pair by pair.
+    runs. Each is found by loops in C instead of a comparison call per row: a stretch whose
+    last text is its first is counted whole (``list.count``: all the same, or halved when it
+    holds another run inside); otherwise a binary search finds where the first text stops, and
+    a count of the stretch before it proves it one run. A stretch of short runs (a binary
+    search that ends early, a count of less than three quarters) is compared pair by pair, so
+    a file of changing problems costs no more than the pairwise comparison.
     """
-    if texts[lo:hi - 1] == texts[lo + 1:hi]:
-        return
-    if hi - lo <= _PAIRWISE:
+    while hi - lo > _PAIRWISE:
+        first = texts[lo]
+        if texts[hi - 1] == first:
+            same = (texts if lo == 0 and hi == len(texts) else texts[lo:hi]).count(first)
+            if same == hi - lo:
+                return
+            if 4 * same < 3 * (hi - lo):
+                break
+            mid = (lo + hi) // 2
+            _changes(texts, lo, mid + 1, out)
+            lo = mid
+            continue
+        a, b = lo, hi - 1  # texts[a] is the first text, texts[b] is not
+        while b - a > 1:
+            mid = (a + b) // 2
+            if texts[mid] == first:
+                a = mid
+            else:
+                b = mid
+        if b - lo < _PAIRWISE or texts[lo:b].count(first) != b - lo:
+            break
+        out.append(b)
+        lo = b
+    if hi - lo > 1:
         out.extend(compress(range(lo + 1, hi), map(ne, texts[lo + 1:hi], texts[lo:hi - 1])))
-        return
-    mid = (lo + hi) // 2
-    _changes(texts, lo, mid + 1, out)
-    _changes(texts, mid, hi, out)
 
 
 def _perf_columns(out: np.ndarray, perfs: list[Any], decoder: _Decoders) -> None:
