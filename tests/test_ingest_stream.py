@@ -348,6 +348,28 @@ def _block_read_is_the_line_read(data: bytes, chunk_bytes: int) -> None:
     assert ctx.resolver.canonical_names == ref_ctx.resolver.canonical_names
 
 
+def _del_lines() -> list[str]:
+    """Rows with DEL (a plain byte to the block scan) in each place a row can hold it."""
+    good = _log_line(KERNELS[0], 16)
+    return ["Shape 0: M=16 N=64 K=64 dtype=fp8 layout=rcr", *_run(),
+            _log_line(KERNELS[1], 16, extra=', "dtype_a": "fp8\x7f"'),  # in a string the table does not read
+            _log_line(KERNELS[2], 16, extra=', "n\x7f": 5'),  # in a key the table does not read
+            _log_line(KERNELS[3] + "\x7f", 16),  # in the kernel name: no kernel of the op
+            good.replace('"m"', '"m\x7f"'),  # in a problem key: the field missing, from the header
+            good.replace('"tflops(TFlops)"', '"tflops\x7f(TFlops)"'),  # in a perf key: missing value
+            good.replace(', "problem"', ',\x7f"problem"'),  # outside a string: malformed
+            good + "\x7f", *_run()]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 500, 1 << 20])
+def test_log_rows_with_del_read_the_same(chunk_bytes: int) -> None:
+    """DEL inside a string (decoded as any other character), in a key, or outside a string
+    (the block read line by line): exactly what the per-line reader gives, all ways."""
+    data = ("\n".join(_del_lines()) + "\n").encode()
+    _block_read_is_the_line_read(data, chunk_bytes)
+    _check_all_ways(data, "log", chunk_bytes)
+
+
 #: Perf values at the edges of a double: 17 significant digits, subnormal, the largest, beyond
 #: it, negative zero, integers, exponents.
 _PERF_VALUES = ["0.1", "0.30000000000000004", "24.43478743058634", "5e-324", "2.2250738585072014e-308",
@@ -561,8 +583,8 @@ def test_log_problem_runs_broken_anywhere_read_the_same(chunk_bytes: int, piece_
 @SETTINGS
 @given(st.binary(max_size=400), st.data())
 def test_block_scan_finds_every_newline_and_odd_byte(block: bytes, data: st.DataObject) -> None:
-    """``_scan`` (passes of ``_SCAN_BYTES`` for the bytes that are not printable ASCII) against
-    its definition, byte by byte, on the whole lines ``block[:end]``."""
+    """``_scan`` (passes of ``_SCAN_BYTES`` for the control bytes and the bytes past ASCII)
+    against its definition, byte by byte, on the whole lines ``block[:end]``."""
     from ckpred.data.readers import stream_log
 
     end = data.draw(st.integers(0, len(block)))
@@ -573,21 +595,21 @@ def test_block_scan_finds_every_newline_and_odd_byte(block: bytes, data: st.Data
     finally:
         stream_log._SCAN_BYTES = saved
     assert ends.tolist() == [i for i in range(end) if block[i] == 10]
-    assert odd.tolist() == [i for i in range(end) if not (32 <= block[i] < 127 or block[i] in (9, 10, 13))]
+    assert odd.tolist() == [i for i in range(end) if not (32 <= block[i] < 128 or block[i] in (9, 10, 13))]
 
 
 @pytest.mark.parametrize("step", [1, 7, 64, 1 << 20])
 def test_block_scan_sorts_every_byte_value(step: int, monkeypatch: Any) -> None:
-    """Each of the 256 byte values (the edges of printable ASCII: 31, 32, 126, DEL, 128, 255),
-    alone and between newlines: newlines, and tab and CR as plain bytes."""
+    """Each of the 256 byte values (the edges: 31, 32, 126, DEL, 128, 255), alone and between
+    newlines: newlines, and tab, CR and DEL as plain bytes."""
     from ckpred.data.readers import stream_log
 
     monkeypatch.setattr(stream_log, "_SCAN_BYTES", step)
     block = bytes(range(256)) + b"\n".join(bytes([i]) for i in range(256))
     ends, odd = stream_log._scan(np.frombuffer(block, dtype=np.uint8))
     assert ends.tolist() == [i for i, byte in enumerate(block) if byte == 10]
-    assert {block[i] for i in odd.tolist()} == set(range(32)) - {9, 10, 13} | set(range(127, 256))
-    assert len(odd) == 2 * (256 - 95 - 3)
+    assert {block[i] for i in odd.tolist()} == set(range(32)) - {9, 10, 13} | set(range(128, 256))
+    assert len(odd) == 2 * (256 - 96 - 3)
 
 
 @SETTINGS

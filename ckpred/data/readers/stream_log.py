@@ -187,7 +187,7 @@ def new_buffer(ctx: ReadContext) -> RowBuffer:
 def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[FileRead]:
     """Read one streaming log in blocks of about ``chunk_bytes`` (whole lines), vectorised.
 
-    Per block, the rows of the common form (a JSON object on one line of plain ASCII, with
+    Per block, the rows of the common form (a JSON object on one line of ASCII text, with
     the kernel name, every problem field as an integer and the three perf values as numbers)
     are decoded by :mod:`msgspec` (runs of lines in pieces of about ``_PIECE_BYTES``, each
     piece's typed structs turned into numpy columns and kernel codes at once) and checked
@@ -252,10 +252,12 @@ class _Decoders:
 #: Longest line the vectorised path decodes (a longer one is read by the per-line reader,
 #: whose JSON library also decides how deep an object may nest).
 _LONG_LINE = 4096
-#: Bytes that make a line one for the per-line reader: not printable ASCII (a control character;
-#: UTF-8, which the line reader decodes with replacement). Tab, CR and the newline are fine.
+#: Bytes that make a line one for the per-line reader: a control character, or a byte past ASCII
+#: (UTF-8, which the line reader decodes with replacement). Tab, CR and the newline are fine; so
+#: is DEL, which JSON takes in a string as any other character (msgspec as the line reader's
+#: orjson and json do) and refuses elsewhere (the block is then read line by line).
 _ODD_BYTE = np.ones(256, dtype=bool)
-_ODD_BYTE[32:127] = False
+_ODD_BYTE[32:128] = False
 _ODD_BYTE[[9, 10, 13]] = False
 
 
@@ -267,14 +269,13 @@ def _scan(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Positions in ``arr`` (the bytes of a block) of the newlines, and of the bytes of
     :data:`_ODD_BYTE`.
 
-    One pass per piece of ``_SCAN_BYTES`` marks every byte that is not printable ASCII
-    (shifted down by 32, wrapping, these are the bytes from 95 up), into reused buffers; the
-    marks are searched 8 at a time (as 64-bit words: a line's one newline leaves most words
-    blank), then within the few marked words; the few found are sorted into newlines and odd
-    bytes.
+    One pass per piece of ``_SCAN_BYTES`` marks every byte below 32 or past ASCII (read as a
+    signed byte, below 32: one comparison), into reused buffers; the marks are searched 8 at a
+    time (as 64-bit words: a line's one newline leaves most words blank), then within the few
+    marked words; the few found are sorted into newlines and odd bytes.
     """
     size = min(_SCAN_BYTES, len(arr))
-    shifted = np.empty(size, dtype=np.uint8)
+    signed = arr.view(np.int8)
     mask = np.zeros(-(-size // 8) * 8, dtype=bool)  # the bytes past a part stay unmarked
     words = mask.view(np.uint64)
     eights = mask.reshape(-1, 8)
@@ -284,8 +285,7 @@ def _scan(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for start in range(0, len(arr), _SCAN_BYTES):
         part = arr[start:start + _SCAN_BYTES]
         k = len(part)
-        np.subtract(part, 32, out=shifted[:k])
-        np.greater_equal(shifted[:k], 95, out=mask[:k])
+        np.less(signed[start:start + k], 32, out=mask[:k])
         if k < size:  # the last part, shorter: no marks left from the one before
             mask[k:] = False
         word = np.flatnonzero(np.not_equal(words, 0, out=marked))
