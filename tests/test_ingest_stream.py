@@ -329,11 +329,274 @@ def test_a_log_problem_field_beyond_int64_is_a_reject(chunk_bytes: int) -> None:
     assert result.summary.records == 2 * len(KERNELS) + 2
 
 
+def _block_read_is_the_line_read(data: bytes, chunk_bytes: int) -> None:
+    """``stream_log.read_chunks`` of ``data`` gives exactly what ``stream_log.read`` gives: every
+    column (the floats bit for bit), reason, reject and kernel code (resolvers met in the same
+    order give the same codes)."""
+    from ckpred.data.readers import stream_log
+    from ckpred.data.readers.common import KernelResolver, ReadContext, RowBuffer
+
+    path = WORK / "direct.log"
+    path.write_bytes(data)
+
+    def context() -> ReadContext:
+        return ReadContext(OP, KernelResolver(OP, dtype="fp8", layout="rcr"), "fp8", "rcr", "gfx950", path.name)
+
+    ref_ctx, ctx = context(), context()
+    reference = stream_log.read(path, ref_ctx)
+    reads = list(stream_log.read_chunks(path, ctx, chunk_bytes))
+    rows = RowBuffer.merged([r.rows for r in reads]) if reads else stream_log.new_buffer(ctx)
+    want = reference.rows
+    for column in ("line", "kernel"):
+        assert np.asarray(getattr(rows, column), dtype=np.int64).tolist() == \
+            np.asarray(getattr(want, column), dtype=np.int64).tolist(), column
+    for got, expected in zip(rows.problem, want.problem):
+        assert np.asarray(got, dtype=np.int64).tolist() == np.asarray(expected, dtype=np.int64).tolist()
+    for column in ("latency", "tflops", "bandwidth"):
+        assert np.asarray(getattr(rows, column), dtype=np.float64).view(np.int64).tolist() == \
+            np.asarray(getattr(want, column), dtype=np.float64).view(np.int64).tolist(), column
+    assert rows.reasons == want.reasons
+    assert [r for read in reads for r in read.rejects] == reference.rejects
+    assert ctx.resolver.canonical_names == ref_ctx.resolver.canonical_names
+
+
+def _del_lines() -> list[str]:
+    """Rows with DEL (a plain byte to the block scan) in each place a row can hold it."""
+    good = _log_line(KERNELS[0], 16)
+    return ["Shape 0: M=16 N=64 K=64 dtype=fp8 layout=rcr", *_run(),
+            _log_line(KERNELS[1], 16, extra=', "dtype_a": "fp8\x7f"'),  # in a string the table does not read
+            _log_line(KERNELS[2], 16, extra=', "n\x7f": 5'),  # in a key the table does not read
+            _log_line(KERNELS[3] + "\x7f", 16),  # in the kernel name: no kernel of the op
+            good.replace('"m"', '"m\x7f"'),  # in a problem key: the field missing, from the header
+            good.replace('"tflops(TFlops)"', '"tflops\x7f(TFlops)"'),  # in a perf key: missing value
+            good.replace(', "problem"', ',\x7f"problem"'),  # outside a string: malformed
+            good + "\x7f", *_run()]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 500, 1 << 20])
+def test_log_rows_with_del_read_the_same(chunk_bytes: int) -> None:
+    """DEL inside a string (decoded as any other character), in a key, or outside a string
+    (the block read line by line): exactly what the per-line reader gives, all ways."""
+    data = ("\n".join(_del_lines()) + "\n").encode()
+    _block_read_is_the_line_read(data, chunk_bytes)
+    _check_all_ways(data, "log", chunk_bytes)
+
+
+#: Perf values at the edges of a double: 17 significant digits, subnormal, the largest, beyond
+#: it, negative zero, integers, exponents.
+_PERF_VALUES = ["0.1", "0.30000000000000004", "24.43478743058634", "5e-324", "2.2250738585072014e-308",
+                "1.7976931348623157e308", "1e400", "-0.0", "0", "7", "-3", "1E2", "123456789012345678901234567890",
+                "0.000001", "9007199254740993"]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 900, 1 << 20])
+@pytest.mark.parametrize("piece_bytes", [1, 2000, 1 << 20])
+def test_log_perf_values_read_bit_for_bit(chunk_bytes: int, piece_bytes: int, monkeypatch: Any) -> None:
+    """Perf values read out of the packed perf structs, pieces of 1 to hundreds of rows (the
+    packed array's header of 1 or 3 bytes): the same doubles as the per-line reader's."""
+    from ckpred.data.readers import stream_log
+
+    monkeypatch.setattr(stream_log, "_PIECE_BYTES", piece_bytes)
+    lines = ["Shape 0: M=16 N=64 K=64 dtype=fp8 layout=rcr"]
+    for i in range(300):
+        value = _PERF_VALUES[i % len(_PERF_VALUES)]
+        other = _PERF_VALUES[(i * 7 + 3) % len(_PERF_VALUES)]
+        lines.append(_log_line(KERNELS[i % len(KERNELS)], 16, tflops=value).replace('"latency(ms)": 0.01',
+                                                                                  f'"latency(ms)": {other}'))
+    _block_read_is_the_line_read(("\n".join(lines) + "\n").encode(), chunk_bytes)
+
+
+@pytest.mark.parametrize("k", [0, 1, 15, 16, 65535, 65536])
+def test_perf_columns_of_packed_structs_are_the_structs_floats(k: int, monkeypatch: Any) -> None:
+    """``_perf_columns`` around each size of the packed array's header (1, 3, 5 bytes), and its
+    Python-level way for structs packed otherwise (a layout that does not fit): the floats of
+    the structs, in order."""
+    from ckpred.data.readers import stream_log
+
+    decoder = stream_log._decoder(OP.problem_names)
+    values = np.random.default_rng(k).standard_normal((k, 3)) * 1e3
+    text = "\n".join(f'{{"name": "{KERNELS[0]}", "problem": {{"m": 16}}, "perf_result": {{"latency(ms)": {a!r}, '
+                     f'"tflops(TFlops)": {b!r}, "bandwidth(GB/s)": {c!r}}}}}' for a, b, c in values.tolist()).encode()
+    perfs = [r.perf_result for r in decoder.row.decode_lines(text)] if k else []
+    assert len(perfs) == k
+    out = np.full((3, k), np.nan)
+    with monkeypatch.context() as patch:  # read out of the packed bytes, not by the Python-level way
+        patch.setattr(stream_log, "chain", None)
+        stream_log._perf_columns(out, perfs, decoder)
+    assert out.T.tolist() == values.tolist()
+    monkeypatch.setattr(decoder, "perf_dtype", np.dtype({"names": ["latency", "tflops", "bandwidth"],
+                                                         "formats": [">f8"] * 3, "offsets": [0, 8, 16],
+                                                         "itemsize": decoder.perf_dtype.itemsize + 1}))
+    out = np.full((3, k), np.nan)
+    stream_log._perf_columns(out, perfs, decoder)
+    assert out.T.tolist() == values.tolist()
+
+
+def _sweep_log(kernels: list[str]) -> bytes:
+    """A sweep whose kernel order changes between shapes: the same order again, a kernel
+    missing, the order reversed, new kernels between old ones, a rejected name and an escaped
+    one in the middle, one kernel over and over, and the first order once more."""
+    shapes = [kernels[:12], kernels[:12], kernels[:3] + kernels[4:12], kernels[11::-1],
+              [k for pair in zip(kernels[:6], kernels[12:18]) for k in pair],
+              kernels[:5] + ["gemm_universal_fp8_rcr_not_a_kernel", kernels[5].replace("gemm", "\\u0067emm", 1)]
+              + kernels[6:12], [kernels[7]] * 40, kernels[:18]]
+    lines = []
+    for number, names in enumerate(shapes):
+        lines.append(f"Shape {number}: M={16 + number} N=64 K=64 dtype=fp8 layout=rcr")
+        lines += [_log_line(kernel, 16 + number, tflops=10.0 + i) for i, kernel in enumerate(names)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 2000, 1 << 20])
+@pytest.mark.parametrize("piece_bytes", [1, 700, 3000, 1 << 20])
+@pytest.mark.parametrize("stretches", [1, 8])
+def test_log_kernel_names_in_changing_orders_read_the_same(chunk_bytes: int, piece_bytes: int, stretches: int,
+                                                           monkeypatch: Any) -> None:
+    """Kernel codes of pieces compared with stretches of the names' first-met order, the order
+    changing between shapes (see ``_sweep_log``): exactly what the per-line reader gives."""
+    from ckpred.data.readers import stream_log
+
+    monkeypatch.setattr(stream_log, "_PIECE_BYTES", piece_bytes)
+    monkeypatch.setattr(stream_log, "_STRETCHES", stretches)
+    _block_read_is_the_line_read(_sweep_log(fg.kernel_names(18)), chunk_bytes)
+
+
+class _CountingResolver:
+    """Codes in the order names are first resolved; a name starting with ``bad`` is rejected."""
+
+    def __init__(self) -> None:
+        self.codes: dict[str, int | str] = {}
+        self.resolved: list[str] = []
+
+    def resolve_all(self, names: list[str]) -> list[int | str]:
+        for name in names:
+            if name not in self.codes:
+                self.resolved.append(name)
+                self.codes[name] = "rejected" if name.startswith("bad") else len(self.codes)
+        return [self.codes[name] for name in names]
+
+
+@SETTINGS
+@given(st.lists(st.lists(st.sampled_from(["a", "b", "c", "d", "e", "bad1", "bad2"]), min_size=1, max_size=40),
+                max_size=12), st.integers(1, 10))
+def test_kernel_codes_of_pieces_are_those_of_the_names(pieces: list[list[str]], stretches: int) -> None:
+    """``_KernelCodes.fill`` over pieces of names (repeats, new names, rejected names, in any
+    order): the code of each name, new names resolved in the order first met."""
+    from ckpred.data.readers import stream_log
+
+    saved, stream_log._STRETCHES = stream_log._STRETCHES, stretches
+    try:
+        codes, resolver, reference = stream_log._KernelCodes(), _CountingResolver(), _CountingResolver()
+        for piece in pieces:
+            out = np.full(len(piece), -99, dtype=np.int64)
+            codes.fill(out, [str(name) for name in piece], resolver)  # new str objects: compared by value
+            want = [code if type(code) is int else -1 for code in reference.resolve_all(piece)]
+            assert out.tolist() == want
+        assert resolver.resolved == reference.resolved
+    finally:
+        stream_log._STRETCHES = saved
+
+
+def test_kernel_codes_of_a_repeated_order_come_from_its_stretches(monkeypatch: Any) -> None:
+    """Pieces that repeat the first-met order (across its end too) are not looked up by name."""
+    from ckpred.data.readers import stream_log
+
+    names = [f"k{i}" for i in range(50)]
+    codes, resolver = stream_log._KernelCodes(), _CountingResolver()
+    out = np.empty(50, dtype=np.int64)
+    codes.fill(out, names, resolver)
+    looked_up: list[int] = []
+    monkeypatch.setattr(codes, "_look_up", lambda out, names, resolver: looked_up.append(len(names)))
+    for start in (0, 10, 45, 49):
+        piece = (names * 3)[start:start + 70]
+        out = np.full(70, -99, dtype=np.int64)
+        codes.fill(out, piece, resolver)
+        assert out.tolist() == [int(name[1:]) for name in piece]
+    assert looked_up == []
+    codes.fill(np.empty(3, dtype=np.int64), ["k1", "k3", "k4"], resolver)  # a kernel missing: looked up
+    assert looked_up == [3]
+
+
+_PROBLEM_TEXTS = st.sampled_from([b'{"m": 1}', b'{"m":1}', b'{"m": 2}', b'{"m": 1, "n": 2}'])
+
+
+@SETTINGS
+@given(st.lists(st.tuples(_PROBLEM_TEXTS, st.integers(1, 150)), max_size=12), st.lists(_PROBLEM_TEXTS, max_size=300),
+       st.booleans(), st.integers(2, 80))
+def test_problem_text_changes_are_every_change(runs: list[tuple[bytes, int]], loose: list[bytes], in_runs: bool,
+                                               pairwise: int) -> None:
+    """``_changes`` (runs found by counts and binary searches, stretches of short runs pair by
+    pair) against the pair-by-pair definition, on raw texts in long runs (a run coming back
+    after another, runs of one) or in any order."""
+    import msgspec
+
+    from ckpred.data.readers import stream_log
+
+    texts = [text for text, length in runs for _ in range(length)] if in_runs else loose
+    raws = [msgspec.Raw(bytes(text)) for text in texts]  # equal texts are distinct objects
+    saved, stream_log._PAIRWISE = stream_log._PAIRWISE, pairwise
+    try:
+        out = [0]
+        stream_log._changes(raws, 0, len(raws), out)
+    finally:
+        stream_log._PAIRWISE = saved
+    assert out == [0] + [i for i in range(1, len(texts)) if texts[i] != texts[i - 1]]
+
+
+@pytest.mark.parametrize("pairwise", [2, 5, 64])
+def test_problem_text_changes_around_every_position(pairwise: int, monkeypatch: Any) -> None:
+    """``_changes`` on one text with a short run of another anywhere in it (inside, at an end,
+    at each halving point), and on two long runs meeting anywhere: every change, no other."""
+    import msgspec
+
+    from ckpred.data.readers import stream_log
+
+    monkeypatch.setattr(stream_log, "_PAIRWISE", pairwise)
+    cases = [["a"] * start + ["b"] * length + ["a"] * (n - start - length)
+             for n in (3, 66, 131) for length in (1, 2, 3) for start in range(n - length + 1)]
+    cases += [["a"] * cut + ["b"] * (n - cut) for n in (70, 131) for cut in range(1, n)]
+    for texts in cases:
+        raws = [msgspec.Raw(text.encode()) for text in texts]
+        out = [0]
+        stream_log._changes(raws, 0, len(raws), out)
+        assert out == [0] + [i for i in range(1, len(texts)) if texts[i] != texts[i - 1]], texts
+
+
+def _problem_runs_log() -> bytes:
+    """Rows whose problem texts change inside a shape and inside a piece: the same problem in
+    another key order, with other spaces, with a key more, a value changed for one row, runs of
+    one row, and long runs."""
+    problems = ['{"split_k": 1, "m": 16, "n": 64, "k": 64}', '{"m": 16, "n": 64, "k": 64, "split_k": 1}',
+                '{"split_k":1,"m":16,"n":64,"k":64}', '{"split_k": 1, "m": 16, "n": 64, "k": 64, "x": [1, {"m": 3}]}',
+                '{"split_k": 1, "m": 16, "n": 64, "k": 65}', '{"split_k": 2, "m": 16, "n": 64, "k": 64}']
+    lines = ["Shape 0: M=16 N=64 K=64 dtype=fp8 layout=rcr"]
+    pattern = [0] * 70 + [1, 2, 0, 3, 3, 4, 0] + [5] * 3 + [1] * 90 + [2, 1, 2, 1] + [0] * 40
+    for i, which in enumerate(pattern):
+        perf = f'{{"latency(ms)": 0.01, "tflops(TFlops)": {10 + i % 7}.5, "bandwidth(GB/s)": 5.0}}'
+        lines.append(f'{{"name": "{KERNELS[i % len(KERNELS)]}", "problem": {problems[which]}, "perf_result": {perf}}}')
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 3000, 1 << 20])
+@pytest.mark.parametrize("piece_bytes", [1, 1000, 9000, 1 << 20])
+@pytest.mark.parametrize("pairwise", [2, 64])
+def test_log_problem_runs_broken_anywhere_read_the_same(chunk_bytes: int, piece_bytes: int, pairwise: int,
+                                                        monkeypatch: Any) -> None:
+    """Each run of identical problem texts decoded once, runs broken mid-piece by texts that
+    differ in key order, spaces, a key or a value: exactly what the per-line reader gives
+    (rows of another k or split_k keep their shape-mismatch reason)."""
+    from ckpred.data.readers import stream_log
+
+    monkeypatch.setattr(stream_log, "_PIECE_BYTES", piece_bytes)
+    monkeypatch.setattr(stream_log, "_PAIRWISE", pairwise)
+    _block_read_is_the_line_read(_problem_runs_log(), chunk_bytes)
+
+
 @SETTINGS
 @given(st.binary(max_size=400), st.data())
 def test_block_scan_finds_every_newline_and_odd_byte(block: bytes, data: st.DataObject) -> None:
-    """``_scan`` (passes of ``_SCAN_BYTES`` for the bytes that are not printable ASCII) against
-    its definition, byte by byte, on the whole lines ``block[:end]``."""
+    """``_scan`` (passes of ``_SCAN_BYTES`` for the control bytes and the bytes past ASCII)
+    against its definition, byte by byte, on the whole lines ``block[:end]``."""
     from ckpred.data.readers import stream_log
 
     end = data.draw(st.integers(0, len(block)))
@@ -344,21 +607,21 @@ def test_block_scan_finds_every_newline_and_odd_byte(block: bytes, data: st.Data
     finally:
         stream_log._SCAN_BYTES = saved
     assert ends.tolist() == [i for i in range(end) if block[i] == 10]
-    assert odd.tolist() == [i for i in range(end) if not (32 <= block[i] < 127 or block[i] in (9, 10, 13))]
+    assert odd.tolist() == [i for i in range(end) if not (32 <= block[i] < 128 or block[i] in (9, 10, 13))]
 
 
 @pytest.mark.parametrize("step", [1, 7, 64, 1 << 20])
 def test_block_scan_sorts_every_byte_value(step: int, monkeypatch: Any) -> None:
-    """Each of the 256 byte values (the edges of printable ASCII: 31, 32, 126, DEL, 128, 255),
-    alone and between newlines: newlines, and tab and CR as plain bytes."""
+    """Each of the 256 byte values (the edges: 31, 32, 126, DEL, 128, 255), alone and between
+    newlines: newlines, and tab, CR and DEL as plain bytes."""
     from ckpred.data.readers import stream_log
 
     monkeypatch.setattr(stream_log, "_SCAN_BYTES", step)
     block = bytes(range(256)) + b"\n".join(bytes([i]) for i in range(256))
     ends, odd = stream_log._scan(np.frombuffer(block, dtype=np.uint8))
     assert ends.tolist() == [i for i, byte in enumerate(block) if byte == 10]
-    assert {block[i] for i in odd.tolist()} == set(range(32)) - {9, 10, 13} | set(range(127, 256))
-    assert len(odd) == 2 * (256 - 95 - 3)
+    assert {block[i] for i in odd.tolist()} == set(range(32)) - {9, 10, 13} | set(range(128, 256))
+    assert len(odd) == 2 * (256 - 96 - 3)
 
 
 @SETTINGS
