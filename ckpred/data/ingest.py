@@ -748,9 +748,11 @@ def _source_texts(rows: pa.Table, texts: _Texts, at: np.ndarray | None = None) -
     if at is not None:
         file, line = file[at], line[at]
     names = pa.array([f"{label}:" for label in texts.labels] or [""], pa.string())
-    # rows of one file (the usual part) join one prefix, not a copy of it per row
-    prefix = names[int(file[0])] if len(file) and file.min() == file.max() else names.take(pa.array(file))
-    built = pc.binary_join_element_wise(prefix, pc.cast(pa.array(line), pa.string()), "")
+    lines = pc.cast(pa.array(line), pa.string())
+    if len(file) and file.min() == file.max():  # rows of one file (the usual part): one prefix inserted
+        built = pc.binary_replace_slice(lines, start=0, stop=0, replacement=names[int(file[0])].as_py())
+    else:
+        built = pc.binary_join_element_wise(names.take(pa.array(file)), lines, "")
     if "source" not in rows.column_names:
         return built
     given = rows.column("source").combine_chunks()
