@@ -717,6 +717,20 @@ def test_a_block_tile_that_is_not_whole_warp_tiles_is_invalid_by_the_ops_rule(tm
     assert result.rejects["raw"].str.startswith(bad + ",").all()
 
 
+@pytest.mark.parametrize("kernels", [3, 50, 4000])
+def test_group_ids_of_small_ranges_number_like_pandas(kernels: int) -> None:
+    """Keys shaped like a partition's (problems x kernels x a flag, few or many kernels, rows
+    in random order) number the groups as pandas' ``ngroup`` does."""
+    from ckpred.data.ingest import group_ids
+
+    rng = np.random.default_rng(kernels)
+    n = 6000
+    frame = pd.DataFrame({"problem": rng.integers(0, 7, n), "kernel": rng.integers(0, kernels, n),
+                          "flag": rng.integers(0, 2, n).astype(bool)})
+    expected = frame.groupby(list(frame.columns), sort=False).ngroup().to_numpy()
+    assert group_ids([frame[c].to_numpy() for c in frame.columns]).tolist() == expected.tolist()
+
+
 @given(st.lists(st.tuples(st.integers(-3, 3), st.sampled_from(["a", "b", None, float("nan")]),
                           st.one_of(st.integers(-2**63, 2**63 - 1), st.integers(2**63 - 4, 2**63 - 1),
                                     st.integers(-2**63, -2**63 + 3)),
