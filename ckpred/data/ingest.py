@@ -30,9 +30,10 @@ Streaming: files are read in chunks of about ``data.chunk_mb`` MiB (the CSV swee
 streaming log by vectorised block readers, the other formats whole), each chunk checked on its
 own (the value checks are per row). :func:`ingest_to_parquet` (``ckpred ingest``) then
 hash-partitions the checked rows by their query key (up to ``data.chunk_mb`` of them held in
-memory, the rest in spill files), so the rule check (per problem), the merge of repeats (per problem and kernel) and a query (what the ranker and
-the Dask backend take whole) each need one partition in memory, and writes the table part by
-part (a directory output with the manifest of :mod:`ckpred.data.partitions`); :func:`read_files` keeps one partition in memory
+memory, the rest in spill files), so the rule check (per problem), the merge of repeats (per
+problem and kernel) and a query (what the ranker and the Dask backend take whole) each need
+one partition in memory, and writes the table part by part (a directory output with the
+manifest of :mod:`ckpred.data.partitions`); :func:`read_files` keeps one partition in memory
 and returns the table in order of first appearance. Both run the same code.
 """
 
@@ -228,13 +229,14 @@ def ingest_to_parquet(paths: str | Path | Iterable[str | Path], op: OpDefinition
     The same rows, reasons, rejects and counts as :func:`read_files` (whose parameters these
     are), without holding the table: each block of about ``chunk_bytes`` is read, checked and
     hash-partitioned by the query key into ``ceil(input bytes / chunk_bytes)`` partitions, held
-    in memory up to ``chunk_bytes`` in all and spilled to a temporary directory past that; then each partition -- every measurement of
-    its problems, so the rule check and the merge of repeats need nothing else -- is merged
-    and written. ``out`` ending in ``.parquet`` is one file (a row group per partition);
-    otherwise a directory of ``part-NNNNN.parquet`` files, one per partition (each holds whole
-    queries), with the manifest ``model.backend=dask`` trains from
-    (:func:`ckpred.data.partitions.write_manifest`). Rejects stream to ``rejects`` (CSV: source, reason, raw) as they are found.
-    Within a partition rows keep their order of first appearance.
+    in memory up to ``chunk_bytes`` in all and spilled to a temporary directory past that; then
+    each partition -- every measurement of its problems, so the rule check and the merge of
+    repeats need nothing else -- is merged and written. ``out`` ending in ``.parquet`` is one
+    file (a row group per partition); otherwise a directory of ``part-NNNNN.parquet`` files, one
+    per partition (each holds whole queries), with the manifest ``model.backend=dask`` trains
+    from (:func:`ckpred.data.partitions.write_manifest`). Rejects stream to ``rejects`` (CSV:
+    source, reason, raw) as they are found. Within a partition rows keep their order of first
+    appearance.
 
     Returns
     -------
