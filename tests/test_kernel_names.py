@@ -111,6 +111,22 @@ def test_a_template_with_one_or_no_placeholder_formats_and_parses() -> None:
         none.parse("only_text")
 
 
+def test_number_texts_convert_as_int_and_float_do_whatever_names_came_before() -> None:
+    """Parsing looks number texts up in a table filled as they come: the values and errors are
+    those of ``int``/``float`` of the text, past the table's limit too."""
+    tpl = KernelTemplate("t{tile}_{scale}", {"tile": ("int", ()), "scale": ("float", ())}, key="k")
+    for table in tpl._texts:
+        table.limit = 3
+    for text in ("7", "007", "-0", "12", "7", "-12", "1", "0"):
+        got = tpl.parse(f"t{text}_{text}")
+        assert got == {"tile": int(text), "scale": float(text)} and [type(v) for v in got.values()] == [int, float]
+        assert all(len(table) <= 3 for table in tpl._texts)
+    huge = "9" * 5000  # more digits than int() converts: its error, every time
+    for _ in range(2):
+        assert _outcome(tpl.parse, f"t{huge}_1") == _outcome(int, huge)
+    assert tpl.parse(f"t1_{huge}")["scale"] == float("inf")
+
+
 def _gemm_fields(**change: Any) -> dict[str, Any]:
     base = dict(tile_m=128, tile_n=128, tile_k=64, warp_m=2, warp_n=2, warp_k=1, warp_tile_m=32, warp_tile_n=32,
                 warp_tile_k=16, pipeline="compv3", scheduler="intrawave", epilogue="cshuffle", pad_m=False,
