@@ -223,6 +223,26 @@ def test_the_resolver_names_the_first_field_at_fault_and_keeps_what_the_parser_g
     assert free.resolve_fields({"a": 1, "b": 2, "c": 7}) == 0
 
 
+def test_the_resolver_judges_each_name_of_a_batch_as_it_judges_it_alone() -> None:
+    """Kernel fields are checked a column at a time over a batch of names (a column of ints by
+    its least and greatest value); a batch with a field at fault somewhere has each name
+    checked on its own. Either way a name gets what it gets resolved alone."""
+    big = 2**63
+    op = _StubOp({"edges": {"a": -big, "b": big - 1}, "bools": {"a": True, "b": False}, "over": {"a": 1, "b": big},
+                  "under": {"a": -big - 1, "b": 1}, "noa": {"b": 1, "c": big}, "mixed": {"a": 1, "b": 2.5, "c": "x"},
+                  "none": {"a": None, "b": 3}})
+    over = f"unparseable kernel name: b={big} is beyond int64"
+    under = f"unparseable kernel name: a={-big - 1} is beyond int64"
+    noa = "unparseable kernel name: the name gives no a"
+    for names, want in ((["edges", "bools", "mixed", "none"], [0, 1, 2, 3]), (["edges", "over"], [0, over]),
+                        (["under", "bools"], [under, 0]), (["noa", "bools"], [noa, 0]),
+                        (["edges", "over", "bools", "under", "noa", "mixed"], [0, over, 1, under, noa, 2])):
+        batch, alone = KernelResolver(op, dtype=None, layout=None), KernelResolver(op, dtype=None, layout=None)
+        assert batch.resolve_all(names) == [alone.resolve(n) for n in names] == want
+        assert batch.kernels == alone.kernels and batch.canonical_names == alone.canonical_names
+    assert batch.canonical_names == [f"a{-big}_b{big - 1}_c7", "aTrue_bFalse_c7", "a1_b2.5_cx"]
+
+
 def test_the_kernel_frame_is_built_once_per_kernel_count_and_each_caller_gets_its_own() -> None:
     op = _StubOp({"x": {"a": 1, "b": 2}, "y": {"a": 3, "b": 4}})
     resolver = KernelResolver(op, dtype=None, layout=None)
