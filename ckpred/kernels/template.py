@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import string
-from operator import call, getitem
+from operator import call, getitem, itemgetter
 from typing import Any, Mapping, Sequence
 
 from ckpred.errors import ConfigValueError, KernelNameError
@@ -110,13 +110,14 @@ class KernelTemplate:
                             for n in seen)
         self._normalise = tuple(_TO_TEXT[self.kinds[n][0]][0] for n in seen)
         self._normal_types = tuple(_NORMAL_TYPE[self.kinds[n][0]] for n in seen)
+        self._lookup = _lookup(self.names)
         self._format_text = "".join(literal.replace("%", "%%") + (_TO_TEXT[self.kinds[name][0]][1] if name else "")
                                     for literal, name in self.parts)
 
     def format(self, values: Mapping[str, Any]) -> str:
         """The name of ``values`` (a mapping holding every placeholder's value)."""
         try:
-            got = tuple(map(values.__getitem__, self.names))
+            got = self._lookup(values)
         except Exception:  # raised again below, in the order the definition raises it
             got = None
         # Values of their kind's own type (what :meth:`parse` gives) are normalised already.
@@ -174,6 +175,14 @@ class KernelTemplate:
         allowed = f"one of {list(values)}" if kind == "categorical" else \
             {"int": "an integer", "float": "a number", "bool": "True or False"}[kind]
         return f"{field_name} ({allowed})"
+
+
+def _lookup(names: tuple[str, ...]) -> Any:
+    """``values -> tuple(values[n] for n in names)``, in one call of ``itemgetter`` from two names
+    on (of one name it gives the value, not a tuple)."""
+    if len(names) > 1:
+        return itemgetter(*names)
+    return lambda values: tuple(values[n] for n in names)
 
 
 def sample_values(kinds: Mapping[str, tuple[str, Sequence[str]]], names: Sequence[str]) -> list[dict[str, Any]]:
