@@ -111,6 +111,22 @@ def test_a_template_with_one_or_no_placeholder_formats_and_parses() -> None:
         none.parse("only_text")
 
 
+def test_number_texts_convert_as_int_and_float_do_whatever_names_came_before() -> None:
+    """Parsing looks number texts up in a table filled as they come: the values and errors are
+    those of ``int``/``float`` of the text, past the table's limit too."""
+    tpl = KernelTemplate("t{tile}_{scale}", {"tile": ("int", ()), "scale": ("float", ())}, key="k")
+    for table in tpl._texts:
+        table.limit = 3
+    for text in ("7", "007", "-0", "12", "7", "-12", "1", "0"):
+        got = tpl.parse(f"t{text}_{text}")
+        assert got == {"tile": int(text), "scale": float(text)} and [type(v) for v in got.values()] == [int, float]
+        assert all(len(table) <= 3 for table in tpl._texts)
+    huge = "9" * 5000  # more digits than int() converts: its error, every time
+    for _ in range(2):
+        assert _outcome(tpl.parse, f"t{huge}_1") == _outcome(int, huge)
+    assert tpl.parse(f"t1_{huge}")["scale"] == float("inf")
+
+
 def _gemm_fields(**change: Any) -> dict[str, Any]:
     base = dict(tile_m=128, tile_n=128, tile_k=64, warp_m=2, warp_n=2, warp_k=1, warp_tile_m=32, warp_tile_n=32,
                 warp_tile_k=16, pipeline="compv3", scheduler="intrawave", epilogue="cshuffle", pad_m=False,
@@ -205,6 +221,26 @@ def test_the_resolver_names_the_first_field_at_fault_and_keeps_what_the_parser_g
     assert free.resolve_fields({"a": 5, "b": 1}) == ("unnamed kernel: the op cannot name {'a': 5, 'b': 1} "
                                                      "(KeyError: 'c')")
     assert free.resolve_fields({"a": 1, "b": 2, "c": 7}) == 0
+
+
+def test_the_resolver_judges_each_name_of_a_batch_as_it_judges_it_alone() -> None:
+    """Kernel fields are checked a column at a time over a batch of names (a column of ints by
+    its least and greatest value); a batch with a field at fault somewhere has each name
+    checked on its own. Either way a name gets what it gets resolved alone."""
+    big = 2**63
+    op = _StubOp({"edges": {"a": -big, "b": big - 1}, "bools": {"a": True, "b": False}, "over": {"a": 1, "b": big},
+                  "under": {"a": -big - 1, "b": 1}, "noa": {"b": 1, "c": big}, "mixed": {"a": 1, "b": 2.5, "c": "x"},
+                  "none": {"a": None, "b": 3}})
+    over = f"unparseable kernel name: b={big} is beyond int64"
+    under = f"unparseable kernel name: a={-big - 1} is beyond int64"
+    noa = "unparseable kernel name: the name gives no a"
+    for names, want in ((["edges", "bools", "mixed", "none"], [0, 1, 2, 3]), (["edges", "over"], [0, over]),
+                        (["under", "bools"], [under, 0]), (["noa", "bools"], [noa, 0]),
+                        (["edges", "over", "bools", "under", "noa", "mixed"], [0, over, 1, under, noa, 2])):
+        batch, alone = KernelResolver(op, dtype=None, layout=None), KernelResolver(op, dtype=None, layout=None)
+        assert batch.resolve_all(names) == [alone.resolve(n) for n in names] == want
+        assert batch.kernels == alone.kernels and batch.canonical_names == alone.canonical_names
+    assert batch.canonical_names == [f"a{-big}_b{big - 1}_c7", "aTrue_bFalse_c7", "a1_b2.5_cx"]
 
 
 def test_the_kernel_frame_is_built_once_per_kernel_count_and_each_caller_gets_its_own() -> None:

@@ -97,7 +97,9 @@ class GemmUniversal(DeclaredOp):
         if isinstance(name, str) and name.startswith(PREFIXES["parity"]) \
                 and not name.startswith(PREFIXES["tile_engine"]):
             form, name = "parity", PREFIXES["tile_engine"] + name[len(PREFIXES["parity"]):]
-        return {**super().parse_name(name), "name_form": form}
+        parsed = super().parse_name(name)  # a new dict per name: set in place rather than copied
+        parsed["name_form"] = form
+        return parsed
 
     def format_name(self, kernel: Mapping[str, Any], *, dtype: str, layout: str,
                     form: str = "tile_engine") -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import string
-from operator import call
+from operator import call, getitem, itemgetter
 from typing import Any, Mapping, Sequence
 
 from ckpred.errors import ConfigValueError, KernelNameError
@@ -22,11 +22,31 @@ from ckpred.errors import ConfigValueError, KernelNameError
 _KIND_PATTERNS = {"int": r"-?\d+", "float": r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?",
                   "bool": r"True|False|true|false"}
 _BOOL_TEXT = {"True": True, "true": True, "False": False, "false": False}
-#: The value of a placeholder's text, per field kind (a categorical's text is its value).
-_FROM_TEXT = {"int": int, "float": float, "bool": _BOOL_TEXT.__getitem__, "categorical": str}
 #: The canonical text of a value, per field kind: (normalise, %-format conversion), i.e.
 #: ``str(int(v))``, ``repr(float(v))``, ``str(bool(v))`` and ``str(v)``.
 _TO_TEXT = {"int": (int, "%s"), "float": (float, "%r"), "bool": (bool, "%s"), "categorical": (str, "%s")}
+#: The type of a value that its kind's normalising call returns unchanged.
+_NORMAL_TYPE = {"int": int, "float": float, "bool": bool, "categorical": str}
+
+
+class _Texts(dict):
+    """Placeholder text -> its value, converted by ``convert`` when first met.
+
+    Names repeat the same few numbers (tile sizes, warp counts...): a lookup is cheaper than
+    converting the text again. Cleared when it grows past ``limit`` entries, so names with ever
+    new numbers cost a conversion each, not memory.
+    """
+
+    def __init__(self, convert: Any, limit: int = 1 << 16) -> None:
+        super().__init__()
+        self.convert, self.limit = convert, limit
+
+    def __missing__(self, text: str) -> Any:
+        value = self.convert(text)  # raises as the conversion does (an int of too many digits)
+        if len(self) >= self.limit:
+            self.clear()
+        self[text] = value
+        return value
 
 
 class KernelTemplate:
@@ -82,13 +102,27 @@ class KernelTemplate:
         # Parsing and formatting run once per distinct kernel name of every file read, so the
         # per-field work is planned here: the regex's groups are the placeholders in order,
         # and a name is one %-format of the fields' normalised values.
-        self._from_text = tuple(_FROM_TEXT[self.kinds[n][0]] for n in seen)
+        # The value of each placeholder's text is a lookup: a categorical's text is its value,
+        # a bool's one of four texts, and numbers are converted once per distinct text.
+        numbers = {"int": _Texts(int), "float": _Texts(float)}
+        self._texts = tuple({str(v): str(v) for v in self.kinds[n][1]} if self.kinds[n][0] == "categorical"
+                            else _BOOL_TEXT if self.kinds[n][0] == "bool" else numbers[self.kinds[n][0]]
+                            for n in seen)
         self._normalise = tuple(_TO_TEXT[self.kinds[n][0]][0] for n in seen)
+        self._normal_types = tuple(_NORMAL_TYPE[self.kinds[n][0]] for n in seen)
+        self._lookup = _lookup(self.names)
         self._format_text = "".join(literal.replace("%", "%%") + (_TO_TEXT[self.kinds[name][0]][1] if name else "")
                                     for literal, name in self.parts)
 
     def format(self, values: Mapping[str, Any]) -> str:
         """The name of ``values`` (a mapping holding every placeholder's value)."""
+        try:
+            got = self._lookup(values)
+        except Exception:  # raised again below, in the order the definition raises it
+            got = None
+        # Values of their kind's own type (what :meth:`parse` gives) are normalised already.
+        if got is not None and tuple(map(type, got)) == self._normal_types:
+            return self._format_text % got
         # Field by field in template order, as each value is looked up and normalised: a
         # missing or bad value raises what ``values[name]`` or the normalising call raises.
         return self._format_text % tuple(map(call, self._normalise, map(values.__getitem__, self.names)))
@@ -106,7 +140,7 @@ class KernelTemplate:
         match = self.regex.match(name)
         if match is None:
             raise KernelNameError(name, self._diagnose(name))
-        return dict(zip(self.names, map(call, self._from_text, match.groups())))
+        return dict(zip(self.names, map(getitem, self._texts, match.groups())))
 
     def _diagnose(self, name: str) -> str:
         """Which part of the template ``name`` first fails to match, and the text found there."""
@@ -141,6 +175,14 @@ class KernelTemplate:
         allowed = f"one of {list(values)}" if kind == "categorical" else \
             {"int": "an integer", "float": "a number", "bool": "True or False"}[kind]
         return f"{field_name} ({allowed})"
+
+
+def _lookup(names: tuple[str, ...]) -> Any:
+    """``values -> tuple(values[n] for n in names)``, in one call of ``itemgetter`` from two names
+    on (of one name it gives the value, not a tuple)."""
+    if len(names) > 1:
+        return itemgetter(*names)
+    return lambda values: tuple(values[n] for n in names)
 
 
 def sample_values(kinds: Mapping[str, tuple[str, Sequence[str]]], names: Sequence[str]) -> list[dict[str, Any]]:

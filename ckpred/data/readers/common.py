@@ -22,8 +22,10 @@ import stat
 from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import is_
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -46,8 +48,16 @@ class Reject:
 
 # Kernel fields are stored as int64: a name with a larger number is refused, not overflowed.
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+class _NoDefault:
+    """The type of :data:`_NO_DEFAULT` alone, so a column's types tell whether it holds it."""
+
+
 #: Marks a kernel field without a default (``None`` can be a value a plug-in's name parser gives).
-_NO_DEFAULT = object()
+_NO_DEFAULT = _NoDefault()
+#: Types of kernel field values that are never at fault (an int is when beyond int64).
+_FAULTLESS_TYPES = frozenset((str, float, bool, type(None)))
 
 
 class KernelResolver:
@@ -67,9 +77,9 @@ class KernelResolver:
         self.canonical_names: list[str] = []
         self._by_canonical: dict[str, int] = {}
         self._frame: pd.DataFrame | None = None
-        #: (field, default or ``_NO_DEFAULT``) of each kernel field, in the op's order.
-        self._field_defaults = tuple((f.name, _NO_DEFAULT if f.default is None else f.default)
-                                     for f in op.kernel_fields)
+        #: Each kernel field, in the op's order, and its default or ``_NO_DEFAULT``.
+        self._field_names = tuple(f.name for f in op.kernel_fields)
+        self._defaults = tuple(_NO_DEFAULT if f.default is None else f.default for f in op.kernel_fields)
         #: (key, the config's value) of the name parts checked against the config.
         self._config_checks = tuple((k, v) for k, v in (("dtype", dtype), ("layout", layout)) if v is not None)
 
@@ -79,8 +89,8 @@ class KernelResolver:
             return f"missing kernel name: got {name!r}"
         hit = self._cache.get(name)
         if hit is None:
-            hit = self._resolve_new(name)
-            self._cache[name] = hit
+            self._resolve_new([name])
+            hit = self._cache[name]
         return hit
 
     def resolve_all(self, names: list[Any]) -> list[int | str]:
@@ -89,19 +99,48 @@ class KernelResolver:
         new = list(dict.fromkeys(n for n in names if isinstance(n, str) and n not in self._cache))
         if new:
             with _gc_paused():  # thousands of small containers, none of them cyclic garbage
-                parsed = [self._parse(n) for n in new]
-                candidates = [p for p in parsed if not isinstance(p, str)]
-                reasons = iter(kernel_rule_reasons(self.op, [p[0] for p in candidates]))
-                for name, got in zip(new, parsed):
-                    self._cache[name] = got if isinstance(got, str) else self._add(*got, reason=next(reasons))
-        return [self.resolve(n) for n in names]
+                self._resolve_new(new)
+        cache = self._cache  # holds every name now: a lookup, not a call of resolve, per name
+        return [cache[n] if isinstance(n, str) else self.resolve(n) for n in names]
 
-    def _resolve_new(self, name: str) -> int | str:
-        got = self._parse(name)
-        return got if isinstance(got, str) else self._add(*got)
+    def _resolve_new(self, names: list[str]) -> None:
+        """Resolve ``names`` (distinct, not yet cached) into the cache.
 
-    def _parse(self, name: str) -> str | tuple[dict[str, Any], str, str, str]:
-        """(kernel fields, name, dtype, layout) of ``name``, or the reason it is rejected."""
+        The kernel fields of the parsed names are checked and judged by the kernel rules a field
+        at a time, over the column of its values in every name, rather than name by name.
+        """
+        parsed = [self._parse(n) for n in names]
+        # Each field's value or default in the op's field order, one tuple per parsed name.
+        rows = [tuple(map(p.get, self._field_names, self._defaults)) for p in parsed if not isinstance(p, str)]
+        columns = list(zip(*rows))
+        if _faultless_columns(columns):
+            faults: Iterator[str] = repeat("")
+        else:  # a field missing or beyond int64 somewhere: name the first one of each name
+            found = [self._fault(row) for row in rows]
+            rows = [row for row, fault in zip(rows, found) if not fault]
+            columns, faults = list(zip(*rows)), iter(found)
+        reasons = iter(kernel_rule_columns(self.op, dict(zip(self._field_names, columns)), len(rows)))
+        clean = iter(rows)
+        for name, got in zip(names, parsed):
+            if isinstance(got, str):
+                self._cache[name] = got
+            elif fault := next(faults):
+                self._cache[name] = fault
+            else:
+                self._cache[name] = self._add(dict(zip(self._field_names, next(clean))), name, got.get("dtype", ""),
+                                              got.get("layout", ""), reason=next(reasons))
+
+    def _fault(self, row: tuple[Any, ...]) -> str:
+        """The reason to reject a name whose kernel fields are ``row``; empty when none."""
+        for n, value in zip(self._field_names, row):  # in field order: the first field at fault is named
+            if value is _NO_DEFAULT:
+                return f"unparseable kernel name: the name gives no {n}"
+            if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:  # (a bool is in range)
+                return f"unparseable kernel name: {n}={value} is beyond int64"
+        return ""
+
+    def _parse(self, name: str) -> Any:
+        """What the op's ``parse_name`` gives for ``name`` (a mapping), or the reason it is rejected."""
         try:
             parsed = self.op.parse_name(name)
         except KernelNameError as exc:
@@ -112,13 +151,7 @@ class KernelResolver:
             got = parsed.get(key)
             if got is not None and got != want:
                 return f"{key} mismatch: kernel name says {key}={got}, config has {key}={want}"
-        fields = {n: parsed.get(n, default) for n, default in self._field_defaults}
-        for n, value in fields.items():  # in field order: the first field at fault is named
-            if value is _NO_DEFAULT:
-                return f"unparseable kernel name: the name gives no {n}"
-            if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:  # (a bool is in range)
-                return f"unparseable kernel name: {n}={value} is beyond int64"
-        return fields, name, parsed.get("dtype", ""), parsed.get("layout", "")
+        return parsed
 
     def resolve_fields(self, fields: dict[str, Any]) -> int | str:
         """The kernel code of a kernel given by its fields (named by the op's kernel id), or a
@@ -214,35 +247,63 @@ def kernel_rule_reason(op: OpDefinition, fields: dict[str, Any]) -> str:
 
 def kernel_rule_reasons(op: OpDefinition, kernels: list[dict[str, Any]]) -> list[str]:
     """:func:`kernel_rule_reason` of many kernels at once (one evaluation of each rule)."""
-    rules = _kernel_rules(op)
-    if not rules or not kernels:
+    if not _kernel_rules(op) or not kernels:
         return [""] * len(kernels)
+    return kernel_rule_columns(op, {f.name: [k.get(f.name, f.default) for k in kernels] for f in op.kernel_fields},
+                               len(kernels))
+
+
+def kernel_rule_columns(op: OpDefinition, columns: dict[str, Sequence[Any]], count: int) -> list[str]:
+    """:func:`kernel_rule_reasons` of ``count`` kernels given as their columns: each kernel field's
+    value (or its default) in every kernel, by field name."""
+    rules = _kernel_rules(op)
+    if not rules or not count:
+        return [""] * count
     categories = {f.name: f.categories for f in op.kernel_fields if f.kind == "category"}
     read = set().union(*(expr.names for expr, _ in rules))
-    judged = np.ones(len(kernels), dtype=bool)  # a kernel missing a field the rules need is not judged
-    columns: dict[str, np.ndarray] = {}
+    judged = np.ones(count, dtype=bool)  # a kernel missing a field the rules need is not judged
+    values: dict[str, np.ndarray] = {}
     for f in op.kernel_fields:
+        column = columns[f.name]
+        # ``is None`` of each value, not ``==`` (a value may compare in its own way); a mask
+        # only for a column that has one (seldom)
+        has_none = any(map(is_, column, repeat(None)))
+        if has_none:
+            missing = np.fromiter(map(is_, column, repeat(None)), dtype=bool, count=count)
+            judged &= ~missing
         if f.name not in read:  # only whether the kernel has it
-            judged &= ~np.array([k.get(f.name, f.default) is None for k in kernels], dtype=bool)
             continue
-        raw = np.empty(len(kernels), dtype=object)
-        raw[:] = [k.get(f.name, f.default) for k in kernels]
-        missing = np.array([v is None for v in raw], dtype=bool)
-        judged &= ~missing
-        if missing.any():
+        raw = np.empty(count, dtype=object)
+        raw[:] = column
+        if has_none:
             raw[missing] = raw[~missing][0] if (~missing).any() else 0
-        columns[f.name] = (f.encode(raw).astype(np.float64) if f.kind in ("category", "bool")
-                           else np.asarray(raw, dtype=np.float64))
+        values[f.name] = (f.encode(raw).astype(np.float64) if f.kind in ("category", "bool")
+                          else np.asarray(raw, dtype=np.float64))
     from ckpred.features.base import NumpyOps
 
-    out = np.full(len(kernels), "", dtype=object)
+    out = np.full(count, "", dtype=object)
     for expr, message in rules:
         with np.errstate(all="ignore"):
-            ok = np.broadcast_to(np.asarray(expr.evaluate_bool({n: columns[n] for n in expr.names}, {},
-                                                               NumpyOps(len(kernels)), categories=categories),
-                                            dtype=bool), (len(kernels),))
+            ok = np.broadcast_to(np.asarray(expr.evaluate_bool({n: values[n] for n in expr.names}, {},
+                                                               NumpyOps(count), categories=categories),
+                                            dtype=bool), (count,))
         out[judged & ~ok & (out == "")] = message
     return out.tolist()
+
+
+def _faultless_columns(columns: Iterable[Sequence[Any]]) -> bool:
+    """Whether no value of any of ``columns`` is ``_NO_DEFAULT`` or an int beyond int64.
+
+    By the set of each column's types (a column of ints and bools by its least and greatest
+    value), so a thousand names cost a few calls per field rather than a test per value.
+    """
+    for column in columns:
+        types = set(map(type, column))
+        if types <= _FAULTLESS_TYPES:
+            continue
+        if not types <= {int, bool} or min(column) < _INT64_MIN or max(column) > _INT64_MAX:
+            return False
+    return True
 
 
 def to_float(value: Any) -> float | None:
