@@ -1009,7 +1009,6 @@ def _combined_group_ids(columns: Sequence[np.ndarray]) -> np.ndarray:
     gid = np.zeros(len(columns[0]), dtype=np.int64)
     groups = 1
     for values in columns:
-        values = np.asarray(values)
         if values.dtype.kind in "iub" and len(values):
             low, high = int(values.min()), int(values.max())
             if low == high:  # one value: no group is split by it

@@ -29,7 +29,7 @@ _TO_TEXT = {"int": (int, "%s"), "float": (float, "%r"), "bool": (bool, "%s"), "c
 _NORMAL_TYPE = {"int": int, "float": float, "bool": bool, "categorical": str}
 
 
-class _Texts(dict):
+class _ConvertedTexts(dict):
     """Placeholder text -> its value, converted by ``convert`` when first met.
 
     Names repeat the same few numbers (tile sizes, warp counts...): a lookup is cheaper than
@@ -104,7 +104,7 @@ class KernelTemplate:
         # and a name is one %-format of the fields' normalised values.
         # The value of each placeholder's text is a lookup: a categorical's text is its value,
         # a bool's one of four texts, and numbers are converted once per distinct text.
-        numbers = {"int": _Texts(int), "float": _Texts(float)}
+        numbers = {"int": _ConvertedTexts(int), "float": _ConvertedTexts(float)}
         self._texts = tuple({str(v): str(v) for v in self.kinds[n][1]} if self.kinds[n][0] == "categorical"
                             else _BOOL_TEXT if self.kinds[n][0] == "bool" else numbers[self.kinds[n][0]]
                             for n in seen)
