@@ -626,41 +626,75 @@ def test_block_scan_sorts_every_byte_value(step: int, monkeypatch: Any) -> None:
 
 @SETTINGS
 @given(st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=20), st.booleans(),
-       st.integers(1, 64), st.integers(0, 5000))
-def test_line_blocks_cut_a_file_into_its_whole_lines(lines: list[bytes], last_newline: bool, chunk: int,
-                                                     skip: int) -> None:
-    """The blocks (one buffer read into again, a longer one for a long line) copied as they
-    come are the file's bytes, each ending at a line end except at the end of the file; the
-    same for the spans read at their offset within a page, from any position of the file."""
+       st.integers(1, 64), st.integers(0, 70000))
+def test_line_spans_cut_a_file_into_its_whole_lines(lines: list[bytes], last_newline: bool, chunk: int,
+                                                    skip: int) -> None:
+    """From any position, the spans copied as they come are the rest of the file, each ending
+    at a line end except at the end of the file; the same for a stream read into a buffer
+    and for a file mapped a block at a time (whose maps start at a page boundary: ``skip``
+    reaches past the first pages)."""
     import io
 
-    from ckpred.data.readers.common import line_blocks, line_spans
+    from ckpred.data.readers import common
 
     data = b"\n".join(lines) + (b"\n" if last_newline and lines else b"")
-    got = [bytes(block[:end]) for block, end in line_blocks(io.BufferedReader(io.BytesIO(data)), chunk)]
-    assert b"".join(got) == data
-    assert all(part.endswith(b"\n") for part in got[:-1]) and all(got)
-    fh = io.BufferedReader(io.BytesIO(b"x" * skip + data))
-    fh.seek(skip)
-    spans = [bytes(buffer[start:end]) for buffer, start, end in line_spans(fh, chunk)]
-    assert spans == got
+    path = WORK / "spans.txt"
+    path.write_bytes(b"x" * skip + data)
+    stream = io.BufferedReader(io.BytesIO(b"x" * skip + data))
+    with open(path, "rb") as mapped:
+        assert not common._mappable(stream) and common._mappable(mapped)
+        for fh in (stream, mapped):
+            fh.seek(skip)
+            spans = [bytes(buffer[start:end]) for buffer, start, end in common.line_spans(fh, chunk)]
+            assert b"".join(spans) == data
+            assert all(part.endswith(b"\n") for part in spans[:-1]) and all(spans)
+            assert fh.tell() == skip + len(data)
 
 
 @pytest.mark.parametrize("chunk", [1, 10, 1 << 20])
 def test_line_spans_of_a_file_after_its_header_line(tmp_path: Path, chunk: int) -> None:
-    """A real file read from after a first line taken by iteration (as the CSV reader takes its
-    header), with a chunk larger than what is left: the blocks are the rest of the file."""
-    from ckpred.data.readers.common import line_blocks, line_spans
+    """A file read from after a first line taken by iteration (as the CSV reader takes its
+    header), with a chunk larger than what is left: the blocks are the rest of the file,
+    mapped or read."""
+    import io
+
+    from ckpred.data.readers.common import line_spans
 
     path = tmp_path / "lines.txt"
     path.write_bytes(b"header\n" + b"".join(b"line %d\n" % i for i in range(50)) + b"last")
-    for spans in (True, False):
+    for mapped in (True, False):
         with open(path, "rb") as fh:
+            if not mapped:
+                fh = io.BufferedReader(io.BytesIO(fh.read()))
             assert next(iter(fh)) == b"header\n"
-            blocks = ([bytes(buffer[start:end]) for buffer, start, end in line_spans(fh, chunk)] if spans
-                      else [bytes(block[:end]) for block, end in line_blocks(fh, chunk)])
+            blocks = [bytes(buffer[start:end]) for buffer, start, end in line_spans(fh, chunk)]
         assert b"".join(blocks) == path.read_bytes()[len(b"header\n"):]
         assert all(part.endswith(b"\n") for part in blocks[:-1]) and blocks[-1].endswith(b"last")
+
+
+def test_mapped_line_spans_follow_a_growing_file_and_outlive_a_held_view(tmp_path: Path) -> None:
+    """Lines appended while a file is read are read too; a caller that keeps a view of a
+    mapped block past the next one still reads its bytes (the map is released with the
+    view, not closed under it); a compressed file is read through its decompressed stream."""
+    import gzip
+
+    from ckpred.data.readers.common import line_spans, open_binary
+
+    path = tmp_path / "growing.txt"
+    path.write_bytes(b"a\nb\n")
+    held = []
+    with open(path, "rb") as fh:
+        for buffer, start, end in line_spans(fh, 2):
+            held.append(memoryview(buffer)[start:end])
+            if len(held) == 1:
+                with open(path, "ab") as more:
+                    more.write(b"c\nd")
+    assert [bytes(view) for view in held] == [b"a\n", b"b\n", b"c\n", b"d"]
+    del held
+    packed = tmp_path / "lines.txt.gz"
+    packed.write_bytes(gzip.compress(b"a\nb\n"))
+    with open_binary(packed) as fh:
+        assert b"".join(bytes(b[s:e]) for b, s, e in line_spans(fh, 1)) == b"a\nb\n"
 
 
 # -- real CK tables --------------------------------------------------------------------------------

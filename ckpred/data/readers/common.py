@@ -16,7 +16,9 @@ from __future__ import annotations
 import bz2
 import gc
 import gzip
+import io
 import math
+import mmap
 import os
 import stat
 from array import array
@@ -553,39 +555,35 @@ def arch_for_device(device: str) -> str:
     return matches[0] if len(matches) == 1 else ""
 
 
-def line_blocks(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[bytearray, int]]:
-    """Blocks of whole lines of about ``chunk_bytes`` from ``fh`` (a seekable binary file).
+def line_spans(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[bytearray | mmap.mmap, int, int]]:
+    """Blocks of whole lines of about ``chunk_bytes`` from ``fh`` (a seekable binary file), as
+    ``(buffer, start, end)``: ``buffer[start:end]`` is whole lines (the last one without a
+    newline only at the end of the file; a line longer than ``chunk_bytes`` makes a longer
+    block). ``buffer`` has the methods ``find`` and ``rfind`` and slices as bytes; its bytes
+    are read through ``memoryview(buffer)``. A caller keeps nothing of a block, or of a view
+    of it, past the next one.
 
-    Yields ``(block, end)``: ``block[:end]`` is whole lines (the last one without a newline
-    only at the end of the file). A block's partial last line is not copied off: the file is
-    sought back to its start, so it begins the next block (a line longer than ``chunk_bytes``
-    makes a longer block).
-
-    The blocks are one buffer read into again for each block (a new object of ``chunk_bytes``
-    per block costs more in fresh memory than the read itself): a caller keeps nothing of a
-    block, or of a view of it, past the next one.
+    A file opened with :func:`open` is memory-mapped a block at a time (:func:`_mapped_spans`);
+    any other stream is read into one buffer (:func:`_read_spans`).
     """
-    for block, start, end in line_spans(fh, chunk_bytes, align=False):
-        yield block, end
+    return _mapped_spans(fh, chunk_bytes) if _mappable(fh) else _read_spans(fh, chunk_bytes)
 
 
-#: Bytes of a memory page: :func:`line_spans` reads a block to the same offset within a page
+#: Bytes of a memory page: :func:`_read_spans` reads a block to the same offset within a page
 #: as it has in the file.
 _PAGE = 4096
 
 
-def line_spans(fh: IO[bytes], chunk_bytes: int, *, align: bool = True) -> Iterator[tuple[bytearray, int, int]]:
-    """Blocks of whole lines of about ``chunk_bytes`` from ``fh`` (a seekable binary file), as
-    ``(buffer, start, end)``: ``buffer[start:end]`` is whole lines (the last one without a
-    newline only at the end of the file).
+def _read_spans(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[bytearray, int, int]]:
+    """The blocks of :func:`line_spans` read into one buffer, again for each block (a new
+    object of ``chunk_bytes`` per block costs more in fresh memory than the read itself).
 
-    As :func:`line_blocks` (one buffer read into again; the partial last line is read again
-    by the next block), but with ``align`` each block is read to the offset within a memory
-    page that it has in the file: the system copies a file's cached pages to a buffer at the
-    same offset faster than to one shifted by a few bytes. A caller keeps nothing of a block
-    past the next one. The buffer is no larger than what is left of the file when it starts (a
-    small file does not cost a chunk of memory; a file that grows meanwhile is read in more
-    blocks).
+    A block's partial last line is not copied off: the stream is sought back to its start,
+    so it begins the next block. Each block is read to the offset within a memory page that
+    it has in the file: the system copies a file's cached pages to a buffer at the same
+    offset faster than to one shifted by a few bytes. The buffer is no larger than what is
+    left of the file when it starts (a small file does not cost a chunk of memory; a file
+    that grows meanwhile is read in more blocks).
     """
     size = max(int(chunk_bytes), 1)
     try:
@@ -594,18 +592,15 @@ def line_spans(fh: IO[bytes], chunk_bytes: int, *, align: bool = True) -> Iterat
             size = max(1, min(size, info.st_size - fh.tell()))
     except (OSError, ValueError):  # not a file of the system (an in-memory stream): a whole chunk
         pass
-    slack = _PAGE if align else 0
-    buffer = bytearray(size + slack)
+    buffer = bytearray(size + _PAGE)
     view = memoryview(buffer)
-    base = np.frombuffer(buffer, dtype=np.uint8).ctypes.data if align else 0
+    base = np.frombuffer(buffer, dtype=np.uint8).ctypes.data
     while True:
-        start = (fh.tell() - base) % _PAGE if align else 0
+        start = (fh.tell() - base) % _PAGE
         got = fh.readinto(view[start:start + size])  # type: ignore[attr-defined]
         if not got:
             return
         block, stop = buffer, start + got
-        if not align and got < size:  # the file's end: no stale bytes after it in the block
-            block = buffer[:got]
         end = block.rfind(b"\n", start, stop) + 1
         while end == 0:  # no line end yet: a long line (or the file's last line)
             more = fh.read(size)
@@ -618,6 +613,58 @@ def line_spans(fh: IO[bytes], chunk_bytes: int, *, align: bool = True) -> Iterat
         if end < stop:
             fh.seek(end - stop, 1)
         yield block, start, end
+
+
+def _mappable(fh: IO[bytes]) -> bool:
+    """Whether ``fh`` reads a regular file's own bytes (not a pipe, a decompressing stream or
+    an in-memory one), so that its blocks can be mapped."""
+    raw = getattr(fh, "raw", fh) if isinstance(fh, io.BufferedReader) else fh
+    if not isinstance(raw, io.FileIO):
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(raw.fileno()).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _mapped_spans(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[mmap.mmap, int, int]]:
+    """The blocks of :func:`line_spans` as read-only maps of the file, one at a time.
+
+    The readers take their lines straight from the system's cached pages: no copy into a
+    buffer, and no fresh buffer memory to fault in. A block is mapped from the page boundary
+    at or before its first line (a map starts on one) and unmapped when the next is asked
+    for, so the mapped pages, which count in the process's resident memory, stay within about
+    one chunk. A line longer than the chunk gets a longer map; a file that grows meanwhile is
+    read to its new end. When done, ``fh`` is at the end of what was read.
+
+    A file cut shorter by another process while it is mapped cannot be read past its new
+    end: the system stops the process (SIGBUS) instead of returning an error.
+    """
+    size = max(int(chunk_bytes), 1)
+    fd = fh.fileno()
+    offset = fh.tell()
+    try:
+        while offset < (total := os.fstat(fd).st_size):
+            base = offset - offset % mmap.ALLOCATIONGRANULARITY
+            start = offset - base
+            length = min(total - base, start + size)
+            while True:
+                mapped = mmap.mmap(fd, length, access=mmap.ACCESS_READ, offset=base)
+                end = mapped.rfind(b"\n", start) + 1
+                if end or base + length == total:
+                    break
+                mapped.close()  # no line end yet: a line longer than the chunk
+                length = min(total - base, start + 2 * (length - start))
+            end = end or length  # the file's last line, without a newline
+            yield mapped, start, end
+            offset = base + end
+            try:
+                mapped.close()
+            except BufferError:  # a view of the block is still alive: the map goes with it
+                pass
+    finally:
+        if not fh.closed:
+            fh.seek(offset)
 
 
 def decode_line(raw: bytes) -> str:

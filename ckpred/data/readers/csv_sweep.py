@@ -15,6 +15,7 @@ line it cannot vouch for to the per-line reader :func:`read`'s rules.
 from __future__ import annotations
 
 import math
+import mmap
 from pathlib import Path
 from typing import Iterator
 
@@ -163,7 +164,7 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
             lineno += lines
 
 
-def _read_block(block: bytes | bytearray, start: int, end: int, first_line: int, header: list[str],
+def _read_block(block: bytes | bytearray | mmap.mmap, start: int, end: int, first_line: int, header: list[str],
                 index: dict[str, int | None], ctx: ReadContext) -> tuple[FileRead, int]:
     """Rows and rejects of the whole lines in ``block[start:end]``, the first being line
     ``first_line``; and the number of those lines."""
@@ -186,10 +187,7 @@ def _read_block(block: bytes | bytearray, start: int, end: int, first_line: int,
                                             newlines_in_values=False, ignore_empty_lines=False),
             convert_options=pcsv.ConvertOptions(column_types=types, include_columns=list(types), null_values=[],
                                                 strings_can_be_null=False, quoted_strings_can_be_null=False,
-                                                # ASCII is UTF-8: the check is needed only otherwise
-                                                # (tested on the whole buffer, which holds only
-                                                # the file's bytes or zeros: no copy of the block)
-                                                check_utf8=not block.isascii()))
+                                                check_utf8=True))
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
         table = None
     if table is not None and block.find(b"\r", start, end) < 0:
@@ -197,7 +195,7 @@ def _read_block(block: bytes | bytearray, start: int, end: int, first_line: int,
         # pyarrow's rows: a blank line has too few fields and fails the parse.
         lines = table.num_rows
     else:
-        lines = block.count(b"\n", start, end) + (block[end - 1:end] != b"\n")
+        lines = block[start:end].count(b"\n") + (block[end - 1:end] != b"\n")
     if table is None or table.num_rows != lines:
         return _by_line(block[start:end], first_line, header, index, ctx, range(lines)), lines
     kernel_col = table.column(names[index[KERNEL_COLUMN]]).combine_chunks()  # type: ignore[index]
