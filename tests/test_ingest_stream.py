@@ -642,7 +642,7 @@ def test_line_spans_cut_a_file_into_its_whole_lines(lines: list[bytes], last_new
     path.write_bytes(b"x" * skip + data)
     stream = io.BufferedReader(io.BytesIO(b"x" * skip + data))
     with open(path, "rb") as mapped:
-        assert not common._mappable(stream) and common._mappable(mapped)
+        assert not common._mappable(stream) and common._mappable(mapped) == bool(skip or data)
         for fh in (stream, mapped):
             fh.seek(skip)
             spans = [bytes(buffer[start:end]) for buffer, start, end in common.line_spans(fh, chunk)]
@@ -695,6 +695,29 @@ def test_mapped_line_spans_follow_a_growing_file_and_outlive_a_held_view(tmp_pat
     packed.write_bytes(gzip.compress(b"a\nb\n"))
     with open_binary(packed) as fh:
         assert b"".join(bytes(b[s:e]) for b, s, e in line_spans(fh, 1)) == b"a\nb\n"
+
+
+def test_line_spans_read_what_cannot_be_mapped(tmp_path: Path) -> None:
+    """A file that tells no size (``/proc``), an empty file and a file whose system refuses a
+    map are read into a buffer, whole."""
+    from unittest import mock
+
+    from ckpred.data.readers import common
+
+    proc = Path("/proc/self/status")
+    if proc.exists():
+        with open(proc, "rb") as fh:
+            assert not common._mappable(fh)
+            assert b"".join(bytes(b[s:e]) for b, s, e in common.line_spans(fh, 64)).startswith(b"Name:")
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    with open(empty, "rb") as fh:
+        assert not common._mappable(fh) and list(common.line_spans(fh, 64)) == []
+    path = tmp_path / "lines.txt"
+    path.write_bytes(b"a\nb\nc")
+    with open(path, "rb") as fh, mock.patch.object(common.mmap, "mmap", side_effect=OSError(19, "No such device")):
+        assert not common._mappable(fh)
+        assert [bytes(b[s:e]) for b, s, e in common.line_spans(fh, 2)] == [b"a\n", b"b\n", b"c"]
 
 
 # -- real CK tables --------------------------------------------------------------------------------

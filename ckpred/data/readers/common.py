@@ -617,14 +617,19 @@ def _read_spans(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[bytearray, in
 
 def _mappable(fh: IO[bytes]) -> bool:
     """Whether ``fh`` reads a regular file's own bytes (not a pipe, a decompressing stream or
-    an in-memory one), so that its blocks can be mapped."""
+    an in-memory one) that the system can map: a file that tells no size (as those of
+    ``/proc`` do) or a file system without maps is read instead."""
     raw = getattr(fh, "raw", fh) if isinstance(fh, io.BufferedReader) else fh
     if not isinstance(raw, io.FileIO):
         return False
     try:
-        return stat.S_ISREG(os.fstat(raw.fileno()).st_mode)
+        info = os.fstat(raw.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+            return False
+        mmap.mmap(raw.fileno(), min(info.st_size, mmap.PAGESIZE), access=mmap.ACCESS_READ).close()
     except (OSError, ValueError):
         return False
+    return True
 
 
 def _mapped_spans(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[mmap.mmap, int, int]]:
