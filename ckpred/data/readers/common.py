@@ -619,7 +619,7 @@ def _mappable(fh: IO[bytes]) -> bool:
     """Whether ``fh`` reads a regular file's own bytes (not a pipe, a decompressing stream or
     an in-memory one) that the system can map: a file that tells no size (as those of
     ``/proc`` do) or a file system without maps is read instead."""
-    raw = getattr(fh, "raw", fh) if isinstance(fh, io.BufferedReader) else fh
+    raw = fh.raw if isinstance(fh, io.BufferedReader) else fh
     if not isinstance(raw, io.FileIO):
         return False
     try:
