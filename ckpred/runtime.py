@@ -37,7 +37,7 @@ import re
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -45,6 +45,7 @@ import pandas as pd
 from ckpred.errors import ConfigValueError, ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.kernels.base import OpDefinition, load_op
+from ckpred.plugins import allowed_plugins
 
 __all__ = ["KernelSelector", "Selection"]
 
@@ -163,7 +164,7 @@ class KernelSelector:
     @classmethod
     def load(cls, model_dir: str | Path, *, arch: Any = None, dtype: Any = None, layout: Any = None,
              op: Any = None, catalogue: pd.DataFrame | None = None, threads: int = 1, cache_size: int = 4096,
-             check_catalogue: bool = True) -> "KernelSelector":
+             check_catalogue: bool = True, allow_plugins: Iterable[str] = ()) -> "KernelSelector":
         """Load and verify an export directory.
 
         Parameters
@@ -183,6 +184,11 @@ class KernelSelector:
         check_catalogue : bool, default=True
             Compare the catalogue (set False only for ops whose catalogue needs configs that
             are not available by name).
+        allow_plugins : iterable of str, default=()
+            Modules (packages) the manifest's op config may name as its plug-in besides
+            ckpred's own, those installed packages register in the ``ckpred.plugins`` entry-point
+            group and those of ``CKPRED_ALLOW_PLUGINS`` (:mod:`ckpred.plugins`). Any other
+            plug-in is refused before it is imported: loading an export runs no code of its own.
 
         Raises
         ------
@@ -216,7 +222,13 @@ class KernelSelector:
             raise ModelMismatchError(f"{model_dir}: manifest.json does not match the manifest embedded in "
                                      f"{selector_file} (manifest edited, or files from different exports?)")
         calibration = _calibration(manifest, model_dir)
-        op_def = load_op(manifest.get("op_config") or manifest["op"])
+        try:
+            with allowed_plugins(allow_plugins):  # the manifest is data: only allowed plug-ins are imported
+                op_def = load_op(manifest.get("op_config") or manifest["op"])
+        except ConfigValueError as exc:
+            if exc.key not in ("op.plugin", "allow_plugins"):
+                raise
+            raise ModelMismatchError(f"{model_dir}/{mf.MANIFEST}: op_config.plugin: {exc}") from None
         section = manifest["catalogue"]
         own = mf.catalogue_frame(section)
         if op_def.catalogue_hash(own) != section["hash"]:

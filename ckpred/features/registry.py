@@ -22,7 +22,6 @@ config schema can validate ``kind`` values cheaply.
 from __future__ import annotations
 
 import functools
-import importlib
 import re
 from typing import Any
 
@@ -77,7 +76,12 @@ def is_dotted(kind: str) -> bool:
 
 def check_kind(key: str, kind: str) -> None:
     """Refuse a ``kind`` that is neither a known name nor a ``module:Class`` path, naming ``key``."""
-    if kind in FEATURE_GROUPS or kind == EXPRESSIONS or kind in declared_groups() or is_dotted(kind):
+    if kind in FEATURE_GROUPS or kind == EXPRESSIONS or kind in declared_groups():
+        return
+    if is_dotted(kind):
+        from ckpred.plugins import check_allowed
+
+        check_allowed(kind, key, "a FeatureGroup subclass")  # refused here, at compose, without an import
         return
     raise ConfigValueError(key, kind, f"one of {known_kinds()} or 'package.module:Class' of a FeatureGroup")
 
@@ -90,12 +94,10 @@ def default_name(kind: str) -> str:
 def _import(path: str, key: str) -> type:
     from ckpred.features.base import FeatureGroup
 
-    module_name, _, name = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigValueError(key, path, f"an importable module:Class ({exc})") from None
-    cls = getattr(module, name, None)
+    from ckpred.plugins import import_named
+
+    module_name = path.partition(":")[0]
+    cls = import_named(path, key, "a FeatureGroup subclass")  # only an allowed module is imported
     if not (isinstance(cls, type) and issubclass(cls, FeatureGroup)):
         raise ConfigValueError(key, path, f"a ckpred.features.base.FeatureGroup subclass in module "
                                           f"{module_name!r} (found {type(cls).__name__ if cls is not None else 'nothing'})")

@@ -8,7 +8,6 @@ composed without importing the op machinery: every check raises
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Mapping, Sequence
 
 from ckpred.errors import ConfigValueError
@@ -128,15 +127,15 @@ def vars_of(cls: type) -> set[str]:
 
 
 def load_plugin(spec: str, key: str = "op.plugin") -> type:
-    """Import ``package.module:Class`` and check it is a :class:`DeclaredOp` subclass."""
-    module_name, sep, attr = str(spec).partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigValueError(key, spec, "'package.module:Class' (a DeclaredOp subclass)")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigValueError(key, spec, f"an importable module ({exc})") from None
-    obj = getattr(module, attr, None)
+    """Import ``package.module:Class`` and check it is a :class:`DeclaredOp` subclass.
+
+    The module is imported only when it is allowed (:func:`ckpred.plugins.is_allowed`); any
+    other name is refused before anything is imported.
+    """
+    from ckpred.plugins import import_named
+
+    module_name = str(spec).partition(":")[0]
+    obj = import_named(spec, key, "a DeclaredOp subclass")
     if not (isinstance(obj, type) and getattr(obj, DECLARED_MARK, False)):
         raise ConfigValueError(key, spec, f"a subclass of ckpred.kernels.declared.DeclaredOp in {module_name} "
                                           f"(found {type(obj).__name__ if obj is not None else 'nothing'})")
