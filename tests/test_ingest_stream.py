@@ -673,28 +673,66 @@ def test_line_spans_of_a_file_after_its_header_line(tmp_path: Path, chunk: int) 
 
 
 def test_mapped_line_spans_follow_a_growing_file_and_outlive_a_held_view(tmp_path: Path) -> None:
-    """Lines appended while a file is read are read too; a caller that keeps a view of a
-    mapped block past the next one still reads its bytes (the map is released with the
-    view, not closed under it); a compressed file is read through its decompressed stream."""
+    """Lines appended while a file is read are read too (a writer that holds the file open gets
+    it read into a buffer: no lease is granted then); a caller that keeps a view of a mapped
+    block past the next one still reads its bytes (the map is released with the view, not
+    closed under it); a compressed file is read through its decompressed stream."""
     import gzip
+    from unittest import mock
 
+    from ckpred.data.readers import common
     from ckpred.data.readers.common import line_spans, open_binary
 
     path = tmp_path / "growing.txt"
     path.write_bytes(b"a\nb\n")
     held = []
-    with open(path, "rb") as fh:
+    with open(path, "rb") as fh, open(path, "ab") as writer:  # a writer appending as it runs
         for buffer, start, end in line_spans(fh, 2):
             held.append(memoryview(buffer)[start:end])
             if len(held) == 1:
-                with open(path, "ab") as more:
-                    more.write(b"c\nd")
+                writer.write(b"c\nd")
+                writer.flush()
+    assert [bytes(view) for view in held] == [b"a\n", b"b\n", b"c\n", b"d"]
+    del held
+    held = []
+    with open(path, "rb") as fh, mock.patch.object(common, "_read_spans", side_effect=AssertionError("read")):
+        for buffer, start, end in line_spans(fh, 2):  # mapped: no writer holds the file open
+            assert isinstance(buffer, common.mmap.mmap)
+            held.append(memoryview(buffer)[start:end])
     assert [bytes(view) for view in held] == [b"a\n", b"b\n", b"c\n", b"d"]
     del held
     packed = tmp_path / "lines.txt.gz"
     packed.write_bytes(gzip.compress(b"a\nb\n"))
     with open_binary(packed) as fh:
         assert b"".join(bytes(b[s:e]) for b, s, e in line_spans(fh, 1)) == b"a\nb\n"
+
+
+@pytest.mark.skipif(not Path("/proc/sys/fs/lease-break-time").exists(), reason="needs Linux file leases")
+def test_a_mapped_block_holds_writers_off_until_it_is_done(tmp_path: Path) -> None:
+    """While a mapped block is being read, opening the file for writing (which a truncation
+    needs) waits: here a non-blocking open is refused; between blocks and after the read it
+    is not. So no page of a mapped block can vanish under its reader (SIGBUS)."""
+    import errno
+    import os
+
+    from ckpred.data.readers.common import line_spans
+
+    path = tmp_path / "lines.txt"
+    path.write_bytes(b"a\nb\n")
+
+    def try_write() -> int:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        except BlockingIOError as exc:
+            return exc.errno
+        return 0
+
+    refused = []
+    with open(path, "rb") as fh:
+        for _ in line_spans(fh, 2):
+            refused.append(try_write())
+    assert refused == [errno.EWOULDBLOCK] * 2
+    assert try_write() == 0
 
 
 def test_line_spans_read_what_cannot_be_mapped(tmp_path: Path) -> None:

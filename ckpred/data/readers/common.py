@@ -563,10 +563,47 @@ def line_spans(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[bytearray | mm
     are read through ``memoryview(buffer)``. A caller keeps nothing of a block, or of a view
     of it, past the next one.
 
-    A file opened with :func:`open` is memory-mapped a block at a time (:func:`_mapped_spans`);
-    any other stream is read into one buffer (:func:`_read_spans`).
+    A regular file is memory-mapped a block at a time while the system grants a read lease on
+    it (:func:`_mapped_spans`); any other stream, or a file it cannot lease, is read into one
+    buffer (:func:`_read_spans`). A file that grows meanwhile is read to its new end; a file
+    found shorter than it was (another process truncated or rewrote it) is refused, naming
+    it (:class:`FileShrankError`), before another block is read and at the end: the read
+    never ends early with part of the lines as if they were all.
     """
-    return _mapped_spans(fh, chunk_bytes) if _mappable(fh) else _read_spans(fh, chunk_bytes)
+    return _mapped_spans(fh, chunk_bytes) if _mappable(fh, chunk_bytes) else _read_spans(fh, chunk_bytes)
+
+
+class FileShrankError(OSError):
+    """A file became shorter while it was being read (truncated or rewritten by another process)."""
+
+    def __init__(self, name: str, was: int, now: int) -> None:
+        self.path = name
+        self.message = (f"the file shrank while being read (from {was:,} to {now:,} bytes; another process "
+                        "truncated or rewrote it): read it again once it is complete")
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class _Size:
+    """The largest size a file being read has had; refuses it when it is found shorter."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self.fd = fh.fileno()
+        self.name = str(getattr(fh, "name", "the file"))
+        info = os.fstat(self.fd)
+        self.largest = info.st_size
+        #: A regular file that tells its size (those of ``/proc`` say 0 whatever they hold).
+        self.sized = stat.S_ISREG(info.st_mode) and info.st_size > 0
+
+    def now(self, offset: int = 0) -> int:
+        """The file's size now (at least ``offset``, the bytes read so far, or it shrank)."""
+        size = os.fstat(self.fd).st_size
+        if self.sized and size < max(self.largest, offset):
+            raise FileShrankError(self.name, max(self.largest, offset), size)
+        self.largest = max(self.largest, size)
+        return size
 
 
 #: Bytes of a memory page: :func:`_read_spans` reads a block to the same offset within a page
@@ -574,7 +611,7 @@ def line_spans(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[bytearray | mm
 _PAGE = 4096
 
 
-def _read_spans(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[bytearray, int, int]]:
+def _read_spans(fh: IO[bytes], chunk_bytes: int, watch: "_Size | None" = None) -> Iterator[tuple[bytearray, int, int]]:
     """The blocks of :func:`line_spans` read into one buffer, again for each block (a new
     object of ``chunk_bytes`` per block costs more in fresh memory than the read itself).
 
@@ -583,22 +620,28 @@ def _read_spans(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[bytearray, in
     it has in the file: the system copies a file's cached pages to a buffer at the same
     offset faster than to one shifted by a few bytes. The buffer is no larger than what is
     left of the file when it starts (a small file does not cost a chunk of memory; a file
-    that grows meanwhile is read in more blocks).
+    that grows meanwhile is read in more blocks). A regular file's size is checked before
+    each block and at the end (:class:`FileShrankError`; ``watch``: the caller's, when it read
+    the first blocks itself).
     """
     size = max(int(chunk_bytes), 1)
     try:
-        info = os.fstat(fh.fileno())
-        if stat.S_ISREG(info.st_mode) and info.st_size > 0:  # not a pipe, nor a file that tells no size
-            size = max(1, min(size, info.st_size - fh.tell()))
+        watch = watch or _Size(fh)
+        if watch.sized:  # not a pipe, nor a file that tells no size
+            size = max(1, min(size, watch.largest - fh.tell()))
     except (OSError, ValueError):  # not a file of the system (an in-memory stream): a whole chunk
-        pass
+        watch = None
     buffer = bytearray(size + _PAGE)
     view = memoryview(buffer)
     base = np.frombuffer(buffer, dtype=np.uint8).ctypes.data
     while True:
+        if watch is not None:
+            watch.now(fh.tell())
         start = (fh.tell() - base) % _PAGE
         got = fh.readinto(view[start:start + size])  # type: ignore[attr-defined]
         if not got:
+            if watch is not None:
+                watch.now(fh.tell())  # a file cut short ends the read here: refused, not a partial table
             return
         block, stop = buffer, start + got
         end = block.rfind(b"\n", start, stop) + 1
@@ -615,12 +658,19 @@ def _read_spans(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[bytearray, in
         yield block, start, end
 
 
-def _mappable(fh: IO[bytes]) -> bool:
+#: Largest block mapped: a block is processed while its lease holds, and the system breaks a
+#: lease a writer waits on after ``/proc/sys/fs/lease-break-time`` (45 s by default); larger
+#: chunks are read instead.
+_MAX_MAPPED = 256 << 20
+
+
+def _mappable(fh: IO[bytes], chunk_bytes: int = 0) -> bool:
     """Whether ``fh`` reads a regular file's own bytes (not a pipe, a decompressing stream or
     an in-memory one) that the system can map: a file that tells no size (as those of
-    ``/proc`` do) or a file system without maps is read instead."""
+    ``/proc`` do), a file system without maps, or a block larger than :data:`_MAX_MAPPED` is
+    read instead."""
     raw = fh.raw if isinstance(fh, io.BufferedReader) else fh
-    if not isinstance(raw, io.FileIO):
+    if not isinstance(raw, io.FileIO) or chunk_bytes > _MAX_MAPPED:
         return False
     try:
         info = os.fstat(raw.fileno())
@@ -632,7 +682,38 @@ def _mappable(fh: IO[bytes]) -> bool:
     return True
 
 
-def _mapped_spans(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[mmap.mmap, int, int]]:
+def _lease(fd: int) -> bool:
+    """Take a read lease on ``fd``; False when the system refuses one.
+
+    While the lease is held, another process that opens the file for writing or truncates it
+    waits until the lease is released (:func:`_release`), so the pages of a mapped block stay
+    there while it is read. The system refuses a lease on a file open for writing (a writer
+    still appending), on another user's file and on file systems without leases. The notice
+    the system sends when someone waits is delivered as SIGURG, which a process ignores by
+    default (the default SIGIO would end it): ckpred does not need it, the lease is released
+    after each block anyway.
+    """
+    import fcntl
+    import signal
+
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except (OSError, AttributeError):  # refused, or not Linux
+        return False
+    return True
+
+
+def _release(fd: int) -> None:
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    except OSError:  # the file is closed already (its lease went with it)
+        pass
+
+
+def _mapped_spans(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[mmap.mmap | bytearray, int, int]]:
     """The blocks of :func:`line_spans` as read-only maps of the file, one at a time.
 
     The readers take their lines straight from the system's cached pages: no copy into a
@@ -642,14 +723,30 @@ def _mapped_spans(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[mmap.mmap, 
     one chunk. A line longer than the chunk gets a longer map; a file that grows meanwhile is
     read to its new end. When done, ``fh`` is at the end of what was read.
 
-    A file cut shorter by another process while it is mapped cannot be read past its new
-    end: the system stops the process (SIGBUS) instead of returning an error.
+    A mapped page past the end of a file that another process cut shorter cannot be read:
+    the system would stop the process (SIGBUS). So a block is mapped only under a read lease
+    (:func:`_lease`): a truncation waits until the block is done, and the size is checked
+    (:class:`_Size`) once the lease is held, before the block is mapped. Where no lease is
+    granted (a writer has the file open, another user's file, a file system without leases)
+    the rest of the file is read into a buffer (:func:`_read_spans`), where a truncation only
+    shortens a read.
     """
     size = max(int(chunk_bytes), 1)
     fd = fh.fileno()
     offset = fh.tell()
+    watch = _Size(fh)
+    leased = False
     try:
-        while offset < (total := os.fstat(fd).st_size):
+        while True:
+            if not _lease(fd):
+                fh.seek(offset)
+                yield from _read_spans(fh, chunk_bytes, watch)
+                offset = fh.tell()
+                return
+            leased = True
+            total = watch.now(offset)
+            if offset >= total:
+                return
             base = offset - offset % mmap.ALLOCATIONGRANULARITY
             start = offset - base
             length = min(total - base, start + size)
@@ -667,7 +764,11 @@ def _mapped_spans(fh: IO[bytes], chunk_bytes: int) -> Iterator[tuple[mmap.mmap, 
                 mapped.close()
             except BufferError:  # a view of the block is still alive: the map goes with it
                 pass
+            _release(fd)
+            leased = False
     finally:
+        if leased:
+            _release(fd)
         if not fh.closed:
             fh.seek(offset)
 
