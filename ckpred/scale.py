@@ -39,7 +39,8 @@ import numpy as np
 import pandas as pd
 
 from ckpred import evaluate as ev
-from ckpred.data.partitions import COMBO_COLUMNS, MANIFEST, describe_part, read_manifest, write_manifest
+from ckpred.data.partitions import (COMBO_COLUMNS, DATASET_DIR, MANIFEST, describe_part, read_manifest,
+                                    write_manifest)
 from ckpred.errors import CkpredError, ConfigValueError, InputFileError
 from ckpred.fitting import model_method, prepare, training_rows
 from ckpred.kernels.base import OpDefinition
@@ -76,11 +77,13 @@ def write_partitions(frames: Iterable[pd.DataFrame], out_dir: str | Path, op: Op
     canonical schema (:func:`ckpred.data.table.write_table`). Returns the manifest (also
     written as ``_ckpred_partitions.json``): op, query columns, and per file its rows and combo.
     The directory is written beside ``out_dir`` and swapped in at the end
-    (:func:`ckpred.util.atomic_dir`): a failed run leaves the previous dataset whole.
+    (:func:`ckpred.util.atomic_dir`): a failed run leaves the previous dataset whole. An existing
+    ``out_dir`` is replaced only when it is empty or a dataset ckpred wrote
+    (:data:`ckpred.data.partitions.DATASET_DIR`); anything else is refused before any write.
     """
     from ckpred.data.table import canonical_arrow, write_table
 
-    with atomic_dir(out_dir) as out:  # a failed run leaves the previous dataset whole
+    with atomic_dir(out_dir, DATASET_DIR) as out:  # a failed run leaves the previous dataset whole
         parts: list[dict[str, Any]] = []
         for i, frame in enumerate(frames):
             name = f"part-{i:05d}.parquet"

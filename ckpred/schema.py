@@ -13,6 +13,7 @@ adding an *option* to a group is only a YAML file.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -20,6 +21,7 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from ckpred.errors import ConfigValueError
+from ckpred.util import file_kind
 
 #: Names the CK Tile kernel space and the simulator understand.
 DTYPES: tuple[str, ...] = ("fp8", "bf8", "fp16", "bf16", "fp32")
@@ -77,30 +79,46 @@ def check_arch_dtype(arch: Any, dtype: Any) -> None:
 
 
 def _first_existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
+    while not os.path.lexists(path) and path != path.parent:
         path = path.parent
     return path
 
 
-def check_output_path(key: str, value: str, *, kind: str) -> None:
+def check_output_path(key: str, value: str, *, kind: str, required: bool = False) -> None:
     """Refuse an output path that cannot be written before any work starts.
 
     ``kind`` is ``file`` or ``dir``. Refused: a directory given for a file (or a file for a
-    directory), a path below an existing file, and an existing ancestor without write
-    permission. An empty value (the command's default place) is not checked. What only the
-    write itself can tell (a full or read-only filesystem) is refused there, by
+    directory), a device, FIFO or socket, a path below an existing file, and a nearest
+    existing directory without write permission. An empty value is the command's default
+    place (not checked), unless ``required``: then it is refused (an empty path would
+    name the working directory). Whether an existing output may be replaced (only what
+    ckpred wrote may) is checked by the command before it starts (:func:`ckpred.util.check_replaceable`);
+    what only the write itself can tell (a full or read-only filesystem) is refused there, by
     :func:`ckpred.util.atomic_path`.
     """
-    if not value:
+    if not str(value).strip():
+        check(key, value, not required, "a path (an empty one would name the working directory)")
         return
     path = Path(str(value)).expanduser().absolute()
-    if kind == "file":
-        check(key, value, not path.is_dir(), "a file path (this is an existing directory)")
-    else:
-        check(key, value, not path.exists() or path.is_dir(), "a directory path (this is an existing file)")
-    base = _first_existing(path.parent if not path.exists() else path)
-    check(key, value, base.is_dir(), f"a path below a directory ({base} is a file)")
-    check(key, value, os.access(base, os.W_OK | os.X_OK), f"a writable location ({base} is not writable)")
+    if path.exists():  # (through a symlink: the command refuses a symlink where it replaces the output)
+        mode = path.stat().st_mode
+        if kind == "file":
+            check(key, value, not stat.S_ISDIR(mode), "a file path (this is an existing directory)")
+            check(key, value, stat.S_ISREG(mode), f"a regular file path ({path} is {file_kind(mode)})")
+        else:
+            check(key, value, not stat.S_ISREG(mode), "a directory path (this is an existing file)")
+            check(key, value, stat.S_ISDIR(mode), f"a directory path ({path} is {file_kind(mode)})")
+            check(key, value, os.access(path, os.W_OK | os.X_OK), f"a writable location ({path} is not writable)")
+    parent = _first_existing(path.parent)
+    check(key, value, parent.is_dir(), f"a path below a directory ({parent} is {_kind_of(parent)})")
+    check(key, value, os.access(parent, os.W_OK | os.X_OK), f"a writable location ({parent} is not writable)")
+
+
+def _kind_of(path: Path) -> str:
+    try:
+        return file_kind(path.stat().st_mode)
+    except OSError:
+        return "not a directory"
 
 
 def check_positive(prefix: str, obj: Any, names: tuple[str, ...], *, allow_zero: bool = False) -> None:
@@ -424,7 +442,8 @@ class IngestConfig:
 
     def __post_init__(self) -> None:
         check_arch_dtype(self.arch, self.dtype)
-        check_output_path("out", self.out, kind="file" if str(self.out).endswith(".parquet") else "dir")
+        check_output_path("out", self.out, kind="file" if str(self.out).endswith(".parquet") else "dir",
+                          required=True)
         check_output_path("rejects", self.rejects, kind="file")
 
 
@@ -538,7 +557,7 @@ class SimulateConfig:
 
     def __post_init__(self) -> None:
         check_arch_dtype(self.arch, self.dtype)
-        check_output_path("out", self.out, kind="file")
+        check_output_path("out", self.out, kind="file", required=True)
         check_output_path("log", self.log, kind="file")
 
 

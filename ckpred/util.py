@@ -10,36 +10,168 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
-from ckpred.errors import OutputPathError
+from ckpred.errors import ConfigValueError, OutputPathError
 
 
+# -- what a write may replace ---------------------------------------------------------------------
+class Replaceable:
+    """A kind of output ckpred writes, and how an existing one is recognised as its own.
+
+    A write replaces what is at its path only when :meth:`refusal` finds nothing to object
+    to: nothing is there, or an empty file or directory, or an output of this kind that
+    ckpred wrote. Anything else (a user's file or directory, a symlink, a device) is refused
+    before any work, so nothing ckpred did not write is ever deleted or overwritten.
+    """
+
+    #: What may be at the path, for the one-line refusal (``allowed: ...``).
+    allowed: str = ""
+
+    def refusal(self, path: Path) -> str:
+        """Why the existing ``path`` may not be replaced; ``""`` when it may (or nothing is there)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class OwnFile(Replaceable):
+    """An output file, recognised as ckpred's by ``recognise`` (its header or metadata)."""
+
+    #: The kind of file, as the errors name it (``a canonical Parquet table``).
+    what: str
+    recognise: Callable[[Path], bool]
+
+    @property
+    def allowed(self) -> str:  # type: ignore[override]
+        return f"a new file, an empty one, or {self.what} ckpred wrote (a regular file, not a symlink)"
+
+    def refusal(self, path: Path) -> str:
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return ""
+        except OSError as exc:
+            return f"cannot inspect it ({exc.strerror})"
+        if not stat.S_ISREG(info.st_mode):
+            return f"it is {file_kind(info.st_mode)}"
+        if info.st_size == 0 or self.recognise(path):
+            return ""
+        return f"it is a file that is not {self.what} ckpred wrote"
+
+
+@dataclass(frozen=True)
+class OwnDirectory(Replaceable):
+    """An output directory written as a whole: the file ``marker`` and regular files whose
+    names match ``names``, nothing else."""
+
+    #: The kind of directory, as the errors name it (``a partitioned table of ckpred ingest``).
+    what: str
+    marker: str
+    names: re.Pattern[str]
+    #: A symlink at the path is followed (the directory it points to is replaced, the link stays).
+    follow_symlink: bool = False
+
+    @property
+    def allowed(self) -> str:  # type: ignore[override]
+        link = "" if self.follow_symlink else ", not a symlink"
+        return f"a new or empty directory, or {self.what} (only {self.marker} and its files{link})"
+
+    def refusal(self, path: Path) -> str:
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return ""
+        except OSError as exc:
+            return f"cannot inspect it ({exc.strerror})"
+        if stat.S_ISLNK(info.st_mode):
+            if not self.follow_symlink:
+                return "it is a symlink"
+            try:
+                info = os.stat(path)
+            except OSError:
+                return "it is a dangling symlink"
+        if not stat.S_ISDIR(info.st_mode):
+            return f"it is {file_kind(info.st_mode)}"
+        try:
+            entries = list(os.scandir(path))
+        except OSError as exc:
+            return f"cannot list it ({exc.strerror})"
+        if not entries:
+            return ""
+        if self.marker not in {e.name for e in entries}:
+            return f"it holds files and no {self.marker}, so ckpred did not write it"
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
+                kind = "a symlink" if entry.is_symlink() else file_kind(entry.stat(follow_symlinks=False).st_mode)
+                return f"it holds {entry.name!r} ({kind}), which ckpred does not write there"
+            if entry.name != self.marker and not self.names.fullmatch(entry.name):
+                return f"it holds {entry.name!r}, which ckpred does not write there"
+        return ""
+
+
+def file_kind(mode: int) -> str:
+    """``a directory``, ``a character device``... for the file mode ``mode`` (for messages)."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISREG, "a file")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def check_replaceable(key: str, value: Any, kind: Replaceable) -> None:
+    """Refuse (:class:`ckpred.errors.ConfigValueError` naming ``key``) an output path ``value``
+    that holds something a write of ``kind`` may not replace (:meth:`Replaceable.refusal`)."""
+    path = resolve_path(str(value))
+    reason = kind.refusal(path)
+    if reason:
+        raise ConfigValueError(key, str(value), f"{kind.allowed} ({path}: {reason})")
+
+
+def _refuse_foreign(path: Path, kind: Replaceable | None) -> None:
+    reason = kind.refusal(path) if kind is not None else ""
+    if reason:
+        raise OutputPathError(str(path), f"{reason}; allowed: {kind.allowed}")  # type: ignore[union-attr]
+
+
+# -- atomic writes -------------------------------------------------------------------------------
 @contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
+def atomic_path(path: str | Path, replaces: OwnFile | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
 
     A reader never sees a half-written file, and a failure (or ``kill -9``) leaves the old file
-    untouched; on an exception the temporary file is removed. A place that cannot be written
-    (no such directory, no permission, a directory at ``path``, a full or read-only filesystem)
-    raises :class:`ckpred.errors.OutputPathError` naming ``path``.
+    untouched; on an exception the temporary file is removed (a killed writer's by the next
+    write into the same parent, :func:`clean_stale_temps`). With ``replaces``, an existing
+    ``path`` that is not an output of that kind is refused before anything is written
+    (:meth:`OwnFile.refusal`). The file gets the mode a new file gets (0666 less the umask),
+    not the private mode of a temporary file. A place that cannot be written (no such
+    directory, no permission, a directory at ``path``, a full or read-only filesystem) raises
+    :class:`ckpred.errors.OutputPathError` naming ``path``.
     """
     path = Path(path)
+    _refuse_foreign(path, replaces)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        clean_stale_temps(path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path, "tmp"), dir=path.parent)
+        os.fchmod(fd, 0o666 & ~_umask())
     except OSError as exc:
         raise OutputPathError(str(path), exc.strerror or str(exc)) from None
     os.close(fd)
     try:
         yield Path(tmp)
+        _refuse_foreign(path, replaces)  # the same check at the rename: the path may have changed meanwhile
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OutputPathError):
+            raise
         if exc.errno in _OUTPUT_ERRNOS or exc.filename in (tmp, str(path)):
             raise OutputPathError(str(path), exc.strerror or str(exc)) from None
         raise
@@ -48,24 +180,35 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it and setting it back: there is no other way)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 #: Write errors that are about the output's place, whatever call raised them.
 _OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EISDIR, errno.EACCES})
 
 
 @contextmanager
-def atomic_dir(path: str | Path) -> Iterator[Path]:
+def atomic_dir(path: str | Path, replaces: OwnDirectory) -> Iterator[Path]:
     """Yield a temporary sibling directory of ``path``; on success it replaces ``path`` at once.
 
-    The caller writes the whole directory into the yielded one; when the block ends without
-    error it is swapped in with one rename (``renameat2(RENAME_EXCHANGE)`` where the filesystem
-    has it, else two renames) and the previous directory is removed. A reader sees the old or
-    the new set of files, never a mix; an exception (or ``kill -9``) leaves the previous
-    directory untouched and the temporary one is removed (a killed writer's by the next write
-    into the same parent, :func:`clean_stale_temps`). A symlink ``path`` is followed: the
-    directory it points to is replaced and the link stays. A place that cannot be written
-    raises :class:`ckpred.errors.OutputPathError` naming ``path``.
+    An existing ``path`` is replaced only when it is empty or a directory of the kind
+    ``replaces`` (:meth:`OwnDirectory.refusal`): anything else is refused before anything is
+    written, and checked again just before the swap. The caller writes the whole directory
+    into the yielded one; when the block ends without error it is swapped in with one rename
+    (``renameat2(RENAME_EXCHANGE)`` where the filesystem has it, else two renames) and the
+    previous directory is removed. A reader sees the old or the new set of files, never a
+    mix; an exception (or ``kill -9``) leaves the previous directory untouched and the
+    temporary one is removed (a killed writer's by the next write into the same parent,
+    :func:`clean_stale_temps`). A symlink ``path`` is refused, or followed when ``replaces``
+    says so (the directory it points to is replaced and the link stays). A place that cannot
+    be written raises :class:`ckpred.errors.OutputPathError` naming ``path``.
     """
     path = Path(path)
+    _refuse_foreign(path, replaces)
     if path.is_symlink():
         path = path.resolve()
     try:
@@ -78,10 +221,13 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     try:
         yield tmp
         swapping = True
-        os.chmod(tmp, 0o755)
+        os.chmod(tmp, 0o777 & ~_umask())
+        _refuse_foreign(path, replaces)
         previous = _swap_in(tmp, path)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OutputPathError):
+            raise
         if swapping or exc.errno in _OUTPUT_ERRNOS or str(exc.filename or "").startswith(str(tmp)):
             raise OutputPathError(str(path), exc.strerror or str(exc)) from None
         raise
@@ -90,6 +236,22 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         raise
     if previous is not None:
         shutil.rmtree(previous, ignore_errors=True)
+
+
+@contextmanager
+def temporary_dir(parent: str | Path, name: str) -> Iterator[Path]:
+    """A private working directory in ``parent``, removed at the end, also on error.
+
+    Named like the temporaries of :func:`atomic_dir` (``.<name>.tmp-<host>-<pid>-<random>``),
+    so the next write into ``parent`` removes it when this process was killed.
+    """
+    parent = Path(parent)
+    clean_stale_temps(parent)
+    path = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-{socket.gethostname()}-{os.getpid()}-", dir=parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 _RENAME_EXCHANGE = 2
@@ -137,6 +299,9 @@ def keep_freed_memory(limit_bytes: int = 1 << 28) -> bool:
 _SWAP_ATTEMPTS = 100
 #: ``.<directory name>.<tmp|old>-<host>-<pid>-<random>``: the writer of a temporary directory.
 _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<host>.+)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
+#: Temporaries of older versions, without host and pid: a directory's, ingestion's spill directory.
+_LEGACY_TEMP = re.compile(r"^\.(.+)\.(tmp|old)-[A-Za-z0-9_]+$")
+_LEGACY_SPILL = re.compile(r"^\.ckpred-ingest-[A-Za-z0-9_]{8}$")
 #: Temporary directories of writers older than this module (no host/pid in the name) are
 #: removed once they are this old: no write takes that long.
 _UNNAMED_STALE_S = 24 * 3600
@@ -157,12 +322,16 @@ def _process_alive(pid: int) -> bool:
 
 
 def clean_stale_temps(parent: Path) -> list[Path]:
-    """Remove the temporary directories killed writers left in ``parent``; returns them.
+    """Remove the temporaries killed writers left in ``parent``; returns them.
 
-    Only directories of writers on this host whose process no longer exists are touched, so
-    a concurrent writer's directory is never removed. A ``.old-`` directory of a writer killed
-    between its two renames holds the only copy of the previous directory when the directory itself
-    is missing: it is renamed back into place instead of removed.
+    Only temporaries named by this module (``.<name>.<tmp|old>-<host>-<pid>-<random>``:
+    directories of :func:`atomic_dir` and :func:`temporary_dir`, files of
+    :func:`atomic_path`) of writers on this host whose process no longer exists are touched,
+    so a concurrent writer's temporary is never removed. A ``.old-`` directory of a writer
+    killed between its two renames holds the only copy of the previous directory when the
+    directory itself is missing: it is renamed back into place instead of removed. Unnamed
+    temporary directories of older versions (``.<name>.tmp-<random>``, ``.ckpred-ingest-<random>``)
+    are removed once they are a day old.
     """
     removed: list[Path] = []
     host = socket.gethostname()
@@ -171,18 +340,25 @@ def clean_stale_temps(parent: Path) -> list[Path]:
     except OSError:
         return removed
     for entry in entries:
-        if not entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+        if not entry.name.startswith("."):
+            continue
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+            is_file = entry.is_file(follow_symlinks=False)
+        except OSError:
             continue
         match = _TEMP_NAME.match(entry.name)
         path = Path(entry.path)
         if match is None:
-            legacy = re.match(r"^\.(.+)\.(tmp|old)-[A-Za-z0-9_]+$", entry.name)
+            legacy = is_dir and (_LEGACY_TEMP.match(entry.name) or _LEGACY_SPILL.match(entry.name))
             try:
-                stale = legacy is not None and time.time() - entry.stat(follow_symlinks=False).st_mtime > _UNNAMED_STALE_S
+                stale = bool(legacy) and time.time() - entry.stat(follow_symlinks=False).st_mtime > _UNNAMED_STALE_S
             except OSError:
                 stale = False
             if not stale:
                 continue
+        elif not (is_dir or (is_file and match["kind"] == "tmp")):
+            continue
         elif match["host"] != host or _process_alive(int(match["pid"])):
             continue
         elif match["kind"] == "old" and not (parent / match["name"]).exists():
@@ -191,7 +367,10 @@ def clean_stale_temps(parent: Path) -> list[Path]:
                 continue
             except OSError:
                 pass  # a concurrent writer put a new directory there meanwhile
-        shutil.rmtree(path, ignore_errors=True)
+        if is_dir:
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
         removed.append(path)
     return removed
 

@@ -69,6 +69,292 @@ def user_dir(path: Path) -> Path:
     return path
 
 
+# -- F01: a directory out replaces only what ckpred wrote --------------------------------------------
+@pytest.mark.parametrize("case", ["od01 user directory", "od02 symlink to a directory", "od03 ${oc.env:HOME}",
+                                  "cl15 out=.", "cl16 out= (empty)"])
+def test_ingest_never_replaces_a_directory_it_did_not_write(case: str, tmp_path: Path, src: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    victim = user_dir(tmp_path / "victim")
+    home = user_dir(tmp_path / "home")
+    (home / ".bashrc").write_text("alias x=y")
+    monkeypatch.setenv("HOME", str(home))
+    (tmp_path / "link").symlink_to(victim)
+    out, names = {"od01 user directory": ("out=victim", ["'out'", "'victim'", "_ckpred_partitions.json"]),
+                  "od02 symlink to a directory": ("out=link", ["'out'", "'link'", "symlink"]),
+                  "od03 ${oc.env:HOME}": ("out=${oc.env:HOME}", ["'out'", str(home), "ckpred did not write"]),
+                  "cl15 out=.": ("out=.", ["'out'", "'.'", "ckpred did not write"]),
+                  "cl16 out= (empty)": ("out=", ["'out'", "''", "working directory"])}[case]
+    before = tree(tmp_path)
+    rc, _, err = run([*INGEST, f"data.path={src}", out], capsys)
+    assert_named(rc, err, "ingest", *names)
+    after = tree(tmp_path)
+    after = {k: v for k, v in after.items() if not k.startswith("runs")}  # Hydra's own run record
+    assert after == before
+
+
+def test_ingest_replaces_its_own_directory_and_an_empty_one(tmp_path: Path, src: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    for out in ("empty", "table", "table"):  # an empty directory, a new one, then its own previous output
+        rc, _, err = run([*INGEST, f"data.path={src}", f"out={out}"], capsys)
+        assert rc == 0 and not TRACEBACK.search(err), err
+        assert sorted(p.name for p in (tmp_path / out).iterdir()) == ["_ckpred_partitions.json",
+                                                                      "part-00000.parquet"]
+    (tmp_path / "table" / "notes.txt").write_text("mine now")  # a user's file added to ckpred's directory
+    rc, _, err = run([*INGEST, f"data.path={src}", "out=table"], capsys)
+    assert_named(rc, err, "ingest", "'out'", "notes.txt")
+    assert (tmp_path / "table" / "notes.txt").read_text() == "mine now"
+
+
+def test_library_writers_refuse_a_foreign_directory(tmp_path: Path) -> None:
+    """The same rule below the CLI: the dataset writer, the ingest writer and the export
+    writer refuse a directory they did not write (``OutputPathError``), keeping it whole."""
+    from ckpred.data.ingest import ingest_to_parquet
+    from ckpred.export import manifest as mf
+    from ckpred.kernels.base import load_op
+    from ckpred.scale import write_partitions
+
+    op = load_op("gemm_universal")
+    victim = user_dir(tmp_path / "victim")
+    before = tree(victim)
+    frame = pd.read_parquet(_ingested(tmp_path, op))
+    with pytest.raises(OutputPathError, match="victim: it holds files and no _ckpred_partitions.json"):
+        write_partitions([frame], victim, op)
+    with pytest.raises(OutputPathError, match="victim: it holds files and no _ckpred_partitions.json"):
+        ingest_to_parquet(data_file(*FOUR_SHAPES), op, victim, tmp_path / "r.csv", arch="gfx950", dtype="fp16",
+                          layout="rcr")
+    with pytest.raises(OutputPathError, match="victim: it holds files and no manifest.json"):
+        mf.write_export_dir(victim, {"model.onnx": b"m", "manifest.json": b"{}"})
+    (victim / "manifest.json").write_text("{}")  # a marker is not enough: notes.txt is not an export's file
+    with pytest.raises(OutputPathError, match="'notes.txt', which ckpred does not write there"):
+        mf.write_export_dir(victim, {"model.onnx": b"m", "manifest.json": b"{}"})
+    (victim / "manifest.json").unlink()
+    assert tree(victim) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporaries left
+
+
+def _ingested(tmp_path: Path, op: Any) -> Path:
+    from ckpred.data.ingest import ingest_to_parquet
+
+    out = tmp_path / "t.parquet"
+    ingest_to_parquet(data_file(*FOUR_SHAPES), op, out, tmp_path / "t.rejects.csv", arch="gfx950", dtype="fp16",
+                      layout="rcr")
+    return out
+
+
+def test_export_refuses_a_foreign_directory_before_fitting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import ckpred.commands.export as export
+
+    target = user_dir(tmp_path / "exports" / "gemm_universal_gfx950_fp8_rcr")
+    before = tree(target)
+    monkeypatch.setattr(export, "_fit_here", lambda *a: pytest.fail("fitted before the refusal"))
+    rc, _, err = run(["export", f"out_dir={tmp_path / 'exports'}"], capsys)
+    assert_named(rc, err, "export", "'out_dir'", "an export directory ckpred wrote")
+    assert tree(target) == before
+
+
+@pytest.mark.parametrize(("command", "key", "extra"), [
+    ("ingest", "out", ["data.path=in.csv"]),
+    ("ingest", "rejects", ["data.path=in.csv", "out=t.parquet"]),
+    ("simulate", "out", ["shapes=tiny"]),
+    ("simulate", "log", ["shapes=tiny", "out=t.parquet"]),
+])
+def test_output_files_replace_only_their_own_kind(command: str, key: str, extra: list[str], tmp_path: Path,
+                                                  src: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A user's file named as an output is refused before any work; the file stays."""
+    mine = tmp_path / "mine.parquet"
+    mine.write_bytes(b"my own notes, not a table")
+    argv = [*(INGEST if command == "ingest" else [command]), *extra, f"{key}={mine}"]
+    rc, _, err = run(argv, capsys)
+    assert_named(rc, err, command, f"'{key}'", "ckpred wrote")
+    assert mine.read_bytes() == b"my own notes, not a table"
+    assert not (tmp_path / "t.parquet").exists()
+
+
+# -- F09: a command re-run on its own output -----------------------------------------------------------
+def test_rerun_replaces_its_own_output_file_with_the_umask_mode(tmp_path: Path, src: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """ig35 / cl32: the second run replaces the first one's table, rejects and log; the files
+    get 0666 less the umask, like any new file (not a temporary file's private 0600)."""
+    old = os.umask(0o022)
+    try:
+        for _ in range(2):
+            rc, _, err = run([*INGEST, f"data.path={src}", "out=t.parquet"], capsys)
+            assert rc == 0 and not TRACEBACK.search(err), err
+            rc, _, err = run(["simulate", "shapes=tiny", "out=F", "log=F.log"], capsys)
+            assert rc == 0 and not TRACEBACK.search(err), err
+    finally:
+        os.umask(old)
+    for name in ("t.parquet", "t.rejects.csv", "F", "F.log"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
+    assert len(pd.read_parquet(tmp_path / "t.parquet")) > 0 and len(pd.read_parquet(tmp_path / "F")) > 0
+    rc, _, err = run([*INGEST, f"data.path={src}", "out=tdir"], capsys)
+    assert rc == 0 and stat.S_IMODE((tmp_path / "tdir").stat().st_mode) == 0o755
+
+
+@pytest.mark.parametrize(("override", "words"), [
+    ("rejects=/dev/null", ["'rejects'", "/dev/null is a character device"]),
+    ("out=in.csv/t.parquet", ["'out'", "a path below a directory", "in.csv is a file"]),
+])
+def test_devices_and_paths_below_files_are_named_as_such(override: str, words: list[str], src: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run([*INGEST, f"data.path={src}", override], capsys)
+    assert_named(rc, err, "ingest", *words)
+
+
+# -- F03 / F27: a file truncated while it is ingested ------------------------------------------------------
+def _big_csv(path: Path, copies: int) -> Path:
+    """The parity sweep's rows ``copies`` times (repeats of the same measurements)."""
+    lines = data_file(*FOUR_SHAPES).read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"".join(lines[1:]) * copies)
+    return path
+
+
+def _cut_after_first_block(monkeypatch: pytest.MonkeyPatch, size: int, *, mapped: bool) -> list[bool]:
+    """Make the CSV reader's file shorter (``size`` bytes) once its first block is read, as
+    another process would between two blocks; returns, per block, whether it was mapped."""
+    from ckpred.data.readers import common, csv_sweep
+
+    real = csv_sweep.line_spans
+    kinds: list[bool] = []
+    if not mapped:  # as when a writer holds the file open: no lease, no map
+        monkeypatch.setattr(common, "_lease", lambda fd: False, raising=False)
+        monkeypatch.setattr(common, "_mappable", lambda *a: False)
+    release = getattr(common, "_release", lambda fd: None)
+
+    def spans(fh: Any, chunk: int) -> Any:
+        for i, (buffer, start, end) in enumerate(real(fh, chunk)):
+            kinds.append(isinstance(buffer, common.mmap.mmap))
+            yield buffer, start, end
+            if i == 0:
+                release(fh.fileno())  # the block is done with: a truncation no longer waits
+                os.truncate(fh.name, size)
+
+    monkeypatch.setattr(csv_sweep, "line_spans", spans)
+    return kinds
+
+
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "read"])
+@pytest.mark.parametrize("out", ["t.parquet", "tdir"])
+def test_a_file_truncated_between_blocks_is_refused_not_half_read(mapped: bool, out: str, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """ig05: the table the first blocks make is not written as if it were the file; the
+    previous output stays, and no spill or temporary file is left (ig06)."""
+    from ckpred.data.ingest import ingest_to_parquet
+    from ckpred.kernels.base import load_op
+
+    op = load_op("gemm_universal")
+    big = _big_csv(tmp_path / "big.csv", 100)
+    ingest_to_parquet(big, op, tmp_path / out, tmp_path / "r.csv", arch="gfx950", dtype="fp16", layout="rcr")
+    before = tree(tmp_path)
+    kinds = _cut_after_first_block(monkeypatch, 200_000, mapped=mapped)
+    with pytest.raises(InputFileError, match=r"big\.csv: the file shrank while being read") as err:
+        ingest_to_parquet(big, op, tmp_path / out, tmp_path / "r.csv", arch="gfx950", dtype="fp16", layout="rcr",
+                          chunk_bytes=100_000)
+    assert "\n" not in str(err.value)
+    assert kinds[0] is mapped
+    after = tree(tmp_path)
+    assert after.pop("big.csv") != before.pop("big.csv")  # cut short, nothing else changed or left behind
+    assert after == before
+
+
+def test_a_whole_file_reader_refuses_a_file_cut_while_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Readers that take a file whole (a table CSV here) are checked the same way: the file's
+    size, inode and time at the end of its read against its start."""
+    from ckpred.data.readers import TABLE_READERS
+
+    path = tmp_path / "t.csv"
+    path.write_text("M,N,K,dtype,BLOCK_M,BLOCK_N,warps,stages,ms\n" +
+                    "".join(f"{m},64,64,fp16,32,64,4,2,0.5\n" for m in range(64, 64 * 40, 64)))
+    real = TABLE_READERS["csv"]
+
+    def read_then_cut(p: Path, ctx: Any) -> Any:
+        raw = real(p, ctx)
+        os.truncate(p, 60)  # another process, while the rows are being checked
+        return raw
+
+    monkeypatch.setitem(TABLE_READERS, "csv", read_then_cut)
+    conf = Path(__file__).parent / "fixtures" / "user_op"
+    rc, _, err = run(["ingest", "--config-dir", str(conf), "op=tmm", "dtype=fp16", "data.source=path",
+                      f"data.path={path}", "out=t.parquet"], capsys)
+    assert_named(rc, err, "ingest", "t.csv", "the file shrank from", "to 60 bytes while being read")
+    assert not (tmp_path / "t.parquet").exists()
+
+
+_TRUNCATED_WHILE_MAPPED = """
+import sys, time
+from ckpred.data.readers import csv_sweep
+real = csv_sweep.line_spans
+
+def spans(fh, chunk):
+    for i, block in enumerate(real(fh, chunk)):
+        if i == 0:  # the first block is mapped: the parent truncates the file now
+            print("ready", flush=True)
+            time.sleep(1.5)
+        yield block
+
+csv_sweep.line_spans = spans
+from ckpred.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/sys/fs/lease-break-time").exists(), reason="needs Linux file leases")
+def test_truncating_a_mapped_block_under_its_reader_is_no_sigbus(tmp_path: Path) -> None:
+    """ig05, the documented SIGBUS: another process truncates the file while a mapped block is
+    being read. The truncation waits until the block is done (a read lease), so the reader ends
+    with the named error (or, had the truncation come after the read, a complete table), never
+    SIGBUS, and leaves no temporary file (ig06)."""
+    big = _big_csv(tmp_path / "big.csv", 200)
+    proc = subprocess.Popen([sys.executable, "-c", _TRUNCATED_WHILE_MAPPED, *INGEST, f"data.path={big}",
+                             "data.chunk_mb=1", "out=t.parquet", "hydra.run.dir=run"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        cut = threading.Thread(target=os.truncate, args=(big, 100))
+        cut.start()
+        out, err = proc.communicate(timeout=300)
+        cut.join(60)
+    finally:
+        proc.kill()
+    assert proc.returncode != -signal.SIGBUS, err
+    assert not TRACEBACK.search(err), err
+    if proc.returncode == 0:  # the whole file was read before the truncation landed
+        table = pd.read_parquet(tmp_path / "t.parquet")
+        assert table["repeats"].sum() == 200 * (len(data_file(*FOUR_SHAPES).read_bytes().splitlines()) - 1)
+    else:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert proc.returncode == 1 and len(lines) == 1, err
+        assert lines[0].startswith("ckpred ingest: error: cannot read") and "shrank" in lines[0], err
+        assert not (tmp_path / "t.parquet").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_stale_temporaries_of_a_killed_ingest_are_removed_live_ones_kept(tmp_path: Path, src: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """ig06: a killed run's spill directory and rejects temporary (named for their host and
+    process) are removed by the next ingest into the same directory; a running one's stay;
+    files that only look alike are not touched."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host, pid = socket.gethostname(), int(dead.stdout)
+    spill = tmp_path / f".ckpred-ingest.tmp-{host}-{pid}-abc123"
+    spill.mkdir()
+    (spill / "p00000-c000000.arrow").write_bytes(b"x" * 1000)
+    rejects_tmp = tmp_path / f".t.rejects.csv.tmp-{host}-{pid}-k2j3h4"
+    rejects_tmp.write_text("source,reason,raw\n")
+    live = tmp_path / f".t.parquet.tmp-{host}-{os.getpid()}-zzz999"
+    live.write_text("a running writer's")
+    alike = tmp_path / ".t.rejects.csv.tmp-notes"
+    alike.write_text("mine")
+    rc, _, err = run([*INGEST, f"data.path={src}", "out=t.parquet"], capsys)
+    assert rc == 0, err
+    assert not spill.exists() and not rejects_tmp.exists()
+    assert live.read_text() == "a running writer's" and alike.read_text() == "mine"
+
+
 # -- F04: code named by data -------------------------------------------------------------------------
 _PWN = "import pathlib; pathlib.Path({marker!r}).write_text('ran')\n"
 

@@ -242,11 +242,12 @@ def _report(cfg: ExportConfig, manifest: dict[str, Any], target: Path) -> None:
 
 def export_command(cfg: ExportConfig) -> str:
     """Task function of ``python -m ckpred export``; returns the export directory."""
-    from ckpred.util import resolve_path
+    from ckpred.util import check_replaceable, resolve_path
 
     op = load_op(cfg.op)
     target = resolve_path(cfg.out_dir) / export_name(op.name, node_name(cfg.arch), node_name(cfg.dtype),
                                                      node_name(cfg.layout))
+    check_replaceable("out_dir", target, mf.EXPORT_DIR)  # before fitting: never replaces what ckpred did not write
     src = _from_run_dir(cfg, op) if cfg.run_dir else _fit_here(cfg, op)
     training = mf.training_section(src.table, op, source=str(src.data_cfg.data.source))
     if src.record.get("train_data_hash") and src.record["train_data_hash"] != training["data_hash"]:

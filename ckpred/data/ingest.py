@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import csv
 import glob
-import logging
 import math
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,19 +55,28 @@ import pyarrow.compute as pc
 
 from ckpred.util import resolve_path
 from ckpred.data.mapping import InputMapping, map_rows, op_flops
-from ckpred.data.partitions import describe_part, write_manifest
+from ckpred.data.partitions import DATASET_DIR, describe_part, write_manifest
 from ckpred.data.readers import (CHUNKED_READERS, READERS, TABLE_READERS, FileRead, ReadContext, detect_format,
                                  detect_table_format)
 from ckpred.data.readers.common import KernelResolver, Reject, RowBuffer
 from ckpred.data.readers.table_parquet import is_canonical
-from ckpred.data.table import HEADER_COLUMNS, canonical_schema, conform_arrow
+from ckpred.data.table import HEADER_COLUMNS, TABLE_FILE, canonical_schema, conform_arrow
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.base import OpDefinition, load_op
-from ckpred.util import atomic_dir, atomic_path
+from ckpred.util import OwnFile, atomic_dir, atomic_path, check_replaceable, temporary_dir
 
 #: Relative tolerance of the check ``tflops * latency == FLOPs`` (beyond printing steps).
 CONSISTENCY_RTOL = 0.02
 REJECT_COLUMNS = ("source", "reason", "raw")
+
+
+def _is_rejects_file(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.readline().rstrip(b"\r\n") == ",".join(REJECT_COLUMNS).encode()
+
+
+#: A rejects CSV (its header line): a write replaces an existing file only when it is one (or empty).
+REJECTS_FILE = OwnFile("a rejects CSV", _is_rejects_file)
 FORMATS = ("auto", *READERS)
 #: Bytes of input read per block by default (``data.chunk_mb`` in the config).
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -243,34 +252,32 @@ def ingest_to_parquet(paths: str | Path | Iterable[str | Path], op: OpDefinition
     IngestSummary
         The counts; ``rows`` and ``valid_rows`` are those written.
     """
-    import shutil
-    import tempfile
-
     out, rejects = Path(out), Path(rejects)
     files = expand_paths(paths)
     size = sum(p.stat().st_size for p in files)
     partitions = max(1, -(-size // max(int(chunk_bytes), 1)))
-    spill = Path(tempfile.mkdtemp(prefix=".ckpred-ingest-", dir=out.parent if out.parent.exists() else None))
-    try:
-        with atomic_path(rejects) as reject_tmp, open(reject_tmp, "w", newline="") as reject_fh, \
-                _TableWriter(out, op) as writer:
-            pd.DataFrame(columns=list(REJECT_COLUMNS)).to_csv(reject_fh, index=False)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # An out or rejects that holds what ingest did not write is refused before anything is read.
+    # The spill and the outputs' temporaries are named for this process and removed on every
+    # error (a killed run's by the next write into the same directory).
+    with (temporary_dir(out.parent, "ckpred-ingest") as spill,
+          atomic_path(rejects, REJECTS_FILE) as reject_tmp, open(reject_tmp, "w", newline="") as reject_fh,
+          _TableWriter(out, op) as writer):
+        pd.DataFrame(columns=list(REJECT_COLUMNS)).to_csv(reject_fh, index=False)
 
-            def on_rejects(batch: list[Reject]) -> None:
-                # every field quoted: a raw line may hold a bare carriage return, which an
-                # unquoted field would turn into a line break
-                if batch:
-                    pd.DataFrame([(r.source, r.reason, r.raw) for r in batch],
-                                 columns=list(REJECT_COLUMNS)).to_csv(reject_fh, index=False, header=False,
-                                                                      quoting=csv.QUOTE_ALL)
+        def on_rejects(batch: list[Reject]) -> None:
+            # every field quoted: a raw line may hold a bare carriage return, which an
+            # unquoted field would turn into a line break
+            if batch:
+                pd.DataFrame([(r.source, r.reason, r.raw) for r in batch],
+                             columns=list(REJECT_COLUMNS)).to_csv(reject_fh, index=False, header=False,
+                                                                  quoting=csv.QUOTE_ALL)
 
-            summary = _run(files, op, arch=arch, dtype=dtype, layout=layout, fmt=fmt, run_id=run_id,
-                           mapping=mapping, arch_config=arch_config, chunk_bytes=chunk_bytes, vectorised=vectorised,
-                           partitions=(partitions, spill), on_rejects=on_rejects, on_table=writer.write)
-            if summary.valid_rows == 0:
-                writer.discard()
-    finally:
-        shutil.rmtree(spill, ignore_errors=True)
+        summary = _run(files, op, arch=arch, dtype=dtype, layout=layout, fmt=fmt, run_id=run_id,
+                       mapping=mapping, arch_config=arch_config, chunk_bytes=chunk_bytes, vectorised=vectorised,
+                       partitions=(partitions, spill), on_rejects=on_rejects, on_table=writer.write)
+        if summary.valid_rows == 0:
+            writer.discard()
     return summary
 
 
@@ -384,10 +391,12 @@ def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefin
         return
     ctx = ReadContext(op=op, resolver=resolver, dtype=dtype, layout=layout, arch=arch, label=label)
     try:
+        before = os.stat(path)
         if table_reader:
             raw = TABLE_READERS[file_fmt](path, ctx)
             mapped = map_rows(raw, op, mapping, resolver,  # type: ignore[arg-type]
                               label=label, run_id=run_id or label)
+            _check_unchanged(path, before)
             yield _frame_rows(mapped.frame, texts, file), raw.rejects + mapped.rejects
             return
         chunked = CHUNKED_READERS.get(file_fmt) if vectorised else None
@@ -398,10 +407,36 @@ def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefin
             if read.declared_records is not None and read.found_records is not None \
                     and read.found_records < read.declared_records:
                 summary.missing[label] = read.declared_records - read.found_records
+        _check_unchanged(path, before)
     except InputFileError:
         raise
     except OSError as exc:
         raise InputFileError(str(path), exc.strerror or str(exc)) from exc
+
+
+def _check_unchanged(path: Path, before: os.stat_result) -> None:
+    """Refuse a file that changed, other than by growing, while it was read.
+
+    A file another process truncated, replaced or rewrote in place meanwhile was read partly
+    as it was and partly as it is: its rows are not one file's rows. A file that grew (a
+    benchmark still appending) is fine: what was read is whole lines of it.
+
+    Raises
+    ------
+    ckpred.errors.InputFileError
+        Naming the file and what changed.
+    """
+    after = os.stat(path)
+    if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
+        change = "was replaced by another file"
+    elif after.st_size < before.st_size:
+        change = f"shrank from {before.st_size:,} to {after.st_size:,} bytes"
+    elif after.st_size == before.st_size and after.st_mtime_ns != before.st_mtime_ns:
+        change = "was rewritten in place"
+    else:
+        return
+    raise InputFileError(str(path), f"the file {change} while being read (by another process); read it again once "
+                                    "it is complete")
 
 
 #: Spill files are not compressed, and are read back memory-mapped: a partition's columns are
@@ -531,7 +566,6 @@ class _TableWriter:
         self.schema = canonical_schema(op)
         self.parts = 0
         self.entries: list[dict[str, Any]] = []
-        self.no_manifest = ""
         self.discarded = False
         # Measured values and sources are (nearly) unique per row: a dictionary page for them
         # is built and thrown away. Min/max statistics serve filters on the problem and its
@@ -544,7 +578,7 @@ class _TableWriter:
             "write_batch_size": 1 << 16}
 
     def __enter__(self) -> "_TableWriter":
-        self._atomic: Any = atomic_path(self.out) if self.single else atomic_dir(self.out)
+        self._atomic: Any = atomic_path(self.out, TABLE_FILE) if self.single else atomic_dir(self.out, DATASET_DIR)
         self.tmp = self._atomic.__enter__()
         self.writer: Any = None
         return self
@@ -571,11 +605,9 @@ class _TableWriter:
             writer = self._writer(file, table.schema)
             writer.write_table(table)
             self._close(writer)
-            if not self.no_manifest:
-                try:
-                    self.entries.append(describe_part(file, table))
-                except InputFileError as exc:  # e.g. dtype is a problem field: parts mix dtypes
-                    self.no_manifest = exc.reason
+            # a part of an op whose dtype (say) is a problem field mixes dtypes: described with
+            # null there, the manifest still marks the directory (Dask refuses such a dataset)
+            self.entries.append(describe_part(file, table, mixed=True))
         self.parts += 1
 
     def discard(self) -> None:
@@ -588,11 +620,8 @@ class _TableWriter:
         if kind is None and self.discarded:
             kind, exc = _Discarded, _Discarded()
         if kind is None:
-            if not self.single and not self.no_manifest:
+            if not self.single:
                 write_manifest(self.tmp, self.op, self.entries)
-            elif not self.single:
-                logging.getLogger(__name__).warning("%s: no partition manifest, so model.backend=dask cannot train "
-                                                    "from it: %s", self.out, self.no_manifest)
             self._atomic.__exit__(None, None, None)
             return
         try:
@@ -1218,10 +1247,14 @@ def output_paths(cfg: Any) -> tuple[Path, Path]:
     Raises
     ------
     ckpred.errors.ConfigValueError
-        ``out`` or ``rejects`` is one of the input files, or the two are the same file.
+        ``out`` or ``rejects`` is one of the input files, or the two are the same file; or
+        holds something ingest did not write (:data:`ckpred.data.partitions.DATASET_DIR`,
+        :data:`ckpred.data.table.TABLE_FILE`, :data:`REJECTS_FILE`), which it never replaces.
     """
     out = resolve_path(cfg.out)
     rejects = resolve_path(cfg.rejects) if cfg.get("rejects") else out.with_name(f"{out.stem}.rejects.csv")
+    check_replaceable("out", cfg.out, TABLE_FILE if out.suffix == ".parquet" else DATASET_DIR)
+    check_replaceable("rejects", cfg.rejects or rejects, REJECTS_FILE)
     inputs = {p.resolve() for p in expand_paths(_path_spec(cfg.data.path))}
     for key, path in (("out", out), ("rejects", rejects)):
         if path.resolve() in inputs:

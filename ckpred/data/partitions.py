@@ -5,11 +5,15 @@ manifest ``_ckpred_partitions.json``. Both writers of such directories leave it:
 ingest`` with a directory ``out`` and :func:`ckpred.scale.write_partitions`. The Dask backend
 trains on the directory file by file, so the manifest records per file its row count and its
 one (arch, dtype, layout); a query must lie whole in one file, which the trainer checks.
+
+The manifest is also what marks the directory as ckpred's: a write replaces an existing
+directory only when it holds the manifest and part files and nothing else (:data:`DATASET_DIR`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,38 +21,47 @@ import pyarrow.compute as pc
 
 from ckpred.errors import InputFileError
 from ckpred.kernels.base import OpDefinition
+from ckpred.util import OwnDirectory
 
 #: The manifest file beside the Parquet parts.
 MANIFEST = "_ckpred_partitions.json"
 #: The columns that name a partition's hardware and number format (one value each per file).
 COMBO_COLUMNS: tuple[str, ...] = ("arch", "dtype", "layout")
+#: A partitioned dataset directory as ckpred writes it; only such a directory (or an empty one)
+#: is replaced by a write.
+DATASET_DIR = OwnDirectory("a partitioned table ckpred wrote", MANIFEST, re.compile(r"part-\d{5,}\.parquet"))
 
 
-def describe_part(file: str | Path, table: Any) -> dict[str, Any]:
+def describe_part(file: str | Path, table: Any, *, mixed: bool = False) -> dict[str, Any]:
     """The manifest entry of one Parquet part: its name, row count and its one combo.
 
     ``table`` is the part's pyarrow table, which the caller has just written to ``file`` (the
-    file is not read again).
+    file is not read again). With ``mixed``, a combo column that holds several values (the
+    op makes it a problem field) or none is recorded as ``null``: the dataset is still
+    marked and checked, but the Dask backend, which needs one combo per file, refuses it.
 
     Raises
     ------
     InputFileError
         When the file mixes several (arch, dtype, layout) combinations or lacks one of their
-        columns: the Dask backend computes a partition's hardware features from its one combo.
+        columns (and not ``mixed``): the Dask backend computes a partition's hardware features
+        from its one combo.
     """
     path = Path(file)
     names = table.schema.names
-    absent = [c for c in COMBO_COLUMNS if c not in names]
-    if absent:
-        raise InputFileError(str(path), f"no column {absent} (the op makes it a problem field, so one file may mix "
-                                        "values); allowed: one arch, dtype and layout per partition file")
-    combo: dict[str, str] = {}
+    combo: dict[str, str | None] = {}
     for column in COMBO_COLUMNS:
+        if column not in names:
+            if mixed:
+                combo[column] = None
+                continue
+            raise InputFileError(str(path), f"no column {column!r} (the op makes it a problem field, so one file may "
+                                            "mix values); allowed: one arch, dtype and layout per partition file")
         values = pc.unique(table.column(column)).to_pylist()
-        if len(values) > 1:
+        if len(values) > 1 and not mixed:
             raise InputFileError(str(path), f"column {column!r} holds {len(values)} values {sorted(map(str, values))[:5]}; "
                                             "allowed: one arch, dtype and layout per partition file")
-        combo[column] = str(values[0]) if values else ""
+        combo[column] = (str(values[0]) if values else "") if len(values) <= 1 else None
     return {"file": path.name, "rows": int(table.num_rows), **combo}
 
 

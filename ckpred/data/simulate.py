@@ -97,6 +97,7 @@ import pandas as pd
 
 from ckpred import dtypes
 from ckpred.kernels.base import OpDefinition
+from ckpred.util import OwnFile, atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -612,6 +613,19 @@ def _read_cache(path: Path, op: OpDefinition, shapes: pd.DataFrame) -> tuple[pd.
 
 
 _MAJOR = {"r": "RowMajor", "c": "ColumnMajor"}
+#: The rule around each shape header of the streaming log.
+_RULE = "=" * 80
+
+
+def _is_log_file(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        head = fh.read(len(_RULE) + 10)
+    return head == f"{_RULE}\nShape 0: ".encode()
+
+
+#: A streaming log as :func:`write_log` writes it: a write replaces an existing file only when it
+#: is one (or empty).
+LOG_FILE = OwnFile("a streaming log (a rule line, then 'Shape 0: ...')", _is_log_file)
 
 
 def write_log(table: pd.DataFrame, path: str | Path, *, acc_dtype: str = "fp32", c_dtype: str | None = None) -> Path:
@@ -619,12 +633,13 @@ def write_log(table: pd.DataFrame, path: str | Path, *, acc_dtype: str = "fp32",
 
     One ``Shape i: M=.. N=.. K=.. dtype=.. layout=..`` header between ``=====`` rules per shape,
     then one JSON object per valid row with latency, TFLOPS and bandwidth printed with 2
-    decimals; invalid rows print nothing, as failed kernels do in a real run.
+    decimals; invalid rows print nothing, as failed kernels do in a real run. Written beside
+    ``path`` and renamed over it; an existing ``path`` that is not such a log is refused
+    (:data:`LOG_FILE`).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rule = "=" * 80
-    with path.open("w") as fh:
+    rule = _RULE
+    with atomic_path(path, LOG_FILE) as tmp, tmp.open("w") as fh:
         for i, ((m, n, k, split_k, dtype, layout), group) in enumerate(
                 table.groupby(["m", "n", "k", "split_k", "dtype", "layout"], sort=False)):
             a, b, c = layout

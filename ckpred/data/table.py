@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ckpred.errors import TableSchemaError
-from ckpred.util import atomic_path
+from ckpred.util import OwnFile, atomic_path
 from ckpred.kernels.base import Field, OpDefinition
 
 HEADER_COLUMNS: tuple[str, ...] = ("op", "arch", "dtype", "layout")
@@ -64,6 +64,21 @@ def canonical_schema(op: OpDefinition) -> pa.Schema:
     fields += [pa.field(f.name, _arrow_type(f), nullable=False) for f in op.kernel_fields]
     fields += [pa.field(name, typ, nullable=(name in ("bandwidth_gbs", "spread"))) for name, typ in MEASUREMENT_COLUMNS]
     return pa.schema(fields, metadata={b"ckpred.table": b"canonical", b"ckpred.op": op.name.encode()})
+
+
+def is_table_file(path: str | Path) -> bool:
+    """Whether ``path`` is a canonical table ckpred wrote (its Parquet footer carries the
+    ``ckpred.table`` tag of :func:`canonical_schema`; only the footer is read)."""
+    try:
+        tags = pq.read_schema(path).metadata or {}
+    except Exception:  # not Parquet at all; pyarrow raises several types
+        return False
+    return tags.get(b"ckpred.table") == b"canonical"
+
+
+#: A canonical table file: a write (``ingest out=<file.parquet>``, ``simulate out=``) replaces an
+#: existing file only when it is one (or empty).
+TABLE_FILE = OwnFile("a canonical Parquet table", is_table_file)
 
 
 def canonical_columns(op: OpDefinition) -> list[str]:

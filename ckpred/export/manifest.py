@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -34,10 +35,15 @@ from ckpred.data.table import data_hash
 from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError, OutputPathError
 from ckpred.kernels.base import OpDefinition
 from ckpred.util import package_versions as _package_versions
-from ckpred.util import atomic_dir, sha256_file
+from ckpred.util import OwnDirectory, atomic_dir, sha256_file
 
 FORMAT = "ckpred.export/1"
 MANIFEST = "manifest.json"
+#: An export directory as ckpred writes it: the manifest and the ONNX graphs it lists. An
+#: existing directory at an export's place is replaced only when it is one (or empty); a
+#: symlink there is followed (``exports/current -> exports/v3``).
+EXPORT_DIR = OwnDirectory("an export directory ckpred wrote", MANIFEST, re.compile(r"[\w.-]+\.onnx"),
+                          follow_symlink=True)
 SELECTOR_FILE = "model.onnx"
 SCORER_FILE = "scorer.onnx"
 #: Packages whose versions the manifest records.
@@ -186,9 +192,10 @@ def write_export_dir(out_dir: str | Path, files: Mapping[str, bytes]) -> Path:
     symlink ``out_dir`` is followed on purpose: the export replaces the directory it points to
     (at that directory's place) and the link stays, so a stable path such as
     ``exports/current -> exports/v3`` keeps working. Concurrent writers each swap in a
-    complete export (the last one stays).
+    complete export (the last one stays). A directory at ``out_dir`` that is not an export
+    (:data:`EXPORT_DIR`: other files, sub-directories) is refused, never replaced.
     """
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, EXPORT_DIR) as tmp:
         try:
             for name in sorted(files, key=lambda n: n == MANIFEST):  # manifest last
                 with open(tmp / name, "wb") as fh:

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ckpred.data.readers.common import RawTable, ReadContext
+from ckpred.data.table import is_table_file
 from ckpred.errors import InputFileError
 
 NAME = "parquet"
@@ -18,11 +19,7 @@ NAME = "parquet"
 
 def is_canonical(path: Path) -> bool:
     """Whether ``path`` is a canonical ckpred table (written by ``ckpred ingest`` or the simulator)."""
-    try:
-        metadata = pq.read_schema(path).metadata or {}
-    except Exception:  # not parquet at all: the reader names the problem
-        return False
-    return metadata.get(b"ckpred.table") == b"canonical"
+    return is_table_file(path)
 
 
 def read(path: Path, ctx: ReadContext) -> RawTable:
