@@ -466,3 +466,158 @@ def test_plugin_policy_allows_ckpred_registered_and_listed_modules(monkeypatch: 
     with pytest.raises(ConfigValueError, match="allow_plugins"):
         with allowed_plugins(["../evil"]):
             pass
+
+
+# -- F15 / F17: a partition manifest that disagrees with its files -----------------------------------
+@pytest.fixture()
+def dataset(tmp_path: Path) -> Path:
+    """An ingest directory of three parts."""
+    from ckpred.data.ingest import ingest_to_parquet
+    from ckpred.kernels.base import load_op
+
+    big = _big_csv(tmp_path / "big.csv", 2)
+    out = tmp_path / "ds"
+    ingest_to_parquet(big, load_op("gemm_universal"), out, tmp_path / "r.csv", arch="gfx950", dtype="fp16",
+                      layout="rcr", chunk_bytes=12_000)
+    assert len(list(out.glob("part-*.parquet"))) >= 3
+    return out
+
+
+def _manifest(ds: Path, change: Callable[[dict[str, Any], Path], Any]) -> None:
+    path = ds / "_ckpred_partitions.json"
+    manifest = json.loads(path.read_text())
+    change(manifest, ds)
+    path.write_text(json.dumps(manifest))
+
+
+def _relabel(m: dict[str, Any], ds: Path) -> None:
+    m["partitions"][0]["arch"] = "gfx90a"
+
+
+def _traversal(m: dict[str, Any], ds: Path) -> None:
+    m["partitions"][0]["arch"] = "../../etc/passwd"
+
+
+def _rows(m: dict[str, Any], ds: Path) -> None:
+    m["rows"] -= m["partitions"][0]["rows"] - 10
+    m["partitions"][0]["rows"] = 10
+
+
+def _left_out(m: dict[str, Any], ds: Path) -> None:
+    gone = m["partitions"].pop()
+    m["rows"] -= gone["rows"]
+
+
+def _itself(m: dict[str, Any], ds: Path) -> None:
+    m["partitions"][-1]["file"] = "_ckpred_partitions.json"
+
+
+def _text_part(m: dict[str, Any], ds: Path) -> None:
+    (ds / m["partitions"][-1]["file"]).write_text("M,N,K\n1,2,3\n")
+
+
+def _symlink_part(m: dict[str, Any], ds: Path) -> None:
+    part = ds / m["partitions"][-1]["file"]
+    part.unlink()
+    part.symlink_to("/etc/passwd")
+
+
+def _foreign_parquet(m: dict[str, Any], ds: Path) -> None:
+    part = ds / m["partitions"][-1]["file"]
+    pd.DataFrame({"arch": ["gfx950"], "dtype": ["fp16"], "layout": ["rcr"]}).to_parquet(part)
+
+
+MANIFEST_LIES = {
+    "dk11 a part relabelled gfx90a": (_relabel, ["partitions[0].arch is 'gfx90a'", "holds ['gfx950']"]),
+    "dk12 ../../etc/passwd as arch": (_traversal, ["partitions[0].arch is '../../etc/passwd'", "config name"]),
+    "dk13 rows 10 for a larger part": (_rows, ["partitions[0].rows is 10", "rows"]),
+    "dk15 a part left out": (_left_out, ["more Parquet files", "every part"]),
+    "dk08 the manifest as a part": (_itself, ["partitions[", "'_ckpred_partitions.json'", "not _ckpred_partitions"]),
+    "dk10 a text file as a part": (_text_part, ["not a readable Parquet file"]),
+    "dk16 a symlink to /etc/passwd as a part": (_symlink_part, ["a symlink"]),
+    "a Parquet file ckpred did not write": (_foreign_parquet, ["not a canonical table of op 'gemm_universal'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(MANIFEST_LIES))
+def test_both_backends_refuse_a_manifest_that_disagrees_with_its_files(case: str, dataset: Path) -> None:
+    """The Dask backend (``read_manifest``, what ``scale`` trains from) and the in-memory one
+    (``load_table`` of the directory) refuse the same dataset with the same one-line error
+    naming the manifest and the entry."""
+    from ckpred.config import compose
+    from ckpred.data import load_table
+    from ckpred.data.partitions import read_manifest
+    from ckpred.kernels.base import load_op
+    from ckpred.scale import _partition_files
+
+    change, words = MANIFEST_LIES[case]
+    _manifest(dataset, change)
+    errors = []
+    with pytest.raises(InputFileError) as err:
+        _partition_files(dataset, load_op("gemm_universal"))  # what cross_validate_partitioned reads
+    errors.append(str(err.value))
+    with pytest.raises(InputFileError) as err:
+        read_manifest(dataset, load_op("gemm_universal"))
+    errors.append(str(err.value))
+    with pytest.raises(InputFileError) as err:
+        load_table(compose("train", ["dtype=fp16", "data=path", f"data.path={dataset}"]))
+    errors.append(str(err.value))
+    for message in errors:
+        assert "\n" not in message and message.startswith(f"cannot read {dataset / '_ckpred_partitions.json'}: ")
+        for word in words:
+            assert word in message, (word, message)
+
+
+def test_a_manifest_nested_100000_deep_is_one_named_error(dataset: Path) -> None:
+    """dk18."""
+    from ckpred.data.partitions import read_manifest
+    from ckpred.kernels.base import load_op
+
+    (dataset / "_ckpred_partitions.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InputFileError, match="nested too deeply"):
+        read_manifest(dataset, load_op("gemm_universal"))
+
+
+def test_both_backends_read_the_same_files_and_rows(dataset: Path) -> None:
+    from ckpred.config import compose
+    from ckpred.data import load_table
+    from ckpred.data.ingest import expand_paths
+    from ckpred.data.partitions import read_manifest
+    from ckpred.kernels.base import load_op
+    from ckpred.scale import _partition_files
+
+    op = load_op("gemm_universal")
+    assert [str(p) for p in expand_paths(str(dataset), op)] == _partition_files(dataset, op)
+    table = load_table(compose("train", ["dtype=fp16", "data=path", f"data.path={dataset}"]))
+    assert len(table) == read_manifest(dataset, op)["rows"]
+
+
+def test_manifest_check_reads_footers_not_rows(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check reads each part's Parquet footer (statistics of the combo columns), never its rows."""
+    import pyarrow.parquet as pq
+
+    from ckpred.data.partitions import read_manifest
+    from ckpred.kernels.base import load_op
+
+    monkeypatch.setattr(pq, "read_table", lambda *a, **k: pytest.fail("rows were read"))
+    assert read_manifest(dataset, load_op("gemm_universal"))["rows"] > 0
+
+
+def test_an_ingest_of_mixed_combos_still_marks_its_directory(tmp_path: Path) -> None:
+    """Parts whose op makes dtype a problem field mix dtypes: the manifest records null there,
+    so the directory is still ckpred's (a rerun replaces it) and the Dask backend refuses it by
+    name, while the in-memory reader accepts it."""
+    from ckpred.data.partitions import DATASET_DIR, read_manifest, write_manifest
+    from ckpred.kernels.base import load_op
+
+    op = load_op("gemm_universal")
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    table = pd.read_parquet(_ingested(tmp_path, op))
+    (tmp_path / "t.parquet").rename(ds / "part-00000.parquet")
+    write_manifest(ds, op, [{"file": "part-00000.parquet", "rows": len(table), "arch": "gfx950", "dtype": None,
+                             "layout": "rcr"}])
+    assert DATASET_DIR.refusal(ds) == ""
+    assert read_manifest(ds, op, one_combo=False)["rows"] == len(table)
+    with pytest.raises(InputFileError, match=r"partitions\[0\]\.dtype is None .*one arch, dtype and layout per file"):
+        read_manifest(ds, op)

@@ -55,7 +55,7 @@ import pyarrow.compute as pc
 
 from ckpred.util import resolve_path
 from ckpred.data.mapping import InputMapping, map_rows, op_flops
-from ckpred.data.partitions import DATASET_DIR, describe_part, write_manifest
+from ckpred.data.partitions import DATASET_DIR, MANIFEST, describe_part, read_manifest, write_manifest
 from ckpred.data.readers import (CHUNKED_READERS, READERS, TABLE_READERS, FileRead, ReadContext, detect_format,
                                  detect_table_format)
 from ckpred.data.readers.common import KernelResolver, Reject, RowBuffer
@@ -135,15 +135,20 @@ class IngestResult:
 
 
 # -- paths -------------------------------------------------------------------------------------
-def expand_paths(spec: str | Path | Iterable[str | Path]) -> list[Path]:
+def expand_paths(spec: str | Path | Iterable[str | Path], op: OpDefinition | None = None) -> list[Path]:
     """Files named by ``spec``: a path, a glob, a comma-separated list of them, or a list.
 
-    Relative paths are resolved against the user's original working directory.
+    Relative paths are resolved against the user's original working directory. A directory
+    stands for its ``.parquet`` files; a partitioned table (a directory with the manifest of
+    :mod:`ckpred.data.partitions`) for the parts its manifest lists, in its order, once the
+    manifest is checked against them (:func:`~ckpred.data.partitions.read_manifest`, with
+    ``op``): the Dask backend reads the same files and rows.
 
     Raises
     ------
     ckpred.errors.InputFileError
-        When a glob matches nothing or a named file does not exist; the message names it.
+        When a glob matches nothing, a named file does not exist or a partitioned table's
+        manifest disagrees with its files; the message names it.
     """
     items: list[str] = []
     for part in ([spec] if isinstance(spec, (str, Path)) else list(spec)):
@@ -158,6 +163,9 @@ def expand_paths(spec: str | Path | Iterable[str | Path]) -> list[Path]:
             if not matches:
                 raise InputFileError(item, f"no file matches this pattern (looked for {resolved})")
             paths += matches
+        elif resolved.is_dir() and op is not None and (resolved / MANIFEST).is_file():
+            manifest = read_manifest(resolved, op, one_combo=False)
+            paths += [resolved / part["file"] for part in manifest["partitions"]]
         elif resolved.is_dir():
             parts = sorted(p for p in resolved.glob("*.parquet") if p.is_file())
             if not parts:  # a partitioned table ingest wrote is read part by part
@@ -253,7 +261,7 @@ def ingest_to_parquet(paths: str | Path | Iterable[str | Path], op: OpDefinition
         The counts; ``rows`` and ``valid_rows`` are those written.
     """
     out, rejects = Path(out), Path(rejects)
-    files = expand_paths(paths)
+    files = expand_paths(paths, op)
     size = sum(p.stat().st_size for p in files)
     partitions = max(1, -(-size // max(int(chunk_bytes), 1)))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -299,7 +307,7 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
     if mapping is not None and mapping.format not in ("auto", *TABLE_READERS, *READERS):
         raise ConfigValueError("op.input.format", mapping.format,
                                f"'auto' or a registered reader {sorted({*TABLE_READERS, *READERS})}")
-    files = expand_paths(paths)
+    files = expand_paths(paths, op)
     # A field of the op is judged per row, not against the run's config.
     resolver = KernelResolver(op, dtype=None if "dtype" in op.problem_names else dtype,
                               layout=None if "layout" in op.problem_names else layout)

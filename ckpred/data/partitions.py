@@ -8,12 +8,16 @@ one (arch, dtype, layout); a query must lie whole in one file, which the trainer
 
 The manifest is also what marks the directory as ckpred's: a write replaces an existing
 directory only when it holds the manifest and part files and nothing else (:data:`DATASET_DIR`).
+Both backends read a dataset through :func:`read_manifest`, which checks the manifest against
+the parts' Parquet footers (the rows are not read), so they read the same files and rows.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,10 @@ COMBO_COLUMNS: tuple[str, ...] = ("arch", "dtype", "layout")
 #: A partitioned dataset directory as ckpred writes it; only such a directory (or an empty one)
 #: is replaced by a write.
 DATASET_DIR = OwnDirectory("a partitioned table ckpred wrote", MANIFEST, re.compile(r"part-\d{5,}\.parquet"))
+#: A combo value a manifest may hold: a config name (``gfx950``, ``fp8``, ``rcr``), never a path.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}")
+#: Largest manifest read (a million parts take about 100 MB).
+_MAX_MANIFEST_BYTES = 256 << 20
 
 
 def describe_part(file: str | Path, table: Any, *, mixed: bool = False) -> dict[str, Any]:
@@ -80,13 +88,21 @@ def is_partitioned(path: Any) -> bool:
     return isinstance(path, (str, Path)) and (Path(str(path)) / MANIFEST).is_file()
 
 
-def read_manifest(path: str | Path, op: OpDefinition) -> dict[str, Any]:
+def read_manifest(path: str | Path, op: OpDefinition, *, one_combo: bool = True) -> dict[str, Any]:
     """The manifest of a partitioned dataset, checked against ``op`` and the files present.
 
-    The manifest may be edited by hand (a part dropped or added), so every key the trainer
-    reads is checked here, before any cluster starts: a malformed manifest is one
+    The manifest may be edited by hand (a part dropped or added) or forged, so every key the
+    readers use is checked here, before any cluster starts, and so is every claim it makes
+    about the parts, against their Parquet footers (no rows are read): each part is a
+    regular Parquet file in the directory holding a canonical table of ``op``, with the rows
+    the manifest says and, in its footer statistics (or, where a writer left none, its combo
+    columns), the one arch, dtype and layout the manifest says; and every Parquet file of the
+    directory is listed. A malformed or disagreeing manifest is one
     :class:`~ckpred.errors.InputFileError` naming the manifest, the key or entry, the value
     and what is allowed, never a ``KeyError`` deep inside training.
+
+    ``one_combo`` (the Dask backend): every part holds one arch, dtype and layout; without it
+    (the in-memory reader), a part ingest marked as mixing them (``null``) is accepted.
 
     Raises
     ------
@@ -94,31 +110,40 @@ def read_manifest(path: str | Path, op: OpDefinition) -> dict[str, Any]:
         No manifest, not JSON, another op, or a key or part entry of the wrong shape: a
         ``partitions`` list of ``{file, rows, arch, dtype, layout}`` entries whose ``file`` is
         a Parquet part present inside the directory (each listed once) and whose ``rows`` add
-        up to the top-level ``rows``.
+        up to the top-level ``rows``; or a part that disagrees with its entry.
     """
     root = Path(path)
     file = root / MANIFEST
     if not file.is_file():
         raise InputFileError(str(root), f"not a partitioned dataset (no {MANIFEST}; write it with "
                                         "`ckpred ingest out=<directory>` or ckpred.scale.write_partitions)")
+    allowed_json = "the JSON object the dataset writers leave"
     try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
+        with open(file, "rb") as fh:
+            raw = fh.read(_MAX_MANIFEST_BYTES + 1)
+        if len(raw) > _MAX_MANIFEST_BYTES:
+            raise InputFileError(str(file), f"larger than {_MAX_MANIFEST_BYTES >> 20} MiB; allowed: {allowed_json}")
+        manifest = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as exc:
-        raise InputFileError(str(file), f"not valid JSON ({exc.msg} at line {exc.lineno}); allowed: the JSON "
-                                        "object the dataset writers leave") from None
+        raise InputFileError(str(file), f"not valid JSON ({exc.msg} at line {exc.lineno}); allowed: "
+                                        f"{allowed_json}") from None
     except UnicodeDecodeError as exc:
-        raise InputFileError(str(file), f"not UTF-8 text (byte {exc.start}); allowed: the JSON object the "
-                                        "dataset writers leave") from None
+        raise InputFileError(str(file), f"not UTF-8 text (byte {exc.start}); allowed: {allowed_json}") from None
+    except RecursionError:
+        raise InputFileError(str(file), f"nested too deeply to read; allowed: {allowed_json}") from None
+    except OSError as exc:
+        raise InputFileError(str(file), exc.strerror or str(exc)) from None
 
     def bad(where: str, value: Any, allowed: str) -> InputFileError:
-        text = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        text = _shown(value)
         shown = f"{text} ({type(value).__name__})" if value is not _ABSENT else "absent"
         return InputFileError(str(file), f"{where} is {shown}; allowed: {allowed}")
 
     if not isinstance(manifest, dict):
         raise bad("the top level", manifest, "a JSON object with keys op, partitions and rows")
     if manifest.get("op") != op.name:
-        raise InputFileError(str(file), f"the dataset holds op {manifest.get('op')!r}, the config trains {op.name!r}")
+        raise InputFileError(str(file), f"the dataset holds op {_shown(manifest.get('op'))}, the config trains "
+                                        f"{op.name!r}")
     parts = manifest.get("partitions", _ABSENT)
     if not isinstance(parts, list) or not parts:
         raise bad("key 'partitions'", parts, f"a non-empty list of part entries {_ENTRY}")
@@ -132,23 +157,108 @@ def read_manifest(path: str | Path, op: OpDefinition) -> dict[str, Any]:
             raise bad(f"{where}.file", name, "the name of a Parquet part file in the dataset directory")
         if Path(name).is_absolute() or ".." in Path(name).parts:
             raise bad(f"{where}.file", name, f"a path inside {root} (relative, without '..')")
+        if "/" in name or os.sep in name or name == MANIFEST or not name.endswith(".parquet"):
+            raise bad(f"{where}.file", name, f"the name of a .parquet file directly in {root} (not {MANIFEST})")
         if name in seen:
             raise bad(f"{where}.file", name, "each part file listed once (a second entry would train on it twice)")
         seen.add(name)
-        if not (root / name).is_file():
-            raise bad(f"{where}.file", name, f"a Parquet part file present in {root}")
+        try:
+            info = os.lstat(root / name)
+        except OSError:
+            raise bad(f"{where}.file", name, f"a Parquet part file present in {root}") from None
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+            raise bad(f"{where}.file", name, f"a regular Parquet file in {root} (this one is {kind})")
         rows = part.get("rows", _ABSENT)
         if not _is_count(rows):
             raise bad(f"{where}.rows", rows, "the part's row count, an integer >= 0")
         for column in COMBO_COLUMNS:
             value = part.get(column, _ABSENT)
+            if value is None and not one_combo:
+                continue
             if not isinstance(value, str):
-                raise bad(f"{where}.{column}", value, f"the part's one {column} name, a string")
+                allowed = f"the part's one {column} name, a string"
+                raise bad(f"{where}.{column}", value, allowed + (" (model.backend=dask trains on one arch, dtype and "
+                                                                 "layout per file)" if value is None else ""))
+            if not _NAME.fullmatch(value):
+                raise bad(f"{where}.{column}", value, f"a {column} config name (letters, digits, _ . + -)")
     total = manifest.get("rows", _ABSENT)
     counted = sum(p["rows"] for p in parts)
     if not _is_count(total) or total != counted:
         raise bad("key 'rows'", total, f"the sum of the parts' rows, {counted}")
+    unlisted = sorted(e.name for e in os.scandir(root) if e.name.endswith(".parquet") and e.name not in seen)
+    if unlisted:
+        raise InputFileError(str(file), f"lists {len(parts)} parts, the directory holds {len(unlisted)} more "
+                                        f"Parquet files {unlisted[:5]}; allowed: a manifest listing every part "
+                                        "(both backends read the same rows)")
+    for i, part in enumerate(parts):
+        _check_part(root / part["file"], part, f"partitions[{i}]", op, str(file))
     return manifest
+
+
+def _check_part(path: Path, part: dict[str, Any], where: str, op: OpDefinition, manifest: str) -> None:
+    """Refuse a part whose Parquet footer disagrees with its manifest entry: not Parquet, not a
+    canonical table of ``op``, another row count, or a combo column whose values (footer
+    statistics; the column itself where the writer left none) are not the entry's one value."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_metadata(path)
+    except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
+        raise InputFileError(manifest, f"{where}.file {part['file']!r} is not a readable Parquet file "
+                                       f"({type(exc).__name__}); allowed: a part ckpred wrote") from None
+    tags = meta.metadata or {}
+    if tags.get(b"ckpred.table") != b"canonical" or tags.get(b"ckpred.op", op.name.encode()) != op.name.encode():
+        raise InputFileError(manifest, f"{where}.file {part['file']!r} is not a canonical table of op {op.name!r} "
+                                       "(no ckpred metadata); allowed: a part ckpred wrote")
+    if meta.num_rows != part["rows"]:
+        raise InputFileError(manifest, f"{where}.rows is {part['rows']}, the file {part['file']!r} holds "
+                                       f"{meta.num_rows} rows; allowed: the part's row count")
+    columns = {meta.schema.column(j).name: j for j in range(meta.num_columns)}
+    for column in COMBO_COLUMNS:
+        claimed = part[column]
+        if claimed is None:
+            continue
+        if column not in columns:
+            raise InputFileError(manifest, f"{where}.{column} is {claimed!r}, the file {part['file']!r} has no column "
+                                           f"{column!r}; allowed: the part's one {column}")
+        found = _values_of(path, meta, columns[column], column)
+        if meta.num_rows and found != {claimed}:
+            shown = sorted(found)[:5]
+            raise InputFileError(manifest, f"{where}.{column} is {claimed!r}, the file {part['file']!r} holds "
+                                           f"{shown}; allowed: the part's one {column}")
+
+
+def _values_of(path: Path, meta: Any, index: int, column: str) -> set[str]:
+    """The distinct values of a string column: from each row group's min/max statistics
+    when they say the group holds one value, else read from the column."""
+    found: set[str] = set()
+    for g in range(meta.num_row_groups):
+        chunk = meta.row_group(g).column(index)
+        stats = chunk.statistics
+        if chunk.num_values == 0:
+            continue
+        if stats is None or not stats.has_min_max or stats.null_count:
+            break
+        found.update({_text(stats.min), _text(stats.max)})
+    else:
+        return found
+    import pyarrow.parquet as pq
+
+    values = pq.read_table(path, columns=[column]).column(column)
+    return {str(v) for v in pc.unique(values).to_pylist()}
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _shown(value: Any) -> str:
+    try:
+        text = repr(value)
+    except RecursionError:  # a value nested too deeply to print
+        return f"a deeply nested {type(value).__name__}"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 #: Stands for a key a manifest lacks (``None`` is a value a hand edit can write).
