@@ -22,25 +22,14 @@ from ckpred.errors import ConfigValueError, OutputPathError
 
 
 # -- what a write may replace ---------------------------------------------------------------------
-class Replaceable:
-    """A kind of output ckpred writes, and how an existing one is recognised as its own.
-
-    A write replaces what is at its path only when :meth:`refusal` finds nothing to object
-    to: nothing is there, or an empty file or directory, or an output of this kind that
-    ckpred wrote. Anything else (a user's file or directory, a symlink, a device) is refused
-    before any work, so nothing ckpred did not write is ever deleted or overwritten.
-    """
-
-    #: What may be at the path, for the one-line refusal (``allowed: ...``).
-    allowed: str = ""
-
-    def refusal(self, path: Path) -> str:
-        """Why the existing ``path`` may not be replaced; ``""`` when it may (or nothing is there)."""
-        raise NotImplementedError
-
+# A write replaces what is at its path only when the path's kind (OwnFile, OwnDirectory) finds
+# nothing to object to (``refusal``): nothing is there, an empty file or directory, or an output
+# of that kind ckpred wrote, recognised by its content. Anything else (a user's file or
+# directory, a symlink, a device) is refused before any work: nothing ckpred did not write is
+# ever deleted or overwritten.
 
 @dataclass(frozen=True)
-class OwnFile(Replaceable):
+class OwnFile:
     """An output file, recognised as ckpred's by ``recognise`` (its header or metadata)."""
 
     #: The kind of file, as the errors name it (``a canonical Parquet table``).
@@ -48,10 +37,12 @@ class OwnFile(Replaceable):
     recognise: Callable[[Path], bool]
 
     @property
-    def allowed(self) -> str:  # type: ignore[override]
+    def allowed(self) -> str:
+        """What may be at the path, for the one-line refusal (``allowed: ...``)."""
         return f"a new file, an empty one, or {self.what} ckpred wrote (a regular file, not a symlink)"
 
     def refusal(self, path: Path) -> str:
+        """Why the existing ``path`` may not be replaced; ``""`` when it may (or nothing is there)."""
         try:
             info = os.lstat(path)
         except FileNotFoundError:
@@ -66,11 +57,11 @@ class OwnFile(Replaceable):
 
 
 @dataclass(frozen=True)
-class OwnDirectory(Replaceable):
+class OwnDirectory:
     """An output directory written as a whole: the file ``marker`` and regular files whose
     names match ``names``, nothing else."""
 
-    #: The kind of directory, as the errors name it (``a partitioned table of ckpred ingest``).
+    #: The kind of directory, as the errors name it (``a partitioned table ckpred wrote``).
     what: str
     marker: str
     names: re.Pattern[str]
@@ -78,11 +69,13 @@ class OwnDirectory(Replaceable):
     follow_symlink: bool = False
 
     @property
-    def allowed(self) -> str:  # type: ignore[override]
+    def allowed(self) -> str:
+        """What may be at the path, for the one-line refusal (``allowed: ...``)."""
         link = "" if self.follow_symlink else ", not a symlink"
         return f"a new or empty directory, or {self.what} (only {self.marker} and its files{link})"
 
     def refusal(self, path: Path) -> str:
+        """Why the existing ``path`` may not be replaced; ``""`` when it may (or nothing is there)."""
         try:
             info = os.lstat(path)
         except FileNotFoundError:
@@ -125,9 +118,13 @@ def file_kind(mode: int) -> str:
     return "a special file"
 
 
+#: The kinds of output a write may replace.
+Replaceable = OwnFile | OwnDirectory
+
+
 def check_replaceable(key: str, value: Any, kind: Replaceable) -> None:
     """Refuse (:class:`ckpred.errors.ConfigValueError` naming ``key``) an output path ``value``
-    that holds something a write of ``kind`` may not replace (:meth:`Replaceable.refusal`)."""
+    that holds something a write of ``kind`` may not replace (its ``refusal``)."""
     path = resolve_path(str(value))
     reason = kind.refusal(path)
     if reason:
@@ -136,8 +133,8 @@ def check_replaceable(key: str, value: Any, kind: Replaceable) -> None:
 
 def _refuse_foreign(path: Path, kind: Replaceable | None) -> None:
     reason = kind.refusal(path) if kind is not None else ""
-    if reason:
-        raise OutputPathError(str(path), f"{reason}; allowed: {kind.allowed}")  # type: ignore[union-attr]
+    if kind is not None and reason:
+        raise OutputPathError(str(path), f"{reason}; allowed: {kind.allowed}")
 
 
 # -- atomic writes -------------------------------------------------------------------------------
@@ -181,7 +178,15 @@ def atomic_path(path: str | Path, replaces: OwnFile | None = None) -> Iterator[P
 
 
 def _umask() -> int:
-    """The process's umask (read by setting it and setting it back: there is no other way)."""
+    """The process's umask: from ``/proc/self/status`` on Linux, else by setting it and setting
+    it back (which another thread creating a file meanwhile could see)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
