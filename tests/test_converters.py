@@ -16,6 +16,7 @@ from ckpred.config import feature_set
 from ckpred.features import FEATURE_GROUPS, build_features, group_class, group_input_columns
 from ckpred.features.registry import declared_groups
 from ckpred.kernels.base import load_op
+from ckpred.plugins import allowed_plugins
 
 FEATURE_SETS = sorted(p.stem for p in (CONF_DIR / "features").glob("*.yaml"))
 OPS = {name: load_op(name) for name in ("gemm_universal", "ckpred.kernels.grouped_conv_fwd")}
@@ -142,7 +143,8 @@ def test_expression_and_module_path_groups_export_bit_for_bit() -> None:
     cfg = compose("ingest", ["data.path=x", "arch=gfx950", "dtype=fp8", "layout=rcr"])
     fs = {"name": "x", "groups": [*INLINE["groups"], {"kind": "test_features:TileArea"}, {"kind": "occupancy"}]}
     X = _rows(op, n_rows=300, seed=3)
-    union = build_features(fs, op, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    with allowed_plugins(["test_features"]):  # a test module: allowed as a user allows theirs
+        union = build_features(fs, op, cfg.arch, cfg.dtype, cfg.layout).fit(X)
     register()  # what every export does first: converters for every loaded group class
     got, want = _run(union, X, OPSETS[0]), union.transform(X)
     assert got.shape == want.shape and np.array_equal(got, want, equal_nan=True)

@@ -17,6 +17,7 @@ from ckpred.features.base import FeatureGroup
 from ckpred.schema import arch_constants
 from ckpred.features.expression import ExpressionFeatures
 from ckpred.kernels.base import load_op
+from ckpred.plugins import allowed_plugins
 
 OP = load_op("gemm_universal")
 FEATURE_SETS = sorted(p.stem for p in (CONF_DIR / "features").glob("*.yaml"))
@@ -477,7 +478,10 @@ def test_declared_group_exclude_and_extend(cfg) -> None:
 def test_a_python_group_by_module_path(cfg) -> None:
     X = _frame([dict(m=16, n=32, k=64)])
     fs = {"name": "x", "groups": [{"kind": "test_features:TileArea"}, {"kind": "problem"}]}
-    union = build_features(fs, OP, cfg.arch, cfg.dtype, cfg.layout).fit(X)
+    with pytest.raises(ConfigValueError, match="'test_features' is not one, so it was not imported"):
+        build_features(fs, OP, cfg.arch, cfg.dtype, cfg.layout)  # a module named by data: allowed first
+    with allowed_plugins(["test_features"]):
+        union = build_features(fs, OP, cfg.arch, cfg.dtype, cfg.layout).fit(X)
     names = list(union.get_feature_names_out())
     assert names[0] == "TileArea__tile_area" and union.transform(X)[0, 0] == 64 * 128
 

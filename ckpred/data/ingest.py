@@ -68,6 +68,9 @@ from ckpred.util import OwnFile, atomic_dir, atomic_path, check_replaceable, tem
 #: Relative tolerance of the check ``tflops * latency == FLOPs`` (beyond printing steps).
 CONSISTENCY_RTOL = 0.02
 REJECT_COLUMNS = ("source", "reason", "raw")
+FORMATS = ("auto", *READERS)
+#: Bytes of input read per block by default (``data.chunk_mb`` in the config).
+DEFAULT_CHUNK_BYTES = 64 << 20
 
 
 def _is_rejects_file(path: Path) -> bool:
@@ -77,9 +80,6 @@ def _is_rejects_file(path: Path) -> bool:
 
 #: A rejects CSV (its header line): a write replaces an existing file only when it is one (or empty).
 REJECTS_FILE = OwnFile("a rejects CSV", _is_rejects_file)
-FORMATS = ("auto", *READERS)
-#: Bytes of input read per block by default (``data.chunk_mb`` in the config).
-DEFAULT_CHUNK_BYTES = 64 << 20
 
 
 @dataclass

@@ -180,8 +180,9 @@ def read_manifest(path: str | Path, op: OpDefinition, *, one_combo: bool = True)
                 allowed = f"the part's one {column} name, a string"
                 raise bad(f"{where}.{column}", value, allowed + (" (model.backend=dask trains on one arch, dtype and "
                                                                  "layout per file)" if value is None else ""))
-            if not _NAME.fullmatch(value):
-                raise bad(f"{where}.{column}", value, f"a {column} config name (letters, digits, _ . + -)")
+            if not _NAME.fullmatch(value) and not (value == "" and rows == 0):  # a part without rows has no combo
+                raise bad(f"{where}.{column}", value, f"the config name of the part's {column} (letters, digits, "
+                                                      "_ . + -), not a path")
     total = manifest.get("rows", _ABSENT)
     counted = sum(p["rows"] for p in parts)
     if not _is_count(total) or total != counted:
