@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from ckpred import schema
+from ckpred.cv.schemes import registered_schemes
 from ckpred.errors import ConfigValueError, UnknownConfigKeyError
 from ckpred.util import resolve_path
 
@@ -155,7 +156,10 @@ def register_schemas() -> None:
     cs.store(group="features", name="base_features", node=schema.FeaturesConfig)
     cs.store(group="model", name="base_model", node=schema.ModelConfig)
     cs.store(group="target", name="base_target", node=schema.TargetConfig)
-    cs.store(group="cv", name="base_cv", node=schema.CVConfig)
+    for name, scheme in registered_schemes().items():  # each CV scheme's options, its name set
+        node = OmegaConf.structured(scheme.config)
+        node.name = name
+        cs.store(group="cv", name=f"base_{name}", node=node)
     cs.store(name="base_train", node=schema.TrainConfig)
     cs.store(name="base_export", node=schema.ExportConfig)
     cs.store(name="base_select", node=schema.SelectConfig)

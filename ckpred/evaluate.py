@@ -358,23 +358,6 @@ def method_report(per_shape: pd.DataFrame, family: np.ndarray, families: Sequenc
     return report
 
 
-def cv_heading(group_key: Sequence[str], cv: Any, n_folds: int) -> str:
-    """What the evaluation holds out, for every report: the grouping key and the folds.
-
-    E.g. ``unseen (m, n, k, split_k) shapes, 5 folds``. ``cv`` is the ``cv`` config node (its
-    ``name``, and ``test_fraction`` for a holdout).
-    """
-    key = f"({', '.join(group_key)})"
-    name = str(getattr(cv, "name", cv))
-    if name == "external":
-        return f"a second table's {key} shapes, model trained on the first"
-    if name == "leave_family_out":
-        return f"unseen {key} shapes, one fold per held-out family ({n_folds} folds)"
-    if name == "holdout":
-        return f"unseen {key} shapes, 1 holdout split ({float(cv.test_fraction):.0%} of them)"
-    return f"unseen {key} shapes, {n_folds} folds"
-
-
 # ---------------------------------------------------------------------------------------------
 # Baselines without a learned model
 # ---------------------------------------------------------------------------------------------
@@ -609,8 +592,8 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
                   over_seeds: Mapping[str, Any] | None = None) -> None:
     """Rich tables: every method side by side, overall, the spread over folds (and seeds), by family.
 
-    ``heading`` names what is held out (:func:`cv_heading`); ``over_seeds`` is the
-    ``over_seeds`` section of a several-seed run (method -> :func:`spread`).
+    ``heading`` names what is held out (:meth:`ckpred.cv.schemes.CVScheme.heading`);
+    ``over_seeds`` is the ``over_seeds`` section of a several-seed run (method -> :func:`spread`).
     """
     from rich.console import Console
     from rich.table import Table

@@ -53,9 +53,7 @@ def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None) -
     table = table.reset_index(drop=True)
     X = op.encode_frame(table)
     perf = ev.measured_perf(table["tflops"].to_numpy(), table["is_valid"].to_numpy())
-    problems = table[list(op.problem_names)]
-    kernels = table[list(op.kernel_names)]
-    selectable, _ = op.validity(problems, kernels, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
+    selectable = rule_mask(table, op, cfg, arch)
     groups = ev.ShapeGroups.from_keys(op.shape_keys(table))
     first = groups.first_rows()
     shapes = table.loc[first, list(op.problem_names)].reset_index(drop=True)
@@ -72,8 +70,16 @@ def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None) -
     if "pipeline" in table.columns:
         shapes["best_pipeline"] = np.where(ok, table["pipeline"].to_numpy()[np.maximum(best_row, 0)], "")
     cv_groups = pd.factorize(np.asarray(op.cv_group_keys(shapes)))[0].astype(np.int64)
-    return Prepared(table=table, X=X, perf=perf, selectable=np.asarray(selectable, dtype=bool),
+    return Prepared(table=table, X=X, perf=perf, selectable=selectable,
                     groups=groups, shapes=shapes, cv_groups=cv_groups, arch=arch)
+
+
+def rule_mask(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any) -> np.ndarray:
+    """The op's validity rules per row of ``table`` with ``arch``'s constants (True = may run)."""
+    problems = table[list(op.problem_names)]
+    kernels = table[list(op.kernel_names)]
+    selectable, _ = op.validity(problems, kernels, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
+    return np.asarray(selectable, dtype=bool)
 
 
 

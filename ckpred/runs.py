@@ -10,21 +10,110 @@ describes. (An export directory's ``manifest.json`` is a different file: :mod:`c
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import sys
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import joblib
 
-from ckpred.util import resolve_path, sha256_file
+from ckpred.evaluate import write_json
+from ckpred.util import package_versions, resolve_path, sha256_file
 from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError
 
-__all__ = ["RUN_RECORD", "TrainRun", "load_train_run", "run_record_path"]
+__all__ = ["RUN_RECORD", "DataRecord", "RunRecord", "TrainRun", "load_train_run", "run_record_path"]
 
 #: The record ``train`` writes into its run directory.
 RUN_RECORD = "run.json"
 #: The same record's name in runs written before it was renamed; still read.
 LEGACY_RUN_RECORD = "manifest.json"
+
+
+#: Packages whose versions go into the run record.
+RECORD_PACKAGES: tuple[str, ...] = ("ckpred", "lightgbm", "scikit-learn", "numpy", "pandas", "pyarrow", "hydra-core",
+                                    "omegaconf", "scipy", "dask", "distributed")
+
+
+@dataclass(kw_only=True)
+class DataRecord:
+    """What a run trained on: a table in one process (its hash, rows, shapes, valid rows and the
+    range of each problem field) or a partitioned dataset (its folder, rows, partitions and
+    arch/dtype/layout combos). Fields that do not apply are left out of ``run.json``."""
+
+    rows: int
+    hash: str | None = None
+    shapes: int | None = None
+    valid_rows: int | None = None
+    shape_ranges: dict[str, list[Any]] | None = None
+    partitioned: str | None = None
+    partitions: int | None = None
+    combos: list[str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        order = ("hash", "rows", "shapes", "valid_rows", "shape_ranges", "partitioned", "partitions", "combos")
+        values = asdict(self)
+        return {k: values[k] for k in order if values[k] is not None}
+
+
+@dataclass(kw_only=True)
+class RunRecord:
+    """The record ``train`` writes into its run directory (:data:`RUN_RECORD`), whichever backend
+    ran it. Readers (``export run_dir=``, warm starts, replay, ``sweep-report``) take it as JSON."""
+
+    op: str
+    arch: str
+    dtype: str
+    layout: str
+    model: str
+    target: str
+    features: str
+    #: Output names of the saved pipeline's feature step (empty without a saved pipeline).
+    feature_names: list[str]
+    input_names: list[str]
+    #: The op's kernel catalogue hash for (arch, dtype, layout); None when it has none there.
+    catalogue_hash: str | None
+    data: DataRecord
+    #: The table the folds tested when it is not the training table (``cv=external``).
+    test_data: DataRecord | None
+    cv: str
+    n_folds: int
+    seed: int
+    #: ``local`` or ``dask`` (``model.backend``).
+    backend: str
+    heading: str
+    families: list[str]
+    #: Whether the saved pipeline carries a learned failure model (each fold's: folds.json).
+    failure_model: bool
+    #: ``file`` and ``sha256`` of the saved pipeline (null without one) and its fit info.
+    pipeline: dict[str, Any]
+    #: Per method its headline metrics (metrics.json holds the breakdowns).
+    metrics: dict[str, dict[str, Any]]
+    timings_s: dict[str, float]
+    config: dict[str, Any]
+    #: The warm start's lineage (:func:`ckpred.warm_start.lineage`); None for a cold start.
+    warm_start: dict[str, Any] | None = None
+    command: str = "train"
+    created: str = field(default_factory=lambda: datetime.now().astimezone().isoformat(timespec="seconds"))
+    versions: dict[str, str] = field(default_factory=lambda: package_versions(RECORD_PACKAGES))
+    argv: list[str] = field(default_factory=lambda: list(sys.argv))
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as ``run.json`` holds it (``warm_start`` only for a warm start)."""
+        out = {f: getattr(self, f) for f in ("command", "created", "op", "arch", "dtype", "layout", "model", "target",
+                                             "features", "feature_names", "input_names", "catalogue_hash")}
+        out["data"] = self.data.to_json()
+        out["test_data"] = self.test_data.to_json() if self.test_data is not None else None
+        out.update({f: getattr(self, f) for f in ("cv", "n_folds", "seed", "backend", "heading",
+                                                  "families", "failure_model", "pipeline", "metrics", "timings_s",
+                                                  "versions", "argv", "config")})
+        if self.warm_start is not None:
+            out["warm_start"] = self.warm_start
+        return out
+
+    def write(self, run_dir: Path) -> Path:
+        """Write the record into ``run_dir`` (NaN as null); returns its path."""
+        return write_json(Path(run_dir) / RUN_RECORD, self.to_json())
 
 
 def run_record_path(run_dir: str | Path) -> Path:

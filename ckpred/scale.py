@@ -282,7 +282,7 @@ def dask_client(dask_cfg: Any) -> Iterator[Any]:
 
 
 # -- fitting on a partitioned dataset ------------------------------------------------------------
-def _partition_files(path: str | Path, op: OpDefinition, manifest: dict[str, Any] | None = None) -> list[str]:
+def partition_files(path: str | Path, op: OpDefinition, manifest: dict[str, Any] | None = None) -> list[str]:
     """The partition files of the dataset at ``path`` (``manifest``: its manifest, already read)."""
     manifest = manifest if manifest is not None else read_manifest(path, op)
     return [str(Path(path) / p["file"]) for p in manifest["partitions"]]
@@ -326,15 +326,36 @@ def _assemble(pipe: Any, fitted_model: Any, target: str) -> Any:
     return pipe
 
 
-def _check_recipe(recipe: Any) -> None:
+def check_recipe(recipe: Any) -> None:
     if int(recipe.model.early_stopping_rounds) > 0:
         raise ConfigValueError("model.early_stopping_rounds", int(recipe.model.early_stopping_rounds),
                                "0 with model.backend=dask on a partitioned dataset (no early stopping there)")
 
 
+@dataclass
+class Placed:
+    """A partitioned dataset's files and, on a cluster, the worker of each (:func:`placement`),
+    for a caller that fits several times on one dataset and cluster."""
+
+    files: list[str]
+    where: list[str] | None = None
+
+
+@dataclass
+class PartitionFit:
+    """One fit on a partitioned dataset: the partitions' recipe, the unfitted LightGBM estimator
+    (the ranker, or the regressor inside the target transform) and the learned validity mask's
+    config (None = no failure model)."""
+
+    part: PartitionRecipe
+    estimator: Any
+    is_ranker: bool
+    validity: Any = None
+
+
 def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: str, client: Any = None,
-                    test: tuple[float, float] = (0.0, 0.0), files: list[str] | None = None,
-                    where: list[str] | None = None, seed: int | None = None) -> tuple[Any, dict[str, Any]]:
+                    test: tuple[float, float] = (0.0, 0.0), placed: Placed | None = None,
+                    seed: int | None = None) -> tuple[Any, dict[str, Any]]:
     """Fit the config's model recipe on a partitioned dataset; returns (pipeline, fit info).
 
     Parameters
@@ -348,10 +369,9 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
         data that fits in memory; what the Dask fit is compared with).
     test : (float, float)
         Queries whose stable hash lies in this range are held out (see :func:`score_partitioned`).
-    files, where : list of str, optional
-        The dataset's partition files and, for ``dask``, the worker of each (:func:`placement`),
-        when the caller fits several times on one dataset and cluster; by default read from the
-        manifest and placed here.
+    placed : Placed, optional
+        The dataset's partition files and, for ``dask``, the worker of each; by default read
+        from the manifest and placed here.
     seed : int, optional
         Seed of the row sample, the model and the failure model; default ``cfg.seed``. A CV
         fold passes ``cfg.seed + fold`` as the in-memory CV does.
@@ -363,53 +383,67 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
     ``validity.threshold``; ``local``: :func:`ckpred.models.fit_failure_model`. The fit info then
     says ``failure_model`` (kept or not) and ``failed_rows``.
     """
-    from ckpred.models import fit_failure_model, set_failure_model, target_name
+    from ckpred.models import target_name
 
     method = model_method(cfg)
-    _check_recipe(method.recipe)
+    check_recipe(method.recipe)
     seed = int(cfg.seed) if seed is None else int(seed)
-    files = files if files is not None else _partition_files(path, op)
+    placed = placed if placed is not None else Placed(partition_files(path, op))
     pipe = build_pipeline(method.recipe, op, cfg.arch, cfg.dtype)
-    head = _head(_first_with_rows(files, path))
+    head = _head(_first_with_rows(placed.files, path))
     n_features = len(pipe.named_steps["features"].fit(op.encode_frame(head)).get_feature_names_out())
     part = PartitionRecipe(op=op, recipe=method.recipe, rows=method.rows, seed=seed,
                            n_features=n_features, test_lo=float(test[0]), test_hi=float(test[1]))
-    names = part.feature_names()
     model_cfg = method.recipe.model
-    is_ranker = model_cfg.name == "lgbm_ranker"
     estimator = build_estimator(model_cfg, method.recipe.target, seed)
-    inner = estimator if is_ranker else estimator.regressor
-    params = inner.get_params()
+    is_ranker = model_cfg.name == "lgbm_ranker"
     validity = method.validity if method.validity is not None and bool(method.validity.learned) else None
-    info: dict[str, Any] = {"backend": backend, "partitions": len(files)}
+    job = PartitionFit(part, estimator if is_ranker else estimator.regressor, is_ranker, validity)
+    info: dict[str, Any] = {"backend": backend, "partitions": len(placed.files)}
     t0 = time.perf_counter()
     if backend == "local":
-        check_partitions((_keys_of(f, op) for f in files), str(path))
-        frames = [f for f in (_training_part(f, i, part) for i, f in enumerate(files)) if len(f)]
-        # query codes restart in every partition: the group sizes are taken per partition
-        fit_kw = {"group": np.concatenate([query_sizes(f[_Q].to_numpy()) for f in frames])} if is_ranker else {}
-        train = pd.concat(frames, ignore_index=True)
-        del frames
-        Xt = train[names].to_numpy()
-        inner.fit(Xt, train[_Y].to_numpy(), **fit_kw)
-        fitted, rows = inner, len(train)
-        if validity is not None:
-            failed = train[_F].to_numpy()
-            failure = fit_failure_model(pipe, None, failed, validity, seed, Xt=Xt)
-            info.update(failure_model=failure is not None, failed_rows=int(failed.sum()))
-        del train, Xt
+        check_partitions((_keys_of(f, op) for f in placed.files), str(path))
+        fitted, rows = _fit_local(job, placed.files, pipe, info)
     elif backend == "dask":
-        where = where if where is not None else placement(client, files, op, str(path))
-        fitted, rows, failure, n_failed = _fit_dask(client, files, where, part, names, params, is_ranker,
-                                                    validity=validity, seed=seed)
-        if validity is not None:
-            set_failure_model(pipe, failure, float(validity.threshold))
-            info.update(failure_model=failure is not None, failed_rows=int(n_failed))
+        where = placed.where if placed.where is not None else placement(client, placed.files, op, str(path))
+        fitted, rows = _fit_on_cluster(job, client, Placed(placed.files, where), pipe, info)
     else:
         raise ConfigValueError("model.backend", backend, "one of ['local', 'dask']")
     info.update(train_rows=int(rows), fit_s=round(time.perf_counter() - t0, 2),
                 trees=int(fitted.booster_.current_iteration()))
     return _assemble(pipe, fitted, target_name(model_cfg, method.recipe.target)), info
+
+
+def _fit_local(job: PartitionFit, files: list[str], pipe: Any, info: dict[str, Any]) -> tuple[Any, int]:
+    """The training rows of every partition gathered here and LightGBM's ordinary estimator (with
+    the failure model, recorded in ``info``); returns (fitted estimator, training rows)."""
+    from ckpred.models import fit_failure_model
+
+    frames = [f for f in (_training_part(f, i, job.part) for i, f in enumerate(files)) if len(f)]
+    # query codes restart in every partition: the group sizes are taken per partition
+    fit_kw = {"group": np.concatenate([query_sizes(f[_Q].to_numpy()) for f in frames])} if job.is_ranker else {}
+    train = pd.concat(frames, ignore_index=True)
+    del frames
+    Xt = train[job.part.feature_names()].to_numpy()
+    job.estimator.fit(Xt, train[_Y].to_numpy(), **fit_kw)
+    if job.validity is not None:
+        failed = train[_F].to_numpy()
+        failure = fit_failure_model(pipe, None, failed, job.validity, job.part.seed, Xt=Xt)
+        info.update(failure_model=failure is not None, failed_rows=int(failed.sum()))
+    return job.estimator, len(train)
+
+
+def _fit_on_cluster(job: PartitionFit, client: Any, placed: Placed, pipe: Any,
+                    info: dict[str, Any]) -> tuple[Any, int]:
+    """:func:`_fit_dask`, its failure model set on ``pipe`` and recorded in ``info``; returns
+    (fitted local estimator, training rows)."""
+    from ckpred.models import set_failure_model
+
+    fitted, rows, failure, n_failed = _fit_dask(client, placed, job)
+    if job.validity is not None:
+        set_failure_model(pipe, failure, float(job.validity.threshold))
+        info.update(failure_model=failure is not None, failed_rows=int(n_failed))
+    return fitted, rows
 
 
 def _columns(frame: pd.DataFrame, columns: Any, dtype: Any) -> np.ndarray:
@@ -448,17 +482,18 @@ def placement(client: Any, files: list[str], op: OpDefinition, path: str) -> lis
     return spread(combos, sorted(client.scheduler_info()["workers"]))
 
 
-def _fit_dask(client: Any, files: list[str], where: list[str], part: PartitionRecipe, names: list[str],
-              params: dict[str, Any], is_ranker: bool, validity: Any = None,
-              seed: int = 0) -> tuple[Any, int, Any, int]:
+def _fit_dask(client: Any, placed: Placed, job: PartitionFit) -> tuple[Any, int, Any, int]:
     """The ranking model fitted data-parallel on the partitions' training rows, each partition on
-    its worker ``where``; returns (local model, training rows, failure model or None, failed
-    training rows). With ``validity`` (the ``validity`` config, ``learned`` on) the failure model
-    is fitted on the same rows (see :func:`_fit_failures`)."""
+    its worker; returns (local model, training rows, failure model or None, failed training
+    rows). With ``job.validity`` (the ``validity`` config, ``learned`` on) the failure model is
+    fitted on the same rows (see :func:`_fit_failures`)."""
     from lightgbm import DaskLGBMRanker, DaskLGBMRegressor
 
     import dask
     import dask.array as da
+
+    files, where, part, names = placed.files, placed.where or [], job.part, job.part.feature_names()
+    is_ranker, validity = job.is_ranker, job.validity
 
     # each partition's training rows, then its X / y / group arrays, pinned to one worker
     def pinned(fn: Any, *args: Any, worker: str) -> Any:
@@ -485,7 +520,8 @@ def _fit_dask(client: Any, files: list[str], where: list[str], part: PartitionRe
     del frames
     X, y = da.concatenate(X_parts), da.concatenate(y_parts)
     lengths = lengths[lengths > 0]
-    params = {k: v for k, v in params.items() if k != "n_jobs"}  # Dask gives each worker its threads
+    # Dask gives each worker its threads
+    params = {k: v for k, v in job.estimator.get_params().items() if k != "n_jobs"}
     cls = DaskLGBMRanker if is_ranker else DaskLGBMRegressor
     model = cls(client=client, **params)
     fit_kw: dict[str, Any] = {"group": da.concatenate(g_parts)} if is_ranker else {}
@@ -496,7 +532,7 @@ def _fit_dask(client: Any, files: list[str], where: list[str], part: PartitionRe
         warnings.filterwarnings("ignore", message="Parameter n_jobs will be ignored")
         model.fit(X, y, **fit_kw)
         failure, n_failed = (None, 0) if validity is None else \
-            _fit_failures(client, X, da.concatenate(f_parts), validity, seed)
+            _fit_failures(client, X, da.concatenate(f_parts), validity, part.seed)
     return model.to_local(), int(lengths.sum()), failure, n_failed
 
 
@@ -611,7 +647,7 @@ def _score_part(file: str, number: int, part: PartitionRecipe, pipe: Any,
     return pd.concat(out, ignore_index=True), note
 
 
-def _score_all(pipe: Any, part: PartitionRecipe, files: list[str], client: Any = None,
+def score_all(pipe: Any, part: PartitionRecipe, files: list[str], client: Any = None,
                static: pd.Series | None = None) -> tuple[pd.DataFrame, list[str]]:
     """:func:`_score_part` of every partition (on the cluster with ``client``) and the
     analytical baseline's skip reasons."""
@@ -627,7 +663,7 @@ def _score_all(pipe: Any, part: PartitionRecipe, files: list[str], client: Any =
     return (pd.concat(frames, ignore_index=True) if frames else _empty_scores()), notes
 
 
-def _scoring_recipe(cfg: Any, op: OpDefinition, test: tuple[float, float], baselines: tuple[str, ...] = (),
+def scoring_recipe(cfg: Any, op: OpDefinition, test: tuple[float, float], baselines: tuple[str, ...] = (),
                     static_by: tuple[str, ...] = ()) -> PartitionRecipe:
     method = model_method(cfg)
     return PartitionRecipe(op=op, recipe=method.recipe, rows=method.rows, seed=int(cfg.seed),
@@ -640,7 +676,7 @@ def score_partitioned(pipe: Any, cfg: Any, op: OpDefinition, path: str | Path, *
     """Per-query efficiency (and top-1 and the other per-shape metrics) of ``pipe`` on the
     held-out queries of a partitioned dataset that have a valid kernel (each partition scored
     where it is read: on the cluster with ``client``, else here)."""
-    out, _ = _score_all(pipe, _scoring_recipe(cfg, op, test), _partition_files(path, op), client)
+    out, _ = score_all(pipe, scoring_recipe(cfg, op, test), partition_files(path, op), client)
     return out[out["efficiency"].notna()].reset_index(drop=True)
 
 
@@ -681,7 +717,7 @@ def fold_fits(cfg: Any, data: Any, op: OpDefinition, jobs: list[tuple[Any, np.nd
             yield pipe, info
 
 
-def _baselines(cfg: Any, op: OpDefinition) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def baselines_of(cfg: Any, op: OpDefinition) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The baselines of ``cfg.baselines`` a partitioned run scores, and ``best_static_by``.
 
     ``analytical`` is tried only when the op has a GEMM view, as in the in-memory run.
@@ -691,135 +727,3 @@ def _baselines(cfg: Any, op: OpDefinition) -> tuple[tuple[str, ...], tuple[str, 
                                   ("analytical", b.analytical and type(op).gemm_view is not OpDefinition.gemm_view),
                                   ("random", b.random)) if on)
     return names, tuple(ev.best_static_by(b, op))
-
-
-def cross_validate_partitioned(cfg: Any, op: OpDefinition, path: Path, out_dir: Path) -> float:
-    """``train`` on a partitioned dataset with ``model.backend=dask``; returns the mean efficiency.
-
-    Folds hold out queries by a stable hash of their key (``cv=group_kfold``: ``cv.n_splits``
-    equal hash ranges; ``cv=holdout``: the first ``cv.test_fraction`` of the range). Each
-    fold trains on the cluster and scores its held-out queries there, with the no-learning
-    baselines of ``cfg.baselines`` on the same queries: ``random`` (analytic, per query),
-    ``best_static`` (the per-kernel sums and counts of the fold's training queries, computed per
-    partition and added up on the client: :func:`best_static_order`, equal to the in-memory
-    order on the same training queries) and ``analytical`` (with each partition's own arch and
-    dtype constants; skipped, with the reason, when any partition lacks what it needs). The
-    final model trains on every query.
-
-    With ``validity.learned`` every fit also learns the failure model on its training rows
-    (:func:`fit_partitioned`, on the cluster); the model is then scored on the rule-valid
-    kernels its failure model predicts to run (:func:`ckpred.evaluate.learned_selection_mask`,
-    as in the in-memory CV), each fold's entry in ``folds.json`` says whether a failure model
-    was kept and how many training rows failed, and the run record's ``failure_model`` says
-    whether the saved pipeline carries one (where the export and the runtimes use it).
-
-    Writes ``metrics.json`` (per method the in-memory run's report: :func:`ckpred.evaluate.method_report`
-    with ``by_family``, ``by_best_pipeline`` and the spread over folds), ``per_query.csv`` (one
-    row per held-out query and method: ``method`` column), ``folds.json`` (with each fold's top
-    best-static kernels), ``efficiency_cdf.png`` and ``efficiency_at_k.png`` (``plots``),
-    ``pipeline.joblib`` and the run record. Not computed, as they need the table in one
-    process or more fits: the out-of-fold row scores (``oof_predictions.parquet``), the learned
-    baselines ``plain`` and ``reference``, the feature-importance plot and breakdowns by
-    categorical problem fields.
-    """
-    import joblib
-
-    from ckpred.models import failure_model, target_name
-    from ckpred.runs import RUN_RECORD
-    from ckpred.util import package_versions, sha256_file
-
-    if cfg.get("warm_start"):
-        raise ConfigValueError("warm_start", cfg.warm_start, "empty with a partitioned dataset (model.backend=dask)")
-    if cfg.cv.name == "group_kfold":
-        k = int(cfg.cv.n_splits)
-        ranges = [(i / k, (i + 1) / k) for i in range(k)]
-    elif cfg.cv.name == "holdout":
-        ranges = [(0.0, float(cfg.cv.test_fraction))]
-    else:
-        raise ConfigValueError("cv", cfg.cv.name, "group_kfold or holdout with a partitioned dataset "
-                               "(model.backend=dask): folds hold out queries by a hash of their key")
-    baselines, static_by = _baselines(cfg, op)
-    _check_recipe(model_method(cfg).recipe)  # config and manifest are refused before a cluster starts
-    manifest = read_manifest(path, op)
-    files = _partition_files(path, op, manifest)
-    t0 = time.perf_counter()
-    timings: dict[str, float] = {}
-    per_query, folds, notes = [], [], set()
-    with dask_client(cfg.model.dask) as client:
-        where = placement(client, files, op, str(path))  # the files and workers are the same for every fit
-        for i, test in enumerate(ranges):
-            t = time.perf_counter()
-            pipe, info = fit_partitioned(cfg, op, path, backend="dask", client=client, test=test, files=files,
-                                         where=where, seed=int(cfg.seed) + i)  # as the in-memory CV seeds a fold
-            entry = {"fold": f"fold{i}", "seed": int(cfg.seed) + i, "test_hash_range": list(test), **info,
-                     "fit_score_s": round(time.perf_counter() - t, 2)}
-            timings["model_s"] = timings.get("model_s", 0.0) + entry["fit_score_s"]
-            part = _scoring_recipe(cfg, op, test, baselines, static_by)
-            static = None
-            if "best_static" in baselines:
-                t = time.perf_counter()
-                static = best_static_order(part, files, client)
-                entry["best_static"] = {"top_kernels": static.sort_values(ascending=False, kind="stable")
-                                        .head(5).round(4).to_dict()}
-                timings["best_static_s"] = timings.get("best_static_s", 0.0) + time.perf_counter() - t
-            scored, skipped = _score_all(pipe, part, files, client, static)
-            per_query.append(scored.assign(fold=i))
-            notes.update(skipped)
-            folds.append(entry)
-        t = time.perf_counter()
-        final, final_info = fit_partitioned(cfg, op, path, backend="dask", client=client, files=files,
-                                            where=where) if cfg.save_pipeline else (None, {})
-        timings["final_fit_s"] = time.perf_counter() - t
-    table = pd.concat(per_query, ignore_index=True)
-    if notes:  # scored on some partitions only: not comparable with the other methods
-        table = table[table["method"] != "analytical"]
-        log.warning("analytical baseline %s", "; ".join(notes))
-    # one frame per method, its queries in one order (each method scores every held-out query)
-    per_shape = {m: table[table["method"] == m].sort_values(["fold", "query"], kind="stable").reset_index(drop=True)
-                 for m in ev.METHODS if (table["method"] == m).any()}
-    heading = f"queries held out by key hash, {cfg.cv.name} ({len(ranges)} folds), Dask"
-    metrics: dict[str, Any] = {
-        m: ev.method_report(ps, ps["family"].to_numpy(), op.families,
-                            ps["best_pipeline"].to_numpy() if "best_pipeline" in ps else None,
-                            fold=ps["fold"].to_numpy() if len(ranges) > 1 else None)
-        for m, ps in per_shape.items()}
-    if notes:
-        metrics["analytical"] = {"skipped": "; ".join(notes)}
-    out_dir = Path(out_dir)
-    ev.write_json(out_dir / "metrics.json", {"_heading": heading, **metrics})
-    ev.write_json(out_dir / "folds.json", {"cv": cfg.cv.name, "folds": folds})
-    first = ["fold", "method", "query", "family"]
-    table[first + [c for c in table.columns if c not in first]].to_csv(out_dir / "per_query.csv", index=False)
-    if cfg.plots and per_shape:
-        ev.plot_efficiency_cdf(per_shape, per_shape["model"]["family"].to_numpy(), op.families,
-                               out_dir / "efficiency_cdf.png")
-        ev.plot_efficiency_at_k({m: r for m, r in metrics.items() if "mean" in r}, out_dir / "efficiency_at_k.png")
-    feature_names: list[str] = []
-    pipeline = None
-    if final is not None:
-        joblib.dump(final, out_dir / "pipeline.joblib", compress=3)
-        feature_names = [str(n) for n in final.named_steps["features"].get_feature_names_out()]
-        pipeline = {"file": "pipeline.joblib", "sha256": sha256_file(out_dir / "pipeline.joblib"), **final_info}
-    timings["total_s"] = time.perf_counter() - t0
-    from omegaconf import OmegaConf
-
-    record = {"command": "train", "op": op.name, "arch": cfg.arch.name, "dtype": cfg.dtype.name,
-              "layout": cfg.layout.name, "model": cfg.model.name, "target": target_name(cfg.model, cfg.target),
-              "features": cfg.features.name, "feature_names": feature_names, "input_names": list(op.input_names),
-              "data": {"partitioned": str(path), "rows": manifest["rows"], "partitions": len(manifest["partitions"]),
-                       "combos": sorted({"/".join(p[c] for c in COMBO_COLUMNS) for p in manifest["partitions"]})},
-              "cv": cfg.cv.name, "n_folds": len(ranges), "seed": int(cfg.seed), "backend": "dask",
-              "heading": heading, "families": list(op.families),
-              # whether the saved pipeline masks learned failures (each fold's is in folds.json)
-              "failure_model": final is not None and failure_model(final) is not None,
-              "pipeline": pipeline,
-              "metrics": {m: {k: v for k, v in r.items() if not isinstance(v, dict)} for m, r in metrics.items()},
-              "timings_s": {k: round(v, 2) for k, v in timings.items()},
-              "versions": package_versions(("ckpred", "lightgbm", "dask", "distributed", "scikit-learn", "numpy",
-                                            "pandas", "pyarrow")),
-              "config": OmegaConf.to_container(cfg, resolve=True)}
-    ev.write_json(out_dir / RUN_RECORD, record)
-    if cfg.progress:
-        ev.print_summary(metrics, op.families, out_dir, timings,
-                         heading=f"{heading}, {manifest['rows']:,} rows")
-    return float(metrics.get("model", {}).get("mean", float("nan")))

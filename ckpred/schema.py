@@ -564,7 +564,6 @@ class SimulateConfig:
 # -- train: models, targets, cv, baselines ----------------------------------------------------
 MODEL_NAMES: tuple[str, ...] = ("lgbm_regressor", "lgbm_ranker")
 TARGET_NAMES: tuple[str, ...] = ("log1p", "raw", "relative")
-CV_NAMES: tuple[str, ...] = ("group_kfold", "leave_family_out", "holdout", "external")
 RANK_OBJECTIVES: tuple[str, ...] = ("lambdarank", "rank_xendcg")
 LABEL_GAINS: tuple[str, ...] = ("exp2", "linear")
 MODEL_BACKENDS: tuple[str, ...] = ("local", "dask")
@@ -679,29 +678,14 @@ class TargetConfig:
 
 @dataclass
 class CVConfig:
-    """How shapes are split into train and test (folds never split a shape's rows)."""
+    """How shapes are split into train and test (folds never split a shape's rows).
 
+    The base of every CV scheme's config: each scheme (:mod:`ckpred.cv.schemes`) subclasses it
+    with its own options, and ``conf/cv/<name>.yaml`` starts from that schema (``base_<name>``).
+    """
+
+    #: The registered scheme that plans the folds (``group_kfold``, ``holdout``, ...).
     name: str = MISSING
-    #: ``group_kfold``: number of folds.
-    n_splits: int = 5
-    #: ``group_kfold``: shuffle shapes (with ``seed``) before assigning folds.
-    shuffle: bool = True
-    #: ``holdout``: fraction of shapes in the test set.
-    test_fraction: float = 0.2
-    #: ``external``: the test table (train on the config's ``data``, test on this source).
-    data: Optional[DataConfig] = None
-    #: ``external``: the test table's arch (``arch@cv.arch=<name>``); null = the packaged arch
-    #: named by the table's ``arch`` column, else the training arch. Its constants drive the
-    #: test table's validity rules and hardware features.
-    arch: Optional[ArchConfig] = None
-
-    def __post_init__(self) -> None:
-        check("cv.name", self.name, self.name in CV_NAMES, f"one of {list(CV_NAMES)}")
-        check("cv.n_splits", self.n_splits, self.n_splits >= 2, "an integer >= 2")
-        check("cv.test_fraction", self.test_fraction, 0 < self.test_fraction < 1, "a number in (0, 1)")
-        if self.name == "external":
-            check("cv.data", self.data, self.data is not None,
-                  "a data source to test on (cv.data.source=path cv.data.path=<files>)")
 
 
 @dataclass
@@ -1072,6 +1056,10 @@ def tune_param(name: str, raw: Any) -> TuneParamConfig:
 class TuneConfig(TrainConfig):
     """Primary config of ``ckpred tune``: a train config plus the search (``tune``)."""
 
+    #: The train config's ``cv``, a scheme's own config (a :class:`CVConfig` subclass). Declared
+    #: untyped here because ``tune.yaml`` merges this schema over the composed train config,
+    #: and a typed field would turn the scheme's node back into the bare base class.
+    cv: Any = MISSING
     tune: TuneSettings = field(default_factory=TuneSettings)
 
 

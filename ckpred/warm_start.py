@@ -32,16 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import joblib
 import lightgbm as lgb
 from omegaconf import DictConfig
 from sklearn.pipeline import Pipeline
 
-from ckpred import evaluate as ev
 from ckpred.errors import ModelMismatchError
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import booster, build_pipeline, target_name
-from ckpred.runs import RUN_RECORD
+from ckpred.runs import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -167,51 +165,38 @@ def prepare(cfg: DictConfig, op: OpDefinition, X_head: Any) -> BaseModel:
     return base
 
 
-def lineage(base: BaseModel, cfg: DictConfig, run: dict[str, Any], test_shape_keys: list[str],
-            fold_trees: list[int]) -> dict[str, Any]:
-    """The ``warm_start`` entry of this run's record (base identity, trees, data, CV leakage)."""
+def lineage(base: BaseModel, cfg: Any, record: RunRecord, fold_log: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``warm_start`` entry of this run's record (base identity, trees, data, CV leakage);
+    warns when CV leaked.
+
+    ``record`` is this run's record (its data and final pipeline), ``fold_log`` the run's
+    ``folds.json`` content (test shapes and per-fold tree counts).
+    """
+    test_shape_keys = [str(s) for f in fold_log for s in f["test_shapes"]]
+    fold_trees = [int(f["model"]["trees"]) for f in fold_log if "model" in f and "trees" in f["model"]]
     seen = sorted(set(test_shape_keys) & base.trained_shapes)
     bm = base.record
     base_model_cfg = (bm.get("config") or {}).get("model", {})
-    record = {
+    data = record.data.to_json()
+    out = {
         "base_run_dir": str(base.run_dir),
         "base_pipeline_sha256": base.sha256,
         "base_data": {k: (bm.get("data") or {}).get(k) for k in ("hash", "rows", "shapes")},
         "base_model": {k: base_model_cfg.get(k) for k in ("n_estimators", "learning_rate", "num_leaves")},
         "trees_before": base.trees,
         "trees_added": int(cfg.model.n_estimators),
-        "trees_after": (run.get("pipeline") or {}).get("trees"),
+        "trees_after": record.pipeline.get("trees"),
         "fold_trees_after": fold_trees,
-        "data": {k: run["data"].get(k) for k in ("hash", "rows", "shapes")},
-        "same_data": bm.get("data", {}).get("hash") == run["data"].get("hash"),
+        "data": {k: data.get(k) for k in ("hash", "rows", "shapes")},
+        "same_data": bm.get("data", {}).get("hash") == data.get("hash"),
         "cv": {"folds": "every fold continues from the base's final model",
                "test_shapes": len(test_shape_keys), "test_shapes_seen_by_base": len(seen),
                "leakage": bool(seen), "seen_examples": seen[:10]},
         # A chain of warm starts keeps its history.
         "base_lineage": bm.get("warm_start"),
     }
-    return record
-
-
-def record_lineage(out_dir: Path, base: BaseModel, cfg: DictConfig, fold_log: list[dict[str, Any]]) -> dict[str, Any]:
-    """Add the ``warm_start`` entry to the run record of ``out_dir``; warn when CV leaked.
-
-    ``fold_log`` is the run's ``folds.json`` content (test shapes and per-fold tree counts).
-    """
-    test_shape_keys = [str(s) for f in fold_log for s in f["test_shapes"]]
-    record_file = out_dir / RUN_RECORD
-    run = json.loads(record_file.read_text())
-    fold_trees = [int(f["model"]["trees"]) for f in fold_log if "model" in f and "trees" in f["model"]]
-    record = lineage(base, cfg, run, test_shape_keys, fold_trees)
-    pipeline_file = out_dir / "pipeline.joblib"
-    if record["trees_after"] is None and pipeline_file.exists():
-        # cv=external saves the fold model itself (no separate final fit records its trees).
-        record["trees_after"] = int(booster(joblib.load(pipeline_file)).current_iteration())
-    run["warm_start"] = record
-    ev.write_json(record_file, run)
-    cv = record["cv"]
-    if cv["leakage"]:
+    if seen:
         log.warning("warm start: the base model was trained on %d of the %d test shapes, so the CV "
                     "efficiencies of this run are optimistic (see run.json warm_start.cv)",
-                    cv["test_shapes_seen_by_base"], cv["test_shapes"])
-    return record
+                    len(seen), len(test_shape_keys))
+    return out

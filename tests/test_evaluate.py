@@ -181,10 +181,10 @@ def test_report_breakdowns_and_spread_over_folds() -> None:
 def test_heading_names_the_grouping_key_and_folds() -> None:
     from types import SimpleNamespace
 
-    from ckpred.evaluate import cv_heading
+    from ckpred.cv import External, GroupKFold, Holdout
 
-    assert cv_heading(("m", "n", "k", "split_k"), SimpleNamespace(name="group_kfold"), 5) == \
+    assert GroupKFold(SimpleNamespace(name="group_kfold")).heading(("m", "n", "k", "split_k"), 5) == \
         "unseen (m, n, k, split_k) shapes, 5 folds"
-    assert cv_heading(("n", "c"), SimpleNamespace(name="holdout", test_fraction=0.2), 1) == \
+    assert Holdout(SimpleNamespace(name="holdout", test_fraction=0.2)).heading(("n", "c"), 1) == \
         "unseen (n, c) shapes, 1 holdout split (20% of them)"
-    assert "second table" in cv_heading(("m",), SimpleNamespace(name="external"), 1)
+    assert "second table" in External(SimpleNamespace(name="external")).heading(("m",), 1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ckpred.config import compose
-from ckpred.cv import cross_validate
+from ckpred.cv.driver import cross_validate
 from tests.conftest import REPO, shared_file
 
 OPS_DIR = REPO / "tests" / "ops"

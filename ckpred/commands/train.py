@@ -1,7 +1,7 @@
 """``python -m ckpred train``: cross-validate the model against the baselines and write the run.
 
 :func:`train` is the plain task function sweeps and ``ckpred tune`` call: it picks the run
-folder and hands the composed config to the engine (:func:`ckpred.cv.cross_validate`).
+folder and hands the composed config to the engine (:func:`ckpred.cv.driver.cross_validate`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Callable
 from omegaconf import DictConfig
 
 from ckpred.config import run_dir
-from ckpred.cv import cross_validate
+from ckpred.cv.driver import cross_validate
 
 
 def train(cfg: DictConfig, on_fold: Callable[[int, float], None] | None = None) -> float:

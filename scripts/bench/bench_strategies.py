@@ -321,11 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     train_table = None
     if args.run_config and cfg.cv.name == "external":
         # the OOF shapes are the tested table's; the one fold trained on every shape of `table`
-        from ckpred.cv import external_data_config
+        from ckpred.cv import External
 
         if cfg.cv.get("arch") is not None:
             raise SystemExit("a cv=external run tested on another arch (cv.arch) is not supported here")
-        train_table, table = table, load_table(external_data_config(cfg))
+        train_table, table = table, load_table(External(cfg.cv).data_config(cfg))
     options = strategy_options(args)
     per_run = []
     for run in args.train_run:

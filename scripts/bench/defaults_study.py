@@ -130,7 +130,7 @@ def _plain(node: Any) -> Any:
 
 def load(name: str, overrides: list[str], cache: Path) -> Table:
     from ckpred.config import compose
-    from ckpred.cv import external_data_config
+    from ckpred.cv import External
     from ckpred.data import load_table
     from ckpred.fitting import prepare
     from ckpred.kernels.base import load_op
@@ -140,7 +140,7 @@ def load(name: str, overrides: list[str], cache: Path) -> Table:
     data = featurise(cfg, op, prepare(load_table(cfg), op, cfg), cache)
     test = data
     if cfg.cv.name == "external":
-        test = featurise(cfg, op, prepare(load_table(external_data_config(cfg)), op, cfg), cache)
+        test = featurise(cfg, op, prepare(load_table(External(cfg.cv).data_config(cfg)), op, cfg), cache)
     return Table(name, overrides, cfg, op, data, test)
 
 

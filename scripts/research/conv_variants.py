@@ -5,7 +5,7 @@ This script is for trying recipe *variants* the config cannot express (label gai
 lambdarank truncation, extra per-problem features, bagging, extra training data) over
 several seeds fast: the ``experiment=ck_conv_gfx950`` features are computed once per protocol
 and seed, then each variant fits one LightGBM ranker per fold on the same folds ``train`` uses
-(:func:`ckpred.train.make_folds`) and is scored with :func:`ckpred.evaluate.shape_metrics`.
+(:func:`ckpred.cv.make_folds`) and is scored with :func:`ckpred.evaluate.shape_metrics`.
 Figures are the mean over seeds of mean / P10 / min efficiency, in %. ``base`` is the chosen
 recipe; it can differ from ``train``'s report by a few hundredths, because ``train`` also
 thins and orders the training rows its own way.
@@ -84,7 +84,7 @@ def load_context(protocol: str, seed: int, data_dir: Path) -> Context:
     cfg = compose("train", [*protocol_overrides(protocol, data_dir, Path("unused")), f"seed={seed}"])
     op = load_op(cfg.op)
     data = fitting.prepare(load_table(cfg), op, cfg)
-    test = fitting.prepare(load_table(cv.external_data_config(cfg)), op, cfg) if cfg.cv.name == "external" else data
+    test = fitting.prepare(load_table(cv.External(cfg.cv).data_config(cfg)), op, cfg) if cfg.cv.name == "external" else data
     features = models.build_pipeline(cfg, op, cfg.arch, cfg.dtype)[:-1]
     X = np.asarray(features.fit_transform(data.X), dtype=np.float64)
     X_test = X if test is data else np.asarray(features.transform(test.X), dtype=np.float64)

@@ -1,0 +1,320 @@
+"""The CV driver of ``ckpred train``: folds from the config's scheme, every method fitted per
+fold, scored on the same test rows, reported, and the run directory written.
+
+:func:`cross_validate` is a plain function of a composed train config and an output folder; it
+returns the model's mean per-shape efficiency over the test folds. One seed of a run:
+
+1. loads the canonical table (:func:`ckpred.data.load_table`), the op's validity mask and the
+   measured perf (0 for failed rows), and the table the folds test
+   (:meth:`~ckpred.cv.schemes.CVScheme.test_data`);
+2. plans the folds (:meth:`~ckpred.cv.schemes.CVScheme.plan`); for each fold fits the model
+   pipeline and the learned baselines on the training shapes only — ``plain`` LightGBM and the
+   ``reference`` replica (its own features/target/model) — and ``best_static`` (a fixed kernel
+   preference order), and scores every row of the test shapes (:mod:`ckpred.cv.scoring`), with
+   the no-learning ``analytical`` and ``random`` baselines. Early stopping, when on, watches a
+   seeded fraction of the *training* shapes. The fits run here, or as tasks on a Dask cluster
+   (``model.backend=dask``, :func:`ckpred.scale.fold_fits`);
+3. evaluates all methods on the same test shapes (:func:`ckpred.cv.scoring.evaluate`);
+4. fits the final pipeline on all data and writes the run directory (:mod:`ckpred.cv.report`)::
+
+       metrics.json            per method: mean, p10, p50, min, top1/3/5/10, efficiency@k,
+                               ndcg@10, by_family, by_best_pipeline
+       per_shape.csv           one row per test shape: best kernel, each method's pick and efficiency
+       oof_predictions.parquet every test row: fold, measured perf, each method's score
+       folds.json              train / validation / test shape keys of every fold
+       pipeline.joblib         the final Pipeline (features -> model) fitted on all data
+       run.json                the run record (:class:`ckpred.runs.RunRecord`)
+       efficiency_cdf.png  efficiency_at_k.png  feature_importance.png
+
+A partitioned dataset with ``model.backend=dask`` runs the same steps through LightGBM's Dask
+interface (:mod:`ckpred.cv.partitioned`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ckpred import evaluate as ev
+from ckpred import scale, warm_start
+from ckpred.cv import partitioned
+from ckpred.cv.report import (Report, RunContext, SavedPipeline, finish, run_record, table_record, write_plots,
+                              write_tested_rows)
+from ckpred.cv.schemes import Fold
+from ckpred.cv.scoring import (FoldTest, OutOfFold, Tables, evaluate, fit_times, fold_test, score_analytical,
+                               score_best_static, score_method)
+from ckpred.data import load_table
+from ckpred.data.partitions import is_partitioned
+from ckpred.fitting import LearnedMethod, cv_group_names, fit_method, model_method, plain_method, prepare, recipe_config
+from ckpred.kernels.base import OpDefinition
+from ckpred.kernels.declared import bind_training_catalogue
+from ckpred.runs import RUN_RECORD
+from ckpred.util import resolve_path
+
+log = logging.getLogger(__name__)
+
+#: ``on_fold(fold_index, mean)``: the model's mean efficiency over the shapes tested so far.
+OnFold = Callable[[int, float], None]
+
+
+class FoldProgress:
+    """rich progress over folds (silent when ``progress=false``)."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total = enabled, total
+
+    def __enter__(self) -> "FoldProgress":
+        if self.enabled:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                                TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                                transient=False)
+            self.bar.__enter__()
+            self.task = self.bar.add_task("folds", total=self.total)
+        return self
+
+    def describe(self, text: str) -> None:
+        if self.enabled:
+            self.bar.update(self.task, description=text)
+
+    def advance(self) -> None:
+        if self.enabled:
+            self.bar.advance(self.task)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.enabled:
+            self.bar.__exit__(*exc)
+
+
+# -- seeds ------------------------------------------------------------------------------------------
+def cross_validate(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -> float:
+    """Cross-validate the model against the baselines and write the run directory ``out_dir``.
+
+    With ``seeds`` (several), the whole CV runs once per seed into ``out_dir/seed<s>/`` (the
+    final pipeline is fitted for the first seed only) and ``out_dir/metrics.json`` holds each
+    method's spread over seeds (``over_seeds``) beside the first seed's metrics.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        A composed ``train`` config (:class:`ckpred.schema.TrainConfig`).
+    out_dir : Path
+        Where the run's files go (created by the caller).
+    on_fold : callable, optional
+        Called after each fold as ``on_fold(fold_index, mean)`` with the model's mean per-shape
+        efficiency over the shapes tested so far (``ckpred tune`` prunes trials with it). An
+        exception it raises stops the run before anything is written.
+
+    Returns
+    -------
+    float
+        The model's mean per-shape efficiency over the test shapes (what sweeps maximise); with
+        several seeds, its mean over the seeds.
+    """
+    seeds = [int(x) for x in (cfg.get("seeds") or [])]
+    if len(seeds) <= 1:
+        if seeds:
+            cfg = _with(cfg, seed=seeds[0], seeds=[])
+        return cross_validate_one(cfg, out_dir, on_fold)
+    return cross_validate_seeds(cfg, out_dir, seeds, on_fold)
+
+
+def _with(cfg: Any, **values: Any) -> Any:
+    """A copy of ``cfg`` with top-level keys replaced (struct mode kept)."""
+    out = cfg.copy()
+    for key, value in values.items():
+        out[key] = value
+    return out
+
+
+def cross_validate_seeds(cfg: Any, out_dir: Path, seeds: list[int], on_fold: OnFold | None = None) -> float:
+    """:func:`cross_validate` once per seed, then the spread of every method over the seeds."""
+    per_seed: dict[int, dict[str, Any]] = {}
+    for i, seed in enumerate(seeds):
+        sub = out_dir / f"seed{seed}"
+        sub.mkdir(parents=True, exist_ok=True)
+        one = _with(cfg, seed=seed, seeds=[], progress=False, save_pipeline=bool(cfg.save_pipeline) and i == 0,
+                    plots=bool(cfg.plots) and i == 0)
+        cross_validate_one(one, sub, on_fold if i == 0 else None)
+        per_seed[seed] = json.loads((sub / "metrics.json").read_text())
+    heading = per_seed[seeds[0]].get("_heading", "")
+    first = {m: r for m, r in per_seed[seeds[0]].items() if isinstance(r, dict)}
+    over = {m: ev.spread([per_seed[s][m] for s in seeds if m in per_seed[s]]) for m in first if "mean" in first[m]}
+    records = {s: json.loads((out_dir / f"seed{s}" / RUN_RECORD).read_text()) for s in seeds}
+    # the first seed's metrics as in a one-seed run, plus the spread of each method over the seeds
+    payload = {"_heading": f"{heading}, seeds {seeds}", **first, "seeds": seeds, "over_seeds": over,
+               "timings_s": {str(s): records[s]["timings_s"] for s in seeds}}
+    ev.write_json(out_dir / "metrics.json", payload)
+    if cfg.progress:
+        record = records[seeds[0]]
+        ev.print_summary(first, tuple(record.get("families", ())), out_dir, record["timings_s"],
+                         heading=f"{heading}, seed {seeds[0]}", over_seeds=over)
+    mean = over.get("model", {}).get("mean", {}).get("mean", float("nan"))
+    log.info("model mean efficiency over seeds %s: %.4f -> %s", seeds, mean, out_dir)
+    return float(mean)
+
+
+# -- one seed ---------------------------------------------------------------------------------------
+def cross_validate_one(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -> float:
+    """One seed of :func:`cross_validate`: a table in this process, or a partitioned dataset
+    with ``model.backend=dask`` (:func:`ckpred.cv.partitioned.cross_validate`)."""
+    run = RunContext.start(cfg, out_dir)
+    path = _partitioned_path(cfg)
+    if path is not None:
+        return partitioned.cross_validate(run, path)
+    tables = load_tables(run)
+    methods, base = learned_methods(run, tables)
+    folds = run.scheme.plan(tables.train, tables.test, run.seed)
+    oof, final = run_folds(run, tables, folds, methods, on_fold)
+    note = None
+    if cfg.baselines.analytical and type(run.op).gemm_view is not OpDefinition.gemm_view:
+        note = score_analytical([fold_test(tables.test, f) for f in folds], tables.test, run.op, cfg.dtype, oof)
+        if note:
+            log.warning("analytical baseline %s", note)
+    evaluation = evaluate(tables.test, oof, run.op, len(folds), bool(cfg.baselines.random))
+    report = Report(cfg.cv.name, run.scheme.heading(cv_group_names(run.op), len(folds)), evaluation.metrics, oof.log)
+    if note:
+        report.metrics["analytical"] = {"skipped": note}
+    saved = final_pipeline(run, tables.train, methods[0], final)
+    run.timings.finish()
+    report.write(run.out_dir)
+    write_tested_rows(run.out_dir, tables.test, oof, evaluation)
+    if cfg.plots:
+        write_plots(run.out_dir, evaluation.per_shape, evaluation.shapes["family"].to_numpy(), run.op.families,
+                    report.metrics, saved)
+    test_data = None if tables.test is tables.train else table_record(tables.test, run.op)
+    record = run_record(cfg, run.op, table_record(tables.train, run.op), test_data, report, saved, run.timings)
+    if base is not None:  # lineage into the run record (ckpred.warm_start)
+        record.warm_start = warm_start.lineage(base, cfg, record, oof.log)
+    record.write(run.out_dir)
+    return finish(run, report)
+
+
+def _partitioned_path(cfg: Any) -> Path | None:
+    """``data.path`` when it is a partitioned dataset trained with ``model.backend=dask``."""
+    if cfg.model.backend != "dask" or cfg.data.source != "path" or not isinstance(cfg.data.path, str):
+        return None
+    path = resolve_path(cfg.data.path)
+    return path if is_partitioned(path) else None
+
+
+def load_tables(run: RunContext) -> Tables:
+    """The prepared training table (its catalogue bound for a declared op) and the test table."""
+    t = time.perf_counter()
+    table = load_table(run.cfg)
+    bind_training_catalogue(run.op, table, run.cfg)
+    data = prepare(table, run.op, run.cfg)
+    test = run.scheme.test_data(run.cfg, run.op, data)
+    run.timings.add("load_s", time.perf_counter() - t)
+    log.info("data: %d rows, %d shapes (test table: %d rows, %d shapes)", len(data.table),
+             data.groups.n_shapes, len(test.table), test.groups.n_shapes)
+    return Tables(data, test)
+
+
+def learned_methods(run: RunContext, tables: Tables) -> tuple[list[LearnedMethod], Any]:
+    """The model and the enabled learned baselines (``plain``, ``reference``), and the warm
+    start's base run (None for a cold start): the model, never the reference, continues from it."""
+    cfg = run.cfg
+    learned = [model_method(cfg)]
+    if cfg.baselines.get("plain") is not None and cfg.baselines.plain.enabled:
+        learned.append(plain_method(cfg))
+    ref = cfg.baselines.reference
+    if ref.enabled and ref.features is None:
+        print(f"baseline reference skipped: op {run.op.name!r} has no features/reference_{run.op.name} set "
+              "(name one with features@baselines.reference.features=<set>)")
+    elif ref.enabled:
+        learned.append(LearnedMethod("reference", recipe_config(cfg, ref.features, ref.model, ref.target), ref.rows))
+    base = None
+    if cfg.get("warm_start"):
+        base = warm_start.prepare(cfg, run.op, tables.train.X.head(8))
+        learned[0].init_model = base.booster
+    return learned, base
+
+
+@dataclass
+class Fit:
+    """One (fold, method) fit: the fitted pipeline and its fit info."""
+
+    pipeline: Any
+    info: dict[str, Any]
+
+
+def fold_fits(run: RunContext, data: Any, jobs: list[tuple[LearnedMethod, np.ndarray, int]]) -> Iterator[Fit]:
+    """Every ``(method, train_shapes, seed)`` job fitted, in order: here, or as tasks on a Dask
+    cluster (``model.backend=dask``)."""
+    if run.cfg.model.backend == "dask":  # Dask itself is imported only when the cluster starts
+        fits = scale.fold_fits(run.cfg, data, run.op, jobs)
+    else:
+        fits = (fit_method(method, data, shapes, run.op, run.cfg, s) for method, shapes, s in jobs)
+    return (Fit(pipe, info) for pipe, info in fits)
+
+
+def run_folds(run: RunContext, tables: Tables, folds: list[Fold], methods: list[LearnedMethod],
+              on_fold: OnFold | None) -> tuple[OutOfFold, Fit | None]:
+    """Fit every method on every fold's training shapes and score the fold's test rows.
+
+    Returns the scores and, when a fold's model is the final fit itself (every training shape,
+    the run's seed: ``external``), that fit.
+    """
+    cfg, data = run.cfg, tables.train
+    oof = OutOfFold.start(tables.test, methods, bool(cfg.baselines.best_static))
+    static_by = ev.best_static_by(cfg.baselines, run.op)
+    jobs = [(method, fold.train_shapes, run.seed + i) for i, fold in enumerate(folds) for method in methods]
+    fits = fold_fits(run, data, jobs)
+    final = None
+    with FoldProgress(bool(cfg.progress), len(folds) * len(methods)) as progress:
+        for i, fold in enumerate(folds):
+            side = fold_test(tables.test, fold)
+            oof.begin_fold(i, side, tables, run.op, cfg)
+            entry: dict[str, Any] = {"fold": fold.name,
+                                     "test_shapes": [str(k) for k in tables.test.groups.keys[fold.test_shapes]]}
+            for method in methods:
+                progress.describe(f"{fold.name}: {method.name}")
+                fit = _fit_and_score(run, method, fits, side, tables, oof)
+                entry[method.name] = fit.info
+                if method is methods[0] and _is_final_fit(fold, run.seed + i, data, run.seed):
+                    final = fit
+                progress.advance()
+            if on_fold is not None:
+                on_fold(i, oof.running_mean(tables.test))
+            if cfg.baselines.best_static:
+                entry["best_static"] = score_best_static(fold, side, tables, static_by, oof)
+            oof.log.append(entry)
+    return oof, final
+
+
+def _fit_and_score(run: RunContext, method: LearnedMethod, fits: Iterator[Fit], side: FoldTest, tables: Tables,
+                   oof: OutOfFold) -> Fit:
+    """Take the next fit (it runs now when local) and score the fold's test rows with it."""
+    t, cpu = time.perf_counter(), time.process_time()
+    fit = next(fits)
+    score_method(method, fit.pipeline, side, tables, run.op, run.cfg, oof)
+    fit_times(fit.info, t, cpu, run.timings.seconds, method.name)
+    return fit
+
+
+def _is_final_fit(fold: Fold, fold_seed: int, data: Any, seed: int) -> bool:
+    """Whether the fold's model fit is the final fit: every training shape, the run's seed."""
+    shapes = np.asarray(fold.train_shapes)
+    return fold_seed == seed and len(shapes) == data.groups.n_shapes and \
+        np.array_equal(np.sort(shapes), np.arange(data.groups.n_shapes))
+
+
+def final_pipeline(run: RunContext, data: Any, model: LearnedMethod, fold_fit: Fit | None) -> SavedPipeline:
+    """The final pipeline saved in the run directory (``save_pipeline``): a fold's model when it
+    is the final fit already, else the model fitted on every shape."""
+    if not run.cfg.save_pipeline:
+        return SavedPipeline()
+    if fold_fit is None:
+        t = time.perf_counter()
+        pipe, info = fit_method(model, data, np.arange(data.groups.n_shapes), run.op, run.cfg, run.seed)
+        fold_fit = Fit(pipe, info)
+        run.timings.add("final_fit_s", time.perf_counter() - t)
+    return SavedPipeline.save(run.out_dir, fold_fit.pipeline, fold_fit.info)

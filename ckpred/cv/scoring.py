@@ -1,0 +1,192 @@
+"""Scoring and evaluation of a table held in one process: what each method ranks per test
+problem, the scores it gives, and the per-shape and per-method figures.
+
+The seam is :func:`fold_test`: the rows every method ranks for one fold's test problems (today
+the measured rows of its test shapes) and the arch their features and validity rules use.
+Every method — learned, best static, analytical, random — is scored on exactly those rows
+(:class:`OutOfFold`), and :func:`evaluate` turns the scores into per-shape metrics. A candidate
+set larger than the measured rows (every kernel the exported selector would rank) plugs in
+here: the test table gains the unmeasured candidates' rows, :func:`fold_test` hands them out
+with the measured ones, and :func:`evaluate` scores a pick outside the measured set.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ckpred import evaluate as ev
+from ckpred.cv.schemes import Fold
+from ckpred.fitting import LearnedMethod, Prepared, for_arch, predict, rows_of, rule_mask
+from ckpred.kernels.base import OpDefinition
+from ckpred.models import failure_model, predicted_ok
+
+
+@dataclass
+class Tables:
+    """The prepared training table and the table the folds test (the same object unless the
+    scheme brings its own, as ``external`` does)."""
+
+    train: Prepared
+    test: Prepared
+
+
+@dataclass
+class FoldTest:
+    """The rows of ``test`` every method ranks for one fold's test problems, and the arch whose
+    constants their features and validity rules use."""
+
+    rows: np.ndarray
+    arch: Any
+
+
+def fold_test(test: Prepared, fold: Fold) -> FoldTest:
+    """The test side of ``fold``: every measured row of its test shapes, with the fold's arch
+    (:attr:`Fold.test_arch`) or else the test table's."""
+    arch = fold.test_arch if fold.test_arch is not None else test.arch
+    return FoldTest(rows_of(test.groups, fold.test_shapes), arch)
+
+
+@dataclass
+class OutOfFold:
+    """Every test row's scores, filled fold by fold: per method its score, the learned validity
+    mask of each method that has one (True = predicted to run), the fold that tested the row
+    (-1 = untested) and the rules' mask with the arch the row was tested with."""
+
+    scores: dict[str, np.ndarray]
+    runs: dict[str, np.ndarray]
+    fold_of_row: np.ndarray
+    selectable: np.ndarray
+    #: One entry per fold: its test shapes and each method's fit info (``folds.json``).
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, test: Prepared, methods: list[LearnedMethod], best_static: bool) -> "OutOfFold":
+        n = len(test.table)
+        scores = {m.name: np.full(n, np.nan) for m in methods}
+        if best_static:
+            scores["best_static"] = np.full(n, np.nan)
+        runs = {m.name: np.ones(n, dtype=bool) for m in methods if m.validity is not None}
+        return cls(scores, runs, np.full(n, -1, dtype=np.int64), test.selectable.copy())
+
+    def begin_fold(self, i: int, side: FoldTest, tables: Tables, op: OpDefinition, cfg: Any) -> None:
+        """Mark ``side``'s rows as tested by fold ``i``; with an arch of their own, their rules
+        are checked again with its constants."""
+        self.fold_of_row[side.rows] = i
+        if side.arch is not tables.test.arch:
+            self.selectable[side.rows] = rule_mask(tables.test.table.iloc[side.rows], op, cfg, side.arch)
+
+    def running_mean(self, test: Prepared) -> float:
+        """The model's mean per-shape efficiency over the rows tested so far."""
+        so_far = self.fold_of_row >= 0
+        groups = ev.ShapeGroups.from_keys(test.groups.codes[so_far])
+        mask = self.selectable[so_far]
+        if "model" in self.runs:
+            mask = ev.learned_selection_mask(mask, self.runs["model"][so_far], groups)
+        per_shape = ev.shape_metrics(test.perf[so_far], self.scores["model"][so_far], groups, mask)
+        return float(per_shape["efficiency"].mean())
+
+
+def score_method(method: LearnedMethod, pipe: Any, side: FoldTest, tables: Tables, op: OpDefinition,
+                 cfg: Any, oof: OutOfFold) -> None:
+    """Score ``side``'s rows with ``method``'s fitted pipeline (features rebuilt with the rows'
+    arch when it is not the training table's) and its learned validity mask."""
+    test = tables.test
+    scorer = pipe if side.arch is tables.train.arch else for_arch(pipe, method, op, cfg, side.arch, test.X)
+    X = test.X.iloc[side.rows]
+    oof.scores[method.name][side.rows] = predict(scorer, X)
+    if method.name in oof.runs and failure_model(scorer) is not None:
+        oof.runs[method.name][side.rows] = predicted_ok(scorer, X)
+
+
+def fit_times(info: dict[str, Any], started: float, cpu_started: float, timings: dict[str, float],
+              name: str) -> None:
+    """Record a fit's wall and CPU seconds in its fold info and add them to the run's timings
+    (CPU seconds too: on a shared machine wall time also measures the other processes)."""
+    info["fit_predict_s"] = round(time.perf_counter() - started, 2)
+    info["fit_predict_cpu_s"] = round(time.process_time() - cpu_started, 2)
+    timings[f"{name}_s"] = timings.get(f"{name}_s", 0.0) + info["fit_predict_s"]
+    timings[f"{name}_cpu_s"] = timings.get(f"{name}_cpu_s", 0.0) + info["fit_predict_cpu_s"]
+
+
+def score_best_static(fold: Fold, side: FoldTest, tables: Tables, static_by: list[str],
+                      oof: OutOfFold) -> dict[str, Any]:
+    """The best static order learned on the fold's training shapes, scored on its test rows;
+    returns the fold's entry (its top kernels)."""
+    data, test = tables.train, tables.test
+    train_rows = rows_of(data.groups, fold.train_shapes)
+    sub = ev.ShapeGroups.from_keys(data.groups.codes[train_rows])
+    scores, ranking = ev.best_static_scores(ev.static_keys(data.table, train_rows, static_by),
+                                            data.perf[train_rows], sub,
+                                            ev.static_keys(test.table, side.rows, static_by))
+    oof.scores["best_static"][side.rows] = scores
+    return {"top_kernels": ranking.head(5).round(4).to_dict()}
+
+
+def score_analytical(sides: list[FoldTest], test: Prepared, op: OpDefinition, dtype: Any,
+                     oof: OutOfFold) -> str | None:
+    """The analytical heuristic on every tested row, with the arch each was tested with; returns
+    why it was skipped (None when scored). It reasons about the GEMM the kernel tiles: the op's
+    GEMM view."""
+    scores = np.full(len(test.table), np.nan)
+    by_arch: dict[int, np.ndarray] = {}
+    try:
+        for side in sides:
+            if id(side.arch) not in by_arch:
+                by_arch[id(side.arch)] = ev.op_analytical_scores(test.table, op, side.arch, dtype)
+            scores[side.rows] = by_arch[id(side.arch)][side.rows]
+    except (KeyError, NotImplementedError) as exc:
+        return f"skipped: {exc}"
+    oof.scores["analytical"] = scores
+    return None
+
+
+@dataclass
+class Evaluation:
+    """The figures of the tested shapes: which rows were tested, their shapes, per method the
+    per-shape metrics (:func:`ckpred.evaluate.shape_metrics`) and the report of each method."""
+
+    tested: np.ndarray
+    groups: ev.ShapeGroups
+    shapes: pd.DataFrame
+    per_shape: dict[str, pd.DataFrame]
+    metrics: dict[str, Any]
+
+
+def per_shape_metrics(test: Prepared, oof: OutOfFold, random: bool) -> Evaluation:
+    """Per method the per-shape metrics on the tested rows (a hold-out tests a subset); each
+    learned validity mask narrows the rules, with its fallback."""
+    tested = oof.fold_of_row >= 0
+    groups = ev.ShapeGroups.from_keys(test.groups.codes[tested])
+    shapes = test.shapes.iloc[np.asarray(groups.keys, dtype=np.int64)].reset_index(drop=True)
+    perf, selectable = test.perf[tested], oof.selectable[tested]
+    per_shape: dict[str, pd.DataFrame] = {}
+    for name, scores in oof.scores.items():
+        mask = selectable
+        if name in oof.runs:
+            mask = ev.learned_selection_mask(selectable, oof.runs[name][tested], groups)
+        per_shape[name] = ev.shape_metrics(perf, scores[tested], groups, mask)
+    if random:
+        per_shape["random"] = ev.random_shape_metrics(perf, groups)
+    per_shape = {m: per_shape[m] for m in ev.METHODS if m in per_shape}
+    return Evaluation(tested, groups, shapes, per_shape, {})
+
+
+def evaluate(test: Prepared, oof: OutOfFold, op: OpDefinition, n_folds: int, random: bool) -> Evaluation:
+    """Every method's report on the tested shapes: overall, by family, by best pipeline, by each
+    categorical problem field and (with several folds) over folds."""
+    out = per_shape_metrics(test, oof, random)
+    shapes = out.shapes
+    best_pipeline = shapes["best_pipeline"].to_numpy() if "best_pipeline" in shapes else None
+    shape_fold = oof.fold_of_row[np.flatnonzero(out.tested)[out.groups.first_rows()]]
+    breakdowns = {f.name: shapes[f.name].to_numpy() for f in op.problem_fields
+                  if f.kind in ("category", "categorical", "bool") and f.name in shapes
+                  and shapes[f.name].nunique() > 1}
+    out.metrics = {m: ev.method_report(ps, shapes["family"].to_numpy(), op.families, best_pipeline,
+                                       breakdowns=breakdowns, fold=shape_fold if n_folds > 1 else None)
+                   for m, ps in out.per_shape.items()}
+    return out
