@@ -199,7 +199,8 @@ TAMPERS: dict[str, tuple[Callable[[Path], None], str, str]] = {
                      "not valid JSON"),
     "empty_file": (_raw(lambda b: b""), "not valid JSON", "not valid JSON"),
     "top_level_list": (_raw(lambda b: b"[" + b + b"]"), r"key '\(top level\)' is \[", "key '(top level)' is ["),
-    "corrupt_model_resigned": (_corrupt_model_resigned, "model.onnx: not a readable ONNX model", "onnxruntime"),
+    "corrupt_model_resigned": (_corrupt_model_resigned, "model.onnx: not a readable ONNX model",
+                               "model.onnx: not a readable ONNX model"),
 }
 
 
