@@ -109,7 +109,7 @@ def _metadata(data: bytes, model_path: Path) -> dict[str, str]:
 #: cannot pass 2 GiB, protobuf's limit). scripts/cpp/manifest.hpp has the same bounds.
 MAX_MANIFEST_BYTES = 256 << 20
 MAX_MODEL_BYTES = 2 << 30
-_READ_ATTEMPTS = 3
+_READ_ATTEMPTS = 5
 
 
 class _Replaced(Exception):
@@ -124,16 +124,20 @@ def _file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _read_at(dfd: int, name: str, path: Path, limit: int) -> bytes:
-    """The bytes of file ``name`` of the directory ``dfd``: a regular file (a FIFO or device is
-    refused before a byte is read: it is opened non-blocking and checked) of at most ``limit``
-    bytes. FileNotFoundError when it is missing."""
+def _open_at(dfd: int, name: str, path: Path) -> int:
+    """A descriptor of file ``name`` of the directory ``dfd``, opened non-blocking (a FIFO does not
+    wait for a writer); FileNotFoundError when it is missing."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        return os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise InputFileError(str(path), exc.strerror or str(exc)) from exc
+
+
+def _read_fd(fd: int, path: Path, limit: int) -> bytes:
+    """The bytes of the open file ``fd`` (closed here): a regular file (a FIFO or device is
+    refused before a byte is read) of at most ``limit`` bytes."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -154,11 +158,23 @@ def _read_at(dfd: int, name: str, path: Path, limit: int) -> bytes:
         os.close(fd)
 
 
+def _listed(data: bytes) -> list[str]:
+    """The file names a manifest lists, read leniently (the full check comes after): they are
+    opened at once, so that a re-export swapping the directory out meanwhile leaves them readable."""
+    try:
+        files = json.loads(data).get("files")
+    except (ValueError, RecursionError, AttributeError):
+        return []
+    if not isinstance(files, dict):
+        return []
+    return [n for n in files if isinstance(n, str) and n and "/" not in n and n not in (".", "..")]
+
+
 def _read_export(model_dir: Path, wanted: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The checked manifest (structure, then the identity ``wanted``) and the bytes of every file
-    it lists, all read through one descriptor of ``model_dir`` (a symlinked directory is
-    followed once). :class:`_Replaced` when a file is missing because a re-export swapped the
-    directory out while it was read."""
+    it lists, all read through one descriptor of ``model_dir`` (a symlinked directory is followed
+    once); the listed files are opened right after the manifest is read. :class:`_Replaced` when
+    a file is missing because a re-export swapped the directory out before it was opened."""
     no_manifest = f"no manifest; is {model_dir} an export directory (python -m ckpred export ...)?"
     try:
         dfd = os.open(model_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -166,6 +182,7 @@ def _read_export(model_dir: Path, wanted: Mapping[str, Any]) -> tuple[dict[str, 
         raise MissingFileError(str(model_dir / mf.MANIFEST), no_manifest) from None
     except OSError as exc:
         raise InputFileError(str(model_dir), exc.strerror or str(exc)) from exc
+    fds: dict[str, int] = {}
     try:
         st = os.fstat(dfd)
         pinned = (st.st_dev, st.st_ino)
@@ -178,23 +195,29 @@ def _read_export(model_dir: Path, wanted: Mapping[str, Any]) -> tuple[dict[str, 
             return (now.st_dev, now.st_ino) != pinned
 
         try:
-            data = _read_at(dfd, mf.MANIFEST, model_dir / mf.MANIFEST, MAX_MANIFEST_BYTES)
+            data = _read_fd(_open_at(dfd, mf.MANIFEST, model_dir / mf.MANIFEST), model_dir / mf.MANIFEST,
+                            MAX_MANIFEST_BYTES)
         except FileNotFoundError:
             if replaced():
                 raise _Replaced from None
             raise MissingFileError(str(model_dir / mf.MANIFEST), no_manifest) from None
+        for name in _listed(data):
+            try:
+                fds[name] = _open_at(dfd, name, model_dir / name)
+            except FileNotFoundError:
+                if replaced():
+                    raise _Replaced from None  # else refused below, once the manifest is known to list it
         manifest = mf.parse_manifest(data, model_dir / mf.MANIFEST)
         check_identity(manifest, model_dir, **wanted)
         files = {}
         for name in manifest["files"]:
-            try:
-                files[name] = _read_at(dfd, name, model_dir / name, MAX_MODEL_BYTES)
-            except FileNotFoundError:
-                if replaced():
-                    raise _Replaced from None
-                raise ModelMismatchError(f"{model_dir / name}: listed in the manifest but missing") from None
+            if name not in fds:
+                raise ModelMismatchError(f"{model_dir / name}: listed in the manifest but missing")
+            files[name] = _read_fd(fds.pop(name), model_dir / name, MAX_MODEL_BYTES)
         return manifest, files
     finally:
+        for fd in fds.values():
+            os.close(fd)
         os.close(dfd)
 
 

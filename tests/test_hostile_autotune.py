@@ -563,3 +563,156 @@ def test_cpp_demo_refuses_a_times_file_that_is_not_a_file(export, cpp_demo, tmp_
 def test_math_is_finite_helper_for_huge_ints() -> None:
     """An integer beyond a float (JSON 1e400 written out) is no finite number, not an OverflowError."""
     assert at._real(10**400) == math.inf and at._real(True) is None and at._real("1") is None
+
+
+# -- F05: the C++ autotune header verifies the export as ckpred_select and Python do ---------------
+@pytest.fixture(scope="module")
+def other_export(tmp_path_factory) -> Path:
+    from export_helpers import export_gemm
+
+    return export_gemm(tmp_path_factory.mktemp("other") / "gemm_universal_gfx950_fp8_rcr", n_estimators=4)
+
+
+def _swap_model(d: Path, other: Path) -> None:  # x01d: another export's graph
+    shutil.copy(other / "model.onnx", d / "model.onnx")
+
+
+def _swap_model_resigned(d: Path, other: Path) -> None:  # x02d: ... and the manifest's sha256 updated
+    import hashlib
+
+    _swap_model(d, other)
+    man = json.loads((d / "manifest.json").read_text())
+    man["files"]["model.onnx"]["sha256"] = hashlib.sha256((d / "model.onnx").read_bytes()).hexdigest()
+    (d / "manifest.json").write_text(json.dumps(man))
+
+
+def _edit_calibration(d: Path, other: Path) -> None:  # x03d: manifest.json edited alone
+    man = json.loads((d / "manifest.json").read_text())
+    man["autotune"] = TABLE
+    (d / "manifest.json").write_text(json.dumps(man))
+
+
+def _link(name: str, target: str) -> Callable[[Path, Path], None]:
+    def apply(d: Path, other: Path) -> None:
+        (d / name).unlink()
+        if target == "fifo":
+            os.mkfifo(d / name)
+        elif target == "dir":
+            (d / name).mkdir()
+        else:
+            (d / name).symlink_to(target)
+    return apply
+
+
+EXPORT_TAMPERS: dict[str, tuple[Callable[[Path, Path], None], str]] = {
+    "x01d-swapped-model": (_swap_model, "model.onnx: sha256 "),
+    "x02d-swapped-model-resigned": (_swap_model_resigned, "does not match the manifest embedded in model.onnx"),
+    "x03d-calibration-edited": (_edit_calibration, "does not match the manifest embedded in model.onnx"),
+    "x09d-model-dev-zero": (_link("model.onnx", "/dev/zero"), "model.onnx: a character device, not a regular file"),
+    "model-fifo": (_link("model.onnx", "fifo"), "model.onnx: a FIFO, not a regular file"),
+    "x12d-manifest-dev-zero": (_link("manifest.json", "/dev/zero"), "manifest.json: a character device, not a regular file"),
+    "x10d-manifest-fifo": (_link("manifest.json", "fifo"), "manifest.json: a FIFO, not a regular file"),
+    "manifest-directory": (_link("manifest.json", "dir"), "manifest.json: a directory, not a regular file"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPORT_TAMPERS))
+def test_f05_the_cpp_autotune_header_refuses_what_python_refuses(export, other_export, cpp_demo, tmp_path,  # noqa: F811
+                                                                name) -> None:
+    from ckpred.errors import CkpredError
+
+    d = tmp_path / "m"
+    shutil.copytree(export, d)
+    tamper, text = EXPORT_TAMPERS[name]
+    tamper(d, other_export)
+    with pytest.raises(CkpredError, match=text.replace("(", r"\(")):
+        KernelSelector.load(d)
+    times = tmp_path / "t.json"
+    times.write_text("{}")
+    done = subprocess.run([str(cpp_demo), str(d), "--store", str(tmp_path / "s.jsonl"), "--times", str(times)],
+                          input="", capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and done.stdout == ""
+    line = _one_line(done.stderr)
+    assert line.startswith("ckpred_autotune_demo: model refused: ") and text in line, line
+
+
+# Calibrations written consistently into manifest.json and model.onnx, files re-signed: only the
+# calibration check can refuse them, and every runtime must decide the same (x04c x05p x05c).
+TABLE = {"format": at.CALIBRATION_FORMAT, "within": [0.02, 0.05], "edges": [0.5], "counts": [3, 3], "gap_to": 2,
+         "probability": [[[0.5, 0.9], [0.9, 1.0]], [[0.6, 0.9], [0.95, 1.0]]]}
+_N = len(at.SCORE_FEATURES) + 4 + 1
+LOGISTIC = {"format": at.LOGISTIC_FORMAT, "within": [0.02, 0.05], "fields": ["m", "n", "k", "split_k"],
+            "fill": [0.0] * _N, "lo": [-1e9] * _N, "hi": [1e9] * _N, "mean": [0.0] * _N, "scale": [1.0] * _N,
+            "coef": [[[0.1] * _N, [0.2] * _N]] * 2, "intercept": [[0.0, 1.0]] * 2, "problems": 12}
+
+
+def _with(base: dict, **over: Any) -> dict:
+    return {**base, **over}
+
+
+CALIBRATIONS: dict[str, tuple[Any, bool]] = {  # name -> (the manifest's "autotune", accepted)
+    "null": (None, True),
+    "table": (TABLE, True),
+    "logistic": (LOGISTIC, True),
+    "table-extra-key": (_with(TABLE, select="reranked", feature="score_gap"), True),
+    "table-int-numbers": (_with(TABLE, edges=[1], probability=[[[0, 1], [1, 1]], [[0, 1], [1, 1]]]), True),
+    "x04c-scale-zero": (_with(LOGISTIC, scale=[0.0] * _N), False),
+    "x05-within-strings": (_with(LOGISTIC, within=["0.02", "0.05"]), False),
+    "table-within-strings": (_with(TABLE, within=["0.02", "0.05"]), False),
+    "within-bool": (_with(TABLE, within=[True, 0.05]), False),
+    "probability-string": (_with(TABLE, probability=[[["0.5", 0.9], [0.9, 1.0]], [[0.6, 0.9], [0.95, 1.0]]]), False),
+    "probability-above-one": (_with(TABLE, probability=[[[0.5, 1.5], [0.9, 1.0]], [[0.6, 0.9], [0.95, 1.0]]]), False),
+    "counts-float": (_with(TABLE, counts=[3.0, 3]), False),
+    "counts-beyond-int64": (_with(TABLE, counts=[2**70, 3]), False),
+    "counts-negative": (_with(TABLE, counts=[-1, 3]), False),
+    "gap-to-one": (_with(TABLE, gap_to=1), False),
+    "gap-to-null": (_with(TABLE, gap_to=None), False),
+    "edges-not-increasing": (_with(TABLE, edges=[0.5, 0.5], counts=[1, 1, 1],
+                                   probability=[[[0.5, 0.9]] * 3, [[0.5, 0.9]] * 3]), False),
+    "edges-huge-int": (_with(TABLE, edges=[10**400]), False),
+    "within-duplicate": (_with(TABLE, within=[0.05, 0.05]), False),
+    "rows-ragged": (_with(TABLE, probability=[[[0.5, 0.9], [0.9]], [[0.6, 0.9], [0.95, 1.0]]]), False),
+    "missing-probability": ({k: v for k, v in TABLE.items() if k != "probability"}, False),
+    "coef-huge": (_with(LOGISTIC, coef=[[[10**400] * _N, [0.2] * _N]] * 2), False),
+    "field-not-a-problem-field": (_with(LOGISTIC, fields=["m", "n", "k", "q"]), False),
+    "field-a-number": (_with(LOGISTIC, fields=["m", "n", "k", 4]), False),
+    "problems-negative": (_with(LOGISTIC, problems=-1), False),
+    "problems-float": (_with(LOGISTIC, problems=2.5), False),
+    "fill-short": (_with(LOGISTIC, fill=[0.0] * (_N - 1)), False),
+    "format-other": (_with(TABLE, format="ckpred.autotune.calibration/2"), False),
+    "a-list": ([TABLE], False),
+    "a-string": ("table", False),
+}
+
+
+def forged(export: Path, d: Path, calibration: Any) -> Path:
+    from export_helpers import forge
+
+    shutil.copytree(export, d)
+    forge(d, {**json.loads((export / "manifest.json").read_text()), "autotune": calibration})
+    return d
+
+
+def python_accepts(d: Path) -> bool:
+    from ckpred.errors import ModelMismatchError
+
+    try:
+        KernelSelector.load(d, cache_size=0)
+    except ModelMismatchError as exc:
+        assert "\n" not in str(exc)
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", sorted(CALIBRATIONS))
+def test_f05_forged_calibrations_python_and_the_cpp_header_decide_the_same(export, cpp_demo, tmp_path, name) -> None:  # noqa: F811
+    calibration, accepted = CALIBRATIONS[name]
+    d = forged(export, tmp_path / "m", calibration)
+    assert python_accepts(d) == accepted
+    times = tmp_path / "t.json"
+    times.write_text("{}")
+    done = subprocess.run([str(cpp_demo), str(d), "--store", str(tmp_path / "s.jsonl"), "--times", str(times)],
+                          input="", capture_output=True, text=True, timeout=30)
+    assert done.returncode == (0 if accepted else 2), done.stderr
+    if not accepted:
+        assert "autotune calibration" in _one_line(done.stderr)
