@@ -45,7 +45,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from ckpred.errors import ConfigValueError, InputFileError, MissingFileError, ModelMismatchError
+from ckpred.errors import CkpredError, ConfigValueError, InputFileError, MissingFileError, ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.kernels.base import OpDefinition, load_op
 
@@ -110,6 +110,7 @@ def _metadata(data: bytes, model_path: Path) -> dict[str, str]:
 MAX_MANIFEST_BYTES = 256 << 20
 MAX_MODEL_BYTES = 2 << 30
 _READ_ATTEMPTS = 5
+_EAGER_FILES = 64  # files of an export directory opened before its manifest is read
 
 
 class _Replaced(Exception):
@@ -158,23 +159,11 @@ def _read_fd(fd: int, path: Path, limit: int) -> bytes:
         os.close(fd)
 
 
-def _listed(data: bytes) -> list[str]:
-    """The file names a manifest lists, read leniently (the full check comes after): they are
-    opened at once, so that a re-export swapping the directory out meanwhile leaves them readable."""
-    try:
-        files = json.loads(data).get("files")
-    except (ValueError, RecursionError, AttributeError):
-        return []
-    if not isinstance(files, dict):
-        return []
-    return [n for n in files if isinstance(n, str) and n and "/" not in n and n not in (".", "..")]
-
-
 def _read_export(model_dir: Path, wanted: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The checked manifest (structure, then the identity ``wanted``) and the bytes of every file
     it lists, all read through one descriptor of ``model_dir`` (a symlinked directory is followed
-    once); the listed files are opened right after the manifest is read. :class:`_Replaced` when
-    a file is missing because a re-export swapped the directory out before it was opened."""
+    once). :class:`_Replaced` when a file is missing because a re-export swapped the directory out
+    before it was opened."""
     no_manifest = f"no manifest; is {model_dir} an export directory (python -m ckpred export ...)?"
     try:
         dfd = os.open(model_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -194,25 +183,38 @@ def _read_export(model_dir: Path, wanted: Mapping[str, Any]) -> tuple[dict[str, 
                 return True
             return (now.st_dev, now.st_ino) != pinned
 
+        # Every file of the directory is opened first (an export holds three), so a re-export
+        # that swaps the directory out and deletes it meanwhile leaves them readable.
+        failed: dict[str, Exception] = {}
         try:
-            data = _read_fd(_open_at(dfd, mf.MANIFEST, model_dir / mf.MANIFEST), model_dir / mf.MANIFEST,
-                            MAX_MANIFEST_BYTES)
-        except FileNotFoundError:
-            if replaced():
-                raise _Replaced from None
-            raise MissingFileError(str(model_dir / mf.MANIFEST), no_manifest) from None
-        for name in _listed(data):
+            names = sorted(os.listdir(dfd))[:_EAGER_FILES]
+        except OSError as exc:
+            raise InputFileError(str(model_dir), exc.strerror or str(exc)) from exc
+        for name in names:
             try:
                 fds[name] = _open_at(dfd, name, model_dir / name)
-            except FileNotFoundError:
-                if replaced():
-                    raise _Replaced from None  # else refused below, once the manifest is known to list it
+            except (OSError, CkpredError) as exc:  # raised only if the manifest lists it
+                failed[name] = exc
+        if mf.MANIFEST not in fds:
+            if replaced():
+                raise _Replaced
+            if mf.MANIFEST in failed and not isinstance(failed[mf.MANIFEST], FileNotFoundError):
+                raise failed[mf.MANIFEST]
+            raise MissingFileError(str(model_dir / mf.MANIFEST), no_manifest)
+        data = _read_fd(fds.pop(mf.MANIFEST), model_dir / mf.MANIFEST, MAX_MANIFEST_BYTES)
         manifest = mf.parse_manifest(data, model_dir / mf.MANIFEST)
         check_identity(manifest, model_dir, **wanted)
         files = {}
         for name in manifest["files"]:
+            if name in failed and not isinstance(failed[name], FileNotFoundError):
+                raise failed[name]
             if name not in fds:
-                raise ModelMismatchError(f"{model_dir / name}: listed in the manifest but missing")
+                try:  # (a directory of more than _EAGER_FILES files)
+                    fds[name] = _open_at(dfd, name, model_dir / name)
+                except FileNotFoundError:
+                    if replaced():
+                        raise _Replaced from None
+                    raise ModelMismatchError(f"{model_dir / name}: listed in the manifest but missing") from None
             files[name] = _read_fd(fds.pop(name), model_dir / name, MAX_MODEL_BYTES)
         return manifest, files
     finally:

@@ -22,6 +22,7 @@
 // (exit 2: bad input) or a ModelError (exit 3: model refused) with a one-line message.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -384,6 +385,7 @@ inline Manifest check_manifest(json::Value doc, const std::string& path) {
 // Largest manifest and model file read (bytes), as the Python runtime (ckpred/runtime.py).
 constexpr int64_t kMaxManifestBytes = int64_t(256) << 20;
 constexpr int64_t kMaxModelBytes = int64_t(2) << 30;
+constexpr size_t kEagerFiles = 64;  // files of an export directory opened before its manifest is read
 
 // Why a file that is not a regular file cannot be read ("a FIFO", "a directory", ...).
 inline std::string file_kind(mode_t mode) {
@@ -402,15 +404,20 @@ struct FileError : std::runtime_error {
   FileError(const std::string& what, bool missing_) : std::runtime_error(what), missing(missing_) {}
 };
 
-// The bytes of `name` relative to directory descriptor `dirfd` (AT_FDCWD: a path): a regular
-// file of at most `limit` bytes. It is opened non-blocking and checked before a byte is read,
-// so a FIFO never blocks and a device is never read; `shown` names it in messages.
-inline std::string read_regular_file(int dirfd, const std::string& name, const std::string& shown, int64_t limit) {
+// A descriptor of `name` relative to directory descriptor `dirfd` (AT_FDCWD: a path), opened
+// non-blocking (a FIFO does not wait for a writer); FileError (missing) when it does not exist.
+inline int open_file(int dirfd, const std::string& name, const std::string& shown) {
   int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
     throw FileError(err == ENOENT ? shown + ": missing" : "cannot read " + shown + ": " + std::strerror(err), err == ENOENT);
   }
+  return fd;
+}
+
+// The bytes of the open file `fd` (closed here): a regular file of at most `limit` bytes, checked
+// before a byte is read (a device is never read); `shown` names it in messages.
+inline std::string read_fd(int fd, const std::string& shown, int64_t limit) {
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
@@ -435,6 +442,10 @@ inline std::string read_regular_file(int dirfd, const std::string& name, const s
       throw FileError(shown + ": larger than " + std::to_string(limit) + " bytes, the most this file may hold", false);
   }
   return out;
+}
+
+inline std::string read_regular_file(int dirfd, const std::string& name, const std::string& shown, int64_t limit) {
+  return read_fd(open_file(dirfd, name, shown), shown, limit);
 }
 
 inline std::string read_file(const std::string& path, int64_t limit = kMaxManifestBytes) {
@@ -896,14 +907,53 @@ inline Export verify_export(const std::string& dir, const std::map<std::string, 
       struct stat now {};
       return ::stat(dir.c_str(), &now) != 0 || now.st_dev != pinned.st_dev || now.st_ino != pinned.st_ino;
     };
+    // Every file of the directory is opened first (an export holds three), so a re-export that
+    // swaps the directory out and deletes it meanwhile leaves them readable.
+    std::map<std::string, int> fds;
+    std::map<std::string, FileError> failed;  // raised only if the manifest lists the file
+    struct FdsCloser {
+      std::map<std::string, int>& fds;
+      ~FdsCloser() {
+        for (auto& [name, fd] : fds) ::close(fd);
+      }
+    } fds_closer{fds};
     try {
       Export ex;
       std::string path = dir + "/manifest.json";
-      ex.man = parse_manifest(read_regular_file(dfd, "manifest.json", path, kMaxManifestBytes), path);
+      std::vector<std::string> names;
+      int lfd = ::dup(dfd);
+      DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
+      if (d == nullptr) {
+        if (lfd >= 0) ::close(lfd);
+        throw ModelError("cannot read " + dir + ": " + std::strerror(errno));
+      }
+      while (dirent* ent = ::readdir(d))
+        if (std::strcmp(ent->d_name, ".") != 0 && std::strcmp(ent->d_name, "..") != 0) names.push_back(ent->d_name);
+      ::closedir(d);
+      std::sort(names.begin(), names.end());
+      if (names.size() > kEagerFiles) names.resize(kEagerFiles);
+      for (const std::string& name : names) {
+        try {
+          fds[name] = open_file(dfd, name, dir + "/" + name);
+        } catch (const FileError& e) {
+          failed.emplace(name, e);
+        }
+      }
+      auto take = [&](const std::string& name, const std::string& shown) -> int {
+        auto f = failed.find(name);
+        if (f != failed.end() && !f->second.missing) throw f->second;
+        auto it = fds.find(name);
+        if (it == fds.end()) return open_file(dfd, name, shown);  // (a directory of more than kEagerFiles files)
+        int fd = it->second;
+        fds.erase(it);
+        return fd;
+      };
+      std::string text = read_fd(take("manifest.json", path), path, kMaxManifestBytes);
+      ex.man = parse_manifest(text, path);
       verify_identity(ex.man, dir, wanted);
       for (const auto& [name, info] : ex.man.doc["files"].o) {
         std::string shown = dir + "/" + name;
-        std::string bytes = read_regular_file(dfd, name, shown, kMaxModelBytes);
+        std::string bytes = read_fd(take(name, shown), shown, kMaxModelBytes);
         if (verify_sha256) {
           std::string digest = sha256::hex(bytes);
           const std::string& want = info["sha256"].str();
@@ -925,7 +975,7 @@ inline Export verify_export(const std::string& dir, const std::map<std::string, 
       verify_catalogue_hash(ex.man);
       return ex;
     } catch (const FileError& e) {
-      if (e.missing && attempt < 2 && replaced()) {  // swapped out by a re-export while it was read
+      if (e.missing && attempt < 4 && replaced()) {  // swapped out by a re-export while it was read
         std::this_thread::sleep_for(std::chrono::milliseconds(50 * (attempt + 1)));
         continue;
       }
