@@ -27,6 +27,11 @@ values are always refused), ``top_k`` an integer in [1, 2^63-1], ``threads`` an 
 [1, :func:`max_threads`] (the CPUs this process may run on). Each refusal is a :class:`ckpred.errors.ConfigValueError` naming the
 argument (``problem.m``), the value and what is allowed. A symlinked export directory is read
 through its link; the files' sha256 are what is trusted, not their paths.
+
+The export directory is opened once and its files are opened through that descriptor before
+the manifest is read; each is read once, must be a regular file of bounded size (a FIFO or
+``/dev/zero`` is refused unread), and the bytes verified are the bytes the session is made
+from: a load racing a re-export gives the old model or the new one.
 """
 
 from __future__ import annotations
