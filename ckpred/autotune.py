@@ -1231,8 +1231,8 @@ class ResultStore:
             return
         keep: dict[tuple[str, str, str], bytes] = {}
         try:
-            for raw in _complete_lines(fd, os.fstat(fd).st_size, _Cursor()):
-                entry = None if raw is None or not raw.strip() else self._parse(raw, 0)
+            for lineno, raw in enumerate(_complete_lines(fd, os.fstat(fd).st_size, _Cursor()), 1):
+                entry = None if raw is None or not raw.strip() else self._parse(raw, lineno)
                 if entry is not None:  # kept verbatim: fields this runtime does not know survive
                     keep.pop(self._key(entry), None)
                     keep[self._key(entry)] = raw

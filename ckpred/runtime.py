@@ -131,9 +131,13 @@ def _file_kind(mode: int) -> str:
 
 
 def _open_at(dfd: int, name: str, path: Path) -> int:
-    """A descriptor of file ``name`` of the directory ``dfd``, opened non-blocking (a FIFO does not
-    wait for a writer); FileNotFoundError when it is missing."""
+    """A descriptor of the regular file ``name`` of the directory ``dfd`` (FileNotFoundError when
+    it is missing). Anything else (a FIFO, a device, a directory) is refused by its kind without
+    being opened; the open is non-blocking all the same, and :func:`_read_fd` checks again."""
     try:
+        st = os.stat(name, dir_fd=dfd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelMismatchError(f"{path}: {_file_kind(st.st_mode)}, not a regular file")
         return os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except FileNotFoundError:
         raise

@@ -406,7 +406,11 @@ struct FileError : std::runtime_error {
 
 // A descriptor of `name` relative to directory descriptor `dirfd` (AT_FDCWD: a path), opened
 // non-blocking (a FIFO does not wait for a writer); FileError (missing) when it does not exist.
+// Anything but a regular file (a FIFO, a device, a directory) is refused by its kind unopened.
 inline int open_file(int dirfd, const std::string& name, const std::string& shown) {
+  struct stat st {};
+  if (::fstatat(dirfd, name.c_str(), &st, 0) == 0 && !S_ISREG(st.st_mode))
+    throw FileError(shown + ": " + file_kind(st.st_mode) + ", not a regular file", false);
   int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
