@@ -41,39 +41,50 @@ A UTF-8 text file of JSON objects, one per line (JSON lines), append-only. Each 
   model (a re-trained or re-exported one) are ignored on lookup, so a stale model's winners are
   never served.
 * Writers hold an exclusive ``flock`` on ``<store>.lock`` while appending; a line is written
-  with one ``write`` call. Readers read complete lines only and skip a line that does not parse
-  (logged, counted in :attr:`ResultStore.skipped_lines`).
+  with one ``write`` call. Neither the store nor its lock is ever opened through a symbolic
+  link, and only a regular file is read or written.
+* Readers read complete lines only (at most :data:`MAX_LINE_BYTES` each, nested at most
+  :data:`MAX_LINE_DEPTH` deep) and skip a line that does not parse or whose fields have the
+  wrong types (logged, counted in :attr:`ResultStore.skipped_lines`); :func:`autotune` serves a
+  stored kernel only when its id is in the model's catalogue under that name.
 * Bounded: when the file holds more than twice ``max_entries`` lines, the writer compacts it
-  under the lock (last line per key, the newest ``max_entries`` keys) into a temporary file
-  that replaces the store atomically (``rename``).
+  under the lock (last line per key, the newest ``max_entries`` keys, kept verbatim) into a
+  temporary file (``.<store>.tmp-<host>-<pid>-<random>``, created exclusively) that replaces
+  the store atomically (``rename``); compaction files of writers that died are removed.
 
 The C++ header ``scripts/cpp/ckpred_autotune.hpp`` reads and writes the same file.
 """
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import fcntl
 import json
 import logging
 import math
 import os
-import tempfile
+import queue
+import re
+import secrets
+import socket
+import stat
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ckpred.errors import CkpredError, ModelMismatchError
+from ckpred.errors import CkpredError, ConfigValueError, ModelMismatchError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["STORE_FORMAT", "Measurement", "TuneResult", "Budget", "FixedK", "TimeBudget", "Confidence",
            "Calibration", "LogisticCalibration", "calibrate", "calibration_from_oof", "fit_logistic",
-           "load_calibration", "ranked_problems", "signal_features", "top_j_efficiency", "ResultStore", "problem_key", "autotune", "autotune_ranked"]
+           "load_calibration", "ranked_problems", "signal_features", "top_j_efficiency", "ResultStore", "problem_key", "check_entry", "as_budget", "autotune",
+           "autotune_ranked"]
 
 #: Format tag of every store line.
 STORE_FORMAT = "ckpred.autotune/1"
@@ -141,6 +152,12 @@ class TuneResult:
         The budget that was spent.
     stop : str
         Why the search stopped.
+    stored : bool
+        The answer is in the store (read from it, or written to it by this call).
+    store_error : str
+        Why writing it to the store failed ("" otherwise); the measurements are here all the same.
+    timed_out : bool
+        A benchmark call did not return within ``timeout``; the search stopped there.
     """
 
     problem: str
@@ -151,6 +168,9 @@ class TuneResult:
     from_store: bool = False
     policy: str = ""
     stop: str = ""
+    stored: bool = False
+    store_error: str = ""
+    timed_out: bool = False
 
     @property
     def ok(self) -> bool:
@@ -172,6 +192,23 @@ class _Spent:
     wall_s: float = 0.0
 
 
+def _count(name: str, value: Any) -> int:
+    """``value`` when it is an integer >= 1 (not a bool, a float or text): a count."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise AutotuneError(f"{name}={value!r}; allowed: an integer >= 1")
+    return int(value)
+
+
+def _real(value: Any) -> float | None:
+    """``value`` as a float when it is a real number (int or float, not a bool or text), else None."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float: not finite
+        return math.inf
+
+
 class Budget:
     """How many candidates to benchmark. Subclasses say when the soft budget is spent.
 
@@ -184,8 +221,7 @@ class Budget:
     max_benchmarks: int
 
     def _check(self) -> None:
-        if int(self.max_benchmarks) < 1:
-            raise AutotuneError(f"{type(self).__name__}.max_benchmarks={self.max_benchmarks!r}; allowed: an integer >= 1")
+        self.max_benchmarks = _count(f"{type(self).__name__}.max_benchmarks", self.max_benchmarks)
 
     def planned(self, scores: Sequence[float], problem: Mapping[str, float] | None = None) -> int | None:
         """Successful measurements wanted for a problem with these ranked scores (None: no count)."""
@@ -207,15 +243,14 @@ class FixedK(Budget):
     max_benchmarks: int = MAX_BENCHMARKS
 
     def __post_init__(self) -> None:
-        if int(self.k) < 1:
-            raise AutotuneError(f"FixedK.k={self.k!r}; allowed: an integer >= 1")
+        self.k = _count("FixedK.k", self.k)
         self._check()
 
     def planned(self, scores: Sequence[float], problem: Mapping[str, float] | None = None) -> int:
-        return int(self.k)
+        return self.k
 
     def spent(self, scores: Sequence[float], spent: _Spent) -> bool:
-        return spent.successes >= int(self.k)
+        return spent.successes >= self.k
 
     def describe(self) -> str:
         return f"fixed(k={self.k})"
@@ -239,25 +274,70 @@ class _Sized(Budget):
 @dataclass
 class TimeBudget(Budget):
     """Benchmark until ``seconds`` are spent: measured kernel time (``clock="kernel"``, the sum of
-    the times ``benchmark`` returned) or wall time inside ``benchmark`` (``clock="wall"``)."""
+    the times ``benchmark`` returned) or wall time inside ``benchmark`` (``clock="wall"``).
+
+    The wall clock is read when a call returns, so one call that never returns is not stopped
+    by it: pass ``timeout`` to :func:`autotune` for that."""
 
     seconds: float = 1.0
     clock: str = "kernel"
     max_benchmarks: int = MAX_BENCHMARKS
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(float(self.seconds)) and float(self.seconds) > 0):
+        seconds = _real(self.seconds)
+        if seconds is None or not math.isfinite(seconds) or seconds <= 0:
             raise AutotuneError(f"TimeBudget.seconds={self.seconds!r}; allowed: a finite number > 0")
+        self.seconds = seconds
         if self.clock not in ("kernel", "wall"):
             raise AutotuneError(f"TimeBudget.clock={self.clock!r}; allowed: 'kernel', 'wall'")
         self._check()
 
     def spent(self, scores: Sequence[float], spent: _Spent) -> bool:
         used = spent.kernel_s if self.clock == "kernel" else spent.wall_s
-        return used >= float(self.seconds)
+        return used >= self.seconds
 
     def describe(self) -> str:
         return f"time({self.clock}={self.seconds:g}s)"
+
+
+def as_budget(budget: Any) -> Budget:
+    """The budget :func:`autotune` runs: a :class:`Budget` as given, None as ``FixedK(2)``, and a
+    plain int ``k`` as ``FixedK(k)`` (what ``budget=3`` means); anything else is refused by name."""
+    if budget is None:
+        return FixedK(2)
+    if isinstance(budget, Budget):
+        return budget
+    if isinstance(budget, (int, np.integer)) and not isinstance(budget, (bool, np.bool_)):
+        return FixedK(_count("budget", budget))
+    raise AutotuneError(f"budget={budget!r}; allowed: FixedK(k), TimeBudget(seconds), Confidence(target, within) "
+                        "or an integer k (= FixedK(k))")
+
+
+def _reals(value: Any, key: str, where: str) -> tuple[float, ...]:
+    """A JSON array of numbers (not text, not booleans) as floats; anything else is refused by name.
+    The C++ header (``manifest.hpp``: ``check_calibration``) accepts exactly the same."""
+    if not isinstance(value, (list, tuple)):
+        raise AutotuneError(f"{where}: {key} is {value!r}; allowed: an array of numbers")
+    out = []
+    for x in value:
+        f = _real(x)
+        if f is None:
+            raise AutotuneError(f"{where}: {key} holds {x!r}; allowed: numbers (not text or booleans)")
+        out.append(f)
+    return tuple(out)
+
+
+def _arrays(value: Any, key: str, where: str) -> list[Any]:
+    if not isinstance(value, (list, tuple)):
+        raise AutotuneError(f"{where}: {key} is {value!r}; allowed: an array")
+    return list(value)
+
+
+def _integer(value: Any, key: str, where: str, lo: int) -> int:
+    """A JSON integer (not a float, text or boolean) in [lo, 2^63-1]."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not lo <= value < 2**63:
+        raise AutotuneError(f"{where}: {key} is {value!r}; allowed: an integer in [{lo}, 2^63-1]")
+    return int(value)
 
 
 def _check_within(within: Sequence[float], where: str) -> None:
@@ -316,28 +396,26 @@ class Calibration:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "calibration") -> "Calibration":
         _check_format(d, CALIBRATION_FORMAT, where)
-        try:
-            within = tuple(float(x) for x in d["within"])
-            edges = tuple(float(x) for x in d["edges"])
-            prob = tuple(tuple(tuple(float(p) for p in row) for row in table) for table in d["probability"])
-            counts = tuple(int(c) for c in d["counts"])
-            gap_to = int(d.get("gap_to", 2))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise AutotuneError(f"{where}: malformed table ({exc!r}); keys: within, edges, counts, probability") from exc
+        missing = [k for k in ("within", "edges", "counts", "probability") if k not in d]
+        if missing:
+            raise AutotuneError(f"{where}: malformed table (missing {missing}); keys: within, edges, counts, "
+                                "probability")
+        within = _reals(d["within"], "within", where)
+        edges = _reals(d["edges"], "edges", where)
+        prob = tuple(tuple(_reals(row, "probability", where) for row in _arrays(table, "probability", where))
+                     for table in _arrays(d["probability"], "probability", where))
+        counts = tuple(_integer(c, "counts", where, 0) for c in _arrays(d["counts"], "counts", where))
+        gap_to = _integer(d.get("gap_to", 2), "gap_to", where, 2)
         bins = len(edges) + 1
         if len(prob) != len(within) or any(len(t) != bins for t in prob) or len(counts) != bins \
                 or len({len(r) for t in prob for r in t}) != 1:
             raise AutotuneError(f"{where}: probability must be [{len(within)} within][{bins} bins][max_k], "
                                 f"counts [{bins}]")
-        if gap_to < 2:
-            raise AutotuneError(f"{where}: gap_to={gap_to}; allowed: an integer >= 2")
         _check_within(within, where)
         if not all(math.isfinite(e) for e in edges) or any(b <= a for a, b in zip(edges, edges[1:])):
             raise AutotuneError(f"{where}: edges={list(edges)}; allowed: finite, strictly increasing")
         if not prob[0][0] or not all(0 <= p <= 1 for t in prob for r in t for p in r):
             raise AutotuneError(f"{where}: probability holds a value outside [0, 1] (or an empty row)")
-        if any(c < 0 for c in counts):
-            raise AutotuneError(f"{where}: counts={list(counts)}; allowed: integers >= 0")
         return cls(within, edges, prob, counts, gap_to)
 
     def bin_of(self, gap: float) -> int:
@@ -374,11 +452,15 @@ class Confidence(Budget):
     max_benchmarks: int = MAX_BENCHMARKS
 
     def __post_init__(self) -> None:
-        if not 0 < float(self.target) <= 1:
+        target, within = _real(self.target), _real(self.within)
+        if target is None or not 0 < target <= 1:
             raise AutotuneError(f"Confidence.target={self.target!r}; allowed: a probability in (0, 1]")
+        if within is None or not 0 < within < 1:
+            raise AutotuneError(f"Confidence.within={self.within!r}; allowed: a fraction in (0, 1)")
+        self.target, self.within = target, within
         if isinstance(self.calibration, Mapping):
             self.calibration = load_calibration(self.calibration)
-        if self.calibration is not None and float(self.within) not in self.calibration.within:
+        if self.calibration is not None and self.within not in self.calibration.within:
             raise AutotuneError(f"Confidence.within={self.within!r}; calibrated: {list(self.calibration.within)}")
         self._check()
 
@@ -485,16 +567,20 @@ class LogisticCalibration:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "calibration") -> "LogisticCalibration":
         _check_format(d, LOGISTIC_FORMAT, where)
-        try:
-            within = tuple(float(x) for x in d["within"])
-            fields = tuple(str(x) for x in d["fields"])
-            vec = {k: tuple(float(x) for x in d[k]) for k in ("fill", "lo", "hi", "mean", "scale")}
-            coef = tuple(tuple(tuple(float(c) for c in r) for r in t) for t in d["coef"])
-            intercept = tuple(tuple(float(c) for c in r) for r in d["intercept"])
-            problems = int(d.get("problems", 0))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise AutotuneError(f"{where}: malformed logistic calibration ({exc!r}); keys: within, fields, fill, "
-                                "lo, hi, mean, scale, coef, intercept") from exc
+        keys = ("within", "fields", "fill", "lo", "hi", "mean", "scale", "coef", "intercept")
+        missing = [k for k in keys if k not in d]
+        if missing:
+            raise AutotuneError(f"{where}: malformed logistic calibration (missing {missing}); keys: "
+                                f"{', '.join(keys)}")
+        within = _reals(d["within"], "within", where)
+        fields = tuple(_arrays(d["fields"], "fields", where))
+        if not all(isinstance(f, str) and f for f in fields):
+            raise AutotuneError(f"{where}: fields={list(fields)}; allowed: problem field names (strings)")
+        vec = {k: _reals(d[k], k, where) for k in ("fill", "lo", "hi", "mean", "scale")}
+        coef = tuple(tuple(_reals(r, "coef", where) for r in _arrays(t, "coef", where))
+                     for t in _arrays(d["coef"], "coef", where))
+        intercept = tuple(_reals(r, "intercept", where) for r in _arrays(d["intercept"], "intercept", where))
+        problems = _integer(d.get("problems", 0), "problems", where, 0)
         n = len(SCORE_FEATURES) + len(fields) + 1
         _check_within(within, where)
         if any(len(v) != n for v in vec.values()) or len(coef) != len(within) or len(intercept) != len(within) \
@@ -750,6 +836,19 @@ def calibration_from_oof(oof: Any, kernel_ids: Mapping[str, int] | None = None, 
 # ---------------------------------------------------------------------------------------------
 # The persistent store
 # ---------------------------------------------------------------------------------------------
+#: Longest store line read (bytes). A line of 16 measurements is a few kB; a longer one is
+#: skipped unparsed, and so is one nested deeper than MAX_LINE_DEPTH (the format nests 3 deep),
+#: so a hostile line costs neither memory nor recursion.
+MAX_LINE_BYTES = 1 << 20
+MAX_LINE_DEPTH = 8
+_READ_BLOCK = 1 << 20
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(rb"[\[\]{}]")
+#: A compaction file older than this is removed by the next compaction even when its writer's
+#: host or pid cannot be checked (a writer on another host of a shared file system).
+STALE_TEMP_S = 3600.0
+
+
 def problem_key(problem: Mapping[str, Any], fields: Sequence[str] | None = None) -> str:
     """``field=value`` pairs joined by commas, in ``fields`` order (default: the mapping's)."""
     names = list(fields) if fields is not None else list(problem)
@@ -760,8 +859,109 @@ def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in repr(value))
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symbolic link (a store is never used through one)"),
+                       (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _too_deep(raw: bytes) -> bool:
+    """True when a line nests arrays/objects deeper than MAX_LINE_DEPTH (strings do not count)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_LINE_DEPTH:
+        return False
+    depth = 0
+    for m in _BRACKET.finditer(_STRING.sub(b'""', raw)):
+        depth += 1 if m.group() in (b"[", b"{") else -1
+        if depth > MAX_LINE_DEPTH:
+            return True
+    return False
+
+
+def check_entry(entry: Any) -> str:
+    """What is wrong with one parsed store line ("" when it is a well-formed entry): the format
+    tag; model, op, problem and kernel non-empty strings; kernel_id an integer >= 0; seconds a
+    finite number > 0. Whether it belongs to a model (its kernel) is checked when it is served."""
+    if not isinstance(entry, dict):
+        return f"a JSON {type(entry).__name__}, not an object"
+    if entry.get("format") != STORE_FORMAT:
+        return f"format {_short(entry.get('format'))}, expected {STORE_FORMAT!r}"
+    for key in ("model", "op", "problem", "kernel"):
+        if not isinstance(entry.get(key), str) or not entry[key]:
+            return f"{key} is {_short(entry.get(key, '<missing>'))}; expected a non-empty string"
+    kid = entry.get("kernel_id")
+    if isinstance(kid, bool) or not isinstance(kid, int) or not 0 <= kid < 2**63:
+        return f"kernel_id is {_short(kid)}; expected an integer >= 0"
+    seconds = _real(entry.get("seconds"))
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        return f"seconds is {_short(entry.get('seconds'))}; expected a finite number > 0"
+    return ""
+
+
+@dataclass
+class _Cursor:
+    offset: int = 0  # first byte not consumed (lines before it were read)
+    long: bool = False  # inside a line longer than MAX_LINE_BYTES: its bytes are dropped
+
+
+def _complete_lines(fd: int, size: int, cur: _Cursor) -> Iterator[bytes | None]:
+    """The complete lines of ``fd`` from ``cur.offset`` to ``size``, read in bounded blocks
+    (None for a line longer than MAX_LINE_BYTES, never held whole); ``cur`` advances past them.
+    An incomplete last line (a writer mid-line) is read next time."""
+    pos, carry = cur.offset, b""
+    while pos < size:
+        block = os.pread(fd, min(_READ_BLOCK, size - pos), pos)
+        if not block:
+            return
+        pos += len(block)
+        if cur.long:
+            nl = block.find(b"\n")
+            if nl < 0:
+                cur.offset += len(block)
+                continue
+            cur.offset += nl + 1
+            cur.long = False
+            block = block[nl + 1:]
+            yield None
+        data = carry + block
+        end = data.rfind(b"\n") + 1
+        lines = data[:end].split(b"\n")
+        lines.pop()
+        cur.offset += end
+        carry = data[end:]
+        yield from lines
+        if len(carry) > MAX_LINE_BYTES:
+            cur.offset += len(carry)
+            carry = b""
+            cur.long = True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it runs under another user
+        return True
+    return True
+
+
 class ResultStore:
     """The persistent, process-safe, bounded store of measured winners (format in the module doc).
+
+    The store is a regular file, never used through a symbolic link; reading never blocks on a
+    FIFO and holds at most :data:`MAX_LINE_BYTES` of one line. Lines that do not parse, nest
+    deeper than :data:`MAX_LINE_DEPTH` or fail :func:`check_entry` are skipped with a warning and
+    counted in :attr:`skipped_lines`; lines of models nobody asked for are not parsed at all.
+    Every I/O failure is an :class:`AutotuneError` naming the path (:meth:`check` finds most of
+    them before anything is measured).
 
     Parameters
     ----------
@@ -771,82 +971,178 @@ class ResultStore:
         Keys kept by compaction (newest first).
     """
 
-    def __init__(self, path: str | Path, *, max_entries: int = 10000) -> None:
-        if int(max_entries) < 1:
-            raise AutotuneError(f"ResultStore.max_entries={max_entries!r}; allowed: an integer >= 1")
+    def __init__(self, path: str | os.PathLike[str], *, max_entries: int = 10000) -> None:
+        if not isinstance(path, (str, os.PathLike)) or not str(os.fspath(path)).strip():
+            raise AutotuneError(f"ResultStore.path={path!r}; allowed: a file path")
+        self.max_entries = _count("ResultStore.max_entries", max_entries)
         self.path = Path(path).expanduser()
-        self.max_entries = int(max_entries)
+        #: Lines of the file as last read that were skipped (malformed, too long or too deep).
         self.skipped_lines = 0
+        self._models: set[str] | None = set()  # models whose lines are indexed (None: every model)
+        self._cleaned = False
+        self._reset()
+
+    def _reset(self) -> None:
         self._index: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._lines = 0
-        self._offset = 0
+        self._cursor = _Cursor()
         self._ino: tuple[int, int] | None = None
+        self.skipped_lines = 0
 
     @property
     def lock_path(self) -> Path:
         return self.path.with_name(self.path.name + ".lock")
 
-    # -- reading ---------------------------------------------------------------------------
-    def _parse(self, line: bytes, lineno: int) -> dict[str, Any] | None:
+    # -- opening, never through a link, never blocking ------------------------------------------
+    def _refusal(self, path: Path, what: str, doing: str, exc: OSError | None = None) -> AutotuneError:
         try:
-            entry = json.loads(line)
-            if not isinstance(entry, dict) or entry.get("format") != STORE_FORMAT:
-                raise ValueError(f"format {entry.get('format') if isinstance(entry, dict) else None!r}, "
-                                 f"expected {STORE_FORMAT!r}")
-            for key in ("model", "op", "problem", "kernel", "kernel_id", "seconds"):
-                if key not in entry:
-                    raise ValueError(f"missing key {key!r}")
-            return entry
-        except ValueError as exc:
-            self.skipped_lines += 1
-            log.warning("%s:%d: skipped a store line that does not parse (%s)", self.path, lineno, exc)
+            st = os.lstat(path)
+        except OSError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            return AutotuneError(f"{what} {path}: {_kind(st.st_mode)}; allowed: a regular file (or a path that does "
+                                 "not exist yet)")
+        reason = (exc.strerror or str(exc)) if exc is not None else "not a regular file"
+        return AutotuneError(f"cannot {doing} {what} {path}: {reason}")
+
+    def _open(self, path: Path, what: str, flags: int, doing: str) -> int | None:
+        """``path`` opened with ``flags`` (no symlink followed, no FIFO waited on), checked to be a
+        regular file; None when it does not exist (and ``flags`` does not create it)."""
+        try:
+            fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            if flags & os.O_CREAT:
+                raise AutotuneError(f"cannot {doing} {what} {path}: its directory does not exist") from None
             return None
+        except OSError as exc:
+            raise self._refusal(path, what, doing, exc) from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise self._refusal(path, what, doing)
+        return fd
+
+    def check(self) -> None:
+        """Refuse a store this process cannot append to, before anything is measured: a directory,
+        FIFO or device, a symbolic link, a read-only file, a lock path that is not a file, a
+        directory that is not writable (or cannot be made). What only a write can tell (a full
+        disk) is reported by :meth:`put`.
+
+        Raises
+        ------
+        AutotuneError
+            Naming the path and why.
+        """
+        for path, what, flags in ((self.path, "store", os.O_WRONLY | os.O_APPEND), (self.lock_path, "store lock",
+                                                                                   os.O_RDWR)):
+            try:
+                os.lstat(path)
+            except (FileNotFoundError, NotADirectoryError):  # the directory check below names it
+                continue
+            except OSError as exc:
+                raise self._refusal(path, what, "use", exc) from exc
+            fd = self._open(path, what, flags, "append to" if what == "store" else "open")
+            if fd is not None:
+                os.close(fd)
+        ancestor = self.path.parent
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise AutotuneError(f"cannot create store {self.path}: {ancestor} is not a directory")
+        if not (self.path.exists() and self.lock_path.exists()) and not os.access(ancestor, os.W_OK | os.X_OK):
+            raise AutotuneError(f"cannot create store {self.path}: directory {ancestor} is not writable")
+
+    # -- reading ---------------------------------------------------------------------------
+    def _skip(self, lineno: int, why: str) -> None:
+        self.skipped_lines += 1
+        log.warning("%s:%d: skipped a store line (%s)", self.path, lineno, why[:300])
+
+    def _parse(self, raw: bytes, lineno: int) -> dict[str, Any] | None:
+        if len(raw) > MAX_LINE_BYTES:
+            why = f"longer than {MAX_LINE_BYTES} bytes"
+        elif _too_deep(raw):
+            why = f"nested deeper than {MAX_LINE_DEPTH}"
+        else:
+            try:
+                entry = json.loads(raw)
+                why = check_entry(entry)
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+                why = f"does not parse: {_short(str(exc), 120)}"
+        if why:
+            self._skip(lineno, why)
+            return None
+        return entry
+
+    def _want(self, model: str | None) -> None:
+        """Index ``model``'s lines from now on (None: every model's), re-reading when that widens."""
+        if self._models is None:
+            return
+        if model is None:
+            self._models = None
+        elif model in self._models:
+            return
+        else:
+            self._models.add(model)
+        self._reset()
 
     def refresh(self) -> None:
-        """Read what other processes appended since the last read (all of it after a compaction)."""
-        try:
-            fh = open(self.path, "rb")
-        except FileNotFoundError:
-            self._index, self._lines, self._offset, self._ino = {}, 0, 0, None
+        """Read what other processes appended since the last read (all of it after a compaction).
+
+        Raises
+        ------
+        AutotuneError
+            The path is a directory, FIFO, device or symbolic link, or cannot be read.
+        """
+        fd = self._open(self.path, "store", os.O_RDONLY, "read")
+        if fd is None:
+            self._reset()
             return
-        with fh:  # identity and size of the file actually opened (a compaction may replace it)
-            st = os.fstat(fh.fileno())
+        try:
+            st = os.fstat(fd)  # identity and size of the file actually opened (a compaction may replace it)
             ino = (st.st_dev, st.st_ino)
-            if ino != self._ino or st.st_size < self._offset:
-                self._index, self._lines, self._offset, self._ino = {}, 0, 0, ino
-            if st.st_size == self._offset:
-                return
-            fh.seek(self._offset)
-            data = fh.read()
-        end = data.rfind(b"\n") + 1  # complete lines only; a line being written is read next time
-        for raw in data[:end].splitlines():
-            self._lines += 1
-            if not raw.strip():
-                continue
-            entry = self._parse(raw, self._lines)
-            if entry is not None:
-                self._index.pop(self._key(entry), None)  # re-insert: dict order = newest last
-                self._index[self._key(entry)] = entry
-        self._offset += end
+            if ino != self._ino or st.st_size < self._cursor.offset:
+                self._reset()
+                self._ino = ino
+            wanted = None if self._models is None else [m.encode() for m in self._models]
+            try:
+                for raw in _complete_lines(fd, st.st_size, self._cursor):
+                    self._lines += 1
+                    if raw is None:
+                        self._skip(self._lines, f"longer than {MAX_LINE_BYTES} bytes")
+                    elif raw.strip() and (wanted is None or any(m in raw for m in wanted)):
+                        entry = self._parse(raw, self._lines)
+                        if entry is not None:
+                            key = self._key(entry)
+                            self._index.pop(key, None)  # re-insert: dict order = newest last
+                            self._index[key] = entry
+            except OSError as exc:
+                raise AutotuneError(f"cannot read store {self.path}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _key(entry: Mapping[str, Any]) -> tuple[str, str, str]:
-        return (str(entry["model"]), str(entry["op"]), str(entry["problem"]))
+        return (entry["model"], entry["op"], entry["problem"])
 
     def get(self, model: str, op: str, problem: str) -> dict[str, Any] | None:
         """The newest entry of ``(model, op, problem)``, or None (entries of other models never match)."""
+        self._want(model)
         self.refresh()
         return self._index.get((model, op, problem))
 
     def entries(self, model: str | None = None) -> list[dict[str, Any]]:
         """Current entries (last per key), oldest first; only ``model``'s when given."""
+        self._want(model)
         self.refresh()
         return [e for e in self._index.values() if model is None or e["model"] == model]
 
     # -- writing ---------------------------------------------------------------------------
-    def _locked(self) -> Any:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    def _locked(self) -> int:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise AutotuneError(f"cannot create the directory of store {self.path}: {exc.strerror or exc}") from exc
+        fd = self._open(self.lock_path, "store lock", os.O_RDWR | os.O_CREAT, "open")
+        assert fd is not None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
         except BaseException:
@@ -856,25 +1152,40 @@ class ResultStore:
 
     def put(self, entry: Mapping[str, Any]) -> None:
         """Append one entry (adds ``format``, ``created`` and ``writer`` when absent); compacts
-        when the file holds more than ``2 * max_entries`` lines."""
+        when the file holds more than ``2 * max_entries`` lines.
+
+        Raises
+        ------
+        AutotuneError
+            The entry is not a valid store line, or the store cannot be written (named).
+        """
         record = {"format": STORE_FORMAT, **entry}
         record.setdefault("created", _now())
         record.setdefault("writer", "python")
-        for key in ("model", "op", "problem", "kernel", "kernel_id", "seconds"):
-            if key not in record:
-                raise AutotuneError(f"store entry lacks {key!r}; required: model, op, problem, kernel, kernel_id, seconds")
-        line = json.dumps(record, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+        why = check_entry(record)
+        if why:
+            raise AutotuneError(f"store entry refused: {why}")
+        try:
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+        except (TypeError, ValueError) as exc:
+            raise AutotuneError(f"store entry refused: {exc}") from exc
+        if len(line) > MAX_LINE_BYTES:
+            raise AutotuneError(f"store entry refused: {len(line)} bytes, longer than {MAX_LINE_BYTES}")
         fd = self._locked()
         try:
-            out = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            if not self._cleaned:
+                self._clean_temps()
+            out = self._open(self.path, "store", os.O_RDWR | os.O_APPEND | os.O_CREAT, "append to")
+            assert out is not None
             try:
                 size = os.fstat(out).st_size
-                if size:  # a crashed writer's partial line must not swallow ours
-                    with open(self.path, "rb") as fh:
-                        fh.seek(size - 1)
-                        if fh.read(1) != b"\n":
-                            line = b"\n" + line
-                os.write(out, line)
+                if size and os.pread(out, 1, size - 1) != b"\n":  # a crashed writer's partial line must not swallow ours
+                    line = b"\n" + line
+                written = os.write(out, line)
+                if written != len(line):
+                    raise AutotuneError(f"cannot write store {self.path}: wrote {written} of {len(line)} bytes")
+            except OSError as exc:
+                raise AutotuneError(f"cannot write store {self.path}: {exc.strerror or exc}") from exc
             finally:
                 os.close(out)
             self.refresh()
@@ -891,91 +1202,198 @@ class ResultStore:
         finally:
             os.close(fd)
 
-    def _compact_locked(self) -> None:
-        self.refresh()
-        keep = list(self._index.values())[-self.max_entries:]
-        tmp = tempfile.NamedTemporaryFile("wb", dir=self.path.parent, prefix=f".{self.path.name}.", delete=False)
+    def _temp_prefix(self) -> str:
+        return f".{self.path.name}.tmp-"
+
+    def _clean_temps(self) -> None:
+        """Remove compaction files of writers that died (same host, pid gone) or are old; called
+        under the lock, so no live writer of this store is compacting."""
+        self._cleaned = True
+        prefix, host, now = self._temp_prefix(), socket.gethostname(), time.time()
         try:
-            with tmp:
-                for e in keep:
-                    tmp.write(json.dumps(e, separators=(",", ":"), allow_nan=False).encode() + b"\n")
-                tmp.flush()
-                os.fsync(tmp.fileno())
-            os.chmod(tmp.name, 0o644)
-            os.replace(tmp.name, self.path)
-        except BaseException:
+            found = [e for e in os.scandir(self.path.parent) if e.name.startswith(prefix)]
+        except OSError:
+            return
+        for e in found:
+            parts = e.name[len(prefix):].rsplit("-", 2)
             try:
-                os.unlink(tmp.name)
-            except OSError as exc:
-                if exc.errno != errno.ENOENT:
-                    raise
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            dead = len(parts) == 3 and parts[0] == host and parts[1].isdigit() and not _alive(int(parts[1]))
+            if stat.S_ISREG(st.st_mode) and (dead or now - st.st_mtime > STALE_TEMP_S):
+                with contextlib.suppress(OSError):
+                    os.unlink(e.path)
+
+    def _compact_locked(self) -> None:
+        fd = self._open(self.path, "store", os.O_RDONLY, "read")
+        if fd is None:
+            return
+        keep: dict[tuple[str, str, str], bytes] = {}
+        try:
+            for lineno, raw in enumerate(_complete_lines(fd, os.fstat(fd).st_size, _Cursor()), 1):
+                entry = None if raw is None or not raw.strip() else self._parse(raw, lineno)
+                if entry is not None:  # kept verbatim: fields this runtime does not know survive
+                    keep.pop(self._key(entry), None)
+                    keep[self._key(entry)] = raw
+        except OSError as exc:
+            raise AutotuneError(f"cannot read store {self.path}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(fd)
+        self._clean_temps()
+        tmp = self.path.parent / f"{self._temp_prefix()}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(8)}"
+        try:
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            with os.fdopen(out, "wb") as fh:
+                fh.write(b"".join(raw + b"\n" for raw in list(keep.values())[-self.max_entries:]))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if isinstance(exc, OSError):
+                raise AutotuneError(f"cannot compact store {self.path}: {exc.strerror or exc}") from exc
             raise
-        self._ino = None
+        self._reset()
         self.refresh()
 
 
 # ---------------------------------------------------------------------------------------------
 # The search
 # ---------------------------------------------------------------------------------------------
-def _call(benchmark: Callable[[Any], float], arg: Any, kernel_id: int, name: str) -> tuple[Measurement, float]:
+class _TimedOut(Exception):
+    pass
+
+
+class _Worker:
+    """One daemon thread that runs the caller's benchmark calls, so that the caller can stop
+    waiting for one (``timeout``). Python cannot stop a running function: a call that timed out
+    is left to finish in this thread, its result is discarded, and the thread then exits. Being
+    a daemon, it does not hold up the process's exit."""
+
+    def __init__(self, benchmark: Callable[[Any], Any]) -> None:
+        self._benchmark = benchmark
+        self._tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="ckpred-autotune-benchmark", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            arg, box, done = task
+            try:
+                box.append((True, self._benchmark(arg)))
+            except BaseException as exc:  # handed to the caller, who re-raises what is not an Exception
+                box.append((False, exc))
+            done.set()
+
+    def call(self, arg: Any, timeout: float) -> Any:
+        box: list[tuple[bool, Any]] = []
+        done = threading.Event()
+        self._tasks.put((arg, box, done))
+        if not done.wait(timeout):
+            raise _TimedOut
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def close(self) -> None:
+        self._tasks.put(None)  # the thread exits after its current call, if one is still running
+
+
+def _measure(benchmark: Callable[[Any], Any], arg: Any, kernel_id: int, name: str, worker: _Worker | None,
+             timeout: float | None) -> tuple[Measurement, float, bool]:
+    """One benchmark call: (measurement, wall seconds, timed out)."""
     t0 = time.perf_counter()
     try:
-        value = benchmark(arg)
-        seconds = float(value)
-        if not math.isfinite(seconds) or seconds <= 0:
-            m = Measurement(kernel_id, name, None, f"non-finite or non-positive time {value!r}")
-        else:
-            m = Measurement(kernel_id, name, seconds)
+        value = benchmark(arg) if worker is None else worker.call(arg, timeout)  # type: ignore[arg-type]
+    except _TimedOut:
+        error = f"TimeoutError: no result after {timeout:g} s (the call was left running)"
+        return Measurement(kernel_id, name, None, error), time.perf_counter() - t0, True
     except Exception as exc:  # the caller's kernel failed: record it, try the next one
-        m = Measurement(kernel_id, name, None, f"{type(exc).__name__}: {exc}"[:500])
-    return m, time.perf_counter() - t0
+        return Measurement(kernel_id, name, None, f"{type(exc).__name__}: {exc}"[:500]), time.perf_counter() - t0, False
+    wall = time.perf_counter() - t0
+    seconds = _real(value)
+    if seconds is None:
+        raise AutotuneError(f"benchmark({arg!r}) returned {_short(value)} ({type(value).__name__}); allowed: seconds as "
+                            "a number (nan, inf or an exception mark a failed kernel)")
+    if not math.isfinite(seconds) or seconds <= 0:
+        return Measurement(kernel_id, name, None, f"non-finite or non-positive time {value!r}"), wall, False
+    return Measurement(kernel_id, name, seconds), wall, False
+
+
+def _check_timeout(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    value = _real(timeout)
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise AutotuneError(f"timeout={timeout!r}; allowed: None or a finite number of seconds > 0")
+    return value
 
 
 def autotune_ranked(ids: Sequence[int], names: Sequence[str], scores: Sequence[float],
                     benchmark: Callable[[Any], float], budget: Budget, *, pass_id: bool = False,
-                    problem: str = "", values: Mapping[str, float] | None = None) -> TuneResult:
+                    problem: str = "", values: Mapping[str, float] | None = None,
+                    timeout: float | None = None) -> TuneResult:
     """Benchmark ranked candidates (valid ones, best first) until ``budget`` is spent.
 
     This is the store-free core of :func:`autotune`; the replay and the C++ header follow the
     same rules: count successes against the soft budget, stop at ``budget.max_benchmarks``
     calls, and past the soft budget continue only while nothing has succeeded. ``values`` (the
-    problem's field values) feed a :class:`LogisticCalibration`.
+    problem's field values) feed a :class:`LogisticCalibration`. With ``timeout``, see
+    :func:`autotune`.
     """
     if not isinstance(budget, Budget):
         raise AutotuneError(f"budget={budget!r}; allowed: FixedK, TimeBudget or Confidence")
+    timeout = _check_timeout(timeout)
     if isinstance(budget, Confidence):  # sized once, from the scores (and the problem)
         budget = _Sized(budget.planned(scores, values), budget.describe(), budget.max_benchmarks)
     spent = _Spent()
     measured: list[Measurement] = []
     candidates = list(zip(ids, names))
     stop = "no valid kernel" if not candidates else "candidates exhausted"
-    for kernel_id, name in candidates:
-        if spent.successes and budget.spent(scores, spent):
-            stop = "budget spent"
-            break
-        if spent.attempts >= int(budget.max_benchmarks):
-            stop = f"max_benchmarks={budget.max_benchmarks} reached"
-            break
-        m, wall = _call(benchmark, int(kernel_id) if pass_id else name, int(kernel_id), name)
-        measured.append(m)
-        spent.attempts += 1
-        spent.wall_s += wall
-        if m.ok:
-            spent.successes += 1
-            spent.kernel_s += float(m.seconds)  # type: ignore[arg-type]
-    else:
-        if spent.successes and budget.spent(scores, spent):
-            stop = "budget spent"
-        elif spent.attempts >= int(budget.max_benchmarks):
-            stop = f"max_benchmarks={budget.max_benchmarks} reached"
+    timed_out = False
+    worker = _Worker(benchmark) if timeout is not None and candidates else None
+    try:
+        for kernel_id, name in candidates:
+            if spent.successes and budget.spent(scores, spent):
+                stop = "budget spent"
+                break
+            if spent.attempts >= budget.max_benchmarks:
+                stop = f"max_benchmarks={budget.max_benchmarks} reached"
+                break
+            m, wall, timed_out = _measure(benchmark, int(kernel_id) if pass_id else name, int(kernel_id), name, worker,
+                                          timeout)
+            measured.append(m)
+            spent.attempts += 1
+            spent.wall_s += wall
+            if m.ok:
+                spent.successes += 1
+                spent.kernel_s += float(m.seconds)  # type: ignore[arg-type]
+            if timed_out:  # the device may still run it: start nothing else
+                stop = f"benchmark of {name} timed out after {timeout:g} s: search stopped"
+                break
+        else:
+            if spent.successes and budget.spent(scores, spent):
+                stop = "budget spent"
+            elif spent.attempts >= budget.max_benchmarks:
+                stop = f"max_benchmarks={budget.max_benchmarks} reached"
+    finally:
+        if worker is not None:
+            worker.close()
     good = [m for m in measured if m.ok]
     if not good:
         if measured:
             stop = f"{stop}: all {len(measured)} benchmarks failed"
-        return TuneResult(problem, None, None, None, tuple(measured), False, budget.describe(), stop)
+        return TuneResult(problem, None, None, None, tuple(measured), False, budget.describe(), stop,
+                          timed_out=timed_out)
     best = min(good, key=lambda m: m.seconds)  # type: ignore[arg-type, return-value]
     return TuneResult(problem, best.kernel, best.kernel_id, best.seconds, tuple(measured), False,
-                      budget.describe(), stop)
+                      budget.describe(), stop, timed_out=timed_out)
 
 
 def model_hash(manifest: Mapping[str, Any]) -> str:
@@ -987,9 +1405,19 @@ def model_hash(manifest: Mapping[str, Any]) -> str:
         raise ModelMismatchError(f"manifest has no sha256 for {selector}") from exc
 
 
+def _not_this_models(hit: Mapping[str, Any], selector: Any) -> str:
+    """Why a stored entry (already well-formed) cannot be this model's answer ("" when it can)."""
+    name = selector.kernel_name(hit["kernel_id"])
+    if name is None:
+        return f"kernel_id {hit['kernel_id']} is not in the model's catalogue of {len(selector.catalogue)} kernels"
+    if name != hit["kernel"]:
+        return f"kernel_id {hit['kernel_id']} is {name!r} in the model's catalogue, the line says {_short(hit['kernel'])}"
+    return ""
+
+
 def autotune(selector: Any, problem: Mapping[str, Any], benchmark: Callable[[Any], float],
-             budget: Budget | None = None, *, store: ResultStore | str | Path | None = None,
-             pass_id: bool = False, refresh: bool = False) -> TuneResult:
+             budget: Budget | int | None = None, *, store: ResultStore | str | os.PathLike[str] | None = None,
+             pass_id: bool = False, refresh: bool = False, timeout: float | None = None) -> TuneResult:
     """Benchmark the model's best valid kernels for ``problem`` and return the fastest.
 
     Parameters
@@ -998,23 +1426,54 @@ def autotune(selector: Any, problem: Mapping[str, Any], benchmark: Callable[[Any
         A loaded selector (ranks the candidates; its manifest gives the model hash and the
         confidence calibration).
     problem : mapping
-        Problem fields (defaults filled in as in ``select``).
+        Problem fields by name, as in ``select`` (category fields by their value, e.g.
+        ``precision="fp32"``; defaults filled in).
     benchmark : callable
         ``benchmark(kernel_name) -> seconds`` (``benchmark(kernel_id)`` with ``pass_id``). An
-        exception or a non-finite/non-positive result is recorded and the kernel skipped.
-    budget : Budget, default=FixedK(2)
-        When to stop (:class:`FixedK`, :class:`TimeBudget`, :class:`Confidence`).
+        exception, nan, inf or a time <= 0 is recorded and the kernel skipped. A result that is
+        not a number (text, a bool, None) is refused: :class:`AutotuneError`.
+    budget : Budget or int, default=FixedK(2)
+        When to stop (:class:`FixedK`, :class:`TimeBudget`, :class:`Confidence`); an int ``k``
+        is ``FixedK(k)``.
     store : ResultStore or path, optional
-        Read first (a stored winner of this model is returned without benchmarking) and
-        written after a successful search.
+        Checked before anything is measured (:meth:`ResultStore.check`); read first (a stored
+        winner of this model, whose kernel is in the model's catalogue under that name, is
+        returned without benchmarking) and written after a successful search. A write that
+        fails after the search does not lose it: the result comes back with ``stored=False``
+        and ``store_error`` saying why (also logged).
     refresh : bool, default=False
         Benchmark even when the store has an answer (and overwrite it).
+    timeout : float, optional
+        Seconds to wait for one benchmark call. The calls then run in one worker thread
+        (created per search, ended after it). A call still running after ``timeout`` is recorded
+        as failed (``TimeoutError``), the search stops there (nothing else is launched while
+        the device may still run it) and the best kernel measured so far, if any, is returned
+        (and stored) with ``timed_out=True``. Python cannot stop the call: it keeps running in
+        the worker thread, which discards its result and exits when it returns. A benchmark
+        that can hang for good should bound itself (a device-side timeout) or run in a
+        subprocess. Without ``timeout`` the calls run in the caller's thread.
 
     Returns
     -------
     TuneResult
+
+    Raises
+    ------
+    AutotuneError
+        A bad budget, timeout or benchmark result; a store that cannot be used (named).
+    ckpred.errors.ConfigValueError
+        A problem that is not a mapping or whose values the model refuses (``problem.<field>``).
     """
-    budget = FixedK(2) if budget is None else budget
+    budget = as_budget(budget)
+    if not isinstance(problem, Mapping):
+        raise ConfigValueError("problem", problem, f"a mapping of problem field -> value (fields: "
+                                                   f"{selector.problem_fields})")
+    if not callable(benchmark):
+        raise AutotuneError(f"benchmark={_short(benchmark)}; allowed: a callable kernel -> seconds")
+    for flag, value in (("pass_id", pass_id), ("refresh", refresh)):
+        if not isinstance(value, bool):
+            raise AutotuneError(f"{flag}={value!r}; allowed: True or False")
+    timeout = _check_timeout(timeout)
     if isinstance(budget, Confidence):
         cal = getattr(selector, "calibration", None)  # checked by KernelSelector.load
         budget = budget.with_calibration(selector.manifest.get("autotune") if cal is None else cal,
@@ -1024,19 +1483,29 @@ def autotune(selector: Any, problem: Mapping[str, Any], benchmark: Callable[[Any
     row = selector.problem_row(dict(problem))
     key = problem_key(row, selector.problem_fields)
     model, op = model_hash(selector.manifest), selector.manifest["op"]
-    if store is not None and not refresh:
-        hit = store.get(model, op, key)
+    if store is not None:
+        store.check()  # before anything is measured
+        hit = None if refresh else store.get(model, op, key)
         if hit is not None:
-            return TuneResult(key, str(hit["kernel"]), int(hit["kernel_id"]), float(hit["seconds"]), (), True,
-                              str(hit.get("policy", "")), "from store")
-    answer = selector.select(row, top_k=max(1, min(int(budget.max_benchmarks), len(selector.catalogue))))
+            why = _not_this_models(hit, selector)
+            if not why:
+                return TuneResult(key, hit["kernel"], hit["kernel_id"], float(hit["seconds"]), (), True,
+                                  str(hit.get("policy", "")), "from store", stored=True)
+            log.warning("%s: skipped the stored answer for %s (%s); benchmarking", store.path, key, why)
+    # the problem as the caller gave it: select checks it and encodes category values itself
+    answer = selector.select(dict(problem), top_k=max(1, min(budget.max_benchmarks, len(selector.catalogue))))
     result = autotune_ranked(answer.ids, answer.kernels, answer.scores, benchmark, budget, pass_id=pass_id,
-                             problem=key, values=row)
+                             problem=key, values=row, timeout=timeout)
     if not answer.ok:
         result = TuneResult(key, None, None, None, (), False, budget.describe(), answer.reason)
     if store is not None and result.ok:
-        store.put({"model": model, "op": op, "arch": selector.manifest["arch"], "dtype": selector.manifest["dtype"],
-                   "layout": selector.manifest["layout"], "problem": key, "kernel_id": result.kernel_id,
-                   "kernel": result.kernel, "seconds": result.seconds, "policy": result.policy,
-                   "measured": [m.to_dict() for m in result.measured]})
+        try:
+            store.put({"model": model, "op": op, "arch": selector.manifest["arch"],
+                       "dtype": selector.manifest["dtype"], "layout": selector.manifest["layout"], "problem": key,
+                       "kernel_id": result.kernel_id, "kernel": result.kernel, "seconds": result.seconds,
+                       "policy": result.policy, "measured": [m.to_dict() for m in result.measured]})
+        except AutotuneError as exc:
+            log.warning("%s; the result is returned but not stored", exc)
+            return replace(result, store_error=str(exc))
+        result = replace(result, stored=True)
     return result

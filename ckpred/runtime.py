@@ -27,13 +27,21 @@ values are always refused), ``top_k`` an integer in [1, 2^63-1], ``threads`` an 
 [1, :func:`max_threads`] (the CPUs this process may run on). Each refusal is a :class:`ckpred.errors.ConfigValueError` naming the
 argument (``problem.m``), the value and what is allowed. A symlinked export directory is read
 through its link; the files' sha256 are what is trusted, not their paths.
+
+The export directory is opened once and its files are opened through that descriptor before
+the manifest is read; each is read once, must be a regular file of bounded size (a FIFO or
+``/dev/zero`` is refused unread), and the bytes verified are the bytes the session is made
+from: a load racing a re-export gives the old model or the new one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import stat
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +50,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from ckpred.errors import ConfigValueError, ModelMismatchError
+from ckpred.errors import CkpredError, ConfigValueError, InputFileError, MissingFileError, ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.plugins import allowed_plugins
@@ -93,14 +101,136 @@ class Selection:
                 "kernels": [{"id": i, "name": n, "score": s} for i, n, s in zip(self.ids, self.kernels, self.scores)]}
 
 
-def _metadata(model_path: Path) -> dict[str, str]:
+def _metadata(data: bytes, model_path: Path) -> dict[str, str]:
     import onnx
 
     try:
-        model = onnx.load(str(model_path), load_external_data=False)
+        model = onnx.load_model_from_string(data)
     except Exception as exc:  # protobuf DecodeError and friends: the file is no ONNX model
         raise ModelMismatchError(f"{model_path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
     return {p.key: p.value for p in model.metadata_props}
+
+
+#: Largest manifest and model file read (bytes); a larger one is refused unread (an ONNX file
+#: cannot pass 2 GiB, protobuf's limit). scripts/cpp/manifest.hpp has the same bounds.
+MAX_MANIFEST_BYTES = 256 << 20
+MAX_MODEL_BYTES = 2 << 30
+_READ_ATTEMPTS = 5
+_EAGER_FILES = 64  # files of an export directory opened before its manifest is read
+
+
+class _Replaced(Exception):
+    """A file went missing from an export directory that a re-export swapped out meanwhile."""
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open_at(dfd: int, name: str, path: Path) -> int:
+    """A descriptor of the regular file ``name`` of the directory ``dfd`` (FileNotFoundError when
+    it is missing). Anything else (a FIFO, a device, a directory) is refused by its kind without
+    being opened; the open is non-blocking all the same, and :func:`_read_fd` checks again."""
+    try:
+        st = os.stat(name, dir_fd=dfd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelMismatchError(f"{path}: {_file_kind(st.st_mode)}, not a regular file")
+        return os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise InputFileError(str(path), exc.strerror or str(exc)) from exc
+
+
+def _read_fd(fd: int, path: Path, limit: int) -> bytes:
+    """The bytes of the open file ``fd`` (closed here): a regular file (a FIFO or device is
+    refused before a byte is read) of at most ``limit`` bytes."""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelMismatchError(f"{path}: {_file_kind(st.st_mode)}, not a regular file")
+        chunks, total = [], 0
+        while total <= limit:
+            block = os.read(fd, min(1 << 24, limit + 1 - total))
+            if not block:
+                break
+            chunks.append(block)
+            total += len(block)
+        if total > limit:
+            raise ModelMismatchError(f"{path}: larger than {limit} bytes, the most this file may hold")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise InputFileError(str(path), exc.strerror or str(exc)) from exc
+    finally:
+        os.close(fd)
+
+
+def _read_export(model_dir: Path, wanted: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The checked manifest (structure, then the identity ``wanted``) and the bytes of every file
+    it lists, all read through one descriptor of ``model_dir`` (a symlinked directory is followed
+    once). :class:`_Replaced` when a file is missing because a re-export swapped the directory out
+    before it was opened."""
+    no_manifest = f"no manifest; is {model_dir} an export directory (python -m ckpred export ...)?"
+    try:
+        dfd = os.open(model_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        raise MissingFileError(str(model_dir / mf.MANIFEST), no_manifest) from None
+    except OSError as exc:
+        raise InputFileError(str(model_dir), exc.strerror or str(exc)) from exc
+    fds: dict[str, int] = {}
+    try:
+        st = os.fstat(dfd)
+        pinned = (st.st_dev, st.st_ino)
+
+        def replaced() -> bool:
+            try:
+                now = os.stat(model_dir)
+            except OSError:
+                return True
+            return (now.st_dev, now.st_ino) != pinned
+
+        # Every file of the directory is opened first (an export holds three), so a re-export
+        # that swaps the directory out and deletes it meanwhile leaves them readable.
+        failed: dict[str, Exception] = {}
+        try:
+            names = sorted(os.listdir(dfd))[:_EAGER_FILES]
+        except OSError as exc:
+            raise InputFileError(str(model_dir), exc.strerror or str(exc)) from exc
+        for name in names:
+            try:
+                fds[name] = _open_at(dfd, name, model_dir / name)
+            except (OSError, CkpredError) as exc:  # raised only if the manifest lists it
+                failed[name] = exc
+        if mf.MANIFEST not in fds:
+            if replaced():
+                raise _Replaced
+            if mf.MANIFEST in failed and not isinstance(failed[mf.MANIFEST], FileNotFoundError):
+                raise failed[mf.MANIFEST]
+            raise MissingFileError(str(model_dir / mf.MANIFEST), no_manifest)
+        data = _read_fd(fds.pop(mf.MANIFEST), model_dir / mf.MANIFEST, MAX_MANIFEST_BYTES)
+        manifest = mf.parse_manifest(data, model_dir / mf.MANIFEST)
+        check_identity(manifest, model_dir, **wanted)
+        files = {}
+        for name in manifest["files"]:
+            if name in failed and not isinstance(failed[name], FileNotFoundError):
+                raise failed[name]
+            if name not in fds:
+                try:  # (a directory of more than _EAGER_FILES files)
+                    fds[name] = _open_at(dfd, name, model_dir / name)
+                except FileNotFoundError:
+                    if replaced():
+                        raise _Replaced from None
+                    raise ModelMismatchError(f"{model_dir / name}: listed in the manifest but missing") from None
+            files[name] = _read_fd(fds.pop(name), model_dir / name, MAX_MODEL_BYTES)
+        return manifest, files
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+        os.close(dfd)
 
 
 _DECIMAL = re.compile(r"[+-]?[0-9]+", re.ASCII)
@@ -205,14 +335,26 @@ class KernelSelector:
         threads = _check_int("threads", threads, 1, max_threads())
         cache_size = _check_int("cache_size", cache_size, 0)
         model_dir = Path(model_dir)
-        manifest = mf.read_manifest(model_dir)
         # The same checks in the same order as scripts/cpp (so both name the same first failure);
         # nothing named by the manifest (the op, its config) is imported before the manifest is
-        # known to be the one embedded in the verified model.
-        check_identity(manifest, model_dir, arch=arch, dtype=dtype, layout=layout, op=op)
-        mf.verify_files(model_dir, manifest)
+        # known to be the one embedded in the verified model. Every file is read once, through one
+        # descriptor of the directory, and the bytes checked are the bytes used: a re-export
+        # swapped in meanwhile gives the old model or the new one, never a mix.
+        for attempt in range(_READ_ATTEMPTS):
+            try:
+                manifest, files = _read_export(model_dir, dict(arch=arch, dtype=dtype, layout=layout, op=op))
+                break
+            except _Replaced:
+                time.sleep(0.05 * (attempt + 1))
+        else:
+            raise ModelMismatchError(f"{model_dir}: replaced while being read, {_READ_ATTEMPTS} times in a row")
+        for name, data in files.items():
+            digest = hashlib.sha256(data).hexdigest()
+            if digest != manifest["files"][name]["sha256"]:
+                raise ModelMismatchError(f"{model_dir / name}: sha256 {digest} does not match the manifest's "
+                                         f"{manifest['files'][name]['sha256']} (file modified or replaced after export)")
         selector_file = manifest["graphs"]["selector"]["file"]
-        meta = _metadata(model_dir / selector_file)
+        meta = _metadata(files[selector_file], model_dir / selector_file)
         body = {k: v for k, v in manifest.items() if k != "files"}
         try:
             embedded = json.loads(meta.get("ckpred.manifest", "null"))
@@ -245,7 +387,7 @@ class KernelSelector:
                     f"{model_dir}: kernel catalogue differs: model has {section['count']} kernels (hash "
                     f"{section['hash'][:12]}), the runtime's catalogue has {len(catalogue)} (hash {expected[:12]}) "
                     f"{_first_catalogue_difference(own, catalogue)}")
-        sess = _session(model_dir / selector_file, threads)
+        sess = _session(files.pop(selector_file), model_dir / selector_file, threads)
         got_in = [i.name for i in sess.get_inputs()]
         got_out = [o.name for o in sess.get_outputs()]
         want_in = [i["name"] for i in manifest["graphs"]["selector"]["inputs"]]
@@ -292,6 +434,12 @@ class KernelSelector:
     @property
     def problem_fields(self) -> list[str]:
         return list(self._problem_fields)
+
+    def kernel_name(self, kernel_id: Any) -> str | None:
+        """The catalogue name of ``kernel_id`` (None when the catalogue has no such id)."""
+        if isinstance(kernel_id, (bool, np.bool_)) or not isinstance(kernel_id, (int, np.integer)):
+            return None
+        return self._names[kernel_id] if 0 <= kernel_id < len(self._names) else None
 
     @property
     def catalogue(self) -> pd.DataFrame:
@@ -467,10 +615,16 @@ def _calibration(manifest: Mapping[str, Any], model_dir: Path) -> Any:
         return None
     from ckpred.autotune import AutotuneError, load_calibration
 
+    where = f"{model_dir}/{mf.MANIFEST}: autotune"
     try:
-        return load_calibration(section, where=f"{model_dir}/{mf.MANIFEST}: autotune")
+        calibration = load_calibration(section, where=where)
     except AutotuneError as exc:
         raise ModelMismatchError(str(exc)) from exc
+    ints = [f["name"] for f in manifest["problem_fields"] if f["kind"] == "int"]
+    foreign = [f for f in getattr(calibration, "fields", ()) if f not in ints]
+    if foreign:  # the logistic model reads these values from every problem
+        raise ModelMismatchError(f"{where}: fields {foreign} are not integer problem fields; allowed: {ints}")
+    return calibration
 
 
 def check_identity(manifest: Mapping[str, Any], model_dir: Any, **wanted: Any) -> None:
@@ -481,12 +635,13 @@ def check_identity(manifest: Mapping[str, Any], model_dir: Any, **wanted: Any) -
         raise ModelMismatchError(f"{model_dir} does not match: " + "; ".join(diffs))
 
 
-def _session(path: Path, threads: int) -> Any:
-    """An onnxruntime session of ``path``; a file onnxruntime cannot load is a ModelMismatchError."""
+def _session(data: bytes, path: Path, threads: int) -> Any:
+    """An onnxruntime session of the model bytes ``data`` (read from ``path``); bytes onnxruntime
+    cannot load are a ModelMismatchError."""
     from ckpred.export.onnx import session as make_session
 
     try:
-        return make_session(str(path), threads=threads)
+        return make_session(data, threads=threads)
     except Exception as exc:  # onnxruntime raises its own (non-Python-standard) exception types
         raise ModelMismatchError(f"{path}: onnxruntime cannot load it ({type(exc).__name__}: {exc})") from exc
 

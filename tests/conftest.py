@@ -78,3 +78,44 @@ def shared_file(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"real data not available: {path}")
     return path
+
+
+# -- the C++ runtimes (scripts/cpp), built once per session into a temporary directory ------------
+CPP = REPO / "scripts" / "cpp"
+
+
+@pytest.fixture(scope="session")
+def cpp_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scripts/cpp/build.sh run into a temporary directory (never into the checkout).
+
+    ckpred_select needs an onnxruntime C/C++ package (ONNXRUNTIME_ROOT, or an installed
+    onnxruntime CMake package): without one the tests that run it skip, naming what to set. Any
+    other build failure fails them.
+    """
+    import subprocess
+
+    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"C++ selector not built: {', '.join(missing)} not installed (apt-get install cmake g++)")
+    out = tmp_path_factory.mktemp("cpp_build")
+    done = subprocess.run(["bash", str(CPP / "build.sh"), str(out)], capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0 and "no onnxruntime C/C++ package found" in done.stderr:
+        pytest.skip("C++ selector not built: no onnxruntime C/C++ package; set ONNXRUNTIME_ROOT to the official "
+                    "onnxruntime-linux-x64-<version>.tgz unpacked (see scripts/cpp/CMakeLists.txt)")
+    assert done.returncode == 0, f"scripts/cpp/build.sh failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return out
+
+
+@pytest.fixture(scope="session")
+def cpp_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ckpred_autotune_demo compiled with warnings as errors (it needs no onnxruntime)."""
+    import subprocess
+
+    if shutil.which("c++") is None:
+        pytest.skip("C++ autotune demo not built: no c++ compiler (apt-get install g++)")
+    out = tmp_path_factory.mktemp("cpp_demo") / "ckpred_autotune_demo"
+    done = subprocess.run(["c++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{CPP}",
+                           str(CPP / "ckpred_autotune_demo.cpp"), "-o", str(out), "-pthread"], capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out

@@ -1,17 +1,15 @@
 """C++ selector (scripts/cpp): builds against onnxruntime, answers exactly like the Python runtime.
 
-The build assembles the onnxruntime SDK first (scripts/get_onnxruntime_sdk.sh: the library from
-the installed onnxruntime wheel, the headers from Debian's libonnxruntime-dev). The test skips
-only when cmake or a C++ compiler is missing; any other build failure fails it.
+The build (conftest's cpp_build: scripts/cpp/build.sh into a temporary directory) needs an
+onnxruntime C/C++ package (ONNXRUNTIME_ROOT or an installed onnxruntime CMake package); the
+tests skip without one, or without cmake or a C++ compiler. Any other build failure fails them.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,19 +21,13 @@ from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, export_gemm, fit_
 
 REPO = Path(__file__).resolve().parents[1]
 CPP = REPO / "scripts" / "cpp"
-BINARY = CPP / "build" / "ckpred_select"
 
 
 @pytest.fixture(scope="module")
-def binary() -> Path:
-    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"C++ selector not built: {', '.join(missing)} not installed (apt-get install cmake g++)")
-    env = {**os.environ, "PYTHON": sys.executable}
-    out = subprocess.run(["bash", str(CPP / "build.sh")], env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, f"scripts/cpp/build.sh failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-    assert BINARY.is_file()
-    return BINARY
+def binary(cpp_build: Path) -> Path:
+    path = cpp_build / "ckpred_select"
+    assert path.is_file()
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from ckpred.errors import CkpredError
 from ckpred.runtime import KernelSelector
 from test_cpp import _run, binary  # noqa: F401  (fixture: builds the binary)
+from test_hostile_autotune import CALIBRATIONS, EXPORT_TAMPERS, forged, other_export, python_accepts  # noqa: F401
 from test_hostile_runtime import TAMPERS, export, mutate, selector  # noqa: F401  (fixtures: an export)
 
 
@@ -139,3 +140,43 @@ def test_any_shape_text_is_answered_or_refused_in_one_line(binary, export, selec
             got = json.loads(line)
             want = selector.select(got["problem"], top_k=5).to_dict()
             assert [k["id"] for k in got["kernels"]] == [k["id"] for k in want["kernels"]]
+
+
+# -- files that are not regular files, forged calibrations, the --shapes file ----------------------
+@pytest.mark.parametrize("name", sorted(n for n in EXPORT_TAMPERS if "swapped" not in n and "calibration" not in n))
+def test_x09c_x10c_x12c_manifest_or_model_that_is_no_file_is_refused_without_reading(binary, export, other_export,  # noqa: F811
+                                                                                   tmp_path, name) -> None:
+    d = tmp_path / "m"
+    shutil.copytree(export, d)
+    tamper, text = EXPORT_TAMPERS[name]
+    tamper(d, other_export)
+    out = _run(binary, d, "128,1536,7168")
+    assert out.returncode == 3 and out.stdout == ""
+    line = _one_line(out.stderr)
+    assert line.startswith("ckpred_select: model refused: ") and text in line, line
+
+
+@pytest.mark.parametrize("name", sorted(CALIBRATIONS))
+def test_x04c_x05c_forged_calibrations_ckpred_select_decides_as_python(binary, export, tmp_path, name) -> None:  # noqa: F811
+    calibration, accepted = CALIBRATIONS[name]
+    d = forged(export, tmp_path / "m", calibration)
+    assert python_accepts(d) == accepted
+    out = _run(binary, d, "128,1536,7168")
+    assert out.returncode == (0 if accepted else 3), out.stderr
+    if not accepted:
+        assert "autotune calibration" in _one_line(out.stderr)
+
+
+@pytest.mark.parametrize("kind", ["cx01-dev-zero", "cx02-fifo", "directory"])
+def test_a_shapes_file_that_is_no_file_is_refused_without_reading(binary, export, tmp_path, kind) -> None:  # noqa: F811
+    import os
+
+    if kind == "cx01-dev-zero":
+        shapes, text = "/dev/zero", "a character device, not a regular file"
+    elif kind == "cx02-fifo":
+        shapes, text = str(tmp_path / "s.fifo"), "a FIFO, not a regular file"
+        os.mkfifo(shapes)
+    else:
+        shapes, text = str(tmp_path), "a directory, not a regular file"
+    out = _run(binary, export, "--shapes", shapes)
+    assert out.returncode == 2 and f"ckpred_select: shapes file {shapes}: {text}" == _one_line(out.stderr)

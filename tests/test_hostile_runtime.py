@@ -199,7 +199,8 @@ TAMPERS: dict[str, tuple[Callable[[Path], None], str, str]] = {
                      "not valid JSON"),
     "empty_file": (_raw(lambda b: b""), "not valid JSON", "not valid JSON"),
     "top_level_list": (_raw(lambda b: b"[" + b + b"]"), r"key '\(top level\)' is \[", "key '(top level)' is ["),
-    "corrupt_model_resigned": (_corrupt_model_resigned, "model.onnx: not a readable ONNX model", "onnxruntime"),
+    "corrupt_model_resigned": (_corrupt_model_resigned, "model.onnx: not a readable ONNX model",
+                               "model.onnx: not a readable ONNX model"),
 }
 
 
@@ -416,3 +417,41 @@ def test_any_problem_value_is_answered_or_refused_by_name(selector, m, n, top_k)
     else:
         assert answer.problem["m"] == int(m) and answer.ok == bool(answer.kernels)
         assert 1 <= answer.problem["m"] < 2**63 and 1 <= answer.problem["n"] < 2**63
+
+
+# -- x14: loading while the export is replaced -------------------------------------------------------
+def test_x14_a_load_racing_re_exports_gives_the_old_or_the_new_model_never_a_refusal(export, tmp_path) -> None:
+    """Two exports swapped in turn at one place (renameat2 exchange, the old one then deleted) as
+    fast as they can be written, while the selector is loaded there again and again: every load
+    verifies the bytes it read through one directory descriptor, so it is one export or the other."""
+    import threading
+    import time
+
+    from ckpred.autotune import model_hash
+
+    other = export_gemm(tmp_path / "other" / export.name, n_estimators=4)
+    versions = [{name: (d / name).read_bytes() for name in ("model.onnx", "scorer.onnx", "manifest.json")}
+                for d in (export, other)]
+    shas = {hashlib.sha256(v["model.onnx"]).hexdigest() for v in versions}
+    target = tmp_path / "live" / export.name
+    mf.write_export_dir(target, versions[0])
+    stop, swaps = threading.Event(), [0]
+
+    def swap() -> None:
+        while not stop.is_set():
+            mf.write_export_dir(target, versions[swaps[0] % 2])
+            swaps[0] += 1
+
+    writer = threading.Thread(target=swap, daemon=True)
+    writer.start()
+    seen, deadline = set(), time.monotonic() + 60
+    try:
+        while len(seen) < 2 or swaps[0] < 40:
+            assert time.monotonic() < deadline, f"{swaps[0]} swaps, models seen {seen}"
+            sel = KernelSelector.load(target, cache_size=0, check_catalogue=False)
+            assert model_hash(sel.manifest) in shas
+            seen.add(model_hash(sel.manifest))
+    finally:
+        stop.set()
+        writer.join(30)
+    assert seen == shas

@@ -151,3 +151,33 @@ def test_cpp_selector_gives_the_python_answers(exported: tuple[Path, Path], bina
         assert [k["id"] for k in got["kernels"]] == list(want.ids)
         assert [k["score"] for k in got["kernels"]] == list(want.scores)
         assert got["out_of_distribution"] == want.out_of_distribution
+
+
+def test_autotune_takes_the_category_by_its_value(exported: tuple[Path, Path], cpp_demo: Path, tmp_path: Path) -> None:
+    """F08: the problem's category goes to the graph as its code, never back to select as a value;
+    the store key holds the code, so the C++ header serves what Python stored and the reverse."""
+    from ckpred.autotune import Confidence, FixedK
+    from ckpred.runtime import KernelSelector
+
+    _, model = exported
+    sel = KernelSelector.load(model, cache_size=0)
+    store = tmp_path / "s.jsonl"
+    problems = [dict(rows=512, cols=256, depth=1024, precision=p) for p in ("fp16", "bf16", "fp32")]
+    for problem in problems[:2]:
+        ranked = sel.select(problem, top_k=16)
+        calls: list[str] = []
+        r = sel.autotune(problem, lambda name: calls.append(name) or 1e-3 / len(calls), FixedK(2), store=store)
+        assert r.ok and r.stored and calls == list(ranked.kernels[:2]) and r.kernel == calls[1]
+        assert r.problem == f"rows=512,cols=256,depth=1024,precision={['fp16', 'bf16', 'fp32'].index(problem['precision'])}"
+    sized = sel.autotune(problems[2], lambda name: 1e-3, Confidence(0.9, 0.02))  # the exported calibration
+    assert sized.ok and sized.benchmarks >= 1
+    times = tmp_path / "t.json"
+    times.write_text(json.dumps({k: 2e-3 for p in problems for k in sel.select(p, top_k=16).kernels}))
+    done = subprocess.run([str(cpp_demo), str(model), "--store", str(store), "--times", str(times)],
+                          input="".join(json.dumps(sel.select(p, top_k=16).to_dict()) + "\n" for p in problems),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    got = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [g["from_store"] for g in got] == [True, True, False]  # Python's two entries, then its own
+    again = sel.autotune(problems[2], lambda name: 1.0, FixedK(2), store=store)
+    assert again.from_store and again.kernel == got[2]["kernel"]

@@ -97,3 +97,46 @@ def test_real_find_db_sample_trains_with_its_baselines(tmp_path: Path) -> None:
     metrics = _train(tmp_path, sample, "cv.n_splits=3")
     assert {"model", "plain", "random", "best_static"} <= set(metrics)
     assert metrics["model"]["mean"] > metrics["random"]["mean"]
+
+
+def _export(tmp_path: Path, *overrides: str) -> Path:
+    from ckpred.commands.export import export_command
+
+    cfg = compose("export", [f"hydra.searchpath=[file://{OPS_DIR}]", "model.n_estimators=8", "model.n_jobs=1",
+                             "parity.shapes=3", f"out_dir={tmp_path / 'ex'}", *overrides])
+    return Path(export_command(cfg))
+
+
+def _autotune_by_category(model: Path, problems: list[dict], store: Path) -> None:
+    """F08: autotune takes category fields by their value, as select does, benchmarks in the
+    model's order and serves the stored winner the next time."""
+    from ckpred.autotune import FixedK
+    from ckpred.runtime import KernelSelector
+
+    sel = KernelSelector.load(model, cache_size=0)
+    for problem in problems:
+        ranked = sel.select(problem, top_k=16)
+        calls: list[str] = []
+        result = sel.autotune(problem, lambda name: calls.append(name) or 1e-3 / len(calls), FixedK(2), store=store)
+        assert result.ok and result.stored and calls == list(ranked.kernels[:2])
+        assert result.kernel == calls[-1]  # the faster of the two (the second)
+        again = sel.autotune(problem, lambda name: 1.0, FixedK(2), store=store)
+        assert again.from_store and again.kernel == result.kernel
+
+
+def test_autotune_a_miopen_export_by_category_values(tmp_path: Path) -> None:
+    data = write_find_db(tmp_path / "small.fdb.txt")
+    model = _export(tmp_path, "op=miopen_conv", "arch=gfx942", "data=path", f"data.path={data}")
+    geometry = dict(n=1, c=16, hi=7, wi=7, k=32, ho=7, wo=7, y=1, x=1, pad_h=0, pad_w=0, stride_h=1, stride_w=1,
+                    dilation_h=1, dilation_w=1, groups=1, bias=0, layout="NCHW")
+    _autotune_by_category(model, [{**geometry, "dtype": d, "direction": w} for d in ("FP32", "FP16")
+                                  for w in ("F", "W")], tmp_path / "s.jsonl")
+
+
+def test_autotune_a_kernel_tuner_export_by_gpu(tmp_path: Path) -> None:
+    source = json.loads((REPO / "tests" / "fixtures" / "kernel_tuner_small.json").read_text())
+    for name in ("AMD Instinct MI250X", "AMD Radeon PRO W6600", "AMD Radeon PRO W7800"):
+        (tmp_path / f"{name.split()[-1]}.json").write_text(json.dumps({**source, "device_name": name}))
+    model = _export(tmp_path, "op=kernel_tuner_conv", "features=kernel_tuner_conv", "arch=gfx90a", "dtype=fp32",
+                    "model=lgbm_ranker", "data=path", f"data.path={tmp_path}/*.json")
+    _autotune_by_category(model, [{"gpu": "W6600"}, {"gpu": "MI250X"}], tmp_path / "s.jsonl")

@@ -245,11 +245,24 @@ def read_manifest(model_dir: str | Path) -> dict[str, Any]:
         raise MissingFileError(str(path), f"no manifest; is {model_dir} an export directory "
                                           "(python -m ckpred export ...)?")
     try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ModelMismatchError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        data = path.read_bytes()
     except OSError as exc:
         raise InputFileError(str(path), exc.strerror or str(exc)) from exc
+    return parse_manifest(data, path)
+
+
+def parse_manifest(data: bytes, path: Any = MANIFEST) -> dict[str, Any]:
+    """The manifest in ``data`` (the bytes of ``path``): UTF-8, strict JSON, :func:`check_manifest`.
+
+    Raises
+    ------
+    ckpred.errors.ModelMismatchError
+        As :func:`read_manifest`.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelMismatchError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     try:
         manifest = json.loads(text, parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError

@@ -134,7 +134,7 @@ def cpp_selector_us(out: Path, shapes: pd.DataFrame) -> tuple[float, float] | No
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
         for r in shapes.itertuples(index=False):
             fh.write(",".join(str(int(v)) for v in r) + "\n")
-    binary = REPO / "scripts" / "cpp" / "build" / "ckpred_select"
+    binary = REPO / "build" / "cpp" / "ckpred_select"
     res = subprocess.run([str(binary), str(out), "--threads", "1", "--bench", "1", "--shapes", fh.name],
                          capture_output=True, text=True, check=True)
     bench = json.loads(res.stdout)["bench"]

@@ -248,7 +248,7 @@ def build_cpp_selector() -> Path | None:
     if build.returncode != 0:
         print(build.stdout[-2000:], build.stderr[-2000:], file=sys.stderr)
         return None
-    return REPO / "scripts" / "cpp" / "build" / "ckpred_select"
+    return REPO / "build" / "cpp" / "ckpred_select"
 
 
 def export_and_time(option: Option, *, pipe, cfg, table: pd.DataFrame, op, root: Path, parity: pd.DataFrame,

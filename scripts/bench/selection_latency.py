@@ -8,7 +8,7 @@ session options), on the same unseen shapes, one thread:
 * Python ``KernelSelector.select`` (cache off) per shape: median / p99 wall and thread-CPU time,
   and the median over passes of the paired ratio (the two paths alternate pass by pass);
 * C++ ``ckpred_select --bench 1`` per shape (``--cpp`` / ``--baseline-cpp`` binaries, default
-  scripts/cpp/build/ckpred_select for both): median / p99 of ``--repeats`` alternating runs;
+  build/cpp/ckpred_select for both): median / p99 of ``--repeats`` alternating runs;
 * the breakdown of one ``Run`` in thread-CPU time, by timing sub-graphs cut out of the selector
   (``onnx.utils.Extractor``) and run alone on the real intermediate tensors: the feature graph
   (problem -> feature matrix), the trees (on the rows they see), the rest (validity mask, row
@@ -50,7 +50,7 @@ import pandas as pd  # noqa: E402
 from ckpred.export.onnx import SELECTOR_OUTPUTS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-BINARY = REPO / "scripts" / "cpp" / "build" / "ckpred_select"
+BINARY = REPO / "build" / "cpp" / "ckpred_select"
 
 
 def pct(values: Any, q: float) -> float:
@@ -316,7 +316,7 @@ def main() -> int:
         ratios = [b["median_us"] / n["median_us"] for b, n in zip(cpp["base"], cpp["new"])]
         print(f"  paired ratio current/new (median over runs): {np.median(ratios):.2f}x")
     else:
-        print(f"\nC++: no result (build scripts/cpp/build.sh; binary {args.cpp})")
+        print(f"\nC++: no result (build with ONNXRUNTIME_ROOT=... scripts/cpp/build.sh; binary {args.cpp})")
 
     print(f"\nBreakdown of one Run: thread-CPU µs, medians over {args.repeats} passes of {len(problems)} shapes; "
           "sub-graphs cut out of the selector and run alone")

@@ -2,46 +2,68 @@
 // keep the fastest, and remember it in the result store the Python runtime shares.
 //
 // Same rules and file format as ckpred/autotune.py (docs/autotune.md):
+//   * load_model_info verifies the export exactly as ckpred_select and the Python runtime do
+//     (manifest.hpp's verify_export: sha256s, the embedded manifest, the calibration, the
+//     catalogue hash) and keeps what the store needs, the catalogue's kernel names included;
 //   * candidates (valid kernels, model order, e.g. ckpred_select's answer) are benchmarked by the
 //     caller's std::function until the budget is spent; a benchmark that throws or returns a
-//     non-finite or non-positive time is recorded and skipped;
+//     non-finite or non-positive time is recorded and skipped; with a timeout, each call runs in
+//     its own thread and one that does not return in time stops the search (see autotune_ranked);
 //   * budgets: fixed k successes, a time budget (kernel seconds or wall seconds), or a confidence
 //     budget sized, once per problem, by the calibration exported in manifest.json ("autotune":
 //     a logistic model of the score gaps and the problem's fields, or a score-gap table); every
 //     budget stops at max_benchmarks calls and, once spent, continues only while nothing succeeded;
 //   * the store: JSON lines ("format":"ckpred.autotune/1"), keyed by (model sha256, op, problem),
-//     appended under an exclusive flock on <store>.lock, compacted past 2 * max_entries lines.
-// Header-only; needs json.hpp (this directory) and POSIX (flock, rename).
+//     appended under an exclusive flock on <store>.lock, compacted past 2 * max_entries lines
+//     into an exclusively created, unpredictably named temporary file; a regular file, never
+//     opened through a symbolic link; a line is served only when it checks against the model.
+// Header-only; needs json.hpp, manifest.hpp, sha256.hpp (this directory) and POSIX.
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
-#include <fstream>
+#include <dirent.h>
 #include <functional>
+#include <iostream>
 #include <limits>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
+#include <tuple>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "json.hpp"
+#include "manifest.hpp"
 
 namespace ckpred {
 namespace autotune {
 
 inline const char* kStoreFormat = "ckpred.autotune/1";
-inline const char* kCalibrationFormat = "ckpred.autotune.calibration/1";
-inline const char* kLogisticFormat = "ckpred.autotune.logistic/1";
+using ckpred::kCalibrationFormat;
+using ckpred::kLogisticFormat;
+// Longest store line read and deepest nesting, as ckpred.autotune (MAX_LINE_BYTES, MAX_LINE_DEPTH).
+constexpr size_t kMaxLineBytes = size_t(1) << 20;
+constexpr int kMaxLineDepth = 8;
+// A compaction file older than this is removed by the next compaction (ckpred.autotune.STALE_TEMP_S).
+constexpr double kStaleTempSeconds = 3600.0;
 
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -63,6 +85,9 @@ struct Result {
   std::vector<Measurement> measured;
   bool from_store = false;
   std::string policy, stop;
+  bool stored = false;      // the answer is in the store (read from it, or written by this call)
+  std::string store_error;  // why writing it failed (the measurements are here all the same)
+  bool timed_out = false;   // a benchmark call did not return within the timeout
   bool ok() const { return !kernel.empty(); }
 };
 
@@ -89,15 +114,19 @@ struct Calibration {
   std::vector<std::vector<std::vector<double>>> probability;  // [within][bin][j-1]
   size_t gap_to = 2;
 
+  // Parse a score-gap table after manifest.hpp's check_calibration (the Python runtime's checks).
   static Calibration from_json(const json::Value& v) {
-    if (v.is_null() || v.kind != json::Value::Kind::Object || v["format"].str() != kCalibrationFormat)
-      throw Error(std::string("autotune calibration: expected format '") + kCalibrationFormat + "'");
+    try {
+      if (v.is_null() || !v.has("format") || !v.o.at("format").is_string() || v.o.at("format").s != kCalibrationFormat)
+        throw ckpred::CalibrationError(std::string("autotune calibration: expected format '") + kCalibrationFormat + "'");
+      ckpred::check_calibration(v, nullptr);
+    } catch (const ckpred::CalibrationError& e) {
+      throw Error(e.what());
+    }
     Calibration c;
     for (const auto& x : v["within"].arr()) c.within.push_back(x.num());
     for (const auto& x : v["edges"].arr()) c.edges.push_back(x.num());
-    auto g = v.o.find("gap_to");
-    if (g != v.o.end()) c.gap_to = static_cast<size_t>(g->second.num());
-    if (c.gap_to < 2) throw Error("autotune calibration: gap_to must be >= 2");
+    if (v.has("gap_to")) c.gap_to = static_cast<size_t>(v.o.at("gap_to").int64());
     for (const auto& table : v["probability"].arr()) {
       std::vector<std::vector<double>> t;
       for (const auto& row : table.arr()) {
@@ -105,26 +134,8 @@ struct Calibration {
         for (const auto& p : row.arr()) r.push_back(p.num());
         t.push_back(r);
       }
-      if (t.size() != c.edges.size() + 1) throw Error("autotune calibration: probability rows != bins");
       c.probability.push_back(t);
     }
-    if (c.probability.size() != c.within.size()) throw Error("autotune calibration: probability tables != within");
-    // the same checks as ckpred.autotune.Calibration.from_dict
-    if (v["counts"].arr().size() != c.edges.size() + 1) throw Error("autotune calibration: counts != bins");
-    for (size_t i = 0; i < c.within.size(); ++i)
-      if (!(c.within[i] > 0 && c.within[i] < 1) || std::count(c.within.begin(), c.within.end(), c.within[i]) != 1)
-        throw Error("autotune calibration: within must be distinct fractions in (0, 1)");
-    for (size_t i = 0; i < c.edges.size(); ++i)
-      if (!std::isfinite(c.edges[i]) || (i > 0 && !(c.edges[i] > c.edges[i - 1])))
-        throw Error("autotune calibration: edges must be finite and strictly increasing");
-    size_t width = c.probability.empty() ? 0 : c.probability[0][0].size();
-    if (width == 0) throw Error("autotune calibration: empty probability rows");
-    for (const auto& t : c.probability)
-      for (const auto& row : t) {
-        if (row.size() != width) throw Error("autotune calibration: probability rows of different lengths");
-        for (double p : row)
-          if (!(p >= 0 && p <= 1)) throw Error("autotune calibration: a probability outside [0, 1]");
-      }
     return c;
   }
 
@@ -171,9 +182,15 @@ struct Logistic {
     return out;
   }
 
+  // Parse a logistic model after manifest.hpp's check_calibration (the Python runtime's checks).
   static Logistic from_json(const json::Value& v) {
-    if (v.is_null() || v.kind != json::Value::Kind::Object || v["format"].str() != kLogisticFormat)
-      throw Error(std::string("autotune calibration: expected format '") + kLogisticFormat + "'");
+    try {
+      if (v.is_null() || !v.has("format") || !v.o.at("format").is_string() || v.o.at("format").s != kLogisticFormat)
+        throw ckpred::CalibrationError(std::string("autotune calibration: expected format '") + kLogisticFormat + "'");
+      ckpred::check_calibration(v, nullptr);
+    } catch (const ckpred::CalibrationError& e) {
+      throw Error(e.what());
+    }
     Logistic c;
     c.within = numbers(v["within"]), c.fill = numbers(v["fill"]), c.lo = numbers(v["lo"]), c.hi = numbers(v["hi"]);
     c.mean = numbers(v["mean"]), c.scale = numbers(v["scale"]);
@@ -184,32 +201,6 @@ struct Logistic {
       c.coef.push_back(rows);
     }
     for (const auto& r : v["intercept"].arr()) c.intercept.push_back(numbers(r));
-    // the same checks as ckpred.autotune.LogisticCalibration.from_dict
-    size_t n = 7 + c.fields.size() + 1;
-    for (size_t i = 0; i < c.within.size(); ++i)
-      if (!(c.within[i] > 0 && c.within[i] < 1) || std::count(c.within.begin(), c.within.end(), c.within[i]) != 1)
-        throw Error("autotune calibration: within must be distinct fractions in (0, 1)");
-    for (const auto* vec : {&c.fill, &c.lo, &c.hi, &c.mean, &c.scale})
-      if (vec->size() != n) throw Error("autotune calibration: fill/lo/hi/mean/scale must hold one value per feature");
-    if (c.coef.size() != c.within.size() || c.intercept.size() != c.within.size() || c.intercept.empty() ||
-        c.intercept[0].empty())
-      throw Error("autotune calibration: coef and intercept must hold one table per within");
-    for (size_t w = 0; w < c.within.size(); ++w) {
-      if (c.intercept[w].size() != c.intercept[0].size() || c.coef[w].size() != c.intercept[0].size())
-        throw Error("autotune calibration: coef/intercept rows of different lengths");
-      for (const auto& r : c.coef[w]) {
-        if (r.size() != n) throw Error("autotune calibration: a coef row without one value per feature");
-        for (double x : r)
-          if (!std::isfinite(x)) throw Error("autotune calibration: non-finite numbers, or a scale <= 0");
-      }
-      for (double x : c.intercept[w])
-        if (!std::isfinite(x)) throw Error("autotune calibration: non-finite numbers, or a scale <= 0");
-    }
-    for (const auto* vec : {&c.fill, &c.lo, &c.hi, &c.mean, &c.scale})
-      for (double x : *vec)
-        if (!std::isfinite(x)) throw Error("autotune calibration: non-finite numbers, or a scale <= 0");
-    for (double x : c.scale)
-      if (!(x > 0)) throw Error("autotune calibration: non-finite numbers, or a scale <= 0");
     return c;
   }
 
@@ -339,9 +330,72 @@ struct Budget {
 
 using Benchmark = std::function<double(const Candidate&)>;
 
-// The store-free search (ckpred.autotune.autotune_ranked).
+namespace detail {
+
+struct Call {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  double value = 0;
+  std::string error;
+};
+
+// One benchmark call, in the caller's thread (timeout <= 0) or in a thread of its own waited for
+// at most `timeout` seconds. C++ cannot stop a running call: one that times out is detached and
+// left running; its thread owns copies of the benchmark and the candidate, discards the result
+// when the call returns, and ends. (So what the benchmark captures by reference must outlive it.)
+// Returns false on a timeout.
+inline bool call(const Benchmark& bench, const Candidate& c, double timeout, double& value, std::string& error) {
+  auto run = [](const Benchmark& b, const Candidate& k, double& v, std::string& err) {
+    try {
+      v = b(k);
+    } catch (const std::exception& e) {
+      err = std::string("exception: ") + e.what();
+    } catch (...) {
+      err = "exception: unknown";
+    }
+  };
+  if (!(timeout > 0)) {
+    run(bench, c, value, error);
+    return true;
+  }
+  auto state = std::make_shared<Call>();
+  std::thread t([state, bench, c, run] {
+    double v = 0;
+    std::string err;
+    run(bench, c, v, err);
+    std::lock_guard<std::mutex> lock(state->m);
+    state->value = v, state->error = err, state->done = true;
+    state->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(state->m);
+  bool done = state->cv.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return state->done; });
+  lock.unlock();
+  if (!done) {
+    t.detach();
+    return false;
+  }
+  t.join();
+  value = state->value, error = state->error;
+  return true;
+}
+
+inline std::string seconds_text(double s) {
+  std::ostringstream o;
+  o << s;
+  return o.str();
+}
+
+}  // namespace detail
+
+// The store-free search (ckpred.autotune.autotune_ranked). With timeout_s > 0 each benchmark
+// call runs in its own thread (detail::call); a call still running after timeout_s is recorded
+// as failed ("TimeoutError: ..."), the search stops there (nothing else is launched while the
+// device may still run it) and the best kernel measured so far is the result (timed_out set).
 inline Result autotune_ranked(const std::vector<Candidate>& ranked, const Benchmark& benchmark, const Budget& budget,
-                              const std::string& problem = "") {
+                              const std::string& problem = "", double timeout_s = 0) {
+  if (std::isnan(timeout_s) || std::isinf(timeout_s) || timeout_s < 0)
+    throw Error("timeout " + detail::seconds_text(timeout_s) + "; allowed: 0 (none) or a finite number of seconds > 0");
   Result r;
   r.problem = problem;
   r.policy = budget.describe();
@@ -366,22 +420,28 @@ inline Result autotune_ranked(const std::vector<Candidate>& ranked, const Benchm
     m.kernel_id = c.id;
     m.kernel = c.name;
     auto t0 = std::chrono::steady_clock::now();
-    try {
-      double s = benchmark(c);
-      if (std::isfinite(s) && s > 0) m.seconds = s;
-      else {
-        std::ostringstream o;
-        o << "non-finite or non-positive time " << s;
-        m.error = o.str();
-      }
-    } catch (const std::exception& e) {
-      m.error = std::string("exception: ") + e.what();
-    } catch (...) {
-      m.error = "exception: unknown";
-    }
+    double s = 0;
+    std::string error;
+    bool returned = detail::call(benchmark, c, timeout_s, s, error);
     wall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!returned) {
+      m.error = "TimeoutError: no result after " + detail::seconds_text(timeout_s) + " s (the call was left running)";
+    } else if (!error.empty()) {
+      m.error = error;
+    } else if (std::isfinite(s) && s > 0) {
+      m.seconds = s;
+    } else {
+      std::ostringstream o;
+      o << "non-finite or non-positive time " << s;
+      m.error = o.str();
+    }
     if (m.ok()) ++successes, kernel_s += m.seconds;
     r.measured.push_back(m);
+    if (!returned) {
+      r.stop = "benchmark of " + c.name + " timed out after " + detail::seconds_text(timeout_s) + " s: search stopped";
+      r.timed_out = stopped = true;
+      break;
+    }
   }
   if (!stopped) {
     if (successes && sized.spent(scores, successes, kernel_s, wall_s)) r.stop = "budget spent";
@@ -428,38 +488,42 @@ inline std::string now_utc() {
   return buf;
 }
 
-// The problem key: field=value pairs in the manifest's problem-field order.
+// The problem key: field=value pairs in the manifest's problem-field order (a category field as
+// its code, the index of its value in the manifest's categories, as the selector graph takes it).
 inline std::string problem_key(const std::vector<std::string>& fields, const std::vector<int64_t>& values) {
   std::string out;
   for (size_t i = 0; i < fields.size(); ++i) out += (i ? "," : "") + fields[i] + "=" + std::to_string(values.at(i));
   return out;
 }
 
-// What the store needs from an export's manifest.json.
+// What autotuning needs from a verified export.
 struct ModelInfo {
   std::string model, op, arch, dtype, layout;  // model: sha256 of the selector graph
   std::vector<std::string> fields;
+  std::vector<std::string> kernel_names;   // the catalogue, by kernel id (a stored kernel must be here)
   std::optional<Calibration> calibration;  // the manifest's "autotune": a score-gap table,
   std::optional<Logistic> logistic;        // or a logistic model
 };
 
+// Verify the export as ckpred_select and the Python runtime do (manifest.hpp's verify_export)
+// and keep what autotuning needs. Error "model refused: ..." names what failed.
 inline ModelInfo load_model_info(const std::string& model_dir) {
-  std::ifstream in(model_dir + "/manifest.json", std::ios::binary);
-  if (!in) throw Error("cannot read " + model_dir + "/manifest.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json::Value m = json::parse(ss.str());
+  ckpred::Export ex;
+  try {
+    ex = ckpred::verify_export(model_dir);
+  } catch (const ckpred::ModelError& e) {
+    throw Error(std::string("model refused: ") + e.what());
+  }
+  const ckpred::Manifest& m = ex.man;
   ModelInfo info;
-  info.model = m["files"][m["graphs"]["selector"]["file"].str()]["sha256"].str();
-  info.op = m["op"].str(), info.arch = m["arch"].str(), info.dtype = m["dtype"].str(), info.layout = m["layout"].str();
-  for (const auto& f : m["problem_fields"].arr()) info.fields.push_back(f["name"].str());
-  auto it = m.o.find("autotune");
-  if (it != m.o.end() && !it->second.is_null()) {
-    if (it->second.kind == json::Value::Kind::Object && it->second.o.count("format") &&
-        it->second["format"].kind == json::Value::Kind::String && it->second["format"].str() == kLogisticFormat)
-      info.logistic = Logistic::from_json(it->second);
-    else
-      info.calibration = Calibration::from_json(it->second);
+  info.model = m.selector_sha256;
+  info.op = m.ident.at("op"), info.arch = m.ident.at("arch"), info.dtype = m.ident.at("dtype"), info.layout = m.ident.at("layout");
+  for (const auto& f : m.fields) info.fields.push_back(f.name);
+  info.kernel_names = m.kernel_names;
+  auto it = m.doc.o.find("autotune");
+  if (it != m.doc.o.end() && !it->second.is_null()) {  // checked by verify_export
+    if (it->second["format"].str() == kLogisticFormat) info.logistic = Logistic::from_json(it->second);
+    else info.calibration = Calibration::from_json(it->second);
   }
   return info;
 }
@@ -471,28 +535,135 @@ struct Entry {
   double seconds = 0;
 };
 
+using Warn = std::function<void(const std::string&)>;
+inline void warn_to_stderr(const std::string& message) { std::cerr << "ckpred autotune: " << ckpred::printable(message) << "\n"; }
+
+// True when a line nests arrays/objects deeper than kMaxLineDepth (brackets in strings do not count).
+inline bool too_deep(const std::string& line) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char ch : line) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (ch == '\\') escaped = true;
+      else if (ch == '"') in_string = false;
+    } else if (ch == '"') in_string = true;
+    else if (ch == '[' || ch == '{') {
+      if (++depth > kMaxLineDepth) return true;
+    } else if (ch == ']' || ch == '}') --depth;
+  }
+  return false;
+}
+
+// What is wrong with one parsed store line ("" when it is a well-formed entry), as
+// ckpred.autotune.check_entry; fills `e`.
+inline std::string check_entry(const json::Value& v, Entry& e) {
+  if (!v.is_object()) return "not a JSON object";
+  auto str = [&](const char* key, std::string& out) -> std::string {
+    auto it = v.o.find(key);
+    if (it == v.o.end() || !it->second.is_string() || it->second.s.empty())
+      return std::string(key) + " is " + (it == v.o.end() ? std::string("missing") : ckpred::show(it->second)) + "; expected a non-empty string";
+    out = it->second.s;
+    return "";
+  };
+  std::string format;
+  if (!v.has("format") || !v.o.at("format").is_string() || v.o.at("format").s != kStoreFormat)
+    return std::string("format ") + (v.has("format") ? ckpred::show(v.o.at("format")) : "missing") + ", expected '" + kStoreFormat + "'";
+  for (auto [key, out] : {std::pair<const char*, std::string*>{"model", &e.model}, {"op", &e.op}, {"problem", &e.problem},
+                          {"kernel", &e.kernel}}) {
+    std::string why = str(key, *out);
+    if (!why.empty()) return why;
+  }
+  auto id = v.o.find("kernel_id");
+  bool ok = id != v.o.end() && id->second.is_int();
+  try {
+    if (ok) e.kernel_id = id->second.int64();
+  } catch (const json::Error&) {
+    ok = false;
+  }
+  if (!ok || e.kernel_id < 0)
+    return "kernel_id is " + (id == v.o.end() ? std::string("missing") : ckpred::show(id->second)) + "; expected an integer >= 0";
+  auto sec = v.o.find("seconds");
+  if (sec == v.o.end() || sec->second.kind != json::Value::Kind::Number || !std::isfinite(sec->second.n) || !(sec->second.n > 0))
+    return "seconds is " + (sec == v.o.end() ? std::string("missing") : ckpred::show(sec->second)) + "; expected a finite number > 0";
+  e.seconds = sec->second.n;
+  auto p = v.o.find("policy");
+  if (p != v.o.end() && p->second.is_string()) e.policy = p->second.s;
+  return "";
+}
+
 class ResultStore {
  public:
-  explicit ResultStore(std::string path, size_t max_entries = 10000) : path_(std::move(path)), max_entries_(max_entries) {
+  explicit ResultStore(std::string path, size_t max_entries = 10000, Warn warn = warn_to_stderr)
+      : path_(std::move(path)), max_entries_(max_entries), warn_(std::move(warn)) {
+    if (path_.empty()) throw Error("ResultStore: an empty path; allowed: a file path");
     if (max_entries_ < 1) throw Error("ResultStore: max_entries must be >= 1");
   }
 
   const std::string& path() const { return path_; }
+  std::string lock_path() const { return path_ + ".lock"; }
   size_t skipped_lines() const { return skipped_; }
+  void warn(const std::string& message) const {
+    if (warn_) warn_(message);
+  }
 
-  // Newest entry of (model, op, problem); entries of any other model never match.
+  // Refuse a store this process cannot append to, before anything is measured (as Python's
+  // ResultStore.check): a directory, FIFO or device, a symbolic link, a read-only file, a lock
+  // path that is not a file, a directory that is not writable. A full disk shows at put().
+  void check() const {
+    for (const auto& [p, what, flags] : {std::tuple<std::string, std::string, int>{path_, "store", O_WRONLY | O_APPEND},
+                                         {lock_path(), "store lock", O_RDWR}}) {
+      struct stat st {};
+      if (::lstat(p.c_str(), &st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR) continue;  // the directory check below names it
+        throw Error("cannot use " + what + " " + p + ": " + std::strerror(errno));
+      }
+      if (!S_ISREG(st.st_mode)) throw Error(refusal(p, what, st.st_mode));
+      int fd = ::open(p.c_str(), flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+      if (fd < 0) throw Error("cannot " + std::string(what == "store" ? "append to " : "open ") + what + " " + p + ": " + std::strerror(errno));
+      ::close(fd);
+    }
+    std::string dir = parent(path_);
+    struct stat st {};
+    while (::stat(dir.c_str(), &st) != 0 && dir != "/" && dir != ".") dir = parent(dir);
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw Error("cannot create store " + path_ + ": " + dir + " is not a directory");
+    bool both = ::access(path_.c_str(), F_OK) == 0 && ::access(lock_path().c_str(), F_OK) == 0;
+    if (!both && ::access(dir.c_str(), W_OK | X_OK) != 0)
+      throw Error("cannot create store " + path_ + ": directory " + dir + " is not writable");
+  }
+
+  // Newest well-formed entry of (model, op, problem); entries of any other model never match
+  // (and are not parsed).
   std::optional<Entry> get(const std::string& model, const std::string& op, const std::string& problem) {
-    size_t lines = 0;
-    auto all = read(lines);
-    for (auto it = all.rbegin(); it != all.rend(); ++it)
-      if (it->model == model && it->op == op && it->problem == problem) return *it;
+    std::optional<Entry> found;
+    scan(&model, [&](Entry&& e) {
+      if (e.model == model && e.op == op && e.problem == problem) found = std::move(e);
+    });
+    return found;
+  }
+
+  // The newest entry of (info's model, op, problem) when its kernel id is in the model's
+  // catalogue under that name; otherwise nothing (and a warning): the caller benchmarks.
+  std::optional<Entry> get(const ModelInfo& info, const std::string& problem) {
+    std::optional<Entry> hit = get(info.model, info.op, problem);
+    if (!hit) return hit;
+    std::string why;
+    if (hit->kernel_id >= static_cast<int64_t>(info.kernel_names.size()))
+      why = "kernel_id " + std::to_string(hit->kernel_id) + " is not in the model's catalogue of " +
+            std::to_string(info.kernel_names.size()) + " kernels";
+    else if (info.kernel_names[static_cast<size_t>(hit->kernel_id)] != hit->kernel)
+      why = "kernel_id " + std::to_string(hit->kernel_id) + " is '" + info.kernel_names[static_cast<size_t>(hit->kernel_id)] +
+            "' in the model's catalogue, the line says '" + hit->kernel.substr(0, 80) + "'";
+    if (why.empty()) return hit;
+    warn(path_ + ": skipped the stored answer for " + problem + " (" + why + "); benchmarking");
     return std::nullopt;
   }
 
   // Current entries (last per key), oldest first.
   std::vector<Entry> entries() {
-    size_t lines = 0;
-    return latest(read(lines));
+    std::vector<Entry> all;
+    scan(nullptr, [&](Entry&& e) { all.push_back(std::move(e)); });
+    return latest(all);
   }
 
   void put(const ModelInfo& info, const Result& r) {
@@ -505,25 +676,35 @@ class ResultStore {
       const auto& m = r.measured[i];
       o << (i ? "," : "") << "{\"kernel_id\":" << m.kernel_id << ",\"kernel\":" << quote(m.kernel);
       if (m.ok()) o << ",\"seconds\":" << number(m.seconds) << "}";
-      else o << ",\"error\":" << quote(m.error) << "}";
+      else o << ",\"error\":" << quote(m.error.substr(0, 500)) << "}";
     }
     o << "],\"created\":" << quote(now_utc()) << ",\"writer\":\"cpp\"}\n";
-    append(o.str());
+    std::string line = o.str();
+    if (line.size() > kMaxLineBytes) throw Error("store entry refused: longer than " + std::to_string(kMaxLineBytes) + " bytes");
+    append(line);
   }
 
   void compact() {
-    Lock lock(path_ + ".lock");
+    Lock lock(*this);
     compact_locked();
   }
 
  private:
   struct Lock {
     int fd;
-    explicit Lock(const std::string& p) : fd(::open(p.c_str(), O_RDWR | O_CREAT, 0644)) {
-      if (fd < 0) throw Error("cannot open lock file " + p);
+    explicit Lock(const ResultStore& store) : fd(-1) {
+      store.make_parent();
+      std::string p = store.lock_path();
+      fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+      if (fd < 0) throw Error(store.open_failure(p, "store lock", "open", errno));
+      struct stat st {};
+      if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        throw Error(store.refusal(p, "store lock", st.st_mode));
+      }
       if (::flock(fd, LOCK_EX) != 0) {
         ::close(fd);
-        throw Error("cannot lock " + p);
+        throw Error("cannot lock " + p + ": " + std::strerror(errno));
       }
     }
     Lock(const Lock&) = delete;
@@ -531,36 +712,121 @@ class ResultStore {
     ~Lock() { ::close(fd); }
   };
 
-  std::vector<Entry> read(size_t& lines) {
-    std::vector<Entry> out;
-    std::ifstream in(path_, std::ios::binary);
-    if (!in) return out;
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string data = ss.str();
-    size_t end = data.rfind('\n');
-    if (end == std::string::npos) return out;  // no complete line yet
-    std::istringstream body(data.substr(0, end + 1));
-    std::string line;
-    while (std::getline(body, line)) {
-      ++lines;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      try {
-        json::Value v = json::parse(line);
-        if (v["format"].str() != kStoreFormat) throw json::Error("format");
-        Entry e;
-        e.model = v["model"].str(), e.op = v["op"].str(), e.problem = v["problem"].str();
-        e.kernel = v["kernel"].str(), e.kernel_id = static_cast<int64_t>(v["kernel_id"].num());
-        e.seconds = v["seconds"].num();
-        auto p = v.o.find("policy");
-        if (p != v.o.end() && p->second.kind == json::Value::Kind::String) e.policy = p->second.s;
-        e.line = line;
-        out.push_back(e);
-      } catch (const json::Error&) {
-        ++skipped_;  // a torn or foreign line: skipped and counted (skipped_lines())
+  static std::string parent(const std::string& p) {
+    size_t slash = p.find_last_of('/');
+    if (slash == std::string::npos) return ".";
+    return slash == 0 ? "/" : p.substr(0, slash);
+  }
+
+  std::string refusal(const std::string& p, const std::string& what, mode_t mode) const {
+    return what + " " + p + ": " + (S_ISLNK(mode) ? std::string("a symbolic link (a store is never used through one)") : ckpred::file_kind(mode)) +
+           "; allowed: a regular file (or a path that does not exist yet)";
+  }
+
+  std::string open_failure(const std::string& p, const std::string& what, const std::string& doing, int err) const {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return refusal(p, what, st.st_mode);
+    return "cannot " + doing + " " + what + " " + p + ": " + std::strerror(err);
+  }
+
+  void make_parent() const {  // mkdir -p of the store's directory, as Python's put
+    std::string dir = parent(path_);
+    std::vector<std::string> missing;
+    struct stat st {};
+    while (dir != "/" && dir != "." && ::stat(dir.c_str(), &st) != 0) missing.push_back(dir), dir = parent(dir);
+    for (auto it = missing.rbegin(); it != missing.rend(); ++it)
+      if (::mkdir(it->c_str(), 0755) != 0 && errno != EEXIST)
+        throw Error("cannot create the directory of store " + path_ + ": " + std::strerror(errno));
+  }
+
+  // Open the store (never through a symlink, never waiting on a FIFO), checked to be a regular
+  // file; -1 when it does not exist and `flags` does not create it.
+  int open_store(int flags, const std::string& doing) const {
+    int fd = ::open(path_.c_str(), flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      if (errno == ENOENT && !(flags & O_CREAT)) return -1;
+      throw Error(open_failure(path_, "store", doing, errno));
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw Error(refusal(path_, "store", st.st_mode));
+    }
+    return fd;
+  }
+
+  void skip(size_t lineno, const std::string& why) {
+    ++skipped_;
+    if (warned_.insert(lineno).second) warn(path_ + ":" + std::to_string(lineno) + ": skipped a store line (" + why.substr(0, 300) + ")");
+  }
+
+  // Every complete line of the file in bounded blocks; a line is parsed only when it mentions
+  // `model` (nullptr: every line), is at most kMaxLineBytes long and at most kMaxLineDepth deep,
+  // and `on_entry` sees it only when check_entry passes. Counts the file's lines in lines_.
+  template <class F>
+  void scan(const std::string* model, F on_entry) {
+    int fd = open_store(O_RDONLY, "read");
+    lines_ = 0;
+    if (fd < 0) return;
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    struct stat st {};
+    ::fstat(fd, &st);
+    if (st.st_ino != ino_ || st.st_dev != dev_) warned_.clear(), ino_ = st.st_ino, dev_ = st.st_dev;
+    std::string carry;
+    bool long_line = false;
+    std::vector<char> buf(size_t(1) << 20);
+    for (off_t pos = 0; pos < st.st_size;) {
+      ssize_t n = ::pread(fd, buf.data(), std::min<off_t>(static_cast<off_t>(buf.size()), st.st_size - pos), pos);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw Error("cannot read store " + path_ + ": " + std::strerror(errno));
+      }
+      if (n == 0) break;
+      pos += n;
+      size_t start = 0, len = static_cast<size_t>(n);
+      for (;;) {
+        const char* nl = static_cast<const char*>(std::memchr(buf.data() + start, '\n', len - start));
+        if (nl == nullptr) {
+          if (!long_line) carry.append(buf.data() + start, len - start);
+          if (carry.size() > kMaxLineBytes) carry.clear(), long_line = true;
+          break;
+        }
+        size_t end = static_cast<size_t>(nl - buf.data());
+        ++lines_;
+        if (long_line) {
+          long_line = false;
+          skip(lines_, "longer than " + std::to_string(kMaxLineBytes) + " bytes");
+        } else {
+          carry.append(buf.data() + start, end - start);
+          take(carry, model, on_entry);
+        }
+        carry.clear();
+        start = end + 1;
       }
     }
-    return out;
+  }
+
+  template <class F>
+  void take(const std::string& line, const std::string* model, F& on_entry) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) return;
+    if (model != nullptr && line.find(*model) == std::string::npos) return;  // another model's line: not parsed
+    std::string why;
+    Entry e;
+    if (line.size() > kMaxLineBytes) why = "longer than " + std::to_string(kMaxLineBytes) + " bytes";
+    else if (too_deep(line)) why = "nested deeper than " + std::to_string(kMaxLineDepth);
+    else {
+      try {
+        why = check_entry(json::parse(line), e);
+      } catch (const json::Error& err) {
+        why = std::string("does not parse: ") + err.what();
+      }
+    }
+    if (!why.empty()) return skip(lines_, why);
+    e.line = line;
+    on_entry(std::move(e));
   }
 
   static std::vector<Entry> latest(const std::vector<Entry>& all) {
@@ -573,64 +839,145 @@ class ResultStore {
     return out;
   }
 
-  void append(std::string line) {
-    Lock lock(path_ + ".lock");
-    int fd = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT, 0644);
-    if (fd < 0) throw Error("cannot open " + path_ + " for appending");
-    struct stat st{};
-    if (::fstat(fd, &st) == 0 && st.st_size > 0) {  // a crashed writer's partial line must not swallow ours
-      std::ifstream in(path_, std::ios::binary);
-      in.seekg(st.st_size - 1);
-      if (in.get() != '\n') line = "\n" + line;
+  static void write_all(int fd, const std::string& data, const std::string& shown) {
+    for (size_t done = 0; done < data.size();) {
+      ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw Error("cannot write " + shown + ": " + (n < 0 ? std::strerror(errno) : "no progress"));
+      done += static_cast<size_t>(n);
     }
-    ssize_t n = ::write(fd, line.data(), line.size());
+  }
+
+  void append(std::string line) {
+    Lock lock(*this);
+    if (!cleaned_) clean_temps();
+    int fd = open_store(O_RDWR | O_APPEND | O_CREAT, "append to");
+    struct stat st {};
+    char last = '\n';
+    if (::fstat(fd, &st) == 0 && st.st_size > 0 && ::pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n')
+      line = "\n" + line;  // a crashed writer's partial line must not swallow ours
+    ssize_t n = ::write(fd, line.data(), line.size());  // one write: concurrent readers never see half a line
+    int err = errno;
     ::close(fd);
-    if (n != static_cast<ssize_t>(line.size())) throw Error("short write to " + path_);
-    size_t lines = 0;
-    read(lines);
-    if (lines > 2 * max_entries_) compact_locked();
+    if (n != static_cast<ssize_t>(line.size()))
+      throw Error("cannot write store " + path_ + ": " +
+                  (n < 0 ? std::string(std::strerror(err)) : "wrote " + std::to_string(n) + " of " + std::to_string(line.size()) + " bytes"));
+    scan(&kNoModel, [](Entry&&) {});  // counts the lines, parses none
+    if (lines_ > 2 * max_entries_) compact_locked();
+  }
+
+  // Remove compaction files of writers that died (same host, pid gone) or are older than
+  // kStaleTempSeconds; called under the lock, so no live writer of this store is compacting.
+  void clean_temps() {
+    cleaned_ = true;
+    std::string dir = parent(path_), name = path_.substr(path_.find_last_of('/') == std::string::npos ? 0 : path_.find_last_of('/') + 1);
+    std::string prefix = "." + name + ".tmp-", host = hostname();
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return;
+    std::vector<std::string> stale;
+    while (dirent* ent = ::readdir(d)) {
+      std::string f = ent->d_name;
+      if (f.compare(0, prefix.size(), prefix) != 0) continue;
+      std::string rest = f.substr(prefix.size());
+      size_t b = rest.find_last_of('-'), a = b == std::string::npos || b == 0 ? std::string::npos : rest.find_last_of('-', b - 1);
+      bool dead = false;
+      if (a != std::string::npos) {
+        std::string h = rest.substr(0, a), pid = rest.substr(a + 1, b - a - 1);
+        dead = h == host && !pid.empty() && pid.size() < 10 && pid.find_first_not_of("0123456789") == std::string::npos &&
+               ::kill(static_cast<pid_t>(std::stol(pid)), 0) != 0 && errno == ESRCH;
+      }
+      struct stat st {};
+      std::string full = dir + "/" + f;
+      if (::lstat(full.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      if (dead || std::difftime(std::time(nullptr), st.st_mtime) > kStaleTempSeconds) stale.push_back(full);
+    }
+    ::closedir(d);
+    for (const auto& f : stale) ::unlink(f.c_str());
+  }
+
+  static std::string hostname() {
+    char buf[256] = {0};
+    ::gethostname(buf, sizeof buf - 1);
+    return buf;
+  }
+
+  static std::string random_hex() {
+    unsigned char bytes[8] = {0};
+    if (::getrandom(bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) {
+      uint64_t x = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^ (uint64_t(::getpid()) << 32);
+      for (auto& b : bytes) b = static_cast<unsigned char>(x), x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    }
+    static const char* hex = "0123456789abcdef";
+    std::string out;
+    for (unsigned char b : bytes) out += hex[b >> 4], out += hex[b & 15];
+    return out;
   }
 
   void compact_locked() {
-    size_t lines = 0;
-    auto keep = latest(read(lines));
+    std::vector<Entry> all;
+    scan(nullptr, [&](Entry&& e) { all.push_back(std::move(e)); });
+    auto keep = latest(all);
     if (keep.size() > max_entries_) keep.erase(keep.begin(), keep.end() - static_cast<long>(max_entries_));
-    std::string tmp = path_ + ".tmp." + std::to_string(::getpid());
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      if (!out) throw Error("cannot write " + tmp);
-      for (const auto& e : keep) out << e.line << "\n";
-      out.flush();
-      if (!out) throw Error("cannot write " + tmp);
-    }
-    int fd = ::open(tmp.c_str(), O_RDONLY);
-    if (fd >= 0) ::fsync(fd), ::close(fd);
-    if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
-      std::remove(tmp.c_str());
-      throw Error("cannot replace " + path_);
+    clean_temps();
+    std::string dir = parent(path_), name = path_.substr(path_.find_last_of('/') == std::string::npos ? 0 : path_.find_last_of('/') + 1);
+    // An unpredictable name, created exclusively and never through a link, in the store's directory.
+    std::string tmp = dir + "/." + name + ".tmp-" + hostname() + "-" + std::to_string(::getpid()) + "-" + random_hex();
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) throw Error("cannot compact store " + path_ + ": cannot create " + tmp + ": " + std::strerror(errno));
+    try {
+      std::string data;
+      for (const auto& e : keep) data += e.line + "\n";
+      write_all(fd, data, tmp);
+      if (::fsync(fd) != 0) throw Error("cannot compact store " + path_ + ": fsync: " + std::strerror(errno));
+      ::close(fd);
+      fd = -1;
+      if (std::rename(tmp.c_str(), path_.c_str()) != 0) throw Error("cannot replace " + path_ + ": " + std::strerror(errno));
+    } catch (...) {
+      if (fd >= 0) ::close(fd);
+      ::unlink(tmp.c_str());
+      throw;
     }
   }
 
+  inline static const std::string kNoModel = std::string(1, '\0');  // matches no line: count only
   std::string path_;
   size_t max_entries_;
-  size_t skipped_ = 0;
+  Warn warn_;
+  size_t skipped_ = 0, lines_ = 0;
+  bool cleaned_ = false;
+  ino_t ino_ = 0;
+  dev_t dev_ = 0;
+  std::set<size_t> warned_;  // line numbers already warned about in this file (a re-read does not repeat)
 };
 
-// Autotune one problem: the stored winner of this model when there is one, else benchmark the
-// ranked candidates and store the winner.
+// Autotune one problem: the stored winner of this model when there is one (and its kernel is
+// the model's), else benchmark the ranked candidates and store the winner. The store is checked
+// before anything is measured; a write that fails after the search returns the result with
+// store_error set (and a warning) instead of losing the measurements.
 inline Result autotune(ResultStore* store, const ModelInfo& info, const std::string& problem,
                        const std::vector<Candidate>& ranked, const Benchmark& benchmark, const Budget& budget,
-                       bool refresh = false) {
-  if (store != nullptr && !refresh) {
-    if (auto hit = store->get(info.model, info.op, problem)) {
-      Result r;
-      r.problem = problem, r.kernel = hit->kernel, r.kernel_id = hit->kernel_id, r.seconds = hit->seconds;
-      r.from_store = true, r.policy = hit->policy, r.stop = "from store";
-      return r;
+                       bool refresh = false, double timeout_s = 0) {
+  if (store != nullptr) {
+    store->check();
+    if (!refresh) {
+      if (auto hit = store->get(info, problem)) {
+        Result r;
+        r.problem = problem, r.kernel = hit->kernel, r.kernel_id = hit->kernel_id, r.seconds = hit->seconds;
+        r.from_store = true, r.stored = true, r.policy = hit->policy, r.stop = "from store";
+        return r;
+      }
     }
   }
-  Result r = autotune_ranked(ranked, benchmark, budget, problem);
-  if (store != nullptr && r.ok()) store->put(info, r);
+  Result r = autotune_ranked(ranked, benchmark, budget, problem, timeout_s);
+  if (store != nullptr && r.ok()) {
+    try {
+      store->put(info, r);
+      r.stored = true;
+    } catch (const Error& e) {
+      r.store_error = e.what();
+      store->warn(r.store_error + "; the result is returned but not stored");
+    }
+  }
   return r;
 }
 

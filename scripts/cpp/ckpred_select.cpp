@@ -19,10 +19,12 @@
 //     --cache-stats    print {"cache":{"hits","misses","size","capacity"}} to stderr at the end
 //     --no-verify      skip the sha256 check of the model's files against the manifest
 //
-// Before answering, the model is verified as the Python runtime verifies it (manifest.hpp):
-// the manifest's structure, op/arch/dtype/layout asked for, the sha256 of every listed file, the
-// catalogue rows re-hashed, the manifest embedded in model.onnx equal to manifest.json, and the
-// number of kernels the graph ranks equal to the catalogue's (or the candidates').
+// Before answering, the model is verified as the Python runtime verifies it (manifest.hpp's
+// verify_export, shared with the autotune header): the manifest's structure, op/arch/dtype/layout
+// asked for, the sha256 of every listed file, the manifest embedded in model.onnx equal to
+// manifest.json, the autotune calibration, the catalogue rows re-hashed; then the number of
+// kernels the graph ranks equal to the catalogue's (or the candidates'). The session is made
+// from the bytes that were verified. Manifest, model and --shapes must be regular files.
 //
 // Output: one JSON object per shape and line, e.g.
 //   {"problem":{"m":128,"n":1536,"k":7168,"split_k":1},"ok":true,"num_valid":4608,
@@ -77,6 +79,8 @@ struct Options {
   bool verify = true;
   std::map<std::string, std::string> expect;  // op/arch/dtype/layout the caller runs on
 };
+
+constexpr int64_t kMaxShapesBytes = int64_t(64) << 20;  // a --shapes file (about 2 million shapes)
 
 std::string trim(const std::string& s) {
   size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
@@ -160,13 +164,14 @@ std::string fmt_double(double v) {
 
 class Selector {
  public:
-  Selector(const Options& opt, const Manifest& man)
+  // The session is made from the model bytes verify_export checked, not by reading the file again.
+  Selector(const Options& opt, const Manifest& man, const std::string& model_bytes)
       : env_(ORT_LOGGING_LEVEL_WARNING, "ckpred"), man_(man), mem_(Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault)) {
     Ort::SessionOptions so;
     so.SetIntraOpNumThreads(opt.threads);
     so.SetInterOpNumThreads(1);
     so.SetExecutionMode(ExecutionMode::ORT_SEQUENTIAL);
-    session_ = std::make_unique<Ort::Session>(env_, (opt.model_dir + "/" + man.selector_file).c_str(), so);
+    session_ = std::make_unique<Ort::Session>(env_, model_bytes.data(), model_bytes.size(), so);
     Ort::AllocatorWithDefaultOptions alloc;
     for (size_t i = 0; i < session_->GetInputCount(); ++i) inputs_.push_back(session_->GetInputNameAllocated(i, alloc).get());
     for (size_t i = 0; i < session_->GetOutputCount(); ++i) outputs_.push_back(session_->GetOutputNameAllocated(i, alloc).get());
@@ -178,33 +183,6 @@ class Selector {
         throw ModelError(man.selector_file + " has no output '" + want + "'");
     for (auto& s : inputs_) input_ptrs_.push_back(s.c_str());
     for (auto& s : outputs_) output_ptrs_.push_back(s.c_str());
-  }
-
-  // The manifest the exporter writes into model.onnx's metadata (ckpred.manifest) must equal
-  // manifest.json without its "files": a catalogue edited and re-signed in manifest.json, or
-  // files of two exports put together, differ here.
-  void verify_embedded_manifest() const {
-    Ort::AllocatorWithDefaultOptions alloc;
-    Ort::ModelMetadata meta = session_->GetModelMetadata();
-    Ort::AllocatedStringPtr text = meta.LookupCustomMetadataMapAllocated("ckpred.manifest", alloc);
-    std::string where = man_.selector_file + " (metadata ckpred.manifest)";
-    if (!text) throw ModelError(where + ": missing; not a ckpred export");
-    json::Value embedded;
-    try {
-      embedded = json::parse(text.get());
-    } catch (const json::Error& e) {
-      throw ModelError(where + ": not valid JSON (" + e.what() + ")");
-    }
-    // manifest.json minus "files" == embedded, compared key by key (no copy of the manifest)
-    bool same = embedded.is_object() && embedded.o.size() + (man_.doc.has("files") ? 1 : 0) == man_.doc.o.size();
-    for (auto it = man_.doc.o.begin(); same && it != man_.doc.o.end(); ++it) {
-      if (it->first == "files") continue;
-      auto e = embedded.o.find(it->first);
-      same = e != embedded.o.end() && json::equal(e->second, it->second);
-    }
-    if (!same)
-      throw ModelError(man_.path + " does not match the manifest embedded in " + man_.selector_file +
-                       " (manifest edited, or files from different exports?)");
   }
 
   // The graph ranks exactly the manifest's candidates: one run with top_k past their number
@@ -365,9 +343,13 @@ Options parse_args(int argc, char** argv) {
     else if (a == "--cache-stats") opt.cache_stats = true;
     else if (a == "--arch" || a == "--dtype" || a == "--layout" || a == "--op") opt.expect[a.substr(2)] = need(i);
     else if (a == "--shapes") {
-      std::string path = need(i);
-      std::ifstream in(path);
-      if (!in) throw UsageError("cannot read shapes file " + path);
+      std::string path = need(i), text;
+      try {  // a regular file of bounded size: a FIFO or /dev/zero is refused unread
+        text = ckpred::read_regular_file(AT_FDCWD, path, "shapes file " + path, kMaxShapesBytes);
+      } catch (const ckpred::FileError& e) {
+        throw UsageError(e.what());
+      }
+      std::istringstream in(text);
       std::string line;
       while (std::getline(in, line)) {
         line = trim(line.substr(0, line.find('#')));
@@ -389,21 +371,9 @@ const char* kUsage =
     "                     [SHAPE ...]\n"
     "  SHAPE: problem fields in manifest order (128,1536,7168) or by name (m=128,n=1536,k=7168)\n";
 
-// Load DIR's manifest and verify what needs no session: structure, identity, files' sha256.
-Manifest load_verified_manifest(const Options& opt) {
-  Manifest man = ckpred::load_manifest(opt.model_dir);
-  ckpred::verify_identity(man, opt.model_dir, opt.expect);
-  if (opt.verify) ckpred::verify_files_sha256(man, opt.model_dir);
-  return man;
-}
-
-// With the session open: the embedded manifest, the catalogue rows' hash, the graph's width
-// (the order of the Python runtime's checks).
-void verify_model(Selector& selector, const Manifest& man) {
-  selector.verify_embedded_manifest();
-  ckpred::verify_catalogue_hash(man);
-  selector.verify_graph_width();
-}
+// With the session open (made from the verified bytes): the graph's width, the check that
+// needs onnxruntime; verify_export (manifest.hpp) ran every other check, in the Python order.
+void verify_model(Selector& selector) { selector.verify_graph_width(); }
 
 int run_main(int argc, char** argv) {
   Options opt;
@@ -415,11 +385,13 @@ int run_main(int argc, char** argv) {
     return 2;
   }
   try {
-    Manifest man = load_verified_manifest(opt);
+    ckpred::Export ex = ckpred::verify_export(opt.model_dir, opt.expect, opt.verify);
+    const Manifest& man = ex.man;
     std::vector<std::vector<int64_t>> problems;
     for (const std::string& s : opt.shapes) problems.push_back(parse_shape(s, man));
-    Selector selector(opt, man);
-    verify_model(selector, man);
+    Selector selector(opt, man, ex.selector_bytes);
+    ex.selector_bytes = std::string();  // onnxruntime keeps its own copy
+    verify_model(selector);
     CachedSelector cached(selector, static_cast<size_t>(opt.cache));
     if (opt.bench > 0) {
       selector.run(problems.empty() ? std::vector<int64_t>(man.fields.size(), 1) : problems[0], opt.top_k);  // warm-up

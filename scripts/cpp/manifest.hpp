@@ -1,22 +1,39 @@
-// ckpred export manifest for the C++ selector: read it, check it, verify what it binds.
+// ckpred export manifest for the C++ runtimes: read it, check it, verify what it binds.
 //
 // The same checks as the Python runtime (ckpred.runtime.KernelSelector.load and
-// ckpred.export.manifest.check_manifest), so a model either runtime refuses the other refuses too:
+// ckpred.export.manifest.check_manifest), so a model either runtime refuses the other refuses too.
+// verify_export() runs them all, for both C++ entry points (ckpred_select and the autotune
+// header's load_model_info):
 //   check_manifest            every key the selector reads, with its type (catalogue rows, ids
 //                             0..n-1, cell kinds, file names, sha256s, ranges, minima)
 //   verify_identity           op/arch/dtype/layout asked for == the manifest's
-//   verify_files_sha256       sha256 of every listed file (model.onnx, scorer.onnx) == the manifest's
+//   sha256                    of the bytes read of every listed file (model.onnx, scorer.onnx)
+//   embedded manifest         the manifest inside model.onnx (metadata ckpred.manifest, read from
+//                             the protobuf without onnxruntime) == manifest.json minus "files"
+//   check_calibration         the "autotune" section: numbers (not text), finite, scale > 0,
+//                             shapes, tolerances, the logistic model's fields (Python's rules)
 //   verify_catalogue_hash     the catalogue rows re-hashed exactly as OpDefinition.catalogue_hash
 //                             does == the recorded hash (a renamed row is caught here)
-//   (ckpred_select.cpp) verify_embedded_manifest / verify_graph_width: the manifest inside
-//                             model.onnx == manifest.json; the graph ranks `candidates` kernels
+// Files are read through one descriptor of the export directory, each at most once, and must be
+// regular files of bounded size (a FIFO or /dev/zero is refused before a byte is read); the
+// bytes verified are the bytes used. (ckpred_select.cpp then checks the graph's width.)
 // Problems are parsed by parse_problem (int64, >= the field's minimum, no negatives) and flagged
 // by out_of_distribution (outside training.problem_ranges). Every failure is a UsageError
 // (exit 2: bad input) or a ModelError (exit 3: model refused) with a one-line message.
 #pragma once
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <thread>
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
@@ -365,29 +382,99 @@ inline Manifest check_manifest(json::Value doc, const std::string& path) {
   return man;
 }
 
-inline std::string read_file(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw ModelError("cannot read " + path);
+// Largest manifest and model file read (bytes), as the Python runtime (ckpred/runtime.py).
+constexpr int64_t kMaxManifestBytes = int64_t(256) << 20;
+constexpr int64_t kMaxModelBytes = int64_t(2) << 30;
+constexpr size_t kEagerFiles = 64;  // files of an export directory opened before its manifest is read
+
+// Why a file that is not a regular file cannot be read ("a FIFO", "a directory", ...).
+inline std::string file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+// A file read failure: `missing` when the file does not exist (the caller decides what that means).
+struct FileError : std::runtime_error {
+  bool missing;
+  FileError(const std::string& what, bool missing_) : std::runtime_error(what), missing(missing_) {}
+};
+
+// A descriptor of `name` relative to directory descriptor `dirfd` (AT_FDCWD: a path), opened
+// non-blocking (a FIFO does not wait for a writer); FileError (missing) when it does not exist.
+// Anything but a regular file (a FIFO, a device, a directory) is refused by its kind unopened.
+inline int open_file(int dirfd, const std::string& name, const std::string& shown) {
+  struct stat st {};
+  if (::fstatat(dirfd, name.c_str(), &st, 0) == 0 && !S_ISREG(st.st_mode))
+    throw FileError(shown + ": " + file_kind(st.st_mode) + ", not a regular file", false);
+  int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    throw FileError(err == ENOENT ? shown + ": missing" : "cannot read " + shown + ": " + std::strerror(err), err == ENOENT);
+  }
+  return fd;
+}
+
+// The bytes of the open file `fd` (closed here): a regular file of at most `limit` bytes, checked
+// before a byte is read (a device is never read); `shown` names it in messages.
+inline std::string read_fd(int fd, const std::string& shown, int64_t limit) {
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw FileError("cannot read " + shown + ": " + std::strerror(errno), false);
+  if (!S_ISREG(st.st_mode)) throw FileError(shown + ": " + file_kind(st.st_mode) + ", not a regular file", false);
+  if (st.st_size > limit)
+    throw FileError(shown + ": larger than " + std::to_string(limit) + " bytes, the most this file may hold", false);
   std::string out;
+  out.reserve(static_cast<size_t>(st.st_size));
   char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  bool err = std::ferror(f);
-  std::fclose(f);
-  if (err) throw ModelError("cannot read " + path + " (read error)");
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw FileError("cannot read " + shown + ": " + std::strerror(errno), false);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (static_cast<int64_t>(out.size()) > limit)
+      throw FileError(shown + ": larger than " + std::to_string(limit) + " bytes, the most this file may hold", false);
+  }
   return out;
 }
 
-// Read DIR/manifest.json: UTF-8, strict JSON, then check_manifest.
-inline Manifest load_manifest(const std::string& dir) {
-  std::string path = dir + "/manifest.json";
+inline std::string read_regular_file(int dirfd, const std::string& name, const std::string& shown, int64_t limit) {
+  return read_fd(open_file(dirfd, name, shown), shown, limit);
+}
+
+inline std::string read_file(const std::string& path, int64_t limit = kMaxManifestBytes) {
+  try {
+    return read_regular_file(AT_FDCWD, path, path, limit);
+  } catch (const FileError& e) {
+    throw ModelError(e.what());
+  }
+}
+
+// Parse manifest bytes read from `path`: UTF-8, strict JSON, then check_manifest.
+inline Manifest parse_manifest(const std::string& text, const std::string& path) {
   json::Value doc;
   try {
-    doc = json::parse(read_file(path));
+    doc = json::parse(text);
   } catch (const json::Error& e) {
     throw ModelError(path + ": not valid JSON (" + e.what() + ")");
   }
   return check_manifest(std::move(doc), path);
+}
+
+// Read DIR/manifest.json (a regular file of bounded size): UTF-8, strict JSON, then check_manifest.
+inline Manifest load_manifest(const std::string& dir) {
+  std::string path = dir + "/manifest.json";
+  return parse_manifest(read_file(path), path);
 }
 
 inline void verify_identity(const Manifest& man, const std::string& dir, const std::map<std::string, std::string>& wanted) {
@@ -396,22 +483,6 @@ inline void verify_identity(const Manifest& man, const std::string& dir, const s
     if (it == man.ident.end() || it->second != want)
       throw ModelError(dir + ": model is for " + key + " '" + printable(it == man.ident.end() ? "" : it->second) +
                        "', asked for '" + printable(want) + "'");
-  }
-}
-
-// Every file the manifest lists (the selector graph and the scorer) against its sha256, as the
-// Python runtime's verify_files: a missing file or a different digest refuses the model.
-inline void verify_files_sha256(const Manifest& man, const std::string& dir) {
-  for (const auto& [name, info] : man.doc["files"].o) {
-    std::string path = dir + "/" + name;
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) throw ModelError(path + ": listed in the manifest but missing");
-    std::fclose(f);
-    std::string digest = sha256::hex(read_file(path));
-    const std::string& want = info["sha256"].str();
-    if (digest != want)
-      throw ModelError(path + ": sha256 " + digest + " does not match the manifest's " + want +
-                       " (file modified or replaced after export)");
   }
 }
 
@@ -585,6 +656,338 @@ inline std::string out_of_distribution_json(const Manifest& man, const std::vect
     any = true;
   }
   return out + "}";
+}
+
+// ---- the manifest embedded in the selector graph -------------------------------------------------
+namespace protobuf {
+
+inline bool varint(const std::string& b, size_t& i, uint64_t& v) {
+  v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (i >= b.size()) return false;
+    uint8_t c = static_cast<uint8_t>(b[i++]);
+    v |= static_cast<uint64_t>(c & 0x7F) << shift;
+    if (!(c & 0x80)) return true;
+  }
+  return false;
+}
+
+// Walk the top-level fields of a protobuf message; `on_bytes(field, begin, length)` sees each
+// length-delimited one. False when the wire format is broken (truncated, a group, field 0).
+template <class F>
+bool fields(const std::string& b, size_t begin, size_t end, F on_bytes) {
+  size_t i = begin;
+  while (i < end) {
+    uint64_t tag = 0, v = 0;
+    if (!varint(b, i, tag) || i > end || (tag >> 3) == 0) return false;
+    switch (tag & 7) {
+      case 0:
+        if (!varint(b, i, v) || i > end) return false;
+        break;
+      case 1:
+        if (end - i < 8) return false;
+        i += 8;
+        break;
+      case 5:
+        if (end - i < 4) return false;
+        i += 4;
+        break;
+      case 2:
+        if (!varint(b, i, v) || i > end || v > end - i) return false;
+        on_bytes(tag >> 3, i, static_cast<size_t>(v));
+        i += static_cast<size_t>(v);
+        break;
+      default:
+        return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace protobuf
+
+// The value of metadata_props[key] (ModelProto field 14: StringStringEntryProto key=1, value=2)
+// of a serialized ONNX model, read without onnxruntime; the last entry of a key wins, as in Python.
+inline std::optional<std::string> onnx_metadata(const std::string& model, const std::string& key, const std::string& where) {
+  std::optional<std::string> found;
+  bool ok = protobuf::fields(model, 0, model.size(), [&](uint64_t field, size_t at, size_t len) {
+    if (field != 14) return;
+    std::string k, v;
+    bool entry = protobuf::fields(model, at, at + len, [&](uint64_t f, size_t a, size_t l) {
+      if (f == 1) k = model.substr(a, l);
+      else if (f == 2) v = model.substr(a, l);
+    });
+    if (!entry) throw ModelError(where + ": not a readable ONNX model (a broken metadata entry)");
+    if (k == key) found = v;
+  });
+  if (!ok) throw ModelError(where + ": not a readable ONNX model (its protobuf encoding is broken)");
+  return found;
+}
+
+// manifest.json minus "files" == the manifest embedded in the selector graph's metadata: a
+// catalogue edited and re-signed in manifest.json, or files of two exports put together, differ.
+inline void verify_embedded_manifest(const Manifest& man, const std::string& model_bytes, const std::string& model_path) {
+  std::optional<std::string> text = onnx_metadata(model_bytes, "ckpred.manifest", model_path);
+  json::Value embedded;
+  if (text) {
+    try {
+      embedded = json::parse(*text);
+    } catch (const json::Error& e) {
+      throw ModelError(model_path + ": embedded manifest is not valid JSON (" + e.what() + ")");
+    }
+  }
+  bool same = embedded.is_object() && embedded.o.size() + (man.doc.has("files") ? 1 : 0) == man.doc.o.size();
+  for (auto it = man.doc.o.begin(); same && it != man.doc.o.end(); ++it) {
+    if (it->first == "files") continue;
+    auto e = embedded.o.find(it->first);
+    same = e != embedded.o.end() && json::equal(e->second, it->second);
+  }
+  if (!same)
+    throw ModelError(man.path + " does not match the manifest embedded in " + man.selector_file +
+                     " (manifest edited, or files from different exports?)");
+}
+
+// ---- the autotune calibration (ckpred.autotune.Calibration / LogisticCalibration.from_dict) -------
+constexpr const char* kCalibrationFormat = "ckpred.autotune.calibration/1";
+constexpr const char* kLogisticFormat = "ckpred.autotune.logistic/1";
+
+struct CalibrationError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+namespace calib {
+
+[[noreturn]] inline void fail(const std::string& what) { throw CalibrationError("autotune calibration: " + what); }
+
+inline const json::Value& key(const json::Value& v, const char* k) {
+  auto it = v.o.find(k);
+  if (it == v.o.end()) fail(std::string("missing key '") + k + "'");
+  return it->second;
+}
+inline const std::vector<json::Value>& array(const json::Value& v, const std::string& k) {
+  if (!v.is_array()) fail(k + " is " + show(v) + "; allowed: an array");
+  return v.a;
+}
+// A JSON array of numbers (not text, not booleans), as doubles (an integer beyond double: inf).
+inline std::vector<double> reals(const json::Value& v, const std::string& k) {
+  std::vector<double> out;
+  for (const json::Value& x : array(v, k)) {
+    if (x.kind != json::Value::Kind::Number) fail(k + " holds " + show(x) + "; allowed: numbers (not text or booleans)");
+    out.push_back(x.n);
+  }
+  return out;
+}
+inline int64_t integer(const json::Value& v, const std::string& k, int64_t lo) {
+  bool ok = v.is_int();
+  int64_t x = 0;
+  try {
+    if (ok) x = v.int64();
+  } catch (const json::Error&) {
+    ok = false;
+  }
+  if (!ok || x < lo) fail(k + " is " + show(v) + "; allowed: an integer in [" + std::to_string(lo) + ", 2^63-1]");
+  return x;
+}
+inline void within(const std::vector<double>& w) {
+  for (size_t i = 0; i < w.size(); ++i)
+    if (!(w[i] > 0 && w[i] < 1) || std::count(w.begin(), w.end(), w[i]) != 1)
+      fail("within must be distinct fractions in (0, 1)");
+}
+
+}  // namespace calib
+
+// Check a manifest's "autotune" section exactly as the Python runtime does at load (null: none).
+// `int_fields`: the manifest's integer problem fields, which a logistic model's fields must be
+// (nullptr: not checked, for a calibration read outside a manifest).
+inline void check_calibration(const json::Value& v, const std::vector<std::string>* int_fields) {
+  using namespace calib;
+  if (v.is_null()) return;
+  if (!v.is_object() || !v.has("format") || !v.o.at("format").is_string() ||
+      (v.o.at("format").s != kCalibrationFormat && v.o.at("format").s != kLogisticFormat))
+    fail(std::string("format ") + (v.has("format") ? show(v.o.at("format")) : std::string("missing")) + ", expected '" +
+         kCalibrationFormat + "' or '" + kLogisticFormat + "'");
+  if (v.o.at("format").s == kCalibrationFormat) {
+    std::vector<double> w = reals(key(v, "within"), "within"), edges = reals(key(v, "edges"), "edges");
+    const auto& tables = array(key(v, "probability"), "probability");
+    const auto& counts = array(key(v, "counts"), "counts");
+    std::vector<std::vector<std::vector<double>>> prob;
+    for (const json::Value& t : tables) {
+      prob.emplace_back();
+      for (const json::Value& row : array(t, "probability")) prob.back().push_back(reals(row, "probability"));
+    }
+    for (const json::Value& c : counts) integer(c, "counts", 0);
+    if (v.has("gap_to")) integer(v.o.at("gap_to"), "gap_to", 2);
+    size_t bins = edges.size() + 1, width = 0;
+    bool shaped = prob.size() == w.size() && counts.size() == bins && !prob.empty();
+    for (size_t t = 0; shaped && t < prob.size(); ++t) {
+      shaped = prob[t].size() == bins;
+      for (size_t r = 0; shaped && r < prob[t].size(); ++r) {
+        if (t == 0 && r == 0) width = prob[t][r].size();
+        shaped = prob[t][r].size() == width;
+      }
+    }
+    if (!shaped)
+      fail("probability must be [" + std::to_string(w.size()) + " within][" + std::to_string(bins) + " bins][max_k], counts [" +
+           std::to_string(bins) + "]");
+    within(w);
+    for (size_t i = 0; i < edges.size(); ++i)
+      if (!std::isfinite(edges[i]) || (i > 0 && !(edges[i] > edges[i - 1]))) fail("edges must be finite and strictly increasing");
+    if (width == 0) fail("probability holds a value outside [0, 1] (or an empty row)");
+    for (const auto& t : prob)
+      for (const auto& row : t)
+        for (double x : row)
+          if (!(x >= 0 && x <= 1)) fail("probability holds a value outside [0, 1] (or an empty row)");
+    return;
+  }
+  std::vector<double> w = reals(key(v, "within"), "within");
+  std::vector<std::string> fields;
+  for (const json::Value& f : array(key(v, "fields"), "fields")) {
+    if (!f.is_string() || f.s.empty()) fail("fields=" + show(key(v, "fields")) + "; allowed: problem field names (strings)");
+    fields.push_back(f.s);
+  }
+  std::vector<std::vector<double>> vecs;
+  for (const char* k : {"fill", "lo", "hi", "mean", "scale"}) vecs.push_back(reals(key(v, k), k));
+  std::vector<std::vector<std::vector<double>>> coef;
+  for (const json::Value& t : array(key(v, "coef"), "coef")) {
+    coef.emplace_back();
+    for (const json::Value& r : array(t, "coef")) coef.back().push_back(reals(r, "coef"));
+  }
+  std::vector<std::vector<double>> intercept;
+  for (const json::Value& r : array(key(v, "intercept"), "intercept")) intercept.push_back(reals(r, "intercept"));
+  if (v.has("problems")) integer(v.o.at("problems"), "problems", 0);
+  size_t n = 7 + fields.size() + 1;
+  within(w);
+  bool shaped = coef.size() == w.size() && intercept.size() == w.size() && !intercept.empty() && !intercept[0].empty();
+  for (const auto& vec : vecs) shaped = shaped && vec.size() == n;
+  for (size_t t = 0; shaped && t < w.size(); ++t) {
+    shaped = intercept[t].size() == intercept[0].size() && coef[t].size() == intercept[0].size();
+    for (const auto& r : coef[t]) shaped = shaped && r.size() == n;
+  }
+  if (!shaped)
+    fail("fill/lo/hi/mean/scale must hold " + std::to_string(n) + " features, coef [" + std::to_string(w.size()) +
+         " within][max_k][" + std::to_string(n) + "], intercept [" + std::to_string(w.size()) + " within][max_k]");
+  bool finite = true;
+  for (const auto& vec : vecs)
+    for (double x : vec) finite = finite && std::isfinite(x);
+  for (const auto& t : coef)
+    for (const auto& r : t)
+      for (double x : r) finite = finite && std::isfinite(x);
+  for (const auto& r : intercept)
+    for (double x : r) finite = finite && std::isfinite(x);
+  for (double x : vecs[4]) finite = finite && x > 0;
+  if (!finite) fail("non-finite numbers, or a scale <= 0");
+  for (const std::string& f : fields)
+    if (int_fields != nullptr && std::find(int_fields->begin(), int_fields->end(), f) == int_fields->end())
+      fail("fields ['" + printable(f) + "'] are not integer problem fields");
+}
+
+// ---- one verification for both C++ entry points ---------------------------------------------------
+struct Export {
+  Manifest man;
+  std::string selector_bytes;  // the selector graph as verified: build the session from these bytes
+};
+
+// Read and verify an export directory as KernelSelector.load does (see the top of this file):
+// structure, identity (`wanted`: op/arch/dtype/layout, empty = any), the sha256 of every listed
+// file (unless !verify_sha256), the embedded manifest, the calibration, the catalogue hash.
+// Every file is read once through one descriptor of `dir` (a symlinked directory is followed
+// once); a re-export swapped in meanwhile gives the old export or the new one, never a mix.
+inline Export verify_export(const std::string& dir, const std::map<std::string, std::string>& wanted = {},
+                            bool verify_sha256 = true) {
+  for (int attempt = 0;; ++attempt) {
+    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+      int err = errno;
+      throw ModelError(err == ENOENT || err == ENOTDIR ? dir + "/manifest.json: no manifest; is " + dir + " an export directory?"
+                                                       : "cannot read " + dir + ": " + std::strerror(err));
+    }
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{dfd};
+    struct stat pinned {};
+    ::fstat(dfd, &pinned);
+    auto replaced = [&]() {
+      struct stat now {};
+      return ::stat(dir.c_str(), &now) != 0 || now.st_dev != pinned.st_dev || now.st_ino != pinned.st_ino;
+    };
+    // Every file of the directory is opened first (an export holds three), so a re-export that
+    // swaps the directory out and deletes it meanwhile leaves them readable.
+    std::map<std::string, int> fds;
+    std::map<std::string, FileError> failed;  // raised only if the manifest lists the file
+    struct FdsCloser {
+      std::map<std::string, int>& fds;
+      ~FdsCloser() {
+        for (auto& [name, fd] : fds) ::close(fd);
+      }
+    } fds_closer{fds};
+    try {
+      Export ex;
+      std::string path = dir + "/manifest.json";
+      std::vector<std::string> names;
+      int lfd = ::dup(dfd);
+      DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
+      if (d == nullptr) {
+        if (lfd >= 0) ::close(lfd);
+        throw ModelError("cannot read " + dir + ": " + std::strerror(errno));
+      }
+      while (dirent* ent = ::readdir(d))
+        if (std::strcmp(ent->d_name, ".") != 0 && std::strcmp(ent->d_name, "..") != 0) names.push_back(ent->d_name);
+      ::closedir(d);
+      std::sort(names.begin(), names.end());
+      if (names.size() > kEagerFiles) names.resize(kEagerFiles);
+      for (const std::string& name : names) {
+        try {
+          fds[name] = open_file(dfd, name, dir + "/" + name);
+        } catch (const FileError& e) {
+          failed.emplace(name, e);
+        }
+      }
+      auto take = [&](const std::string& name, const std::string& shown) -> int {
+        auto f = failed.find(name);
+        if (f != failed.end() && !f->second.missing) throw f->second;
+        auto it = fds.find(name);
+        if (it == fds.end()) return open_file(dfd, name, shown);  // (a directory of more than kEagerFiles files)
+        int fd = it->second;
+        fds.erase(it);
+        return fd;
+      };
+      std::string text = read_fd(take("manifest.json", path), path, kMaxManifestBytes);
+      ex.man = parse_manifest(text, path);
+      verify_identity(ex.man, dir, wanted);
+      for (const auto& [name, info] : ex.man.doc["files"].o) {
+        std::string shown = dir + "/" + name;
+        std::string bytes = read_fd(take(name, shown), shown, kMaxModelBytes);
+        if (verify_sha256) {
+          std::string digest = sha256::hex(bytes);
+          const std::string& want = info["sha256"].str();
+          if (digest != want)
+            throw ModelError(shown + ": sha256 " + digest + " does not match the manifest's " + want +
+                             " (file modified or replaced after export)");
+        }
+        if (name == ex.man.selector_file) ex.selector_bytes = std::move(bytes);
+      }
+      verify_embedded_manifest(ex.man, ex.selector_bytes, dir + "/" + ex.man.selector_file);
+      std::vector<std::string> ints;
+      for (const Field& f : ex.man.fields)
+        if (f.kind == "int") ints.push_back(f.name);
+      try {
+        check_calibration(ex.man.doc.has("autotune") ? ex.man.doc.o.at("autotune") : json::Value(), &ints);
+      } catch (const CalibrationError& e) {
+        throw ModelError(path + ": " + e.what());
+      }
+      verify_catalogue_hash(ex.man);
+      return ex;
+    } catch (const FileError& e) {
+      if (e.missing && attempt < 4 && replaced()) {  // swapped out by a re-export while it was read
+        std::this_thread::sleep_for(std::chrono::milliseconds(50 * (attempt + 1)));
+        continue;
+      }
+      if (e.missing && std::string(e.what()).find("/manifest.json: missing") != std::string::npos)
+        throw ModelError(dir + "/manifest.json: no manifest; is " + dir + " an export directory?");
+      throw ModelError(e.missing ? std::string(e.what()) + " (listed in the manifest)" : e.what());
+    }
+  }
 }
 
 }  // namespace ckpred
