@@ -33,7 +33,7 @@ from ckpred.schema import ExportConfig, RecipeConfig
 
 
 def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: ExportConfig,
-                recipe: RecipeConfig) -> tuple[dict[str, Any], pd.DataFrame | None]:
+                recipe: RecipeConfig, select: str | None = None) -> tuple[dict[str, Any], pd.DataFrame | None]:
     """Per-shape efficiency of the exported strategy under the run's CV, next to the full model's.
 
     The candidate set (and the reranker) of each fold are learned from its training shapes only
@@ -48,6 +48,9 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Expor
         The run's out-of-fold rows with the strategy's own scores (``score_model`` replaced,
         ``selectable`` restricted to the fold's candidates), for the autotune calibration; None
         when skipped.
+
+    ``select`` is the strategy exported (default ``cfg.select``; ``pruned`` when the training
+    data leave nothing to rerank).
     """
     from omegaconf import OmegaConf
 
@@ -61,11 +64,12 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Expor
         return {"skipped": f"the run's CV tested {len(tested)} shapes in {oof['fold'].nunique()} fold(s), "
                            f"its training table has {len(trained)}: a per-fold report needs k-fold CV over "
                            "the training shapes"}, None
+    select = select or cfg.select
     kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, recipe=recipe, seed=int(cfg.get("seed", 0)))
-    reranker = OmegaConf.to_container(cfg.reranker, resolve=True) if cfg.select == "reranked" else None
+    reranker = OmegaConf.to_container(cfg.reranker, resolve=True) if select == "reranked" else None
     scored = strategy_scores(oof, table, op, top_n=int(cfg.prune_top_n), reranker=reranker, **kw)
     out: dict[str, Any] = {"folds": int(oof["fold"].nunique())}
-    for name, top_n, rr, given in (("full", None, None, None), (cfg.select, int(cfg.prune_top_n), reranker, scored)):
+    for name, top_n, rr, given in (("full", None, None, None), (select, int(cfg.prune_top_n), reranker, scored)):
         eff = cv_efficiency(oof, table, op, top_n=top_n, reranker=rr, scored=given,
                             **kw)["efficiency"].dropna().to_numpy()
         out[name] = {"shapes": int(len(eff)), "mean": float(eff.mean()), "p10": float(np.percentile(eff, 10))}
@@ -159,17 +163,31 @@ def _parity_problems(cfg: ExportConfig, table: pd.DataFrame, op: OpDefinition) -
     return problems
 
 
-def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition) -> tuple[np.ndarray | None, dict[str, Any] | None,
-                                                                         Pipeline | None, pd.DataFrame | None]:
-    """Candidates, ``selection`` section and reranker of ``select=pruned|reranked`` (all None for
-    full), and the run's out-of-fold rows scored by the strategy (None when not computed)."""
+@dataclass
+class _Strategy:
+    """What the selector graph scores (:mod:`ckpred.export.strategies`)."""
+
+    #: ``full``, ``pruned`` or ``reranked``: ``cfg.select``, or ``pruned`` when nothing is left to rerank.
+    select: str
+    #: Catalogue ids of the candidates (None for full).
+    candidates: np.ndarray | None = None
+    #: The manifest's ``selection`` section (None for full).
+    selection: dict[str, Any] | None = None
+    reranker: Pipeline | None = None
+    #: The run's out-of-fold rows scored by the strategy (None when not computed).
+    scored: pd.DataFrame | None = None
+
+
+def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition) -> _Strategy:
+    """Candidates, ``selection`` section and reranker of ``select=pruned|reranked``, and the
+    run's out-of-fold rows scored by the strategy."""
     if cfg.select not in ("pruned", "reranked"):
-        return None, None, None, None
+        return _Strategy(cfg.select)
     from omegaconf import OmegaConf
 
     from ckpred.export.strategies import fit_reranker, keep_for_table, reranker_size
 
-    table, reranker, scored = src.table, None, None
+    table, reranker, scored, select = src.table, None, None, cfg.select
     top_n = int(cfg.get("prune_top_n", 1))
     candidates = keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=top_n)
     selection: dict[str, Any] = {"top_n": top_n,
@@ -179,16 +197,21 @@ def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition) -> tuple[np.nda
         size = reranker_size(OmegaConf.to_container(cfg.reranker, resolve=True), src.data_cfg.model)
         reranker = fit_reranker(table, op, src.data_cfg, candidates, reranker=size, arch=cfg.arch, dtype=cfg.dtype,
                                 layout=cfg.layout, seed=int(cfg.get("seed", 0)))
-        selection["reranker"] = size
+        if reranker is None:
+            select = "pruned"
+            print(f"select=reranked: no training shape has two candidate kernels ({len(candidates)} candidates "
+                  f"learned from {selection['learned_from_shapes']} shapes), so there is nothing to rerank; "
+                  "exporting select=pruned (the candidates scored by the full model)")
+        else:
+            selection["reranker"] = size
     if cfg.run_dir and src.oof_file is not None:
-        selection["cv"], scored = strategy_cv(src.run_dir, table, op, cfg, src.data_cfg)
-    return candidates, selection, reranker, scored
+        selection["cv"], scored = strategy_cv(src.run_dir, table, op, cfg, src.data_cfg, select)
+    return _Strategy(select, candidates, selection, reranker, scored)
 
 
-def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition,
-                 scored: pd.DataFrame | None) -> dict[str, Any] | None:
+def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition, strategy: _Strategy) -> dict[str, Any] | None:
     """The confidence budget's calibration, fitted on the out-of-fold scores of the strategy
-    being exported (``full``: the run's own; ``pruned``/``reranked``: ``scored``, the fold's
+    being exported (``full``: the run's own; ``pruned``/``reranked``: ``strategy.scored``, the fold's
     candidates and reranker learned on its training shapes), or None (no ``run_dir``, no
     out-of-fold predictions, ``autotune.enabled=false``, or a strategy the run's CV cannot
     score; printed)."""
@@ -196,9 +219,10 @@ def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition,
 
     if not (cfg.run_dir and src.oof_file is not None and cfg.autotune.enabled):
         return None
-    oof = pd.read_parquet(src.oof_file) if cfg.select == "full" else scored
+    select = strategy.select
+    oof = pd.read_parquet(src.oof_file) if select == "full" else strategy.scored
     if oof is None:
-        print(f"no autotune calibration: the {cfg.select} selector's out-of-fold scores need k-fold CV over the "
+        print(f"no autotune calibration: the {select} selector's out-of-fold scores need k-fold CV over the "
               "training shapes (see selection.cv); the Confidence budget is unavailable for this export")
         return None
     from ckpred.autotune import calibration_from_oof
@@ -208,7 +232,7 @@ def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition,
     kind = options.pop("kind")
     ids = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).set_index("kernel_name")["kernel_id"]
     if kind == "table":
-        return {**calibration_from_oof(oof, ids, **options), "select": cfg.select}
+        return {**calibration_from_oof(oof, ids, **options), "select": select}
     # the logistic model reads the problem's integer fields, as both runtimes pass them
     fields = [f.name for f in op.problem_fields if f.kind == "int"]
     table = src.table
@@ -217,12 +241,12 @@ def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition,
         # an external test table: its problems' field values are not in the training table
         print("autotune calibration: the run tested problems outside its training table; fitting the score-gap "
               "table (autotune.kind=table) instead of the logistic model")
-        return {**calibration_from_oof(oof, ids, **options), "select": cfg.select}
+        return {**calibration_from_oof(oof, ids, **options), "select": select}
     return {**calibration_from_oof(oof, ids, kind="logistic", problems=problems.set_index("shape")[fields],
-                                   within=options["within"], max_k=options["max_k"]), "select": cfg.select}
+                                   within=options["within"], max_k=options["max_k"]), "select": select}
 
 
-def _report(cfg: ExportConfig, manifest: dict[str, Any], target: Path) -> None:
+def _report(select: str, manifest: dict[str, Any], target: Path) -> None:
     """Print the parity figures, the strategy's CV figures and the file sizes."""
     par = manifest["parity"]
     if par.get("checked"):
@@ -231,10 +255,10 @@ def _report(cfg: ExportConfig, manifest: dict[str, Any], target: Path) -> None:
               f"{par['max_abs_diff_scorer']:.3g}, selector {par['max_abs_diff_selector']:.3g}")
     cv = (manifest["selection"] or {}).get("cv")
     if cv and "skipped" in cv:
-        print(f"no CV report of the {cfg.select} selector: {cv['skipped']}")
+        print(f"no CV report of the {select} selector: {cv['skipped']}")
     elif cv:
-        print(f"under the run's {cv['folds']}-fold CV: {cfg.select} selector mean efficiency "
-              f"{cv[cfg.select]['mean']:.2%}, P10 {cv[cfg.select]['p10']:.2%} (full model {cv['full']['mean']:.2%}, "
+        print(f"under the run's {cv['folds']}-fold CV: {select} selector mean efficiency "
+              f"{cv[select]['mean']:.2%}, P10 {cv[select]['p10']:.2%} (full model {cv['full']['mean']:.2%}, "
               f"P10 {cv['full']['p10']:.2%}) on {cv['full']['shapes']} shapes")
     sizes = ", ".join(f"{k} {v['bytes'] / 1e6:.2f} MB" for k, v in manifest["files"].items())
     print(f"exported {target} ({sizes})")
@@ -255,12 +279,13 @@ def export_command(cfg: ExportConfig) -> str:
             f"was trained on (hash {src.record['train_data_hash'][:12]}): training ranges and parity would be wrong; "
             "export with the run's data settings")
     problems = _parity_problems(cfg, src.table, op)
-    candidates, selection, reranker, scored = _strategy(cfg, src, op)
+    strategy = _strategy(cfg, src, op)
     manifest = export_pipeline(src.pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout,
                                out_dir=target, training=training,
                                parity_problems=problems if cfg.parity.check else None, metrics=src.metrics,
-                               select=cfg.select, max_abs_diff=cfg.parity.max_abs_diff, source=src.record,
-                               candidates=candidates, selection=selection, reranker=reranker,
-                               autotune=_calibration(cfg, src, op, scored))
-    _report(cfg, manifest, target)
+                               select=strategy.select, max_abs_diff=cfg.parity.max_abs_diff, source=src.record,
+                               candidates=strategy.candidates, selection=strategy.selection,
+                               reranker=strategy.reranker,
+                               autotune=_calibration(cfg, src, op, strategy))
+    _report(strategy.select, manifest, target)
     return str(target)
