@@ -148,7 +148,11 @@ def test_run_dir_with_other_data_or_replaced_pipeline_is_refused(run_dir, tmp_pa
 
 def test_run_dir_without_pipeline_is_refused(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / ".hydra").mkdir(parents=True)  # what Hydra leaves of a run that failed early
+    (tmp_path / "empty" / "train.log").write_text("")
+    with pytest.raises(FileNotFoundError, match="not a finished train run.*failed or is still running; see train.log"):
+        export_command(compose("export", ["run_dir=empty"]))
+    (tmp_path / "empty" / "metrics.json").write_text("{}")  # finished, without its pipeline
     with pytest.raises(FileNotFoundError, match="pipeline.joblib.*save_pipeline=true"):
         export_command(compose("export", ["run_dir=empty"]))
 
