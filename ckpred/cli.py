@@ -134,7 +134,7 @@ def run_command(name: str, argv: list[str]) -> Any:
     """Run command ``name`` with Hydra arguments ``argv`` (as if typed after the command)."""
     import hydra
 
-    from ckpred.config import register_schemas, to_object
+    from ckpred.config import check_overrides_used, register_schemas, to_object
     from ckpred.errors import CkpredError
 
     command = COMMANDS[name]
@@ -145,7 +145,10 @@ def run_command(name: str, argv: list[str]) -> Any:
     @hydra.main(version_base="1.3", config_path="pkg://ckpred.conf", config_name=command.config_name)
     def entry(cfg: DictConfig) -> Any:
         try:
-            to_object(cfg)  # value checks of every schema, before any work starts
+            from hydra.core.hydra_config import HydraConfig
+
+            # value checks of every schema, and no override the selected options ignore, before any work
+            check_overrides_used(to_object(cfg), list(HydraConfig.get().overrides.task))
             return _load_task(command.task)(cfg)
         except CkpredError as exc:
             # ckpred's own errors already say where, what and what is allowed: print that

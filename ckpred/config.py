@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from ckpred import schema
-from ckpred.errors import ConfigValueError, UnknownConfigKeyError
+from ckpred.errors import ConfigValueError, UnknownConfigKeyError, UnusedConfigKeyError
 from ckpred.util import resolve_path
 
 #: Folder of the config tree: top-level conf/ in a checkout, shipped as the package ckpred.conf.
@@ -96,11 +96,61 @@ def check_known_keys(cfg: Any, prefix: str = "") -> None:
             check_known_keys(node, full)
 
 
-def compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:
+def unused_keys(obj: Any, prefix: str = "") -> dict[str, str]:
+    """Every key of a validated config that the options it selected do not read, with why.
+
+    ``obj`` is what :func:`to_object` returns; each schema dataclass may declare
+    ``unused_keys()`` (relative key -> what would read it), e.g. ``data.path`` under
+    ``data.source=simulated``. Nested dataclasses are searched too (``cv.data.path``).
+    """
+    import dataclasses
+
+    if not dataclasses.is_dataclass(obj):
+        return {}
+    own = obj.unused_keys() if hasattr(obj, "unused_keys") else {}
+    out = {f"{prefix}{key}": why for key, why in own.items()}
+    for f in dataclasses.fields(obj):
+        if f.name not in own:
+            out.update(unused_keys(getattr(obj, f.name), f"{prefix}{f.name}."))
+    return out
+
+
+def check_overrides_used(obj: Any, overrides: list[str]) -> None:
+    """Refuse a command-line override of a key the composed config does not read.
+
+    ``train data.path=x.csv`` without ``data=path`` would train on simulated data and exit 0;
+    the refusal names the key, its value and the option that reads it. Group choices that set
+    a whole node (``data=path``) and Hydra's own keys are not checked.
+
+    Raises
+    ------
+    ckpred.errors.UnusedConfigKeyError
+        For the first override at or below a key of :func:`unused_keys`.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    unused = unused_keys(obj)
+    if not unused:
+        return
+    parser = OverridesParser.create()
+    for text in overrides:
+        override = parser.parse_override(text)
+        if override.is_delete() or override.key_or_group.split(".")[0] == "hydra":
+            continue
+        path = override.package if override.package else override.key_or_group
+        for key, why in unused.items():
+            if path == key or path.startswith(key + "."):
+                raise UnusedConfigKeyError(path, override.get_value_element_as_str(), why)
+
+
+def compose(config_name: str, overrides: list[str] | None = None, config_dir: str | Path | None = None) -> DictConfig:
     """Compose ``config_name`` from the packaged config tree with Hydra's compose API.
 
-    The result is validated with :func:`to_object` before it is returned, so bad values fail
-    here exactly as they fail on the command line.
+    ``config_dir`` is a user config dir searched before the package's, as ``--config-dir`` on the
+    command line.
+
+    The result is validated with :func:`to_object` and :func:`check_overrides_used` before it
+    is returned, so bad values fail here exactly as they fail on the command line.
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
@@ -109,8 +159,9 @@ def compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:
     register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="ckpred.conf", version_base="1.3"):
-        cfg = hydra_compose(config_name=config_name, overrides=list(overrides or []))
-    to_object(cfg)
+        search = [f"hydra.searchpath=[file://{Path(config_dir).absolute()}]"] if config_dir else []
+        cfg = hydra_compose(config_name=config_name, overrides=[*search, *(overrides or [])])
+    check_overrides_used(to_object(cfg), list(overrides or []))
     return cfg
 
 

@@ -400,32 +400,20 @@ class DataConfig:
         check("data.chunk_mb", self.chunk_mb, isinstance(self.chunk_mb, int) and not isinstance(self.chunk_mb, bool)
               and self.chunk_mb >= 1, "an integer >= 1 (MiB per chunk)")
         check("data.format", self.format, self.format in DATA_FORMATS, f"one of {list(DATA_FORMATS)}")
-        if self.source == "path":
-            check("data.path", self.path, bool(self.path),
-                  "one or more files or globs (data.path=<file or glob>)")
         check_seed("data.seed", self.seed)
 
+    def check_path(self, key: str = "data") -> None:
+        """Refuse ``source=path`` without files (checked by the commands that read the data:
+        ``select`` composes a recipe's data without reading it)."""
+        if self.source == "path":
+            check(f"{key}.path", self.path, bool(self.path), f"one or more files or globs ({key}.path=<file or glob>)")
 
-@dataclass
-class IngestConfig:
-    """Primary config of ``ckpred ingest``."""
-
-    arch: ArchConfig = MISSING
-    dtype: DtypeConfig = MISSING
-    layout: LayoutConfig = MISSING
-    op: OpConfig = MISSING
-    data: DataConfig = MISSING
-    #: Output of the canonical table: a ``.parquet`` file, or else a directory of
-    #: ``part-NNNNN.parquet`` files (a partitioned dataset, each part holding whole problems).
-    out: str = "ingested.parquet"
-    #: Where rows that could not be kept go (CSV with file:line and reason); empty = next to out.
-    rejects: str = ""
-    run_id: str = ""
-
-    def __post_init__(self) -> None:
-        check_arch_dtype(self.arch, self.dtype)
-        check_output_path("out", self.out, kind="file" if str(self.out).endswith(".parquet") else "dir")
-        check_output_path("rejects", self.rejects, kind="file")
+    def unused_keys(self) -> dict[str, str]:
+        """Keys this source does not read, each with what would read it (:func:`ckpred.config.unused_keys`)."""
+        if self.source == "simulated":
+            why = "data.source=simulated does not read it (select data=path to read measurement files)"
+            return {"path": why, "format": why, "chunk_mb": why}
+        return {"seed": "it seeds the simulator, and data.source=path does not simulate (select data=simulated)"}
 
 
 # -- features (ckpred.features) -------------------------------------------------------------------
@@ -549,6 +537,9 @@ CV_NAMES: tuple[str, ...] = ("group_kfold", "leave_family_out", "holdout", "exte
 RANK_OBJECTIVES: tuple[str, ...] = ("lambdarank", "rank_xendcg")
 LABEL_GAINS: tuple[str, ...] = ("exp2", "linear")
 MODEL_BACKENDS: tuple[str, ...] = ("local", "dask")
+#: ``model.<key>`` read by ``lgbm_ranker`` only.
+RANKER_KEYS: tuple[str, ...] = ("relevance_grades", "relevance_exponent", "max_rows_per_query", "objective",
+                                "label_gain")
 
 
 @dataclass
@@ -644,6 +635,19 @@ class ModelConfig:
         check("model.objective", self.objective, self.objective in RANK_OBJECTIVES, f"one of {list(RANK_OBJECTIVES)}")
         check("model.label_gain", self.label_gain, self.label_gain in LABEL_GAINS, f"one of {list(LABEL_GAINS)}")
 
+    def unused_keys(self) -> dict[str, str]:
+        """Keys this model does not read, each with what would read it (:func:`ckpred.config.unused_keys`)."""
+        out: dict[str, str] = {}
+        if self.name != "lgbm_ranker":
+            out.update(dict.fromkeys(RANKER_KEYS, f"model={self.name} does not read it (a ranker's key: select "
+                                                  "model=lgbm_ranker)"))
+        if self.backend != "dask":
+            out["dask"] = "model.backend=local does not read it (set model.backend=dask)"
+        if not self.early_stopping_rounds:
+            out["validation_fraction"] = ("model.early_stopping_rounds=0 does not read it (early stopping is off; "
+                                          "set model.early_stopping_rounds=<rounds>)")
+        return out
+
 
 @dataclass
 class TargetConfig:
@@ -656,6 +660,12 @@ class TargetConfig:
     def __post_init__(self) -> None:
         check("target.name", self.name, self.name in TARGET_NAMES, f"one of {list(TARGET_NAMES)}")
         check("target.floor", self.floor, 0 < self.floor < 1, "a number in (0, 1)")
+
+    def unused_keys(self) -> dict[str, str]:
+        """Keys this target does not read, each with what would read it (:func:`ckpred.config.unused_keys`)."""
+        if self.name != "relative":
+            return {"floor": f"target={self.name} does not read it (select target=relative)"}
+        return {}
 
 
 @dataclass
@@ -683,6 +693,14 @@ class CVConfig:
         if self.name == "external":
             check("cv.data", self.data, self.data is not None,
                   "a data source to test on (cv.data.source=path cv.data.path=<files>)")
+            self.data.check_path("cv.data")
+
+    def unused_keys(self) -> dict[str, str]:
+        """Keys this CV scheme does not read, each with the scheme that reads it (:func:`ckpred.config.unused_keys`)."""
+        readers = {"n_splits": "group_kfold", "shuffle": "group_kfold", "test_fraction": "holdout",
+                   "data": "external", "arch": "external"}
+        return {key: f"cv={self.name} does not read it (cv={scheme} does)"
+                for key, scheme in readers.items() if scheme != self.name}
 
 
 @dataclass
@@ -785,15 +803,42 @@ class RecipeConfig:
     validity: ValidityModelConfig = field(default_factory=ValidityModelConfig)
     #: Seed of fold assignment, validation split, row sampling and LightGBM.
     seed: int = 0
+    #: ``train``'s CV scheme and baselines: composed by every command that takes ``experiment=``
+    #: (an experiment may set them), read by ``train`` and ``tune`` only.
+    cv: Any = None
+    baselines: Any = None
 
     def __post_init__(self) -> None:
         check_arch_dtype(self.arch, self.dtype)
         check_seed("seed", self.seed)
+        if "data" not in self.unused_keys():
+            self.data.check_path()
+
+    def unused_keys(self) -> dict[str, str]:
+        """Nodes this command does not read, each with what would read it (:func:`ckpred.config.unused_keys`)."""
+        out = {key: f"{self.command} does not read it (train and tune do; it is composed so that "
+                    "experiment=<name> composes here too)" for key in ("cv", "baselines")}
+        if isinstance(self.model, ModelConfig) and self.model.name == "lgbm_ranker":
+            out["target"] = ("model=lgbm_ranker does not read it (it learns relevance grades of perf / best); "
+                             "select model=lgbm_regressor to train on a target")
+        if not self.simulates():
+            out["shapes"] = ("data.source=path does not read it (the simulator's shape set: select "
+                             "data=simulated)")
+        return out
+
+    #: The command's name, for messages.
+    command = "this command"
+
+    def simulates(self) -> bool:
+        """Whether a table of this config comes from the simulator (which reads ``shapes``)."""
+        return getattr(self.data, "source", None) == "simulated"
 
 
 @dataclass
 class TrainConfig(RecipeConfig):
     """Primary config of ``ckpred train``."""
+
+    command = "train"
 
     cv: CVConfig = MISSING
     baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
@@ -816,6 +861,12 @@ class TrainConfig(RecipeConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_output_path("out_dir", self.out_dir, kind="dir")
+
+    def unused_keys(self) -> dict[str, str]:
+        out = {k: v for k, v in super().unused_keys().items() if k not in ("cv", "baselines")}
+        if out.get("shapes") and self.cv.name == "external" and getattr(self.cv.data, "source", None) == "simulated":
+            del out["shapes"]  # the external test table is simulated
+        return out
 
 
 # -- export and select ------------------------------------------------------------------------
@@ -909,11 +960,24 @@ class ExportConfig(RecipeConfig):
     #: The confidence budget's calibration (``run_dir`` exports).
     autotune: ExportAutotuneConfig = field(default_factory=ExportAutotuneConfig)
 
+    command = "export"
+
     def __post_init__(self) -> None:
         super().__post_init__()
         check_output_path("out_dir", self.out_dir, kind="dir")
         check("select", self.select, self.select in EXPORT_SELECT, f"one of {list(EXPORT_SELECT)}")
         check("prune_top_n", self.prune_top_n, self.prune_top_n >= 1, "an integer >= 1")
+
+    def unused_keys(self) -> dict[str, str]:
+        out = super().unused_keys()
+        if self.select != "reranked":
+            out["reranker"] = f"select={self.select} does not read it (select=reranked does)"
+        if self.select == "full":
+            out["prune_top_n"] = "select=full does not read it (select=pruned and reranked do)"
+        if not self.run_dir:
+            out["autotune"] = ("an export without run_dir has no out-of-fold scores to calibrate on "
+                               "(export run_dir=<train run>)")
+        return out
 
 
 @dataclass
@@ -940,12 +1004,51 @@ class SelectConfig(RecipeConfig):
     json: bool = False
     threads: int = 1
 
+    command = "select"
+
     def __post_init__(self) -> None:
         super().__post_init__()
         check("top_k", self.top_k, self.top_k >= 1, "an integer >= 1")
         check_threads("threads", self.threads)
         check("problem", dict(self.problem), bool(self.problem),
               "the problem fields, e.g. problem.m=128 problem.n=1536 problem.k=7168")
+
+    def unused_keys(self) -> dict[str, str]:
+        why = ("select answers from an exported model and reads only arch, dtype, layout and op of the recipe "
+               "(the rest is composed so that experiment=<name> names the same export)")
+        out = dict.fromkeys(("data", "shapes", "features", "model", "target", "rows", "validity", "seed", "cv",
+                             "baselines"), why)
+        if self.model_dir:
+            out["exports_dir"] = "model_dir names the export itself"
+        return out
+
+
+@dataclass
+class IngestConfig(RecipeConfig):
+    """Primary config of ``ckpred ingest``: reads ``arch``, ``dtype``, ``layout``, ``op`` and
+    ``data`` of the recipe (the rest is composed so that ``experiment=<name>`` composes here too)."""
+
+    #: Unused by ``ingest``; composed from ``features/<op>.yaml`` when the op has one.
+    features: Any = None
+    #: Output of the canonical table: a ``.parquet`` file, or else a directory of
+    #: ``part-NNNNN.parquet`` files (a partitioned dataset, each part holding whole problems).
+    out: str = "ingested.parquet"
+    #: Where rows that could not be kept go (CSV with file:line and reason); empty = next to out.
+    rejects: str = ""
+    run_id: str = ""
+
+    command = "ingest"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_output_path("out", self.out, kind="file" if str(self.out).endswith(".parquet") else "dir")
+        check_output_path("rejects", self.rejects, kind="file")
+
+    def unused_keys(self) -> dict[str, str]:
+        why = ("ingest reads only arch, dtype, layout, op and data of the recipe (the rest is composed so that "
+               "experiment=<name> composes here too)")
+        return dict.fromkeys(("shapes", "features", "model", "target", "rows", "validity", "seed", "cv",
+                              "baselines"), why)
 
 
 # -- sweeps, tune, warm start -----------------------------------------------------------------

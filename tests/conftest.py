@@ -78,3 +78,9 @@ def shared_file(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"real data not available: {path}")
     return path
+
+
+def reading_files(overrides: list[str]) -> list[str]:
+    """``overrides`` for a run on a table read from files: without the simulator's shape set
+    (``shapes=...``), which such a run does not read (and refuses)."""
+    return [o for o in overrides if not o.startswith("shapes")]

@@ -6,6 +6,7 @@ import pytest
 from hydra.errors import MissingConfigException
 
 from ckpred.config import CONF_DIR, compose
+from tests.conftest import REPO
 from ckpred.errors import ConfigValueError
 
 #: Primary configs and the overrides they need to compose on their own.
@@ -29,11 +30,17 @@ def _groups() -> list[str]:
                   and p.name != "hydra" and any(p.glob("*.yaml")))
 
 
+#: Groups a primary config composes without reading them (so that experiment=<name> composes).
+UNREAD = {"ingest": {"shapes", "features", "model", "target", "cv"}, "export": {"cv"},
+          "select": {"data", "shapes", "features", "model", "target", "cv"}}
+
+
 def _cases() -> list[tuple[str, str, str]]:
     cases = []
     for group in _groups():
         for option in _options(group):
-            primary = next((name for name in PRIMARY if group in _primary_groups(name)), None)
+            primary = next((name for name in PRIMARY if group in _primary_groups(name)
+                            and group not in UNREAD.get(name, ())), None)
             cases.append((primary or "", group, option))
     return cases
 
@@ -51,6 +58,10 @@ def test_every_option_composes(primary: str, group: str, option: str) -> None:
     overrides = [*PRIMARY[primary], f"{group}={option}"]
     if group == "arch":  # the default dtype (fp8) is not one every arch runs (gfx90a has no fp8)
         overrides.append("dtype=fp16")
+    if group == "target":  # only a regressor reads a target (the default model is the ranker)
+        overrides.append("model=lgbm_regressor")
+    if group == "data" and option != "path":  # only data=path reads data.path
+        overrides = [o for o in overrides if not o.startswith("data.path=")]
     if group == "problem":  # a problem option belongs to the op of the same name, with its own fields
         overrides = [f"op={option}", *PROBLEM_FIELDS[option], f"problem={option}"]
     cfg = compose(primary, overrides)
@@ -111,3 +122,29 @@ def test_unknown_key_is_rejected() -> None:
 
     with pytest.raises(ConfigCompositionException, match="num_cus"):
         compose("ingest", ["data.path=x", "arch.num_cus=3"])
+
+
+#: Every experiment shipped (conf/experiment) or documented (tests/ops/experiment, docs/ops.md).
+EXPERIMENTS = [(None, p.stem) for p in sorted((CONF_DIR / "experiment").glob("*.yaml"))] + \
+    [(REPO / "tests" / "ops", p.stem) for p in sorted((REPO / "tests" / "ops" / "experiment").glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("command", ["train", "tune", "export", "select", "ingest"])
+@pytest.mark.parametrize(("config_dir", "experiment"), EXPERIMENTS, ids=[e for _, e in EXPERIMENTS])
+def test_every_experiment_composes_for_every_recipe_command(config_dir, experiment: str, command: str) -> None:
+    """An experiment sets a recipe (and train's cv / baselines): every command that takes a
+    recipe composes it, and reads its op, arch, dtype and layout (export names the same model
+    select answers from; ingest reads the experiment's table)."""
+    def composed(name: str, *overrides: str):
+        try:
+            return compose(name, [f"experiment={experiment}", *overrides], config_dir=config_dir)
+        except ConfigValueError as err:  # an experiment of data=path without the files: give them
+            if err.key != "data.path":
+                raise
+            return compose(name, [f"experiment={experiment}", *overrides, "data.path=x"], config_dir=config_dir)
+
+    trained = composed("train")
+    problem = [f"++problem.{k}=1" for k in (trained.op.problem_fields or {"m": 0, "n": 0, "k": 0})]
+    cfg = composed(command, *(problem if command == "select" else []))
+    for key in ("op", "arch", "dtype", "layout"):
+        assert cfg[key].name == trained[key].name

@@ -42,6 +42,8 @@ FOUR_SHAPES = ("ck_gemm_gfx950_results", "parity_sweep_results.csv")
 #: Small, fast settings for commands that get past composition.
 TINY = ["shapes=tiny", "model.n_estimators=3", "model.n_jobs=1", "rows.max_per_shape=32",
         "baselines.reference.enabled=false", "plots=false", "progress=false", "save_pipeline=false"]
+#: TINY for a table read from files (the shape set is the simulator's).
+TINY_PATH = [o for o in TINY if not o.startswith("shapes=")]
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\s+File \".*\", line \d+", re.M)
 
 
@@ -120,6 +122,27 @@ COMPOSE_REFUSALS = [
     ("train", ["cv=holdout", "cv.test_fraction=1.0"], ["'cv.test_fraction'", "1.0"]),
     ("train", ["cv.n_splits=1"], ["'cv.n_splits'", "1"]),
     ("export", ["prune_top_n=0"], ["'prune_top_n'", "0"]),
+    # a key the selected option does not read: refused, naming the option that reads it
+    ("train", ["data.path=x.csv"], ["'data.path'", "'x.csv'", "data=path"]),
+    ("train", ["data.format=csv"], ["'data.format'", "data=path"]),
+    ("train", ["data=path", "data.path=x.csv", "data.seed=3"], ["'data.seed'", "data=simulated"]),
+    ("train", ["data=path", "data.path=x.csv", "shapes=tiny"], ["'shapes'", "data=simulated"]),
+    ("train", ["data=path", "data.path=x.csv", "shapes.max_shapes=3"], ["'shapes.max_shapes'", "data=simulated"]),
+    ("train", ["cv.test_fraction=0.3"], ["'cv.test_fraction'", "cv=group_kfold", "cv=holdout"]),
+    ("train", ["cv=holdout", "cv.n_splits=3"], ["'cv.n_splits'", "cv=group_kfold"]),
+    ("train", ["model=lgbm_regressor", "model.relevance_exponent=2"], ["'model.relevance_exponent'",
+                                                                       "model=lgbm_ranker"]),
+    ("train", ["target=relative"], ["'target'", "model=lgbm_regressor"]),
+    ("train", ["model=lgbm_regressor", "target.floor=0.01"], ["'target.floor'", "target=relative"]),
+    ("train", ["model.dask.n_workers=4"], ["'model.dask.n_workers'", "model.backend=dask"]),
+    ("train", ["model.validation_fraction=0.3"], ["'model.validation_fraction'", "early_stopping_rounds"]),
+    ("export", ["select=pruned", "reranker.num_leaves=7"], ["'reranker.num_leaves'", "select=reranked"]),
+    ("export", ["select=full", "prune_top_n=3"], ["'prune_top_n'", "select=full"]),
+    ("export", ["autotune.kind=table"], ["'autotune.kind'", "run_dir"]),
+    ("export", ["cv.n_splits=3"], ["'cv.n_splits'", "export does not read it"]),
+    ("ingest", ["data.path=x.csv", "model.n_estimators=3"], ["'model.n_estimators'", "ingest reads only"]),
+    ("select", ["problem.m=1", "problem.n=2", "problem.k=3", "model=lgbm_regressor"], ["'model'", "select answers"]),
+    ("select", ["problem.m=1", "problem.n=2", "problem.k=3", "model_dir=x", "exports_dir=y"], ["'exports_dir'"]),
 ]
 
 
@@ -130,6 +153,17 @@ def test_refused_at_compose(command: str, overrides: list[str], names: list[str]
     rc, _, err = run([command, *overrides], capsys)
     assert_named(rc, err, command, *names)
     assert composed == []  # the task never started
+
+
+@pytest.mark.parametrize("overrides", [
+    ["data=path", "data.path=x.csv"], ["data.source=path", "data.path=x.csv"], ["cv=holdout", "cv.test_fraction=0.3"],
+    ["model=lgbm_regressor", "target=relative", "target.floor=0.01"], ["model.backend=dask", "model.dask.n_workers=1"],
+    ["data=path", "data.path=x.csv", "cv=external", "shapes=tiny"],  # the external test table is simulated
+    ["shapes=tiny"], ["model.early_stopping_rounds=5", "model.validation_fraction=0.3"],
+])
+def test_read_keys_are_accepted(overrides: list[str], composed: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(["train", *overrides], capsys)
+    assert rc == 0 and len(composed) == 1, err
 
 
 def test_output_paths_refused_before_work(tmp_path: Path, composed: list[Any],
@@ -193,7 +227,7 @@ def test_unparsable_override_is_named(composed: list[Any], capsys: pytest.Captur
 def test_more_folds_than_shapes_of_a_real_table(capsys: pytest.CaptureFixture[str]) -> None:
     table = data_file(*FOUR_SHAPES)
     before = digest(table)
-    rc, _, err = run(["train", *TINY, "dtype=fp16", "data.source=path", f"data.path={table}"], capsys)
+    rc, _, err = run(["train", *TINY_PATH, "dtype=fp16", "data.source=path", f"data.path={table}"], capsys)
     assert_named(rc, err, "train", "'cv.n_splits'", "5", "[2, 4]", "4 shapes")
     assert digest(table) == before
 
@@ -484,7 +518,7 @@ def test_subprocess_one_line_no_traceback(argv: list[str], tmp_path: Path) -> No
 
 
 def test_subprocess_more_folds_than_shapes(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "ckpred", "train", *TINY, "dtype=fp16", "data.source=path",
+    proc = subprocess.run([sys.executable, "-m", "ckpred", "train", *TINY_PATH, "dtype=fp16", "data.source=path",
                            f"data.path={data_file(*FOUR_SHAPES)}"], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path)
     assert_named(proc.returncode, proc.stderr, "train", "'cv.n_splits'")
