@@ -8,11 +8,15 @@ function of the config, whose return value is what a sweeper optimises.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
+from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from omegaconf import DictConfig
+
+from ckpred.errors import CkpredError
 
 
 class Command(NamedTuple):
@@ -130,17 +134,166 @@ def _check_override_syntax(name: str, argv: list[str]) -> None:
         after_option = arg in _HYDRA_VALUE_OPTIONS
 
 
+#: Longest config key ckpred takes (a key is a dotted path of schema names, never this long).
+MAX_KEY_CHARS = 255
+#: Words of an error line longer than this are shortened when printed (a 10,000-character path).
+MAX_WORD_CHARS = 200
+
+
+def _shown(text: str) -> str:
+    """``text`` safe to print on a terminal: control and other non-printable characters escaped
+    (an ESC would start a terminal escape sequence), overlong words shortened."""
+    import re
+
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
+    return re.sub(rf"\S{{{MAX_WORD_CHARS + 1},}}", lambda m: f"{m.group()[:60]}...[{len(m.group()):,} characters]", text)
+
+
+def _refuse(name: str, message: str) -> None:
+    print(f"ckpred {name}: error: {_shown(message)}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def _check_arguments(name: str, argv: list[str]) -> None:
+    """Refuse, before Hydra echoes or parses it, an argument holding a control character (ESC,
+    CR, BEL, ...: a terminal would act on them) or an overlong key."""
+    for arg in argv:
+        bad = next((c for c in arg if not c.isprintable()), None)
+        if bad is not None:
+            _refuse(name, f"argument '{_shown(arg)}' holds the control character {ascii(bad)} at position "
+                          f"{arg.index(bad)}; allowed: printable characters")
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if "=" in arg and len(key) > MAX_KEY_CHARS:
+            _refuse(name, f"config key '{key[:60]}...' ({len(key):,} characters) is too long; allowed: a key of at "
+                          f"most {MAX_KEY_CHARS} characters")
+
+
+def _unknown_key(schema: type, key: str, groups: set[str]) -> tuple[str, list[str]] | None:
+    """``(key prefix, keys allowed there)`` when ``key`` leaves the schema of ``schema``, else None.
+
+    The walk stops (accepting the key) where the schema has no fixed keys: a free mapping, a
+    list, an untyped node, or a config group name at the root (``experiment``)."""
+    import dataclasses
+    import typing
+
+    node: Any = schema
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
+            return None
+        names = [f.name for f in dataclasses.fields(node)]
+        if part not in names:
+            if i == 0 and part in groups:
+                return None
+            return ".".join(parts[:i + 1]), sorted(set(names) | (groups if i == 0 else set()))
+        node = typing.get_type_hints(node)[part]
+        args = [a for a in typing.get_args(node) if a is not type(None)]
+        if typing.get_origin(node) is typing.Union and len(args) == 1:  # Optional[X]
+            node = args[0]
+    return None
+
+
+def _check_creatable(name: str, key: str, value: str) -> None:
+    """Refuse a directory Hydra would fail to create (under /proc, below a file, too long): its
+    first missing component is made and removed again, so nothing is left behind."""
+    from ckpred.schema import check_output_path
+
+    try:
+        check_output_path(key, value, kind="dir")
+        path = Path(value).expanduser().absolute()
+        missing = next((p for p in [path, *path.parents][::-1] if not p.exists()), None)
+        if missing is not None:
+            missing.mkdir()
+            missing.rmdir()
+    except CkpredError as exc:
+        _refuse(name, str(exc))
+    except OSError as exc:
+        _refuse(name, f"config key '{key}' has invalid value {value!r}; allowed: a directory this system can "
+                      f"create ({exc.strerror})")
+
+
+def _check_override_keys(name: str, argv: list[str]) -> None:
+    """Refuse, before Hydra composes anything, an override whose key the command's schema does
+    not have (with the closest key: Hydra's own error offers none without ``+``), an overlong
+    key, and a Hydra run or sweep dir that cannot be created."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from ckpred.config import PRIMARY_SCHEMAS
+    from ckpred.errors import UnknownConfigKeyError
+
+    schema = PRIMARY_SCHEMAS[COMMANDS[name].config_name]
+    # besides the schema's keys, a plain override at the root may choose an experiment
+    groups = {"experiment"}
+    parser = OverridesParser.create()
+    after_option = False
+    for arg in argv:
+        if not after_option and not arg.startswith("-"):
+            override = parser.parse_override(arg)
+            key = override.key_or_group
+            if key in ("hydra.run.dir", "hydra.sweep.dir") and "${" not in arg:
+                _check_creatable(name, key, str(override.value()))
+            plain = not (override.is_add() or override.is_force_add() or override.is_delete())
+            if plain and override.package is None and key.split(".")[0] != "hydra":
+                unknown = _unknown_key(schema, key, groups)
+                if unknown is not None:
+                    _refuse(name, str(UnknownConfigKeyError(unknown[0], override.value(), unknown[1])))
+        after_option = arg in _HYDRA_VALUE_OPTIONS
+
+
+class _RunDirGuard:
+    """Removes the folder Hydra made for a run that ckpred then refused (only ``.hydra/`` and the
+    job's log in it), and the parents this run created: a refused run leaves nothing behind.
+
+    Which parents existed is recorded before Hydra starts: from ``hydra.run.dir=`` when given
+    (up to its first interpolation), else the packaged ``runs/<command>/``. A run dir that existed
+    before is never touched.
+    """
+
+    def __init__(self, config_name: str, argv: list[str]) -> None:
+        given = next((a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")), None)
+        base = Path(given.split("${")[0] if given else Path("runs") / config_name).absolute()
+        self.candidates = {base, *base.parents}
+        self.existed = {p for p in self.candidates if p.exists()}
+
+    def clean(self) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        out = Path(hc.runtime.output_dir).absolute()
+        if hc.mode != RunMode.RUN or out in self.existed or not out.is_dir():
+            return
+        hydra_files = {"config.yaml", "hydra.yaml", "overrides.yaml"}
+        meta = out / ".hydra"
+        entries = {p.name for p in out.iterdir()}
+        if not entries <= {".hydra", f"{hc.job.name}.log"} or \
+                (meta.is_dir() and not {p.name for p in meta.iterdir()} <= hydra_files):
+            return  # the run wrote something of its own: keep it
+        for f in hydra_files:
+            (meta / f).unlink(missing_ok=True)
+        if meta.is_dir():
+            meta.rmdir()
+        (out / f"{hc.job.name}.log").unlink(missing_ok=True)
+        out.rmdir()
+        for parent in out.parents:
+            if parent not in self.candidates or parent in self.existed or any(parent.iterdir()):
+                break
+            parent.rmdir()
+
+
 def run_command(name: str, argv: list[str]) -> Any:
     """Run command ``name`` with Hydra arguments ``argv`` (as if typed after the command)."""
     import hydra
 
     from ckpred.config import check_overrides_used, register_schemas, to_object
-    from ckpred.errors import CkpredError
 
     command = COMMANDS[name]
+    _check_arguments(name, argv)
     argv = _open_node_overrides(_positional_to_override(argv, command.positional), command.open_nodes)
     _check_override_syntax(name, argv)
+    _check_override_keys(name, argv)
     register_schemas()
+    guard = _RunDirGuard(command.config_name, argv)
 
     @hydra.main(version_base="1.3", config_path="pkg://ckpred.conf", config_name=command.config_name)
     def entry(cfg: DictConfig) -> Any:
@@ -153,8 +306,15 @@ def run_command(name: str, argv: list[str]) -> Any:
         except CkpredError as exc:
             # ckpred's own errors already say where, what and what is allowed: print that
             # line instead of Hydra's traceback. SystemExit passes through Hydra's handler.
-            print(f"ckpred {name}: error: {exc}", file=sys.stderr)
-            raise SystemExit(1) from exc
+            message = str(exc)
+        except OSError as exc:
+            if exc.errno != errno.ENAMETOOLONG:
+                raise
+            # a path of the config (data.path, out, ...) longer than the file system takes
+            message = (f"cannot use {exc.filename or 'a path'}: {exc.strerror} (the system takes file names of at "
+                       "most 255 bytes and paths of at most 4,096)")
+        guard.clean()
+        _refuse(name, message)
 
     saved = sys.argv
     sys.argv = [f"ckpred {name}", *argv]

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from ckpred import schema
-from ckpred.errors import ConfigValueError, UnknownConfigKeyError, UnusedConfigKeyError
+from ckpred.errors import ConfigValueError, OutputPathError, UnknownConfigKeyError, UnusedConfigKeyError
 from ckpred.util import resolve_path
 
 #: Folder of the config tree: top-level conf/ in a checkout, shipped as the package ckpred.conf.
@@ -186,8 +186,19 @@ def run_dir(cfg: Any, command: str) -> Path:
         out = Path(hydra_cfg.runtime.output_dir)
     else:
         out = resolve_path(Path("runs") / command / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a place the permission check passes and the file system refuses (/proc)
+        raise OutputPathError(str(out), exc.strerror or str(exc)) from None
     return out
+
+
+#: The schema of each command's primary config (``conf/<name>.yaml`` starts with ``base_<name>``).
+PRIMARY_SCHEMAS: dict[str, type] = {
+    "ingest": schema.IngestConfig, "simulate": schema.SimulateConfig, "train": schema.TrainConfig,
+    "export": schema.ExportConfig, "select": schema.SelectConfig, "tune": schema.TuneConfig,
+    "sweep_report": schema.SweepReportConfig, "replay": schema.ReplayConfig,
+}
 
 
 def register_schemas() -> None:
@@ -195,24 +206,18 @@ def register_schemas() -> None:
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
+    for name, node in PRIMARY_SCHEMAS.items():
+        cs.store(name=f"base_{name}", node=node)
     cs.store(group="arch", name="base_arch", node=schema.ArchConfig)
     cs.store(group="dtype", name="base_dtype", node=schema.DtypeConfig)
     cs.store(group="layout", name="base_layout", node=schema.LayoutConfig)
     cs.store(group="op", name="base_op", node=schema.OpConfig)
     cs.store(group="data", name="base_data", node=schema.DataConfig)
-    cs.store(name="base_ingest", node=schema.IngestConfig)
     cs.store(group="shapes", name="base_shapes", node=schema.ShapesConfig)
-    cs.store(name="base_simulate", node=schema.SimulateConfig)
     cs.store(group="features", name="base_features", node=schema.FeaturesConfig)
     cs.store(group="model", name="base_model", node=schema.ModelConfig)
     cs.store(group="target", name="base_target", node=schema.TargetConfig)
     cs.store(group="cv", name="base_cv", node=schema.CVConfig)
-    cs.store(name="base_train", node=schema.TrainConfig)
-    cs.store(name="base_export", node=schema.ExportConfig)
-    cs.store(name="base_select", node=schema.SelectConfig)
-    cs.store(name="base_tune", node=schema.TuneConfig)
-    cs.store(name="base_sweep_report", node=schema.SweepReportConfig)
-    cs.store(name="base_replay", node=schema.ReplayConfig)
     cs.store(group="problem", name="base_problem", node={})
 
 

@@ -107,6 +107,11 @@ COMPOSE_REFUSALS = [
     ("train", ["+model.n_estimatorz=5"], ["'model.n_estimatorz'", "5", "did you mean 'n_estimators'"]),
     ("train", ["+cv.n_split=3"], ["'cv.n_split'", "'n_splits'"]),
     ("train", ["+epochs=3"], ["'epochs'", "allowed keys"]),
+    # a typo without `+` gets the closest key too (Hydra's own error offers none)
+    ("train", ["dtyp=fp8"], ["'dtyp'", "did you mean 'dtype'"]),
+    ("train", ["model.n_estimatorz=5"], ["'model.n_estimatorz'", "did you mean 'n_estimators'"]),
+    ("train", ["expriment=reference"], ["'expriment'", "did you mean 'experiment'"]),
+    ("export", ["reranker.num_leafs=7"], ["'reranker.num_leafs'", "did you mean 'num_leaves'"]),
     ("export", ["+reranker.depth=3"], ["'reranker.depth'"]),
     ("select", ["problem.m=1", "problem.n=2", "problem.k=3", "+top_kk=3"], ["'top_kk'", "'top_k'"]),
     ("train", ["arch=gfx90a", "dtype=fp8"], ["'dtype'", "'fp8'", "arch=gfx90a", "'fp16'"]),
@@ -221,6 +226,60 @@ def test_unparsable_override_is_named(composed: list[Any], capsys: pytest.Captur
         rc, _, err = run(["train", override], capsys)
         assert_named(rc, err, "train", f"cannot parse override {override!r}")
     assert composed == []
+
+
+@pytest.mark.parametrize("char", ["\x1b", "\r", "\x07", "\x08", "\x9b", "\u202e", "\n", "\t"])
+def test_control_characters_are_refused_without_being_echoed(char: str, composed: list[Any],
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """cl17: an ESC in an override reached the terminal raw (in Hydra's token error)."""
+    rc, out, err = run(["train", f"data.path=a{char}[31mred"], capsys)
+    assert_named(rc, err, "train", "control character", ascii(char))
+    assert char not in err.rstrip("\n") and char not in out and composed == []
+
+
+def test_overlong_keys_values_and_paths_are_named_in_a_short_line(tmp_path: Path, composed: list[Any],
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """cl09-cl12: File name too long, from Hydra's group lookup or the file system, was a traceback."""
+    long = "x" * 10_000
+    for argv, names in ((["train", f"+model.{long}=1"], ["too long", "at most 255"]),
+                        (["train", f"{long}=1"], ["too long"]),
+                        (["ingest", "data.path=in.csv", f"out={long}.parquet"], ["File name too long", "10,"]),
+                        (["train", f"out_dir={tmp_path}/{long}"], ["File name too long"])):
+        rc, _, err = run(argv, capsys)
+        assert_named(rc, err, argv[0], *names)
+        assert len(err) < 1000, err
+    assert composed == []
+
+
+def test_overlong_data_path_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(["ingest", f"data.path={'y' * 100_000}.csv", f"out={tmp_path / 'o.parquet'}"], capsys)
+    assert_named(rc, err, "ingest")
+    assert len(err) < 1000, err
+
+
+@pytest.mark.skipif(not Path("/proc/version").is_file(), reason="needs Linux /proc")
+@pytest.mark.parametrize("argv", [["hydra.run.dir=/proc/self/x"], ["hydra.run.dir=/proc/ckpred-x"],
+                                  ["hydra.sweep.dir=/proc/ckpred-x"], ["out_dir=/proc/ckpred-x"]])
+def test_run_dirs_under_proc_are_named(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(["train", "shapes=tiny", *argv], capsys)
+    assert_named(rc, err, "train", "/proc/")
+
+
+def test_a_refused_run_leaves_no_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Hydra makes runs/train/<time>/.hydra before the task starts; a refusal removes it (and the
+    parents it made), but never a folder that was there before."""
+    rc, _, err = run(["train", "seed=-1"], capsys)
+    assert_named(rc, err, "train", "'seed'")
+    rc, _, err = run(["train", "shapes=tiny", "data.seed=2", "data.cache_dir=/proc/ckpred-x"], capsys)
+    assert rc == 1 and not TRACEBACK.search(err), err
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "runs" / "train" / "mine").mkdir(parents=True)
+    run(["train", "seed=-1"], capsys)
+    assert [p.name for p in (tmp_path / "runs" / "train").iterdir()] == ["mine"]
+    (tmp_path / "given").mkdir()
+    (tmp_path / "given" / "notes.txt").write_text("mine")
+    run(["train", "seed=-1", f"hydra.run.dir={tmp_path / 'given'}"], capsys)
+    assert (tmp_path / "given" / "notes.txt").read_text() == "mine"
 
 
 # -- refused once the data is known (before any fitting) ------------------------------------------
@@ -514,7 +573,7 @@ def test_subprocess_one_line_no_traceback(argv: list[str], tmp_path: Path) -> No
                           cwd=tmp_path)
     assert proc.returncode == 1
     assert_named(proc.returncode, proc.stderr, argv[0])
-    assert list(tmp_path.iterdir()) == [] or all(p.name in ("runs", "outputs") for p in tmp_path.iterdir())
+    assert list(tmp_path.iterdir()) == []  # no stub run folder
 
 
 def test_subprocess_more_folds_than_shapes(tmp_path: Path) -> None:
