@@ -285,6 +285,7 @@ def run_command(name: str, argv: list[str]) -> Any:
     """Run command ``name`` with Hydra arguments ``argv`` (as if typed after the command)."""
     import hydra
 
+    from ckpred import config
     from ckpred.config import check_overrides_used, register_schemas, to_object
 
     command = COMMANDS[name]
@@ -292,6 +293,7 @@ def run_command(name: str, argv: list[str]) -> Any:
     argv = _open_node_overrides(_positional_to_override(argv, command.positional), command.open_nodes)
     _check_override_syntax(name, argv)
     _check_override_keys(name, argv)
+    config.COMMAND_LINE = name
     register_schemas()
     guard = _RunDirGuard(command.config_name, argv)
 
@@ -322,6 +324,7 @@ def run_command(name: str, argv: list[str]) -> Any:
         return entry()
     finally:
         sys.argv = saved
+        config.COMMAND_LINE = None
 
 
 def main(argv: list[str] | None = None) -> int:

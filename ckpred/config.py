@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from ckpred import schema
-from ckpred.errors import ConfigValueError, OutputPathError, UnknownConfigKeyError, UnusedConfigKeyError
+from ckpred.errors import ConfigValueError, InputFileError, OutputPathError, UnknownConfigKeyError, UnusedConfigKeyError
 from ckpred.util import resolve_path
 
 #: Folder of the config tree: top-level conf/ in a checkout, shipped as the package ckpred.conf.
@@ -201,9 +201,60 @@ PRIMARY_SCHEMAS: dict[str, type] = {
 }
 
 
+def _checked_file_source() -> None:
+    """Have Hydra check every config file it reads from a directory (``--config-dir``, a search
+    path) with :func:`ckpred.yamlfile.check_yaml` before OmegaConf loads it (idempotent).
+
+    OmegaConf expands a YAML alias bomb before any schema sees the file, and its loader's errors
+    (duplicate keys, tags, bytes that are not UTF-8) reach the user as tracebacks. The check
+    replaces Hydra's ``file://`` config source by a subclass of the one Hydra registered (Hydra
+    keeps a registered class of the same name). A refusal raises
+    :class:`ckpred.errors.InputFileError`, or on the command line (:data:`COMMAND_LINE` set)
+    prints its one line and exits with status 1 (Hydra would add its own lines to it).
+    """
+    import os
+    import sys
+
+    from hydra._internal.sources_registry import SourcesRegistry
+    from hydra.core.plugins import Plugins
+
+    from ckpred.yamlfile import MAX_BYTES, check_yaml
+
+    Plugins.instance()  # Hydra registers its own config sources first
+    registry = SourcesRegistry.instance()
+    base = registry.resolve("file")
+    if getattr(base, "ckpred_checked", False):
+        return
+
+    class FileConfigSource(base):  # type: ignore[misc,valid-type]
+        ckpred_checked = True
+
+        def load_config(self, config_path: str) -> Any:
+            path = os.path.realpath(os.path.join(self.path, self._normalize_file_name(config_path)))
+            if os.path.isfile(path):
+                try:
+                    with open(path, "rb") as fh:
+                        check_yaml(fh.read(MAX_BYTES + 1), path)
+                except InputFileError as exc:
+                    if COMMAND_LINE is None:
+                        raise
+                    print(f"ckpred {COMMAND_LINE}: error: {exc}", file=sys.stderr)
+                    raise SystemExit(1) from None
+            return super().load_config(config_path)
+
+    registry.types["file"] = FileConfigSource
+
+
+#: The command being run from the command line (set by :mod:`ckpred.cli`); None in a program.
+COMMAND_LINE: str | None = None
+
+
 def register_schemas() -> None:
-    """Register every schema under ``base_<group>`` (idempotent)."""
+    """Register every schema under ``base_<group>`` and check config files before Hydra loads
+    them (:func:`_checked_file_source`); idempotent."""
     from hydra.core.config_store import ConfigStore
+
+    _checked_file_source()
 
     cs = ConfigStore.instance()
     for name, node in PRIMARY_SCHEMAS.items():

@@ -282,6 +282,67 @@ def test_a_refused_run_leaves_no_run_folder(tmp_path: Path, capsys: pytest.Captu
     assert (tmp_path / "given" / "notes.txt").read_text() == "mine"
 
 
+# -- a user's config files (F20, F21) --------------------------------------------------------------
+_BOMB = "x0: &x0 [a,a,a,a,a,a,a,a,a]\n" + "".join(
+    f"x{i}: &x{i} [{','.join([f'*x{i - 1}'] * 9)}]\n" for i in range(1, 10))
+HOSTILE_YAML = {
+    # fd23: nine levels of nine aliases (1 KB) expand to 387 million nodes; it never finished
+    "alias bomb": (_BOMB.encode(), ["alias bomb", "100,000 nodes"]),
+    "duplicate key": (b"rows: 1\nrows: 2\n", ["'rows' given twice", "line 2"]),  # fd22
+    "python tag": (b"x: !!python/object/apply:os.system ['touch PWNED']\n", ["!!python/object/apply"]),  # fd24
+    "not UTF-8": (b"x: \"caf\xe9\"\n", ["byte 0xe9 is not UTF-8", "line 39"]),  # fd27 (after the op's 38 lines)
+    "recursive alias": (b"x: &r [1, *r]\n", ["recursive"]),
+    "deep nesting": (b"x: " + b"[" * 5000 + b"]" * 5000 + b"\n", ["nest"]),
+    "not YAML": (b"x: [1, 2\n", ["not YAML"]),
+}
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE_YAML))
+def test_hostile_yaml_in_a_user_config_dir_is_named_quickly(kind: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.conftest import REPO
+
+    data, names = HOSTILE_YAML[kind]
+    conf = tmp_path / "conf" / "op"
+    conf.mkdir(parents=True)
+    op = (REPO / "tests" / "fixtures" / "user_op" / "op" / "tmm.yaml").read_bytes()
+    (conf / "tmm.yaml").write_bytes(data if kind == "duplicate key" else op + data)
+    if kind == "duplicate key":  # a key given twice inside the op's own mapping
+        (conf / "tmm.yaml").write_bytes(op.replace(b"  rows: {kind: int}\n", b"  rows: {kind: int}\n" * 2))
+        names = ["'rows' given twice", "line 7"]
+    start = time.perf_counter()
+    rc, _, err = run(["ingest", "--config-dir", str(tmp_path / "conf"), "op=tmm", "data.path=x.csv",
+                      f"out={tmp_path / 'o.parquet'}"], capsys)
+    assert time.perf_counter() - start < 30
+    assert_named(rc, err, "ingest", "cannot read", str(conf / "tmm.yaml"), *names)
+    assert not (tmp_path / "PWNED").exists() and not Path("PWNED").exists()
+
+
+def test_hostile_yaml_through_compose_raises_the_named_error(tmp_path: Path) -> None:
+    from ckpred.config import compose
+    from ckpred.errors import InputFileError
+
+    (tmp_path / "op").mkdir()
+    (tmp_path / "op" / "bad.yaml").write_bytes(_BOMB.encode())
+    with pytest.raises(InputFileError, match="alias bomb"):
+        compose("ingest", ["op=bad", "data.path=x.csv"], config_dir=tmp_path)
+
+
+def test_a_plugin_raising_at_import_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """pl09: a plug-in module that raises while it is imported."""
+    from tests.conftest import REPO
+
+    (tmp_path / "boom_plugin.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "conf" / "op").mkdir(parents=True)
+    op = (REPO / "tests" / "fixtures" / "user_op" / "op" / "tmm.yaml").read_text()
+    (tmp_path / "conf" / "op" / "tmm.yaml").write_text(op.replace("name: tmm\n", "name: tmm\nplugin: boom_plugin:Op\n"))
+    rc, _, err = run(["ingest", "--config-dir", str(tmp_path / "conf"), "op=tmm", "data.path=x.csv",
+                      f"out={tmp_path / 'o.parquet'}"], capsys)
+    assert_named(rc, err, "ingest", "'op.plugin'", "boom_plugin:Op")
+
+
 # -- refused once the data is known (before any fitting) ------------------------------------------
 def test_more_folds_than_shapes_of_a_real_table(capsys: pytest.CaptureFixture[str]) -> None:
     table = data_file(*FOUR_SHAPES)

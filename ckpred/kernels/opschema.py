@@ -136,6 +136,9 @@ def load_plugin(spec: str, key: str = "op.plugin") -> type:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigValueError(key, spec, f"an importable module ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - any error the module raises while it is imported
+        raise ConfigValueError(key, spec, f"a module that imports without error (importing {module_name} raised "
+                                          f"{type(exc).__name__}: {exc})") from None
     obj = getattr(module, attr, None)
     if not (isinstance(obj, type) and getattr(obj, DECLARED_MARK, False)):
         raise ConfigValueError(key, spec, f"a subclass of ckpred.kernels.declared.DeclaredOp in {module_name} "
