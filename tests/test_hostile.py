@@ -343,6 +343,26 @@ def test_a_plugin_raising_at_import_is_named(tmp_path: Path, monkeypatch: pytest
     assert_named(rc, err, "ingest", "'op.plugin'", "boom_plugin:Op")
 
 
+@pytest.mark.parametrize("command", ["ingest", "train", "export", "select"])
+@pytest.mark.parametrize(("group", "field"), [("problem_fields", "alpha: {kind: float, default: 1.5}"),
+                                              ("kernel_fields", "ratio: {kind: float}")])
+def test_a_float_field_is_refused_at_compose(command: str, group: str, field: str, tmp_path: Path,
+                                             composed: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """fd10, fd10e: a float problem field trained, then every selection failed inside onnxruntime
+    (double against the int64 problem input); float kernel fields failed the export the same way."""
+    from tests.conftest import REPO
+
+    (tmp_path / "conf" / "op").mkdir(parents=True)
+    op = (REPO / "tests" / "fixtures" / "user_op" / "op" / "tmm.yaml").read_text()
+    (tmp_path / "conf" / "op" / "tmm.yaml").write_text(op.replace(f"{group}:\n", f"{group}:\n  {field}\n"))
+    name = field.split(":")[0]
+    extra = {"select": ["problem.rows=1", "problem.cols=1", "problem.depth=1", "problem.precision=fp16"]}.get(
+        command, ["data=path", "data.path=x.csv"] if command != "ingest" else ["data.path=x.csv"])
+    rc, _, err = run([command, "--config-dir", str(tmp_path / "conf"), "op=tmm", "features=minimal", *extra], capsys)
+    assert_named(rc, err, command, f"'op.{group}.{name}.kind'", "'float'", "int64")
+    assert composed == []
+
+
 # -- refused once the data is known (before any fitting) ------------------------------------------
 def test_more_folds_than_shapes_of_a_real_table(capsys: pytest.CaptureFixture[str]) -> None:
     table = data_file(*FOUR_SHAPES)

@@ -47,7 +47,7 @@ def _check_fields(cfg: Any) -> None:
     for group in ("problem_fields", "kernel_fields"):
         specs = _get(cfg, group) or {}
         check(f"op.{group}", dict(specs), len(specs) > 0 or _get(cfg, "plugin"),
-              "a non-empty mapping of field name -> {kind: int|float|categorical|bool}")
+              "a non-empty mapping of field name -> {kind: int|categorical|bool}")
         for name, spec in specs.items():
             key = f"op.{group}.{name}"
             check(key, name, str(name).isidentifier() and name not in RESERVED_NAMES,
@@ -57,6 +57,10 @@ def _check_fields(cfg: Any) -> None:
             seen[name] = group
             kind, values, default = _get(spec, "kind"), list(_get(spec, "values") or []), _get(spec, "default")
             check(f"{key}.kind", kind, kind in FIELD_KINDS, f"one of {list(FIELD_KINDS)}")
+            check(f"{key}.kind", kind, kind != "float",
+                  "int, categorical or bool: both runtimes and the exported graphs take every problem and kernel "
+                  "field as an int64, so a float field would train but never select; give it as an int in a finer "
+                  "unit (alpha=1.5 as alpha_milli=1500) or as categorical values")
             if kind == "categorical":
                 check(f"{key}.values", values, len(values) > 0 and all(isinstance(v, str) for v in values),
                       "a non-empty list of strings (the allowed values, in code order)")
