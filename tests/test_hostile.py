@@ -363,6 +363,24 @@ def test_a_float_field_is_refused_at_compose(command: str, group: str, field: st
     assert composed == []
 
 
+def test_a_copy_of_an_arch_config_names_its_isa_then_simulates(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A copy of gfx950.yaml under another name was refused blaming the dtype, then (with the
+    ISA set) the simulator raised a ValueError: the key to set is named, and the copy simulates."""
+    from tests.conftest import REPO
+
+    (tmp_path / "conf" / "arch").mkdir(parents=True)
+    copy = (REPO / "conf" / "arch" / "gfx950.yaml").read_text().replace("name: gfx950", "name: mygpu")
+    (tmp_path / "conf" / "arch" / "mygpu.yaml").write_text(copy)
+    argv = ["simulate", "--config-dir", str(tmp_path / "conf"), "arch=mygpu", "shapes=tiny", "shapes.max_shapes=2",
+            f"data.cache_dir={tmp_path / 'cache'}", f"out={tmp_path / 's.parquet'}"]
+    rc, _, err = run(argv, capsys)
+    assert_named(rc, err, "simulate", "'arch.gfx'", "'mygpu'", "gfx950", "gfx: <ISA>")
+    (tmp_path / "conf" / "arch" / "mygpu.yaml").write_text(copy.replace("name: mygpu", "name: mygpu\ngfx: gfx950"))
+    rc, out, err = run(argv, capsys)
+    assert rc == 0 and "2 shapes x 4,608 kernels" in out, err
+
+
 # -- refused once the data is known (before any fitting) ------------------------------------------
 def test_more_folds_than_shapes_of_a_real_table(capsys: pytest.CaptureFixture[str]) -> None:
     table = data_file(*FOUR_SHAPES)
