@@ -286,7 +286,7 @@ def run_command(name: str, argv: list[str]) -> Any:
     import hydra
 
     from ckpred import config
-    from ckpred.config import check_overrides_used, register_schemas, to_object
+    from ckpred.config import check_overrides_used, register_schemas, to_object, use_config_dirs
 
     command = COMMANDS[name]
     _check_arguments(name, argv)
@@ -302,7 +302,9 @@ def run_command(name: str, argv: list[str]) -> Any:
         try:
             from hydra.core.hydra_config import HydraConfig
 
-            # value checks of every schema, and no override the selected options ignore, before any work
+            # the dtypes, layouts and arch configs of the config dirs searched, then the value checks
+            # of every schema, and no override the selected options ignore, before any work
+            use_config_dirs(HydraConfig.get().runtime.config_sources)
             check_overrides_used(to_object(cfg), list(HydraConfig.get().overrides.task))
             return _load_task(command.task)(cfg)
         except CkpredError as exc:

@@ -150,19 +150,35 @@ def compose(config_name: str, overrides: list[str] | None = None, config_dir: st
     command line.
 
     The result is validated with :func:`to_object` and :func:`check_overrides_used` before it
-    is returned, so bad values fail here exactly as they fail on the command line.
+    is returned, so bad values fail here exactly as they fail on the command line; the
+    vocabulary of the config dirs is installed (:func:`use_config_dirs`).
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    from omegaconf import open_dict, read_write
+
     register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="ckpred.conf", version_base="1.3"):
         search = [f"hydra.searchpath=[file://{Path(config_dir).absolute()}]"] if config_dir else []
-        cfg = hydra_compose(config_name=config_name, overrides=[*search, *(overrides or [])])
+        cfg = hydra_compose(config_name=config_name, overrides=[*search, *(overrides or [])],
+                            return_hydra_config=True)
+    use_config_dirs(cfg.hydra.runtime.config_sources)
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]
     check_overrides_used(to_object(cfg), list(overrides or []))
     return cfg
+
+
+def use_config_dirs(sources: Any) -> None:
+    """Install the vocabulary (dtypes, layouts, arch configs) of the config dirs Hydra searched
+    (``hydra.runtime.config_sources``, in order), so the schema checks and every lookup by name
+    see a user's files as well as the package's (:mod:`ckpred.vocab`)."""
+    from ckpred import vocab
+
+    vocab.use(vocab.read(vocab.config_dirs(OmegaConf.to_container(sources))))
 
 
 def run_dir(cfg: Any, command: str) -> Path:

@@ -7,7 +7,8 @@ type cannot express (ranges, allowed names) live in ``__post_init__`` and run wh
 name the key, the bad value and what is allowed.
 
 Adding a config group means adding its dataclass here and registering it in :func:`register`;
-adding an *option* to a group is only a YAML file.
+adding an *option* to a group is only a YAML file: the dtypes, layouts and arch configs a check
+accepts are the files of the config dirs (:mod:`ckpred.vocab`), not lists in this module.
 """
 
 from __future__ import annotations
@@ -19,13 +20,21 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from ckpred import vocab
 from ckpred.errors import ConfigValueError
 
-#: Names the CK Tile kernel space and the simulator understand.
-DTYPES: tuple[str, ...] = ("fp8", "bf8", "fp16", "bf16", "fp32")
-LAYOUTS: tuple[str, ...] = ("rcr", "rrr", "crr", "ccr")
 DATA_SOURCES: tuple[str, ...] = ("simulated", "path")
 DATA_FORMATS: tuple[str, ...] = ("auto", "json", "log", "csv", "parquet")
+
+
+def dtype_names() -> tuple[str, ...]:
+    """The dtypes of the config dirs in use (``dtype/<name>.yaml``; :func:`ckpred.vocab.current`)."""
+    return tuple(sorted(vocab.current().dtypes))
+
+
+def layout_names() -> tuple[str, ...]:
+    """The layouts of the config dirs in use (``layout/<name>.yaml``)."""
+    return tuple(sorted(vocab.current().layouts))
 
 
 def check(key: str, value: Any, ok: bool, allowed: str) -> None:
@@ -148,7 +157,7 @@ class ArchConfig:
         check_positive("arch", self, ("l2_mib_per_xcd", "llc_mib"), allow_zero=True)
         check("arch.wave_size", self.wave_size, self.wave_size in (32, 64), "32 or 64")
         for dtype, peak in self.peak_tflops.items():
-            check(f"arch.peak_tflops.{dtype}", dtype, dtype in DTYPES, f"one of {list(DTYPES)}")
+            check(f"arch.peak_tflops.{dtype}", dtype, dtype in dtype_names(), f"a dtype of {vocab.current().describe('dtype')}")
             check(f"arch.peak_tflops.{dtype}", peak, peak > 0, "a number > 0")
 
     @property
@@ -165,26 +174,29 @@ ARCH_NUMBERS: tuple[str, ...] = ("cus", "xcds", "shader_engines", "simds_per_cu"
 
 def arch_constant_names() -> tuple[str, ...]:
     """Every ``hw.<name>`` an expression may read (the same for every arch config)."""
-    return ARCH_NUMBERS + ("lds_bytes",) + tuple(f"peak_tflops_{d}" for d in DTYPES)
+    return ARCH_NUMBERS + ("lds_bytes",) + tuple(f"peak_tflops_{d}" for d in dtype_names())
 
 
 def arch_config(name: str) -> "ArchConfig":
-    """The packaged ``conf/arch/<name>.yaml``, checked (e.g. to find a table's own arch by the
-    name in its ``arch`` column).
+    """``arch/<name>.yaml`` of the config dirs in use (the package's ``conf/`` and a user's),
+    checked (e.g. to find a table's own arch by the name in its ``arch`` column).
 
     Raises
     ------
     ckpred.errors.ConfigValueError
-        When no packaged arch config has that name, listing the ones there are.
+        When no arch config has that name, listing the ones there are.
     """
-    from importlib import resources
-
     from omegaconf import OmegaConf
 
-    folder = resources.files("ckpred.conf") / "arch"
-    known = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
-    check("arch", name, name in known, f"one of the packaged arch configs {known} (or pass the arch config)")
-    raw = OmegaConf.to_container(OmegaConf.create((folder / f"{name}.yaml").read_text()))
+    from ckpred.yamlfile import check_yaml
+
+    found = vocab.current()
+    path = found.find("arch", name)
+    check("arch", name, path is not None, f"one of the arch configs {found.options('arch')} (arch/<name>.yaml in "
+                                          "the config dirs; or pass the arch config)")
+    data = path.read_bytes()
+    check_yaml(data, path)
+    raw = OmegaConf.to_container(OmegaConf.create(data.decode("utf-8")))
     raw.pop("defaults", None)
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArchConfig), raw))
 
@@ -200,38 +212,56 @@ def arch_constants(arch: Any) -> dict[str, float]:
     out = {k: float(get(k)) for k in ARCH_NUMBERS}
     out["lds_bytes"] = out["lds_kib"] * 1024.0
     peaks = get("peak_tflops") or {}
-    for d in DTYPES:
+    for d in dtype_names():
         out[f"peak_tflops_{d}"] = float(peaks[d]) if d in peaks else float("nan")
     return out
 
 
 @dataclass
 class DtypeConfig:
-    """Element type of A and B, with the accumulator and C types CK Tile uses for it."""
+    """Element type of A and B, with the accumulator and C types CK Tile uses for it.
+
+    A new dtype is a file ``dtype/<name>.yaml`` in a config dir (see :mod:`ckpred.vocab`).
+    """
 
     name: str = MISSING
-    bytes_per_element: int = MISSING
+    #: Bytes of one element: 1, 2, 4, or a fraction for a packed type (0.5 for a 4-bit one).
+    bytes_per_element: float = MISSING
     accumulator: str = "fp32"
     c_dtype: str = MISSING
+    #: Other spellings of the name in tables (``float16`` for fp16): a categorical field holding
+    #: them, and ``dtype_bytes(x)``, read them as this dtype.
+    aliases: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        check("dtype.name", self.name, self.name in DTYPES, f"one of {list(DTYPES)}")
-        check("dtype.bytes_per_element", self.bytes_per_element,
-              self.bytes_per_element in (1, 2, 4), "1, 2 or 4")
-        check("dtype.c_dtype", self.c_dtype, self.c_dtype in DTYPES, f"one of {list(DTYPES)}")
+        known = vocab.current()
+        check("dtype.name", self.name, self.name in known.dtypes, f"a dtype of {known.describe('dtype')}")
+        check("dtype.bytes_per_element", self.bytes_per_element, self.bytes_per_element > 0,
+              "a number > 0 (1, 2, 4, or 0.5 for a packed 4-bit type)")
+        for key in ("c_dtype", "accumulator"):
+            check(f"dtype.{key}", getattr(self, key), known.dtype_name(getattr(self, key)) is not None,
+                  f"a dtype of {known.describe('dtype')}")
 
 
 @dataclass
 class LayoutConfig:
-    """Majorness of A, B and C (r = row-major, c = column-major)."""
+    """Majorness of A, B and C (r = row-major, c = column-major).
+
+    A new layout is a file ``layout/<name>.yaml`` in a config dir (see :mod:`ckpred.vocab`).
+    """
 
     name: str = MISSING
     a: str = MISSING
     b: str = MISSING
     c: str = MISSING
+    #: The layout's model-input code (the features' ``layout_code``): unique per layout.
+    code: int = MISSING
 
     def __post_init__(self) -> None:
-        check("layout.name", self.name, self.name in LAYOUTS, f"one of {list(LAYOUTS)}")
+        known = vocab.current()
+        check("layout.name", self.name, self.name in known.layouts, f"a layout of {known.describe('layout')}")
+        check("layout.code", self.code, self.code == known.layouts[self.name].code,
+              f"{known.layouts[self.name].code} (the code of layout {self.name} in {known.layouts[self.name].source})")
         for key in ("a", "b", "c"):
             value = getattr(self, key)
             check(f"layout.{key}", value, value in ("r", "c"), "'r' or 'c'")

@@ -93,7 +93,8 @@ def test_unknown_option_names_group_value_and_options(override: str, group: str,
     ("arch.cus=-3", "arch.cus", "> 0"),
     ("arch.wave_size=48", "arch.wave_size", "32 or 64"),
     ("data.format=xml", "data.format", "json"),
-    ("dtype.bytes_per_element=3", "dtype.bytes_per_element", "1, 2 or 4"),
+    ("dtype.bytes_per_element=0", "dtype.bytes_per_element", "a number > 0"),
+    ("layout.code=3", "layout.code", "the code of layout rcr"),
 ])
 def test_bad_value_names_key_value_allowed(override: str, key: str, allowed: str) -> None:
     with pytest.raises(ConfigValueError) as err:
@@ -148,3 +149,44 @@ def test_every_experiment_composes_for_every_recipe_command(config_dir, experime
     cfg = composed(command, *(problem if command == "select" else []))
     for key in ("op", "arch", "dtype", "layout"):
         assert cfg[key].name == trained[key].name
+
+
+# -- open vocabularies: dtypes and layouts are the files of the config dirs --------------------------
+def _user_dir(tmp_path, files: dict[str, str]):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+MXFP4 = "defaults: [base_dtype, _self_]\nname: mxfp4\nbytes_per_element: 0.5\nc_dtype: bf16\naliases: [fp4x2]\n"
+RRC = "defaults: [base_layout, _self_]\nname: rrc\na: r\nb: r\nc: c\ncode: 7\n"
+
+
+def test_a_dtype_and_a_layout_in_a_user_config_dir_are_in_the_vocabulary(tmp_path) -> None:
+    from ckpred import vocab
+    from ckpred.expressions import dtype_bytes_table
+    from ckpred.schema import arch_constant_names, dtype_names, layout_names
+
+    user = _user_dir(tmp_path, {"dtype/mxfp4.yaml": MXFP4, "layout/rrc.yaml": RRC})
+    cfg = compose("ingest", ["data.path=x", "dtype=mxfp4", "layout=rrc", "+arch.peak_tflops.mxfp4=10066"],
+                  config_dir=user)
+    assert (cfg.dtype.name, cfg.dtype.bytes_per_element, cfg.layout.code) == ("mxfp4", 0.5, 7)
+    assert "mxfp4" in dtype_names() and "rrc" in layout_names() and "peak_tflops_mxfp4" in arch_constant_names()
+    assert dtype_bytes_table()["fp4x2"] == 0.5 and vocab.current().dtype("fp4x2").name == "mxfp4"
+    compose("ingest", ["data.path=x"])  # the package's own again
+    assert "mxfp4" not in dtype_names()
+
+
+@pytest.mark.parametrize(("files", "key", "fragment"), [
+    ({"dtype/mxfp4.yaml": MXFP4.replace("name: mxfp4", "name: fp4")}, "dtype.name", "'mxfp4' (the file's name"),
+    ({"dtype/mxfp4.yaml": MXFP4.replace("0.5", "-1")}, "dtype.bytes_per_element", "a number > 0"),
+    ({"dtype/mxfp4.yaml": MXFP4.replace("c_dtype: bf16", "c_dtype: bf17")}, "dtype.c_dtype", "a dtype of"),
+    ({"dtype/mxfp4.yaml": MXFP4.replace("[fp4x2]", "[float16]")}, "dtype.aliases", "dtype fp16 already spells"),
+    ({"layout/rrc.yaml": RRC.replace("code: 7", "code: 0")}, "layout.code", "layout rcr has it"),
+    ({"layout/rrc.yaml": RRC.replace("code: 7\n", "")}, "layout.code", "an integer >= 0"),
+])
+def test_a_bad_vocabulary_file_is_named(tmp_path, files: dict[str, str], key: str, fragment: str) -> None:
+    with pytest.raises(ConfigValueError) as err:
+        compose("ingest", ["data.path=x"], config_dir=_user_dir(tmp_path, files))
+    assert err.value.key.startswith(key) and str(tmp_path) in err.value.key and fragment in str(err.value)

@@ -77,13 +77,13 @@ def _check_fields(cfg: Any) -> None:
 def template_kinds(cfg: Any) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Names a kernel-id template may use: kernel fields, categorical problem fields, and the
     run's ``dtype``/``layout`` when no field has those names."""
-    from ckpred.schema import DTYPES, LAYOUTS
+    from ckpred.schema import dtype_names, layout_names
 
     kinds = field_kinds(cfg)
     problem = set((_get(cfg, "problem_fields") or {}).keys())
     allowed = {n: k for n, k in kinds.items() if n not in problem or k[0] == "categorical"}
-    allowed.setdefault("dtype", ("categorical", DTYPES))
-    allowed.setdefault("layout", ("categorical", LAYOUTS))
+    allowed.setdefault("dtype", ("categorical", dtype_names()))
+    allowed.setdefault("layout", ("categorical", layout_names()))
     return allowed
 
 
