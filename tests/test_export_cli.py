@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,10 @@ def test_export_then_select_from_the_command_line(tmp_path) -> None:
     d = tmp_path / "exports" / "gemm_universal_gfx950_fp8_rcr"
     assert sorted(p.name for p in d.iterdir()) == ["manifest.json", "model.onnx", "scorer.onnx"]
     assert "top-1 agreement 100.00%" in out.stdout
+    # each step is named with its time as it finishes (the export used to be silent for tens of seconds)
+    for step in ("loading the training table", "fitting the model on all", "learning the candidate kernels",
+                 "fitting the reranker (70 trees)", "compiling the ONNX graphs, checking parity on 12 shapes"):
+        assert re.search(rf"^export: {re.escape(step)}.* \(\d+\.\d s\)$", out.stdout, re.M), (step, out.stdout)
     man = json.loads((d / "manifest.json").read_text())
     assert man["parity"]["checked"] and man["parity"]["shapes"] == 12 and man["parity"]["top1_agreement"] == 1.0
     assert man["parity"]["max_abs_diff_scorer"] <= 1e-6

@@ -32,8 +32,41 @@ from ckpred.kernels.declared import bind_training_catalogue
 from ckpred.schema import ExportConfig, RecipeConfig
 
 
+class Steps:
+    """The export's steps as they happen: each is printed with its time once done, the current
+    one shown with a spinner (the export otherwise works for tens of seconds without a word)."""
+
+    def __init__(self) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(SpinnerColumn(), TextColumn("export: {task.description}"), TimeElapsedColumn(),
+                            transient=True)
+        self.task = self.bar.add_task("starting", total=None)
+        self.current, self.t0 = "", time.perf_counter()
+
+    def __enter__(self) -> "Steps":
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if exc[0] is None:
+            self._done()
+        self.bar.__exit__(*exc)
+
+    def _done(self) -> None:
+        if self.current:
+            self.bar.console.print(f"export: {self.current} ({time.perf_counter() - self.t0:.1f} s)")
+
+    def step(self, text: str) -> None:
+        """The current step is done (printed with its time); ``text`` starts."""
+        self._done()
+        self.current, self.t0 = text, time.perf_counter()
+        self.bar.update(self.task, description=text)
+
+
 def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: ExportConfig,
-                recipe: RecipeConfig, select: str | None = None) -> tuple[dict[str, Any], pd.DataFrame | None]:
+                recipe: RecipeConfig, select: str | None = None,
+                steps: Steps | None = None) -> tuple[dict[str, Any], pd.DataFrame | None]:
     """Per-shape efficiency of the exported strategy under the run's CV, next to the full model's.
 
     The candidate set (and the reranker) of each fold are learned from its training shapes only
@@ -67,7 +100,13 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Expor
     select = select or cfg.select
     kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, recipe=recipe, seed=int(cfg.get("seed", 0)))
     reranker = OmegaConf.to_container(cfg.reranker, resolve=True) if select == "reranked" else None
-    scored = strategy_scores(oof, table, op, top_n=int(cfg.prune_top_n), reranker=reranker, **kw)
+    folds = int(oof["fold"].nunique())
+
+    def on_fold(i: int) -> None:
+        if steps is not None:
+            steps.step(f"the {select} selector under the run's CV, fold {i + 1} of {folds}")
+
+    scored = strategy_scores(oof, table, op, top_n=int(cfg.prune_top_n), reranker=reranker, on_fold=on_fold, **kw)
     out: dict[str, Any] = {"folds": int(oof["fold"].nunique())}
     for name, top_n, rr, given in (("full", None, None, None), (select, int(cfg.prune_top_n), reranker, scored)):
         eff = cv_efficiency(oof, table, op, top_n=top_n, reranker=rr, scored=given,
@@ -109,7 +148,7 @@ class _Source:
         return path if path is not None and path.is_file() else None
 
 
-def _from_run_dir(cfg: ExportConfig, op: OpDefinition) -> _Source:
+def _from_run_dir(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     """The finished train run ``cfg.run_dir``: its pipeline, checked against its record and config."""
     from omegaconf import OmegaConf
 
@@ -132,6 +171,7 @@ def _from_run_dir(cfg: ExportConfig, op: OpDefinition) -> _Source:
         data_cfg = OmegaConf.load(run_cfg_path)
     if data_cfg is not cfg:
         _check_run_matches(cfg, data_cfg, run_dir)
+    steps.step("loading the run's training table")
     table = load_table(data_cfg)
     bind_training_catalogue(op, table, data_cfg)
     train_hash = (train_record.get("data") or {}).get("hash")
@@ -140,14 +180,16 @@ def _from_run_dir(cfg: ExportConfig, op: OpDefinition) -> _Source:
     return _Source(run.pipeline, table, data_cfg, record, metrics=train_record.get("metrics"), run_dir=run_dir)
 
 
-def _fit_here(cfg: ExportConfig, op: OpDefinition) -> _Source:
+def _fit_here(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     """The config's pipeline, fitted on all rows of its data (:func:`ckpred.fitting.fit_final`)."""
     from omegaconf import OmegaConf
 
     from ckpred.data import load_table
 
+    steps.step("loading the training table")
     table = load_table(cfg)
     bind_training_catalogue(op, table, cfg)
+    steps.step(f"fitting the model on all {len(table):,} rows")
     t0 = time.perf_counter()
     pipeline = fit_final(cfg, table, op)
     record = {"kind": "fit", "fit_seconds": round(time.perf_counter() - t0, 2),
@@ -178,7 +220,7 @@ class _Strategy:
     scored: pd.DataFrame | None = None
 
 
-def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition) -> _Strategy:
+def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition, steps: Steps) -> _Strategy:
     """Candidates, ``selection`` section and reranker of ``select=pruned|reranked``, and the
     run's out-of-fold rows scored by the strategy."""
     if cfg.select not in ("pruned", "reranked"):
@@ -189,12 +231,14 @@ def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition) -> _Strategy:
 
     table, reranker, scored, select = src.table, None, None, cfg.select
     top_n = int(cfg.get("prune_top_n", 1))
+    steps.step("learning the candidate kernels")
     candidates = keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=top_n)
     selection: dict[str, Any] = {"top_n": top_n,
                                  "learned_from_shapes": int(len(table[list(op.problem_names)].drop_duplicates()))}
     if cfg.select == "reranked":
         # The reranker follows the recipe the pipeline was trained with (the run's, for run_dir).
         size = reranker_size(OmegaConf.to_container(cfg.reranker, resolve=True), src.data_cfg.model)
+        steps.step(f"fitting the reranker ({size['n_estimators']} trees) on the {len(candidates)} candidates")
         reranker = fit_reranker(table, op, src.data_cfg, candidates, reranker=size, arch=cfg.arch, dtype=cfg.dtype,
                                 layout=cfg.layout, seed=int(cfg.get("seed", 0)))
         if reranker is None:
@@ -205,7 +249,7 @@ def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition) -> _Strategy:
         else:
             selection["reranker"] = size
     if cfg.run_dir and src.oof_file is not None:
-        selection["cv"], scored = strategy_cv(src.run_dir, table, op, cfg, src.data_cfg, select)
+        selection["cv"], scored = strategy_cv(src.run_dir, table, op, cfg, src.data_cfg, select, steps)
     return _Strategy(select, candidates, selection, reranker, scored)
 
 
@@ -271,7 +315,16 @@ def export_command(cfg: ExportConfig) -> str:
     op = load_op(cfg.op)
     target = resolve_path(cfg.out_dir) / export_name(op.name, node_name(cfg.arch), node_name(cfg.dtype),
                                                      node_name(cfg.layout))
-    src = _from_run_dir(cfg, op) if cfg.run_dir else _fit_here(cfg, op)
+    with Steps() as steps:
+        src = _from_run_dir(cfg, op, steps) if cfg.run_dir else _fit_here(cfg, op, steps)
+        manifest, strategy = _export(cfg, op, src, target, steps)
+    _report(strategy.select, manifest, target)
+    return str(target)
+
+
+def _export(cfg: ExportConfig, op: OpDefinition, src: _Source, target: Path,
+            steps: Steps) -> tuple[dict[str, Any], _Strategy]:
+    """The strategy, the graphs, the parity check and the manifest of ``src``'s pipeline."""
     training = mf.training_section(src.table, op, source=str(src.data_cfg.data.source))
     if src.record.get("train_data_hash") and src.record["train_data_hash"] != training["data_hash"]:
         raise ModelMismatchError(
@@ -279,13 +332,18 @@ def export_command(cfg: ExportConfig) -> str:
             f"was trained on (hash {src.record['train_data_hash'][:12]}): training ranges and parity would be wrong; "
             "export with the run's data settings")
     problems = _parity_problems(cfg, src.table, op)
-    strategy = _strategy(cfg, src, op)
+    strategy = _strategy(cfg, src, op, steps)
+    calibration = None
+    if cfg.run_dir and src.oof_file is not None and cfg.autotune.enabled:
+        steps.step("fitting the confidence budget's calibration")
+        calibration = _calibration(cfg, src, op, strategy)
+    steps.step(f"compiling the ONNX graphs, checking parity on {len(problems):,} shapes" if cfg.parity.check
+               else "compiling the ONNX graphs")
     manifest = export_pipeline(src.pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout,
                                out_dir=target, training=training,
                                parity_problems=problems if cfg.parity.check else None, metrics=src.metrics,
                                select=strategy.select, max_abs_diff=cfg.parity.max_abs_diff, source=src.record,
                                candidates=strategy.candidates, selection=strategy.selection,
                                reranker=strategy.reranker,
-                               autotune=_calibration(cfg, src, op, strategy))
-    _report(strategy.select, manifest, target)
-    return str(target)
+                               autotune=calibration)
+    return manifest, strategy

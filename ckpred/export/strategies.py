@@ -29,7 +29,7 @@ from each fold's training shapes only (:func:`learn_keep`) and applied to the fo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -231,8 +231,8 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.nd
 
 def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: Any,
                     layout: Any, top_n: int | None, score: str = "score_model", reranker: Any = None,
-                    recipe: Any = None, seed: int = 0,
-                    train_table: pd.DataFrame | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    recipe: Any = None, seed: int = 0, train_table: pd.DataFrame | None = None,
+                    on_fold: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Out-of-fold scores of a strategy on ``train``'s out-of-fold rows, fold by fold.
 
     Parameters
@@ -253,6 +253,8 @@ def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *,
         For a run tested on another table (``cv=external``): the table it trained on, every
         shape of which is a training shape of every fold; ``table`` then holds the tested
         shapes' rows. None: each fold trained on the other folds' shapes of ``table``.
+    on_fold : callable, optional
+        Called with the fold's position (0, 1, ...) before its candidates are learned (progress).
 
     Returns
     -------
@@ -276,7 +278,9 @@ def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *,
     if top_n is not None:
         table = table.reset_index(drop=True)
         table_keys = np.asarray(op.shape_keys(table))
-        for f in np.unique(fold):
+        for position, f in enumerate(np.unique(fold)):
+            if on_fold is not None:
+                on_fold(position)
             # the fold's training shapes: the other folds' (candidates and reranker learned there only)
             fold_train = train_table if train_table is not None else \
                 table[_among(table_keys, pd.unique(oof["shape"].to_numpy()[fold != f]))]
