@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -329,8 +330,21 @@ def run_command(name: str, argv: list[str]) -> Any:
         config.COMMAND_LINE = None
 
 
+def quiet_waiting_threads() -> None:
+    """Have OpenMP's idle threads sleep instead of spin (``OMP_WAIT_POLICY=PASSIVE``) in this
+    command's process, unless the caller chose a policy.
+
+    LightGBM's OpenMP threads (``model.n_jobs`` > 1) otherwise busy-wait between parallel
+    regions; on a loaded machine they take the cores from the threads doing the work, with the
+    same results (docs/results.md, "Threads"). OpenMP reads the variable once, when LightGBM is
+    first loaded, which the command does after this.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point."""
+    quiet_waiting_threads()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())

@@ -56,13 +56,9 @@ def max_threads() -> int:
     return os.cpu_count() or 1
 
 
-def check_threads(key: str, value: int, *, at_least: int = 1) -> None:
-    """Check a thread count: an integer in [1, max(:func:`max_threads`, ``at_least``)].
-
-    ``at_least`` keeps a packaged default valid on a machine with fewer CPUs (``model.n_jobs``
-    defaults to 2).
-    """
-    top = max(max_threads(), at_least)
+def check_threads(key: str, value: int) -> None:
+    """Check a thread count: an integer in [1, :func:`max_threads`]."""
+    top = max_threads()
     check(key, value, 1 <= value <= top,
           f"an integer in [1, {top}] (this machine's CPUs; 0 / -1 for 'all cores' are not accepted: "
           f"give the count)")
@@ -611,8 +607,10 @@ class ModelConfig:
     min_split_gain: float = 0.0
     #: Histogram bins per feature (LightGBM ``max_bin``).
     max_bin: int = 255
-    #: LightGBM threads.
-    n_jobs: int = 2
+    #: LightGBM threads. One by default: more only pay on a machine whose cores are free, and on
+    #: a busy one OpenMP's waiting threads take the cores from the working ones (the metrics
+    #: are the same; docs/results.md, "Threads").
+    n_jobs: int = 1
     #: Stop when the validation score has not improved for this many rounds (0 = off). The
     #: validation set is a fraction of the *training* shapes, never the test fold.
     early_stopping_rounds: int = 0
@@ -653,7 +651,7 @@ class ModelConfig:
         check_positive("model", self, ("reg_alpha", "reg_lambda", "min_split_gain",
                                        "early_stopping_rounds"), allow_zero=True)
         check("model.max_bin", self.max_bin, 2 <= self.max_bin <= 65535, "an integer in [2, 65535]")
-        check_threads("model.n_jobs", self.n_jobs, at_least=2)
+        check_threads("model.n_jobs", self.n_jobs)
         check("model.validation_fraction", self.validation_fraction, 0 < self.validation_fraction < 1,
               "a number in (0, 1)")
         check("model.relevance_grades", self.relevance_grades, 2 <= self.relevance_grades <= 31,

@@ -190,3 +190,28 @@ def test_a_bad_vocabulary_file_is_named(tmp_path, files: dict[str, str], key: st
     with pytest.raises(ConfigValueError) as err:
         compose("ingest", ["data.path=x"], config_dir=_user_dir(tmp_path, files))
     assert err.value.key.startswith(key) and str(tmp_path) in err.value.key and fragment in str(err.value)
+
+
+# -- defaults that neither oversubscribe nor spin ---------------------------------------------------
+def test_every_model_of_the_default_train_fits_with_one_thread() -> None:
+    cfg = compose("train", [])
+    threads = (cfg.model.n_jobs, cfg.baselines.plain.model.n_jobs, cfg.baselines.reference.model.n_jobs,
+               cfg.validity.n_jobs)
+    assert threads == (1, 1, 1, 1)
+
+
+def test_the_command_line_puts_openmps_waiting_threads_to_sleep() -> None:
+    """LightGBM's OpenMP threads busy-wait between parallel regions unless told otherwise; the
+    command process tells them (OpenMP reads the policy when LightGBM loads), a caller's own
+    choice stays."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import os; from ckpred.cli import main; main(['--help']); print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[-1] == "PASSIVE"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"}, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.splitlines()[-1] == "ACTIVE"
