@@ -71,6 +71,9 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+#: Hydra's mode options (option -> mode): Hydra refuses two modes with a traceback.
+_HYDRA_MODES = {"-m": "multirun", "--multirun": "multirun", "-c": "cfg", "--cfg": "cfg", "--info": "info",
+                "-sc": "shell_completion", "--shell-completion": "shell_completion"}
 #: Hydra options followed by a value (that value is not a positional argument).
 _HYDRA_VALUE_OPTIONS = frozenset({"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
                                   "-c", "--cfg", "-p", "--package", "--experimental-rerun"})
@@ -158,6 +161,10 @@ def _refuse(name: str, message: str) -> None:
 def _check_arguments(name: str, argv: list[str]) -> None:
     """Refuse, before Hydra echoes or parses it, an argument holding a control character (ESC,
     CR, BEL, ...: a terminal would act on them) or an overlong key."""
+    modes = [a for a in argv if a.split("=", 1)[0] in _HYDRA_MODES]
+    if len(set(_HYDRA_MODES[m.split("=", 1)[0]] for m in modes)) > 1:
+        _refuse(name, f"options {modes} together; allowed: one of -m/--multirun, -c/--cfg, --info, "
+                      "-sc/--shell-completion (Hydra runs one mode at a time)")
     for arg in argv:
         bad = next((c for c in arg if not c.isprintable()), None)
         if bad is not None:
@@ -213,6 +220,11 @@ def _check_creatable(name: str, key: str, value: str) -> None:
                       f"create ({exc.strerror})")
 
 
+def _is_hydras(key: str) -> bool:
+    """Whether ``key`` is Hydra's own (``hydra.run.dir``, the group ``hydra/launcher``)."""
+    return key.split(".")[0].split("/")[0] == "hydra"
+
+
 def _check_override_keys(name: str, argv: list[str]) -> None:
     """Refuse, before Hydra composes anything, an override whose key the command's schema does
     not have (with the closest key: Hydra's own error offers none without ``+``), an overlong
@@ -234,7 +246,7 @@ def _check_override_keys(name: str, argv: list[str]) -> None:
             if key in ("hydra.run.dir", "hydra.sweep.dir") and "${" not in arg:
                 _check_creatable(name, key, str(override.value()))
             plain = not (override.is_add() or override.is_force_add() or override.is_delete())
-            if plain and override.package is None and key.split(".")[0] != "hydra":
+            if plain and override.package is None and not _is_hydras(key):
                 unknown = _unknown_key(schema, key, groups)
                 if unknown is not None:
                     _refuse(name, str(UnknownConfigKeyError(unknown[0], override.value(), unknown[1])))

@@ -135,7 +135,7 @@ def check_overrides_used(obj: Any, overrides: list[str]) -> None:
     parser = OverridesParser.create()
     for text in overrides:
         override = parser.parse_override(text)
-        if override.is_delete() or override.key_or_group.split(".")[0] == "hydra":
+        if override.is_delete() or override.key_or_group.split(".")[0].split("/")[0] == "hydra":
             continue
         path = override.package if override.package else override.key_or_group
         for key, why in unused.items():

@@ -171,6 +171,13 @@ def test_read_keys_are_accepted(overrides: list[str], composed: list[Any], capsy
     assert rc == 0 and len(composed) == 1, err
 
 
+def test_hydra_groups_and_modes(composed: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(["train", "hydra/launcher=joblib", "hydra.launcher.n_jobs=1"], capsys)
+    assert rc == 0 and len(composed) == 1, err  # Hydra's own groups are not ckpred's keys
+    rc, _, err = run(["train", "-m", "seed=1,2", "--cfg", "job"], capsys)
+    assert_named(rc, err, "train", "-m", "--cfg", "one of")
+
+
 def test_output_paths_refused_before_work(tmp_path: Path, composed: list[Any],
                                           capsys: pytest.CaptureFixture[str]) -> None:
     a_dir, a_file, parquet_dir = tmp_path / "adir", tmp_path / "afile.parquet", tmp_path / "t.parquet"
