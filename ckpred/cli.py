@@ -159,8 +159,8 @@ def _refuse(name: str, message: str) -> None:
 
 
 def _check_arguments(name: str, argv: list[str]) -> None:
-    """Refuse, before Hydra echoes or parses it, an argument holding a control character (ESC,
-    CR, BEL, ...: a terminal would act on them) or an overlong key."""
+    """Refuse, before Hydra echoes or parses them, two Hydra modes at once, an argument holding a
+    control character (ESC, CR, BEL, ...: a terminal would act on them) and an overlong key."""
     modes = [a for a in argv if a.split("=", 1)[0] in _HYDRA_MODES]
     if len(set(_HYDRA_MODES[m.split("=", 1)[0]] for m in modes)) > 1:
         _refuse(name, f"options {modes} together; allowed: one of -m/--multirun, -c/--cfg, --info, "
@@ -176,11 +176,15 @@ def _check_arguments(name: str, argv: list[str]) -> None:
                           f"most {MAX_KEY_CHARS} characters")
 
 
-def _unknown_key(schema: type, key: str, groups: set[str]) -> tuple[str, list[str]] | None:
+#: Config groups a plain override may choose at the root besides the schema's keys.
+_ROOT_GROUPS = frozenset({"experiment"})
+
+
+def _unknown_key(schema: type, key: str) -> tuple[str, list[str]] | None:
     """``(key prefix, keys allowed there)`` when ``key`` leaves the schema of ``schema``, else None.
 
     The walk stops (accepting the key) where the schema has no fixed keys: a free mapping, a
-    list, an untyped node, or a config group name at the root (``experiment``)."""
+    list, an untyped node, or a config group of :data:`_ROOT_GROUPS` at the root."""
     import dataclasses
     import typing
 
@@ -191,9 +195,9 @@ def _unknown_key(schema: type, key: str, groups: set[str]) -> tuple[str, list[st
             return None
         names = [f.name for f in dataclasses.fields(node)]
         if part not in names:
-            if i == 0 and part in groups:
+            if i == 0 and part in _ROOT_GROUPS:
                 return None
-            return ".".join(parts[:i + 1]), sorted(set(names) | (groups if i == 0 else set()))
+            return ".".join(parts[:i + 1]), sorted(set(names) | (_ROOT_GROUPS if i == 0 else set()))
         node = typing.get_type_hints(node)[part]
         args = [a for a in typing.get_args(node) if a is not type(None)]
         if typing.get_origin(node) is typing.Union and len(args) == 1:  # Optional[X]
@@ -227,16 +231,14 @@ def _is_hydras(key: str) -> bool:
 
 def _check_override_keys(name: str, argv: list[str]) -> None:
     """Refuse, before Hydra composes anything, an override whose key the command's schema does
-    not have (with the closest key: Hydra's own error offers none without ``+``), an overlong
-    key, and a Hydra run or sweep dir that cannot be created."""
+    not have (with the closest key: Hydra's own error offers none without ``+``) and a Hydra run
+    or sweep dir that cannot be created."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from ckpred.config import PRIMARY_SCHEMAS
     from ckpred.errors import UnknownConfigKeyError
 
     schema = PRIMARY_SCHEMAS[COMMANDS[name].config_name]
-    # besides the schema's keys, a plain override at the root may choose an experiment
-    groups = {"experiment"}
     parser = OverridesParser.create()
     after_option = False
     for arg in argv:
@@ -247,7 +249,7 @@ def _check_override_keys(name: str, argv: list[str]) -> None:
                 _check_creatable(name, key, str(override.value()))
             plain = not (override.is_add() or override.is_force_add() or override.is_delete())
             if plain and override.package is None and not _is_hydras(key):
-                unknown = _unknown_key(schema, key, groups)
+                unknown = _unknown_key(schema, key)
                 if unknown is not None:
                     _refuse(name, str(UnknownConfigKeyError(unknown[0], override.value(), unknown[1])))
         after_option = arg in _HYDRA_VALUE_OPTIONS
