@@ -150,7 +150,8 @@ def _shown(text: str) -> str:
     import re
 
     text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
-    return re.sub(rf"\S{{{MAX_WORD_CHARS + 1},}}", lambda m: f"{m.group()[:60]}...[{len(m.group()):,} characters]", text)
+    return re.sub(rf"\S{{{MAX_WORD_CHARS + 1},}}", lambda m: f"{m.group()[:60]}...[{len(m.group()):,} characters]",
+                  text)
 
 
 def _refuse(name: str, message: str) -> None:

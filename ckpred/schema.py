@@ -153,7 +153,8 @@ class ArchConfig:
         check_positive("arch", self, ("l2_mib_per_xcd", "llc_mib"), allow_zero=True)
         check("arch.wave_size", self.wave_size, self.wave_size in (32, 64), "32 or 64")
         for dtype, peak in self.peak_tflops.items():
-            check(f"arch.peak_tflops.{dtype}", dtype, dtype in dtype_names(), f"a dtype of {vocab.current().describe('dtype')}")
+            check(f"arch.peak_tflops.{dtype}", dtype, dtype in dtype_names(),
+                  f"a dtype of {vocab.current().describe('dtype')}")
             check(f"arch.peak_tflops.{dtype}", peak, peak > 0, "a number > 0")
 
     @property

@@ -233,7 +233,8 @@ def test_reranked_export_of_a_run_with_two_cv_groups(tmp_path, monkeypatch) -> N
     cv = man["selection"]["cv"]
     assert cv["folds"] == 2 and cv["reranked"]["shapes"] == cv["full"]["shapes"] == 2
     # one shape: its winner is the only candidate, so the export says so and compiles select=pruned
-    (tmp_path / "one.csv").write_text("\n".join(lines[:1] + [line for line in lines if line.startswith("64,128,256,fp16,")]))
+    one = [line for line in lines if line.startswith("64,128,256,fp16,")]
+    (tmp_path / "one.csv").write_text("\n".join(lines[:1] + one))
     assert main(["export", *common[:-1], "data.path=one.csv", "out_dir=ex1", "model.n_estimators=5"]) == 0
     man = json.loads((tmp_path / "ex1" / "tmm_gfx950_fp8_rcr" / "manifest.json").read_text())
     assert man["select"] == "pruned" and man["selection"]["candidates"] == 1 and "reranker" not in man["selection"]
