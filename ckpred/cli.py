@@ -257,18 +257,24 @@ def _check_override_keys(name: str, argv: list[str]) -> None:
 
 
 class _RunDirGuard:
-    """Removes the folder Hydra made for a run that ckpred then refused (only ``.hydra/`` and the
-    job's log in it), and the parents this run created: a refused run leaves nothing behind.
+    """Removes the folders made for a run that ckpred then refused: the one Hydra made (with only
+    ``.hydra/`` and the job's log in it), an empty ``out_dir``, and the parents the run created.
+    A refused run leaves nothing behind.
 
-    Which parents existed is recorded before Hydra starts: from ``hydra.run.dir=`` when given
-    (up to its first interpolation), else the packaged ``runs/<command>/``. A run dir that existed
-    before is never touched.
+    Which folders existed is recorded before Hydra starts: the ancestors of ``hydra.run.dir=``
+    when given (up to its first interpolation), else of the packaged ``runs/<command>/``, and of
+    an ``out_dir=`` given. A folder that existed before is never touched.
     """
 
     def __init__(self, config_name: str, argv: list[str]) -> None:
-        given = next((a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")), None)
-        base = Path(given.split("${")[0] if given else Path("runs") / config_name).absolute()
-        self.candidates = {base, *base.parents}
+        def given(key: str) -> str | None:
+            value = next((a.split("=", 1)[1] for a in argv if a.startswith(f"{key}=")), None)
+            return value.split("${")[0].strip("'\"") if value else None
+
+        run_base = Path(given("hydra.run.dir") or Path("runs") / config_name).absolute()
+        self.out_dir = Path(given("out_dir")).absolute() if given("out_dir") else None
+        bases = [run_base, *([self.out_dir] if self.out_dir else [])]
+        self.candidates = {p for base in bases for p in (base, *base.parents)}
         self.existed = {p for p in self.candidates if p.exists()}
 
     def clean(self) -> None:
@@ -276,25 +282,36 @@ class _RunDirGuard:
         from hydra.types import RunMode
 
         hc = HydraConfig.get()
+        if hc.mode != RunMode.RUN:
+            return  # a sweep's failed job stays: sweep-report lists it
         out = Path(hc.runtime.output_dir).absolute()
-        if hc.mode != RunMode.RUN or out in self.existed or not out.is_dir():
-            return
+        if out not in self.existed and out.is_dir():
+            self._remove_hydras(out, hc.job.name)
+        for made in (out, self.out_dir):
+            self._remove_empty(made)
+
+    @staticmethod
+    def _remove_hydras(out: Path, job: str) -> None:
+        """Hydra's files in ``out`` when nothing else is there (else the run wrote something: keep it)."""
         hydra_files = {"config.yaml", "hydra.yaml", "overrides.yaml"}
         meta = out / ".hydra"
-        entries = {p.name for p in out.iterdir()}
-        if not entries <= {".hydra", f"{hc.job.name}.log"} or \
+        if not {p.name for p in out.iterdir()} <= {".hydra", f"{job}.log"} or \
                 (meta.is_dir() and not {p.name for p in meta.iterdir()} <= hydra_files):
-            return  # the run wrote something of its own: keep it
+            return
         for f in hydra_files:
             (meta / f).unlink(missing_ok=True)
         if meta.is_dir():
             meta.rmdir()
-        (out / f"{hc.job.name}.log").unlink(missing_ok=True)
-        out.rmdir()
-        for parent in out.parents:
-            if parent not in self.candidates or parent in self.existed or any(parent.iterdir()):
+        (out / f"{job}.log").unlink(missing_ok=True)
+
+    def _remove_empty(self, made: Path | None) -> None:
+        """``made`` and its parents, each while it is empty and was made by this run."""
+        for folder in ([made, *made.parents] if made else []):
+            if folder in self.existed or not folder.is_dir() or any(folder.iterdir()):
                 break
-            parent.rmdir()
+            if folder != made and folder not in self.candidates:
+                break
+            folder.rmdir()
 
 
 def run_command(name: str, argv: list[str]) -> Any:

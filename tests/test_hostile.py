@@ -287,6 +287,12 @@ def test_a_refused_run_leaves_no_run_folder(tmp_path: Path, capsys: pytest.Captu
     (tmp_path / "given" / "notes.txt").write_text("mine")
     run(["train", "seed=-1", f"hydra.run.dir={tmp_path / 'given'}"], capsys)
     assert (tmp_path / "given" / "notes.txt").read_text() == "mine"
+    # an out_dir the run made before it was refused (more folds than the table's shapes)
+    table = data_file(*FOUR_SHAPES)
+    rc, _, err = run(["train", *TINY_PATH, "dtype=fp16", "data.source=path", f"data.path={table}",
+                      f"out_dir={tmp_path / 'new' / 'run'}"], capsys)
+    assert_named(rc, err, "train", "'cv.n_splits'")
+    assert not (tmp_path / "new").exists()
 
 
 # -- a user's config files (F20, F21) --------------------------------------------------------------
