@@ -8,11 +8,16 @@ function of the config, whose return value is what a sweeper optimises.
 
 from __future__ import annotations
 
+import errno
 import importlib
+import os
 import sys
+from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from omegaconf import DictConfig
+
+from ckpred.errors import CkpredError
 
 
 class Command(NamedTuple):
@@ -66,6 +71,9 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+#: Hydra's mode options (option -> mode): Hydra refuses two modes with a traceback.
+_HYDRA_MODES = {"-m": "multirun", "--multirun": "multirun", "-c": "cfg", "--cfg": "cfg", "--info": "info",
+                "-sc": "shell_completion", "--shell-completion": "shell_completion"}
 #: Hydra options followed by a value (that value is not a positional argument).
 _HYDRA_VALUE_OPTIONS = frozenset({"-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
                                   "-c", "--cfg", "-p", "--package", "--experimental-rerun"})
@@ -130,28 +138,220 @@ def _check_override_syntax(name: str, argv: list[str]) -> None:
         after_option = arg in _HYDRA_VALUE_OPTIONS
 
 
+#: Longest config key ckpred takes (a key is a dotted path of schema names, never this long).
+MAX_KEY_CHARS = 255
+#: Words of an error line longer than this are shortened when printed (a 10,000-character path).
+MAX_WORD_CHARS = 200
+
+
+def _shown(text: str) -> str:
+    """``text`` safe to print on a terminal: control and other non-printable characters escaped
+    (an ESC would start a terminal escape sequence), overlong words shortened."""
+    import re
+
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
+    return re.sub(rf"\S{{{MAX_WORD_CHARS + 1},}}", lambda m: f"{m.group()[:60]}...[{len(m.group()):,} characters]",
+                  text)
+
+
+def _refuse(name: str, message: str) -> None:
+    print(f"ckpred {name}: error: {_shown(message)}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def _check_arguments(name: str, argv: list[str]) -> None:
+    """Refuse, before Hydra echoes or parses them, two Hydra modes at once, an argument holding a
+    control character (ESC, CR, BEL, ...: a terminal would act on them) and an overlong key."""
+    modes = [a for a in argv if a.split("=", 1)[0] in _HYDRA_MODES]
+    if len(set(_HYDRA_MODES[m.split("=", 1)[0]] for m in modes)) > 1:
+        _refuse(name, f"options {modes} together; allowed: one of -m/--multirun, -c/--cfg, --info, "
+                      "-sc/--shell-completion (Hydra runs one mode at a time)")
+    for arg in argv:
+        bad = next((c for c in arg if not c.isprintable()), None)
+        if bad is not None:
+            _refuse(name, f"argument '{_shown(arg)}' holds the control character {ascii(bad)} at position "
+                          f"{arg.index(bad)}; allowed: printable characters")
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if "=" in arg and len(key) > MAX_KEY_CHARS:
+            _refuse(name, f"config key '{key[:60]}...' ({len(key):,} characters) is too long; allowed: a key of at "
+                          f"most {MAX_KEY_CHARS} characters")
+
+
+#: Config groups a plain override may choose at the root besides the schema's keys.
+_ROOT_GROUPS = frozenset({"experiment"})
+
+
+def _unknown_key(schema: type, key: str) -> tuple[str, list[str]] | None:
+    """``(key prefix, keys allowed there)`` when ``key`` leaves the schema of ``schema``, else None.
+
+    The walk stops (accepting the key) where the schema has no fixed keys: a free mapping, a
+    list, an untyped node, or a config group of :data:`_ROOT_GROUPS` at the root."""
+    import dataclasses
+    import typing
+
+    node: Any = schema
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
+            return None
+        names = [f.name for f in dataclasses.fields(node)]
+        if part not in names:
+            if i == 0 and part in _ROOT_GROUPS:
+                return None
+            return ".".join(parts[:i + 1]), sorted(set(names) | (_ROOT_GROUPS if i == 0 else set()))
+        node = typing.get_type_hints(node)[part]
+        args = [a for a in typing.get_args(node) if a is not type(None)]
+        if typing.get_origin(node) is typing.Union and len(args) == 1:  # Optional[X]
+            node = args[0]
+    return None
+
+
+def _check_creatable(name: str, key: str, value: str) -> None:
+    """Refuse a directory Hydra would fail to create (under /proc, below a file, too long): its
+    first missing component is made and removed again, so nothing is left behind."""
+    from ckpred.schema import check_output_path
+
+    try:
+        check_output_path(key, value, kind="dir")
+        path = Path(value).expanduser().absolute()
+        missing = next((p for p in [path, *path.parents][::-1] if not p.exists()), None)
+        if missing is not None:
+            missing.mkdir()
+            missing.rmdir()
+    except CkpredError as exc:
+        _refuse(name, str(exc))
+    except OSError as exc:
+        _refuse(name, f"config key '{key}' has invalid value {value!r}; allowed: a directory this system can "
+                      f"create ({exc.strerror})")
+
+
+def _is_hydras(key: str) -> bool:
+    """Whether ``key`` is Hydra's own (``hydra.run.dir``, the group ``hydra/launcher``)."""
+    return key.split(".")[0].split("/")[0] == "hydra"
+
+
+def _check_override_keys(name: str, argv: list[str]) -> None:
+    """Refuse, before Hydra composes anything, an override whose key the command's schema does
+    not have (with the closest key: Hydra's own error offers none without ``+``) and a Hydra run
+    or sweep dir that cannot be created."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from ckpred.config import PRIMARY_SCHEMAS
+    from ckpred.errors import UnknownConfigKeyError
+
+    schema = PRIMARY_SCHEMAS[COMMANDS[name].config_name]
+    parser = OverridesParser.create()
+    after_option = False
+    for arg in argv:
+        if not after_option and not arg.startswith("-"):
+            override = parser.parse_override(arg)
+            key = override.key_or_group
+            if key in ("hydra.run.dir", "hydra.sweep.dir") and "${" not in arg:
+                _check_creatable(name, key, str(override.value()))
+            plain = not (override.is_add() or override.is_force_add() or override.is_delete())
+            if plain and override.package is None and not _is_hydras(key):
+                unknown = _unknown_key(schema, key)
+                if unknown is not None:
+                    _refuse(name, str(UnknownConfigKeyError(unknown[0], override.value(), unknown[1])))
+        after_option = arg in _HYDRA_VALUE_OPTIONS
+
+
+class _RunDirGuard:
+    """Removes the folders made for a run that ckpred then refused: the one Hydra made (with only
+    ``.hydra/`` and the job's log in it), an empty ``out_dir``, and the parents the run created.
+    A refused run leaves nothing behind.
+
+    Which folders existed is recorded before Hydra starts: the ancestors of ``hydra.run.dir=``
+    when given (up to its first interpolation), else of the packaged ``runs/<command>/``, and of
+    an ``out_dir=`` given. A folder that existed before is never touched.
+    """
+
+    def __init__(self, config_name: str, argv: list[str]) -> None:
+        def given(key: str) -> str | None:
+            value = next((a.split("=", 1)[1] for a in argv if a.startswith(f"{key}=")), None)
+            return value.split("${")[0].strip("'\"") if value else None
+
+        run_base = Path(given("hydra.run.dir") or Path("runs") / config_name).absolute()
+        self.out_dir = Path(given("out_dir")).absolute() if given("out_dir") else None
+        bases = [run_base, *([self.out_dir] if self.out_dir else [])]
+        self.candidates = {p for base in bases for p in (base, *base.parents)}
+        self.existed = {p for p in self.candidates if p.exists()}
+
+    def clean(self) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode != RunMode.RUN:
+            return  # a sweep's failed job stays: sweep-report lists it
+        out = Path(hc.runtime.output_dir).absolute()
+        if out not in self.existed and out.is_dir():
+            self._remove_hydras(out, hc.job.name)
+        for made in (out, self.out_dir):
+            self._remove_empty(made)
+
+    @staticmethod
+    def _remove_hydras(out: Path, job: str) -> None:
+        """Hydra's files in ``out`` when nothing else is there (else the run wrote something: keep it)."""
+        hydra_files = {"config.yaml", "hydra.yaml", "overrides.yaml"}
+        meta = out / ".hydra"
+        if not {p.name for p in out.iterdir()} <= {".hydra", f"{job}.log"} or \
+                (meta.is_dir() and not {p.name for p in meta.iterdir()} <= hydra_files):
+            return
+        for f in hydra_files:
+            (meta / f).unlink(missing_ok=True)
+        if meta.is_dir():
+            meta.rmdir()
+        (out / f"{job}.log").unlink(missing_ok=True)
+
+    def _remove_empty(self, made: Path | None) -> None:
+        """``made`` and its parents, each while it is empty and was made by this run."""
+        for folder in ([made, *made.parents] if made else []):
+            if folder in self.existed or not folder.is_dir() or any(folder.iterdir()):
+                break
+            if folder != made and folder not in self.candidates:
+                break
+            folder.rmdir()
+
+
 def run_command(name: str, argv: list[str]) -> Any:
     """Run command ``name`` with Hydra arguments ``argv`` (as if typed after the command)."""
     import hydra
 
-    from ckpred.config import register_schemas, to_object
-    from ckpred.errors import CkpredError
+    from ckpred import config
+    from ckpred.config import check_overrides_used, register_schemas, to_object, use_config_dirs
 
     command = COMMANDS[name]
+    _check_arguments(name, argv)
     argv = _open_node_overrides(_positional_to_override(argv, command.positional), command.open_nodes)
     _check_override_syntax(name, argv)
+    _check_override_keys(name, argv)
+    config.COMMAND_LINE = name
     register_schemas()
+    guard = _RunDirGuard(command.config_name, argv)
 
     @hydra.main(version_base="1.3", config_path="pkg://ckpred.conf", config_name=command.config_name)
     def entry(cfg: DictConfig) -> Any:
         try:
-            to_object(cfg)  # value checks of every schema, before any work starts
+            from hydra.core.hydra_config import HydraConfig
+
+            # the dtypes, layouts and arch configs of the config dirs searched, then the value checks
+            # of every schema, and no override the selected options ignore, before any work
+            use_config_dirs(HydraConfig.get().runtime.config_sources)
+            check_overrides_used(to_object(cfg), list(HydraConfig.get().overrides.task))
             return _load_task(command.task)(cfg)
         except CkpredError as exc:
             # ckpred's own errors already say where, what and what is allowed: print that
             # line instead of Hydra's traceback. SystemExit passes through Hydra's handler.
-            print(f"ckpred {name}: error: {exc}", file=sys.stderr)
-            raise SystemExit(1) from exc
+            message = str(exc)
+        except OSError as exc:
+            if exc.errno != errno.ENAMETOOLONG:
+                raise
+            # a path of the config (data.path, out, ...) longer than the file system takes
+            message = (f"cannot use {exc.filename or 'a path'}: {exc.strerror} (the system takes file names of at "
+                       "most 255 bytes and paths of at most 4,096)")
+        guard.clean()
+        _refuse(name, message)
 
     saved = sys.argv
     sys.argv = [f"ckpred {name}", *argv]
@@ -159,10 +359,24 @@ def run_command(name: str, argv: list[str]) -> Any:
         return entry()
     finally:
         sys.argv = saved
+        config.COMMAND_LINE = None
+
+
+def quiet_waiting_threads() -> None:
+    """Have OpenMP's idle threads sleep instead of spin (``OMP_WAIT_POLICY=PASSIVE``) in this
+    command's process, unless the caller chose a policy.
+
+    LightGBM's OpenMP threads (``model.n_jobs`` > 1) otherwise busy-wait between parallel
+    regions; on a loaded machine they take the cores from the threads doing the work, with the
+    same results (docs/results.md, "Threads"). OpenMP reads the variable once, when LightGBM is
+    first loaded, which the command does after this.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point."""
+    quiet_waiting_threads()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())

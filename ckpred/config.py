@@ -17,7 +17,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from ckpred import schema
 from ckpred.cv.schemes import registered_schemes
-from ckpred.errors import ConfigValueError, UnknownConfigKeyError
+from ckpred.errors import ConfigValueError, InputFileError, OutputPathError, UnknownConfigKeyError, UnusedConfigKeyError
 from ckpred.util import resolve_path
 
 #: Folder of the config tree: top-level conf/ in a checkout, shipped as the package ckpred.conf.
@@ -97,22 +97,89 @@ def check_known_keys(cfg: Any, prefix: str = "") -> None:
             check_known_keys(node, full)
 
 
-def compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:
+def unused_keys(obj: Any, prefix: str = "") -> dict[str, str]:
+    """Every key of a validated config that the options it selected do not read, with why.
+
+    ``obj`` is what :func:`to_object` returns; each schema dataclass may declare
+    ``unused_keys()`` (relative key -> what would read it), e.g. ``data.path`` under
+    ``data.source=simulated``. Nested dataclasses are searched too (``cv.data.path``).
+    """
+    import dataclasses
+
+    if not dataclasses.is_dataclass(obj):
+        return {}
+    own = obj.unused_keys() if hasattr(obj, "unused_keys") else {}
+    out = {f"{prefix}{key}": why for key, why in own.items()}
+    for f in dataclasses.fields(obj):
+        if f.name not in own:
+            out.update(unused_keys(getattr(obj, f.name), f"{prefix}{f.name}."))
+    return out
+
+
+def check_overrides_used(obj: Any, overrides: list[str]) -> None:
+    """Refuse a command-line override of a key the composed config does not read.
+
+    ``train data.path=x.csv`` without ``data=path`` would train on simulated data and exit 0;
+    the refusal names the key, its value and the option that reads it. Group choices that set
+    a whole node (``data=path``) and Hydra's own keys are not checked.
+
+    Raises
+    ------
+    ckpred.errors.UnusedConfigKeyError
+        For the first override at or below a key of :func:`unused_keys`.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    unused = unused_keys(obj)
+    if not unused:
+        return
+    parser = OverridesParser.create()
+    for text in overrides:
+        override = parser.parse_override(text)
+        if override.is_delete() or override.key_or_group.split(".")[0].split("/")[0] == "hydra":
+            continue
+        path = override.package if override.package else override.key_or_group
+        for key, why in unused.items():
+            if path == key or path.startswith(key + "."):
+                raise UnusedConfigKeyError(path, override.get_value_element_as_str(), why)
+
+
+def compose(config_name: str, overrides: list[str] | None = None, config_dir: str | Path | None = None) -> DictConfig:
     """Compose ``config_name`` from the packaged config tree with Hydra's compose API.
 
-    The result is validated with :func:`to_object` before it is returned, so bad values fail
-    here exactly as they fail on the command line.
+    ``config_dir`` is a user config dir searched before the package's, as ``--config-dir`` on the
+    command line.
+
+    The result is validated with :func:`to_object` and :func:`check_overrides_used` before it
+    is returned, so bad values fail here exactly as they fail on the command line; the
+    vocabulary of the config dirs is installed (:func:`use_config_dirs`).
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    from omegaconf import open_dict, read_write
+
     register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="ckpred.conf", version_base="1.3"):
-        cfg = hydra_compose(config_name=config_name, overrides=list(overrides or []))
-    to_object(cfg)
+        search = [f"hydra.searchpath=[file://{Path(config_dir).absolute()}]"] if config_dir else []
+        cfg = hydra_compose(config_name=config_name, overrides=[*search, *(overrides or [])],
+                            return_hydra_config=True)
+    use_config_dirs(cfg.hydra.runtime.config_sources)
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]
+    check_overrides_used(to_object(cfg), list(overrides or []))
     return cfg
+
+
+def use_config_dirs(sources: Any) -> None:
+    """Install the vocabulary (dtypes, layouts, arch configs) of the config dirs Hydra searched
+    (``hydra.runtime.config_sources``, in order), so the schema checks and every lookup by name
+    see a user's files as well as the package's (:mod:`ckpred.vocab`)."""
+    from ckpred import vocab
+
+    vocab.use(vocab.read(vocab.config_dirs(OmegaConf.to_container(sources))))
 
 
 def run_dir(cfg: Any, command: str) -> Path:
@@ -136,23 +203,85 @@ def run_dir(cfg: Any, command: str) -> Path:
         out = Path(hydra_cfg.runtime.output_dir)
     else:
         out = resolve_path(Path("runs") / command / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a place the permission check passes and the file system refuses (/proc)
+        raise OutputPathError(str(out), exc.strerror or str(exc)) from None
     return out
 
 
+#: The schema of each command's primary config (``conf/<name>.yaml`` starts with ``base_<name>``).
+PRIMARY_SCHEMAS: dict[str, type] = {
+    "ingest": schema.IngestConfig, "simulate": schema.SimulateConfig, "train": schema.TrainConfig,
+    "export": schema.ExportConfig, "select": schema.SelectConfig, "tune": schema.TuneConfig,
+    "sweep_report": schema.SweepReportConfig, "replay": schema.ReplayConfig,
+}
+
+
+def _checked_file_source() -> None:
+    """Have Hydra check every config file it reads from a directory (``--config-dir``, a search
+    path) with :func:`ckpred.yamlfile.check_yaml` before OmegaConf loads it (idempotent).
+
+    OmegaConf expands a YAML alias bomb before any schema sees the file, and its loader's errors
+    (duplicate keys, tags, bytes that are not UTF-8) reach the user as tracebacks. The check
+    replaces Hydra's ``file://`` config source by a subclass of the one Hydra registered (Hydra
+    keeps a registered class of the same name). A refusal raises
+    :class:`ckpred.errors.InputFileError`, or on the command line (:data:`COMMAND_LINE` set)
+    prints its one line and exits with status 1 (Hydra would add its own lines to it).
+    """
+    import os
+    import sys
+
+    from hydra._internal.sources_registry import SourcesRegistry
+    from hydra.core.plugins import Plugins
+
+    from ckpred.yamlfile import MAX_BYTES, check_yaml
+
+    Plugins.instance()  # Hydra registers its own config sources first
+    registry = SourcesRegistry.instance()
+    base = registry.resolve("file")
+    if getattr(base, "ckpred_checked", False):
+        return
+
+    class FileConfigSource(base):  # type: ignore[misc,valid-type]
+        ckpred_checked = True
+
+        def load_config(self, config_path: str) -> Any:
+            path = os.path.realpath(os.path.join(self.path, self._normalize_file_name(config_path)))
+            if os.path.isfile(path):
+                try:
+                    with open(path, "rb") as fh:
+                        check_yaml(fh.read(MAX_BYTES + 1), path)
+                except InputFileError as exc:
+                    if COMMAND_LINE is None:
+                        raise
+                    print(f"ckpred {COMMAND_LINE}: error: {exc}", file=sys.stderr)
+                    raise SystemExit(1) from None
+            return super().load_config(config_path)
+
+    registry.types["file"] = FileConfigSource
+
+
+#: The command being run from the command line (set by :mod:`ckpred.cli`); None in a program.
+COMMAND_LINE: str | None = None
+
+
 def register_schemas() -> None:
-    """Register every schema under ``base_<group>`` (idempotent)."""
+    """Register every schema under ``base_<group>`` and check config files before Hydra loads
+    them (:func:`_checked_file_source`); idempotent."""
     from hydra.core.config_store import ConfigStore
 
+    _checked_file_source()
+
     cs = ConfigStore.instance()
+    for name, node in PRIMARY_SCHEMAS.items():
+        cs.store(name=f"base_{name}", node=node)
     cs.store(group="arch", name="base_arch", node=schema.ArchConfig)
     cs.store(group="dtype", name="base_dtype", node=schema.DtypeConfig)
     cs.store(group="layout", name="base_layout", node=schema.LayoutConfig)
     cs.store(group="op", name="base_op", node=schema.OpConfig)
     cs.store(group="data", name="base_data", node=schema.DataConfig)
-    cs.store(name="base_ingest", node=schema.IngestConfig)
     cs.store(group="shapes", name="base_shapes", node=schema.ShapesConfig)
-    cs.store(name="base_simulate", node=schema.SimulateConfig)
     cs.store(group="features", name="base_features", node=schema.FeaturesConfig)
     cs.store(group="model", name="base_model", node=schema.ModelConfig)
     cs.store(group="target", name="base_target", node=schema.TargetConfig)
@@ -160,12 +289,6 @@ def register_schemas() -> None:
         node = OmegaConf.structured(scheme.config)
         node.name = name
         cs.store(group="cv", name=f"base_{name}", node=node)
-    cs.store(name="base_train", node=schema.TrainConfig)
-    cs.store(name="base_export", node=schema.ExportConfig)
-    cs.store(name="base_select", node=schema.SelectConfig)
-    cs.store(name="base_tune", node=schema.TuneConfig)
-    cs.store(name="base_sweep_report", node=schema.SweepReportConfig)
-    cs.store(name="base_replay", node=schema.ReplayConfig)
     cs.store(group="problem", name="base_problem", node={})
 
 

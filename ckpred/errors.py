@@ -63,6 +63,15 @@ class UnknownConfigKeyError(ConfigValueError):
                      f"allowed keys there: {known}",)
 
 
+class UnusedConfigKeyError(ConfigValueError):
+    """A key set on the command line that the selected config does not read (``data.path=x``
+    with ``data=simulated``): the run would silently ignore it."""
+
+    def __init__(self, key: str, value: Any, reason: str) -> None:
+        super().__init__(key, value, reason)
+        self.args = (f"config key '{key}' (= {value!r}) is not read: {reason}",)
+
+
 class OutputPathError(CkpredError, OSError):
     """An output file or directory cannot be written (a directory where a file is expected,
     a file where a directory is expected, no permission, read-only or full filesystem)."""

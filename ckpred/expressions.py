@@ -74,13 +74,12 @@ _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv
 _CMPOPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
 
 
-@functools.lru_cache(maxsize=1)
-def dtype_bytes_table() -> dict[str, int]:
-    """Bytes per element of each dtype (:func:`ckpred.dtypes.dtype_configs`, read from the
-    packaged dtype configs); ``dtype_bytes(x)`` in an expression looks its value up here."""
-    from ckpred.dtypes import dtype_configs
+def dtype_bytes_table() -> dict[str, float]:
+    """Bytes per element of each dtype name and alias (the dtype configs in use,
+    :func:`ckpred.vocab.current`); ``dtype_bytes(x)`` in an expression looks its value up here."""
+    from ckpred import vocab
 
-    return {name: config.bytes_per_element for name, config in dtype_configs().items()}
+    return vocab.current().bytes_table
 
 
 # -- values during evaluation ----------------------------------------------------------------------

@@ -95,10 +95,9 @@ def validation_split(shapes: np.ndarray, fraction: float, seed: int,
     With fewer than two groups there is nothing to hold out: every shape is fitted, the
     validation set is empty and the fit runs its full tree count (logged).
     """
-    if len(shapes) < 2:
-        raise ValueError("early stopping needs at least 2 training shapes to carve a validation set")
     if len(np.unique(shapes if groups is None else groups)) < 2:
-        log.warning("early stopping skipped: the %d training shapes form one CV group", len(shapes))
+        # one training shape is one CV group too (a 2-fold CV over two groups)
+        log.warning("early stopping skipped: the %d training shape(s) form one CV group", len(shapes))
         return np.sort(shapes), np.zeros(0, dtype=np.asarray(shapes).dtype)
     splitter = GroupShuffleSplit(n_splits=1, test_size=fraction, random_state=seed)
     fit_pos, val_pos = next(splitter.split(shapes, groups=shapes if groups is None else groups))

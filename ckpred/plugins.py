@@ -122,4 +122,7 @@ def import_named(spec: str, key: str, what: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigValueError(key, spec, f"an importable module ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - any error the module raises while it is imported
+        raise ConfigValueError(key, spec, f"a module that imports without error (importing {module_name} raised "
+                                          f"{type(exc).__name__}: {exc})") from None
     return getattr(module, attr, None)

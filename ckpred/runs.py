@@ -176,8 +176,13 @@ def load_train_run(run_dir: str | Path, *, purpose: str, require_record: bool) -
     elif require_record:
         raise MissingFileError(str(record_file), f"{purpose}: missing; the directory is not a finished train run")
     if not pipeline_file.is_file():
-        raise MissingFileError(str(pipeline_file), f"{purpose}: no fitted pipeline in {run_dir} (the run was "
-                                                   "trained with save_pipeline=false; rerun it with save_pipeline=true)")
+        if record.get("command") == "train" or (path / "metrics.json").is_file():
+            why = "the run was trained with save_pipeline=false; rerun it with save_pipeline=true"
+        else:  # e.g. the folder Hydra made for a run that failed before writing anything
+            logs = sorted(p.name for p in path.glob("*.log"))
+            why = (f"{run_dir} is not a finished train run: it holds no run record, metrics or pipeline (the run "
+                   f"failed or is still running{'; see ' + logs[0] if logs else ''})")
+        raise MissingFileError(str(pipeline_file), f"{purpose}: no fitted pipeline in {run_dir} ({why})")
     sha = sha256_file(pipeline_file)
     recorded = (record.get("pipeline") or {}).get("sha256")
     if (recorded or require_record) and recorded != sha:

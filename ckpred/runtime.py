@@ -50,6 +50,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from ckpred import vocab
 from ckpred.errors import CkpredError, ConfigValueError, InputFileError, MissingFileError, ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.kernels.base import OpDefinition, load_op
@@ -364,6 +365,8 @@ class KernelSelector:
             raise ModelMismatchError(f"{model_dir}: manifest.json does not match the manifest embedded in "
                                      f"{selector_file} (manifest edited, or files from different exports?)")
         calibration = _calibration(manifest, model_dir)
+        # the dtypes and layouts the model was made with (a user's own dtype loads without their dir)
+        vocab.add(manifest.get("vocabulary") or {}, source=str(model_dir / mf.MANIFEST))
         try:
             with allowed_plugins(allow_plugins):  # the manifest is data: only allowed plug-ins are imported
                 op_def = load_op(manifest.get("op_config") or manifest["op"])

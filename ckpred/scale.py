@@ -118,19 +118,12 @@ def check_partitions(key_frames: Iterable[tuple[str, pd.Series]], path: str) -> 
 
 # -- one partition -> training rows ------------------------------------------------------------
 def layout_config(name: str) -> Any:
-    """The packaged ``conf/layout/<name>.yaml`` as a checked :class:`ckpred.schema.LayoutConfig`."""
-    from importlib import resources
+    """``layout/<name>.yaml`` of the config dirs in use as a checked :class:`ckpred.schema.LayoutConfig`."""
+    from ckpred import vocab
+    from ckpred.schema import LayoutConfig
 
-    from omegaconf import OmegaConf
-
-    from ckpred.schema import LAYOUTS, LayoutConfig
-
-    if name not in LAYOUTS:
-        raise ConfigValueError("layout", name, f"one of {list(LAYOUTS)}")
-    raw = OmegaConf.to_container(OmegaConf.create((resources.files("ckpred.conf") / "layout" /
-                                                   f"{name}.yaml").read_text()))
-    raw.pop("defaults", None)
-    return LayoutConfig(**raw)
+    layout = vocab.current().layout(name)
+    return LayoutConfig(name=layout.name, a=layout.a, b=layout.b, c=layout.c, code=layout.code)
 
 
 def combo_config(frame: pd.DataFrame) -> SimpleNamespace:

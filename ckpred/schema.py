@@ -7,7 +7,8 @@ type cannot express (ranges, allowed names) live in ``__post_init__`` and run wh
 name the key, the bad value and what is allowed.
 
 Adding a config group means adding its dataclass here and registering it in :func:`register`;
-adding an *option* to a group is only a YAML file.
+adding an *option* to a group is only a YAML file: the dtypes, layouts and arch configs a check
+accepts are the files of the config dirs (:mod:`ckpred.vocab`), not lists in this module.
 """
 
 from __future__ import annotations
@@ -20,14 +21,22 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from ckpred import vocab
 from ckpred.errors import ConfigValueError
 from ckpred.util import file_kind
 
-#: Names the CK Tile kernel space and the simulator understand.
-DTYPES: tuple[str, ...] = ("fp8", "bf8", "fp16", "bf16", "fp32")
-LAYOUTS: tuple[str, ...] = ("rcr", "rrr", "crr", "ccr")
 DATA_SOURCES: tuple[str, ...] = ("simulated", "path")
 DATA_FORMATS: tuple[str, ...] = ("auto", "json", "log", "csv", "parquet")
+
+
+def dtype_names() -> tuple[str, ...]:
+    """The dtypes of the config dirs in use (``dtype/<name>.yaml``; :func:`ckpred.vocab.current`)."""
+    return tuple(sorted(vocab.current().dtypes))
+
+
+def layout_names() -> tuple[str, ...]:
+    """The layouts of the config dirs in use (``layout/<name>.yaml``)."""
+    return tuple(sorted(vocab.current().layouts))
 
 
 def check(key: str, value: Any, ok: bool, allowed: str) -> None:
@@ -49,13 +58,9 @@ def max_threads() -> int:
     return os.cpu_count() or 1
 
 
-def check_threads(key: str, value: int, *, at_least: int = 1) -> None:
-    """Check a thread count: an integer in [1, max(:func:`max_threads`, ``at_least``)].
-
-    ``at_least`` keeps a packaged default valid on a machine with fewer CPUs (``model.n_jobs``
-    defaults to 2).
-    """
-    top = max(max_threads(), at_least)
+def check_threads(key: str, value: int) -> None:
+    """Check a thread count: an integer in [1, :func:`max_threads`]."""
+    top = max_threads()
     check(key, value, 1 <= value <= top,
           f"an integer in [1, {top}] (this machine's CPUs; 0 / -1 for 'all cores' are not accepted: "
           f"give the count)")
@@ -166,7 +171,8 @@ class ArchConfig:
         check_positive("arch", self, ("l2_mib_per_xcd", "llc_mib"), allow_zero=True)
         check("arch.wave_size", self.wave_size, self.wave_size in (32, 64), "32 or 64")
         for dtype, peak in self.peak_tflops.items():
-            check(f"arch.peak_tflops.{dtype}", dtype, dtype in DTYPES, f"one of {list(DTYPES)}")
+            check(f"arch.peak_tflops.{dtype}", dtype, dtype in dtype_names(),
+                  f"a dtype of {vocab.current().describe('dtype')}")
             check(f"arch.peak_tflops.{dtype}", peak, peak > 0, "a number > 0")
 
     @property
@@ -183,26 +189,29 @@ ARCH_NUMBERS: tuple[str, ...] = ("cus", "xcds", "shader_engines", "simds_per_cu"
 
 def arch_constant_names() -> tuple[str, ...]:
     """Every ``hw.<name>`` an expression may read (the same for every arch config)."""
-    return ARCH_NUMBERS + ("lds_bytes",) + tuple(f"peak_tflops_{d}" for d in DTYPES)
+    return ARCH_NUMBERS + ("lds_bytes",) + tuple(f"peak_tflops_{d}" for d in dtype_names())
 
 
 def arch_config(name: str) -> "ArchConfig":
-    """The packaged ``conf/arch/<name>.yaml``, checked (e.g. to find a table's own arch by the
-    name in its ``arch`` column).
+    """``arch/<name>.yaml`` of the config dirs in use (the package's ``conf/`` and a user's),
+    checked (e.g. to find a table's own arch by the name in its ``arch`` column).
 
     Raises
     ------
     ckpred.errors.ConfigValueError
-        When no packaged arch config has that name, listing the ones there are.
+        When no arch config has that name, listing the ones there are.
     """
-    from importlib import resources
-
     from omegaconf import OmegaConf
 
-    folder = resources.files("ckpred.conf") / "arch"
-    known = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
-    check("arch", name, name in known, f"one of the packaged arch configs {known} (or pass the arch config)")
-    raw = OmegaConf.to_container(OmegaConf.create((folder / f"{name}.yaml").read_text()))
+    from ckpred.yamlfile import check_yaml
+
+    found = vocab.current()
+    path = found.find("arch", name)
+    check("arch", name, path is not None, f"one of the arch configs {found.options('arch')} (arch/<name>.yaml in "
+                                          "the config dirs; or pass the arch config)")
+    data = path.read_bytes()
+    check_yaml(data, path)
+    raw = OmegaConf.to_container(OmegaConf.create(data.decode("utf-8")))
     raw.pop("defaults", None)
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArchConfig), raw))
 
@@ -218,38 +227,56 @@ def arch_constants(arch: Any) -> dict[str, float]:
     out = {k: float(get(k)) for k in ARCH_NUMBERS}
     out["lds_bytes"] = out["lds_kib"] * 1024.0
     peaks = get("peak_tflops") or {}
-    for d in DTYPES:
+    for d in dtype_names():
         out[f"peak_tflops_{d}"] = float(peaks[d]) if d in peaks else float("nan")
     return out
 
 
 @dataclass
 class DtypeConfig:
-    """Element type of A and B, with the accumulator and C types CK Tile uses for it."""
+    """Element type of A and B, with the accumulator and C types CK Tile uses for it.
+
+    A new dtype is a file ``dtype/<name>.yaml`` in a config dir (see :mod:`ckpred.vocab`).
+    """
 
     name: str = MISSING
-    bytes_per_element: int = MISSING
+    #: Bytes of one element: 1, 2, 4, or a fraction for a packed type (0.5 for a 4-bit one).
+    bytes_per_element: float = MISSING
     accumulator: str = "fp32"
     c_dtype: str = MISSING
+    #: Other spellings of the name in tables (``float16`` for fp16): a categorical field holding
+    #: them, and ``dtype_bytes(x)``, read them as this dtype.
+    aliases: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        check("dtype.name", self.name, self.name in DTYPES, f"one of {list(DTYPES)}")
-        check("dtype.bytes_per_element", self.bytes_per_element,
-              self.bytes_per_element in (1, 2, 4), "1, 2 or 4")
-        check("dtype.c_dtype", self.c_dtype, self.c_dtype in DTYPES, f"one of {list(DTYPES)}")
+        known = vocab.current()
+        check("dtype.name", self.name, self.name in known.dtypes, f"a dtype of {known.describe('dtype')}")
+        check("dtype.bytes_per_element", self.bytes_per_element, self.bytes_per_element > 0,
+              "a number > 0 (1, 2, 4, or 0.5 for a packed 4-bit type)")
+        for key in ("c_dtype", "accumulator"):
+            check(f"dtype.{key}", getattr(self, key), known.dtype_name(getattr(self, key)) is not None,
+                  f"a dtype of {known.describe('dtype')}")
 
 
 @dataclass
 class LayoutConfig:
-    """Majorness of A, B and C (r = row-major, c = column-major)."""
+    """Majorness of A, B and C (r = row-major, c = column-major).
+
+    A new layout is a file ``layout/<name>.yaml`` in a config dir (see :mod:`ckpred.vocab`).
+    """
 
     name: str = MISSING
     a: str = MISSING
     b: str = MISSING
     c: str = MISSING
+    #: The layout's model-input code (the features' ``layout_code``): unique per layout.
+    code: int = MISSING
 
     def __post_init__(self) -> None:
-        check("layout.name", self.name, self.name in LAYOUTS, f"one of {list(LAYOUTS)}")
+        known = vocab.current()
+        check("layout.name", self.name, self.name in known.layouts, f"a layout of {known.describe('layout')}")
+        check("layout.code", self.code, self.code == known.layouts[self.name].code,
+              f"{known.layouts[self.name].code} (the code of layout {self.name} in {known.layouts[self.name].source})")
         for key in ("a", "b", "c"):
             value = getattr(self, key)
             check(f"layout.{key}", value, value in ("r", "c"), "'r' or 'c'")
@@ -418,33 +445,20 @@ class DataConfig:
         check("data.chunk_mb", self.chunk_mb, isinstance(self.chunk_mb, int) and not isinstance(self.chunk_mb, bool)
               and self.chunk_mb >= 1, "an integer >= 1 (MiB per chunk)")
         check("data.format", self.format, self.format in DATA_FORMATS, f"one of {list(DATA_FORMATS)}")
-        if self.source == "path":
-            check("data.path", self.path, bool(self.path),
-                  "one or more files or globs (data.path=<file or glob>)")
         check_seed("data.seed", self.seed)
 
+    def check_path(self, key: str = "data") -> None:
+        """Refuse ``source=path`` without files (checked by the commands that read the data:
+        ``select`` composes a recipe's data without reading it)."""
+        if self.source == "path":
+            check(f"{key}.path", self.path, bool(self.path), f"one or more files or globs ({key}.path=<file or glob>)")
 
-@dataclass
-class IngestConfig:
-    """Primary config of ``ckpred ingest``."""
-
-    arch: ArchConfig = MISSING
-    dtype: DtypeConfig = MISSING
-    layout: LayoutConfig = MISSING
-    op: OpConfig = MISSING
-    data: DataConfig = MISSING
-    #: Output of the canonical table: a ``.parquet`` file, or else a directory of
-    #: ``part-NNNNN.parquet`` files (a partitioned dataset, each part holding whole problems).
-    out: str = "ingested.parquet"
-    #: Where rows that could not be kept go (CSV with file:line and reason); empty = next to out.
-    rejects: str = ""
-    run_id: str = ""
-
-    def __post_init__(self) -> None:
-        check_arch_dtype(self.arch, self.dtype)
-        check_output_path("out", self.out, kind="file" if str(self.out).endswith(".parquet") else "dir",
-                          required=True)
-        check_output_path("rejects", self.rejects, kind="file")
+    def unused_keys(self) -> dict[str, str]:
+        """Keys this source does not read, each with what would read it (:func:`ckpred.config.unused_keys`)."""
+        if self.source == "simulated":
+            why = "data.source=simulated does not read it (select data=path to read measurement files)"
+            return {"path": why, "format": why, "chunk_mb": why}
+        return {"seed": "it seeds the simulator, and data.source=path does not simulate (select data=simulated)"}
 
 
 # -- features (ckpred.features) -------------------------------------------------------------------
@@ -567,6 +581,9 @@ TARGET_NAMES: tuple[str, ...] = ("log1p", "raw", "relative")
 RANK_OBJECTIVES: tuple[str, ...] = ("lambdarank", "rank_xendcg")
 LABEL_GAINS: tuple[str, ...] = ("exp2", "linear")
 MODEL_BACKENDS: tuple[str, ...] = ("local", "dask")
+#: ``model.<key>`` read by ``lgbm_ranker`` only.
+RANKER_KEYS: tuple[str, ...] = ("relevance_grades", "relevance_exponent", "max_rows_per_query", "objective",
+                                "label_gain")
 
 
 @dataclass
@@ -608,8 +625,10 @@ class ModelConfig:
     min_split_gain: float = 0.0
     #: Histogram bins per feature (LightGBM ``max_bin``).
     max_bin: int = 255
-    #: LightGBM threads.
-    n_jobs: int = 2
+    #: LightGBM threads. One by default: more only pay on a machine whose cores are free, and on
+    #: a busy one OpenMP's waiting threads take the cores from the working ones (the metrics
+    #: are the same; docs/results.md, "Threads").
+    n_jobs: int = 1
     #: Stop when the validation score has not improved for this many rounds (0 = off). The
     #: validation set is a fraction of the *training* shapes, never the test fold.
     early_stopping_rounds: int = 0
@@ -650,7 +669,7 @@ class ModelConfig:
         check_positive("model", self, ("reg_alpha", "reg_lambda", "min_split_gain",
                                        "early_stopping_rounds"), allow_zero=True)
         check("model.max_bin", self.max_bin, 2 <= self.max_bin <= 65535, "an integer in [2, 65535]")
-        check_threads("model.n_jobs", self.n_jobs, at_least=2)
+        check_threads("model.n_jobs", self.n_jobs)
         check("model.validation_fraction", self.validation_fraction, 0 < self.validation_fraction < 1,
               "a number in (0, 1)")
         check("model.relevance_grades", self.relevance_grades, 2 <= self.relevance_grades <= 31,
@@ -661,6 +680,19 @@ class ModelConfig:
               "an integer in [1, 10000] (LightGBM lambdarank limit)")
         check("model.objective", self.objective, self.objective in RANK_OBJECTIVES, f"one of {list(RANK_OBJECTIVES)}")
         check("model.label_gain", self.label_gain, self.label_gain in LABEL_GAINS, f"one of {list(LABEL_GAINS)}")
+
+    def unused_keys(self) -> dict[str, str]:
+        """Keys this model does not read, each with what would read it (:func:`ckpred.config.unused_keys`)."""
+        out: dict[str, str] = {}
+        if self.name != "lgbm_ranker":
+            out.update(dict.fromkeys(RANKER_KEYS, f"model={self.name} does not read it (a ranker's key: select "
+                                                  "model=lgbm_ranker)"))
+        if self.backend != "dask":
+            out["dask"] = "model.backend=local does not read it (set model.backend=dask)"
+        if not self.early_stopping_rounds:
+            out["validation_fraction"] = ("model.early_stopping_rounds=0 does not read it (early stopping is off; "
+                                          "set model.early_stopping_rounds=<rounds>)")
+        return out
 
 
 @dataclass
@@ -674,6 +706,12 @@ class TargetConfig:
     def __post_init__(self) -> None:
         check("target.name", self.name, self.name in TARGET_NAMES, f"one of {list(TARGET_NAMES)}")
         check("target.floor", self.floor, 0 < self.floor < 1, "a number in (0, 1)")
+
+    def unused_keys(self) -> dict[str, str]:
+        """Keys this target does not read, each with what would read it (:func:`ckpred.config.unused_keys`)."""
+        if self.name != "relative":
+            return {"floor": f"target={self.name} does not read it (select target=relative)"}
+        return {}
 
 
 @dataclass
@@ -788,15 +826,42 @@ class RecipeConfig:
     validity: ValidityModelConfig = field(default_factory=ValidityModelConfig)
     #: Seed of fold assignment, validation split, row sampling and LightGBM.
     seed: int = 0
+    #: ``train``'s CV scheme and baselines: composed by every command that takes ``experiment=``
+    #: (an experiment may set them), read by ``train`` and ``tune`` only.
+    cv: Any = None
+    baselines: Any = None
 
     def __post_init__(self) -> None:
         check_arch_dtype(self.arch, self.dtype)
         check_seed("seed", self.seed)
+        if "data" not in self.unused_keys():
+            self.data.check_path()
+
+    def unused_keys(self) -> dict[str, str]:
+        """Nodes this command does not read, each with what would read it (:func:`ckpred.config.unused_keys`)."""
+        out = {key: f"{self.command} does not read it (train and tune do; it is composed so that "
+                    "experiment=<name> composes here too)" for key in ("cv", "baselines")}
+        if isinstance(self.model, ModelConfig) and self.model.name == "lgbm_ranker":
+            out["target"] = ("model=lgbm_ranker does not read it (it learns relevance grades of perf / best); "
+                             "select model=lgbm_regressor to train on a target")
+        if not self.simulates():
+            out["shapes"] = ("data.source=path does not read it (the simulator's shape set: select "
+                             "data=simulated)")
+        return out
+
+    #: The command's name, for messages.
+    command = "this command"
+
+    def simulates(self) -> bool:
+        """Whether a table of this config comes from the simulator (which reads ``shapes``)."""
+        return getattr(self.data, "source", None) == "simulated"
 
 
 @dataclass
 class TrainConfig(RecipeConfig):
     """Primary config of ``ckpred train``."""
+
+    command = "train"
 
     cv: CVConfig = MISSING
     baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
@@ -819,6 +884,12 @@ class TrainConfig(RecipeConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_output_path("out_dir", self.out_dir, kind="dir")
+
+    def unused_keys(self) -> dict[str, str]:
+        out = {k: v for k, v in super().unused_keys().items() if k not in ("cv", "baselines")}
+        if out.get("shapes") and self.cv.name == "external" and getattr(self.cv.data, "source", None) == "simulated":
+            del out["shapes"]  # the external test table is simulated
+        return out
 
 
 # -- export and select ------------------------------------------------------------------------
@@ -912,11 +983,24 @@ class ExportConfig(RecipeConfig):
     #: The confidence budget's calibration (``run_dir`` exports).
     autotune: ExportAutotuneConfig = field(default_factory=ExportAutotuneConfig)
 
+    command = "export"
+
     def __post_init__(self) -> None:
         super().__post_init__()
         check_output_path("out_dir", self.out_dir, kind="dir")
         check("select", self.select, self.select in EXPORT_SELECT, f"one of {list(EXPORT_SELECT)}")
         check("prune_top_n", self.prune_top_n, self.prune_top_n >= 1, "an integer >= 1")
+
+    def unused_keys(self) -> dict[str, str]:
+        out = super().unused_keys()
+        if self.select != "reranked":
+            out["reranker"] = f"select={self.select} does not read it (select=reranked does)"
+        if self.select == "full":
+            out["prune_top_n"] = "select=full does not read it (select=pruned and reranked do)"
+        if not self.run_dir:
+            out["autotune"] = ("an export without run_dir has no out-of-fold scores to calibrate on "
+                               "(export run_dir=<train run>)")
+        return out
 
 
 @dataclass
@@ -943,12 +1027,52 @@ class SelectConfig(RecipeConfig):
     json: bool = False
     threads: int = 1
 
+    command = "select"
+
     def __post_init__(self) -> None:
         super().__post_init__()
         check("top_k", self.top_k, self.top_k >= 1, "an integer >= 1")
         check_threads("threads", self.threads)
         check("problem", dict(self.problem), bool(self.problem),
               "the problem fields, e.g. problem.m=128 problem.n=1536 problem.k=7168")
+
+    def unused_keys(self) -> dict[str, str]:
+        why = ("select answers from an exported model and reads only arch, dtype, layout and op of the recipe "
+               "(the rest is composed so that experiment=<name> names the same export)")
+        out = dict.fromkeys(("data", "shapes", "features", "model", "target", "rows", "validity", "seed", "cv",
+                             "baselines"), why)
+        if self.model_dir:
+            out["exports_dir"] = "model_dir names the export itself"
+        return out
+
+
+@dataclass
+class IngestConfig(RecipeConfig):
+    """Primary config of ``ckpred ingest``: reads ``arch``, ``dtype``, ``layout``, ``op`` and
+    ``data`` of the recipe (the rest is composed so that ``experiment=<name>`` composes here too)."""
+
+    #: Unused by ``ingest``; composed from ``features/<op>.yaml`` when the op has one.
+    features: Any = None
+    #: Output of the canonical table: a ``.parquet`` file, or else a directory of
+    #: ``part-NNNNN.parquet`` files (a partitioned dataset, each part holding whole problems).
+    out: str = "ingested.parquet"
+    #: Where rows that could not be kept go (CSV with file:line and reason); empty = next to out.
+    rejects: str = ""
+    run_id: str = ""
+
+    command = "ingest"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_output_path("out", self.out, kind="file" if str(self.out).endswith(".parquet") else "dir",
+                          required=True)
+        check_output_path("rejects", self.rejects, kind="file")
+
+    def unused_keys(self) -> dict[str, str]:
+        why = ("ingest reads only arch, dtype, layout, op and data of the recipe (the rest is composed so that "
+               "experiment=<name> composes here too)")
+        return dict.fromkeys(("shapes", "features", "model", "target", "rows", "validity", "seed", "cv",
+                              "baselines"), why)
 
 
 # -- sweeps, tune, warm start -----------------------------------------------------------------

@@ -80,6 +80,12 @@ def shared_file(*parts: str) -> Path:
     return path
 
 
+def reading_files(overrides: list[str]) -> list[str]:
+    """``overrides`` for a run on a table read from files: without the simulator's shape set
+    (``shapes=...``), which such a run does not read (and refuses)."""
+    return [o for o in overrides if not o.startswith("shapes")]
+
+
 # -- the C++ runtimes (scripts/cpp), built once per session into a temporary directory ------------
 CPP = REPO / "scripts" / "cpp"
 

@@ -6,6 +6,7 @@ import pytest
 from hydra.errors import MissingConfigException
 
 from ckpred.config import CONF_DIR, compose
+from tests.conftest import REPO
 from ckpred.errors import ConfigValueError
 
 #: Primary configs and the overrides they need to compose on their own.
@@ -29,11 +30,17 @@ def _groups() -> list[str]:
                   and p.name != "hydra" and any(p.glob("*.yaml")))
 
 
+#: Groups a primary config composes without reading them (so that experiment=<name> composes).
+UNREAD = {"ingest": {"shapes", "features", "model", "target", "cv"}, "export": {"cv"},
+          "select": {"data", "shapes", "features", "model", "target", "cv"}}
+
+
 def _cases() -> list[tuple[str, str, str]]:
     cases = []
     for group in _groups():
         for option in _options(group):
-            primary = next((name for name in PRIMARY if group in _primary_groups(name)), None)
+            primary = next((name for name in PRIMARY if group in _primary_groups(name)
+                            and group not in UNREAD.get(name, ())), None)
             cases.append((primary or "", group, option))
     return cases
 
@@ -51,6 +58,10 @@ def test_every_option_composes(primary: str, group: str, option: str) -> None:
     overrides = [*PRIMARY[primary], f"{group}={option}"]
     if group == "arch":  # the default dtype (fp8) is not one every arch runs (gfx90a has no fp8)
         overrides.append("dtype=fp16")
+    if group == "target":  # only a regressor reads a target (the default model is the ranker)
+        overrides.append("model=lgbm_regressor")
+    if group == "data" and option != "path":  # only data=path reads data.path
+        overrides = [o for o in overrides if not o.startswith("data.path=")]
     if group == "problem":  # a problem option belongs to the op of the same name, with its own fields
         overrides = [f"op={option}", *PROBLEM_FIELDS[option], f"problem={option}"]
     cfg = compose(primary, overrides)
@@ -82,7 +93,8 @@ def test_unknown_option_names_group_value_and_options(override: str, group: str,
     ("arch.cus=-3", "arch.cus", "> 0"),
     ("arch.wave_size=48", "arch.wave_size", "32 or 64"),
     ("data.format=xml", "data.format", "json"),
-    ("dtype.bytes_per_element=3", "dtype.bytes_per_element", "1, 2 or 4"),
+    ("dtype.bytes_per_element=0", "dtype.bytes_per_element", "a number > 0"),
+    ("layout.code=3", "layout.code", "the code of layout rcr"),
 ])
 def test_bad_value_names_key_value_allowed(override: str, key: str, allowed: str) -> None:
     with pytest.raises(ConfigValueError) as err:
@@ -111,3 +123,95 @@ def test_unknown_key_is_rejected() -> None:
 
     with pytest.raises(ConfigCompositionException, match="num_cus"):
         compose("ingest", ["data.path=x", "arch.num_cus=3"])
+
+
+#: Every experiment shipped (conf/experiment) or documented (tests/ops/experiment, docs/ops.md).
+EXPERIMENTS = [(None, p.stem) for p in sorted((CONF_DIR / "experiment").glob("*.yaml"))] + \
+    [(REPO / "tests" / "ops", p.stem) for p in sorted((REPO / "tests" / "ops" / "experiment").glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("command", ["train", "tune", "export", "select", "ingest"])
+@pytest.mark.parametrize(("config_dir", "experiment"), EXPERIMENTS, ids=[e for _, e in EXPERIMENTS])
+def test_every_experiment_composes_for_every_recipe_command(config_dir, experiment: str, command: str) -> None:
+    """An experiment sets a recipe (and train's cv / baselines): every command that takes a
+    recipe composes it, and reads its op, arch, dtype and layout (export names the same model
+    select answers from; ingest reads the experiment's table)."""
+    def composed(name: str, *overrides: str):
+        try:
+            return compose(name, [f"experiment={experiment}", *overrides], config_dir=config_dir)
+        except ConfigValueError as err:  # an experiment of data=path without the files: give them
+            if err.key != "data.path":
+                raise
+            return compose(name, [f"experiment={experiment}", *overrides, "data.path=x"], config_dir=config_dir)
+
+    trained = composed("train")
+    problem = [f"++problem.{k}=1" for k in (trained.op.problem_fields or {"m": 0, "n": 0, "k": 0})]
+    cfg = composed(command, *(problem if command == "select" else []))
+    for key in ("op", "arch", "dtype", "layout"):
+        assert cfg[key].name == trained[key].name
+
+
+# -- open vocabularies: dtypes and layouts are the files of the config dirs --------------------------
+def _user_dir(tmp_path, files: dict[str, str]):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+MXFP4 = "defaults: [base_dtype, _self_]\nname: mxfp4\nbytes_per_element: 0.5\nc_dtype: bf16\naliases: [fp4x2]\n"
+RRC = "defaults: [base_layout, _self_]\nname: rrc\na: r\nb: r\nc: c\ncode: 7\n"
+
+
+def test_a_dtype_and_a_layout_in_a_user_config_dir_are_in_the_vocabulary(tmp_path) -> None:
+    from ckpred import vocab
+    from ckpred.expressions import dtype_bytes_table
+    from ckpred.schema import arch_constant_names, dtype_names, layout_names
+
+    user = _user_dir(tmp_path, {"dtype/mxfp4.yaml": MXFP4, "layout/rrc.yaml": RRC})
+    cfg = compose("ingest", ["data.path=x", "dtype=mxfp4", "layout=rrc", "+arch.peak_tflops.mxfp4=10066"],
+                  config_dir=user)
+    assert (cfg.dtype.name, cfg.dtype.bytes_per_element, cfg.layout.code) == ("mxfp4", 0.5, 7)
+    assert "mxfp4" in dtype_names() and "rrc" in layout_names() and "peak_tflops_mxfp4" in arch_constant_names()
+    assert dtype_bytes_table()["fp4x2"] == 0.5 and vocab.current().dtype("fp4x2").name == "mxfp4"
+    compose("ingest", ["data.path=x"])  # the package's own again
+    assert "mxfp4" not in dtype_names()
+
+
+@pytest.mark.parametrize(("files", "key", "fragment"), [
+    ({"dtype/mxfp4.yaml": MXFP4.replace("name: mxfp4", "name: fp4")}, "dtype.name", "'mxfp4' (the file's name"),
+    ({"dtype/mxfp4.yaml": MXFP4.replace("0.5", "-1")}, "dtype.bytes_per_element", "a number > 0"),
+    ({"dtype/mxfp4.yaml": MXFP4.replace("c_dtype: bf16", "c_dtype: bf17")}, "dtype.c_dtype", "a dtype of"),
+    ({"dtype/mxfp4.yaml": MXFP4.replace("[fp4x2]", "[float16]")}, "dtype.aliases", "dtype fp16 already spells"),
+    ({"layout/rrc.yaml": RRC.replace("code: 7", "code: 0")}, "layout.code", "layout rcr has it"),
+    ({"layout/rrc.yaml": RRC.replace("code: 7\n", "")}, "layout.code", "an integer >= 0"),
+])
+def test_a_bad_vocabulary_file_is_named(tmp_path, files: dict[str, str], key: str, fragment: str) -> None:
+    with pytest.raises(ConfigValueError) as err:
+        compose("ingest", ["data.path=x"], config_dir=_user_dir(tmp_path, files))
+    assert err.value.key.startswith(key) and str(tmp_path) in err.value.key and fragment in str(err.value)
+
+
+# -- defaults that neither oversubscribe nor spin ---------------------------------------------------
+def test_every_model_of_the_default_train_fits_with_one_thread() -> None:
+    cfg = compose("train", [])
+    threads = (cfg.model.n_jobs, cfg.baselines.plain.model.n_jobs, cfg.baselines.reference.model.n_jobs,
+               cfg.validity.n_jobs)
+    assert threads == (1, 1, 1, 1)
+
+
+def test_the_command_line_puts_openmps_waiting_threads_to_sleep() -> None:
+    """LightGBM's OpenMP threads busy-wait between parallel regions unless told otherwise; the
+    command process tells them (OpenMP reads the policy when LightGBM loads), a caller's own
+    choice stays."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import os; from ckpred.cli import main; main(['--help']); print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[-1] == "PASSIVE"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"}, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.splitlines()[-1] == "ACTIVE"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,10 @@ def test_export_then_select_from_the_command_line(tmp_path) -> None:
     d = tmp_path / "exports" / "gemm_universal_gfx950_fp8_rcr"
     assert sorted(p.name for p in d.iterdir()) == ["manifest.json", "model.onnx", "scorer.onnx"]
     assert "top-1 agreement 100.00%" in out.stdout
+    # each step is named with its time as it finishes (the export used to be silent for tens of seconds)
+    for step in ("loading the training table", "fitting the model on all", "learning the candidate kernels",
+                 "fitting the reranker (70 trees)", "compiling the ONNX graphs, checking parity on 12 shapes"):
+        assert re.search(rf"^export: {re.escape(step)}.* \(\d+\.\d s\)$", out.stdout, re.M), (step, out.stdout)
     man = json.loads((d / "manifest.json").read_text())
     assert man["parity"]["checked"] and man["parity"]["shapes"] == 12 and man["parity"]["top1_agreement"] == 1.0
     assert man["parity"]["max_abs_diff_scorer"] <= 1e-6
@@ -148,7 +153,11 @@ def test_run_dir_with_other_data_or_replaced_pipeline_is_refused(run_dir, tmp_pa
 
 def test_run_dir_without_pipeline_is_refused(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / ".hydra").mkdir(parents=True)  # what Hydra leaves of a run that failed early
+    (tmp_path / "empty" / "train.log").write_text("")
+    with pytest.raises(FileNotFoundError, match="not a finished train run.*failed or is still running; see train.log"):
+        export_command(compose("export", ["run_dir=empty"]))
+    (tmp_path / "empty" / "metrics.json").write_text("{}")  # finished, without its pipeline
     with pytest.raises(FileNotFoundError, match="pipeline.joblib.*save_pipeline=true"):
         export_command(compose("export", ["run_dir=empty"]))
 
@@ -199,3 +208,33 @@ def test_export_of_a_holdout_run_says_why_it_has_no_cv_report(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     cv = _train_then_export("cv=holdout")
     assert "1 fold(s)" in cv["skipped"] and "k-fold CV" in cv["skipped"]  # holdout tests a part of the shapes
+
+
+def test_reranked_export_of_a_run_with_two_cv_groups(tmp_path, monkeypatch) -> None:
+    """Two CV groups: each fold trains on one shape, whose winner is the fold's only candidate;
+    nothing is left to rerank there, so the fold keeps the full model's scores (the reranker is
+    still fitted on the whole table, where the two shapes give two candidates)."""
+    import gzip
+
+    from ckpred.cli import main
+    from test_user_op_end_to_end import USER_CONF, write_table
+
+    monkeypatch.chdir(tmp_path)
+    lines = gzip.open(write_table(tmp_path / "t.csv.gz", n_shapes=2), "rt").read().splitlines()
+    (tmp_path / "t.csv").write_text("\n".join(line for line in lines if ",fp16," in line or line.startswith("M,")))
+    common = ["--config-dir", str(USER_CONF), "op=tmm", "features=tmm_feats", "data=path", "data.path=t.csv"]
+    assert main(["train", *common, "cv.n_splits=2", "model.n_estimators=10", "model.n_jobs=1", "plots=false",
+                 "progress=false", "out_dir=run"]) == 0
+    folds = json.loads((tmp_path / "run" / "folds.json").read_text())["folds"]
+    assert [len(f["test_shapes"]) for f in folds] == [1, 1]
+    assert main(["export", *common, "run_dir=run", "out_dir=ex"]) == 0
+    man = json.loads((tmp_path / "ex" / "tmm_gfx950_fp8_rcr" / "manifest.json").read_text())
+    assert man["select"] == "reranked" and man["parity"]["top1_agreement"] == 1.0
+    cv = man["selection"]["cv"]
+    assert cv["folds"] == 2 and cv["reranked"]["shapes"] == cv["full"]["shapes"] == 2
+    # one shape: its winner is the only candidate, so the export says so and compiles select=pruned
+    one = [line for line in lines if line.startswith("64,128,256,fp16,")]
+    (tmp_path / "one.csv").write_text("\n".join(lines[:1] + one))
+    assert main(["export", *common[:-1], "data.path=one.csv", "out_dir=ex1", "model.n_estimators=5"]) == 0
+    man = json.loads((tmp_path / "ex1" / "tmm_gfx950_fp8_rcr" / "manifest.json").read_text())
+    assert man["select"] == "pruned" and man["selection"]["candidates"] == 1 and "reranker" not in man["selection"]

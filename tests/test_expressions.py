@@ -72,7 +72,21 @@ def test_introspection_and_constants():
 
 
 def test_dtype_bytes_table_reads_the_dtype_configs():
-    assert dtype_bytes_table() == {"bf16": 2, "bf8": 1, "fp16": 2, "fp32": 4, "fp8": 1}
+    table = dtype_bytes_table()
+    assert {k: table[k] for k in ("bf16", "bf8", "fp16", "fp32", "fp8")} == {"bf16": 2, "bf8": 1, "fp16": 2, "fp32": 4,
+                                                                           "fp8": 1}
+    # the names real tables use, as the dtype configs' aliases
+    assert (table["float16"], table["bfloat16"], table["float32"], table["float8_e4m3fn"]) == (2, 2, 4, 1)
+
+
+def test_dtype_bytes_reads_an_alias_in_a_categorical_field_and_a_literal():
+    import numpy as np
+
+    expr = parse("dtype_bytes(precision) * m + dtype_bytes('bfloat16')", key="k").validate(
+        ["precision", "m"], (), categories={"precision": ["float16", "float32", "fp8"]})
+    out = expr.evaluate({"precision": np.array([0.0, 1.0, 2.0]), "m": np.array([1.0, 1.0, 1.0])}, {}, np,
+                        categories={"precision": ["float16", "float32", "fp8"]})
+    assert list(out) == [4.0, 6.0, 3.0]
 
 
 @pytest.mark.parametrize("text, fragment", [

@@ -171,3 +171,33 @@ def test_read_cache_parses_failures_and_varying_parameters(tmp_path) -> None:
 
     with pytest.raises(InputFileError, match="not a Kernel Tuner cache"):
         gs.read_cache(tmp_path / "bad.json")
+
+
+def test_kernel_tuner_search_takes_any_cache_files_and_the_op(tmp_path, capsys) -> None:
+    """scripts/bench/kernel_tuner_search.py read only files named convolution_milo_<GPU>: it takes
+    the caches given (labelled by their device) and the op whose kernel fields are searched."""
+    import importlib.util
+
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("kts", REPO / "scripts" / "bench" / "kernel_tuner_search.py")
+    kts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kts)
+    doc = json.loads((REPO / "tests" / "fixtures" / "kernel_tuner_small.json").read_text())
+    (tmp_path / "first.json").write_text(json.dumps(doc))
+    doc["device_name"] = "AMD Instinct MI250X"
+    for entry in doc["cache"].values():
+        if isinstance(entry.get("time"), float):
+            entry["time"] *= 1 + 0.1 * entry["block_size_x"] / 48
+    with gzip.open(tmp_path / "second.json.gz", "wt") as fh:
+        json.dump(doc, fh)
+    files = [str(tmp_path / "first.json"), str(tmp_path / "second.json.gz")]
+    assert kts.main([*files, "--budget", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "| W7800 | guided" in out and "| MI250X | random (expectation) |" in out
+    with pytest.raises(SystemExit):  # another op's kernel fields are not the caches' parameters
+        kts.main([*files, "--config-dir", str(REPO / "tests" / "fixtures" / "user_op"), "--op", "tmm"])
+    assert "none of op tmm's kernel fields" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        kts.main(files[:1])
+    assert "two or more Kernel Tuner caches" in capsys.readouterr().err

@@ -25,6 +25,7 @@ from ckpred.dtypes import load_dtype  # noqa: E402
 from ckpred.kernels.base import load_op  # noqa: E402
 from ckpred.models import booster  # noqa: E402
 from ckpred.schema import arch_config  # noqa: E402
+from tests.conftest import reading_files  # noqa: E402
 
 SMALL = ["shapes=tiny", "model.n_estimators=8", "model.num_leaves=7", "model.n_jobs=1",
          "rows.max_per_shape=128", "rows.keep_top=32", "progress=false", "plots=false"]
@@ -61,7 +62,8 @@ def _all_rows(dataset: Path) -> pd.DataFrame:
 
 
 def _cfg(*extra: str):
-    return compose("train", [*SMALL, "arch=gfx942", "dtype=fp16", *extra])
+    small = reading_files(SMALL) if "data=path" in extra else SMALL
+    return compose("train", [*small, "arch=gfx942", "dtype=fp16", *extra])
 
 
 def test_dask_fit_matches_the_in_memory_fit(dataset: Path, client) -> None:

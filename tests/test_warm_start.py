@@ -17,6 +17,7 @@ from ckpred.errors import InputFileError, ModelMismatchError
 from ckpred.kernels.base import load_op
 from ckpred.models import booster
 from ckpred.commands.train import train
+from tests.conftest import reading_files
 
 #: The base's recipe, pinned (the train defaults may change): regressor on log1p.
 REG = ["model=lgbm_regressor", "target=log1p"]
@@ -67,7 +68,7 @@ def test_continues_boosting_from_the_base_trees(base_dir: Path, warm_dir: Path) 
 
 
 def test_ranker_continues_too(tmp_path: Path) -> None:
-    ranker = ["model=lgbm_ranker", *[o for o in SMALL if not o.startswith("model=")]]
+    ranker = ["model=lgbm_ranker", *[o for o in SMALL if not o.startswith(("model=", "target="))]]  # reads no target
     train(compose("train", [*ranker, "model.n_estimators=3", f"out_dir={tmp_path / 'base'}"]))
     train(compose("train", [*ranker, "model.n_estimators=2", f"warm_start={tmp_path / 'base'}",
                             f"out_dir={tmp_path / 'warm'}"]))
@@ -115,9 +116,11 @@ def test_no_leakage_when_the_base_never_saw_the_shapes(tmp_path: Path) -> None:
     write_table(table[small_m], tmp_path / "old.parquet", op)
     write_table(table[~small_m], tmp_path / "new.parquet", op)
     path = ["data=path", "data.cache_dir=" + str(tmp_path / "cache")]
-    train(compose("train", [*SMALL, *path, f"data.path={tmp_path / 'old.parquet'}", "model.n_estimators=3",
+    train(compose("train", [*reading_files(SMALL), *path, f"data.path={tmp_path / 'old.parquet'}",
+                            "model.n_estimators=3",
                             f"out_dir={tmp_path / 'base'}"]))
-    train(compose("train", [*SMALL, *path, f"data.path={tmp_path / 'new.parquet'}", "model.n_estimators=3",
+    train(compose("train", [*reading_files(SMALL), *path, f"data.path={tmp_path / 'new.parquet'}",
+                            "model.n_estimators=3",
                             f"warm_start={tmp_path / 'base'}", f"out_dir={tmp_path / 'warm'}", "save_pipeline=false"]))
     lin = json.loads((tmp_path / "warm" / "run.json").read_text())["warm_start"]
     assert lin["cv"]["test_shapes_seen_by_base"] == 0 and lin["cv"]["leakage"] is False
@@ -137,6 +140,8 @@ def test_no_leakage_when_the_base_never_saw_the_shapes(tmp_path: Path) -> None:
 def test_mismatch_is_refused_naming_each_field(base_dir: Path, overrides: list[str], fields: list[str]) -> None:
     groups = {o.split("=")[0] for o in overrides}
     small = [o for o in SMALL if o.split("=")[0] not in groups]  # the case's group choice replaces the base's
+    if "model=lgbm_ranker" in overrides:  # a ranker reads no target (and refuses one)
+        small = [o for o in small if not o.startswith("target=")]
     cfg = compose("train", [*small, f"warm_start={base_dir}", *overrides])
     with pytest.raises(ModelMismatchError) as err:
         warm_start.prepare(cfg, load_op(cfg.op), _x_head(cfg))

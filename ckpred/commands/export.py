@@ -32,8 +32,41 @@ from ckpred.kernels.declared import bind_training_catalogue
 from ckpred.schema import ExportConfig, RecipeConfig
 
 
+class Steps:
+    """The export's steps as they happen: each is printed with its time once done, the current
+    one shown with a spinner (the export otherwise works for tens of seconds without a word)."""
+
+    def __init__(self) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(SpinnerColumn(), TextColumn("export: {task.description}"), TimeElapsedColumn(),
+                            transient=True)
+        self.task = self.bar.add_task("starting", total=None)
+        self.current, self.t0 = "", time.perf_counter()
+
+    def __enter__(self) -> "Steps":
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if exc[0] is None:
+            self._done()
+        self.bar.__exit__(*exc)
+
+    def _done(self) -> None:
+        if self.current:
+            self.bar.console.print(f"export: {self.current} ({time.perf_counter() - self.t0:.1f} s)")
+
+    def step(self, text: str) -> None:
+        """The current step is done (printed with its time); ``text`` starts."""
+        self._done()
+        self.current, self.t0 = text, time.perf_counter()
+        self.bar.update(self.task, description=text)
+
+
 def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: ExportConfig,
-                recipe: RecipeConfig) -> tuple[dict[str, Any], pd.DataFrame | None]:
+                recipe: RecipeConfig, select: str | None = None,
+                steps: Steps | None = None) -> tuple[dict[str, Any], pd.DataFrame | None]:
     """Per-shape efficiency of the exported strategy under the run's CV, next to the full model's.
 
     The candidate set (and the reranker) of each fold are learned from its training shapes only
@@ -48,6 +81,9 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Expor
         The run's out-of-fold rows with the strategy's own scores (``score_model`` replaced,
         ``selectable`` restricted to the fold's candidates), for the autotune calibration; None
         when skipped.
+
+    ``select`` is the strategy exported (default ``cfg.select``; ``pruned`` when the training
+    data leave nothing to rerank).
     """
     from omegaconf import OmegaConf
 
@@ -61,11 +97,18 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Expor
         return {"skipped": f"the run's CV tested {len(tested)} shapes in {oof['fold'].nunique()} fold(s), "
                            f"its training table has {len(trained)}: a per-fold report needs k-fold CV over "
                            "the training shapes"}, None
+    select = select or cfg.select
     kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, recipe=recipe, seed=int(cfg.get("seed", 0)))
-    reranker = OmegaConf.to_container(cfg.reranker, resolve=True) if cfg.select == "reranked" else None
-    scored = strategy_scores(oof, table, op, top_n=int(cfg.prune_top_n), reranker=reranker, **kw)
+    reranker = OmegaConf.to_container(cfg.reranker, resolve=True) if select == "reranked" else None
+    folds = int(oof["fold"].nunique())
+
+    def on_fold(i: int) -> None:
+        if steps is not None:
+            steps.step(f"the {select} selector under the run's CV, fold {i + 1} of {folds}")
+
+    scored = strategy_scores(oof, table, op, top_n=int(cfg.prune_top_n), reranker=reranker, on_fold=on_fold, **kw)
     out: dict[str, Any] = {"folds": int(oof["fold"].nunique())}
-    for name, top_n, rr, given in (("full", None, None, None), (cfg.select, int(cfg.prune_top_n), reranker, scored)):
+    for name, top_n, rr, given in (("full", None, None, None), (select, int(cfg.prune_top_n), reranker, scored)):
         eff = cv_efficiency(oof, table, op, top_n=top_n, reranker=rr, scored=given,
                             **kw)["efficiency"].dropna().to_numpy()
         out[name] = {"shapes": int(len(eff)), "mean": float(eff.mean()), "p10": float(np.percentile(eff, 10))}
@@ -105,7 +148,7 @@ class _Source:
         return path if path is not None and path.is_file() else None
 
 
-def _from_run_dir(cfg: ExportConfig, op: OpDefinition) -> _Source:
+def _from_run_dir(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     """The finished train run ``cfg.run_dir``: its pipeline, checked against its record and config."""
     from omegaconf import OmegaConf
 
@@ -128,6 +171,7 @@ def _from_run_dir(cfg: ExportConfig, op: OpDefinition) -> _Source:
         data_cfg = OmegaConf.load(run_cfg_path)
     if data_cfg is not cfg:
         _check_run_matches(cfg, data_cfg, run_dir)
+    steps.step("loading the run's training table")
     table = load_table(data_cfg)
     bind_training_catalogue(op, table, data_cfg)
     train_hash = (train_record.get("data") or {}).get("hash")
@@ -136,14 +180,16 @@ def _from_run_dir(cfg: ExportConfig, op: OpDefinition) -> _Source:
     return _Source(run.pipeline, table, data_cfg, record, metrics=train_record.get("metrics"), run_dir=run_dir)
 
 
-def _fit_here(cfg: ExportConfig, op: OpDefinition) -> _Source:
+def _fit_here(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     """The config's pipeline, fitted on all rows of its data (:func:`ckpred.fitting.fit_final`)."""
     from omegaconf import OmegaConf
 
     from ckpred.data import load_table
 
+    steps.step("loading the training table")
     table = load_table(cfg)
     bind_training_catalogue(op, table, cfg)
+    steps.step(f"fitting the model on all {len(table):,} rows")
     t0 = time.perf_counter()
     pipeline = fit_final(cfg, table, op)
     record = {"kind": "fit", "fit_seconds": round(time.perf_counter() - t0, 2),
@@ -159,36 +205,57 @@ def _parity_problems(cfg: ExportConfig, table: pd.DataFrame, op: OpDefinition) -
     return problems
 
 
-def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition) -> tuple[np.ndarray | None, dict[str, Any] | None,
-                                                                         Pipeline | None, pd.DataFrame | None]:
-    """Candidates, ``selection`` section and reranker of ``select=pruned|reranked`` (all None for
-    full), and the run's out-of-fold rows scored by the strategy (None when not computed)."""
+@dataclass
+class _Strategy:
+    """What the selector graph scores (:mod:`ckpred.export.strategies`)."""
+
+    #: ``full``, ``pruned`` or ``reranked``: ``cfg.select``, or ``pruned`` when nothing is left to rerank.
+    select: str
+    #: Catalogue ids of the candidates (None for full).
+    candidates: np.ndarray | None = None
+    #: The manifest's ``selection`` section (None for full).
+    selection: dict[str, Any] | None = None
+    reranker: Pipeline | None = None
+    #: The run's out-of-fold rows scored by the strategy (None when not computed).
+    scored: pd.DataFrame | None = None
+
+
+def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition, steps: Steps) -> _Strategy:
+    """Candidates, ``selection`` section and reranker of ``select=pruned|reranked``, and the
+    run's out-of-fold rows scored by the strategy."""
     if cfg.select not in ("pruned", "reranked"):
-        return None, None, None, None
+        return _Strategy(cfg.select)
     from omegaconf import OmegaConf
 
     from ckpred.export.strategies import fit_reranker, keep_for_table, reranker_size
 
-    table, reranker, scored = src.table, None, None
+    table, reranker, scored, select = src.table, None, None, cfg.select
     top_n = int(cfg.get("prune_top_n", 1))
+    steps.step("learning the candidate kernels")
     candidates = keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=top_n)
     selection: dict[str, Any] = {"top_n": top_n,
                                  "learned_from_shapes": int(len(table[list(op.problem_names)].drop_duplicates()))}
     if cfg.select == "reranked":
         # The reranker follows the recipe the pipeline was trained with (the run's, for run_dir).
         size = reranker_size(OmegaConf.to_container(cfg.reranker, resolve=True), src.data_cfg.model)
+        steps.step(f"fitting the reranker ({size['n_estimators']} trees) on the {len(candidates)} candidates")
         reranker = fit_reranker(table, op, src.data_cfg, candidates, reranker=size, arch=cfg.arch, dtype=cfg.dtype,
                                 layout=cfg.layout, seed=int(cfg.get("seed", 0)))
-        selection["reranker"] = size
+        if reranker is None:
+            select = "pruned"
+            print(f"select=reranked: no training shape has two candidate kernels ({len(candidates)} candidates "
+                  f"learned from {selection['learned_from_shapes']} shapes), so there is nothing to rerank; "
+                  "exporting select=pruned (the candidates scored by the full model)")
+        else:
+            selection["reranker"] = size
     if cfg.run_dir and src.oof_file is not None:
-        selection["cv"], scored = strategy_cv(src.run_dir, table, op, cfg, src.data_cfg)
-    return candidates, selection, reranker, scored
+        selection["cv"], scored = strategy_cv(src.run_dir, table, op, cfg, src.data_cfg, select, steps)
+    return _Strategy(select, candidates, selection, reranker, scored)
 
 
-def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition,
-                 scored: pd.DataFrame | None) -> dict[str, Any] | None:
+def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition, strategy: _Strategy) -> dict[str, Any] | None:
     """The confidence budget's calibration, fitted on the out-of-fold scores of the strategy
-    being exported (``full``: the run's own; ``pruned``/``reranked``: ``scored``, the fold's
+    being exported (``full``: the run's own; ``pruned``/``reranked``: ``strategy.scored``, the fold's
     candidates and reranker learned on its training shapes), or None (no ``run_dir``, no
     out-of-fold predictions, ``autotune.enabled=false``, or a strategy the run's CV cannot
     score; printed)."""
@@ -196,9 +263,10 @@ def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition,
 
     if not (cfg.run_dir and src.oof_file is not None and cfg.autotune.enabled):
         return None
-    oof = pd.read_parquet(src.oof_file) if cfg.select == "full" else scored
+    select = strategy.select
+    oof = pd.read_parquet(src.oof_file) if select == "full" else strategy.scored
     if oof is None:
-        print(f"no autotune calibration: the {cfg.select} selector's out-of-fold scores need k-fold CV over the "
+        print(f"no autotune calibration: the {select} selector's out-of-fold scores need k-fold CV over the "
               "training shapes (see selection.cv); the Confidence budget is unavailable for this export")
         return None
     from ckpred.autotune import calibration_from_oof
@@ -208,7 +276,7 @@ def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition,
     kind = options.pop("kind")
     ids = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).set_index("kernel_name")["kernel_id"]
     if kind == "table":
-        return {**calibration_from_oof(oof, ids, **options), "select": cfg.select}
+        return {**calibration_from_oof(oof, ids, **options), "select": select}
     # the logistic model reads the problem's integer fields, as both runtimes pass them
     fields = [f.name for f in op.problem_fields if f.kind == "int"]
     table = src.table
@@ -217,12 +285,12 @@ def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition,
         # an external test table: its problems' field values are not in the training table
         print("autotune calibration: the run tested problems outside its training table; fitting the score-gap "
               "table (autotune.kind=table) instead of the logistic model")
-        return {**calibration_from_oof(oof, ids, **options), "select": cfg.select}
+        return {**calibration_from_oof(oof, ids, **options), "select": select}
     return {**calibration_from_oof(oof, ids, kind="logistic", problems=problems.set_index("shape")[fields],
-                                   within=options["within"], max_k=options["max_k"]), "select": cfg.select}
+                                   within=options["within"], max_k=options["max_k"]), "select": select}
 
 
-def _report(cfg: ExportConfig, manifest: dict[str, Any], target: Path) -> None:
+def _report(select: str, manifest: dict[str, Any], target: Path) -> None:
     """Print the parity figures, the strategy's CV figures and the file sizes."""
     par = manifest["parity"]
     if par.get("checked"):
@@ -231,10 +299,10 @@ def _report(cfg: ExportConfig, manifest: dict[str, Any], target: Path) -> None:
               f"{par['max_abs_diff_scorer']:.3g}, selector {par['max_abs_diff_selector']:.3g}")
     cv = (manifest["selection"] or {}).get("cv")
     if cv and "skipped" in cv:
-        print(f"no CV report of the {cfg.select} selector: {cv['skipped']}")
+        print(f"no CV report of the {select} selector: {cv['skipped']}")
     elif cv:
-        print(f"under the run's {cv['folds']}-fold CV: {cfg.select} selector mean efficiency "
-              f"{cv[cfg.select]['mean']:.2%}, P10 {cv[cfg.select]['p10']:.2%} (full model {cv['full']['mean']:.2%}, "
+        print(f"under the run's {cv['folds']}-fold CV: {select} selector mean efficiency "
+              f"{cv[select]['mean']:.2%}, P10 {cv[select]['p10']:.2%} (full model {cv['full']['mean']:.2%}, "
               f"P10 {cv['full']['p10']:.2%}) on {cv['full']['shapes']} shapes")
     sizes = ", ".join(f"{k} {v['bytes'] / 1e6:.2f} MB" for k, v in manifest["files"].items())
     print(f"exported {target} ({sizes})")
@@ -248,7 +316,16 @@ def export_command(cfg: ExportConfig) -> str:
     target = resolve_path(cfg.out_dir) / export_name(op.name, node_name(cfg.arch), node_name(cfg.dtype),
                                                      node_name(cfg.layout))
     check_replaceable("out_dir", target, mf.EXPORT_DIR)  # before fitting: never replaces what ckpred did not write
-    src = _from_run_dir(cfg, op) if cfg.run_dir else _fit_here(cfg, op)
+    with Steps() as steps:
+        src = _from_run_dir(cfg, op, steps) if cfg.run_dir else _fit_here(cfg, op, steps)
+        manifest, strategy = _export(cfg, op, src, target, steps)
+    _report(strategy.select, manifest, target)
+    return str(target)
+
+
+def _export(cfg: ExportConfig, op: OpDefinition, src: _Source, target: Path,
+            steps: Steps) -> tuple[dict[str, Any], _Strategy]:
+    """The strategy, the graphs, the parity check and the manifest of ``src``'s pipeline."""
     training = mf.training_section(src.table, op, source=str(src.data_cfg.data.source))
     if src.record.get("train_data_hash") and src.record["train_data_hash"] != training["data_hash"]:
         raise ModelMismatchError(
@@ -256,12 +333,18 @@ def export_command(cfg: ExportConfig) -> str:
             f"was trained on (hash {src.record['train_data_hash'][:12]}): training ranges and parity would be wrong; "
             "export with the run's data settings")
     problems = _parity_problems(cfg, src.table, op)
-    candidates, selection, reranker, scored = _strategy(cfg, src, op)
+    strategy = _strategy(cfg, src, op, steps)
+    calibration = None
+    if cfg.run_dir and src.oof_file is not None and cfg.autotune.enabled:
+        steps.step("fitting the confidence budget's calibration")
+        calibration = _calibration(cfg, src, op, strategy)
+    steps.step(f"compiling the ONNX graphs, checking parity on {len(problems):,} shapes" if cfg.parity.check
+               else "compiling the ONNX graphs")
     manifest = export_pipeline(src.pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout,
                                out_dir=target, training=training,
                                parity_problems=problems if cfg.parity.check else None, metrics=src.metrics,
-                               select=cfg.select, max_abs_diff=cfg.parity.max_abs_diff, source=src.record,
-                               candidates=candidates, selection=selection, reranker=reranker,
-                               autotune=_calibration(cfg, src, op, scored))
-    _report(cfg, manifest, target)
-    return str(target)
+                               select=strategy.select, max_abs_diff=cfg.parity.max_abs_diff, source=src.record,
+                               candidates=strategy.candidates, selection=strategy.selection,
+                               reranker=strategy.reranker,
+                               autotune=calibration)
+    return manifest, strategy

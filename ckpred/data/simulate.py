@@ -96,6 +96,7 @@ import numpy as np
 import pandas as pd
 
 from ckpred import dtypes
+from ckpred.errors import ConfigValueError
 from ckpred.kernels.base import OpDefinition
 from ckpred.util import OwnFile, atomic_path
 
@@ -250,10 +251,12 @@ def model_latency(problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any, d
     """
     arch_name = str(_arch_value(arch, "name"))
     dtype_name = str(getattr(dtype, "name", dtype))
-    ua = MICROARCH.get(arch_name)
+    # by ISA: a product of a known ISA (gfx90a_mi210, a user's copy with gfx: gfx950) has its constants
+    isa = str((arch.get("gfx") if isinstance(arch, Mapping) else getattr(arch, "gfx", "")) or arch_name)
+    ua = MICROARCH.get(isa)
     if ua is None:
-        raise ValueError(f"the simulator has no micro-architecture constants for arch={arch_name}; "
-                         f"known: {sorted(MICROARCH)}")
+        raise ConfigValueError("arch.gfx", isa, f"one of the ISAs the simulator has micro-architecture constants for "
+                                                f"{sorted(MICROARCH)} (an arch config's gfx, else its name)")
     peak = dict(_arch_value(arch, "peak_tflops")).get(dtype_name)
     if not peak:
         raise ValueError(f"arch {arch_name} has no peak_tflops for dtype {dtype_name}; "

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import pandas as pd
 
+from ckpred import vocab
 from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
@@ -229,6 +230,9 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         "op": op.name, "arch": node_name(arch), "dtype": node_name(dtype), "layout": node_name(layout),
         # the declared op's config: a runtime rebuilds the op from it (a user op is in no package)
         "op_config": op.config_section() if hasattr(op, "config_section") else None,
+        # the dtypes and layouts the op's expressions and constants were read with (a user's
+        # dtype loads without their config dir)
+        "vocabulary": vocab.current().records(),
         "select": select,
         "selection": {"strategy": select, **dict(selection or {}),
                       "candidates": len(catalogue) if candidates is None else int(len(candidates)),

@@ -29,7 +29,7 @@ from each fold's training shapes only (:func:`learn_keep`) and applied to the fo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -198,8 +198,11 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.nd
 
     Returns
     -------
-    sklearn.pipeline.Pipeline
-        Fitted; ``ckpred_target_`` set like ``train``'s pipelines.
+    sklearn.pipeline.Pipeline or None
+        Fitted; ``ckpred_target_`` set like ``train``'s pipelines. None when no training shape
+        has two candidate rows (one training shape whose winner is the only candidate, as in a
+        2-fold CV over two CV groups): there is no choice among candidates to learn, so the
+        candidates keep the full model's scores (the ``pruned`` strategy).
     """
     from omegaconf import OmegaConf
 
@@ -207,10 +210,10 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.nd
     from ckpred.models import build_pipeline, fit_pipeline, target_name, training_target
 
     rows = candidate_rows(table, op, keep, arch=arch, dtype=dtype, layout=layout)
-    if not rows.any():
-        raise ValueError("no training row of a candidate kernel: nothing to fit the reranker on")
     sub = table.iloc[np.flatnonzero(rows)]
     codes = pd.factorize(np.asarray(op.shape_keys(sub)))[0]
+    if not len(codes) or np.bincount(codes).max() < 2:
+        return None
     model_cfg = OmegaConf.merge(recipe.model, {**reranker_size(reranker, recipe.model), "early_stopping_rounds": 0,
                                                # a few thousand rows fit in a second on one thread;
                                                # more OpenMP threads only spin on a busy machine
@@ -228,8 +231,8 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.nd
 
 def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: Any,
                     layout: Any, top_n: int | None, score: str = "score_model", reranker: Any = None,
-                    recipe: Any = None, seed: int = 0,
-                    train_table: pd.DataFrame | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    recipe: Any = None, seed: int = 0, train_table: pd.DataFrame | None = None,
+                    on_fold: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Out-of-fold scores of a strategy on ``train``'s out-of-fold rows, fold by fold.
 
     Parameters
@@ -250,6 +253,8 @@ def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *,
         For a run tested on another table (``cv=external``): the table it trained on, every
         shape of which is a training shape of every fold; ``table`` then holds the tested
         shapes' rows. None: each fold trained on the other folds' shapes of ``table``.
+    on_fold : callable, optional
+        Called with the fold's position (0, 1, ...) before its candidates are learned (progress).
 
     Returns
     -------
@@ -273,7 +278,9 @@ def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *,
     if top_n is not None:
         table = table.reset_index(drop=True)
         table_keys = np.asarray(op.shape_keys(table))
-        for f in np.unique(fold):
+        for position, f in enumerate(np.unique(fold)):
+            if on_fold is not None:
+                on_fold(position)
             # the fold's training shapes: the other folds' (candidates and reranker learned there only)
             fold_train = train_table if train_table is not None else \
                 table[_among(table_keys, pd.unique(oof["shape"].to_numpy()[fold != f]))]
@@ -281,9 +288,9 @@ def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *,
             rows = fold == f
             allowed[rows] = np.isin(kid[rows], keep)
             n_cand[rows] = len(keep)
-            if reranker is not None:
-                pipe = fit_reranker(fold_train, op, recipe, keep, reranker=reranker, arch=arch, dtype=dtype,
-                                    layout=layout, seed=seed)
+            pipe = None if reranker is None else fit_reranker(fold_train, op, recipe, keep, reranker=reranker,
+                                                               arch=arch, dtype=dtype, layout=layout, seed=seed)
+            if pipe is not None:  # None: nothing to rerank, the fold's candidates keep the run's scores
                 test = np.flatnonzero(rows & allowed)
                 test_rows = table.iloc[_table_rows(table, table_keys, oof, test)]
                 scores[test] = pipe.predict(op.encode_frame(test_rows))

@@ -73,7 +73,8 @@ def constants_from_config(arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None)
         whole chip), the dtype's ``bytes_per_element``, ``c_bytes_per_element`` and
         ``peak_tflops`` and ``layout_code``. A Python transformer takes the ones it has parameters for.
     """
-    from ckpred.schema import LAYOUTS, arch_constants
+    from ckpred import vocab
+    from ckpred.schema import arch_constants
 
     dtype_name = _get(dtype_cfg, "name")
     peaks = _get(arch_cfg, "peak_tflops") or {}
@@ -82,11 +83,13 @@ def constants_from_config(arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None)
                                f"a peak TFLOPS for dtype {dtype_name} (arch {_get(arch_cfg, 'name')} "
                                f"lists {sorted(peaks)})")
     xcds = int(_get(arch_cfg, "xcds"))
+    size = float(_get(dtype_cfg, "bytes_per_element"))
     # Every hw.<name> the op's rules see (schema.arch_constants), then the run's own: integer
     # sizes for the Python groups' parameters, the whole chip's L2, the dtype and the layout.
     values: dict[str, Any] = {
         **arch_constants(arch_cfg),
-        "bytes_per_element": int(_get(dtype_cfg, "bytes_per_element")),
+        # whole bytes stay ints (the Python groups' parameters), a packed type's fraction a float
+        "bytes_per_element": int(size) if size.is_integer() else size,
         "c_bytes_per_element": dtype_bytes_table()[_get(dtype_cfg, "c_dtype")],
         "cus": int(_get(arch_cfg, "cus")),
         "xcds": xcds,
@@ -102,7 +105,7 @@ def constants_from_config(arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None)
         "llc_mib": float(_get(arch_cfg, "llc_mib")),
         "memory_bandwidth_gbs": float(_get(arch_cfg, "memory_bandwidth_gbs")),
         "peak_tflops": float(peaks[dtype_name]),
-        "layout_code": 0 if layout_cfg is None else LAYOUTS.index(_get(layout_cfg, "name")),
+        "layout_code": 0 if layout_cfg is None else vocab.current().layout(_get(layout_cfg, "name")).code,
     }
     return values
 

@@ -112,10 +112,12 @@ class GemmUniversal(DeclaredOp):
         warp_tiles = WARP_TILES.get((arch, dtype))
         if warp_tiles is None:
             here = sorted(d for a, d in WARP_TILES if a == arch)
-            allowed = (f"one of {here} for arch={arch} (the dtypes gemm_universal has warp tiles for)" if here
-                       else f"none for arch={arch}: gemm_universal has warp tiles for arch "
-                            f"{sorted({a for a, _ in WARP_TILES})} only")
-            raise ConfigValueError("dtype", dtype, allowed)
+            if not here:  # an arch config of another name (a copy, a new product): its ISA is named by gfx
+                raise ConfigValueError("arch.gfx", arch, f"one of the ISAs gemm_universal has warp tiles for "
+                                       f"{sorted({a for a, _ in WARP_TILES})} (an arch config's gfx, else its name; "
+                                       "a new product of a known ISA sets gfx: <ISA> in its arch config)")
+            raise ConfigValueError("dtype", dtype, f"one of {here} for arch={arch} (the dtypes gemm_universal has "
+                                                   "warp tiles for)")
         configs = []
         for tm, tn, tk in itertools.product(TILE_MN, TILE_MN, TILE_K):
             if (tm * tk + tn * tk) * bytes_per_element > LDS_BUDGET_BYTES:

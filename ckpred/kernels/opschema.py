@@ -46,7 +46,7 @@ def _check_fields(cfg: Any) -> None:
     for group in ("problem_fields", "kernel_fields"):
         specs = _get(cfg, group) or {}
         check(f"op.{group}", dict(specs), len(specs) > 0 or _get(cfg, "plugin"),
-              "a non-empty mapping of field name -> {kind: int|float|categorical|bool}")
+              "a non-empty mapping of field name -> {kind: int|categorical|bool}")
         for name, spec in specs.items():
             key = f"op.{group}.{name}"
             check(key, name, str(name).isidentifier() and name not in RESERVED_NAMES,
@@ -56,6 +56,10 @@ def _check_fields(cfg: Any) -> None:
             seen[name] = group
             kind, values, default = _get(spec, "kind"), list(_get(spec, "values") or []), _get(spec, "default")
             check(f"{key}.kind", kind, kind in FIELD_KINDS, f"one of {list(FIELD_KINDS)}")
+            check(f"{key}.kind", kind, kind != "float",
+                  "int, categorical or bool: both runtimes and the exported graphs take every problem and kernel "
+                  "field as an int64, so a float field would train but never select; give it as an int in a finer "
+                  "unit (alpha=1.5 as alpha_milli=1500) or as categorical values")
             if kind == "categorical":
                 check(f"{key}.values", values, len(values) > 0 and all(isinstance(v, str) for v in values),
                       "a non-empty list of strings (the allowed values, in code order)")
@@ -72,13 +76,13 @@ def _check_fields(cfg: Any) -> None:
 def template_kinds(cfg: Any) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Names a kernel-id template may use: kernel fields, categorical problem fields, and the
     run's ``dtype``/``layout`` when no field has those names."""
-    from ckpred.schema import DTYPES, LAYOUTS
+    from ckpred.schema import dtype_names, layout_names
 
     kinds = field_kinds(cfg)
     problem = set((_get(cfg, "problem_fields") or {}).keys())
     allowed = {n: k for n, k in kinds.items() if n not in problem or k[0] == "categorical"}
-    allowed.setdefault("dtype", ("categorical", DTYPES))
-    allowed.setdefault("layout", ("categorical", LAYOUTS))
+    allowed.setdefault("dtype", ("categorical", dtype_names()))
+    allowed.setdefault("layout", ("categorical", layout_names()))
     return allowed
 
 
