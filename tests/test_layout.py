@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -26,9 +27,16 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy of the checkout's tracked files: setuptools builds in <source>/build/,
+    # which would leave clutter in the checkout and let a stale build/ leak old files into the wheel.
+    out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("wheel_src")
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                    "-w", str(out), str(REPO)], check=True, capture_output=True, cwd=out)
+                    "-w", str(out), str(src)], check=True, capture_output=True, cwd=out)
     (path,) = out.glob("ckpred-*.whl")
     return path
 
