@@ -172,5 +172,5 @@ def test_a_partitioned_dataset_needs_a_scheme_with_hash_ranges(tmp_path: Path) -
     op = load_op(cfg.op)
     scale.write_partitions([load_table(cfg)], tmp_path / "parts", op)
     with pytest.raises(ConfigValueError, match="group_kfold or holdout with a partitioned dataset"):
-        train(compose("train", ["shapes=tiny", "model.backend=dask", "data=path", f"data.path={tmp_path / 'parts'}",
+        train(compose("train", ["model.backend=dask", "data=path", f"data.path={tmp_path / 'parts'}",
                                 "cv=leave_family_out", f"out_dir={tmp_path / 'run'}", "progress=false"]))

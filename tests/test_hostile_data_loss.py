@@ -548,13 +548,13 @@ def test_both_backends_refuse_a_manifest_that_disagrees_with_its_files(case: str
     from ckpred.data import load_table
     from ckpred.data.partitions import read_manifest
     from ckpred.kernels.base import load_op
-    from ckpred.scale import _partition_files
+    from ckpred.scale import partition_files
 
     change, words = MANIFEST_LIES[case]
     _manifest(dataset, change)
     errors = []
     with pytest.raises(InputFileError) as err:
-        _partition_files(dataset, load_op("gemm_universal"))  # what cross_validate_partitioned reads
+        partition_files(dataset, load_op("gemm_universal"))  # what cross_validate_partitioned reads
     errors.append(str(err.value))
     with pytest.raises(InputFileError) as err:
         read_manifest(dataset, load_op("gemm_universal"))
@@ -584,10 +584,10 @@ def test_both_backends_read_the_same_files_and_rows(dataset: Path) -> None:
     from ckpred.data.ingest import expand_paths
     from ckpred.data.partitions import read_manifest
     from ckpred.kernels.base import load_op
-    from ckpred.scale import _partition_files
+    from ckpred.scale import partition_files
 
     op = load_op("gemm_universal")
-    assert [str(p) for p in expand_paths(str(dataset), op)] == _partition_files(dataset, op)
+    assert [str(p) for p in expand_paths(str(dataset), op)] == partition_files(dataset, op)
     table = load_table(compose("train", ["dtype=fp16", "data=path", f"data.path={dataset}"]))
     assert len(table) == read_manifest(dataset, op)["rows"]
 
