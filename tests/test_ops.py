@@ -313,13 +313,13 @@ def test_external_test_table_uses_its_own_arch(tmp_path: Path) -> None:
     same = pd.DataFrame({"arch": ["gfx950"] * 3})
     other = pd.DataFrame({"arch": ["gfx1100"] * 3})
     assert external_arch(cfg, same) is cfg.arch
-    assert external_arch(cfg, other).cus == 70
+    assert external_arch(cfg, other).compute_units == 70
     cfg.cv.arch = arch_config("gfx1032")
     assert external_arch(cfg, other).name == "gfx1032"
     # on the command line: +arch@cv.arch=<name>
     given = _compose_op(tmp_path, MATMUL, "tmm", "cv=external", "cv.data.source=path", "cv.data.path=t.csv",
                         "+arch@cv.arch=gfx1100")
-    assert external_arch(given, same).cus == 70
+    assert external_arch(given, same).compute_units == 70
 
 
 def test_ck_gemm_folds_are_the_folds_of_its_query_key() -> None:

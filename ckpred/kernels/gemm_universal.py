@@ -38,6 +38,7 @@ import pandas as pd
 
 from ckpred import dtypes
 from ckpred.errors import ConfigValueError
+from ckpred.schema import arch_value
 from ckpred.kernels.base import load_op, packaged_op_config
 from ckpred.kernels.declared import DeclaredOp
 
@@ -128,7 +129,7 @@ class GemmUniversal(DeclaredOp):
         return configs
 
     def catalogue(self, arch: Any, dtype: Any, layout: Any) -> pd.DataFrame:
-        arch_name = getattr(arch, "gfx", "") or getattr(arch, "name", arch)
+        arch_name = arch if isinstance(arch, str) else (arch_value(arch, "isa") or arch_value(arch, "name"))
         dtype_name = getattr(dtype, "name", dtype)
         layout_name = getattr(layout, "name", layout)
         bytes_per_element = dtypes.bytes_per_element(dtype)
