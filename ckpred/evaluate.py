@@ -482,9 +482,10 @@ def op_analytical_scores(table: pd.DataFrame, op: Any, arch: Any, dtype: Any) ->
     or an arch constant (the dtype's peak) is missing: the caller skips the baseline with that reason.
     """
     from ckpred.dtypes import bytes_per_element, c_bytes_per_element
+    from ckpred.schema import arch_value
 
     m, n, k = op.gemm_view(table)
-    return analytical_scores(table.assign(m=m, n=n, k=k), cus=int(arch.cus),
+    return analytical_scores(table.assign(m=m, n=n, k=k), cus=int(arch_value(arch, "compute_units")),
                              peak_tflops=float(arch.peak_tflops[dtype.name]),
                              bandwidth_gbs=float(arch.memory_bandwidth_gbs),
                              bytes_per_element=bytes_per_element(dtype), c_bytes=c_bytes_per_element(dtype))

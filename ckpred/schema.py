@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import MISSING
+from omegaconf import II, MISSING
 
 from ckpred import vocab
 from ckpred.errors import ConfigValueError
@@ -136,60 +136,122 @@ def check_positive(prefix: str, obj: Any, names: tuple[str, ...], *, allow_zero:
             check(f"{prefix}.{name}", value, value > 0, "a number > 0")
 
 
+#: GPU vendors an arch config may name ("" = not stated: configs written before NVIDIA GPUs).
+VENDORS: tuple[str, ...] = ("", "amd", "nvidia")
+
+#: Old (AMD-only) arch key -> its vendor-neutral name. A config written with the old key (or a
+#: saved run's config) still composes, the neutral key taking its value, and ``hw.<old>`` stays
+#: readable in expressions; giving both with different values is refused.
+ARCH_ALIASES: dict[str, str] = {"cus": "compute_units", "xcds": "dies", "shader_engines": "engine_clusters",
+                                "simds_per_cu": "simds_per_unit", "wave_size": "warp_size",
+                                "max_waves_per_cu": "max_warps_per_unit", "lds_kib": "shared_memory_kib",
+                                "l2_mib_per_xcd": "l2_mib_per_die", "gfx": "isa"}
+
+
 @dataclass
 class ArchConfig:
-    """Hardware profile of one GPU architecture (vendor public specifications)."""
+    """Hardware profile of one GPU (vendor public specifications), in vendor-neutral terms.
+
+    A "unit" is the block a thread block runs on: an AMD compute unit (CU) or an NVIDIA
+    streaming multiprocessor (SM). The old AMD names of the keys (``cus``, ``lds_kib``,
+    ``wave_size``...; :data:`ARCH_ALIASES`) are accepted in place of the neutral ones.
+    """
 
     name: str = MISSING
     product: str = MISSING
-    #: ISA target (``gfx90a``); empty = ``name``. Two products of one ISA (MI250X and MI210 are
-    #: both gfx90a) are two arch configs with different names and the same ``gfx``.
-    gfx: str = ""
-    cus: int = MISSING
-    xcds: int = MISSING
-    shader_engines: int = MISSING
-    simds_per_cu: int = MISSING
-    wave_size: int = MISSING
-    max_waves_per_cu: int = MISSING
+    #: ``amd`` | ``nvidia`` ("" = not stated).
+    vendor: str = ""
+    #: ISA target (``gfx90a``, ``sm_80``); empty = ``name``. Two products of one ISA (MI250X and
+    #: MI210 are both gfx90a) are two arch configs with different names and the same ``isa``.
+    isa: Optional[str] = II(".gfx")
+    #: Compute units: AMD CUs, NVIDIA SMs.
+    compute_units: int = II(".cus")
+    #: Dies sharing the work, each with its own L2: AMD XCDs; 1 for a monolithic GPU.
+    dies: int = II(".xcds")
+    #: Clusters of units with their own front end: AMD shader engines, NVIDIA GPCs.
+    engine_clusters: int = II(".shader_engines")
+    #: Schedulers per unit, each issuing one warp per cycle: AMD SIMDs, NVIDIA SM sub-partitions.
+    simds_per_unit: int = II(".simds_per_cu")
+    #: Threads that execute in lockstep: AMD wavefront, NVIDIA warp (HIP and CUDA ``warpSize``).
+    warp_size: int = II(".wave_size")
+    #: Warps (wavefronts) resident per unit at most.
+    max_warps_per_unit: int = II(".max_waves_per_cu")
+    #: Boost (peak engine) clock.
     clock_mhz: int = MISSING
-    lds_kib: int = MISSING
+    #: Shared memory one unit's blocks can use: AMD LDS, NVIDIA shared memory (the largest carve-out).
+    shared_memory_kib: int = II(".lds_kib")
+    #: Vector register file per unit (None = not published).
+    registers_kib: Optional[float] = None
+    #: L1 data cache per unit (NVIDIA: the combined L1 / shared memory array).
     l1_kib: int = MISSING
-    l2_mib_per_xcd: float = MISSING
-    #: Last-level (Infinity) cache; 0 = none.
+    #: L2 per die (the whole chip's L2 is ``l2_mib_per_die * dies``).
+    l2_mib_per_die: float = II(".l2_mib_per_xcd")
+    #: Last-level cache behind the L2 (AMD Infinity Cache); 0 = none.
     llc_mib: float = MISSING
     memory_bandwidth_gbs: float = MISSING
-    #: Dense peak per dtype name.
+    #: Dense peak per dtype name (matrix units where the GPU has them).
     peak_tflops: dict[str, float] = MISSING
+    # Old names (ARCH_ALIASES): None unless a config gives them.
+    gfx: Optional[str] = None
+    cus: Optional[int] = None
+    xcds: Optional[int] = None
+    shader_engines: Optional[int] = None
+    simds_per_cu: Optional[int] = None
+    wave_size: Optional[int] = None
+    max_waves_per_cu: Optional[int] = None
+    lds_kib: Optional[int] = None
+    l2_mib_per_xcd: Optional[float] = None
 
     def __post_init__(self) -> None:
+        for old, new in ARCH_ALIASES.items():
+            given = getattr(self, old)
+            check(f"arch.{old}", given, given is None or given == getattr(self, new),
+                  f"the value of arch.{new} ({getattr(self, new)!r}): {old} is the old name of {new}, give one")
+        check("arch.vendor", self.vendor, self.vendor in VENDORS, f"one of {list(VENDORS)}")
         check_positive(
             "arch",
             self,
-            ("cus", "xcds", "shader_engines", "simds_per_cu", "max_waves_per_cu", "clock_mhz",
-             "lds_kib", "l1_kib", "memory_bandwidth_gbs"),
+            ("compute_units", "dies", "engine_clusters", "simds_per_unit", "max_warps_per_unit", "clock_mhz",
+             "shared_memory_kib", "l1_kib", "memory_bandwidth_gbs"),
         )
-        check_positive("arch", self, ("l2_mib_per_xcd", "llc_mib"), allow_zero=True)
-        check("arch.wave_size", self.wave_size, self.wave_size in (32, 64), "32 or 64")
+        check_positive("arch", self, ("l2_mib_per_die", "llc_mib"), allow_zero=True)
+        if self.registers_kib is not None:
+            check_positive("arch", self, ("registers_kib",))
+        check("arch.warp_size", self.warp_size, self.warp_size in (32, 64), "32 or 64")
         for dtype, peak in self.peak_tflops.items():
             check(f"arch.peak_tflops.{dtype}", dtype, dtype in dtype_names(),
                   f"a dtype of {vocab.current().describe('dtype')}")
             check(f"arch.peak_tflops.{dtype}", peak, peak > 0, "a number > 0")
 
     @property
-    def lds_bytes(self) -> int:
-        return self.lds_kib * 1024
+    def shared_memory_bytes(self) -> int:
+        return self.shared_memory_kib * 1024
 
 
-#: Numeric keys of :class:`ArchConfig` that expressions read as ``hw.<key>``; besides them
-#: ``hw.lds_bytes`` and ``hw.peak_tflops_<dtype>`` (see :func:`arch_constants`).
-ARCH_NUMBERS: tuple[str, ...] = ("cus", "xcds", "shader_engines", "simds_per_cu", "wave_size", "max_waves_per_cu",
-                                 "clock_mhz", "lds_kib", "l1_kib", "l2_mib_per_xcd", "llc_mib",
-                                 "memory_bandwidth_gbs")
+#: Numeric keys of :class:`ArchConfig` that expressions read as ``hw.<key>``; besides them the
+#: derived ``hw.shared_memory_bytes``, ``hw.l2_mib`` (the whole chip), ``hw.peak_tflops_<dtype>``
+#: and the old names (see :func:`arch_constants`).
+ARCH_NUMBERS: tuple[str, ...] = ("compute_units", "dies", "engine_clusters", "simds_per_unit", "warp_size",
+                                 "max_warps_per_unit", "clock_mhz", "shared_memory_kib", "registers_kib", "l1_kib",
+                                 "l2_mib_per_die", "llc_mib", "memory_bandwidth_gbs")
 
 
 def arch_constant_names() -> tuple[str, ...]:
     """Every ``hw.<name>`` an expression may read (the same for every arch config)."""
-    return ARCH_NUMBERS + ("lds_bytes",) + tuple(f"peak_tflops_{d}" for d in dtype_names())
+    old = tuple(k for k in ARCH_ALIASES if ARCH_ALIASES[k] in ARCH_NUMBERS)
+    return (ARCH_NUMBERS + ("shared_memory_bytes", "l2_mib") + old + ("lds_bytes",)
+            + tuple(f"peak_tflops_{d}" for d in dtype_names()))
+
+
+def arch_value(arch: Any, name: str) -> Any:
+    """Key ``name`` of an arch config, a composed ``arch`` node or a mapping, under its neutral
+    name or, for a mapping written with the old names, its old one (:data:`ARCH_ALIASES`)."""
+    get = arch.get if hasattr(arch, "get") else (lambda k, d=None: getattr(arch, k, d))
+    value = get(name, None)
+    if value is None:
+        old = next((k for k, v in ARCH_ALIASES.items() if v == name), None)
+        value = get(old, None) if old else None
+    return value
 
 
 def arch_config(name: str) -> "ArchConfig":
@@ -219,14 +281,24 @@ def arch_config(name: str) -> "ArchConfig":
 def arch_constants(arch: Any) -> dict[str, float]:
     """The hardware constants of one arch config as ``{name: number}`` (``hw.<name>``).
 
-    ``arch`` is an :class:`ArchConfig`, a composed ``arch`` node or a mapping. A dtype the arch
-    has no peak for gets ``peak_tflops_<dtype> = nan`` (an expression using it yields NaN rather
-    than a number from another arch).
+    ``arch`` is an :class:`ArchConfig`, a composed ``arch`` node or a mapping (neutral or old
+    key names). Every constant is there under its neutral name and, where it had one, its old
+    AMD name (``hw.cus`` = ``hw.compute_units``). A constant the config does not publish
+    (``registers_kib: null``) and a dtype the arch has no peak for (``peak_tflops_<dtype>``) are
+    ``nan``: an expression using it yields NaN rather than a number from another arch.
     """
-    get = arch.get if hasattr(arch, "get") else (lambda k, d=None: getattr(arch, k, d))
-    out = {k: float(get(k)) for k in ARCH_NUMBERS}
-    out["lds_bytes"] = out["lds_kib"] * 1024.0
-    peaks = get("peak_tflops") or {}
+    def number(name: str) -> float:
+        value = arch_value(arch, name)
+        return float("nan") if value is None else float(value)
+
+    out = {k: number(k) for k in ARCH_NUMBERS}
+    out["shared_memory_bytes"] = out["shared_memory_kib"] * 1024.0
+    out["l2_mib"] = out["l2_mib_per_die"] * out["dies"]
+    for old, new in ARCH_ALIASES.items():
+        if new in out:
+            out[old] = out[new]
+    out["lds_bytes"] = out["shared_memory_bytes"]
+    peaks = arch_value(arch, "peak_tflops") or {}
     for d in dtype_names():
         out[f"peak_tflops_{d}"] = float(peaks[d]) if d in peaks else float("nan")
     return out

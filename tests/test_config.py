@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 from hydra.errors import MissingConfigException
 
@@ -72,9 +75,36 @@ def test_every_option_composes(primary: str, group: str, option: str) -> None:
 
 def test_arch_specs_are_real() -> None:
     cfg = compose("ingest", ["data.path=x", "arch=gfx950"])
-    assert (cfg.arch.cus, cfg.arch.xcds, cfg.arch.lds_kib, cfg.arch.peak_tflops.fp8) == (256, 8, 160, 5033.0)
+    assert (cfg.arch.compute_units, cfg.arch.dies, cfg.arch.shared_memory_kib, cfg.arch.peak_tflops.fp8) == (
+        256, 8, 160, 5033.0)
     cfg = compose("ingest", ["data.path=x", "arch=gfx942"])
-    assert (cfg.arch.cus, cfg.arch.memory_bandwidth_gbs, cfg.arch.peak_tflops.fp16) == (304, 5300.0, 1307.0)
+    assert (cfg.arch.compute_units, cfg.arch.memory_bandwidth_gbs, cfg.arch.peak_tflops.fp16) == (304, 5300.0, 1307.0)
+    cfg = compose("ingest", ["data.path=x", "arch=sm80_a100", "dtype=fp16"])
+    assert (cfg.arch.vendor, cfg.arch.isa, cfg.arch.compute_units, cfg.arch.warp_size, cfg.arch.shared_memory_kib,
+            cfg.arch.l2_mib_per_die, cfg.arch.memory_bandwidth_gbs) == ("nvidia", "sm_80", 108, 32, 164, 40.0, 1555.0)
+
+
+def test_an_arch_written_with_the_old_amd_names_still_composes(tmp_path: Path) -> None:
+    """A user's arch config from before the neutral names: each old key fills its neutral one,
+    and expressions read the constants under both names."""
+    from ckpred.schema import arch_constants
+
+    (tmp_path / "arch").mkdir()
+    (tmp_path / "arch" / "old_gpu.yaml").write_text(
+        "defaults:\n  - base_arch\n  - _self_\nname: old_gpu\nproduct: Old GPU\ngfx: gfx90a\ncus: 96\n"
+        "xcds: 2\nshader_engines: 4\nsimds_per_cu: 4\nwave_size: 64\nmax_waves_per_cu: 32\nclock_mhz: 2000\n"
+        "lds_kib: 64\nl1_kib: 16\nl2_mib_per_xcd: 4.0\nllc_mib: 0.0\nmemory_bandwidth_gbs: 1000.0\n"
+        "peak_tflops: {fp16: 100.0}\n")
+    cfg = compose("ingest", [f"hydra.searchpath=[file://{tmp_path}]", "data.path=x", "arch=old_gpu", "dtype=fp16"])
+    assert (cfg.arch.compute_units, cfg.arch.dies, cfg.arch.warp_size, cfg.arch.shared_memory_kib, cfg.arch.isa,
+            cfg.arch.l2_mib_per_die) == (96, 2, 64, 64, "gfx90a", 4.0)
+    hw = arch_constants(cfg.arch)
+    assert hw["cus"] == hw["compute_units"] == 96 and hw["l2_mib"] == 8.0 and hw["lds_bytes"] == 65536
+    assert np.isnan(hw["registers_kib"])  # not given: nan, never another arch's number
+    # a new-style override of an old-style config wins consistently
+    cfg = compose("ingest", [f"hydra.searchpath=[file://{tmp_path}]", "data.path=x", "arch=old_gpu", "dtype=fp16",
+                             "arch.cus=80"])
+    assert cfg.arch.compute_units == 80
 
 
 @pytest.mark.parametrize(("override", "group", "value"), [("dtype=fp9", "dtype", "fp9"),
@@ -90,8 +120,11 @@ def test_unknown_option_names_group_value_and_options(override: str, group: str,
 
 
 @pytest.mark.parametrize(("override", "key", "allowed"), [
-    ("arch.cus=-3", "arch.cus", "> 0"),
-    ("arch.wave_size=48", "arch.wave_size", "32 or 64"),
+    ("arch.compute_units=-3", "arch.compute_units", "> 0"),
+    ("arch.warp_size=48", "arch.warp_size", "32 or 64"),
+    ("arch.vendor=intel", "arch.vendor", "nvidia"),
+    # an old AMD name that disagrees with the neutral key the config gives
+    ("arch.cus=3", "arch.cus", "compute_units"),
     ("data.format=xml", "data.format", "json"),
     ("dtype.bytes_per_element=0", "dtype.bytes_per_element", "a number > 0"),
     ("layout.code=3", "layout.code", "the code of layout rcr"),

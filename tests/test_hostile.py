@@ -388,8 +388,8 @@ def test_a_copy_of_an_arch_config_names_its_isa_then_simulates(tmp_path: Path,
     argv = ["simulate", "--config-dir", str(tmp_path / "conf"), "arch=mygpu", "shapes=tiny", "shapes.max_shapes=2",
             f"data.cache_dir={tmp_path / 'cache'}", f"out={tmp_path / 's.parquet'}"]
     rc, _, err = run(argv, capsys)
-    assert_named(rc, err, "simulate", "'arch.gfx'", "'mygpu'", "gfx950", "gfx: <ISA>")
-    (tmp_path / "conf" / "arch" / "mygpu.yaml").write_text(copy.replace("name: mygpu", "name: mygpu\ngfx: gfx950"))
+    assert_named(rc, err, "simulate", "'arch.isa'", "'mygpu'", "gfx950", "isa: <ISA>")
+    (tmp_path / "conf" / "arch" / "mygpu.yaml").write_text(copy.replace("name: mygpu", "name: mygpu\nisa: gfx950"))
     rc, out, err = run(argv, capsys)
     assert rc == 0 and "2 shapes x 4,608 kernels" in out, err
 
@@ -407,7 +407,7 @@ def test_more_folds_than_shapes_of_a_real_table(capsys: pytest.CaptureFixture[st
     (["cv=holdout", "cv.test_fraction=0.99"], ["'cv.test_fraction'", "0.99", "12 shapes"]),
     (["cv=leave_family_out", f"shapes.families.mix.m=[{','.join(['1'] * 12)}]"],  # M=1 only: one family
      ["'cv'", "'leave_family_out'", "two families"]),
-    (["arch=gfx1151", "dtype=fp8"], ["'arch.gfx'", "'gfx1151'", "gfx950"]),  # no CK warp tiles for the ISA
+    (["arch=gfx1151", "dtype=fp8"], ["'arch.isa'", "'gfx1151'", "gfx950"]),  # no CK warp tiles for the ISA
     (["arch=gfx942", "dtype=fp32"], ["'dtype'", "'fp32'", "arch=gfx942", "'fp16'"]),
     (["arch=gfx90a", "dtype=fp32"], ["'dtype'", "'fp32'", "arch=gfx90a"]),
 ])

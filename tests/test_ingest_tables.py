@@ -423,6 +423,20 @@ def test_kernel_tuner_reader_on_the_fixture(tmp_path: Path) -> None:
     assert bad.rejects[0].reason.startswith("config mismatch: cache key '16,1,1,1,0,0,0,1,15,15'")
 
 
+@pytest.mark.parametrize(("device", "gpu", "arch"), [
+    ("AMD Radeon PRO W6600", "W6600", "gfx1032"), ("AMD Instinct MI250X", "MI250X", "gfx90a"),
+    ("NVIDIA A100-PCIE-40GB", "A100", "sm80_a100"), ("NVIDIA RTX A4000", "A4000", "sm86_a4000"),
+    ("NVIDIA RTX A6000", "A6000", "sm86_a6000"), ("NVIDIA H100 80GB HBM3", "H100", "sm90_h100"),
+    ("NVIDIA GeForce RTX 4090", "4090", ""),  # a GPU without a packaged arch config: no arch
+])
+def test_a_cache_s_device_names_its_gpu_and_arch(device: str, gpu: str, arch: str) -> None:
+    """The model word of the device name, memory and board words dropped, names the arch config."""
+    from ckpred.data.readers.common import arch_for_device
+
+    assert kernel_tuner.gpu_name(device, Path("x_OTHER.json.gz")) == gpu
+    assert arch_for_device(gpu) == arch
+
+
 def test_a_truncated_kernel_tuner_cache_keeps_what_precedes_the_cut(tmp_path: Path) -> None:
     data = gzip.compress((FIXTURES / "kernel_tuner_small.json").read_bytes())
     path = tmp_path / "W7800.json.gz"
@@ -475,6 +489,19 @@ def test_real_kernel_tuner_caches() -> None:
     assert counts == {"MI250X": (4362, 0, 0.6588), "W6600": (4362, 0, 1.7276), "W7800": (4362, 116, 0.8161)}
 
 
+def test_real_nvidia_kernel_tuner_caches() -> None:
+    counts = {}
+    for gpu in ("A100", "A4000", "A6000"):
+        raw = kernel_tuner.read(shared_file("kernel_tuner_nvidia", f"convolution_milo_{gpu}.json.gz"), _ctx())
+        f = raw.frame
+        assert raw.rejects == [] and set(f["gpu"]) == {gpu}
+        ok = f["status"] == "ok"
+        counts[gpu] = (len(f), int((~ok).sum()), round(float(pd.to_numeric(f.loc[ok, "time"]).min()), 3),
+                       f["arch"].iloc[0])
+    assert counts == {"A100": (4362, 161, 0.554, "sm80_a100"), "A4000": (4362, 161, 1.021, "sm86_a4000"),
+                      "A6000": (4362, 473, 0.603, "sm86_a6000")}
+
+
 def test_real_find_db_and_caches_through_their_ops() -> None:
     from ckpred.data.ingest import read_config_inputs
 
@@ -496,6 +523,16 @@ def test_real_find_db_and_caches_through_their_ops() -> None:
     t = result.table
     assert t.groupby("gpu")["arch"].first().to_dict() == {"MI250X": "gfx90a", "W6600": "gfx1032", "W7800": "gfx1100"}
     assert t.groupby("gpu")["kernel_name"].nunique().to_dict() == {"MI250X": 4362, "W6600": 4362, "W7800": 4362}
+
+    # the six GPUs of both vendors in one table, each row with its own arch
+    nvidia = shared_file("kernel_tuner_nvidia", "convolution_milo_A100.json.gz").parent / "convolution_milo_*.json.gz"
+    op, result = read_config_inputs(_compose_op("kernel_tuner_conv", f"[{caches},{nvidia}]"))
+    _accounting(result, op)
+    s = result.summary
+    assert (s.records, s.valid, s.invalid, s.rejected) == (26172, 25261, {"kernel failed": 911}, {})
+    assert result.table.groupby("gpu")["arch"].first().to_dict() == {
+        "A100": "sm80_a100", "A4000": "sm86_a4000", "A6000": "sm86_a6000", "MI250X": "gfx90a", "W6600": "gfx1032",
+        "W7800": "gfx1100"}
 
 
 def test_an_ingested_table_reads_back_through_its_op(tmp_path: Path) -> None:

@@ -69,11 +69,11 @@ def test_user_config_dir_adds_an_option_without_editing_the_package(tmp_path: Pa
     user = tmp_path / "my_conf" / "arch"
     user.mkdir(parents=True)
     gfx950 = (REPO / "conf" / "arch" / "gfx950.yaml").read_text()
-    (user / "mygpu.yaml").write_text(gfx950.replace("name: gfx950", "name: mygpu").replace("cus: 256", "cus: 128"))
+    (user / "mygpu.yaml").write_text(gfx950.replace("name: gfx950", "name: mygpu").replace("compute_units: 256", "compute_units: 128"))
     job = subprocess.run([sys.executable, "-m", "ckpred", "train", "--config-dir", str(tmp_path / "my_conf"),
                           "arch=mygpu", "--cfg", "job"], cwd=tmp_path, capture_output=True, text=True)
     assert job.returncode == 0, job.stderr
-    assert "name: mygpu" in job.stdout and "cus: 128" in job.stdout
+    assert "name: mygpu" in job.stdout and "compute_units: 128" in job.stdout
 
 
 #: Engine stages in data-flow order; a module may import only from its own stage or earlier ones.

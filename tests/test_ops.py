@@ -313,13 +313,13 @@ def test_external_test_table_uses_its_own_arch(tmp_path: Path) -> None:
     same = pd.DataFrame({"arch": ["gfx950"] * 3})
     other = pd.DataFrame({"arch": ["gfx1100"] * 3})
     assert External(cfg.cv).test_arch(cfg.arch, same) is cfg.arch
-    assert External(cfg.cv).test_arch(cfg.arch, other).cus == 70
+    assert External(cfg.cv).test_arch(cfg.arch, other).compute_units == 70
     cfg.cv.arch = arch_config("gfx1032")
     assert External(cfg.cv).test_arch(cfg.arch, other).name == "gfx1032"
     # on the command line: +arch@cv.arch=<name>
     given = _compose_op(tmp_path, MATMUL, "tmm", "cv=external", "cv.data.source=path", "cv.data.path=t.csv",
                         "+arch@cv.arch=gfx1100")
-    assert External(given.cv).test_arch(given.arch, same).cus == 70
+    assert External(given.cv).test_arch(given.arch, same).compute_units == 70
 
 
 def test_ck_gemm_folds_are_the_folds_of_its_query_key() -> None:

@@ -157,7 +157,7 @@ def test_selection_is_hard_and_physical(cfg, tiny: pd.DataFrame) -> None:  # typ
 def test_unknown_arch_is_refused(cfg) -> None:  # type: ignore[no-untyped-def]
     other = compose("simulate", ["arch=gfx1151", "dtype=fp16"])
     kernels = OP.catalogue("gfx950", "fp16", "rcr").head(3)
-    with pytest.raises(ValueError, match="arch.gfx.*gfx1151.*micro-architecture constants for"):
+    with pytest.raises(ValueError, match="arch.isa.*gfx1151.*micro-architecture constants for"):
         sim.model_latency(load_shapes(cfg.shapes), kernels, arch=other.arch, dtype=other.dtype)
 
 

@@ -10,7 +10,7 @@ Model
 -----
 Notation: problem M, N, K; kernel tile tm x tn x tk, warps wm x wn, warp tile wtm x wtn x wtk;
 b = bytes per A/B element, bc = bytes per C element (fp16 for fp8); ``clk`` = sustained clock
-(``arch.clock_mhz`` x ``CLOCK_SUSTAINED``); P_cu = ``arch.peak_tflops[dtype]`` / ``arch.cus`` x
+(``arch.clock_mhz`` x ``CLOCK_SUSTAINED``); P_cu = ``arch.peak_tflops[dtype]`` / ``arch.compute_units`` x
 ``CLOCK_SUSTAINED`` (MFMA peak of one CU at the sustained clock).
 
 1. **Tiles and waves.** Tm = ceil(M/tm), Tn = ceil(N/tn), T = Tm*Tn*split_k workgroups and
@@ -240,7 +240,9 @@ def run_noise(h: np.ndarray) -> np.ndarray:
 
 # -- the physical model ----------------------------------------------------------------------------
 def _arch_value(arch: Any, name: str) -> Any:
-    return arch[name] if isinstance(arch, Mapping) else getattr(arch, name)
+    from ckpred.schema import arch_value
+
+    return arch_value(arch, name)
 
 
 def model_latency(problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any, dtype: Any) -> np.ndarray:
@@ -251,23 +253,23 @@ def model_latency(problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any, d
     """
     arch_name = str(_arch_value(arch, "name"))
     dtype_name = str(getattr(dtype, "name", dtype))
-    # by ISA: a product of a known ISA (gfx90a_mi210, a user's copy with gfx: gfx950) has its constants
-    isa = str((arch.get("gfx") if isinstance(arch, Mapping) else getattr(arch, "gfx", "")) or arch_name)
+    # by ISA: a product of a known ISA (gfx90a_mi210, a user's copy with isa: gfx950) has its constants
+    isa = str(_arch_value(arch, "isa") or arch_name)
     ua = MICROARCH.get(isa)
     if ua is None:
-        raise ConfigValueError("arch.gfx", isa, f"one of the ISAs the simulator has micro-architecture constants for "
-                                                f"{sorted(MICROARCH)} (an arch config's gfx, else its name)")
+        raise ConfigValueError("arch.isa", isa, f"one of the ISAs the simulator has micro-architecture constants for "
+                                                f"{sorted(MICROARCH)} (an arch config's isa, else its name)")
     peak = dict(_arch_value(arch, "peak_tflops")).get(dtype_name)
     if not peak:
         raise ValueError(f"arch {arch_name} has no peak_tflops for dtype {dtype_name}; "
                          f"known: {sorted(dict(_arch_value(arch, 'peak_tflops')))}")
     b = float(dtypes.bytes_per_element(dtype))
     bc = float(dtypes.c_bytes_per_element(dtype))
-    cus = float(_arch_value(arch, "cus"))
-    xcds = float(_arch_value(arch, "xcds"))
+    cus = float(_arch_value(arch, "compute_units"))
+    xcds = float(_arch_value(arch, "dies"))
     clk = float(_arch_value(arch, "clock_mhz")) * 1e6 * CLOCK_SUSTAINED
-    lds_cu = float(_arch_value(arch, "lds_kib")) * 1024.0
-    l2_xcd = float(_arch_value(arch, "l2_mib_per_xcd")) * 2.0**20
+    lds_cu = float(_arch_value(arch, "shared_memory_kib")) * 1024.0
+    l2_xcd = float(_arch_value(arch, "l2_mib_per_die")) * 2.0**20
     llc = float(_arch_value(arch, "llc_mib")) * 2.0**20
     hbm = float(_arch_value(arch, "memory_bandwidth_gbs")) * 1e9
     p_cu = peak * 1e12 / cus * CLOCK_SUSTAINED

@@ -68,13 +68,13 @@ def constants_from_config(arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None)
     Returns
     -------
     dict
-        Name -> value: :func:`ckpred.schema.arch_constants` of the arch (``cus``, ``xcds``,
-        ``lds_bytes``, ``l2_mib_per_xcd``, ``peak_tflops_<dtype>``, ...) plus ``l2_mib`` (the
-        whole chip), the dtype's ``bytes_per_element``, ``c_bytes_per_element`` and
-        ``peak_tflops`` and ``layout_code``. A Python transformer takes the ones it has parameters for.
+        Name -> value: :func:`ckpred.schema.arch_constants` of the arch (``compute_units``,
+        ``dies``, ``shared_memory_bytes``, ``l2_mib`` (the whole chip), ``peak_tflops_<dtype>``,
+        ..., and the old names ``cus``, ``xcds``, ``lds_bytes``...), the dtype's
+        ``bytes_per_element``, ``c_bytes_per_element`` and ``peak_tflops`` and ``layout_code``. A Python transformer takes the ones it has parameters for.
     """
     from ckpred import vocab
-    from ckpred.schema import arch_constants
+    from ckpred.schema import ARCH_ALIASES, arch_constants
 
     dtype_name = _get(dtype_cfg, "name")
     peaks = _get(arch_cfg, "peak_tflops") or {}
@@ -82,28 +82,21 @@ def constants_from_config(arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None)
         raise ConfigValueError(f"arch.peak_tflops.{dtype_name}", None,
                                f"a peak TFLOPS for dtype {dtype_name} (arch {_get(arch_cfg, 'name')} "
                                f"lists {sorted(peaks)})")
-    xcds = int(_get(arch_cfg, "xcds"))
+    # Every hw.<name> the op's rules see (schema.arch_constants, neutral and old names), then the
+    # run's own: integer sizes for the Python groups' parameters, the dtype and the layout.
     size = float(_get(dtype_cfg, "bytes_per_element"))
-    # Every hw.<name> the op's rules see (schema.arch_constants), then the run's own: integer
-    # sizes for the Python groups' parameters, the whole chip's L2, the dtype and the layout.
+    hw = arch_constants(arch_cfg)
+    integers = {name: int(hw[name]) for name in (
+        "compute_units", "dies", "simds_per_unit", "engine_clusters", "clock_mhz", "max_warps_per_unit", "warp_size",
+        "shared_memory_kib", "shared_memory_bytes", "l1_kib")}
+    integers.update({old: integers[new] for old, new in ARCH_ALIASES.items() if new in integers})
     values: dict[str, Any] = {
-        **arch_constants(arch_cfg),
+        **hw,
+        **integers,
+        "lds_bytes": integers["shared_memory_bytes"],
         # whole bytes stay ints (the Python groups' parameters), a packed type's fraction a float
         "bytes_per_element": int(size) if size.is_integer() else size,
         "c_bytes_per_element": dtype_bytes_table()[_get(dtype_cfg, "c_dtype")],
-        "cus": int(_get(arch_cfg, "cus")),
-        "xcds": xcds,
-        "simds_per_cu": int(_get(arch_cfg, "simds_per_cu")),
-        "shader_engines": int(_get(arch_cfg, "shader_engines")),
-        "clock_mhz": int(_get(arch_cfg, "clock_mhz")),
-        "max_waves_per_cu": int(_get(arch_cfg, "max_waves_per_cu")),
-        "wave_size": int(_get(arch_cfg, "wave_size")),
-        "lds_kib": int(_get(arch_cfg, "lds_kib")),
-        "lds_bytes": int(_get(arch_cfg, "lds_kib")) * 1024,
-        "l1_kib": int(_get(arch_cfg, "l1_kib")),
-        "l2_mib": float(_get(arch_cfg, "l2_mib_per_xcd")) * xcds,
-        "llc_mib": float(_get(arch_cfg, "llc_mib")),
-        "memory_bandwidth_gbs": float(_get(arch_cfg, "memory_bandwidth_gbs")),
         "peak_tflops": float(peaks[dtype_name]),
         "layout_code": 0 if layout_cfg is None else vocab.current().layout(_get(layout_cfg, "name")).code,
     }

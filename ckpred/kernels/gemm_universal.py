@@ -38,6 +38,7 @@ import pandas as pd
 
 from ckpred import dtypes
 from ckpred.errors import ConfigValueError
+from ckpred.schema import arch_value
 from ckpred.kernels.base import load_op, packaged_op_config
 from ckpred.kernels.declared import DeclaredOp
 
@@ -112,10 +113,10 @@ class GemmUniversal(DeclaredOp):
         warp_tiles = WARP_TILES.get((arch, dtype))
         if warp_tiles is None:
             here = sorted(d for a, d in WARP_TILES if a == arch)
-            if not here:  # an arch config of another name (a copy, a new product): its ISA is named by gfx
-                raise ConfigValueError("arch.gfx", arch, f"one of the ISAs gemm_universal has warp tiles for "
-                                       f"{sorted({a for a, _ in WARP_TILES})} (an arch config's gfx, else its name; "
-                                       "a new product of a known ISA sets gfx: <ISA> in its arch config)")
+            if not here:  # an arch config of another name (a copy, a new product): its ISA is named by isa
+                raise ConfigValueError("arch.isa", arch, f"one of the ISAs gemm_universal has warp tiles for "
+                                       f"{sorted({a for a, _ in WARP_TILES})} (an arch config's isa, else its name; "
+                                       "a new product of a known ISA sets isa: <ISA> in its arch config)")
             raise ConfigValueError("dtype", dtype, f"one of {here} for arch={arch} (the dtypes gemm_universal has "
                                                    "warp tiles for)")
         configs = []
@@ -130,7 +131,7 @@ class GemmUniversal(DeclaredOp):
         return configs
 
     def catalogue(self, arch: Any, dtype: Any, layout: Any) -> pd.DataFrame:
-        arch_name = getattr(arch, "gfx", "") or getattr(arch, "name", arch)
+        arch_name = arch if isinstance(arch, str) else (arch_value(arch, "isa") or arch_value(arch, "name"))
         dtype_name = getattr(dtype, "name", dtype)
         layout_name = getattr(layout, "name", layout)
         bytes_per_element = dtypes.bytes_per_element(dtype)

@@ -58,7 +58,7 @@ def analytical_summary(cfg: Any) -> dict[str, float]:
     m, n, k = op.gemm_view(table)
     frame = pd.DataFrame({"m": m, "n": n, "k": k, "tile_m": table.tile_m, "tile_n": table.tile_n,
                           "tile_k": table.tile_k})
-    scores = ev.analytical_scores(frame, cus=int(cfg.arch.cus), peak_tflops=float(cfg.arch.peak_tflops[cfg.dtype.name]),
+    scores = ev.analytical_scores(frame, cus=int(cfg.arch.compute_units), peak_tflops=float(cfg.arch.peak_tflops[cfg.dtype.name]),
                                   bandwidth_gbs=float(cfg.arch.memory_bandwidth_gbs),
                                   bytes_per_element=int(cfg.dtype.bytes_per_element), c_bytes=2)
     groups = ev.ShapeGroups.from_keys(op.shape_keys(table))

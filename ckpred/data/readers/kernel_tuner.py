@@ -14,7 +14,9 @@ the file's ``device_name``, ``kernel_function`` (the document's ``kernel_name``)
 ``time`` (``CompilationFailedConfig``, ``RuntimeFailedConfig``, ``InvalidConfig``): the row
 gets ``time`` empty and the string in ``status``; a measured one has ``status`` ``ok``.
 
-``gpu`` is the last word of ``device_name``; where the cache leaves ``device_name`` empty (it
+``gpu`` is the model word of ``device_name``: its last word, words split at spaces and hyphens,
+after dropping trailing memory and form-factor words (``NVIDIA A100-PCIE-40GB`` -> ``A100``,
+``AMD Radeon PRO W7800`` -> ``W7800``); where the cache leaves ``device_name`` empty (it
 does on some GPUs), the last ``_``-separated word of the file name (caches are stored as
 ``<GPU>.json.gz``). ``arch`` is the packaged arch config whose product is that GPU
 (:func:`~.common.arch_for_device`; empty when none is). An entry whose tunable parameters
@@ -78,10 +80,18 @@ def _header(text: str, cache_at: int, path: Path) -> dict[str, Any]:
     return out
 
 
+#: Trailing words of a device name that say its memory or board, not its model
+#: (``40GB``, ``HBM3``, ``PCIE``, ``SXM4``, ``NVL``).
+_NOT_A_MODEL = re.compile(r"^(\d+GB|HBM\w*|PCIE|SXM\d*|NVL)$", re.IGNORECASE)
+
+
 def gpu_name(device_name: str, path: Path) -> str:
     """The GPU a cache was timed on (see the module docstring)."""
-    if device_name.strip():
-        return device_name.split()[-1]
+    words = [w for w in re.split(r"[\s-]+", device_name) if w]
+    while len(words) > 1 and _NOT_A_MODEL.match(words[-1]):
+        words.pop()
+    if words:
+        return words[-1]
     stem = path.name
     for suffix in (".gz", ".bz2", ".json"):
         stem = stem.removesuffix(suffix)
