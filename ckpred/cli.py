@@ -181,6 +181,14 @@ def _check_arguments(name: str, argv: list[str]) -> None:
 _ROOT_GROUPS = frozenset({"experiment"})
 
 
+def _subclasses(cls: type) -> list[type]:
+    """Every subclass of ``cls``, depth first."""
+    out: list[type] = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
+
+
 def _unknown_key(schema: type, key: str) -> tuple[str, list[str]] | None:
     """``(key prefix, keys allowed there)`` when ``key`` leaves the schema of ``schema``, else None.
 
@@ -194,7 +202,12 @@ def _unknown_key(schema: type, key: str) -> tuple[str, list[str]] | None:
     for i, part in enumerate(parts):
         if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
             return None
-        names = [f.name for f in dataclasses.fields(node)]
+        # A schema with registered subclasses (the CV schemes' configs under CVConfig) takes any
+        # of their keys here (:func:`_check_cv_key` checks the chosen scheme's).
+        family = [node, *_subclasses(node)]
+        owner = next((cls for cls in family if part in {f.name for f in dataclasses.fields(cls)}), node)
+        names = sorted({f.name for cls in family for f in dataclasses.fields(cls)})
+        node = owner
         if part not in names:
             if i == 0 and part in _ROOT_GROUPS:
                 return None
@@ -225,6 +238,38 @@ def _check_creatable(name: str, key: str, value: str) -> None:
                       f"create ({exc.strerror})")
 
 
+def _check_cv_key(name: str, key: str, value: Any, chosen: str) -> None:
+    """Refuse ``cv.<key>`` that the chosen CV scheme (``cv=<chosen>``) does not read, naming the
+    schemes that do (Hydra's own error would be a struct-mode message with no hint)."""
+    import dataclasses
+
+    from ckpred.cv.schemes import registered_schemes
+
+    field = key.split(".")[1]
+    schemes = registered_schemes()
+    if chosen not in schemes:
+        return  # an unknown scheme name is refused by name when the config is composed
+    if field in {f.name for f in dataclasses.fields(schemes[chosen].config)}:
+        return
+    readers = [s for s, scheme in schemes.items() if field in {f.name for f in dataclasses.fields(scheme.config)}]
+    _refuse(name, f"config key '{key}' (= {value!r}) is not read by cv={chosen}; "
+                  f"{', '.join(f'cv={s}' for s in readers)} read{'s' if len(readers) == 1 else ''} it "
+                  "(select that scheme, or drop the key)")
+
+
+def _chosen_cv(config_name: str, overrides: list[Any]) -> str:
+    """The CV scheme a command's run uses: a ``cv=<name>`` override, else its primary config's default."""
+    import yaml
+
+    for override in overrides:
+        if override.key_or_group == "cv" and isinstance(override.value(), str):
+            return str(override.value())
+    from ckpred.config import CONF_DIR
+
+    defaults = (yaml.safe_load((CONF_DIR / f"{config_name}.yaml").read_text()) or {}).get("defaults") or []
+    return next((str(d["cv"]) for d in defaults if isinstance(d, dict) and "cv" in d), "")
+
+
 def _is_hydras(key: str) -> bool:
     """Whether ``key`` is Hydra's own (``hydra.run.dir``, the group ``hydra/launcher``)."""
     return key.split(".")[0].split("/")[0] == "hydra"
@@ -241,6 +286,9 @@ def _check_override_keys(name: str, argv: list[str]) -> None:
 
     schema = PRIMARY_SCHEMAS[COMMANDS[name].config_name]
     parser = OverridesParser.create()
+    parsed = [parser.parse_override(a) for a, after in zip(argv, [False, *[a in _HYDRA_VALUE_OPTIONS for a in argv]])
+              if not after and not a.startswith("-")]
+    chosen_cv = _chosen_cv(COMMANDS[name].config_name, parsed)
     after_option = False
     for arg in argv:
         if not after_option and not arg.startswith("-"):
@@ -253,7 +301,18 @@ def _check_override_keys(name: str, argv: list[str]) -> None:
                 unknown = _unknown_key(schema, key)
                 if unknown is not None:
                     _refuse(name, str(UnknownConfigKeyError(unknown[0], override.value(), unknown[1])))
+                if key.startswith("cv.") and key.count(".") == 1 and hasattr(schema, "__dataclass_fields__") \
+                        and "cv" in schema.__dataclass_fields__:
+                    _check_cv_key(name, key, override.value(), chosen_cv)
         after_option = arg in _HYDRA_VALUE_OPTIONS
+
+
+def _exists(path: Path) -> bool:
+    """``path.exists()``, False for a path the system cannot even look up (a name too long)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 class _RunDirGuard:
@@ -275,7 +334,7 @@ class _RunDirGuard:
         self.out_dir = Path(given("out_dir")).absolute() if given("out_dir") else None
         bases = [run_base, *([self.out_dir] if self.out_dir else [])]
         self.candidates = {p for base in bases for p in (base, *base.parents)}
-        self.existed = {p for p in self.candidates if p.exists()}
+        self.existed = {p for p in self.candidates if _exists(p)}
 
     def clean(self) -> None:
         from hydra.core.hydra_config import HydraConfig
@@ -307,7 +366,10 @@ class _RunDirGuard:
     def _remove_empty(self, made: Path | None) -> None:
         """``made`` and its parents, each while it is empty and was made by this run."""
         for folder in ([made, *made.parents] if made else []):
-            if folder in self.existed or not folder.is_dir() or any(folder.iterdir()):
+            try:
+                if folder in self.existed or not folder.is_dir() or any(folder.iterdir()):
+                    break
+            except OSError:  # a path the system cannot look up (a name too long) was never made
                 break
             if folder != made and folder not in self.candidates:
                 break
