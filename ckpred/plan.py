@@ -11,7 +11,8 @@ What is chosen, and why (measured on Kernel Tuner's six GPUs and MIOpen's two fi
 * **Problems** (when the budget cannot measure every one): in round order of a stratified
   sample -- strata are the problem's categorical fields, its family and the set of candidate
   kernels it lists, each stratum measured in proportion to its size, problems in a random
-  order within it (seeded) -- so every kind of problem is measured. When the run's model has
+  order within it (seeded) -- so every kind of problem is measured (a problem with a single
+  candidate has nothing to choose between and is never planned). When the run's model has
   already been trained on rows of the new GPU (a run retrained on an earlier round), the
   problems within each stratum are taken in order of the model's *uncertainty* instead: the
   smallest gap between its two best-scored candidates first. Choosing by the uncertainty of
@@ -496,6 +497,8 @@ def make_plan(source: Source, pairs: pd.DataFrame, arch: Any, budget: Budget, *,
     # problems: stratified, or the retrained model's uncertainty within each stratum
     groups = ev.ShapeGroups.from_keys(op.shape_keys(pairs).to_numpy())
     open_left = np.bincount(groups.codes, weights=~is_done, minlength=groups.n_shapes)
+    # a problem with one candidate has nothing to choose between: measuring it teaches nothing
+    open_left[np.bincount(groups.codes, minlength=groups.n_shapes) < 2] = 0
     uncertain = problem_order == "uncertainty" or (problem_order == "auto" and len(own) > 0)
     within = score_gaps(groups, scores) if uncertain else np.zeros(groups.n_shapes)
     order = [int(p) for p in stratified_order(problem_strata(op, pairs, groups), within, rng) if open_left[p] > 0]

@@ -308,3 +308,15 @@ def test_measurements_of_another_gpu_are_refused(kt_run: dict[str, Path], tmp_pa
     source = pl.load_source(kt_run["run"])
     with pytest.raises(InputFileError, match="no measurement of arch sm86_a6000"):
         pl.read_measured([str(filled)], source, _arch("sm86_a6000"))
+
+
+def test_a_problem_with_one_candidate_is_never_planned(miopen_run: dict[str, Path], tmp_path: Path) -> None:
+    problems = pd.read_csv(miopen_run["problems"])
+    forward = problems["direction"] == "F"
+    one = problems[~forward | ~problems.duplicated(["n", "c", "hi", "wi", "k", "dtype", "direction"])]
+    one.to_csv(tmp_path / "problems.csv", index=False)
+    out = _plan(miopen_run["run"], tmp_path / "plan.csv", "arch=gfx90a_mi210", f"problems={tmp_path / 'problems.csv'}",
+                "budget.problems=100")  # more than the 80 with a choice
+    frame = pd.read_csv(out)
+    assert set(frame["direction"]) == {"B", "W"} and len(frame.drop_duplicates(["n", "c", "hi", "wi", "k", "dtype",
+                                                                                "direction"])) == 80
