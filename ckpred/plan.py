@@ -240,7 +240,7 @@ def _kernels_of(source: Source) -> pd.DataFrame:
 def read_measured(paths: Sequence[str | Path], source: Source, arch: Any) -> pd.DataFrame:
     """The new GPU's measurements so far: canonical tables (``ckpred ingest`` output) or filled
     plan files (read as ingest reads them: the op's columns from a CSV), merged as ingest merges
-    repeats. Rows of another arch than ``arch`` are refused by ingestion's own checks.
+    repeats, checked as ingest checks them. Rows of another arch than ``arch`` are left out.
 
     Returns
     -------
@@ -250,7 +250,7 @@ def read_measured(paths: Sequence[str | Path], source: Source, arch: Any) -> pd.
     Raises
     ------
     ckpred.errors.InputFileError
-        A file that cannot be read, or holds no valid measurement.
+        A file that cannot be read, or that holds no row of ``arch``.
     """
     from dataclasses import replace
 

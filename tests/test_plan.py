@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -123,6 +124,9 @@ def test_a_kernel_tuner_plan_is_the_models_top_kernels_kept_apart(kt_run: dict[s
         assert np.sqrt(((z[pos[:i]] - z[pos[i]]) ** 2).sum(1)).min() >= 1.0
     printed = capsys.readouterr().out
     assert "python -m ckpred ingest" in printed and "op.input.format=csv" in printed and "arch=sm80_a100" in printed
+    # each step is named with its time as it finishes
+    for step in ("loading the run and its training table", "scoring 120 candidate pairs on sm80_a100", "choosing"):
+        assert re.search(rf"^plan: {re.escape(step)} \(\d+\.\d s\)$", printed, re.M), (step, printed)
 
 
 def test_the_filled_plan_round_trips_through_ingest_and_steers_the_next_round(kt_run: dict[str, Path],
