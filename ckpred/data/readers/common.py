@@ -34,9 +34,12 @@ import pandas as pd
 
 from ckpred.errors import KernelNameError
 from ckpred.kernels.base import OpDefinition
+# the value conversions the readers use live with the other helpers every stage uses (an op's
+# config is checked with them when composed); imported here under their historical home
+from ckpred.util import FALSE_STRINGS, INT_LIMIT, TRUE_STRINGS, to_float, to_int, truth  # noqa: F401
 
 #: Largest magnitude kept for an integer problem field (int64 range).
-_INT_LIMIT = 2**63 - 1
+_INT_LIMIT = INT_LIMIT
 
 
 @dataclass(frozen=True)
@@ -306,65 +309,6 @@ def _faultless_columns(columns: Iterable[Sequence[Any]]) -> bool:
         if not types <= {int, bool} or min(column) < _INT64_MIN or max(column) > _INT64_MAX:
             return False
     return True
-
-
-def to_float(value: Any) -> float | None:
-    """``value`` as a float (NaN/inf pass through for later checks); ``None`` if not a number."""
-    if type(value) is float:
-        return value
-    if type(value) is int:
-        return float(value)
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return None
-    if isinstance(value, (int, float, np.integer, np.floating)):
-        return float(value)
-    return None
-
-
-#: Strings read as true / false in a validity column or flag (compared lower-cased and stripped).
-TRUE_STRINGS = ("true", "1", "yes")
-FALSE_STRINGS = ("false", "0", "no")
-
-
-def truth(value: Any, true_values: tuple[str, ...] = TRUE_STRINGS,
-          false_values: tuple[str, ...] = FALSE_STRINGS) -> bool | None:
-    """``value`` as a truth value: ``True``/``False`` for a listed string (or a bool, or the
-    numbers 1/0), ``None`` for anything else (the caller names it as a bad value)."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
-        text = "1" if value == 1 else "0" if value == 0 else str(value)
-    elif isinstance(value, str):
-        text = value
-    else:
-        return None
-    text = text.strip().lower()
-    if text in true_values:
-        return True
-    if text in false_values:
-        return False
-    return None
-
-
-def to_int(value: Any) -> int | None:
-    """``value`` as an integer when it is one exactly (``"1024"``, ``1024.0``); else ``None``."""
-    if type(value) is int:
-        return value if abs(value) <= _INT_LIMIT else None
-    number = to_float(value)
-    if number is None or not math.isfinite(number) or number != int(number) or abs(number) > _INT_LIMIT:
-        if isinstance(value, str):
-            try:  # big exact integers written as text
-                parsed = int(value.strip())
-                return parsed if abs(parsed) <= _INT_LIMIT else None
-            except ValueError:
-                return None
-        return None
-    return int(number)
 
 
 class RowBuffer:
