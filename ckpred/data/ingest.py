@@ -40,9 +40,12 @@ and returns the table in order of first appearance. Both run the same code.
 from __future__ import annotations
 
 import csv
+import functools
 import glob
+import logging
 import math
 import os
+import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,7 +179,27 @@ def expand_paths(spec: str | Path | Iterable[str | Path], op: OpDefinition | Non
             raise InputFileError(item, f"no such file ({resolved})")
         else:
             paths.append(resolved)
+    for path in paths:
+        _check_regular(path)
     return list(dict.fromkeys(paths))
+
+
+#: What a path that is no regular file is, by its mode (for the refusal).
+_SPECIAL_FILES = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def _check_regular(path: Path) -> None:
+    """Refuse a path that is not a regular file: a FIFO would block the read forever and a
+    device such as ``/dev/zero`` never ends (a symbolic link to a regular file is fine)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise InputFileError(str(path), exc.strerror or str(exc)) from exc
+    if not stat.S_ISREG(mode):
+        what = next((name for test, name in _SPECIAL_FILES if test(mode)), "not a regular file")
+        raise InputFileError(str(path), f"is {what}; allowed: regular files (data.path names files ckpred reads "
+                                        "to their end)")
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -403,7 +426,7 @@ def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefin
         if table_reader:
             raw = TABLE_READERS[file_fmt](path, ctx)
             mapped = map_rows(raw, op, mapping, resolver,  # type: ignore[arg-type]
-                              label=label, run_id=run_id or label)
+                              label=label, run_id=run_id or label, run_arch=arch)
             _check_unchanged(path, before)
             yield _frame_rows(mapped.frame, texts, file), raw.rejects + mapped.rejects
             return
@@ -773,9 +796,10 @@ def _frame_rows(frame: pd.DataFrame, texts: _Texts, file: int) -> pa.Table:
              "file": np.full(n, file, dtype=np.int32), "line": np.zeros(n, dtype=np.int64)}
     table = pa.Table.from_pandas(frame.drop(columns=[c for c in ("invalid_reason", "run_id") if c in frame]),
                                  preserve_index=False)
-    # pandas' own string columns arrive as large_string: one text type throughout
-    table = table.cast(pa.schema([f.with_type(pa.string()) if pa.types.is_large_string(f.type) else f
-                                  for f in table.schema]))
+    # pandas' own string columns arrive as large_string, and an empty object column (every
+    # record of the chunk rejected) as null: one text type throughout
+    table = table.cast(pa.schema([f.with_type(pa.string()) if pa.types.is_large_string(f.type)
+                                  or pa.types.is_null(f.type) else f for f in table.schema]))
     for name, values in coded.items():
         table = table.append_column(name, pa.array(values))
     return table
@@ -930,8 +954,8 @@ def _check_rules(rows: pa.Table, op: OpDefinition, kernels: pd.DataFrame, texts:
     contradict the op: they become invalid with the reason ``rule violation: <rule message>``.
     A problem some measured kernel may run is left as measured (a rule that is stricter than
     the hardware must not erase data). An op whose rules cannot be evaluated here (a rule
-    needing an arch constant the run does not have) is not judged. ``kernels`` are the
-    resolved kernels' fields (:func:`_rule_kernels`).
+    needing an arch constant the run does not have) is not judged, with a warning. ``kernels``
+    are the resolved kernels' fields (:func:`_rule_kernels`).
     """
     valid = _numpy(rows, "is_valid")
     if not valid.any():
@@ -977,7 +1001,10 @@ def _check_rules(rows: pa.Table, op: OpDefinition, kernels: pd.DataFrame, texts:
             return rows
         at = np.flatnonzero(suspect[problem_id])
         ok, why = judge(at)
-    except Exception:  # rules this run cannot evaluate: the measurements are kept as they are
+    except (ValueError, KeyError, NotImplementedError) as exc:  # no arch constants for a rule, or no rules:
+        # kept as measured, and said so
+        # (a rule no table can evaluate -- ordering a categorical -- is refused when the op is composed)
+        _warn_once(f"op {op.name!r}: the validity rules were not judged on this table ({exc})")
         return rows
     runnable = np.bincount(problem_id[at], weights=ok.astype(np.float64), minlength=problem_id.max() + 1)
     dead = runnable[problem_id[at]] == 0
@@ -993,6 +1020,12 @@ def _check_rules(rows: pa.Table, op: OpDefinition, kernels: pd.DataFrame, texts:
     tflops = np.array(_numpy(rows, "tflops"), dtype=np.float64)
     tflops[bad] = 0.0
     return _set(_set(rows, "is_valid", pa.array(is_valid)), "tflops", tflops)
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_once(message: str) -> None:
+    """Log ``message`` once per process (a table's partitions would repeat it)."""
+    logging.getLogger(__name__).warning(message)
 
 
 def _arch_named(name: Any, run_arch: Any) -> Any:

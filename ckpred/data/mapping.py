@@ -35,6 +35,7 @@ dtype field, would otherwise be folded into medians of different problems.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -172,14 +173,51 @@ def _plain(value: Any) -> Any:
 
 def op_flops(op: OpDefinition, problems: pd.DataFrame) -> np.ndarray:
     """FLOPs of each problem; NaN where the op cannot compute them (no formula, a bad row)."""
+    return flops_of(op, problems)[0]
+
+
+def flops_of(op: OpDefinition, problems: pd.DataFrame) -> tuple[np.ndarray, str]:
+    """FLOPs of each problem (NaN where the op cannot compute them) and, when the op's
+    formula raised or gave no column, why (else ``""``)."""
     if not len(problems):
-        return np.zeros(0)
+        return np.zeros(0), ""
     try:
         with np.errstate(all="ignore"):
             flops = np.asarray(op.flops(problems[list(op.problem_names)]), dtype=np.float64)
-    except Exception:  # a problem the op's formula cannot handle is judged by other checks
-        return np.full(len(problems), np.nan)
-    return flops if flops.shape == (len(problems),) else np.full(len(problems), np.nan)
+    except Exception as exc:  # a problem the op's formula cannot handle is judged by the caller
+        return np.full(len(problems), np.nan), f"{type(exc).__name__}: {exc}"
+    if flops.shape != (len(problems),):
+        return np.full(len(problems), np.nan), f"the formula gave shape {flops.shape} for {len(problems)} problems"
+    return flops, ""
+
+
+def declares_flops(op: OpDefinition) -> bool:
+    """Whether ``op`` declares a FLOPs formula (its ``flops`` key, or a plug-in's ``flops`` hook);
+    an op without one keeps ``tflops = 1 / latency_ms`` (see the module docstring)."""
+    cfg = getattr(op, "config", None)
+    if cfg is None:
+        return False
+    return bool(_get(cfg, "flops")) or "flops" in getattr(op, "plugin_hooks", ())
+
+
+def _flops_faults(op: OpDefinition, flops: np.ndarray, failed: str) -> np.ndarray:
+    """Why each row's FLOPs cannot serve (``""`` where they can).
+
+    With a formula, a row whose FLOPs are not a positive finite number would get a TFLOPS in
+    another unit (``1 / latency_ms``) than its neighbours': it is rejected, never mixed in. An
+    op without one (no row has finite FLOPs and none is declared) converts every row alike.
+    """
+    out = np.full(len(flops), "", dtype=object)
+    usable = np.isfinite(flops) & (flops > 0)
+    if usable.all() or not (declares_flops(op) or usable.any() or failed):
+        return out
+    if failed:
+        out[~usable] = f"bad flops: the op's FLOPs formula failed on this problem ({failed})"
+        return out
+    for i in np.flatnonzero(~usable).tolist():
+        out[i] = f"bad flops: the op's FLOPs formula gives {flops[i]:g} for this problem (a positive finite number " \
+                 "is needed to convert the metric)"
+    return out
 
 
 # -- typing values -----------------------------------------------------------------------------------
@@ -294,22 +332,33 @@ class _Sources:
         return self.frame.loc[:, column]
 
 
-def _numeric(values: Any) -> np.ndarray:
-    """A column as float64 for an expression (text that is no number becomes NaN)."""
+def _numeric(values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A column as float64 for an expression, and where it held text that is no number (NaN
+    there; an empty value is a missing one, NaN too, and not marked)."""
     if isinstance(values, np.ndarray) and values.dtype.kind in "fiub":
-        return values.astype(np.float64)
+        return values.astype(np.float64), np.zeros(len(values), dtype=bool)
     series = values if isinstance(values, pd.Series) else pd.Series(values)
     if series.dtype.kind in "fiub":
-        return series.to_numpy(np.float64)
-    return pd.to_numeric(series.map(lambda v: v.strip() if isinstance(v, str) else v), errors="coerce") \
-        .to_numpy(np.float64)
+        return series.to_numpy(np.float64), np.zeros(len(series), dtype=bool)
+    stripped = series.map(lambda v: v.strip() if isinstance(v, str) else v)
+    numbers = pd.to_numeric(stripped, errors="coerce").to_numpy(np.float64)
+    text = stripped.map(lambda v: isinstance(v, str) and v != "").to_numpy(dtype=bool)
+    return numbers, text & np.isnan(numbers) & ~stripped.map(_nan_text).to_numpy(dtype=bool)
+
+
+def _nan_text(value: Any) -> bool:
+    """Whether ``value`` is a text that spells a NaN (``nan``, ``NaN``): a number, not words."""
+    return isinstance(value, str) and value.lower() in ("nan", "+nan", "-nan")
 
 
 def _mapped_columns(src: _Sources, mapping: InputMapping, wanted: Sequence[str], n: int,
-                    optional: set[str]) -> dict[str, Any]:
-    """Every wanted canonical column (rename, constant, derived, identity); see the module docstring."""
+                    optional: set[str]) -> tuple[dict[str, Any], np.ndarray]:
+    """Every wanted canonical column (rename, constant, derived, identity; see the module
+    docstring), and why a row cannot be derived (``""`` where it can): a derived column reads a
+    text that is no number."""
     from ckpred import expressions
 
+    faults = np.full(n, "", dtype=object)
     values: dict[str, Any] = {}
     exprs: dict[str, Any] = {}
     for target, spec in mapping.columns:
@@ -326,10 +375,11 @@ def _mapped_columns(src: _Sources, mapping: InputMapping, wanted: Sequence[str],
         names = set().union(*(e.names for e in exprs.values()))
         columns: dict[str, np.ndarray] = {}
         for name in sorted(names):
-            if name in values:
-                columns[name] = _numeric(values[name])
-            elif src.find(name) is not None:
-                columns[name] = _numeric(src.get(name, "op.input.columns (an expression)"))
+            if name in values or src.find(name) is not None:
+                raw = values[name] if name in values else src.get(name, "op.input.columns (an expression)")
+                columns[name], text = _numeric(raw)
+                if text.any():
+                    _mark_text(faults, text, raw, name, [t for t, e in exprs.items() if name in e.names])
             elif name not in exprs:
                 raise InputFileError(src.label, f"an expression of op.input.columns reads {name!r}, which is "
                                                 f"neither a column of the file nor a mapped field; the file's "
@@ -348,11 +398,19 @@ def _mapped_columns(src: _Sources, mapping: InputMapping, wanted: Sequence[str],
         elif target not in optional:
             raise InputFileError(src.label, f"op {src.op.name!r} needs column {target!r} but the file has none and "
                                             f"op.input.columns does not map it; the file's columns are {src.names}")
-    return values
+    return values, faults
+
+
+def _mark_text(faults: np.ndarray, text: np.ndarray, raw: Any, name: str, readers: Sequence[str]) -> None:
+    """Mark the rows where column ``name``, read by the derived columns ``readers``, is text."""
+    shown = (raw.to_numpy(dtype=object) if isinstance(raw, pd.Series) else np.asarray(raw, dtype=object))
+    keys = ", ".join(f"op.input.columns.{t}.expr" for t in readers)
+    for i in np.flatnonzero(text & (faults == "")).tolist():
+        faults[i] = f"non-numeric value: {name}={_show(shown[i])} is read as a number by {keys}"
 
 
 def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: KernelResolver, *, label: str,
-             run_id: str) -> MappedRows:
+             run_id: str, run_arch: str = "") -> MappedRows:
     """Canonical rows (the ingest row frame) of one raw table; see the module docstring.
 
     Raises
@@ -369,7 +427,8 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
     mapped = dict(mapping.columns)
     absent = [f.name for f in op.kernel_fields
               if f.name not in mapped and src.find(f.name) is None and f.default is None]
-    kernel_by_fields = not absent
+    # a kernel_name the map names is what the user says the kernel is (else its fields are)
+    kernel_by_fields = not absent and "kernel_name" not in mapped
     if absent and "kernel_name" not in mapped and src.find("kernel_name") is None:
         raise InputFileError(label, f"op {op.name!r} needs the kernel field column(s) {absent} (or a kernel_name "
                                     f"column) but the file has none and op.input.columns does not map them; the "
@@ -381,9 +440,8 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
         wanted.append(mapping.valid_column)
     headers = [h for h in ROW_HEADERS if h in mapped and h not in op.problem_names]
     wanted += headers
-    values = _mapped_columns(src, mapping, wanted, n, optional=defaults)
+    values, reject_reason = _mapped_columns(src, mapping, wanted, n, optional=defaults)
     sources = raw.sources
-    reject_reason = np.full(n, "", dtype=object)
 
     def reject(bad: np.ndarray, text: Any) -> None:
         for i in np.flatnonzero(bad & (reject_reason == "")):
@@ -427,7 +485,21 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
         shown_h = (values[h] if isinstance(values[h], pd.Series) else pd.Series(values[h])).to_numpy(dtype=object)
         reject(~ok, lambda i, h=h, shown_h=shown_h: f"bad {h}: {h}={_show(shown_h[i])} is not a config name "
                                                     f"(op.input.columns.{h} must give one on every row)")
+        if h == "arch":  # the row's rules and hardware features read its arch config's constants
+            archs = known_archs(run_arch)
+            reject(~pd.Series(out_h).isin(archs).to_numpy(),
+                   lambda i, shown_h=shown_h, archs=archs: f"bad arch: arch={_show(shown_h[i])} names no arch config "
+                                                          f"(one of {sorted(archs)})")
         typed[h] = out_h
+
+    # FLOPs of the rows still kept (a rejected row's fields are placeholders)
+    live = np.flatnonzero(reject_reason == "")
+    flops_live, failed = flops_of(op, pd.DataFrame({name: typed[name][live] for name in op.problem_names}))
+    faults = np.full(n, "", dtype=object)
+    faults[live] = _flops_faults(op, flops_live, failed)
+    reject(faults != "", lambda i: faults[i])
+    flops_all = np.full(n, np.nan)
+    flops_all[live] = flops_live
 
     keep = reject_reason == ""
     bad = np.flatnonzero(~keep)
@@ -461,8 +533,7 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
 
     out: dict[str, Any] = {name: typed[name][idx] for name in (*op.problem_names, *headers)}
     out["kernel"] = codes[idx]
-    problems = pd.DataFrame({name: out[name] for name in op.problem_names})
-    flops = op_flops(op, problems)
+    flops = flops_all[idx]
     known = np.isfinite(flops) & (flops > 0)
     good = reason == ""
     with np.errstate(all="ignore"):
@@ -484,6 +555,20 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
     if target == "latency_ms":
         out["latency_ms"] = np.where(good | ~np.isfinite(number) | (number < 0), out["latency_ms"], number)
     return MappedRows(pd.DataFrame(out), rejects)
+
+
+def known_archs(run_arch: str = "") -> frozenset[str]:
+    """The arch names a table's ``arch`` column may hold: the packaged arch configs and the
+    run's own arch (which may come from a user config dir)."""
+    return _packaged_archs() | ({run_arch} if run_arch else set())
+
+
+@functools.lru_cache(maxsize=1)
+def _packaged_archs() -> frozenset[str]:
+    from importlib import resources
+
+    return frozenset(p.name[:-5] for p in (resources.files("ckpred.conf") / "arch").iterdir()
+                     if p.name.endswith(".yaml"))
 
 
 def _by_value(values: np.ndarray, fn: Any) -> np.ndarray:

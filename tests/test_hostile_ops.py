@@ -1,0 +1,287 @@
+"""Hostile op configs, input tables and run files: a named one-line error, never a traceback, a
+hang or a silent wrong table.
+
+The op cases edit the user op of ``tests/fixtures/user_op`` (op ``tmm``: int problem fields, a
+categorical ``precision``, a kernel-id template, a column map) one key at a time and run
+``ckpred ingest`` in-process, as :mod:`tests.test_hostile` runs every command; the ids are those
+of the hostile-input report (``../shared/hostile-inputs-74e02af.md``: F02, F11-F13, F19, F22-F24,
+F28). An op that cannot be evaluated is refused when the config is composed, naming the key; a
+table whose rows the op cannot read gets those rows rejected with their reason.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+import pytest
+import yaml
+
+import ckpred.cli
+from tests.conftest import REPO
+from tests.test_hostile import TRACEBACK, assert_named, run
+
+USER_OP = REPO / "tests" / "fixtures" / "user_op"
+BASE = yaml.safe_load((USER_OP / "op" / "tmm.yaml").read_text())
+KERNELS = [(bm, bn, w, s) for bm in (32, 64) for bn in (32, 64) for w in (4, 8) for s in (2, 3)]
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("hydra._internal.utils.is_under_debugger", lambda: False)
+
+
+def write_csv(path: Path, shapes: int = 3, extra: dict[str, list[str]] | None = None) -> Path:
+    """A small table of the user op's source columns (``M,N,K,dtype,BLOCK_M,...,ms``)."""
+    lines = ["M,N,K,dtype,BLOCK_M,BLOCK_N,warps,stages,ms"]
+    for i in range(shapes):
+        for dtype in ("fp16", "bf16"):
+            for bm, bn, w, s in KERNELS:
+                lines.append(f"{64 << i},128,256,{dtype},{bm},{bn},{w},{s},{0.001 * (1 + i) + 1e-5 * (bm + bn + w + s):.6f}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def op_dir(tmp: Path, edit: Callable[[dict[str, Any]], None], name: str = "conf") -> Path:
+    """A copy of the user op's config dir with ``edit`` applied to op/tmm.yaml."""
+    conf = tmp / name
+    shutil.copytree(USER_OP, conf)
+    cfg = copy.deepcopy(BASE)
+    edit(cfg)
+    (conf / "op" / "tmm.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return conf
+
+
+def ingest(conf: Path, data: Path, out: Path, capsys: pytest.CaptureFixture[str],
+           *extra: str) -> tuple[int, str, str]:
+    return run(["ingest", "--config-dir", str(conf), "op=tmm", f"data.path={data}", f"out={out}", *extra], capsys)
+
+
+def _set(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda cfg: cfg.__setitem__(key, value)
+
+
+def _rule(expr: str) -> Callable[[dict[str, Any]], None]:
+    return lambda cfg: cfg["rules"][0].__setitem__("expr", expr)
+
+
+def _column(name: str, spec: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda cfg: cfg["input"]["columns"].__setitem__(name, spec)
+
+
+def _kernel_field(name: str, values: list[str], template: str) -> Callable[[dict[str, Any]], None]:
+    def edit(cfg: dict[str, Any]) -> None:
+        cfg["kernel_fields"][name] = {"kind": "categorical", "values": values, "default": values[0]}
+        cfg["kernel_id"]["template"] = template
+    return edit
+
+
+TEMPLATE = "bm{block_m}_bn{block_n}_w{num_warps}_s{num_stages}"
+
+#: (id, edit of the op, words the one-line error must hold); each refused when composed.
+COMPOSE_REFUSALS: list[tuple[str, Callable[[dict[str, Any]], None], list[str]]] = [
+    # F12: deep or long expressions, huge literals (op, rules, input columns)
+    ("op07", _set("flops", "rows+" * 2000 + "rows"), ["'op.flops'", "at most 2,000 characters"]),
+    ("op08", _set("flops", "rows+" * 100_000 + "rows"), ["'op.flops'", "500,004 characters"]),
+    ("op09", _set("flops", "-" * 10_000 + "rows"), ["'op.flops'", "at most 2,000 characters"]),
+    ("op33", _rule("not " * 10_000 + "block_m"), ["'op.rules[0].expr'", "at most 2,000 characters"]),
+    ("op33-depth", _rule("not " * 150 + "block_m"), ["'op.rules[0].expr'", "nested at most 100 deep"]),
+    ("op07-depth", _set("flops", "rows+" * 150 + "rows"), ["'op.flops'", "nested at most 100 deep"]),
+    ("in18", _column("time", {"expr": "ms+" * 2000 + "ms"}), ["'op.input.columns.time.expr'", "2,000 characters"]),
+    ("in26", _column("time", {"expr": "-" * 10_000 + "ms"}), ["'op.input.columns.time.expr'", "2,000 characters"]),
+    ("op11", _set("flops", "1" * 400 + " * rows"), ["'op.flops'", "float64's range"]),
+    # F22: FLOPs that can only be infinite or undefined
+    ("op05", _set("flops", "10**10**10"), ["'op.flops'", "'10**10**10' is inf"]),
+    ("op10", _set("flops", "rows * 1e999"), ["'op.flops'", "float64's range", "inf"]),
+    ("op30", _set("flops", "2**1000000 * rows"), ["'op.flops'", "'2**1000000' is inf"]),
+    ("op32", _set("flops", "rows // 0"), ["'op.flops'", "division by zero"]),
+    ("op40", _set("flops", "sqrt(-1) * rows"), ["'op.flops'", "'sqrt(-1)' is nan"]),
+    ("op40-bytes", _set("bytes", "log2(0) * rows"), ["'op.bytes'", "'log2(0)' is -inf"]),
+    # F23: rules no table can evaluate
+    ("op27", _rule("precision > 'fp16'"), ["'op.rules[0].expr'", "'>'", "== or !="]),
+    ("op28", _rule("dtype_bytes(rows)"), ["'op.rules[0].expr'", "'rows'", "dtype_bytes()"]),
+    ("op28-str", _set("flops", "rows + 'fp16'"), ["'op.flops'", "'fp16'", "a number here"]),
+    # F24: silent acceptances
+    ("in07", _column("blok_m", "BLOCK_M"), ["'op.input.columns.blok_m'", "a column the op reads"]),
+    ("in22", _column("kernel_name", "dtype"), ["'op.input.columns.kernel_name'", "not both"]),
+    ("op37", _set("family", {"expr": "rows", "bounds": [float("nan")], "labels": ["a", "b"]}),
+     ["'op.family.bounds'", "finite"]),
+    ("tp16", _kernel_field("variant", [" x", "y"], TEMPLATE + "_{variant}"),
+     ["'op.kernel_fields.variant.values[0]'", "' x'", "leading or trailing spaces"]),
+    # F13: constants and derived columns of the wrong kind
+    ("in09", _column("rows", {"value": "abc"}), ["'op.input.columns.rows.value'", "'abc'", "(int)"]),
+    ("in09-cat", _column("precision", {"value": "fp64"}), ["'op.input.columns.precision.value'", "'fp64'"]),
+    ("in15", _column("precision", {"expr": "dtype * 2"}), ["'op.input.columns.precision.expr'", "categorical"]),
+    # F02: two kernels named alike
+    ("tp01", lambda cfg: (_kernel_field("variant", ["x", "xy"], TEMPLATE + "_{variant}{tail}")(cfg),
+                          cfg["kernel_fields"].__setitem__("tail", {"kind": "categorical", "values": ["yz", "z"],
+                                                                    "default": "z"})),
+     ["'op.kernel_id.template'", "variant=x, tail=yz and variant=xy, tail=z", "'bm1_bn1_w1_s1_xyz'"]),
+    ("tp01-sep", lambda cfg: (_kernel_field("a", ["x_y", "x"], TEMPLATE + "_{a}_{b}")(cfg),
+                              cfg["kernel_fields"].__setitem__("b", {"kind": "categorical", "values": ["z", "y_z"],
+                                                                     "default": "z"})),
+     ["'op.kernel_id.template'", "both print", "x_y_z"]),
+    ("tp02", lambda cfg: (_kernel_field("a", ["x", "x,y"], TEMPLATE)(cfg),
+                          cfg.__setitem__("kernel_id", {"fields": ["block_m", "block_n", "num_warps", "num_stages",
+                                                                   "a"]})),
+     ["'op.kernel_fields.a.values[1]'", "'x,y'", "tuple id"]),
+]
+
+
+@pytest.mark.parametrize(("edit", "names"), [c[1:] for c in COMPOSE_REFUSALS], ids=[c[0] for c in COMPOSE_REFUSALS])
+def test_op_refused_when_composed(edit: Callable[[dict[str, Any]], None], names: list[str], tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    started: list[Any] = []
+    monkeypatch.setattr(ckpred.cli, "_load_task", lambda spec: lambda cfg: started.append(cfg))
+    rc, _, err = ingest(op_dir(tmp_path, edit), write_csv(tmp_path / "t.csv"), tmp_path / "o.parquet", capsys)
+    assert_named(rc, err, "ingest", *names)
+    assert started == []
+
+
+def test_the_user_op_and_its_siblings_still_compose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """What the checks above must not refuse: separators no value contains, numeric categorical
+    values derived by an expression, an intermediate derived column, kernels read by name."""
+    started: list[Any] = []
+    monkeypatch.setattr(ckpred.cli, "_load_task", lambda spec: lambda cfg: started.append(cfg))
+    fine = [
+        lambda cfg: None,
+        lambda cfg: (_kernel_field("variant", ["x", "xy"], TEMPLATE + "_{variant}_{tail}")(cfg),
+                     cfg["kernel_fields"].__setitem__("tail", {"kind": "categorical", "values": ["yz", "z"],
+                                                               "default": "z"})),
+        _set("flops", "2 * rows * cols * depth + 0 * log2(rows)"),
+        _rule("precision == 'fp16' or num_stages * 2 <= hw.lds_bytes"),
+        lambda cfg: (_column("m2", {"expr": "M * 2"})(cfg), _column("rows", {"expr": "m2 / 2"})(cfg)),
+        lambda cfg: (cfg["input"]["columns"].pop("block_m"), _column("kernel_name", "name")(cfg),
+                     [cfg["input"]["columns"].pop(k) for k in ("block_n", "num_warps", "num_stages")]),
+    ]
+    for i, edit in enumerate(fine):
+        rc, _, err = ingest(op_dir(tmp_path, edit, f"conf{i}"), tmp_path / "t.csv", tmp_path / "o.parquet", capsys)
+        assert rc == 0, (i, err)
+    assert len(started) == len(fine)
+
+
+# -- refused or rejected once the table is read ---------------------------------------------------
+def _rejects(out: Path) -> pd.DataFrame:
+    return pd.read_csv(out.with_name(f"{out.stem}.rejects.csv"))
+
+
+def test_in19_a_derived_int_that_is_no_integer_rejects_the_rows(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    conf = op_dir(tmp_path, _column("rows", {"expr": "M / 3"}))
+    out = tmp_path / "o.parquet"
+    rc, _, err = ingest(conf, write_csv(tmp_path / "t.csv"), out, capsys)
+    assert_named(rc, err, "ingest", "no valid measurement", "bad problem field", "nothing written")
+    assert not out.exists()
+    reasons = _rejects(out)["reason"]
+    assert reasons.str.startswith("bad problem field: rows=21.3").any(), reasons.head()
+
+
+def test_in15_text_read_as_a_number_rejects_the_rows_naming_it(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    conf = op_dir(tmp_path, _column("depth", {"expr": "K + dtype"}))
+    out = tmp_path / "o.parquet"
+    rc, _, err = ingest(conf, write_csv(tmp_path / "t.csv"), out, capsys)
+    assert_named(rc, err, "ingest", "non-numeric value")
+    assert set(_rejects(out)["reason"]) == {"non-numeric value: dtype='fp16' is read as a number by "
+                                            "op.input.columns.depth.expr",
+                                            "non-numeric value: dtype='bf16' is read as a number by "
+                                            "op.input.columns.depth.expr"}
+
+
+def test_in23_a_per_row_arch_that_names_no_arch_config_is_rejected(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    conf = op_dir(tmp_path, _column("arch", "dtype"))
+    out = tmp_path / "o.parquet"
+    rc, _, err = ingest(conf, write_csv(tmp_path / "t.csv"), out, capsys)
+    assert_named(rc, err, "ingest", "bad arch")
+    assert _rejects(out)["reason"].str.startswith("bad arch: arch='fp16' names no arch config").any()
+
+
+def test_op05t_flops_that_are_no_positive_number_reject_their_rows(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A FLOPs formula that is fine for most problems but zero or infinite for some: those rows
+    are rejected, never given ``tflops = 1 / latency`` beside the others' TFLOPS."""
+    conf = op_dir(tmp_path, _set("flops", "2 * (rows - 64) * cols * depth / (rows - 128)"))
+    out = tmp_path / "o.parquet"
+    rc, _, err = ingest(conf, write_csv(tmp_path / "t.csv"), out, capsys)
+    assert rc == 0, err
+    table = pd.read_parquet(out)
+    assert set(table["rows"]) == {256}  # rows=64 gives 0 FLOPs, rows=128 a division by zero
+    valid = table[table["is_valid"]]
+    flops = 2 * (valid["rows"] - 64) * valid["cols"] * valid["depth"] / (valid["rows"] - 128)
+    assert (valid["tflops"] - flops / (valid["latency_ms"] * 1e9)).abs().max() < 1e-9
+    reasons = _rejects(out)["reason"]
+    assert len(reasons) == 2 * 2 * len(KERNELS)
+    assert set(reasons.str.extract(r"gives (\S+) for")[0]) == {"-0", "inf"}  # 0 / -64 and 128 / 0
+
+
+def test_f02_two_kernels_named_alike_never_merge(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """tp01's table: with an unambiguous template (``_{variant}_{tail}``) every kernel keeps its row."""
+    edit = lambda cfg: (_kernel_field("variant", ["x", "xy"], TEMPLATE + "_{variant}_{tail}")(cfg),  # noqa: E731
+                        cfg["kernel_fields"].__setitem__("tail", {"kind": "categorical", "values": ["yz", "z"],
+                                                                  "default": "z"}),
+                        _column("variant", "variant")(cfg), _column("tail", "tail")(cfg))
+    lines = ["M,N,K,dtype,BLOCK_M,BLOCK_N,warps,stages,variant,tail,ms"]
+    for variant, tail, ms in (("x", "yz", 0.000493), ("xy", "z", 0.001521), ("x", "z", 0.0008)):
+        lines.append(f"64,128,256,fp16,32,64,4,2,{variant},{tail},{ms}")
+    (tmp_path / "collide.csv").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "o.parquet"
+    rc, _, err = ingest(op_dir(tmp_path, edit), tmp_path / "collide.csv", out, capsys)
+    assert rc == 0, err
+    table = pd.read_parquet(out)
+    assert len(table) == 3 and set(table["repeats"]) == {1}
+    assert sorted(table["kernel_name"]) == ["bm32_bn64_w4_s2_x_yz", "bm32_bn64_w4_s2_x_z", "bm32_bn64_w4_s2_xy_z"]
+
+
+# -- files that are no regular files (F11 ig21, F19 ig20) -------------------------------------------
+def test_ig20_a_fifo_as_data_path_is_refused_without_blocking(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    fifo = tmp_path / "in.csv"
+    os.mkfifo(fifo)
+    rc, _, err = ingest(USER_OP, fifo, tmp_path / "o.parquet", capsys)  # would block forever when opened
+    assert_named(rc, err, "ingest", str(fifo), "a named pipe (FIFO)", "regular files")
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_ig21_a_device_as_data_path_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(["ingest", "data.path=/dev/zero", "data.format=csv", f"out={tmp_path / 'o.parquet'}"], capsys)
+    assert_named(rc, err, "ingest", "/dev/zero", "a character device")
+
+
+# -- ingest -> Parquet -> train, whatever the paths ------------------------------------------------
+TRAIN = ["features=tmm_feats", "data=path", "model.n_estimators=3", "model.n_jobs=1", "cv.n_splits=2",
+         "plots=false", "progress=false", "save_pipeline=false", "baselines.reference.enabled=false"]
+
+
+@pytest.mark.parametrize("absolute", [False, True], ids=["relative", "absolute"])
+def test_an_ingested_table_trains_from_relative_and_absolute_paths(absolute: bool, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The table's ``source`` holds the paths as given (absolute ones outside the working
+    directory); reading it back must not depend on them."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_csv(data / "t.csv", shapes=4)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    src = data / "t.csv" if absolute else Path("../data/t.csv")
+    table = data / "t.parquet" if absolute else Path("../data/t.parquet")
+    rc, _, err = run(["ingest", "--config-dir", str(USER_OP), "op=tmm", f"data.path={src}", f"out={table}"], capsys)
+    assert rc == 0, err
+    sources = pd.read_parquet(data / "t.parquet")["source"]
+    assert sources.str.startswith(f"{data}/t.csv:" if absolute else "../data/t.csv:").all()
+    rc, _, err = run(["train", "--config-dir", str(USER_OP), "op=tmm", *TRAIN, f"data.path={table}",
+                      f"out_dir={work / 'run'}"], capsys)
+    assert rc == 0 and not TRACEBACK.search(err), err
+    # every row of the table rejected on reading back (another arch): a named error, no traceback
+    rc, _, err = run(["train", "--config-dir", str(USER_OP), "op=tmm", *TRAIN, f"data.path={table}", "arch=gfx942",
+                      f"out_dir={work / 'run2'}"], capsys)
+    assert_named(rc, err, "train", "no valid measurement", "arch mismatch")
