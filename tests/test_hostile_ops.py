@@ -285,3 +285,20 @@ def test_an_ingested_table_trains_from_relative_and_absolute_paths(absolute: boo
     rc, _, err = run(["train", "--config-dir", str(USER_OP), "op=tmm", *TRAIN, f"data.path={table}", "arch=gfx942",
                       f"out_dir={work / 'run2'}"], capsys)
     assert_named(rc, err, "train", "no valid measurement", "arch mismatch")
+
+
+@pytest.mark.parametrize(("expr", "names"), [
+    ("-" * 150 + "rows", ["nested at most 100 deep"]),                        # ft04
+    ("rows+" * 2000 + "rows", ["at most 2,000 characters"]),                  # ft07
+    ("1" + "0" * 400, ["float64's range"]),                                   # ft08
+], ids=["ft04", "ft07", "ft08"])
+def test_feature_expressions_deep_long_or_huge_are_named(expr: str, names: list[str], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    conf = op_dir(tmp_path, lambda cfg: None)
+    path = conf / "features" / "tmm_feats.yaml"
+    feats = yaml.safe_load(path.read_text())
+    feats["groups"][0]["params"]["features"]["hostile"] = expr
+    path.write_text(yaml.safe_dump(feats, sort_keys=False))
+    rc, _, err = run(["train", "--config-dir", str(conf), "op=tmm", *TRAIN,
+                      f"data.path={write_csv(tmp_path / 't.csv', shapes=4)}", f"out_dir={tmp_path / 'run'}"], capsys)
+    assert_named(rc, err, "train", "'features.groups[0].params.features.hostile'", *names)
