@@ -302,3 +302,69 @@ def test_feature_expressions_deep_long_or_huge_are_named(expr: str, names: list[
     rc, _, err = run(["train", "--config-dir", str(conf), "op=tmm", *TRAIN,
                       f"data.path={write_csv(tmp_path / 't.csv', shapes=4)}", f"out_dir={tmp_path / 'run'}"], capsys)
     assert_named(rc, err, "train", "'features.groups[0].params.features.hostile'", *names)
+
+
+# -- replay and canonical tables (F28) --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def train_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("replay")
+    table = write_csv(tmp / "t.csv", shapes=4)
+    rc = ckpred.cli.main(["train", "--config-dir", str(USER_OP), "op=tmm", *TRAIN, f"data.path={table}",
+                          f"out_dir={tmp / 'run'}", f"hydra.run.dir={tmp / 'hydra'}"])
+    assert rc == 0
+    return tmp / "run"
+
+
+def _damaged_run(run_dir: Path, tmp: Path, damage: Callable[[Path], None]) -> Path:
+    copy_dir = tmp / "run"
+    shutil.copytree(run_dir, copy_dir)
+    damage(copy_dir)
+    return copy_dir
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+
+
+def _rewrite_oof(edit: Callable[[pd.DataFrame], pd.DataFrame]) -> Callable[[Path], None]:
+    return lambda d: edit(pd.read_parquet(d / "oof_predictions.parquet")).to_parquet(d / "oof_predictions.parquet")
+
+
+@pytest.mark.parametrize(("damage", "names"), [
+    (lambda d: _truncate(d / "oof_predictions.parquet"), ["oof_predictions.parquet", "not a readable Parquet file"]),
+    (_rewrite_oof(lambda t: t.iloc[:0]), ["oof_predictions.parquet", "holds no prediction (0 rows)"]),
+    (_rewrite_oof(lambda t: t.assign(score_model=float("nan"))), ["'score_model' holds no score"]),
+    (_rewrite_oof(lambda t: t.drop(columns=["perf"])), ["lacks column(s) ['perf']"]),
+    (lambda d: (d / "run.json").write_text("{not json"), ["run.json", "not a JSON run record", "JSONDecodeError"]),
+    (lambda d: (d / "run.json").write_text("[" * 100_000 + "]" * 100_000), ["run.json", "RecursionError"]),
+    (lambda d: (d / "run.json").write_text("[1, 2]"), ["run.json", "a JSON object, not a list"]),
+], ids=["truncated-oof", "empty-oof", "nan-scores", "no-perf", "run-json-not-json", "run-json-deep", "run-json-list"])
+def test_replay_of_a_damaged_run_is_named(damage: Callable[[Path], None], names: list[str], train_run: Path,
+                                          tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = _damaged_run(train_run, tmp_path, damage)
+    rc, _, err = run(["replay", str(run_dir), "seeds=1"], capsys)
+    assert_named(rc, err, "replay", *names)
+
+
+def test_replay_of_the_undamaged_run_works(train_run: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = _damaged_run(train_run, tmp_path, lambda d: None)
+    rc, out, err = run(["replay", str(run_dir), "seeds=1"], capsys)
+    assert rc == 0, err
+    assert "fixed(k=1)" in out
+
+
+def test_ig34_a_canonical_table_of_another_op_is_rejected_row_by_row(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    table = tmp_path / "t.parquet"
+    rc, _, err = ingest(USER_OP, write_csv(tmp_path / "t.csv"), table, capsys)
+    assert rc == 0, err
+    pd.read_parquet(table).assign(op="gemm_universal").to_parquet(tmp_path / "other.parquet")
+    import pyarrow.parquet as pq  # keep the canonical marker: the file is read as a ckpred table
+
+    meta = pq.read_schema(table).metadata
+    other = pq.read_table(tmp_path / "other.parquet")
+    pq.write_table(other.replace_schema_metadata({**(other.schema.metadata or {}), **meta}), tmp_path / "other.parquet")
+    rc, _, err = ingest(USER_OP, tmp_path / "other.parquet", tmp_path / "o2.parquet", capsys)
+    assert_named(rc, err, "ingest", "no valid measurement", "op mismatch")
