@@ -368,3 +368,62 @@ def test_ig34_a_canonical_table_of_another_op_is_rejected_row_by_row(tmp_path: P
     pq.write_table(other.replace_schema_metadata({**(other.schema.metadata or {}), **meta}), tmp_path / "other.parquet")
     rc, _, err = ingest(USER_OP, tmp_path / "other.parquet", tmp_path / "o2.parquet", capsys)
     assert_named(rc, err, "ingest", "no valid measurement", "op mismatch")
+
+
+# -- an unreachable Dask scheduler (F16) -------------------------------------------------------------
+@pytest.fixture()
+def silent_socket() -> Any:
+    """A local socket that accepts connections and never answers."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+    for conn in held:
+        conn.close()
+
+
+@pytest.mark.parametrize("where", ["refused", "silent"], ids=["dk03", "dk04"])
+def test_an_unreachable_dask_scheduler_is_named_within_the_timeout(where: str, silent_socket: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    pytest.importorskip("distributed")
+    address = "tcp://127.0.0.1:1" if where == "refused" else silent_socket
+    start = time.monotonic()
+    rc, _, err = run(["train", "--config-dir", str(USER_OP), "op=tmm", *TRAIN, "model.backend=dask",
+                      f"model.dask.address={address}", "model.dask.timeout_s=1",
+                      f"data.path={write_csv(tmp_path / 't.csv', shapes=4)}", f"out_dir={tmp_path / 'run'}"], capsys)
+    assert_named(rc, err, "train", "'model.dask.address'", address, "model.dask.timeout_s=1")
+    assert time.monotonic() - start < 30
+
+
+def test_dk05_a_dask_timeout_that_is_no_duration_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(ckpred.cli, "_load_task", lambda spec: lambda cfg: None)
+    for bad in ("0", "-1", "nan", "1e9"):
+        rc, _, err = run(["train", "model.backend=dask", f"model.dask.timeout_s={bad}"], capsys)
+        assert_named(rc, err, "train", "'model.dask.timeout_s'")
+    rc, _, err = run(["train", "model.backend=dask", "model.dask.address='not a url'"], capsys)
+    assert_named(rc, err, "train", "'model.dask.address'")
+
+
+def test_a_running_scheduler_is_reached() -> None:
+    distributed = pytest.importorskip("distributed")
+    from ckpred.scale import reach_scheduler
+
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster:
+        reach_scheduler(cluster.scheduler_address, 10.0)  # the handshake completes: no error
