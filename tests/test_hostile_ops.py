@@ -427,3 +427,71 @@ def test_a_running_scheduler_is_reached() -> None:
 
     with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster:
         reach_scheduler(cluster.scheduler_address, 10.0)  # the handshake completes: no error
+
+
+# -- memory follows the chunk for tables of declared ops too (F11) ----------------------------------
+def _big_csv(path: Path, rows: int) -> Path:
+    """``rows`` records of the user op's columns, every (problem, kernel) distinct."""
+    import numpy as np
+
+    i = np.arange(rows)
+    frame = pd.DataFrame({"M": 64 + i // 72, "N": 128, "K": 256, "dtype": np.array(["fp16", "bf16", "fp32"])[i % 3],
+                          "BLOCK_M": 32 << (i // 3 % 2), "BLOCK_N": 32 << (i // 6 % 2), "warps": 4 << (i // 12 % 2),
+                          "stages": 2 + i // 24 % 3, "ms": np.round(0.001 + (i % 997) * 1e-5, 6)})
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_ig03_a_compressed_table_is_read_in_chunks_and_partitioned_by_its_text(tmp_path: Path) -> None:
+    """A gzip file of many times its size: more partitions than its size plans (each fits a
+    chunk of text), and the same table as the plain file."""
+    import pyarrow.parquet as pq
+
+    plain = _big_csv(tmp_path / "t.csv", 60_000)
+    packed = tmp_path / "t.csv.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    outs = {}
+    for src in (plain, packed):
+        out = tmp_path / f"{src.name}.dir"
+        rc = ckpred.cli.main(["ingest", "--config-dir", str(USER_OP), "op=tmm", f"data.path={src}", f"out={out}",
+                              "data.chunk_mb=1", f"hydra.run.dir={tmp_path / 'h'}"])
+        assert rc == 0
+        outs[src.suffix] = out
+    parts = {k: len(list(v.glob("part-*.parquet"))) for k, v in outs.items()}
+    assert parts[".csv"] == -(-plain.stat().st_size // (1 << 20))  # planned from the size: 3 parts
+    assert parts[".gz"] >= parts[".csv"] > -(-packed.stat().st_size // (1 << 20))
+    keys = ["rows", "cols", "depth", "precision", "kernel_name"]
+    tables = [pq.read_table(v).to_pandas().drop(columns=["source", "run_id"]).sort_values(keys).reset_index(drop=True)
+              for v in outs.values()]
+    assert tables[0].equals(tables[1])
+
+
+def test_ig04_a_compressed_table_with_a_wrong_header_is_refused_at_its_first_chunk(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused after one chunk: the damaged end of the stream is never reached."""
+    lines = ["kernel,problem_idx,M,N,K,latency_ms,tflops"] + ["k,0,64,64,64,0.1,1.0"] * 200_000
+    data = gzip.compress(("\n".join(lines) + "\n").encode())
+    (tmp_path / "t.csv.gz").write_bytes(data + b"\x1f\x8b not gzip at all")
+    rc, _, err = ingest(USER_OP, tmp_path / "t.csv.gz", tmp_path / "o.parquet", capsys, "data.chunk_mb=1")
+    assert_named(rc, err, "ingest", "t.csv.gz", "reads column 'dtype'", "its columns are ['kernel'")
+
+
+@pytest.mark.slow
+def test_ig01_peak_memory_of_a_mapped_table_follows_the_chunk(tmp_path: Path) -> None:
+    """A 22 MB table of the user op with data.chunk_mb=1: peak RSS within 250 MB of the command's
+    own (read whole before: about 1 GB)."""
+    import subprocess
+    import sys
+
+    table = _big_csv(tmp_path / "t.csv", 600_000)
+    assert table.stat().st_size > 20e6
+    peaks = {}
+    for name, path in (("small", write_csv(tmp_path / "s.csv")), ("big", table)):
+        probe = ("import resource, sys, ckpred.cli; rc = ckpred.cli.main(sys.argv[1:]); "
+                 "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
+        run_ = subprocess.run([sys.executable, "-c", probe, "ingest", "--config-dir", str(USER_OP), "op=tmm",
+                               f"data.path={path}", f"out={tmp_path / (name + '.parquet')}", "data.chunk_mb=1",
+                               f"hydra.run.dir={tmp_path / 'h'}"], capture_output=True, text=True, cwd=tmp_path)
+        assert run_.returncode == 0, run_.stderr
+        peaks[name] = int(run_.stdout.split()[-1]) / 1024  # MiB
+    assert peaks["big"] - peaks["small"] < 250, peaks

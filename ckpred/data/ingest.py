@@ -57,10 +57,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ckpred.util import resolve_path
-from ckpred.data.mapping import InputMapping, map_rows, op_flops
+from ckpred.data.mapping import HiddenFields, InputMapping, map_rows, op_flops
 from ckpred.data.partitions import DATASET_DIR, MANIFEST, describe_part, read_manifest, write_manifest
-from ckpred.data.readers import (CHUNKED_READERS, READERS, TABLE_READERS, FileRead, ReadContext, detect_format,
-                                 detect_table_format)
+from ckpred.data.readers import (CHUNKED_READERS, CHUNKED_TABLE_READERS, READERS, TABLE_READERS, FileRead,
+                                 ReadContext, detect_format, detect_table_format)
 from ckpred.data.readers.common import KernelResolver, Reject, RowBuffer
 from ckpred.data.readers.table_parquet import is_canonical
 from ckpred.data.table import HEADER_COLUMNS, TABLE_FILE, canonical_schema, conform_arrow
@@ -342,10 +342,13 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
     seen: set[str] = set()  # header columns a table gives per row (input.columns.arch...)
     n_rows = n_rejects = 0
     rejected: Counter[str] = Counter()
+    hidden = HiddenFields()
+    sizes = [p.stat().st_size for p in files]
     for file, path in enumerate(files):
-        for rows, rejects in _file_chunks(path, fmt, mapping, op, resolver, summary, labels[path], texts, file,
-                                          arch=arch, dtype=dtype, layout=layout, run_id=run_id,
-                                          chunk_bytes=chunk_bytes, vectorised=vectorised):
+        read_bytes = 0
+        for rows, rejects, nbytes in _file_chunks(path, fmt, mapping, op, resolver, summary, labels[path], texts,
+                                                  file, hidden, arch=arch, dtype=dtype, layout=layout, run_id=run_id,
+                                                  chunk_bytes=chunk_bytes, vectorised=vectorised):
             for h, value in headers:
                 if h in rows.column_names and h not in op.problem_names:
                     seen.add(h)
@@ -356,6 +359,10 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
             rejected.update(_category(r.reason) for r in rejects)
             on_rejects(rejects)
             del rows, rejects
+            # a compressed file holds more text than its size says: more partitions, each fitting a chunk
+            read_bytes += nbytes
+            sizes[file] = max(sizes[file], read_bytes)
+            store.expect(sum(sizes))
     per_row = [h for h, _ in headers if h in seen]
     summary.records = n_rows + n_rejects
     summary.rejected = dict(rejected)
@@ -366,18 +373,26 @@ def _run(paths: str | Path | Iterable[str | Path], op: OpDefinition, *, arch: st
                  if name not in op.problem_names and name not in per_row}  # else the row's own value
     invalid: Counter[str] = Counter()
     for rows in store.parts(texts):
-        for h, value in headers:
-            if h in per_row:
-                rows = _filled(rows, h, value)
-        rows = _check_rules(rows, op, rule_kernels, texts, arch=arch_config if arch_config is not None else arch,
-                            dtype=dtype, layout=layout)
-        valid = _numpy(rows, "is_valid")
-        summary.valid += int(valid.sum())
-        if not valid.all():
-            counts = np.bincount(_numpy(rows, "reason")[~valid])
-            for code in np.flatnonzero(counts).tolist():
-                invalid[_category(texts.values[code])] += int(counts[code])
-        table, superseded, sources = _merge(rows, op, texts, per_row)
+        count = rows.num_rows
+        try:
+            for h, value in headers:
+                if h in per_row:
+                    rows = _filled(rows, h, value)
+            _check_unread(rows, op, per_row, hidden, texts)
+            rows = _check_rules(rows, op, rule_kernels, texts, arch=arch_config if arch_config is not None else arch,
+                                dtype=dtype, layout=layout)
+            valid = _numpy(rows, "is_valid")
+            summary.valid += int(valid.sum())
+            if not valid.all():
+                counts = np.bincount(_numpy(rows, "reason")[~valid])
+                for code in np.flatnonzero(counts).tolist():
+                    invalid[_category(texts.values[code])] += int(counts[code])
+            table, superseded, sources = _merge(rows, op, texts, per_row)
+        except MemoryError:
+            raise InputFileError(", ".join(summary.files), f"out of memory merging {count:,} measurements: every "
+                                 "repeat of a query is merged in memory (about 100 bytes each, its sources joined), "
+                                 "and these files repeat one query more often than this process can hold (a "
+                                 "compressed file repeating one line?)") from None
         del rows
         summary.superseded += len(superseded)
         on_rejects(superseded)
@@ -412,10 +427,11 @@ def _canonical_part(rows: pa.Table, sources: tuple[np.ndarray, pa.Array], op: Op
 
 
 def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefinition, resolver: KernelResolver,
-                 summary: IngestSummary, label: str, texts: "_Texts", file: int, *, arch: str, dtype: str,
-                 layout: str, run_id: str, chunk_bytes: int,
-                 vectorised: bool) -> Iterator[tuple[pa.Table, list[Reject]]]:
-    """(rows, rejects) of each chunk of one file; records the file's format in ``summary``."""
+                 summary: IngestSummary, label: str, texts: "_Texts", file: int, hidden: HiddenFields, *, arch: str,
+                 dtype: str, layout: str, run_id: str, chunk_bytes: int,
+                 vectorised: bool) -> Iterator[tuple[pa.Table, list[Reject], int]]:
+    """(rows, rejects, bytes of text read) of each chunk of one file (0 bytes: the reader does
+    not say); records the file's format in ``summary``."""
     table_reader, file_fmt = _reader_of(path, fmt, mapping, op)
     summary.formats.append(file_fmt or "empty")
     if file_fmt is None:  # empty file: nothing to read, nothing lost
@@ -424,17 +440,24 @@ def _file_chunks(path: Path, fmt: str, mapping: InputMapping | None, op: OpDefin
     try:
         before = os.stat(path)
         if table_reader:
-            raw = TABLE_READERS[file_fmt](path, ctx)
-            mapped = map_rows(raw, op, mapping, resolver,  # type: ignore[arg-type]
-                              label=label, run_id=run_id or label, run_arch=arch)
+            chunked_table = CHUNKED_TABLE_READERS.get(file_fmt)
+            raws = (chunked_table(path, ctx, chunk_bytes) if chunked_table is not None
+                    else iter([TABLE_READERS[file_fmt](path, ctx)]))
+            for raw in raws:
+                mapped = map_rows(raw, op, mapping, resolver,  # type: ignore[arg-type]
+                                  label=label, run_id=run_id or label, run_arch=arch)
+                rows = _frame_rows(mapped.frame, texts, file)
+                for name, codes in hidden.codes(file, mapped.unread, texts.codes_of).items():
+                    rows = rows.append_column(name, pa.array(codes))
+                # in the file's order: the same rejects file whatever the chunks
+                yield rows, _in_file_order(raw.rejects + mapped.rejects), raw.input_bytes
             _check_unchanged(path, before)
-            yield _frame_rows(mapped.frame, texts, file), raw.rejects + mapped.rejects
             return
         chunked = CHUNKED_READERS.get(file_fmt) if vectorised else None
         reads = chunked(path, ctx, chunk_bytes) if chunked is not None else iter([READERS[file_fmt](path, ctx)])
         for read in reads:
             yield (_frame_rows(read.frame, texts, file) if read.frame is not None
-                   else _buffer_rows(read, op, texts, file, run_id or label)), read.rejects
+                   else _buffer_rows(read, op, texts, file, run_id or label)), read.rejects, 0
             if read.declared_records is not None and read.found_records is not None \
                     and read.found_records < read.declared_records:
                 summary.missing[label] = read.declared_records - read.found_records
@@ -470,6 +493,27 @@ def _check_unchanged(path: Path, before: os.stat_result) -> None:
                                     "it is complete")
 
 
+def _in_file_order(rejects: list[Reject]) -> list[Reject]:
+    """``rejects`` of one chunk by their line (``file:line`` or ``file:row n``; stable)."""
+    def line(reject: Reject) -> int:
+        tail = reject.source.rsplit(":", 1)[-1].removeprefix("row ")
+        return int(tail) if tail.isdigit() else 0
+
+    return sorted(rejects, key=line) if len(rejects) > 1 else rejects
+
+
+def _check_unread(rows: pa.Table, op: OpDefinition, per_row: Sequence[str], hidden: HiddenFields,
+                  texts: "_Texts") -> None:
+    """Refuse a text column the op does not read that differs between repeats of one problem
+    and kernel in this partition (:class:`ckpred.data.mapping.HiddenFields`)."""
+    carried = {c: _numpy(rows, c) for c in rows.column_names if c.startswith(HiddenFields.PREFIX)}
+    if not carried or rows.num_rows < 2:
+        return
+    carried = {c: np.nan_to_num(np.asarray(v, dtype=np.float64), nan=0).astype(np.int64) for c, v in carried.items()}
+    group = group_ids([*(_numpy(rows, c) for c in (*op.problem_names, *per_row)), _numpy(rows, "kernel")])
+    hidden.check(carried, group, _numpy(rows, "file"), texts.labels, texts.values, op)
+
+
 #: Spill files are not compressed, and are read back memory-mapped: a partition's columns are
 #: then the file's pages, with no decompression. The spill of a row of numbers is smaller than
 #: its line of input text, so the temporary disk stays below the input's size.
@@ -486,6 +530,12 @@ class _Partitions:
     partition is put together only when it is merged. So memory holds one chunk or one
     partition at a time, plus at most ``hold_bytes`` of held rows. Holding saves the spill's
     write and read back, which cost system time per page written.
+
+    The count is planned from the files' sizes; a compressed file holds more text than its
+    size, so when the text read outgrows the plan (:meth:`expect`), the count doubles until
+    each partition is planned for one chunk again and the rows so far are partitioned anew
+    (every partition of the old count splits into two of the new: a hash modulo ``2n`` is
+    its value modulo ``n`` or that plus ``n``).
     """
 
     def __init__(self, op: OpDefinition, count: int, spill: Path | None, hold_bytes: int = 0) -> None:
@@ -521,6 +571,27 @@ class _Partitions:
                 writer.write_table(piece)
             self.pieces[p].append(path)
         self.chunks += 1
+
+    def expect(self, input_bytes: int) -> None:
+        """Plan for ``input_bytes`` of input text in all: more partitions when the count planned
+        leaves more than ``hold_bytes`` of input per partition (see the class docstring)."""
+        if self.spill is None or self.hold_bytes <= 0:
+            return
+        count = self.count
+        while count * self.hold_bytes < input_bytes:
+            count *= 2
+        if count == self.count:
+            return
+        old = [self.tables] if self.count == 1 else self.pieces
+        self.count, self.tables, self.pieces, self.held = count, [], [[] for _ in range(count)], 0
+        for pieces in old:
+            for piece in pieces:
+                if isinstance(piece, pa.Table):
+                    self.add(piece)
+                    continue
+                with pa.memory_map(str(piece)) as fh:
+                    self.add(pa.ipc.open_file(fh).read_all())
+                piece.unlink()
 
     def parts(self, texts: "_Texts") -> Iterator[pa.Table]:
         """Each non-empty partition (all partitions' rows in order of first appearance)."""
@@ -788,13 +859,14 @@ def _buffer_rows(read: FileRead | None, op: OpDefinition, texts: _Texts, file: i
 
 
 def _frame_rows(frame: pd.DataFrame, texts: _Texts, file: int) -> pa.Table:
-    """A table reader's row frame (``invalid_reason``, ``source`` and ``run_id`` as text) as
-    the rows :func:`_buffer_rows` gives."""
+    """A table reader's row frame (``invalid_reason``, ``run_id`` and ``source`` as text, or a
+    ``line`` number for the source ``<file>:<line>``) as the rows :func:`_buffer_rows` gives."""
     n = len(frame)
     coded = {"reason": texts.codes_of(frame["invalid_reason"]) if "invalid_reason" in frame else np.zeros(n, np.int32),
              "run": texts.codes_of(frame["run_id"]) if "run_id" in frame else np.zeros(n, np.int32),
-             "file": np.full(n, file, dtype=np.int32), "line": np.zeros(n, dtype=np.int64)}
-    table = pa.Table.from_pandas(frame.drop(columns=[c for c in ("invalid_reason", "run_id") if c in frame]),
+             "file": np.full(n, file, dtype=np.int32),
+             "line": frame["line"].to_numpy(np.int64) if "line" in frame else np.zeros(n, dtype=np.int64)}
+    table = pa.Table.from_pandas(frame.drop(columns=[c for c in ("invalid_reason", "run_id", "line") if c in frame]),
                                  preserve_index=False)
     # pandas' own string columns arrive as large_string, and an empty object column (every
     # record of the chunk rejected) as null: one text type throughout

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -221,31 +221,33 @@ def _flops_faults(op: OpDefinition, flops: np.ndarray, failed: str) -> np.ndarra
 
 
 # -- typing values -----------------------------------------------------------------------------------
-def _per_unique(values: pd.Series, convert: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``convert`` applied once per distinct value: (results as object array, ok mask)."""
+def _per_unique(values: pd.Series, convert: Any, dtype: Any = object, fill: Any = None) -> tuple[np.ndarray,
+                                                                                                  np.ndarray]:
+    """``convert`` applied once per distinct value: (results as an array of ``dtype``, ``fill``
+    where it gave ``None``; ok mask). A column repeats few values: no per-row Python work."""
     codes, uniques = pd.factorize(values, use_na_sentinel=True)
     converted = [convert(u) for u in uniques]
     ok_u = np.array([c is not None for c in converted] + [False], dtype=bool)
-    out_u = np.empty(len(converted) + 1, dtype=object)
-    out_u[:-1] = converted
-    out_u[-1] = None
+    out_u = np.empty(len(converted) + 1, dtype=dtype)
+    out_u[:-1] = [fill if c is None else c for c in converted]
+    out_u[-1] = fill
     return out_u[codes], ok_u[codes]
 
 
 def _typed(field: Field, values: pd.Series) -> tuple[np.ndarray, np.ndarray, str]:
     """(typed values, ok mask, what is allowed) of one field's column."""
     if field.kind == "int":
-        out, ok = _per_unique(values, to_int)
-        return np.where(ok, out, 0).astype(np.int64), ok, "an integer"
+        out, ok = _per_unique(values, to_int, np.int64, 0)
+        return out, ok, "an integer"
     if field.kind == "float":
         def finite(v: Any) -> float | None:
             number = to_float(v)
             return number if number is not None and math.isfinite(number) else None
-        out, ok = _per_unique(values, finite)
-        return np.where(ok, out, 0.0).astype(np.float64), ok, "a finite number"
+        out, ok = _per_unique(values, finite, np.float64, 0.0)
+        return out, ok, "a finite number"
     if field.kind == "bool":
-        out, ok = _per_unique(values, truth)
-        return np.where(ok, out, False).astype(bool), ok, "true or false (true/1/yes, false/0/no)"
+        out, ok = _per_unique(values, truth, bool, False)
+        return out, ok, "true or false (true/1/yes, false/0/no)"
     allowed = set(field.categories)
 
     def category(v: Any) -> str | None:
@@ -256,9 +258,9 @@ def _typed(field: Field, values: pd.Series) -> tuple[np.ndarray, np.ndarray, str
             text = str(int(v))  # a numeric category read from a typed column: 16.0 -> "16"
         return text if text and (not allowed or text in allowed) else None
 
-    out, ok = _per_unique(values, category)
+    out, ok = _per_unique(values, category, object, "")
     what = f"one of {list(field.categories)}" if allowed else "a non-empty text value"
-    return np.where(ok, out, "").astype(object), ok, what
+    return out, ok, what
 
 
 # -- metric and validity ------------------------------------------------------------------------------
@@ -281,6 +283,46 @@ def _metric_class(value: Any) -> tuple[str, float]:
     return "ok", number
 
 
+#: A plain decimal number, which pyarrow's cast reads as Python's ``float`` does (both round
+#: correctly); anything else is judged value by value by :func:`_metric_class`.
+_PLAIN_NUMBER = r"^-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$"
+
+
+def _plain_numbers(values: pd.Series) -> np.ndarray:
+    """The value of each plain number of ``values`` (NaN for anything else), vectorised."""
+    if values.dtype.kind in "fiu":
+        return values.to_numpy(np.float64)
+    if not len(values) or pd.api.types.infer_dtype(values, skipna=True) != "string":
+        return np.full(len(values), np.nan)
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    text = pc.utf8_trim_whitespace(pa.array(values, pa.string(), from_pandas=True))
+    plain = pc.fill_null(pc.match_substring_regex(text, _PLAIN_NUMBER), False)
+    return pc.if_else(plain, pc.cast(pc.if_else(plain, text, "0"), pa.float64()), np.nan).to_numpy(
+        zero_copy_only=False)
+
+
+def _judge_metric(values: pd.Series, mapping: InputMapping, target: str, factor: float) -> tuple[np.ndarray,
+                                                                                                   np.ndarray]:
+    """(number in the canonical unit, or as read when it is no measurement; why a row is no
+    measurement, ``""`` where it is one) of each metric value; see :func:`_metric_class`."""
+    number = _plain_numbers(values)
+    ok = np.isfinite(number) & (number > 0)
+    why = np.full(len(values), "", dtype=object)
+    number = np.where(ok, number * factor, number)
+    rest = np.flatnonzero(~ok)
+    if len(rest):  # the few values that are no plain positive number, once per distinct value
+        codes, uniques = pd.factorize(values.iloc[rest], use_na_sentinel=False)
+        judged = [_metric_class(v) for v in uniques]
+        num_u = np.array([num * factor if c == "ok" else num for c, num in judged], dtype=np.float64)
+        why_u = np.array(["" if c == "ok" else _metric_reason(c, mapping.metric_column, v, num, mapping, target)
+                          for v, (c, num) in zip(uniques, judged)], dtype=object)
+        number[rest] = num_u[codes]
+        why[rest] = why_u[codes]
+    return number, why
+
+
 def _metric_reason(cls: str, column: str, raw: Any, number: float, mapping: InputMapping, target: str) -> str:
     shown = f"{column}={raw!r}" if isinstance(raw, str) else f"{column}={number:g}"
     if cls in mapping.failure_values:
@@ -301,6 +343,9 @@ class MappedRows:
 
     frame: pd.DataFrame
     rejects: list[Reject]
+    #: The kept rows' values of each text column the op does not read: ingest refuses one that
+    #: differs between records it would merge as repeats (:class:`HiddenFields`).
+    unread: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class _Sources:
@@ -441,7 +486,6 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
     headers = [h for h in ROW_HEADERS if h in mapped and h not in op.problem_names]
     wanted += headers
     values, reject_reason = _mapped_columns(src, mapping, wanted, n, optional=defaults)
-    sources = raw.sources
 
     def reject(bad: np.ndarray, text: Any) -> None:
         for i in np.flatnonzero(bad & (reject_reason == "")):
@@ -458,9 +502,8 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
         for f in fields:
             raw_values = column(f)
             out, ok, allowed = _typed(f, raw_values)
-            shown = raw_values.to_numpy(dtype=object)
-            reject(~ok, lambda i, f=f, shown=shown, allowed=allowed, group=group:
-                   f"bad {group} field: {f.name}={_show(shown[i])} is not {allowed}")
+            reject(~ok, lambda i, f=f, shown=raw_values, allowed=allowed, group=group:
+                   f"bad {group} field: {f.name}={_show(shown.iloc[i])} is not {allowed}")
             typed[f.name] = out
 
     # kernels: from their fields (formatted by the op's kernel id) or from a kernel_name column
@@ -468,11 +511,9 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
     live = np.flatnonzero(reject_reason == "")
     if kernel_by_fields:
         names = list(op.kernel_names)
-        keys = pd.MultiIndex.from_arrays([typed[k][live] for k in names]) if names else None
-        if keys is not None and len(live):
-            kcodes, uniques = pd.factorize(keys)
-            resolved = [resolver.resolve_fields(dict(zip(names, u if isinstance(u, tuple) else (u,))))
-                        for u in uniques]
+        if names and len(live):
+            kcodes, firsts = _distinct_rows([typed[k][live] for k in names])
+            resolved = [resolver.resolve_fields({k: typed[k][live[j]] for k in names}) for j in firsts.tolist()]
             _assign_codes(resolved, kcodes, live, codes, reject_reason)
     else:
         names_col = column(Field("kernel_name", "category")).to_numpy(dtype=object)[live]
@@ -480,16 +521,15 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
         _assign_codes([resolver.resolve(u) for u in unames], ncodes, live, codes, reject_reason)
 
     for h in headers:  # a per-row arch (dtype, layout) of the table: text, never empty
-        out_h, ok, allowed = _typed(Field(h, "category"), values[h] if isinstance(values[h], pd.Series)
-                                    else pd.Series(values[h]))
-        shown_h = (values[h] if isinstance(values[h], pd.Series) else pd.Series(values[h])).to_numpy(dtype=object)
-        reject(~ok, lambda i, h=h, shown_h=shown_h: f"bad {h}: {h}={_show(shown_h[i])} is not a config name "
+        shown_h = values[h] if isinstance(values[h], pd.Series) else pd.Series(values[h])
+        out_h, ok, allowed = _typed(Field(h, "category"), shown_h)
+        reject(~ok, lambda i, h=h, shown_h=shown_h: f"bad {h}: {h}={_show(shown_h.iloc[i])} is not a config name "
                                                     f"(op.input.columns.{h} must give one on every row)")
         if h == "arch":  # the row's rules and hardware features read its arch config's constants
             archs = known_archs(run_arch)
             reject(~pd.Series(out_h).isin(archs).to_numpy(),
-                   lambda i, shown_h=shown_h, archs=archs: f"bad arch: arch={_show(shown_h[i])} names no arch config "
-                                                          f"(one of {sorted(archs)})")
+                   lambda i, shown_h=shown_h, archs=archs: f"bad arch: arch={_show(shown_h.iloc[i])} names no arch "
+                                                          f"config (one of {sorted(archs)})")
         typed[h] = out_h
 
     # FLOPs of the rows still kept (a rejected row's fields are placeholders)
@@ -504,36 +544,34 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
     keep = reject_reason == ""
     bad = np.flatnonzero(~keep)
     texts = _row_texts(raw.frame, bad)
-    rejects = [Reject(str(sources[i]), reject_reason[i], text) for i, text in zip(bad, texts)]
+    rejects = [Reject(str(source), reject_reason[i], text)
+               for i, source, text in zip(bad, raw.source_texts(bad), texts)]
     idx = np.flatnonzero(keep)
-    _check_hidden_fields(src, typed, codes, idx, op, label)
 
-    # metric, validity
-    metric_raw = values[mapping.metric_column]
-    metric_raw = metric_raw.to_numpy(dtype=object) if isinstance(metric_raw, pd.Series) else np.asarray(metric_raw)
+    # metric, validity (each a column of the kept rows)
+    def kept(name: str) -> pd.Series:
+        v = values[name]
+        return (v if isinstance(v, pd.Series) else pd.Series(np.asarray(v, dtype=object))).iloc[idx]
+
     reason = np.full(len(idx), "", dtype=object)
     if mapping.valid_column:
-        flags = values[mapping.valid_column]
-        flags = flags.to_numpy(dtype=object) if isinstance(flags, pd.Series) else np.asarray(flags, dtype=object)
-        reason = _by_value(flags[idx], lambda v: (
+        reason = _by_value(kept(mapping.valid_column), lambda v: (
             "" if truth(v, mapping.true_values, mapping.false_values) else
             f"kernel failed: {mapping.valid_column}={_show(v)}"
             if truth(v, mapping.true_values, mapping.false_values) is False else
             f"bad validity value: {mapping.valid_column}={_show(v)} is none of {list(mapping.true_values)} "
             f"(valid) or {list(mapping.false_values)} (failed)"))
-    mcodes, muniques = pd.factorize(pd.Series(metric_raw[idx], dtype=object), use_na_sentinel=False)
-    judged = [_metric_class(v) for v in muniques]
-    ok_u = np.array([c == "ok" for c, _ in judged], dtype=bool)
-    num_u = np.array([num for _, num in judged], dtype=np.float64)
-    number = np.where(ok_u, num_u * factor, num_u)[mcodes] if len(idx) else np.zeros(0)
-    why_u = np.array(["" if c == "ok" else _metric_reason(c, mapping.metric_column, v, num, mapping, target)
-                      for v, (c, num) in zip(muniques, judged)] + [""], dtype=object)
-    why = why_u[mcodes] if len(idx) else np.zeros(0, dtype=object)
+    number, why = _judge_metric(kept(mapping.metric_column), mapping, target, factor)
     reason = np.where(reason == "", why, reason)
 
-    out: dict[str, Any] = {name: typed[name][idx] for name in (*op.problem_names, *headers)}
-    out["kernel"] = codes[idx]
-    flops = flops_all[idx]
+    every = len(idx) == n  # the usual chunk: the columns as they are, not copies of them
+
+    def of_kept(values: np.ndarray) -> np.ndarray:
+        return values if every else values[idx]
+
+    out: dict[str, Any] = {name: of_kept(typed[name]) for name in (*op.problem_names, *headers)}
+    out["kernel"] = of_kept(codes)
+    flops = of_kept(flops_all)
     known = np.isfinite(flops) & (flops > 0)
     good = reason == ""
     with np.errstate(all="ignore"):
@@ -547,14 +585,21 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
             latency_known = known | ~good
     out.update(tflops=np.where(good, tflops, 0.0), latency_ms=np.where(good, latency, 0.0),
                bandwidth_gbs=np.full(len(idx), math.nan), invalid_reason=reason,
-               source=np.asarray(sources, dtype=object)[idx] if len(idx) else np.zeros(0, dtype=object),
                run_id=np.full(len(idx), run_id, dtype=object), repeats=np.ones(len(idx), dtype=np.int64),
                spread=np.full(len(idx), math.nan), quantum_ms=np.full(len(idx), math.inf),
                quantum_tflops=np.full(len(idx), math.inf), latency_known=latency_known)
+    if raw.lines is not None:  # the source is built from the file and line when written
+        out["line"] = of_kept(raw.lines)
+    else:
+        out["source"] = raw.source_texts(idx)
     # a failed row keeps a real latency where one was measured (the table's convention)
     if target == "latency_ms":
         out["latency_ms"] = np.where(good | ~np.isfinite(number) | (number < 0), out["latency_ms"], number)
-    return MappedRows(pd.DataFrame(out), rejects)
+    # object columns stay object (pandas would convert the texts into its string type, a copy)
+    # (and numbers are not copied into one block per type)
+    frame = pd.DataFrame({k: pd.Series(v, dtype=object, copy=False) if isinstance(v, np.ndarray) and v.dtype == object
+                          else v for k, v in out.items()}, copy=False)
+    return MappedRows(frame, rejects, _unread_texts(src, idx))
 
 
 def known_archs(run_arch: str = "") -> frozenset[str]:
@@ -571,9 +616,23 @@ def _packaged_archs() -> frozenset[str]:
                      if p.name.endswith(".yaml"))
 
 
-def _by_value(values: np.ndarray, fn: Any) -> np.ndarray:
+def _distinct_rows(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(code of each row's value tuple, first row of each code), codes numbered by first
+    appearance: each column factorized, the codes combined into one integer and factorized."""
+    combined = np.zeros(len(columns[0]), dtype=np.int64)
+    for column in columns:
+        codes, uniques = pd.factorize(column, use_na_sentinel=False)
+        if len(uniques) > 1:
+            combined = pd.factorize(combined * len(uniques) + codes)[0]
+    codes, _ = pd.factorize(combined)
+    firsts = np.zeros(codes.max() + 1 if len(codes) else 0, dtype=np.int64)
+    firsts[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+    return codes, firsts
+
+
+def _by_value(values: pd.Series, fn: Any) -> np.ndarray:
     """``fn`` of each value, computed once per distinct value (object array)."""
-    codes, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=False)
+    codes, uniques = pd.factorize(values, use_na_sentinel=False)
     out = np.empty(len(uniques), dtype=object)
     out[:] = [fn(u) for u in uniques]
     return out[codes] if len(values) else np.zeros(0, dtype=object)
@@ -600,37 +659,93 @@ def _row_texts(frame: pd.DataFrame, rows: np.ndarray) -> list[str]:
     """``column=value,...`` of each of ``rows`` (the raw record of a reject)."""
     if not len(rows):
         return []
-    columns = [(str(c), frame.iloc[:, j].to_numpy(dtype=object)[rows]) for j, c in enumerate(frame.columns)]
-    return [",".join(f"{c}={v[k]}" for c, v in columns) for k in range(len(rows))]
+    columns = [(str(c), frame.iloc[rows, j].to_numpy(dtype=object)) for j, c in enumerate(frame.columns)]
+    return [",".join(f"{c}={_raw(v[k])}" for c, v in columns) for k in range(len(rows))]
 
 
-def _check_hidden_fields(src: _Sources, typed: Mapping[str, np.ndarray], codes: np.ndarray, idx: np.ndarray,
-                         op: OpDefinition, label: str) -> None:
-    """Refuse a text column the op does not read that differs between repeats (module docstring)."""
-    if len(idx) < 2:
-        return
-    key_cols = [typed[n][idx] for n in (*op.problem_names, *(h for h in ROW_HEADERS if h in typed))] + [codes[idx]]
-    gid = pd.MultiIndex.from_arrays(key_cols).factorize()[0] if key_cols else np.zeros(len(idx), dtype=np.int64)
-    if gid.max() + 1 == len(idx):  # no repeats at all
-        return
+def _raw(value: Any) -> str:
+    """A value of a reject's record as text: a whole number without ``.0`` (a JSON column of
+    integers holds floats in a chunk where some record lacks it, and not in another)."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return str(value)
+
+
+def _unread_texts(src: _Sources, idx: np.ndarray) -> dict[str, np.ndarray]:
+    """The kept rows' values of each text column (once in the file) the op did not read."""
+    out = {}
     for name in src.names:
         if name in src.used or src.counts.get(name, 0) != 1:
             continue
-        col = src.frame[name]
-        if col.dtype.kind != "O":
-            continue
-        values = col.to_numpy(dtype=object)[idx]
-        distinct = pd.unique(values)
-        if not 1 < len(distinct) <= HIDDEN_FIELD_MAX_VALUES:
-            continue
-        if all(to_float(v) is not None for v in distinct if v is not None):
-            continue  # numbers (ids, counts, times) are measurements, not problem fields
-        per_group = pd.DataFrame({"g": gid, "v": values}).groupby("g")["v"].nunique()
-        if (per_group > 1).any():
-            g = int(per_group.index[per_group.to_numpy() > 1][0])
-            rows = np.flatnonzero(gid == g)
-            shown = sorted({str(v) for v in values[rows]})
-            raise InputFileError(label, f"column {name!r} is not read by op {op.name!r} but differs between records "
-                                        f"the op would merge as repeats of one problem and kernel (values {shown}); "
-                                        f"declare it a problem field in the op (or map/filter it) so different "
-                                        f"problems are not merged")
+        column = src.frame[name]
+        if column.dtype.kind == "O" or pd.api.types.is_string_dtype(column.dtype):
+            out[name] = column.to_numpy(dtype=object)[idx]
+    return out
+
+
+class HiddenFields:
+    """Text columns the op does not read, judged over whole files across their chunks.
+
+    A text column whose values are few (at most :data:`HIDDEN_FIELD_MAX_VALUES` in each file
+    that has it; more are free text, not judged) and not numbers is a field the op does not
+    declare -- a ``dtype`` column read by an op without a dtype field. Such a column that
+    differs between records the op would merge as repeats of one (problem, kernel) would fold
+    different problems into one median: ingest refuses it. Repeats may lie in different chunks
+    of a file, or in different files (one file per dtype), so each chunk's values travel with
+    its rows as codes (:meth:`codes`) and are compared where the repeats are merged
+    (:meth:`check`).
+    """
+
+    #: Prefix of the row columns carrying a column's codes.
+    PREFIX = "unread:"
+
+    def __init__(self) -> None:
+        #: (file, column) -> its distinct values so far (dropped once there are too many).
+        self.distinct: dict[tuple[int, str], set[Any]] = {}
+        self.too_many: set[tuple[int, str]] = set()
+
+    def codes(self, file: int, unread: Mapping[str, np.ndarray], code_of: Any) -> dict[str, np.ndarray]:
+        """Row columns of one chunk of file ``file``: each candidate column's values as codes
+        (``code_of``: texts -> int32 codes, 0 for a missing value)."""
+        out = {}
+        for name, values in unread.items():
+            key = (file, name)
+            if key in self.too_many:
+                continue
+            seen = self.distinct.setdefault(key, set())
+            seen.update(v for v in pd.unique(values) if v is not None and v == v and v != "")
+            if len(seen) > HIDDEN_FIELD_MAX_VALUES:  # free text (notes, times): not a field
+                self.too_many.add(key)
+                del self.distinct[key]
+                continue
+            out[self.PREFIX + name] = code_of(values)
+        return out
+
+    def judged(self, name: str) -> bool:
+        """Whether column ``name`` is a field the op does not declare: two values or more in the
+        files where it has few, not all of them numbers (ids, counts, times are measurements)."""
+        seen = set().union(*(v for (_, n), v in self.distinct.items() if n == name))
+        return len(seen) >= 2 and not all(to_float(v) is not None for v in seen)
+
+    def check(self, columns: Mapping[str, np.ndarray], group: np.ndarray, file: np.ndarray, labels: Sequence[str],
+              texts: Sequence[str], op: OpDefinition) -> None:
+        """Refuse a carried column that differs within one group of ``group`` (the merge's
+        (problem, kernel) groups; ``file``: each row's file index)."""
+        for column, codes in columns.items():
+            name = column[len(self.PREFIX):]
+            if not self.judged(name):
+                continue
+            few = np.array([(f, name) in self.distinct for f in range(len(labels))] or [False], dtype=bool)
+            at = np.flatnonzero((codes > 0) & few[file])
+            if not len(at):
+                continue
+            pairs = pd.DataFrame({"g": group[at], "v": codes[at]}).drop_duplicates()
+            counts = pairs["g"].value_counts()
+            if (counts > 1).any():
+                g = counts.index[counts.to_numpy() > 1][0]
+                shown = sorted(texts[c] for c in pairs.loc[pairs["g"] == g, "v"])
+                where = labels[int(file[at[group[at] == g][0]])]
+                raise InputFileError(where, f"column {name!r} is not read by op {op.name!r} but differs between "
+                                            f"records the op would merge as repeats of one problem and kernel (values "
+                                            f"{shown}); declare it a problem field in the op (or map/filter it) so "
+                                            f"different problems are not merged")

@@ -432,13 +432,28 @@ class RawTable:
 
     #: One row per measurement record, with the file's own column names.
     frame: pd.DataFrame
-    #: ``file:line`` (or ``file:row n``) of each row, for ``source`` and rejects.
-    sources: np.ndarray
+    #: ``file:line`` (or ``file:row n``) of each row, for ``source`` and rejects; ``None`` when
+    #: the rows are given by ``lines`` instead (``<label>:<line>``, built only when written).
+    sources: np.ndarray | None = None
     #: Records that are not rows at all (malformed lines, truncated objects).
     rejects: list[Reject] = field(default_factory=list)
     #: Measurement records the file says it holds (a header's count), when it says so; a
     #: reader compares it with what it read and reports the difference as a reject.
     declared_records: int | None = None
+    #: Bytes of (decompressed) text these records were read from; 0 when the reader does not
+    #: say (ingest then counts the file's size).
+    input_bytes: int = 0
+    #: The line of each row (int64), when ``sources`` is ``None``; ``label`` names the file.
+    lines: np.ndarray | None = None
+    label: str = ""
+
+    def source_texts(self, at: np.ndarray | None = None) -> np.ndarray:
+        """``source`` of the rows (at positions ``at``) as text."""
+        if self.sources is not None:
+            return np.asarray(self.sources, dtype=object)[at] if at is not None else np.asarray(self.sources,
+                                                                                               dtype=object)
+        lines = self.lines if at is None else self.lines[at]  # type: ignore[index]
+        return np.asarray([f"{self.label}:{n}" for n in lines.tolist()], dtype=object)
 
 
 #: Magic bytes of the compressions a table file may use.
