@@ -344,7 +344,8 @@ class MappedRows:
     frame: pd.DataFrame
     rejects: list[Reject]
     #: The kept rows' values of each text column the op does not read: ingest refuses one that
-    #: differs between records it would merge as repeats (:class:`HiddenFields`).
+    #: differs between records it would merge as repeats
+    #: (:class:`ckpred.data.ingestion.check.HiddenFields`).
     unread: dict[str, np.ndarray] = field(default_factory=dict)
 
 
@@ -466,140 +467,182 @@ def map_rows(raw: RawTable, op: OpDefinition, mapping: InputMapping, resolver: K
     ckpred.errors.ConfigValueError
         A bad column map or metric unit (named by key).
     """
-    n = len(raw.frame)
-    src = _Sources(raw, label, op)
-    target, factor = mapping.metric_factor()
-    mapped = dict(mapping.columns)
-    absent = [f.name for f in op.kernel_fields
-              if f.name not in mapped and src.find(f.name) is None and f.default is None]
-    # a kernel_name the map names is what the user says the kernel is (else its fields are)
-    kernel_by_fields = not absent and "kernel_name" not in mapped
-    if absent and "kernel_name" not in mapped and src.find("kernel_name") is None:
-        raise InputFileError(label, f"op {op.name!r} needs the kernel field column(s) {absent} (or a kernel_name "
-                                    f"column) but the file has none and op.input.columns does not map them; the "
-                                    f"file's columns are {src.names}")
-    defaults = {f.name for f in op.problem_fields + op.kernel_fields if f.default is not None}
-    wanted = [*op.problem_names, mapping.metric_column]
-    wanted += list(op.kernel_names) if kernel_by_fields else ["kernel_name"]
-    if mapping.valid_column:
-        wanted.append(mapping.valid_column)
-    headers = [h for h in ROW_HEADERS if h in mapped and h not in op.problem_names]
-    wanted += headers
-    values, reject_reason = _mapped_columns(src, mapping, wanted, n, optional=defaults)
+    rows = _RowMapping(raw, op, mapping, label)
+    rows.type_fields()
+    rows.kernel_codes(resolver)
+    rows.type_headers(run_arch)
+    rows.check_flops()
+    rejects = rows.rejects()
+    return MappedRows(rows.frame(run_id), rejects, _unread_texts(rows.src, rows.kept))
 
-    def reject(bad: np.ndarray, text: Any) -> None:
-        for i in np.flatnonzero(bad & (reject_reason == "")):
-            reject_reason[i] = text(i)
 
-    def column(f: Field) -> pd.Series:
-        if f.name in values:
-            v = values[f.name]
+class _RowMapping:
+    """One raw table on its way to canonical rows, step by step (:func:`map_rows`); each step
+    may reject rows (the first reason of a row wins)."""
+
+    def __init__(self, raw: RawTable, op: OpDefinition, mapping: InputMapping, label: str) -> None:
+        self.raw, self.op, self.mapping = raw, op, mapping
+        self.n = n = len(raw.frame)
+        self.src = src = _Sources(raw, label, op)
+        mapped = dict(mapping.columns)
+        absent = [f.name for f in op.kernel_fields
+                  if f.name not in mapped and src.find(f.name) is None and f.default is None]
+        # a kernel_name the map names is what the user says the kernel is (else its fields are)
+        self.kernel_by_fields = not absent and "kernel_name" not in mapped
+        if absent and "kernel_name" not in mapped and src.find("kernel_name") is None:
+            raise InputFileError(label, f"op {op.name!r} needs the kernel field column(s) {absent} (or a kernel_name "
+                                        f"column) but the file has none and op.input.columns does not map them; the "
+                                        f"file's columns are {src.names}")
+        defaults = {f.name for f in op.problem_fields + op.kernel_fields if f.default is not None}
+        wanted = [*op.problem_names, mapping.metric_column]
+        wanted += list(op.kernel_names) if self.kernel_by_fields else ["kernel_name"]
+        if mapping.valid_column:
+            wanted.append(mapping.valid_column)
+        self.headers = [h for h in ROW_HEADERS if h in mapped and h not in op.problem_names]
+        wanted += self.headers
+        self.values, self.reason = _mapped_columns(src, mapping, wanted, n, optional=defaults)
+        self.typed: dict[str, np.ndarray] = {}
+        self.codes = np.full(n, -1, dtype=np.int64)
+        self.flops = np.full(n, np.nan)
+        self.kept = np.zeros(0, dtype=np.int64)
+
+    def reject(self, bad: np.ndarray, text: Any) -> None:
+        """Reject the rows of ``bad`` that are not rejected yet, for ``text(row)``."""
+        for i in np.flatnonzero(bad & (self.reason == "")):
+            self.reason[i] = text(i)
+
+    def column(self, f: Field) -> pd.Series:
+        """The source values of field ``f`` (its default where the map gives none)."""
+        if f.name in self.values:
+            v = self.values[f.name]
             return v if isinstance(v, pd.Series) else pd.Series(v)
-        return pd.Series([f.default] * n, dtype=object)
+        return pd.Series([f.default] * self.n, dtype=object)
 
-    typed: dict[str, np.ndarray] = {}
-    for group, fields in (("problem", op.problem_fields), ("kernel", op.kernel_fields if kernel_by_fields else ())):
-        for f in fields:
-            raw_values = column(f)
-            out, ok, allowed = _typed(f, raw_values)
-            reject(~ok, lambda i, f=f, shown=raw_values, allowed=allowed, group=group:
-                   f"bad {group} field: {f.name}={_show(shown.iloc[i])} is not {allowed}")
-            typed[f.name] = out
+    def type_fields(self) -> None:
+        """Each problem field (and kernel field, when the kernel is read by its fields) by its kind."""
+        op = self.op
+        for group, fields in (("problem", op.problem_fields),
+                              ("kernel", op.kernel_fields if self.kernel_by_fields else ())):
+            for f in fields:
+                raw_values = self.column(f)
+                out, ok, allowed = _typed(f, raw_values)
+                self.reject(~ok, lambda i, f=f, shown=raw_values, allowed=allowed, group=group:
+                            f"bad {group} field: {f.name}={_show(shown.iloc[i])} is not {allowed}")
+                self.typed[f.name] = out
 
-    # kernels: from their fields (formatted by the op's kernel id) or from a kernel_name column
-    codes = np.full(n, -1, dtype=np.int64)
-    live = np.flatnonzero(reject_reason == "")
-    if kernel_by_fields:
-        names = list(op.kernel_names)
-        if names and len(live):
-            kcodes, firsts = _distinct_rows([typed[k][live] for k in names])
-            resolved = [resolver.resolve_fields({k: typed[k][live[j]] for k in names}) for j in firsts.tolist()]
-            _assign_codes(resolved, kcodes, live, codes, reject_reason)
-    else:
-        names_col = column(Field("kernel_name", "category")).to_numpy(dtype=object)[live]
-        ncodes, unames = pd.factorize(pd.Series(names_col, dtype=object), use_na_sentinel=False)
-        _assign_codes([resolver.resolve(u) for u in unames], ncodes, live, codes, reject_reason)
+    def kernel_codes(self, resolver: KernelResolver) -> None:
+        """Kernels from their fields (formatted by the op's kernel id) or from a kernel_name column."""
+        live = np.flatnonzero(self.reason == "")
+        if self.kernel_by_fields:
+            names = list(self.op.kernel_names)
+            if names and len(live):
+                kcodes, firsts = _distinct_rows([self.typed[k][live] for k in names])
+                resolved = [resolver.resolve_fields({k: self.typed[k][live[j]] for k in names})
+                            for j in firsts.tolist()]
+                _assign_codes(resolved, kcodes, live, self.codes, self.reason)
+        else:
+            names_col = self.column(Field("kernel_name", "category")).to_numpy(dtype=object)[live]
+            ncodes, unames = pd.factorize(pd.Series(names_col, dtype=object), use_na_sentinel=False)
+            _assign_codes([resolver.resolve(u) for u in unames], ncodes, live, self.codes, self.reason)
 
-    for h in headers:  # a per-row arch (dtype, layout) of the table: text, never empty
-        shown_h = values[h] if isinstance(values[h], pd.Series) else pd.Series(values[h])
-        out_h, ok, allowed = _typed(Field(h, "category"), shown_h)
-        reject(~ok, lambda i, h=h, shown_h=shown_h: f"bad {h}: {h}={_show(shown_h.iloc[i])} is not a config name "
-                                                    f"(op.input.columns.{h} must give one on every row)")
-        if h == "arch":  # the row's rules and hardware features read its arch config's constants
-            archs = known_archs(run_arch)
-            reject(~pd.Series(out_h).isin(archs).to_numpy(),
-                   lambda i, shown_h=shown_h, archs=archs: f"bad arch: arch={_show(shown_h.iloc[i])} names no arch "
-                                                          f"config (one of {sorted(archs)})")
-        typed[h] = out_h
+    def type_headers(self, run_arch: str) -> None:
+        """A per-row arch (dtype, layout) of the table: text, never empty; an arch names an arch config."""
+        for h in self.headers:
+            shown_h = self.values[h] if isinstance(self.values[h], pd.Series) else pd.Series(self.values[h])
+            out_h, ok, allowed = _typed(Field(h, "category"), shown_h)
+            self.reject(~ok, lambda i, h=h, shown_h=shown_h: f"bad {h}: {h}={_show(shown_h.iloc[i])} is not a config "
+                                                             f"name (op.input.columns.{h} must give one on every row)")
+            if h == "arch":  # the row's rules and hardware features read its arch config's constants
+                archs = known_archs(run_arch)
+                self.reject(~pd.Series(out_h).isin(archs).to_numpy(),
+                            lambda i, shown_h=shown_h, archs=archs: f"bad arch: arch={_show(shown_h.iloc[i])} names "
+                                                                   f"no arch config (one of {sorted(archs)})")
+            self.typed[h] = out_h
 
-    # FLOPs of the rows still kept (a rejected row's fields are placeholders)
-    live = np.flatnonzero(reject_reason == "")
-    flops_live, failed = flops_of(op, pd.DataFrame({name: typed[name][live] for name in op.problem_names}))
-    faults = np.full(n, "", dtype=object)
-    faults[live] = _flops_faults(op, flops_live, failed)
-    reject(faults != "", lambda i: faults[i])
-    flops_all = np.full(n, np.nan)
-    flops_all[live] = flops_live
+    def check_flops(self) -> None:
+        """FLOPs of the rows still kept (a rejected row's fields are placeholders); rows whose
+        FLOPs cannot convert the metric are rejected (:func:`_flops_faults`)."""
+        live = np.flatnonzero(self.reason == "")
+        flops, failed = flops_of(self.op, pd.DataFrame({name: self.typed[name][live] for name in self.op.problem_names}))
+        faults = np.full(self.n, "", dtype=object)
+        faults[live] = _flops_faults(self.op, flops, failed)
+        self.reject(faults != "", lambda i: faults[i])
+        self.flops[live] = flops
 
-    keep = reject_reason == ""
-    bad = np.flatnonzero(~keep)
-    texts = _row_texts(raw.frame, bad)
-    rejects = [Reject(str(source), reject_reason[i], text)
-               for i, source, text in zip(bad, raw.source_texts(bad), texts)]
-    idx = np.flatnonzero(keep)
+    def rejects(self) -> list[Reject]:
+        """The rejected records (source, reason, raw record); the kept rows are fixed from here on."""
+        keep = self.reason == ""
+        bad = np.flatnonzero(~keep)
+        texts = _row_texts(self.raw.frame, bad)
+        self.kept = np.flatnonzero(keep)
+        return [Reject(str(source), self.reason[i], text)
+                for i, source, text in zip(bad, self.raw.source_texts(bad), texts)]
 
-    # metric, validity (each a column of the kept rows)
-    def kept(name: str) -> pd.Series:
-        v = values[name]
-        return (v if isinstance(v, pd.Series) else pd.Series(np.asarray(v, dtype=object))).iloc[idx]
+    def of_kept(self, values: np.ndarray) -> np.ndarray:
+        """``values`` of the kept rows (the usual chunk keeps all: the column itself, no copy)."""
+        return values if len(self.kept) == self.n else values[self.kept]
 
-    reason = np.full(len(idx), "", dtype=object)
-    if mapping.valid_column:
-        reason = _by_value(kept(mapping.valid_column), lambda v: (
-            "" if truth(v, mapping.true_values, mapping.false_values) else
-            f"kernel failed: {mapping.valid_column}={_show(v)}"
-            if truth(v, mapping.true_values, mapping.false_values) is False else
-            f"bad validity value: {mapping.valid_column}={_show(v)} is none of {list(mapping.true_values)} "
-            f"(valid) or {list(mapping.false_values)} (failed)"))
-    number, why = _judge_metric(kept(mapping.metric_column), mapping, target, factor)
-    reason = np.where(reason == "", why, reason)
+    def measured(self) -> tuple[np.ndarray, np.ndarray]:
+        """(metric in its canonical unit, invalid reason) of each kept row."""
+        mapping, idx = self.mapping, self.kept
 
-    every = len(idx) == n  # the usual chunk: the columns as they are, not copies of them
+        def kept(name: str) -> pd.Series:
+            v = self.values[name]
+            return (v if isinstance(v, pd.Series) else pd.Series(np.asarray(v, dtype=object))).iloc[idx]
 
-    def of_kept(values: np.ndarray) -> np.ndarray:
-        return values if every else values[idx]
+        reason = np.full(len(idx), "", dtype=object)
+        if mapping.valid_column:
+            reason = _by_value(kept(mapping.valid_column), lambda v: (
+                "" if truth(v, mapping.true_values, mapping.false_values) else
+                f"kernel failed: {mapping.valid_column}={_show(v)}"
+                if truth(v, mapping.true_values, mapping.false_values) is False else
+                f"bad validity value: {mapping.valid_column}={_show(v)} is none of {list(mapping.true_values)} "
+                f"(valid) or {list(mapping.false_values)} (failed)"))
+        target, factor = mapping.metric_factor()
+        number, why = _judge_metric(kept(mapping.metric_column), mapping, target, factor)
+        return number, np.where(reason == "", why, reason)
 
-    out: dict[str, Any] = {name: of_kept(typed[name]) for name in (*op.problem_names, *headers)}
-    out["kernel"] = of_kept(codes)
-    flops = of_kept(flops_all)
+    def frame(self, run_id: str) -> pd.DataFrame:
+        """The kept rows as the ingest row frame."""
+        n = len(self.kept)
+        number, reason = self.measured()
+        out: dict[str, Any] = {name: self.of_kept(self.typed[name]) for name in (*self.op.problem_names,
+                                                                                  *self.headers)}
+        out["kernel"] = self.of_kept(self.codes)
+        converted = _converted(self.mapping.metric_factor()[0], number, self.of_kept(self.flops), reason == "")
+        out.update(tflops=converted["tflops"], latency_ms=converted["latency_ms"], bandwidth_gbs=np.full(n, math.nan),
+                   invalid_reason=reason, run_id=np.full(n, run_id, dtype=object), repeats=np.ones(n, dtype=np.int64),
+                   spread=np.full(n, math.nan), quantum_ms=np.full(n, math.inf), quantum_tflops=np.full(n, math.inf),
+                   latency_known=converted["latency_known"])
+        if self.raw.lines is not None:  # the source is built from the file and line when written
+            out["line"] = self.of_kept(self.raw.lines)
+        else:
+            out["source"] = self.raw.source_texts(self.kept)
+        # object columns stay object (pandas would convert the texts into its string type, a copy)
+        # and numbers are not copied into one block per type
+        return pd.DataFrame({k: pd.Series(v, dtype=object, copy=False) if isinstance(v, np.ndarray)
+                             and v.dtype == object else v for k, v in out.items()}, copy=False)
+
+
+def _converted(target: str, number: np.ndarray, flops: np.ndarray, good: np.ndarray) -> dict[str, np.ndarray]:
+    """``tflops``, ``latency_ms`` and ``latency_known`` of rows whose metric is ``number`` in the
+    canonical unit of ``target``, from their FLOPs where known (see the module docstring)."""
     known = np.isfinite(flops) & (flops > 0)
-    good = reason == ""
     with np.errstate(all="ignore"):
         if target == "latency_ms":
             latency = number
             tflops = np.where(known, flops / (latency * 1e9), 1.0 / latency)
-            latency_known = np.ones(len(idx), dtype=bool)
+            latency_known = np.ones(len(number), dtype=bool)
         else:
             tflops = number
             latency = np.where(known, flops / (tflops * 1e9), math.nan)
             latency_known = known | ~good
-    out.update(tflops=np.where(good, tflops, 0.0), latency_ms=np.where(good, latency, 0.0),
-               bandwidth_gbs=np.full(len(idx), math.nan), invalid_reason=reason,
-               run_id=np.full(len(idx), run_id, dtype=object), repeats=np.ones(len(idx), dtype=np.int64),
-               spread=np.full(len(idx), math.nan), quantum_ms=np.full(len(idx), math.inf),
-               quantum_tflops=np.full(len(idx), math.inf), latency_known=latency_known)
-    if raw.lines is not None:  # the source is built from the file and line when written
-        out["line"] = of_kept(raw.lines)
-    else:
-        out["source"] = raw.source_texts(idx)
+    out = {"tflops": np.where(good, tflops, 0.0), "latency_ms": np.where(good, latency, 0.0),
+           "latency_known": latency_known}
     # a failed row keeps a real latency where one was measured (the table's convention)
     if target == "latency_ms":
         out["latency_ms"] = np.where(good | ~np.isfinite(number) | (number < 0), out["latency_ms"], number)
-    # object columns stay object (pandas would convert the texts into its string type, a copy)
-    # (and numbers are not copied into one block per type)
-    frame = pd.DataFrame({k: pd.Series(v, dtype=object, copy=False) if isinstance(v, np.ndarray) and v.dtype == object
-                          else v for k, v in out.items()}, copy=False)
-    return MappedRows(frame, rejects, _unread_texts(src, idx))
+    return out
 
 
 def known_archs(run_arch: str = "") -> frozenset[str]:
@@ -681,71 +724,3 @@ def _unread_texts(src: _Sources, idx: np.ndarray) -> dict[str, np.ndarray]:
         if column.dtype.kind == "O" or pd.api.types.is_string_dtype(column.dtype):
             out[name] = column.to_numpy(dtype=object)[idx]
     return out
-
-
-class HiddenFields:
-    """Text columns the op does not read, judged over whole files across their chunks.
-
-    A text column whose values are few (at most :data:`HIDDEN_FIELD_MAX_VALUES` in each file
-    that has it; more are free text, not judged) and not numbers is a field the op does not
-    declare -- a ``dtype`` column read by an op without a dtype field. Such a column that
-    differs between records the op would merge as repeats of one (problem, kernel) would fold
-    different problems into one median: ingest refuses it. Repeats may lie in different chunks
-    of a file, or in different files (one file per dtype), so each chunk's values travel with
-    its rows as codes (:meth:`codes`) and are compared where the repeats are merged
-    (:meth:`check`).
-    """
-
-    #: Prefix of the row columns carrying a column's codes.
-    PREFIX = "unread:"
-
-    def __init__(self) -> None:
-        #: (file, column) -> its distinct values so far (dropped once there are too many).
-        self.distinct: dict[tuple[int, str], set[Any]] = {}
-        self.too_many: set[tuple[int, str]] = set()
-
-    def codes(self, file: int, unread: Mapping[str, np.ndarray], code_of: Any) -> dict[str, np.ndarray]:
-        """Row columns of one chunk of file ``file``: each candidate column's values as codes
-        (``code_of``: texts -> int32 codes, 0 for a missing value)."""
-        out = {}
-        for name, values in unread.items():
-            key = (file, name)
-            if key in self.too_many:
-                continue
-            seen = self.distinct.setdefault(key, set())
-            seen.update(v for v in pd.unique(values) if v is not None and v == v and v != "")
-            if len(seen) > HIDDEN_FIELD_MAX_VALUES:  # free text (notes, times): not a field
-                self.too_many.add(key)
-                del self.distinct[key]
-                continue
-            out[self.PREFIX + name] = code_of(values)
-        return out
-
-    def judged(self, name: str) -> bool:
-        """Whether column ``name`` is a field the op does not declare: two values or more in the
-        files where it has few, not all of them numbers (ids, counts, times are measurements)."""
-        seen = set().union(*(v for (_, n), v in self.distinct.items() if n == name))
-        return len(seen) >= 2 and not all(to_float(v) is not None for v in seen)
-
-    def check(self, columns: Mapping[str, np.ndarray], group: np.ndarray, file: np.ndarray, labels: Sequence[str],
-              texts: Sequence[str], op: OpDefinition) -> None:
-        """Refuse a carried column that differs within one group of ``group`` (the merge's
-        (problem, kernel) groups; ``file``: each row's file index)."""
-        for column, codes in columns.items():
-            name = column[len(self.PREFIX):]
-            if not self.judged(name):
-                continue
-            few = np.array([(f, name) in self.distinct for f in range(len(labels))] or [False], dtype=bool)
-            at = np.flatnonzero((codes > 0) & few[file])
-            if not len(at):
-                continue
-            pairs = pd.DataFrame({"g": group[at], "v": codes[at]}).drop_duplicates()
-            counts = pairs["g"].value_counts()
-            if (counts > 1).any():
-                g = counts.index[counts.to_numpy() > 1][0]
-                shown = sorted(texts[c] for c in pairs.loc[pairs["g"] == g, "v"])
-                where = labels[int(file[at[group[at] == g][0]])]
-                raise InputFileError(where, f"column {name!r} is not read by op {op.name!r} but differs between "
-                                            f"records the op would merge as repeats of one problem and kernel (values "
-                                            f"{shown}); declare it a problem field in the op (or map/filter it) so "
-                                            f"different problems are not merged")

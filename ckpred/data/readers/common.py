@@ -17,7 +17,6 @@ import bz2
 import gc
 import gzip
 import io
-import math
 import mmap
 import os
 import stat
