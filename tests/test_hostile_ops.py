@@ -144,6 +144,20 @@ def test_op_refused_when_composed(edit: Callable[[dict[str, Any]], None], names:
     assert started == []
 
 
+@pytest.mark.parametrize("case", ["op11", "op05"], ids=["op11t", "op05t-literal"])
+def test_train_refuses_the_op_ingest_refuses(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A 400-digit literal or an infinite FLOPs constant: refused when train composes the op,
+    not an OverflowError in the fit (op11t) nor TFLOPS of 1 / latency (op05t)."""
+    edit, names = next(c[1:] for c in COMPOSE_REFUSALS if c[0] == case)
+    started: list[Any] = []
+    monkeypatch.setattr(ckpred.cli, "_load_task", lambda spec: lambda cfg: started.append(cfg))
+    rc, _, err = run(["train", "--config-dir", str(op_dir(tmp_path, edit)), "op=tmm", *TRAIN,
+                      f"data.path={write_csv(tmp_path / 't.csv')}", f"out_dir={tmp_path / 'run'}"], capsys)
+    assert_named(rc, err, "train", *names)
+    assert started == []
+
+
 def test_the_user_op_and_its_siblings_still_compose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """What the checks above must not refuse: separators no value contains, numeric categorical
@@ -339,7 +353,8 @@ def _rewrite_oof(edit: Callable[[pd.DataFrame], pd.DataFrame]) -> Callable[[Path
     (lambda d: (d / "run.json").write_text("{not json"), ["run.json", "not a JSON run record", "JSONDecodeError"]),
     (lambda d: (d / "run.json").write_text("[" * 100_000 + "]" * 100_000), ["run.json", "RecursionError"]),
     (lambda d: (d / "run.json").write_text("[1, 2]"), ["run.json", "a JSON object, not a list"]),
-], ids=["truncated-oof", "empty-oof", "nan-scores", "no-perf", "run-json-not-json", "run-json-deep", "run-json-list"])
+], ids=["rp06-truncated-oof", "rp13-empty-oof", "rp10-nan-scores", "no-perf", "rp07-run-json-not-json",
+      "rp12-run-json-deep", "run-json-list"])
 def test_replay_of_a_damaged_run_is_named(damage: Callable[[Path], None], names: list[str], train_run: Path,
                                           tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = _damaged_run(train_run, tmp_path, damage)
@@ -464,6 +479,42 @@ def test_ig03_a_compressed_table_is_read_in_chunks_and_partitioned_by_its_text(t
     tables = [pq.read_table(v).to_pandas().drop(columns=["source", "run_id"]).sort_values(keys).reset_index(drop=True)
               for v in outs.values()]
     assert tables[0].equals(tables[1])
+
+
+@pytest.mark.slow
+def test_ig03_a_gzip_bomb_of_one_repeated_line_is_one_counted_row(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """300,000 copies of one line in 31 KB of gzip (10 MB of text) read in chunks of 1 MB: one
+    row, every copy counted as a repeat (before: the whole text in memory, then a traceback)."""
+    bomb = tmp_path / "bomb.csv.gz"
+    with gzip.open(bomb, "wb") as fh:
+        fh.write(b"M,N,K,dtype,BLOCK_M,BLOCK_N,warps,stages,ms\n")
+        for _ in range(30):
+            fh.write(b"64,128,256,fp16,32,64,4,2,0.002117\n" * 10_000)
+    assert bomb.stat().st_size < 100_000
+    out = tmp_path / "o.parquet"
+    rc, _, err = ingest(USER_OP, bomb, out, capsys, "data.chunk_mb=1")
+    assert rc == 0, err
+    table = pd.read_parquet(out)
+    assert len(table) == 1 and table["repeats"].iloc[0] == 300_000
+    assert table["latency_ms"].iloc[0] == 0.002117
+
+
+def test_a_merge_out_of_memory_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The one step memory cannot bound (every repeat of a query is merged at once): running
+    out there is one line naming the files, not a MemoryError traceback. (The real case, 10
+    million copies of a line under ``ulimit -v``, is measured in docs/results.md.)"""
+    from ckpred.data.ingestion import merge
+
+    def exhausted(*args: Any, **kwargs: Any) -> Any:
+        raise MemoryError()
+
+    monkeypatch.setattr(merge, "merge", exhausted)
+    out = tmp_path / "o.parquet"
+    rc, _, err = ingest(USER_OP, write_csv(tmp_path / "t.csv"), out, capsys)
+    assert_named(rc, err, "ingest", "t.csv", "out of memory merging", "measurements")
+    assert not out.exists()
 
 
 def test_ig04_a_compressed_table_with_a_wrong_header_is_refused_at_its_first_chunk(
