@@ -668,9 +668,13 @@ class DaskConfig:
     n_workers: int = 2
     #: Local cluster: memory limit of each worker (Dask's pause/spill/kill thresholds apply to it).
     memory_limit: str = "4GiB"
+    #: Seconds to reach the scheduler at ``address`` and hear its handshake before the run is
+    #: refused (a running scheduler answers within milliseconds).
+    timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         check("model.dask.n_workers", self.n_workers, self.n_workers >= 1, "an integer >= 1")
+        check("model.dask.timeout_s", self.timeout_s, 0 < self.timeout_s <= 3600, "seconds in (0, 3600]")
         check("model.dask.address", self.address, self.address is None or "://" in str(self.address),
               "null (start a local cluster) or a scheduler address such as tcp://host:8786")
 

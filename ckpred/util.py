@@ -1,4 +1,5 @@
-"""Small helpers every stage uses: atomic file and directory writes, file hashes, package versions."""
+"""Small helpers every stage uses: atomic file and directory writes, file hashes, package versions,
+value conversions that never raise."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import ctypes
 import ctypes.util
 import errno
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -17,6 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+import numpy as np
 
 from ckpred.errors import ConfigValueError, OutputPathError
 
@@ -449,3 +453,67 @@ def resolve_path(path: str | Path) -> Path:
     ``hydra.job.chdir``), so a relative path in a config means what the user typed.
     """
     return Path(path).expanduser().absolute()
+
+
+# -- values ------------------------------------------------------------------------------------
+#: Largest magnitude kept for an integer field (int64 range).
+INT_LIMIT = 2**63 - 1
+
+
+def to_float(value: Any) -> float | None:
+    """``value`` as a float (NaN/inf pass through for later checks); ``None`` if not a number."""
+    if type(value) is float:
+        return value
+    if type(value) is int:
+        return float(value)
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value)
+    return None
+
+
+#: Strings read as true / false in a validity column or flag (compared lower-cased and stripped).
+TRUE_STRINGS = ("true", "1", "yes")
+FALSE_STRINGS = ("false", "0", "no")
+
+
+def truth(value: Any, true_values: tuple[str, ...] = TRUE_STRINGS,
+          false_values: tuple[str, ...] = FALSE_STRINGS) -> bool | None:
+    """``value`` as a truth value: ``True``/``False`` for a listed string (or a bool, or the
+    numbers 1/0), ``None`` for anything else (the caller names it as a bad value)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        text = "1" if value == 1 else "0" if value == 0 else str(value)
+    elif isinstance(value, str):
+        text = value
+    else:
+        return None
+    text = text.strip().lower()
+    if text in true_values:
+        return True
+    if text in false_values:
+        return False
+    return None
+
+
+def to_int(value: Any) -> int | None:
+    """``value`` as an integer when it is one exactly (``"1024"``, ``1024.0``); else ``None``."""
+    if type(value) is int:
+        return value if abs(value) <= INT_LIMIT else None
+    number = to_float(value)
+    if number is None or not math.isfinite(number) or number != int(number) or abs(number) > INT_LIMIT:
+        if isinstance(value, str):
+            try:  # big exact integers written as text
+                parsed = int(value.strip())
+                return parsed if abs(parsed) <= INT_LIMIT else None
+            except ValueError:
+                return None
+        return None
+    return int(number)

@@ -260,23 +260,34 @@ def test_a_file_truncated_between_blocks_is_refused_not_half_read(mapped: bool, 
     assert after == before
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunks"])
 def test_a_whole_file_reader_refuses_a_file_cut_while_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    """Readers that take a file whole (a table CSV here) are checked the same way: the file's
-    size, inode and time at the end of its read against its start."""
-    from ckpred.data.readers import TABLE_READERS
+                                                            capsys: pytest.CaptureFixture[str], chunked: bool) -> None:
+    """Readers that take a file whole (a table CSV read whole here) or in chunks of text (the
+    table CSV's own reader) are checked the same way: the file's size, inode and time at the
+    end of its read against its start."""
+    from ckpred.data.readers import CHUNKED_TABLE_READERS, TABLE_READERS
 
     path = tmp_path / "t.csv"
     path.write_text("M,N,K,dtype,BLOCK_M,BLOCK_N,warps,stages,ms\n" +
                     "".join(f"{m},64,64,fp16,32,64,4,2,0.5\n" for m in range(64, 64 * 40, 64)))
-    real = TABLE_READERS["csv"]
+    real, real_chunks = TABLE_READERS["csv"], CHUNKED_TABLE_READERS["csv"]
 
     def read_then_cut(p: Path, ctx: Any) -> Any:
         raw = real(p, ctx)
         os.truncate(p, 60)  # another process, while the rows are being checked
         return raw
 
-    monkeypatch.setitem(TABLE_READERS, "csv", read_then_cut)
+    def chunks_then_cut(p: Path, ctx: Any, chunk_bytes: int | None) -> Any:
+        for raw in real_chunks(p, ctx, chunk_bytes):
+            yield raw
+            os.truncate(p, 60)  # another process, after the first chunk was handed on
+
+    if chunked:
+        monkeypatch.setitem(CHUNKED_TABLE_READERS, "csv", chunks_then_cut)
+    else:
+        monkeypatch.delitem(CHUNKED_TABLE_READERS, "csv")
+        monkeypatch.setitem(TABLE_READERS, "csv", read_then_cut)
     conf = Path(__file__).parent / "fixtures" / "user_op"
     rc, _, err = run(["ingest", "--config-dir", str(conf), "op=tmm", "dtype=fp16", "data.source=path",
                       f"data.path={path}", "out=t.parquet"], capsys)
