@@ -19,10 +19,10 @@ from typing import Any
 import joblib
 
 from ckpred.evaluate import write_json
-from ckpred.util import package_versions, resolve_path, sha256_file
+from ckpred.util import RunDirectory, package_versions, resolve_path, sha256_file
 from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError
 
-__all__ = ["RUN_RECORD", "DataRecord", "RunRecord", "TrainRun", "load_train_run", "run_record_path"]
+__all__ = ["RUN_RECORD", "DataRecord", "RunRecord", "TrainRun", "load_train_run", "run_directory", "run_record_path"]
 
 #: The record ``train`` writes into its run directory.
 RUN_RECORD = "run.json"
@@ -122,6 +122,36 @@ def run_record_path(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     path, legacy = run_dir / RUN_RECORD, run_dir / LEGACY_RUN_RECORD
     return legacy if not path.is_file() and legacy.is_file() else path
+
+
+def _recorded_train_run(path: Path) -> bool:
+    """A train run folder written before run folders were marked: its run record says so."""
+    record = run_record_path(path)
+    try:
+        if not record.is_file() or record.stat().st_size > 1 << 28:
+            return False
+        data = json.loads(record.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("command") == "train" and isinstance(data.get("created"), str)
+
+
+def _replay_folder(path: Path) -> bool:
+    """A replay folder written before run folders were marked: only ``replay.md``, ``replay.csv``
+    (its header ``policy,...``) and ``replay.png``."""
+    try:
+        names = {p.name for p in path.iterdir()}
+        with open(path / "replay.csv", "rb") as fh:
+            header = fh.readline(4096)
+    except OSError:
+        return False
+    return names <= {"replay.md", "replay.csv", "replay.png"} and header.startswith(b"policy,")
+
+
+def run_directory(command: str) -> RunDirectory:
+    """The run folder kind of ``command`` (what a rerun into an existing folder may find there)."""
+    recognise = {"train": _recorded_train_run, "replay": _replay_folder}.get(command)
+    return RunDirectory(command, recognise)
 
 
 @dataclass(frozen=True)

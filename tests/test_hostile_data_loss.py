@@ -621,3 +621,108 @@ def test_an_ingest_of_mixed_combos_still_marks_its_directory(tmp_path: Path) -> 
     assert read_manifest(ds, op, one_combo=False)["rows"] == len(table)
     with pytest.raises(InputFileError, match=r"partitions\[0\]\.dtype is None .*one arch, dtype and layout per file"):
         read_manifest(ds, op)
+
+
+# -- F10: run folders hold only ckpred's runs ----------------------------------------------------------
+def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test when a command starts its work (the refusal must come first)."""
+    import ckpred.commands.train as train_command
+    import ckpred.replay as replay
+
+    monkeypatch.setattr(train_command, "cross_validate", lambda *a, **k: pytest.fail("trained before the refusal"))
+    monkeypatch.setattr(replay, "load_run", lambda *a, **k: pytest.fail("replayed before the refusal"))
+
+
+@pytest.mark.parametrize(("case", "argv", "names"), [
+    ("train out_dir=<a user's folder>", ["train", "out_dir=victim"], ["'out_dir'", "'victim'", "ckpred did not make"]),
+    ("train out_dir=.", ["train", "out_dir=."], ["'out_dir'", "'.'", "ckpred did not make", ".ckpred-run.json"]),
+    ("train out_dir=<symlink to a user's folder>", ["train", "out_dir=link"], ["'out_dir'", "'link'", "ckpred did not make"]),
+    ("train hydra.run.dir=.", ["train", "hydra.run.dir=."], ["'hydra.run.dir'", "'.'", "ckpred did not make"]),
+    ("tune out_dir=<a user's folder>", ["tune", "out_dir=victim"], ["'out_dir'", "'victim'"]),
+    ("train -m out_dir=. (a job's folder)", ["train", "-m", "seed=0", "out_dir=."], ["'out_dir'", "'./0'", "'run.json'"]),
+    ("replay out=<a user's folder>", ["replay", "run_dir=victim", "out=victim"], ["'out'", "'victim'"]),
+    ("replay into a train run's user folder", ["replay", "run_dir=victim"], ["'out'", "replay", "'replay.md'"]),
+    ("train out_dir=<a tune run folder>", ["train", "out_dir=tuned"], ["'out_dir'", "a tune run folder"]),
+    ("train out_dir=<a forged marker>", ["train", "out_dir=forged"], ["'out_dir'", "not a marker ckpred wrote"]),
+])
+def test_runs_never_write_into_a_folder_ckpred_did_not_make(case: str, argv: list[str], names: list[str],
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A run writes metrics.json, run.json, per_shape.csv, plots... (replay: replay.md/csv/png)
+    into its folder: a folder holding a user's files of those names (or any files) is refused
+    naming the key, before any work; nothing in it changes and nothing is left behind."""
+    _no_work(monkeypatch)
+    victim = user_dir(tmp_path / "victim")
+    for name in ("metrics.json", "run.json", "per_shape.csv", "efficiency_cdf.png"):
+        (victim / name).write_text(f"my own {name}")
+    (victim / "replay").mkdir()
+    (victim / "replay" / "replay.md").write_text("my replay notes")
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "run.json").write_text("my own run.json")
+    (tmp_path / "link").symlink_to(victim)
+    (tmp_path / "tuned").mkdir()
+    (tmp_path / "tuned" / ".ckpred-run.json").write_text('{"command": "tune"}')
+    (tmp_path / "forged").mkdir()
+    (tmp_path / "forged" / ".ckpred-run.json").mkdir()
+    (tmp_path / "notes.txt").write_text("thesis")
+    before = tree(tmp_path)
+    rc, _, err = run(argv, capsys)
+    assert_named(rc, err, argv[0], *names)
+    # a sweep's failed job keeps the folder Hydra made for it (sweep-report lists it)
+    assert {k: v for k, v in tree(tmp_path).items() if not k.startswith("multirun")} == before
+
+
+def test_a_run_writes_into_a_new_or_empty_folder_and_its_own_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A new folder and an empty one are marked as the command's run folder; a rerun into it,
+    and into a train run written before markers (its run.json), goes ahead."""
+    import ckpred.commands.train as train_command
+    from ckpred.util import RUN_MARKER, run_marker_command
+
+    ran: list[Path] = []
+    monkeypatch.setattr(train_command, "cross_validate", lambda cfg, out, *a: ran.append(out) or 0.5)
+    (tmp_path / "empty").mkdir()
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "metrics.json").write_text("{}")
+    (legacy / "run.json").write_text(json.dumps({"command": "train", "created": "2025-01-01T00:00:00+00:00"}))
+    for out in ("new/run", "empty", "new/run", "legacy"):
+        rc, _, err = run(["train", f"out_dir={out}"], capsys)
+        assert rc == 0 and not TRACEBACK.search(err), err
+        assert ran[-1] == tmp_path / out and run_marker_command(tmp_path / out / RUN_MARKER) == "train"
+    assert len(ran) == 4
+
+
+def test_a_refused_run_leaves_no_marker_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A run refused after its folder was made and marked (more folds than shapes) removes the
+    folder it made; an empty folder the user made keeps nothing of the run."""
+    from ckpred.errors import ConfigValueError as CVE
+    import ckpred.commands.train as train_command
+
+    def refuse(*a: Any, **k: Any) -> float:
+        raise CVE("cv.n_splits", 99, "at most the 12 shapes")
+
+    monkeypatch.setattr(train_command, "cross_validate", refuse)
+    (tmp_path / "mine").mkdir()
+    for out in ("made/run", "mine"):
+        rc, _, err = run(["train", f"out_dir={out}"], capsys)
+        assert_named(rc, err, "train", "'cv.n_splits'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"] and not any((tmp_path / "mine").iterdir())
+
+
+def test_sweep_report_keeps_a_users_csv_of_its_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = tmp_path / "sweep" / "0"
+    job.mkdir(parents=True)
+    (job / "metrics.json").write_text(json.dumps({"model": {"mean": 0.9, "p10": 0.8}}))
+    mine = tmp_path / "sweep" / "sweep_report.csv"
+    mine.write_text("my own table\n")
+    rc, _, err = run(["sweep-report", "sweep"], capsys)
+    assert_named(rc, err, "sweep-report", "'csv'", "a sweep report")
+    assert mine.read_text() == "my own table\n"
+    mine.unlink()
+    for _ in range(2):  # its own report is replaced
+        rc, _, err = run(["sweep-report", "sweep"], capsys)
+        assert rc == 0 and not TRACEBACK.search(err), err
+    assert mine.read_text().startswith("rank,job,status,")
+
