@@ -194,7 +194,8 @@ def claim_run_dir(key: str, value: Any, kind: RunDirectory) -> Path:
         raise OutputPathError(str(path), exc.strerror or str(exc)) from None
     if run_marker_command(path / RUN_MARKER) != kind.command:
         with atomic_path(path / RUN_MARKER) as tmp:
-            tmp.write_text(json.dumps({"command": kind.command, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+            created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            tmp.write_text(json.dumps({"command": kind.command, "created": created}) + "\n")
     return path
 
 

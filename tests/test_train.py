@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import joblib
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,6 +18,7 @@ from ckpred.errors import ConfigValueError
 from ckpred.evaluate import METHODS, ShapeGroups
 from ckpred.models import IdentityTarget, Log1pTarget, relative_target, relevance_grades
 from ckpred.commands.train import train
+from ckpred.runs import load_pipeline
 from tests.conftest import reading_files
 
 #: Small, fast, single-threaded settings for every run in this file.
@@ -131,7 +131,7 @@ def test_manifest_and_pipeline(full_run: tuple[float, Path]) -> None:
     assert manifest["data"]["rows"] == 12 * 4608 and manifest["data"]["shapes"] == 12
     assert manifest["versions"]["lightgbm"] and manifest["config"]["model"]["n_estimators"] == 8
     assert manifest["metrics"]["model"]["mean"] == json.loads((out / "metrics.json").read_text())["model"]["mean"]
-    pipe = joblib.load(out / "pipeline.joblib")
+    pipe = load_pipeline(out / "pipeline.joblib")
     assert [name for name, _ in pipe.steps] == ["features", "model"]
     assert pipe.ckpred_target_ == manifest["target"] == "rank"  # default model: the ranker
     assert list(pipe.named_steps["features"].get_feature_names_out()) == manifest["feature_names"]
