@@ -30,6 +30,7 @@ from ckpred.fitting import fit_final
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.kernels.declared import bind_training_catalogue
 from ckpred.schema import ExportConfig, RecipeConfig
+from ckpred.transfer import TransferModel
 
 
 class Steps:
@@ -116,9 +117,10 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Expor
     return out, oof.assign(score_model=scores, selectable=oof["selectable"].to_numpy(bool) & allowed)
 
 
-def _check_run_matches(cfg: ExportConfig, run_cfg: RecipeConfig, run_dir: Path) -> None:
+def _check_run_matches(cfg: ExportConfig, run_cfg: RecipeConfig, run_dir: Path,
+                       keys: tuple[str, ...] = ("op", "arch", "dtype", "layout")) -> None:
     diffs = []
-    for key in ("op", "arch", "dtype", "layout"):
+    for key in keys:
         mine, theirs = node_name(cfg[key]), node_name(run_cfg[key])
         if mine != theirs:
             diffs.append(f"{key}: run has {theirs!r}, this export config has {mine!r} (pass {key}={theirs})")
@@ -157,7 +159,9 @@ def _from_run_dir(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
 
     run = load_train_run(cfg.run_dir, purpose="export", require_record=False)
     run_dir, train_record = run.path, run.record
-    for key in ("op", "arch", "dtype", "layout"):
+    # the transfer recipe is made for GPUs it did not train on: any arch
+    identity = ("op", "dtype", "layout") if isinstance(run.pipeline, TransferModel) else ("op", "arch", "dtype", "layout")
+    for key in identity:
         theirs = train_record.get(key)
         if isinstance(theirs, str) and theirs != node_name(cfg[key]):
             raise ModelMismatchError(f"{run_dir}/{RUN_RECORD}: {key} is {theirs!r}, this export config "
@@ -170,7 +174,7 @@ def _from_run_dir(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     elif run_cfg_path.is_file():
         data_cfg = OmegaConf.load(run_cfg_path)
     if data_cfg is not cfg:
-        _check_run_matches(cfg, data_cfg, run_dir)
+        _check_run_matches(cfg, data_cfg, run_dir, identity)
     steps.step("loading the run's training table")
     table = load_table(data_cfg)
     bind_training_catalogue(op, table, data_cfg)
@@ -223,6 +227,11 @@ class _Strategy:
 def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition, steps: Steps) -> _Strategy:
     """Candidates, ``selection`` section and reranker of ``select=pruned|reranked``, and the
     run's out-of-fold rows scored by the strategy."""
+    if isinstance(src.pipeline, TransferModel):
+        if cfg.select != "full":
+            print(f"select={cfg.select}: the run's model is the transfer recipe, which ranks every catalogue kernel "
+                  "(its static order and rank percentiles are over all of them); exporting select=full")
+        return _Strategy("full")
     if cfg.select not in ("pruned", "reranked"):
         return _Strategy(cfg.select)
     from omegaconf import OmegaConf
@@ -340,11 +349,18 @@ def _export(cfg: ExportConfig, op: OpDefinition, src: _Source, target: Path,
         calibration = _calibration(cfg, src, op, strategy)
     steps.step(f"compiling the ONNX graphs, checking parity on {len(problems):,} shapes" if cfg.parity.check
                else "compiling the ONNX graphs")
-    manifest = export_pipeline(src.pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout,
+    pipeline, transfer = src.pipeline, None
+    if isinstance(pipeline, TransferModel):  # the learner's features with the exported arch's constants
+        transfer = pipeline
+        pipeline = transfer.learner_pipeline(op, src.data_cfg, cfg.arch, src.table)
+        print(f"the transfer recipe trained on {', '.join(transfer.archs)}: static order weight "
+              f"{transfer.weight:g}" + ("" if str(cfg.arch.name) in transfer.archs else
+                                        f"; {cfg.arch.name} is a GPU it never trained on"))
+    manifest = export_pipeline(pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout,
                                out_dir=target, training=training,
                                parity_problems=problems if cfg.parity.check else None, metrics=src.metrics,
                                select=strategy.select, max_abs_diff=cfg.parity.max_abs_diff, source=src.record,
                                candidates=strategy.candidates, selection=strategy.selection,
                                reranker=strategy.reranker,
-                               autotune=calibration)
+                               autotune=calibration, transfer=transfer)
     return manifest, strategy

@@ -51,10 +51,12 @@ from ckpred.cv.scoring import (FoldTest, OutOfFold, Tables, evaluate, fit_times,
                                score_best_static, score_method)
 from ckpred.data import load_table
 from ckpred.data.partitions import is_partitioned
+from ckpred.errors import ConfigValueError
 from ckpred.fitting import LearnedMethod, cv_group_names, fit_method, model_method, plain_method, prepare, recipe_config
 from ckpred.kernels.base import OpDefinition
 from ckpred.kernels.declared import bind_training_catalogue
 from ckpred.runs import RUN_RECORD
+from ckpred.transfer import transfer_method
 from ckpred.util import resolve_path
 
 log = logging.getLogger(__name__)
@@ -170,8 +172,8 @@ def cross_validate_one(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -
     if path is not None:
         return partitioned.cross_validate(run, path)
     tables = load_tables(run)
-    methods, base = learned_methods(run, tables)
     folds = run.scheme.plan(tables.train, tables.test, run.seed)
+    methods, base = learned_methods(run, tables, folds)
     oof, final = run_folds(run, tables, folds, methods, on_fold)
     note = None
     if cfg.baselines.analytical and type(run.op).gemm_view is not OpDefinition.gemm_view:
@@ -179,7 +181,10 @@ def cross_validate_one(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -
         if note:
             log.warning("analytical baseline %s", note)
     evaluation = evaluate(tables.test, oof, run.op, len(folds), bool(cfg.baselines.random))
-    report = Report(cfg.cv.name, run.scheme.heading(cv_group_names(run.op), len(folds)), evaluation.metrics, oof.log)
+    heading = run.scheme.heading(cv_group_names(run.op), len(folds))
+    if methods[0].transfer is not None:
+        heading += "; model = the transfer recipe"
+    report = Report(cfg.cv.name, heading, evaluation.metrics, oof.log)
     if note:
         report.metrics["analytical"] = {"skipped": note}
     saved = final_pipeline(run, tables.train, methods[0], final)
@@ -191,6 +196,8 @@ def cross_validate_one(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -
                     report.metrics, saved)
     test_data = None if tables.test is tables.train else table_record(tables.test, run.op)
     record = run_record(cfg, run.op, table_record(tables.train, run.op), test_data, report, saved, run.timings)
+    if methods[0].transfer is not None:
+        record.model = "transfer"
     if base is not None:  # lineage into the run record (ckpred.warm_start)
         record.warm_start = warm_start.lineage(base, cfg, record, oof.log)
     record.write(run.out_dir)
@@ -218,11 +225,32 @@ def load_tables(run: RunContext) -> Tables:
     return Tables(data, test)
 
 
-def learned_methods(run: RunContext, tables: Tables) -> tuple[list[LearnedMethod], Any]:
+def zero_shot(tables: Tables, folds: list[Fold]) -> bool:
+    """Whether every fold tests GPUs (arch names) that none of its training rows come from."""
+    for fold in folds:
+        trained = set(tables.train.arch_names(fold.train_shapes))
+        tested = {str(fold.test_arch.name)} if fold.test_arch is not None else \
+            set(tables.test.arch_names(fold.test_shapes))
+        if not tested or trained & tested:
+            return False
+    return bool(folds)
+
+
+def learned_methods(run: RunContext, tables: Tables, folds: list[Fold]) -> tuple[list[LearnedMethod], Any]:
     """The model and the enabled learned baselines (``plain``, ``reference``), and the warm
-    start's base run (None for a cold start): the model, never the reference, continues from it."""
+    start's base run (None for a cold start): the model, never the reference, continues from it.
+
+    The model is the transfer recipe (:func:`ckpred.transfer.transfer_method`) with
+    ``transfer.mode=on``, and with ``auto`` when every fold tests GPUs it does not train on
+    (:func:`zero_shot`); else the config's model recipe."""
     cfg = run.cfg
-    learned = [model_method(cfg)]
+    mode = str(cfg.transfer.mode) if cfg.get("transfer") is not None else "off"
+    transfer = mode == "on" or (mode == "auto" and zero_shot(tables, folds))
+    if transfer and cfg.get("warm_start"):
+        raise ConfigValueError("warm_start", cfg.warm_start,
+                               "empty with the transfer recipe (warm starts continue the model recipe's booster; "
+                               f"transfer.mode={mode} makes the model the transfer recipe here: set transfer.mode=off)")
+    learned = [transfer_method(cfg) if transfer else model_method(cfg)]
     if cfg.baselines.get("plain") is not None and cfg.baselines.plain.enabled:
         learned.append(plain_method(cfg))
     ref = cfg.baselines.reference
