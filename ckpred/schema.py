@@ -1057,8 +1057,16 @@ class ExportAutotuneConfig:
     gap_to: int = 3
     #: Pseudo-misses added to every bin.
     prior_failures: float = 1.0
+    #: The budget's stated fixed k where the calibration has nothing to learn (fewer than
+    #: ``min_problems`` out-of-fold problems, or none whose top-1 is within a tolerance), and the
+    #: least it spends on a problem outside the training ranges or on an arch never trained on.
+    fallback_k: int = 5
+    #: Fewest out-of-fold problems a calibration learns from.
+    min_problems: int = 10
 
     def __post_init__(self) -> None:
+        check("autotune.fallback_k", self.fallback_k, self.fallback_k >= 1, "an integer >= 1")
+        check("autotune.min_problems", self.min_problems, self.min_problems >= 1, "an integer >= 1")
         check("autotune.within", self.within, len(self.within) > 0 and all(0 < float(w) < 1 for w in self.within),
               "a non-empty list of fractions in (0, 1)")
         check("autotune.kind", self.kind, self.kind in ("logistic", "table"), "one of ['logistic', 'table']")

@@ -142,6 +142,8 @@ class _Source:
     metrics: dict[str, Any] | None = None
     #: The train run directory (run_dir=), else None.
     run_dir: Path | None = None
+    #: Its run record (``run.json``), else None.
+    run_record: dict[str, Any] | None = None
 
     @property
     def oof_file(self) -> Path | None:
@@ -181,7 +183,8 @@ def _from_run_dir(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     train_hash = (train_record.get("data") or {}).get("hash")
     record = {"kind": "run_dir", "run_dir": str(run_dir), "pipeline_sha256": run.sha256,
               "train_data_hash": train_hash}
-    return _Source(run.pipeline, table, data_cfg, record, metrics=train_record.get("metrics"), run_dir=run_dir)
+    return _Source(run.pipeline, table, data_cfg, record, metrics=train_record.get("metrics"), run_dir=run_dir,
+                   run_record=train_record)
 
 
 def _fit_here(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
@@ -283,20 +286,28 @@ def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition, strategy: _S
     options = OmegaConf.to_container(cfg.autotune, resolve=True)
     options.pop("enabled")
     kind = options.pop("kind")
+    # fitted on GPUs the folds never trained on: a selector on a new GPU is what it measured
+    policy = {"fallback_k": options.pop("fallback_k"), "min_problems": options.pop("min_problems"),
+              "zero_shot": bool((src.run_record or {}).get("zero_shot", False))}
     ids = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).set_index("kernel_name")["kernel_id"]
-    if kind == "table":
-        return {**calibration_from_oof(oof, ids, **options), "select": select}
     # the logistic model reads the problem's integer fields, as both runtimes pass them
     fields = [f.name for f in op.problem_fields if f.kind == "int"]
     table = src.table
     problems = table[fields].assign(shape=np.asarray(op.shape_keys(table))).drop_duplicates("shape")
-    if not set(pd.unique(oof["shape"])) <= set(problems["shape"]):
+    if kind == "table":
+        out = calibration_from_oof(oof, ids, **policy, **options)
+    elif not set(pd.unique(oof["shape"])) <= set(problems["shape"]):
         # an external test table: its problems' field values are not in the training table
         print("autotune calibration: the run tested problems outside its training table; fitting the score-gap "
               "table (autotune.kind=table) instead of the logistic model")
-        return {**calibration_from_oof(oof, ids, **options), "select": select}
-    return {**calibration_from_oof(oof, ids, kind="logistic", problems=problems.set_index("shape")[fields],
-                                   within=options["within"], max_k=options["max_k"]), "select": select}
+        out = calibration_from_oof(oof, ids, **policy, **options)
+    else:
+        out = calibration_from_oof(oof, ids, kind="logistic", problems=problems.set_index("shape")[fields],
+                                   within=options["within"], max_k=options["max_k"], **policy)
+    if out.get("note"):
+        print(f"autotune calibration: {out['note']} (autotune.fallback_k; within "
+              f"{', '.join(f'{w:g}' for w in out['uninformative_within'])})")
+    return {**out, "select": select}
 
 
 def _report(select: str, manifest: dict[str, Any], target: Path) -> None:

@@ -198,6 +198,7 @@ def cross_validate_one(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -
     record = run_record(cfg, run.op, table_record(tables.train, run.op), test_data, report, saved, run.timings)
     if methods[0].transfer is not None:
         record.model = "transfer"
+    record.zero_shot = zero_shot(tables, folds)
     if base is not None:  # lineage into the run record (ckpred.warm_start)
         record.warm_start = warm_start.lineage(base, cfg, record, oof.log)
     record.write(run.out_dir)
