@@ -160,6 +160,9 @@ def test_leave_one_gpu_out_reports_each_gpu_and_their_mean_with_the_transfer_rec
         # the inner split scored every weight over the four training GPUs and chose the best (smaller on ties)
         inner = {float(w): m for w, m in model["inner"].items()}
         assert set(inner) == {0.0, 0.25, 0.5, 0.75, 1.0} and model["weight"] == choose_weight(inner)
+        # plain is the recipe's learner: fitted once, scored as a method of its own
+        assert fold["plain"]["fitted_as"] == "the model's transfer learner"
+        assert fold["plain"]["trees"] == model["trees"] and "weight" not in fold["plain"]
     record = json.loads((logo_run / "run.json").read_text())
     assert record["model"] == "transfer" and record["cv"] == "leave_one_gpu_out"
 

@@ -295,7 +295,9 @@ def run_folds(run: RunContext, tables: Tables, folds: list[Fold], methods: list[
     cfg, data = run.cfg, tables.train
     oof = OutOfFold.start(tables.test, methods, bool(cfg.baselines.best_static))
     static_by = ev.best_static_by(cfg.baselines, run.op)
-    jobs = [(method, fold.train_shapes, run.seed + i) for i, fold in enumerate(folds) for method in methods]
+    shared = _learner_of_model(run, methods)
+    jobs = [(method, fold.train_shapes, run.seed + i) for i, fold in enumerate(folds) for method in methods
+            if method is not shared]
     fits = fold_fits(run, data, jobs)
     final = None
     with FoldProgress(bool(cfg.progress), len(folds) * len(methods)) as progress:
@@ -304,9 +306,15 @@ def run_folds(run: RunContext, tables: Tables, folds: list[Fold], methods: list[
             oof.begin_fold(i, side, tables, run.op, cfg)
             entry: dict[str, Any] = {"fold": fold.name,
                                      "test_shapes": [str(k) for k in tables.test.groups.keys[fold.test_shapes]]}
+            model_fit: Fit | None = None
             for method in methods:
                 progress.describe(f"{fold.name}: {method.name}")
-                fit = _fit_and_score(run, method, fits, side, tables, oof)
+                if method is shared and model_fit is not None:  # the transfer recipe's learner is this fit
+                    fit = _fit_and_score(run, method, iter([_learner_fit(model_fit)]), side, tables, oof)
+                else:
+                    fit = _fit_and_score(run, method, fits, side, tables, oof)
+                if method is methods[0]:
+                    model_fit = fit
                 entry[method.name] = fit.info
                 if method is methods[0] and _is_final_fit(fold, run.seed + i, data, run.seed):
                     final = fit
@@ -317,6 +325,23 @@ def run_folds(run: RunContext, tables: Tables, folds: list[Fold], methods: list[
                 entry["best_static"] = score_best_static(fold, side, tables, static_by, oof)
             oof.log.append(entry)
     return oof, final
+
+
+def _learner_of_model(run: RunContext, methods: list[LearnedMethod]) -> LearnedMethod | None:
+    """The learned baseline whose fit the model's transfer recipe makes anyway (``plain``: the
+    recipe's learner is ``baselines.plain`` on the same rows, fitted with the same seed), so it is
+    fitted once; None when there is none (or the fits run on a Dask cluster)."""
+    if methods[0].transfer is None or run.cfg.model.backend == "dask":
+        return None
+    return next((m for m in methods[1:] if m.name == "plain" and m.recipe == methods[0].recipe
+                 and m.rows == methods[0].rows and m.validity is None and m.init_model is None), None)
+
+
+def _learner_fit(model_fit: Fit) -> Fit:
+    """The transfer recipe's learner as a fit of its own (its fit info without the recipe's)."""
+    info = {k: v for k, v in model_fit.info.items()
+            if k not in ("recipe", "weight", "inner", "fit_predict_s", "fit_predict_cpu_s")}
+    return Fit(model_fit.pipeline.learner, {**info, "fitted_as": "the model's transfer learner"})
 
 
 def _fit_and_score(run: RunContext, method: LearnedMethod, fits: Iterator[Fit], side: FoldTest, tables: Tables,
