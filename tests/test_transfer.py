@@ -262,3 +262,18 @@ def test_the_exported_selector_answers_the_recipes_blend_over_the_catalogue(expo
         got = sel.select(gpu=gpu, top_k=5)
         assert list(got.ids) == order.tolist()
         assert list(got.scores) == want[order].tolist()  # the graph's doubles are the reference's
+
+
+def test_problems_whose_best_kernel_no_training_gpu_ran_are_told_apart(prepared) -> None:
+    from ckpred.cv.schemes import make_folds
+    from ckpred.cv.scoring import Tables, best_kernel_seen
+    from ckpred.fitting import prepare
+
+    cfg, op, data = prepared
+    assert best_kernel_seen(Tables(data, data), make_folds(cfg.cv, data, 0)) is None  # every GPU ran every kernel
+    best = data.shapes.set_index("gpu")["best_kernel"]
+    table = data.table[(data.table["gpu"] == "MI250X") | (data.table["kernel_name"] != best["MI250X"])]
+    only_here = prepare(table, op, cfg)
+    labels = best_kernel_seen(Tables(only_here, only_here), make_folds(cfg.cv, only_here, 0))
+    assert dict(zip(only_here.shapes["gpu"], labels))["MI250X"] == "unseen"
+    assert (labels == "unseen").sum() == 1 + sum(best[g] == best["MI250X"] for g in best.index if g != "MI250X")

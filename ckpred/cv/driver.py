@@ -47,8 +47,8 @@ from ckpred.cv import partitioned
 from ckpred.cv.report import (Report, RunContext, SavedPipeline, finish, run_record, table_record, write_plots,
                               write_tested_rows)
 from ckpred.cv.schemes import Fold
-from ckpred.cv.scoring import (FoldTest, OutOfFold, Tables, evaluate, fit_times, fold_test, score_analytical,
-                               score_best_static, score_method)
+from ckpred.cv.scoring import (FoldTest, OutOfFold, Tables, best_kernel_seen, evaluate, fit_times, fold_test,
+                               score_analytical, score_best_static, score_method)
 from ckpred.data import load_table
 from ckpred.data.partitions import is_partitioned
 from ckpred.errors import ConfigValueError
@@ -180,7 +180,10 @@ def cross_validate_one(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -
         note = score_analytical([fold_test(tables.test, f) for f in folds], tables.test, run.op, cfg.dtype, oof)
         if note:
             log.warning("analytical baseline %s", note)
-    evaluation = evaluate(tables.test, oof, run.op, len(folds), bool(cfg.baselines.random))
+    # zero-shot: the problems whose best kernel no training row has, apart (a new GPU's own kernels)
+    seen = best_kernel_seen(tables, folds) if zero_shot(tables, folds) else None
+    evaluation = evaluate(tables.test, oof, run.op, len(folds), bool(cfg.baselines.random),
+                          labels=None if seen is None else {"best_kernel": seen})
     heading = run.scheme.heading(cv_group_names(run.op), len(folds))
     if methods[0].transfer is not None:
         heading += "; model = the transfer recipe"

@@ -188,9 +188,25 @@ def per_shape_metrics(test: Prepared, oof: OutOfFold, random: bool) -> Evaluatio
     return Evaluation(tested, groups, shapes, per_shape, {})
 
 
-def evaluate(test: Prepared, oof: OutOfFold, op: OpDefinition, n_folds: int, random: bool) -> Evaluation:
+def best_kernel_seen(tables: Tables, folds: list[Fold]) -> np.ndarray | None:
+    """Per test shape, ``seen`` or ``unseen``: whether its best kernel is among the kernels of its
+    fold's training rows (a GPU whose library lists kernels the training GPUs never ran); None
+    when every tested best kernel was seen."""
+    train, test = tables.train, tables.test
+    labels = np.full(test.groups.n_shapes, "", dtype=object)
+    names = train.table["kernel_name"].to_numpy()
+    for fold in folds:
+        seen = set(pd.unique(names[rows_of(train.groups, fold.train_shapes)]))
+        best = test.shapes["best_kernel"].to_numpy()[fold.test_shapes]
+        labels[fold.test_shapes] = np.where([b in seen or b == "" for b in best], "seen", "unseen")
+    return labels if (labels == "unseen").any() else None
+
+
+def evaluate(test: Prepared, oof: OutOfFold, op: OpDefinition, n_folds: int, random: bool,
+             labels: dict[str, np.ndarray] | None = None) -> Evaluation:
     """Every method's report on the tested shapes: overall, by family, by best pipeline, by each
-    categorical problem field and (with several folds) over folds."""
+    categorical problem field, by each of ``labels`` (name -> a label per test shape, e.g.
+    :func:`best_kernel_seen`), by GPU on a table of several and (with several folds) over folds."""
     out = per_shape_metrics(test, oof, random)
     shapes = out.shapes
     best_pipeline = shapes["best_pipeline"].to_numpy() if "best_pipeline" in shapes else None
@@ -200,6 +216,8 @@ def evaluate(test: Prepared, oof: OutOfFold, op: OpDefinition, n_folds: int, ran
                   and shapes[f.name].nunique() > 1}
     if "arch" in shapes and "arch" not in breakdowns and shapes["arch"].nunique() > 1:
         breakdowns["arch"] = shapes["arch"].to_numpy()  # a table of several GPUs: each GPU's figures
+    for name, values in (labels or {}).items():
+        breakdowns[name] = np.asarray(values, dtype=object)[np.asarray(out.groups.keys, dtype=np.int64)]
     out.metrics = {m: ev.method_report(ps, shapes["family"].to_numpy(), op.families, best_pipeline,
                                        breakdowns=breakdowns, fold=shape_fold if n_folds > 1 else None)
                    for m, ps in out.per_shape.items()}
