@@ -14,17 +14,9 @@ from ckpred.config import compose
 from ckpred.cv.driver import cross_validate
 from ckpred.errors import ConfigValueError
 from ckpred.transfer import UNSEEN, blend, choose_weight, rank_percentile
-from tests.conftest import REPO
-from tests.transfer_helpers import DEVICES, write_caches
+from tests.transfer_helpers import DEVICES, OPS_DIR, export_transfer, train_config, train_logo, write_caches
 
-OPS_DIR = REPO / "tests" / "ops"
-SMALL = ["model.n_estimators=8", "model.n_jobs=1", "baselines.plain.model.n_estimators=20", "plots=false",
-         "progress=false"]
-
-
-def _cfg(data: Path, *extra: str):
-    return compose("train", [f"hydra.searchpath=[file://{OPS_DIR}]", "experiment=kernel_tuner_gpus",
-                             f"data.path={data}/*.json", *SMALL, *extra])
+_cfg = train_config
 
 
 @pytest.fixture(scope="module")
@@ -140,9 +132,7 @@ def test_leave_one_gpu_out_refuses_a_table_of_one_gpu(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def logo_run(caches: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("logo")
-    cross_validate(_cfg(caches, f"out_dir={out}"), out)
-    return out
+    return train_logo(caches, tmp_path_factory.mktemp("logo"))
 
 
 def test_leave_one_gpu_out_reports_each_gpu_and_their_mean_with_the_transfer_recipe_as_model(logo_run: Path) -> None:
@@ -210,13 +200,7 @@ def test_one_training_gpu_has_no_inner_split_and_blends_nothing(prepared) -> Non
 # -- export --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def exported(logo_run: Path, caches: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ckpred.commands.export import export_command
-
-    out = tmp_path_factory.mktemp("ex")
-    cfg = compose("export", [f"hydra.searchpath=[file://{OPS_DIR}]", "experiment=kernel_tuner_gpus",
-                             f"data.path={caches}/*.json", f"run_dir={logo_run}", "arch=sm90_h100",
-                             f"out_dir={out}", "parity.shapes=0"])
-    return Path(export_command(cfg))
+    return export_transfer(logo_run, caches, tmp_path_factory.mktemp("ex"))
 
 
 def test_export_ships_the_recipe_for_a_gpu_it_never_trained_on(exported: Path, logo_run: Path) -> None:

@@ -52,3 +52,36 @@ def write_caches(folder: Path, devices: list[str] | None = None) -> Path:
                "tune_params_keys": KEYS, "tune_params": GRID, "objective": "time", "cache": cache}
         (folder / f"convolution_{device.split()[-1]}.json").write_text(json.dumps(doc))
     return folder
+
+
+OPS_DIR = Path(__file__).resolve().parent / "ops"
+SMALL = ["model.n_estimators=8", "model.n_jobs=1", "baselines.plain.model.n_estimators=20", "plots=false",
+         "progress=false"]
+
+
+def train_config(caches: Path, *extra: str):
+    """The kernel_tuner_gpus experiment (leave one GPU out) on ``caches``, small."""
+    from ckpred.config import compose
+
+    return compose("train", [f"hydra.searchpath=[file://{OPS_DIR}]", "experiment=kernel_tuner_gpus",
+                             f"data.path={caches}/*.json", *SMALL, *extra])
+
+
+def train_logo(caches: Path, out: Path) -> Path:
+    """A leave-one-GPU-out run of the transfer recipe on ``caches`` into ``out``."""
+    from ckpred.cv.driver import cross_validate
+
+    out.mkdir(parents=True, exist_ok=True)
+    cross_validate(train_config(caches, f"out_dir={out}"), out)
+    return out
+
+
+def export_transfer(run: Path, caches: Path, out: Path, arch: str = "sm90_h100") -> Path:
+    """The run's transfer recipe exported for ``arch`` (parity on every training problem)."""
+    from ckpred.commands.export import export_command
+    from ckpred.config import compose
+
+    cfg = compose("export", [f"hydra.searchpath=[file://{OPS_DIR}]", "experiment=kernel_tuner_gpus",
+                             f"data.path={caches}/*.json", f"run_dir={run}", f"arch={arch}", f"out_dir={out}",
+                             "parity.shapes=0"])
+    return Path(export_command(cfg))
