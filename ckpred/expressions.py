@@ -19,7 +19,9 @@ Grammar
 * comparisons ``< <= > >= == !=`` (chains allowed), ``and``, ``or``, ``not`` and the
   conditional ``a if cond else b``;
 * functions: ``log2, ceil, floor, min, max, ceil_div, where, abs, sqrt, dtype_bytes``
-  (:data:`FUNCTIONS`).
+  and ``contains(field, 'text')`` (:data:`FUNCTIONS`): true where a categorical field's value
+  contains the text (case-sensitive), e.g. ``contains(solver, 'Xdlops')`` -- a tag parsed from
+  a kernel's name, so a kernel never seen in training gets the tags of its name.
 
 Values
 ------
@@ -64,6 +66,7 @@ FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "abs": (1, 1),
     "sqrt": (1, 1),
     "dtype_bytes": (1, 1),
+    "contains": (2, 2),
 }
 
 #: Name of the hardware-constant namespace (``hw.cus``).
@@ -241,6 +244,14 @@ class Expression:
                 count = str(low) if low == high else f"at least {low}"
                 raise self._refuse(node, f"{node.func.id}() takes {count} argument(s):")
             functions.add(node.func.id)
+            if node.func.id == "contains":
+                field, text = node.args
+                if not isinstance(field, ast.Name) or field.id in FUNCTIONS:
+                    raise self._refuse(node, "contains() takes a categorical field first:")
+                if not (isinstance(text, ast.Constant) and isinstance(text.value, str) and text.value):
+                    raise self._refuse(node, "contains() takes a non-empty string literal second:")
+                names.add(field.id)  # the text is searched for, not a category value: not in strings
+                return
             for a in node.args:
                 rec(a)
         else:
@@ -672,6 +683,8 @@ class _Walker:
             return self.select(*args)
         if name == "dtype_bytes":
             return self.dtype_bytes_of(args[0])
+        if name == "contains":
+            return self.contains(args[0], args[1].value)  # type: ignore[attr-defined]  # checked at parse
         values = [self.number(self.visit(a), a) for a in args]
         if name in ("min", "max"):
             out = values[0]
@@ -688,6 +701,21 @@ class _Walker:
 
             return _Value(_np_scalar(getattr(NumpyOps(1), fn), *(np.float64(v.value) for v in values)), "num", True)
         return _Value(getattr(self.xp, fn)(*(v.value for v in values)), "num", False)
+
+    def contains(self, node: ast.AST, text: str) -> _Value:
+        """A categorical field's value contains ``text``: its code is one of the values that do
+        (an ``Or`` of ``Equal``s, nothing when no value does)."""
+        v = self.visit(node)
+        if v.kind == "str":  # a categorical field fixed for the whole table
+            return _Value(text in v.value, "bool", True)
+        if v.field is None:
+            raise self.error(node, getattr(node, "id", v.value),
+                             f"a categorical field in contains() ({sorted(self.categories) or 'none in this op'})")
+        codes = [i for i, value in enumerate(self.categories[v.field]) if text in value]
+        out = _Value(False, "bool", True)
+        for code in codes:
+            out = self.logical(False, out, _Value(self.xp.equal(v.value, float(code)), "bool", False))
+        return out
 
     def dtype_bytes_of(self, node: ast.AST) -> _Value:
         v = self.visit(node)

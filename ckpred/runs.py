@@ -98,6 +98,9 @@ class RunRecord:
     config: dict[str, Any]
     #: The warm start's lineage (:func:`ckpred.warm_start.lineage`); None for a cold start.
     warm_start: dict[str, Any] | None = None
+    #: Every fold tested GPUs its training rows do not come from (leave-one-GPU-out, an external
+    #: test on another arch): its out-of-fold scores are zero-shot ones.
+    zero_shot: bool = False
     command: str = "train"
     created: str = field(default_factory=lambda: datetime.now().astimezone().isoformat(timespec="seconds"))
     versions: dict[str, str] = field(default_factory=lambda: package_versions(RECORD_PACKAGES))
@@ -114,6 +117,8 @@ class RunRecord:
                                                   "versions", "argv", "config")})
         if self.warm_start is not None:
             out["warm_start"] = self.warm_start
+        if self.zero_shot:
+            out["zero_shot"] = True
         return out
 
     def write(self, run_dir: Path) -> Path:
