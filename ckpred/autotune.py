@@ -97,6 +97,9 @@ LOGISTIC_FORMAT = "ckpred.autotune.logistic/1"
 SCORE_FEATURES = ("gap2", "gap3", "gap4", "gap5", "top", "spread5", "valid")
 #: Default cap on benchmark calls per problem, failures included.
 MAX_BENCHMARKS = 16
+#: The confidence budget's stated fixed k where its calibration cannot size it (see
+#: :func:`size_confidence`): the manifest's ``autotune.fallback_k``, this when it records none.
+FALLBACK_K = 5
 
 
 class AutotuneError(CkpredError, ValueError):
@@ -353,6 +356,26 @@ def _check_format(d: Any, expected: str, where: str) -> None:
         raise AutotuneError(f"{where}: format {got!r}, expected {expected!r}")
 
 
+def _policy(d: Mapping[str, Any], within: Sequence[float], where: str) -> dict[str, Any]:
+    """The keys every calibration carries besides its model (both runtimes check the same, see
+    ``check_calibration`` in ``manifest.hpp``): ``fallback_k`` (an integer >= 1),
+    ``uninformative_within`` (tolerances of ``within`` the calibration has nothing to learn at)
+    and ``zero_shot`` (a boolean: fitted on out-of-fold scores of GPUs the folds never trained on)."""
+    fallback = _integer(d.get("fallback_k", FALLBACK_K), "fallback_k", where, 1)
+    uninformative = _reals(d.get("uninformative_within", []), "uninformative_within", where)
+    if not set(uninformative) <= set(within):
+        raise AutotuneError(f"{where}: uninformative_within={list(uninformative)}; allowed: tolerances of within "
+                            f"{list(within)}")
+    zero_shot = d.get("zero_shot", False)
+    if not isinstance(zero_shot, bool):
+        raise AutotuneError(f"{where}: zero_shot is {zero_shot!r}; allowed: true or false")
+    return {"fallback_k": fallback, "uninformative": uninformative, "zero_shot": zero_shot}
+
+
+def _policy_dict(c: Any) -> dict[str, Any]:
+    return {"fallback_k": c.fallback_k, "uninformative_within": list(c.uninformative), "zero_shot": c.zero_shot}
+
+
 @dataclass(frozen=True)
 class Calibration:
     """P(best of the model's top j is within ``within`` of the best kernel), by score-gap bin.
@@ -375,6 +398,13 @@ class Calibration:
         ``[len(within)][bins][max_k]`` probabilities.
     counts : tuple of int
         Problems per bin in the fit.
+    uninformative : tuple of float
+        Tolerances the calibration has nothing to learn at (:func:`informative_within`): the
+        budget spends ``fallback_k`` there.
+    fallback_k : int
+        The budget's fixed k where the calibration cannot size it.
+    zero_shot : bool
+        Fitted on scores of GPUs the folds never trained on (a new GPU is what it measured).
     """
 
     within: tuple[float, ...]
@@ -382,6 +412,9 @@ class Calibration:
     probability: tuple[tuple[tuple[float, ...], ...], ...]
     counts: tuple[int, ...]
     gap_to: int = 2
+    uninformative: tuple[float, ...] = ()
+    fallback_k: int = FALLBACK_K
+    zero_shot: bool = False
 
     @property
     def max_k(self) -> int:
@@ -391,7 +424,7 @@ class Calibration:
         return {"format": CALIBRATION_FORMAT, "feature": "score_gap", "gap_to": self.gap_to,
                 "within": list(self.within),
                 "edges": list(self.edges), "counts": list(self.counts),
-                "probability": [[list(row) for row in table] for table in self.probability]}
+                "probability": [[list(row) for row in table] for table in self.probability], **_policy_dict(self)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "calibration") -> "Calibration":
@@ -416,17 +449,20 @@ class Calibration:
             raise AutotuneError(f"{where}: edges={list(edges)}; allowed: finite, strictly increasing")
         if not prob[0][0] or not all(0 <= p <= 1 for t in prob for r in t for p in r):
             raise AutotuneError(f"{where}: probability holds a value outside [0, 1] (or an empty row)")
-        return cls(within, edges, prob, counts, gap_to)
+        return cls(within, edges, prob, counts, gap_to, **_policy(d, within, where))
 
     def bin_of(self, gap: float) -> int:
         return int(np.searchsorted(np.asarray(self.edges), gap, side="right"))
 
     def needed(self, scores: Sequence[float], target: float, within: float,
                problem: Mapping[str, float] | None = None) -> int:
-        """Smallest j whose probability reaches ``target``; ``max_k`` when none does (``problem``
-        is not used: the table reads the scores only)."""
+        """Smallest j whose probability reaches ``target``; ``max_k`` when none does; ``fallback_k``
+        at a tolerance the calibration has nothing to learn at (``problem`` is not used: the
+        table reads the scores only)."""
         if within not in self.within:
             raise AutotuneError(f"no calibration for within={within!r}; calibrated: {list(self.within)}")
+        if within in self.uninformative:
+            return self.fallback_k
         table = self.probability[self.within.index(within)]
         if len(scores) < 2:
             return 1
@@ -474,17 +510,62 @@ class Confidence(Budget):
                                 "Confidence(calibration=...) not given")
         return Confidence(self.target, self.within, calibration, self.max_benchmarks)
 
-    def planned(self, scores: Sequence[float], problem: Mapping[str, float] | None = None) -> int:
-        """Successful measurements wanted (``problem``: field values, for a logistic calibration)."""
+    def planned(self, scores: Sequence[float], problem: Mapping[str, float] | None = None,
+                shifted: bool = False) -> int:
+        """Successful measurements wanted (``problem``: field values, for a logistic calibration;
+        ``shifted``: the problem is outside what the calibration measured, see :func:`size_confidence`)."""
         if self.calibration is None:
             raise AutotuneError("Confidence budget without a calibration table")
-        return self.calibration.needed(scores, float(self.target), float(self.within), problem=problem)
+        k = self.calibration.needed(scores, float(self.target), float(self.within), problem=problem)
+        return max(k, self.calibration.fallback_k) if shifted else k
 
     def spent(self, scores: Sequence[float], spent: _Spent) -> bool:
         return spent.successes >= self.planned(scores)
 
     def describe(self) -> str:
         return f"confidence(target={self.target:g},within={self.within:g})"
+
+
+def size_confidence(budget: Confidence, scores: Sequence[float], problem: Mapping[str, float] | None = None,
+                    shift: str = "") -> "_Sized":
+    """A :class:`Confidence` budget sized for one problem; the rule both runtimes follow:
+
+    * in distribution, k is the calibration's: the smallest j whose calibrated probability
+      reaches ``target``;
+    * where the calibration has nothing to learn (``uninformative_within``: no out-of-fold
+      problem's top-1 within that tolerance, or too few problems; written by ``export``), k is
+      the stated ``fallback_k`` (policy ``+fallback(k=K)``) instead of the calibration's cap;
+    * a ``shift`` -- the problem lies outside the training ranges the manifest records, or the
+      selector's arch is not among the GPUs it trained on and the calibration was not measured
+      on held-out GPUs (:func:`shift_of`) -- spends at least ``fallback_k`` (policy
+      ``+shifted(k>=K)``): the calibration's probabilities were measured in distribution.
+    """
+    cal = budget.calibration
+    if cal is None:
+        raise AutotuneError("Confidence budget without a calibration table")
+    k = budget.planned(scores, problem, shifted=bool(shift))
+    policy = budget.describe()
+    if budget.within in cal.uninformative:
+        policy += f"+fallback(k={cal.fallback_k})"
+    elif shift:
+        policy += f"+shifted(k>={cal.fallback_k})"
+    return _Sized(k, policy, budget.max_benchmarks)
+
+
+def shift_of(manifest: Mapping[str, Any], row: Mapping[str, int], calibration: Any) -> str:
+    """Why a problem is outside what the confidence calibration measured ("" when it is not): its
+    integer fields outside ``training.problem_ranges``, or a selector arch that is not among
+    ``training.archs`` (unless the calibration was fitted zero-shot)."""
+    training = manifest.get("training") or {}
+    ranges = training.get("problem_ranges") or {}
+    outside = [name for name, rng in ranges.items() if name in row and not (rng[0] <= row[name] <= rng[1])]
+    archs = training.get("archs")
+    reasons = []
+    if outside:
+        reasons.append(f"out of distribution ({', '.join(outside)})")
+    if archs and manifest.get("arch") not in archs and not getattr(calibration, "zero_shot", False):
+        reasons.append(f"arch {manifest.get('arch')} never trained on ({', '.join(archs)})")
+    return "; ".join(reasons)
 
 
 def score_gap(scores: Sequence[float], gap_to: int = 2) -> float:
@@ -536,6 +617,8 @@ class LogisticCalibration:
         ``[len(within)][max_k]``.
     problems : int
         Problems in the fit.
+    uninformative, fallback_k, zero_shot
+        As :class:`Calibration`'s.
     """
 
     within: tuple[float, ...]
@@ -548,6 +631,9 @@ class LogisticCalibration:
     coef: tuple[tuple[tuple[float, ...], ...], ...]
     intercept: tuple[tuple[float, ...], ...]
     problems: int = 0
+    uninformative: tuple[float, ...] = ()
+    fallback_k: int = FALLBACK_K
+    zero_shot: bool = False
 
     @property
     def max_k(self) -> int:
@@ -562,7 +648,7 @@ class LogisticCalibration:
                 "features": list(self.feature_names), "fill": list(self.fill), "lo": list(self.lo),
                 "hi": list(self.hi), "mean": list(self.mean), "scale": list(self.scale),
                 "coef": [[list(r) for r in t] for t in self.coef], "intercept": [list(r) for r in self.intercept],
-                "problems": self.problems}
+                "problems": self.problems, **_policy_dict(self)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "calibration") -> "LogisticCalibration":
@@ -593,7 +679,7 @@ class LogisticCalibration:
         if not all(math.isfinite(x) for x in flat) or not all(x > 0 for x in vec["scale"]):
             raise AutotuneError(f"{where}: non-finite numbers, or a scale <= 0")
         return cls(within, fields, vec["fill"], vec["lo"], vec["hi"], vec["mean"], vec["scale"], coef, intercept,
-                   problems)
+                   problems, **_policy(d, within, where))
 
     def standardised(self, features: np.ndarray) -> np.ndarray:
         x = np.asarray(features, dtype=np.float64)
@@ -618,7 +704,10 @@ class LogisticCalibration:
 
     def needed(self, scores: Sequence[float], target: float, within: float,
                problem: Mapping[str, float] | None = None) -> int:
-        """Smallest j whose probability reaches ``target``; ``max_k`` when none does."""
+        """Smallest j whose probability reaches ``target``; ``max_k`` when none does; ``fallback_k``
+        at a tolerance the calibration has nothing to learn at."""
+        if within in self.uninformative:
+            return self.fallback_k
         if problem is None:
             raise AutotuneError("a logistic calibration sizes the budget from the problem's fields: pass problem")
         if len(scores) < 2:
@@ -796,7 +885,8 @@ def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[flo
 
 
 def calibration_from_oof(oof: Any, kernel_ids: Mapping[str, int] | None = None, *, kind: str = "table",
-                         problems: Any = None, **options: Any) -> dict[str, Any]:
+                         problems: Any = None, fallback_k: int = FALLBACK_K, min_problems: int = 10,
+                         zero_shot: bool = False, **options: Any) -> dict[str, Any]:
     """The manifest's ``autotune`` section from a train run's ``oof_predictions.parquet`` frame.
 
     Parameters
@@ -809,28 +899,67 @@ def calibration_from_oof(oof: Any, kernel_ids: Mapping[str, int] | None = None, 
         :func:`calibrate` (score-gap bins) or :func:`fit_logistic` (score gaps and problem size).
     problems : DataFrame, optional
         ``logistic``: indexed by the ``shape`` keys, one column per problem field it uses.
+    fallback_k, min_problems
+        The stated k of the budget where the calibration has nothing to learn
+        (:func:`informative_within`), and the fewest problems it learns from.
+    zero_shot : bool
+        The out-of-fold scores are of GPUs the folds did not train on (recorded: a selector on
+        a new GPU is then what the calibration measured).
     **options
         Passed to :func:`calibrate` (``logistic``: ``within`` and ``max_k`` only).
+
+    Returns
+    -------
+    dict
+        The calibration (:meth:`Calibration.to_dict` / :meth:`LogisticCalibration.to_dict`) with
+        ``uninformative_within``, ``fallback_k``, ``zero_shot`` and, when some tolerance is
+        uninformative, ``note`` saying why.
     """
     ties = None if kernel_ids is None else oof["kernel_name"].map(dict(kernel_ids)).to_numpy()
     args = (oof["shape"].to_numpy(), oof["perf"].to_numpy(), oof["score_model"].to_numpy(), oof["selectable"].to_numpy())
+    within = tuple(float(w) for w in options.get("within", (0.01, 0.02, 0.05, 0.1)))
+    max_k = int(options.get("max_k", 10))
+    rels = [rel for _, _, rel in ranked_problems(*args, tie_order=ties, max_k=max_k)]
+    if not rels:
+        raise AutotuneError("calibrate: no problem with a valid measured kernel")
+    uninformative, note = informative_within(np.vstack(rels), within, min_problems)
+    policy = {"uninformative": uninformative, "fallback_k": _count("fallback_k", fallback_k),
+              "zero_shot": bool(zero_shot)}
     if kind == "table":
-        return calibrate(*args, tie_order=ties, **options).to_dict()
-    if kind != "logistic" or problems is None:
+        out = replace(calibrate(*args, tie_order=ties, **options), **policy).to_dict()
+    elif kind != "logistic" or problems is None:
         raise AutotuneError(f"calibration kind={kind!r} (problems given: {problems is not None}); allowed: 'table', "
                             "or 'logistic' with the problems' field values")
-    max_k = int(options.get("max_k", 10))
-    fields = [str(c) for c in problems.columns]
-    feats, rels = [], []
-    for shape, scores, rel in ranked_problems(*args, tie_order=ties, max_k=max_k):
-        if shape not in problems.index:
-            raise AutotuneError(f"calibration: problem {shape!r} of the out-of-fold rows has no field values")
-        feats.append(signal_features(scores, problems.loc[shape].to_numpy(np.float64)))
-        rels.append(rel)
-    if not feats:
-        raise AutotuneError("calibrate: no problem with a valid measured kernel")
-    return fit_logistic(np.vstack(feats), np.vstack(rels), fields,
-                        within=options.get("within", (0.01, 0.02, 0.05, 0.1))).to_dict()
+    else:
+        fields = [str(c) for c in problems.columns]
+        feats, top = [], []
+        for shape, scores, rel in ranked_problems(*args, tie_order=ties, max_k=max_k):
+            if shape not in problems.index:
+                raise AutotuneError(f"calibration: problem {shape!r} of the out-of-fold rows has no field values")
+            feats.append(signal_features(scores, problems.loc[shape].to_numpy(np.float64)))
+            top.append(rel)
+        out = replace(fit_logistic(np.vstack(feats), np.vstack(top), fields, within=within), **policy).to_dict()
+    if note:
+        out["note"] = f"{note}: the Confidence budget benchmarks a fixed k = {policy['fallback_k']} there"
+    return out
+
+
+def informative_within(top_rel: np.ndarray, within: Sequence[float], min_problems: int) -> tuple[tuple[float, ...], str]:
+    """The tolerances a calibration has nothing to learn at, and why ("" when none).
+
+    ``top_rel[p, j - 1]`` is the efficiency of the best of problem p's top j. A tolerance is
+    uninformative when fewer than ``min_problems`` problems were scored (a handful of points
+    sizes nothing), or when no problem's top-1 is within it: every label of j = 1 is a miss, so
+    the probabilities cannot depend on the scores and the budget would only ever plan its cap.
+    """
+    n = len(top_rel)
+    if n < min_problems:
+        return tuple(within), f"{n} out-of-fold problem(s), fewer than the {min_problems} a calibration needs"
+    missed = tuple(w for w in within if not np.any(top_rel[:, 0] >= 1.0 - w - 1e-12))
+    if not missed:
+        return (), ""
+    return missed, (f"no out-of-fold problem's top-1 kernel is within {100 * max(missed):g}% of its best "
+                    f"({n} problems)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1338,20 +1467,21 @@ def _check_timeout(timeout: Any) -> float | None:
 def autotune_ranked(ids: Sequence[int], names: Sequence[str], scores: Sequence[float],
                     benchmark: Callable[[Any], float], budget: Budget, *, pass_id: bool = False,
                     problem: str = "", values: Mapping[str, float] | None = None,
-                    timeout: float | None = None) -> TuneResult:
+                    timeout: float | None = None, shift: str = "") -> TuneResult:
     """Benchmark ranked candidates (valid ones, best first) until ``budget`` is spent.
 
     This is the store-free core of :func:`autotune`; the replay and the C++ header follow the
     same rules: count successes against the soft budget, stop at ``budget.max_benchmarks``
     calls, and past the soft budget continue only while nothing has succeeded. ``values`` (the
-    problem's field values) feed a :class:`LogisticCalibration`. With ``timeout``, see
-    :func:`autotune`.
+    problem's field values) feed a :class:`LogisticCalibration`; ``shift`` (why the problem is
+    outside what the calibration measured, :func:`shift_of`) sizes a :class:`Confidence`
+    budget by :func:`size_confidence`. With ``timeout``, see :func:`autotune`.
     """
     if not isinstance(budget, Budget):
         raise AutotuneError(f"budget={budget!r}; allowed: FixedK, TimeBudget or Confidence")
     timeout = _check_timeout(timeout)
     if isinstance(budget, Confidence):  # sized once, from the scores (and the problem)
-        budget = _Sized(budget.planned(scores, values), budget.describe(), budget.max_benchmarks)
+        budget = size_confidence(budget, scores, values, shift)
     spent = _Spent()
     measured: list[Measurement] = []
     candidates = list(zip(ids, names))
@@ -1494,8 +1624,9 @@ def autotune(selector: Any, problem: Mapping[str, Any], benchmark: Callable[[Any
             log.warning("%s: skipped the stored answer for %s (%s); benchmarking", store.path, key, why)
     # the problem as the caller gave it: select checks it and encodes category values itself
     answer = selector.select(dict(problem), top_k=max(1, min(budget.max_benchmarks, len(selector.catalogue))))
+    shift = shift_of(selector.manifest, row, budget.calibration) if isinstance(budget, Confidence) else ""
     result = autotune_ranked(answer.ids, answer.kernels, answer.scores, benchmark, budget, pass_id=pass_id,
-                             problem=key, values=row, timeout=timeout)
+                             problem=key, values=row, timeout=timeout, shift=shift)
     if not answer.ok:
         result = TuneResult(key, None, None, None, (), False, budget.describe(), answer.reason)
     if store is not None and result.ok:

@@ -18,6 +18,7 @@ from typing import Any, Callable, NamedTuple
 from omegaconf import DictConfig
 
 from ckpred.errors import CkpredError
+from ckpred.util import RUN_MARKER
 
 
 class Command(NamedTuple):
@@ -222,6 +223,22 @@ def _unknown_key(schema: type, key: str) -> tuple[str, list[str]] | None:
     return None
 
 
+#: Commands that write their outputs into their run folder (Hydra's when no ``out_dir`` is given).
+_RUN_FOLDER_COMMANDS = ("train", "tune")
+
+
+def _check_run_folder(name: str, key: str, value: str) -> None:
+    """Refuse a ``hydra.run.dir`` that is not new, empty or this command's run folder before
+    Hydra writes ``.hydra/`` and the job's log into it (the command checks it again)."""
+    from ckpred.runs import run_directory
+    from ckpred.util import check_replaceable
+
+    try:
+        check_replaceable(key, value, run_directory(COMMANDS[name].config_name))
+    except CkpredError as exc:
+        _refuse(name, str(exc))
+
+
 def _check_creatable(name: str, key: str, value: str) -> None:
     """Refuse a directory Hydra would fail to create (under /proc, below a file, too long): its
     first missing component is made and removed again, so nothing is left behind."""
@@ -299,6 +316,8 @@ def _check_override_keys(name: str, argv: list[str]) -> None:
             key = override.key_or_group
             if key in ("hydra.run.dir", "hydra.sweep.dir") and "${" not in arg:
                 _check_creatable(name, key, str(override.value()))
+            if key == "hydra.run.dir" and "${" not in arg and COMMANDS[name].config_name in _RUN_FOLDER_COMMANDS:
+                _check_run_folder(name, key, str(override.value()))
             plain = not (override.is_add() or override.is_force_add() or override.is_delete())
             if plain and override.package is None and not _is_hydras(key):
                 unknown = _unknown_key(schema, key)
@@ -338,6 +357,8 @@ class _RunDirGuard:
         bases = [run_base, *([self.out_dir] if self.out_dir else [])]
         self.candidates = {p for base in bases for p in (base, *base.parents)}
         self.existed = {p for p in self.candidates if _exists(p)}
+        # the run folders already marked: a marker this run did not write stays
+        self.marked = {p for p in self.existed if _exists(p / RUN_MARKER)}
 
     def clean(self) -> None:
         from hydra.core.hydra_config import HydraConfig
@@ -357,7 +378,7 @@ class _RunDirGuard:
         """Hydra's files in ``out`` when nothing else is there (else the run wrote something: keep it)."""
         hydra_files = {"config.yaml", "hydra.yaml", "overrides.yaml"}
         meta = out / ".hydra"
-        if not {p.name for p in out.iterdir()} <= {".hydra", f"{job}.log"} or \
+        if not {p.name for p in out.iterdir()} <= {".hydra", f"{job}.log", RUN_MARKER} or \
                 (meta.is_dir() and not {p.name for p in meta.iterdir()} <= hydra_files):
             return
         for f in hydra_files:
@@ -365,9 +386,17 @@ class _RunDirGuard:
         if meta.is_dir():
             meta.rmdir()
         (out / f"{job}.log").unlink(missing_ok=True)
+        (out / RUN_MARKER).unlink(missing_ok=True)  # a folder Hydra made for this run: the marker is the run's
 
     def _remove_empty(self, made: Path | None) -> None:
-        """``made`` and its parents, each while it is empty and was made by this run."""
+        """``made`` and its parents, each while it is empty and was made by this run (the run
+        folder marker this run wrote into ``made`` is removed first)."""
+        if made is not None and made not in self.marked:
+            try:
+                if made.is_dir() and [p.name for p in made.iterdir()] == [RUN_MARKER]:
+                    (made / RUN_MARKER).unlink()
+            except OSError:
+                pass
         for folder in ([made, *made.parents] if made else []):
             try:
                 if folder in self.existed or not folder.is_dir() or any(folder.iterdir()):

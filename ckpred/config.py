@@ -17,8 +17,8 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from ckpred import schema
 from ckpred.cv.schemes import registered_schemes
-from ckpred.errors import ConfigValueError, InputFileError, OutputPathError, UnknownConfigKeyError, UnusedConfigKeyError
-from ckpred.util import resolve_path
+from ckpred.errors import ConfigValueError, InputFileError, UnknownConfigKeyError, UnusedConfigKeyError
+from ckpred.util import claim_run_dir
 
 #: Folder of the config tree: top-level conf/ in a checkout, shipped as the package ckpred.conf.
 CONF_DIR = Path(str(importlib.resources.files("ckpred.conf")))
@@ -184,7 +184,12 @@ def use_config_dirs(sources: Any) -> None:
 
 def run_dir(cfg: Any, command: str) -> Path:
     """Output folder of a command run: ``cfg.out_dir`` if set, else Hydra's run dir, else
-    (outside ``@hydra.main``: tests, notebooks) ``runs/<command>/<time>``; created if missing.
+    (outside ``@hydra.main``: tests, notebooks) ``runs/<command>/<time>``; created if missing
+    and marked as this command's run folder (:func:`ckpred.util.claim_run_dir`).
+
+    The run writes files of fixed names into it, so a folder that is not new, empty or a run
+    folder of this command ckpred made (``out_dir=.``, a user's folder, ``hydra.run.dir=.``
+    where files are) is refused naming the key, before any work.
 
     Under ``-m`` a set ``out_dir`` gets the job number appended (``<out_dir>/<job.num>``, like
     Hydra's sweep dir): every job of the sweep would otherwise write into the same folder.
@@ -194,20 +199,19 @@ def run_dir(cfg: Any, command: str) -> Path:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from ckpred.runs import run_directory
+
     hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None  # None outside @hydra.main
-    if cfg.get("out_dir"):
-        out = resolve_path(cfg.out_dir)
+    key, value = "out_dir", cfg.get("out_dir")
+    if value:
         if hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN:
-            out = out / str(hydra_cfg.job.num)
+            value = f"{value}/{hydra_cfg.job.num}"
     elif hydra_cfg is not None:
-        out = Path(hydra_cfg.runtime.output_dir)
+        value = hydra_cfg.runtime.output_dir
+        key = "hydra.run.dir" if hydra_cfg.mode == RunMode.RUN else "hydra.sweep.dir"
     else:
-        out = resolve_path(Path("runs") / command / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # a place the permission check passes and the file system refuses (/proc)
-        raise OutputPathError(str(out), exc.strerror or str(exc)) from None
-    return out
+        value = str(Path("runs") / command / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+    return claim_run_dir(key, value, run_directory(command))
 
 
 #: The schema of each command's primary config (``conf/<name>.yaml`` starts with ``base_<name>``).

@@ -647,10 +647,16 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
         by.add_column("method")
         for label, rep in groups.items():
             by.add_column(f"{label} (n={rep['n_shapes']})", justify="right")
+        over_archs = key == "by_arch"  # each GPU once: the mean a new GPU can expect
+        if over_archs:
+            by.add_column("mean over GPUs", justify="right")
         for method, rep in scored.items():
-            by.add_row(method, *[f"{100 * rep[key][g]['mean']:.2f} / {100 * rep[key][g]['p10']:.2f} / "
-                                 f"{100 * rep[key][g].get('failed_pick', 0):.2f}"
-                                 if g in rep.get(key, {}) and "mean" in rep[key][g] else "-" for g in groups])
+            cells = [f"{100 * rep[key][g]['mean']:.2f} / {100 * rep[key][g]['p10']:.2f} / "
+                     f"{100 * rep[key][g].get('failed_pick', 0):.2f}"
+                     if g in rep.get(key, {}) and "mean" in rep[key][g] else "-" for g in groups]
+            if over_archs:
+                cells.append(f"{100 * rep['mean_over_archs']:.2f}" if "mean_over_archs" in rep else "-")
+            by.add_row(method, *cells)
         console.print(by)
     skipped = {m: r["skipped"] for m, r in metrics.items() if isinstance(r, dict) and "skipped" in r}
     for method, why in skipped.items():

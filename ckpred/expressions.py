@@ -19,7 +19,9 @@ Grammar
 * comparisons ``< <= > >= == !=`` (chains allowed), ``and``, ``or``, ``not`` and the
   conditional ``a if cond else b``;
 * functions: ``log2, ceil, floor, min, max, ceil_div, where, abs, sqrt, dtype_bytes``
-  (:data:`FUNCTIONS`).
+  and ``contains(field, 'text')`` (:data:`FUNCTIONS`): true where a categorical field's value
+  contains the text (case-sensitive), e.g. ``contains(solver, 'Xdlops')`` -- a tag parsed from
+  a kernel's name, so a kernel never seen in training gets the tags of its name.
 
 Values
 ------
@@ -64,10 +66,18 @@ FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "abs": (1, 1),
     "sqrt": (1, 1),
     "dtype_bytes": (1, 1),
+    "contains": (2, 2),
 }
 
 #: Name of the hardware-constant namespace (``hw.cus``).
 HW = "hw"
+
+#: Longest expression text accepted (the project's longest is under 200 characters): a bound
+#: checked before :func:`ast.parse`, whose own recursion a long chain of operators exhausts.
+MAX_CHARS = 2000
+#: Deepest expression tree accepted (operators nested in operators); the checks and the
+#: evaluation walk the tree recursively.
+MAX_DEPTH = 100
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
            ast.Pow: "**"}
@@ -157,11 +167,20 @@ class Expression:
         source = str(text)
         if not source.strip():
             raise ConfigValueError(key, text, "a non-empty expression")
+        if len(source) > MAX_CHARS:
+            raise ConfigValueError(key, f"{source[:40]}... ({len(source):,} characters)",
+                                   f"an expression of at most {MAX_CHARS:,} characters")
         try:
             module = ast.parse(source.strip(), mode="eval")
         except SyntaxError as exc:
             where = f" at column {exc.offset}" if exc.offset else ""
-            raise ConfigValueError(key, source, f"a Python-syntax expression ({exc.msg}{where})") from None
+            raise ConfigValueError(key, _shown(source), f"a Python-syntax expression ({exc.msg}{where})") from None
+        except (RecursionError, MemoryError):  # Python's parser gives up on deep nesting
+            raise ConfigValueError(key, _shown(source), f"an expression nested at most {MAX_DEPTH} deep") from None
+        depth = _depth(module.body)
+        if depth > MAX_DEPTH:
+            raise ConfigValueError(key, _shown(source), f"an expression nested at most {MAX_DEPTH} deep "
+                                                        f"(this one is {depth} deep)")
         return cls(source, key, module.body)
 
     def _refuse(self, node: ast.AST, what: str) -> ConfigValueError:
@@ -179,6 +198,10 @@ class Expression:
                 strings.add(node.value)
             elif not isinstance(node.value, (int, float)):  # bool is an int
                 raise self._refuse(node, "the constant")
+            elif not _finite(node.value):  # 1e999, or an integer past float64 (a 400-digit literal)
+                raise ConfigValueError(self.key, _shown(self.text),
+                                       f"number literals within float64's range (|x| < 1.8e308; refused: "
+                                       f"{_shown(repr(node.value))})")
         elif isinstance(node, ast.Name):
             if node.id == HW:
                 raise self._refuse(node, "hw without a constant name, write hw.<constant>:")
@@ -221,6 +244,14 @@ class Expression:
                 count = str(low) if low == high else f"at least {low}"
                 raise self._refuse(node, f"{node.func.id}() takes {count} argument(s):")
             functions.add(node.func.id)
+            if node.func.id == "contains":
+                field, text = node.args
+                if not isinstance(field, ast.Name) or field.id in FUNCTIONS:
+                    raise self._refuse(node, "contains() takes a categorical field first:")
+                if not (isinstance(text, ast.Constant) and isinstance(text.value, str) and text.value):
+                    raise self._refuse(node, "contains() takes a non-empty string literal second:")
+                names.add(field.id)  # the text is searched for, not a category value: not in strings
+                return
             for a in node.args:
                 rec(a)
         else:
@@ -267,6 +298,69 @@ class Expression:
                                        f"(in expression {self.text!r})")
         return self
 
+    def check_constants(self) -> "Expression":
+        """Refuse a constant part that is no finite number and a division by a constant zero.
+
+        Such an expression (``10**10**10 * m``, ``sqrt(-1) * m``, ``m // 0``) can only give an
+        infinite or undefined value wherever it is evaluated. Returns self.
+
+        Raises
+        ------
+        ckpred.errors.ConfigValueError
+            Naming the key, the expression and the part at fault.
+        """
+        constant: dict[int, bool] = {}
+        for node in _post_order(self._tree):
+            constant[id(node)] = _is_constant(node, constant)
+        for node in ast.walk(self._tree):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) \
+                    and constant[id(node.right)] and self._constant_value(node.right) == 0.0:
+                raise self._bad_part(node, "a division by zero")
+            if isinstance(node, ast.expr) and constant[id(node)] and not isinstance(node, ast.Constant):
+                value = self._constant_value(node)
+                if value is not None and not math.isfinite(value):
+                    raise self._bad_part(node, f"{value}")
+        return self
+
+    def _constant_value(self, node: ast.AST) -> float | None:
+        """The number a constant part folds to (``None``: not a number, e.g. a string)."""
+        from ckpred.features.base import NumpyOps
+
+        walker = _Walker(self, {}, {}, NumpyOps(1), {}, None)
+        try:
+            value = walker.visit(node)
+        except ConfigValueError:  # a type error: the trial evaluation names it
+            return None
+        return float(value.value) if value.kind in ("num", "bool") else None
+
+    def _bad_part(self, node: ast.AST, what: str) -> ConfigValueError:
+        snippet = ast.get_source_segment(self.text.strip(), node) or type(node).__name__
+        return ConfigValueError(self.key, _shown(self.text),
+                                f"an expression whose constant parts are finite numbers (refused: "
+                                f"{_shown(snippet)!r} is {what})")
+
+    def trial(self, *, categories: Mapping[str, Sequence[str]] | None = None, condition: bool = False) -> "Expression":
+        """Evaluate once on a row of ones (a categorical field: its first value; ``hw`` constants:
+        one) to refuse what no table can evaluate: ordering a categorical field, ``dtype_bytes``
+        of a number, a string in arithmetic... Returns self.
+
+        Raises
+        ------
+        ckpred.errors.ConfigValueError
+            Naming the key, the expression and the part at fault.
+        """
+        from ckpred.features.base import NumpyOps
+
+        categories = dict(categories or {})
+        columns = {n: np.zeros(1) if n in categories else np.ones(1) for n in self.names}
+        hw = dict.fromkeys(self.hw_names, 1.0)
+        with np.errstate(all="ignore"):
+            if condition:
+                self.evaluate_bool(columns, hw, NumpyOps(1), categories=categories)
+            else:
+                self.evaluate(columns, hw, NumpyOps(1), categories=categories)
+        return self
+
     # -- evaluation --------------------------------------------------------------------------
     def evaluate(self, columns: Mapping[str, Any], hw: Mapping[str, float] | None = None, xp: Any = None, *,
                  categories: Mapping[str, Sequence[str]] | None = None,
@@ -309,6 +403,52 @@ class Expression:
         xp = xp if xp is not None else _default_ops(columns)
         walker = _Walker(self, columns, hw or {}, xp, categories or {}, dtype_bytes)
         return walker.boolean(walker.visit(self._tree), self._tree).value
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters for a message (a refused text may be huge)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def _post_order(tree: ast.AST) -> list[ast.AST]:
+    """The nodes of ``tree``, each after its children (without recursion)."""
+    out: list[ast.AST] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return out[::-1]
+
+
+def _is_constant(node: ast.AST, known: Mapping[int, bool]) -> bool:
+    """Whether ``node`` reads no field and no ``hw`` constant (its children already judged in
+    ``known``); a call's function name does not count as a field."""
+    if isinstance(node, ast.Constant) or not isinstance(node, ast.expr):
+        return True
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return False
+    if isinstance(node, ast.Call):
+        return all(known[id(a)] for a in node.args)
+    return all(known[id(c)] for c in ast.iter_child_nodes(node))
+
+
+def _finite(value: int | float) -> bool:
+    """Whether a number literal is a finite float64 (evaluation is float64)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _depth(tree: ast.AST) -> int:
+    """Depth of ``tree`` (a leaf is 1), walked without recursion."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 def parse(text: Any, *, key: str) -> Expression:
@@ -543,6 +683,8 @@ class _Walker:
             return self.select(*args)
         if name == "dtype_bytes":
             return self.dtype_bytes_of(args[0])
+        if name == "contains":
+            return self.contains(args[0], args[1].value)  # type: ignore[attr-defined]  # checked at parse
         values = [self.number(self.visit(a), a) for a in args]
         if name in ("min", "max"):
             out = values[0]
@@ -560,6 +702,21 @@ class _Walker:
             return _Value(_np_scalar(getattr(NumpyOps(1), fn), *(np.float64(v.value) for v in values)), "num", True)
         return _Value(getattr(self.xp, fn)(*(v.value for v in values)), "num", False)
 
+    def contains(self, node: ast.AST, text: str) -> _Value:
+        """A categorical field's value contains ``text``: its code is one of the values that do
+        (an ``Or`` of ``Equal``s, nothing when no value does)."""
+        v = self.visit(node)
+        if v.kind == "str":  # a categorical field fixed for the whole table
+            return _Value(text in v.value, "bool", True)
+        if v.field is None:
+            raise self.error(node, getattr(node, "id", v.value),
+                             f"a categorical field in contains() ({sorted(self.categories) or 'none in this op'})")
+        codes = [i for i, value in enumerate(self.categories[v.field]) if text in value]
+        out = _Value(False, "bool", True)
+        for code in codes:
+            out = self.logical(False, out, _Value(self.xp.equal(v.value, float(code)), "bool", False))
+        return out
+
     def dtype_bytes_of(self, node: ast.AST) -> _Value:
         v = self.visit(node)
         table = self.dtype_bytes
@@ -568,7 +725,8 @@ class _Walker:
                 raise self.error(node, v.value, f"a dtype name of {sorted(table)}")
             return _Value(float(table[v.value]), "num", True)
         if v.field is None:
-            raise self.error(node, v.value, "a categorical dtype field or a dtype name string in dtype_bytes()")
+            raise self.error(node, ast.get_source_segment(self.expr.text.strip(), node) or v.value,
+                             "a categorical dtype field or a dtype name string in dtype_bytes()")
         values = self.categories[v.field]
         unknown = [c for c in values if c not in table]
         if unknown:

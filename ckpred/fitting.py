@@ -36,16 +36,49 @@ class Prepared:
     shapes: pd.DataFrame = field(repr=False)
     #: Per shape: code of its CV group (the op's ``cv_group`` key; shapes of one group share a fold).
     cv_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
-    #: The arch config of the table (its validity rules' and features' hardware constants).
+    #: The arch config of the table (its validity rules' and features' hardware constants); on
+    #: a table of several GPUs, the run's arch (the one its fitted pipelines' features are built for).
     arch: Any = field(default=None, repr=False)
+    #: A table of several GPUs: the arch configs of its rows, each row's index into them
+    #: (``row_arch``) and each shape's (``shape_arch``); empty for a table of one arch.
+    archs: tuple[Any, ...] = field(default=(), repr=False)
+    row_arch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
+    shape_arch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
+
+    @property
+    def multi_arch(self) -> bool:
+        """Whether the rows are of several GPUs (each featurised with its own arch's constants)."""
+        return len(self.archs) > 1
+
+    def arch_groups(self, rows: np.ndarray) -> list[tuple[Any, np.ndarray]]:
+        """``(arch config, rows of that arch)`` covering ``rows``, in order of the archs."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not self.multi_arch:
+            return [(self.arch, rows)]
+        codes = self.row_arch[rows]
+        return [(arch, rows[codes == i]) for i, arch in enumerate(self.archs) if np.any(codes == i)]
+
+    def arch_names(self, shapes: np.ndarray | None = None) -> list[str]:
+        """Names of the archs of ``shapes`` (default every shape), in order of the archs."""
+        if not self.multi_arch:
+            return [str(self.arch.name)] if self.arch is not None else []
+        codes = self.shape_arch if shapes is None else self.shape_arch[np.asarray(shapes, dtype=np.int64)]
+        return [str(a.name) for i, a in enumerate(self.archs) if np.any(codes == i)]
 
 
-def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None) -> Prepared:
+def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None, own_archs: bool = True) -> Prepared:
     """Encode the model input, measured perf, validity mask and shape groups of ``table``.
 
     Shapes are the op's queries (``shape_keys``: the ranking group and unit of efficiency);
     ``cv_groups`` codes each shape's CV group. ``arch`` is the table's own arch config
     (default ``cfg.arch``).
+
+    A table whose ``arch`` column names several GPUs (a reader that gives each row its GPU's
+    arch, e.g. Kernel Tuner caches of several GPUs) keeps each row's own: a row of ``arch``'s
+    name uses ``arch``, another the arch config of its name (:func:`ckpred.schema.arch_config`),
+    for its validity rules here and its hardware features wherever it is featurised; a shape
+    key then also names the arch when the op's query key does not tell the GPUs apart. With
+    ``own_archs=False`` every row uses ``arch``.
     """
     arch = cfg.arch if arch is None else arch
     if len(table) == 0:
@@ -53,11 +86,25 @@ def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None) -
     table = table.reset_index(drop=True)
     X = op.encode_frame(table)
     perf = ev.measured_perf(table["tflops"].to_numpy(), table["is_valid"].to_numpy())
-    selectable = rule_mask(table, op, cfg, arch)
-    groups = ev.ShapeGroups.from_keys(op.shape_keys(table))
+    archs, row_arch = row_archs(table, arch) if own_archs else ((), np.zeros(0, dtype=np.int64))
+    if len(archs) > 1:
+        selectable = np.zeros(len(table), dtype=bool)
+        for i, one in enumerate(archs):
+            rows = np.flatnonzero(row_arch == i)
+            selectable[rows] = rule_mask(table.iloc[rows], op, cfg, one)
+    else:
+        archs, row_arch = (), np.zeros(0, dtype=np.int64)
+        selectable = rule_mask(table, op, cfg, arch)
+    keys = op.shape_keys(table)
+    if len(archs) > 1 and pd.Series(row_arch).groupby(np.asarray(keys)).nunique().max() > 1:
+        # one problem measured on several GPUs is one selection per GPU
+        keys = pd.Series(np.asarray(keys, dtype=object) + "@" + table["arch"].astype(str).to_numpy(dtype=object))
+    groups = ev.ShapeGroups.from_keys(keys)
     first = groups.first_rows()
     shapes = table.loc[first, list(op.problem_names)].reset_index(drop=True)
     shapes.insert(0, "shape", groups.keys)
+    if len(archs) > 1:
+        shapes["arch"] = table["arch"].astype(str).to_numpy()[first]
     shapes["family"] = op.family(shapes)
     best_row = np.full(groups.n_shapes, -1)
     for s in range(groups.n_shapes):
@@ -71,7 +118,29 @@ def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None) -
         shapes["best_pipeline"] = np.where(ok, table["pipeline"].to_numpy()[np.maximum(best_row, 0)], "")
     cv_groups = pd.factorize(np.asarray(op.cv_group_keys(shapes)))[0].astype(np.int64)
     return Prepared(table=table, X=X, perf=perf, selectable=selectable,
-                    groups=groups, shapes=shapes, cv_groups=cv_groups, arch=arch)
+                    groups=groups, shapes=shapes, cv_groups=cv_groups, arch=arch, archs=archs, row_arch=row_arch,
+                    shape_arch=row_arch[first] if len(archs) > 1 else np.zeros(0, dtype=np.int64))
+
+
+def row_archs(table: pd.DataFrame, arch: Any) -> tuple[tuple[Any, ...], np.ndarray]:
+    """The arch configs named by ``table``'s ``arch`` column and each row's index into them:
+    ``arch`` itself for rows of its name, else the arch config of the row's name. A table
+    without the column, or of one arch name, is ``arch``'s alone.
+
+    Raises
+    ------
+    ckpred.errors.ConfigValueError
+        When a row names an arch no config dir has (key ``arch``, the name and the configs there are).
+    """
+    if "arch" not in table.columns:
+        return (arch,), np.zeros(len(table), dtype=np.int64)
+    codes, names = pd.factorize(table["arch"].astype(str), sort=False)
+    if len(names) == 1:
+        return (arch,), np.zeros(len(table), dtype=np.int64)
+    from ckpred.schema import arch_config
+
+    own = str(getattr(arch, "name", arch))
+    return tuple(arch if name == own else arch_config(str(name)) for name in names), codes.astype(np.int64)
 
 
 def rule_mask(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any) -> np.ndarray:
@@ -144,6 +213,9 @@ class LearnedMethod:
     init_model: Any = None
     #: The learned validity mask's config (``validity``); None = no failure model.
     validity: Any = None
+    #: The transfer recipe's config (``transfer``): the method is fitted by
+    #: :func:`ckpred.transfer.fit_transfer` (its learner blended with the static order).
+    transfer: Any = None
 
 
 def recipe_config(cfg: Any, features: Any, model: Any, target: Any) -> DictConfig:
@@ -173,7 +245,13 @@ def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: Op
     ``build(recipe, op, arch, dtype)`` makes the unfitted pipeline (default
     :func:`ckpred.models.build_pipeline`); a study that compares objectives on one feature set
     passes a builder whose feature step is the identity and ``data.X`` already featurised.
+    A method with ``transfer`` set is the transfer recipe: the fitted model is a
+    :class:`ckpred.transfer.TransferModel`.
     """
+    if method.transfer is not None:
+        from ckpred.transfer import fit_transfer  # same stage; it builds on this function
+
+        return fit_transfer(method, data, shapes, op, cfg, seed)
     recipe = method.recipe
     rng = np.random.default_rng(seed)
     max_rows = int(recipe.model.max_rows_per_query) if recipe.model.name == "lgbm_ranker" else 2 ** 62
@@ -194,10 +272,15 @@ def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: Op
         val_kwargs = dict(X_val=data.X.iloc[vrows], val_codes=vcodes,
                           y_val=training_target(data.perf[vrows], vcodes, recipe.model, recipe.target))
     pipe = build(recipe, op, data.arch if data.arch is not None else cfg.arch, cfg.dtype)
+    if data.multi_arch:  # each GPU's rows with its own arch's constants
+        val_kwargs["Xt"] = arch_features(data, rows, recipe, op, cfg, build)
+        if len(val_shapes):
+            val_kwargs["Xt_val"] = arch_features(data, vrows, recipe, op, cfg, build)
+        info["archs"] = data.arch_names(fit_shapes)
     learn_failures = method.validity is not None and bool(method.validity.learned)
     features_out: dict[str, Any] = {}
     model_cfg = recipe.model
-    if int(model_cfg.early_stopping_rounds) > 0 and not val_kwargs:
+    if int(model_cfg.early_stopping_rounds) > 0 and "X_val" not in val_kwargs:
         # no validation group to stop on (validation_split said why): the full tree count
         model_cfg = OmegaConf.merge(model_cfg, {"early_stopping_rounds": 0})
     fit_pipeline(pipe, data.X.iloc[rows], y, codes, model_cfg=model_cfg,
@@ -217,6 +300,21 @@ def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: Op
     if best_iter:
         info["best_iteration"] = int(best_iter)
     return pipe, info
+
+
+def arch_features(data: Prepared, rows: np.ndarray, recipe: Any, op: OpDefinition, cfg: Any,
+                  build: Callable[..., Any] = build_pipeline) -> np.ndarray:
+    """The features of ``rows`` of a table of several GPUs, each row's with its own arch's
+    constants (one feature step per arch, built as ``build`` builds the pipeline's), in ``rows`` order."""
+    rows = np.asarray(rows, dtype=np.int64)
+    out: np.ndarray | None = None
+    for arch, sub in data.arch_groups(rows):
+        features = build(recipe, op, arch, cfg.dtype).named_steps["features"]
+        part = np.asarray(features.fit(data.X.head(8)).transform(data.X.iloc[sub]), dtype=np.float64)
+        if out is None:
+            out = np.empty((len(rows), part.shape[1]), dtype=np.float64)
+        out[np.isin(rows, sub)] = part
+    return out if out is not None else np.zeros((0, 0))
 
 
 def for_arch(pipe: Any, method: LearnedMethod, op: OpDefinition, cfg: Any, arch: Any, X: pd.DataFrame) -> Any:

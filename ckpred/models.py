@@ -208,7 +208,8 @@ def query_sizes(shape_codes: np.ndarray) -> np.ndarray:
 def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np.ndarray, *,
                  model_cfg: Any, target: str, X_val: pd.DataFrame | None = None,
                  y_val: np.ndarray | None = None, val_codes: np.ndarray | None = None,
-                 init_model: lgb.Booster | None = None, features_out: dict[str, Any] | None = None) -> Pipeline:
+                 init_model: lgb.Booster | None = None, features_out: dict[str, Any] | None = None,
+                 Xt: np.ndarray | None = None, Xt_val: np.ndarray | None = None) -> Pipeline:
     """Fit ``pipe`` in place, with early stopping on (X_val, y_val) when configured.
 
     The steps are fitted one after the other (instead of ``Pipeline.fit``) so the validation
@@ -228,10 +229,17 @@ def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np
     features_out : dict, optional
         Receives the transformed training features as ``features_out["Xt"]`` (so a failure
         model can learn on them without computing them again).
+    Xt, Xt_val : ndarray, optional
+        The features of ``X`` and ``X_val`` when the caller computed them (rows of several GPUs,
+        each with its own arch's constants: :func:`ckpred.fitting.fit_method`); the feature
+        step is then fitted on ``X`` (it learns where its columns are) without transforming it.
     """
     features = pipe.named_steps["features"]
     model = pipe.named_steps["model"]
-    Xt = features.fit_transform(X)
+    if Xt is None:
+        Xt = features.fit_transform(X)
+    else:
+        features.fit(X)
     if features_out is not None:
         features_out["Xt"] = Xt
     fit_params: dict[str, Any] = {}
@@ -242,7 +250,7 @@ def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np
     if rounds > 0:
         if X_val is None or y_val is None or len(X_val) == 0:
             raise ValueError("early stopping needs validation rows (model.early_stopping_rounds > 0)")
-        Xv = features.transform(X_val)
+        Xv = features.transform(X_val) if Xt_val is None else Xt_val
         yv = np.asarray(y_val, dtype=np.float64)
         if isinstance(model, TransformedTargetRegressor):
             # TTR transforms y but passes eval_set through untouched: transform it here.

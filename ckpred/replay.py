@@ -16,6 +16,8 @@ split into pseudo-folds by key when the run has one fold), or on a separate cali
 
 from __future__ import annotations
 
+import json
+import logging
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from ckpred import autotune as at
+from ckpred.errors import InputFileError, MissingFileError
 
 __all__ = ["ReplayData", "Hindsight", "Learned", "load_run", "replay", "summarize", "replay_table", "markdown",
            "plot_curves", "problem_features", "learned_probabilities", "learned_plans", "signal_auc"]
@@ -109,10 +112,10 @@ def load_run(run_dir: str | Path, *, score: str = "score_model") -> ReplayData:
     ------
     ckpred.errors.MissingFileError
         When the run has no ``oof_predictions.parquet``.
+    ckpred.errors.InputFileError
+        When the predictions are not readable Parquet, lack a column, hold no row or no score
+        (every score NaN), or the run record is not a JSON object.
     """
-    import json
-
-    from ckpred.errors import MissingFileError
     from ckpred.kernels.base import load_op
     from ckpred.runs import run_record_path
 
@@ -120,12 +123,7 @@ def load_run(run_dir: str | Path, *, score: str = "score_model") -> ReplayData:
     path = run_dir / "oof_predictions.parquet"
     if not path.is_file():
         raise MissingFileError(str(path), "no out-of-fold predictions; is this a `python -m ckpred train` run dir?")
-    oof = pd.read_parquet(path)
-    if score not in oof:
-        from ckpred.errors import TableSchemaError
-
-        raise TableSchemaError(f"{path}: no column {score!r}; score columns: "
-                               f"{[c for c in oof.columns if c.startswith('score_')]}")
+    oof = _read_predictions(path, score)
     frame = pd.DataFrame({"shape": oof["shape"].astype(str), "kernel_name": oof["kernel_name"],
                           "perf": oof["perf"].to_numpy(float), "selectable": oof["selectable"].to_numpy(bool),
                           "score": oof[score].to_numpy(float), "fold": oof["fold"].to_numpy()})
@@ -133,7 +131,7 @@ def load_run(run_dir: str | Path, *, score: str = "score_model") -> ReplayData:
     frame["tie"] = np.arange(len(frame))
     record = run_record_path(run_dir)
     if record.is_file():
-        m = json.loads(record.read_text())
+        m = _read_record(record)
         if all(isinstance(m.get(k), str) for k in ("op", "arch", "dtype", "layout")):
             # a declared op (e.g. from --config-dir) is rebuilt from the run's own op config
             op = load_op((m.get("config") or {}).get("op") or m["op"])
@@ -145,6 +143,48 @@ def load_run(run_dir: str | Path, *, score: str = "score_model") -> ReplayData:
     if frame["fold"].nunique() < 2:  # one test fold (external / holdout): pseudo-folds by problem key
         frame["fold"] = frame["shape"].map(_pseudo_fold)
     return ReplayData(frame)
+
+
+#: Columns of ``oof_predictions.parquet`` the replay reads (besides the score column).
+_OOF_COLUMNS = ("shape", "kernel_name", "perf", "selectable", "fold")
+
+
+def _read_predictions(path: Path, score: str) -> pd.DataFrame:
+    """The out-of-fold predictions of a train run, refusing a file the replay cannot use."""
+    import pyarrow.parquet as pq  # the engine pandas would import to read it anyway
+
+    try:
+        oof = pq.read_table(path).to_pandas()
+    except Exception as exc:  # pyarrow raises several types for a truncated or foreign file
+        raise InputFileError(str(path), f"not a readable Parquet file ({type(exc).__name__}: {exc}); rerun "
+                                        "`python -m ckpred train` to write it again") from None
+    missing = [c for c in (*_OOF_COLUMNS, score) if c not in oof.columns]
+    if missing:
+        raise InputFileError(str(path), f"lacks column(s) {missing}; allowed: out-of-fold predictions with "
+                                        f"{list(_OOF_COLUMNS)} and score columns "
+                                        f"{[c for c in oof.columns if c.startswith('score_')]}")
+    if not len(oof):
+        raise InputFileError(str(path), "holds no prediction (0 rows); allowed: a train run's out-of-fold "
+                                        "predictions, one row per measured candidate")
+    scores = pd.to_numeric(oof[score], errors="coerce")
+    if scores.isna().all():
+        raise InputFileError(str(path), f"column {score!r} holds no score (every value NaN): the model ranked "
+                                        "nothing, and a replay would order candidates by row alone")
+    if scores.isna().any():
+        logging.getLogger(__name__).warning("%s: %d of %d %s values are NaN (those candidates rank last)",
+                                            path, int(scores.isna().sum()), len(scores), score)
+    return oof
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    """A run record (``run.json``) as a mapping, refusing one that is not a JSON object."""
+    try:
+        record = json.loads(path.read_text())
+    except (ValueError, RecursionError) as exc:  # not JSON, or nested past the parser's depth
+        raise InputFileError(str(path), f"not a JSON run record ({type(exc).__name__}: {str(exc)[:120]})") from None
+    if not isinstance(record, dict):
+        raise InputFileError(str(path), f"a run record is a JSON object, not a {type(record).__name__}")
+    return record
 
 
 def _pseudo_fold(shape: Any) -> int:

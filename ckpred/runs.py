@@ -4,25 +4,30 @@ A train run dir holds ``pipeline.joblib`` (with ``save_pipeline=true``), the run
 ``run.json`` (:data:`RUN_RECORD`: the run's config, data hash, versions, metrics and the
 pipeline's sha256) and the CV outputs. Both consumers need the same guarantees before they
 trust the pickled pipeline: the files are there, and the pipeline is the one the record
-describes. (An export directory's ``manifest.json`` is a different file: :mod:`ckpred.export.manifest`.)
+describes, and loading it runs no code the file names (:func:`load_pipeline`). (An export
+directory's ``manifest.json`` is a different file: :mod:`ckpred.export.manifest`.) The run folder
+kinds (:func:`run_directory`) say what a rerun may find in an existing folder.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import io
 import json
+import os
+import stat
 import sys
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
-
-import joblib
+from typing import Any, BinaryIO
 
 from ckpred.evaluate import write_json
-from ckpred.util import package_versions, resolve_path, sha256_file
+from ckpred.util import RunDirectory, file_kind, package_versions, resolve_path
 from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError
 
-__all__ = ["RUN_RECORD", "DataRecord", "RunRecord", "TrainRun", "load_train_run", "run_record_path"]
+__all__ = ["RUN_RECORD", "DataRecord", "RunRecord", "TrainRun", "load_train_run", "run_directory", "run_record_path"]
 
 #: The record ``train`` writes into its run directory.
 RUN_RECORD = "run.json"
@@ -93,6 +98,9 @@ class RunRecord:
     config: dict[str, Any]
     #: The warm start's lineage (:func:`ckpred.warm_start.lineage`); None for a cold start.
     warm_start: dict[str, Any] | None = None
+    #: Every fold tested GPUs its training rows do not come from (leave-one-GPU-out, an external
+    #: test on another arch): its out-of-fold scores are zero-shot ones.
+    zero_shot: bool = False
     command: str = "train"
     created: str = field(default_factory=lambda: datetime.now().astimezone().isoformat(timespec="seconds"))
     versions: dict[str, str] = field(default_factory=lambda: package_versions(RECORD_PACKAGES))
@@ -109,6 +117,8 @@ class RunRecord:
                                                   "versions", "argv", "config")})
         if self.warm_start is not None:
             out["warm_start"] = self.warm_start
+        if self.zero_shot:
+            out["zero_shot"] = True
         return out
 
     def write(self, run_dir: Path) -> Path:
@@ -122,6 +132,36 @@ def run_record_path(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     path, legacy = run_dir / RUN_RECORD, run_dir / LEGACY_RUN_RECORD
     return legacy if not path.is_file() and legacy.is_file() else path
+
+
+def _recorded_train_run(path: Path) -> bool:
+    """A train run folder written before run folders were marked: its run record says so."""
+    record = run_record_path(path)
+    try:
+        if not record.is_file() or record.stat().st_size > 1 << 28:
+            return False
+        data = json.loads(record.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("command") == "train" and isinstance(data.get("created"), str)
+
+
+def _replay_folder(path: Path) -> bool:
+    """A replay folder written before run folders were marked: only ``replay.md``, ``replay.csv``
+    (its header ``policy,...``) and ``replay.png``."""
+    try:
+        names = {p.name for p in path.iterdir()}
+        with open(path / "replay.csv", "rb") as fh:
+            header = fh.readline(4096)
+    except OSError:
+        return False
+    return names <= {"replay.md", "replay.csv", "replay.png"} and header.startswith(b"policy,")
+
+
+def run_directory(command: str) -> RunDirectory:
+    """The run folder kind of ``command`` (what a rerun into an existing folder may find there)."""
+    recognise = {"train": _recorded_train_run, "replay": _replay_folder}.get(command)
+    return RunDirectory(command, recognise)
 
 
 @dataclass(frozen=True)
@@ -169,12 +209,17 @@ def load_train_run(run_dir: str | Path, *, purpose: str, require_record: bool) -
     record_file, pipeline_file = run_record_path(path), path / "pipeline.joblib"
     record: dict[str, Any] = {}
     if record_file.is_file():
-        record = json.loads(record_file.read_text())
+        record = _read_record(record_file, purpose)
         if require_record and record.get("command") != "train":
             raise InputFileError(str(record_file), f"{purpose}: written by command {record.get('command')!r}, "
                                                    "expected a 'train' run dir")
     elif require_record:
         raise MissingFileError(str(record_file), f"{purpose}: missing; the directory is not a finished train run")
+    saved = record.get("pipeline") if isinstance(record.get("pipeline"), dict) else {}
+    if record.get("command") == "train" and "sha256" in saved and saved["sha256"] is None:
+        # a pipeline.joblib beside it is an earlier run's, left in the reused run folder
+        raise MissingFileError(str(pipeline_file), f"{purpose}: no fitted pipeline in {run_dir} (the run was trained "
+                                                   "with save_pipeline=false; rerun it with save_pipeline=true)")
     if not pipeline_file.is_file():
         if record.get("command") == "train" or (path / "metrics.json").is_file():
             why = "the run was trained with save_pipeline=false; rerun it with save_pipeline=true"
@@ -183,9 +228,230 @@ def load_train_run(run_dir: str | Path, *, purpose: str, require_record: bool) -
             why = (f"{run_dir} is not a finished train run: it holds no run record, metrics or pipeline (the run "
                    f"failed or is still running{'; see ' + logs[0] if logs else ''})")
         raise MissingFileError(str(pipeline_file), f"{purpose}: no fitted pipeline in {run_dir} ({why})")
-    sha = sha256_file(pipeline_file)
-    recorded = (record.get("pipeline") or {}).get("sha256")
+    data = _read_bounded(pipeline_file, _PIPELINE_MAX, purpose)  # the bytes hashed are the bytes loaded
+    sha = hashlib.sha256(data).hexdigest()
+    recorded = saved.get("sha256")
     if (recorded or require_record) and recorded != sha:
         raise ModelMismatchError(f"{purpose}: {pipeline_file}: sha256 {sha} differs from the run record's "
                                  f"{recorded} (the pipeline was replaced or damaged after training)")
-    return TrainRun(path=path, pipeline=joblib.load(pipeline_file), sha256=sha, record=record)
+    pipeline = load_pipeline(io.BytesIO(data), name=str(pipeline_file), purpose=purpose)
+    _check_pipeline(pipeline, str(pipeline_file), purpose)
+    return TrainRun(path=path, pipeline=pipeline, sha256=sha, record=record)
+
+
+def _check_pipeline(pipeline: Any, name: str, purpose: str) -> None:
+    """Refuse what ``train`` does not save: anything but a ``features -> model`` Pipeline without
+    a cache folder (``memory``, where fitting would write)."""
+    from sklearn.pipeline import Pipeline
+
+    raw = getattr(pipeline, "steps", None) if isinstance(pipeline, Pipeline) else None
+    steps = [s[0] if isinstance(s, tuple) and s else None for s in raw] if isinstance(raw, list) else []
+    if steps != ["features", "model"] or getattr(pipeline, "memory", None) is not None:
+        what = f"steps {steps}" if isinstance(pipeline, Pipeline) else f"an object of type {type(pipeline).__name__}"
+        raise InputFileError(name, f"{purpose}: not a pipeline train saved ({what}; expected a scikit-learn "
+                                   "Pipeline of the steps 'features' and 'model', without memory)")
+
+
+#: The largest run record and pipeline read (a default train's pipeline is a few MB).
+_RECORD_MAX, _PIPELINE_MAX = 256 << 20, 2 << 30
+
+
+def _read_bounded(path: Path, limit: int, purpose: str) -> bytes:
+    """The bytes of the regular file ``path`` (at most ``limit``); anything else is refused by name."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputFileError(str(path), f"{purpose}: it is {file_kind(info.st_mode)}, not a regular file")
+        if info.st_size > limit:
+            raise InputFileError(str(path), f"{purpose}: {info.st_size:,} bytes, more than the {limit:,} read")
+        with open(path, "rb") as fh:
+            return fh.read(limit + 1)[:limit]
+    except OSError as exc:
+        if isinstance(exc, InputFileError):
+            raise
+        raise InputFileError(str(path), f"{purpose}: cannot read it ({exc.strerror or exc})") from None
+
+
+def _read_record(path: Path, purpose: str) -> dict[str, Any]:
+    """A run record: a JSON object, else a one-line error naming the file."""
+    try:
+        record = json.loads(_read_bounded(path, _RECORD_MAX, purpose))
+    except (ValueError, RecursionError) as exc:
+        raise InputFileError(str(path), f"{purpose}: not a run record ckpred wrote (not JSON: {exc})") from None
+    if not isinstance(record, dict):
+        raise InputFileError(str(path), f"{purpose}: not a run record ckpred wrote (a JSON {type(record).__name__}, "
+                                        "not an object)")
+    return record
+
+
+# -- the pickled pipeline -------------------------------------------------------------------------
+# pipeline.joblib is a pickle, and unpickling calls whatever the file names: a forged run folder
+# could run any code when loaded. So it is read by an unpickler that looks up only the classes
+# and functions a ckpred pipeline is made of (PIPELINE_GLOBALS, and feature-group classes of
+# modules ckpred may import) and refuses anything else by name before it is imported or called.
+
+#: Every global a pickled ckpred pipeline names, as (module, name): found by loading the pipelines
+#: of every model, target, feature set, op and backend the tests and the default train produce.
+#: Classes and the reconstructors pickle, numpy, pandas and scikit-learn use for them; nothing that
+#: reaches the file system, a shell or an import (``builtins.getattr``, ``os``, ``numpy.load``...).
+PIPELINE_GLOBALS: frozenset[tuple[str, str]] = frozenset({
+    # the pipeline and its steps
+    ("sklearn.pipeline", "Pipeline"), ("sklearn.pipeline", "FeatureUnion"),
+    ("sklearn.compose._target", "TransformedTargetRegressor"),
+    ("ckpred.models", "Log1pTarget"), ("ckpred.models", "IdentityTarget"),
+    ("lightgbm.sklearn", "LGBMRanker"), ("lightgbm.sklearn", "LGBMRegressor"),
+    ("lightgbm.basic", "Booster"), ("lightgbm.basic", "_InnerPredictor"),
+    # arrays (joblib stores their bytes beside the pickle), numpy scalars and dtypes
+    ("joblib.numpy_pickle", "NumpyArrayWrapper"),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy._core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
+    # containers the estimators keep
+    ("collections", "OrderedDict"), ("collections", "defaultdict"),
+})
+
+#: Module prefixes numpy renamed (numpy 2 moved ``numpy.core`` to ``numpy._core``): a pipeline
+#: pickled under either is read.
+_NUMPY_RENAMES = (("numpy.core.", "numpy._core."), ("numpy._core.", "numpy.core."))
+
+
+def _allowed_global(module: str, name: str) -> bool:
+    if (module, name) in PIPELINE_GLOBALS:
+        return True
+    return any(module.startswith(a) and (b + module[len(a):], name) in PIPELINE_GLOBALS for a, b in _NUMPY_RENAMES)
+
+
+def _feature_group_class(module: str, name: str) -> Any:
+    """A feature group class (:class:`ckpred.features.base.FeatureGroup`) of a module ckpred may
+    import (its own, or a plug-in the user installed or allowed: :mod:`ckpred.plugins`); None
+    otherwise, the module not imported."""
+    import importlib
+
+    from ckpred.features.base import FeatureGroup
+    from ckpred.plugins import is_allowed
+
+    if not name.isidentifier() or not is_allowed(module):
+        return None
+    try:
+        obj = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+    return obj if isinstance(obj, type) and issubclass(obj, FeatureGroup) else None
+
+
+class PipelineRefused(InputFileError):
+    """A pickled pipeline names a global no ckpred pipeline holds (see :func:`load_pipeline`)."""
+
+
+class _Restricted:
+    """``find_class`` of the pipeline unpicklers: only what a ckpred pipeline names."""
+
+    source, purpose = "", "load"
+
+    def find_class(self, module: str, name: str) -> Any:
+        if _allowed_global(module, name):
+            return super().find_class(module, name)  # type: ignore[misc]
+        found = _feature_group_class(module, name)
+        if found is not None:
+            return found
+        raise PipelineRefused(self.source, f"{self.purpose}: it names {module}.{name}, which no ckpred pipeline "
+                                           "holds; a pickle runs what it names, so it was neither imported nor "
+                                           "called and the pipeline was not loaded (load only pipelines ckpred "
+                                           "wrote)")
+
+
+def _pipeline_unpickler() -> type:
+    """The joblib unpickler (arrays stored beside the pickle stream) with :class:`_Restricted`'s
+    ``find_class``; built on first use so importing this module does not import joblib's internals."""
+    global _UNPICKLER
+    if _UNPICKLER is not None:
+        return _UNPICKLER
+    import pickle
+
+    from joblib.numpy_pickle import NumpyArrayWrapper, NumpyUnpickler
+
+    class _ObjectArrayUnpickler(_Restricted, pickle._Unpickler):  # type: ignore[name-defined]
+        """The nested pickle of an array of Python objects, restricted the same way (joblib
+        before 1.5 read it with an unrestricted ``pickle.load``)."""
+
+    class _Unpickler(_Restricted, NumpyUnpickler):
+        dispatch = NumpyUnpickler.dispatch.copy()
+
+        def load_build(self) -> None:
+            pickle._Unpickler.load_build(self)  # type: ignore[attr-defined]
+            wrapper = self.stack[-1]
+            if not isinstance(wrapper, NumpyArrayWrapper):
+                return
+            self.stack.pop()
+            if wrapper.dtype.hasobject:
+                inner = _ObjectArrayUnpickler(self.file_handle)
+                inner.source, inner.purpose = self.source, self.purpose
+                self.stack.append(inner.load())
+            elif "ensure_native_byte_order" in inspect.signature(wrapper.read).parameters:
+                self.stack.append(wrapper.read(self, True))
+            else:  # joblib before 1.4
+                self.stack.append(wrapper.read(self))
+
+        dispatch[pickle.BUILD[0]] = load_build
+
+    _UNPICKLER = _Unpickler
+    return _Unpickler
+
+
+_UNPICKLER: type | None = None
+
+
+def load_pipeline(source: str | Path | BinaryIO, *, name: str | None = None, purpose: str = "load") -> Any:
+    """Load a ``pipeline.joblib`` that ``train`` wrote, running no code the file names.
+
+    The file is unpickled by joblib's unpickler restricted to :data:`PIPELINE_GLOBALS` and the
+    feature-group classes of modules ckpred may import (its own; plug-ins the user installed or
+    allowed, :mod:`ckpred.plugins`): a pickle that names anything else (``os.system``, a module
+    in the working directory) is refused by that name before it is imported or called.
+
+    Parameters
+    ----------
+    source : path or binary file
+        The file (compressed or not, as ``joblib.dump`` wrote it).
+    name : str, optional
+        The file's name in errors (default: ``source``).
+    purpose : str, default="load"
+        Who asks (``"export"``, ``"warm_start"``); starts every error message.
+
+    Raises
+    ------
+    PipelineRefused
+        When the pickle names a global outside the allowed set.
+    ckpred.errors.InputFileError
+        When the file is not a pipeline joblib wrote (damaged, another format).
+    """
+    from joblib.compressor import BinaryGzipFile, BinaryZlibFile
+
+    label = name or str(source)
+    fh = open(source, "rb") if isinstance(source, (str, Path)) else source
+    try:
+        head = fh.read(2)
+        fh.seek(0)
+        if head[:1] == b"\x78":  # zlib, what train writes (compress=3)
+            stream: Any = BinaryZlibFile(fh, "rb")
+        elif head == b"\x1f\x8b":
+            stream = BinaryGzipFile(fh, "rb")
+        elif head[:1] == b"\x80":  # an uncompressed pickle
+            stream = fh
+        else:
+            raise InputFileError(label, f"{purpose}: not a pipeline joblib wrote (it starts with {head!r}; "
+                                        "expected a zlib, gzip or plain pickle stream)")
+        unpickler = _pipeline_unpickler()
+        params = inspect.signature(unpickler.__init__).parameters
+        args = (label, stream, True) if "ensure_native_byte_order" in params else (label, stream)
+        reader = unpickler(*args)
+        reader.source, reader.purpose = label, purpose
+        try:
+            return reader.load()
+        except InputFileError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever a damaged or foreign stream raises
+            raise InputFileError(label, f"{purpose}: not a pipeline ckpred can load ({type(exc).__name__}: "
+                                        f"{str(exc)[:200]})") from None
+    finally:
+        if fh is not source:
+            fh.close()

@@ -241,7 +241,12 @@ def dask_client(dask_cfg: Any) -> Iterator[Any]:
         raise ConfigValueError("model.backend", "dask", "local, or install the dask extra "
                                "(pip install 'ckpred[dask]')") from exc
     if dask_cfg.address:
-        client = Client(str(dask_cfg.address))
+        timeout = float(getattr(dask_cfg, "timeout_s", 10.0))
+        reach_scheduler(str(dask_cfg.address), timeout)
+        try:
+            client = Client(str(dask_cfg.address), timeout=timeout)
+        except (OSError, TimeoutError) as exc:  # it went away between the two
+            raise _unreachable(str(dask_cfg.address), timeout, exc) from None
         try:
             yield client
         finally:
@@ -272,6 +277,39 @@ def dask_client(dask_cfg: Any) -> Iterator[Any]:
             cluster.close()
     finally:
         quiet.setLevel(level)
+
+
+def reach_scheduler(address: str, timeout: float) -> None:
+    """Connect to the Dask scheduler at ``address`` and complete Distributed's handshake within
+    ``timeout`` seconds, else refuse the run by name.
+
+    ``distributed.Client`` bounds the connection, not the handshake after it: a socket that
+    accepts and never answers held a run for minutes before a traceback.
+
+    Raises
+    ------
+    ckpred.errors.ConfigValueError
+        Naming ``model.dask.address``, the address and what happened.
+    """
+    import asyncio
+
+    from distributed.comm import connect
+
+    async def probe() -> None:
+        comm = await asyncio.wait_for(connect(address, timeout=timeout), timeout)
+        await comm.close()
+
+    try:
+        asyncio.run(probe())
+    except (OSError, TimeoutError, asyncio.TimeoutError, ValueError) as exc:
+        raise _unreachable(address, timeout, exc) from None
+
+
+def _unreachable(address: str, timeout: float, exc: BaseException) -> ConfigValueError:
+    why = str(exc) or f"no answer to the handshake within {timeout:g} s"
+    return ConfigValueError("model.dask.address", address,
+                            f"the address of a running Dask scheduler (not reached within model.dask.timeout_s="
+                            f"{timeout:g} s: {type(exc).__name__}: {why})")
 
 
 # -- fitting on a partitioned dataset ------------------------------------------------------------

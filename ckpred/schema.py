@@ -669,9 +669,13 @@ class DaskConfig:
     n_workers: int = 2
     #: Local cluster: memory limit of each worker (Dask's pause/spill/kill thresholds apply to it).
     memory_limit: str = "4GiB"
+    #: Seconds to reach the scheduler at ``address`` and hear its handshake before the run is
+    #: refused (a running scheduler answers within milliseconds).
+    timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         check("model.dask.n_workers", self.n_workers, self.n_workers >= 1, "an integer >= 1")
+        check("model.dask.timeout_s", self.timeout_s, 0 < self.timeout_s <= 3600, "seconds in (0, 3600]")
         check("model.dask.address", self.address, self.address is None or "://" in str(self.address),
               "null (start a local cluster) or a scheduler address such as tcp://host:8786")
 
@@ -876,6 +880,35 @@ class ValidityModelConfig:
         check("validity.num_leaves", self.num_leaves, self.num_leaves >= 2, "an integer >= 2")
 
 
+#: ``transfer.mode`` values.
+TRANSFER_MODES = ("auto", "on", "off")
+
+
+@dataclass
+class TransferConfig:
+    """The transfer recipe (:mod:`ckpred.transfer`): the run's ``model`` when it picks kernels
+    for GPUs its training rows do not come from.
+
+    Its learner is ``baselines.plain`` (model and target) on the model's features and rows,
+    blended with the static order of the training GPUs by a weight an inner leave-one-GPU-out
+    split chooses.
+    """
+
+    #: ``auto``: the model of a run in which every fold tests GPUs its training rows do not
+    #: have (``cv=leave_one_gpu_out``; ``cv=external`` onto another arch; k-fold over GPUs);
+    #: ``on``: always; ``off``: never (the ``model`` recipe).
+    mode: str = "auto"
+    #: Blend weights of the static order the inner split chooses among (ties: the smaller); a
+    #: single weight is used as it is.
+    weights: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+
+    def __post_init__(self) -> None:
+        check("transfer.mode", self.mode, self.mode in TRANSFER_MODES, f"one of {list(TRANSFER_MODES)}")
+        check("transfer.weights", self.weights, len(self.weights) > 0 and
+              all(isinstance(w, (int, float)) and not isinstance(w, bool) and 0 <= w <= 1 for w in self.weights)
+              and len(set(self.weights)) == len(self.weights), "a non-empty list of distinct numbers in [0, 1]")
+
+
 @dataclass
 class RecipeConfig:
     """What a model is made of: hardware, op, data, features, model, target, training rows.
@@ -938,6 +971,8 @@ class TrainConfig(RecipeConfig):
 
     cv: CVConfig = MISSING
     baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
+    #: The model of a run that picks kernels for GPUs it does not train on.
+    transfer: TransferConfig = field(default_factory=TransferConfig)
     #: Output folder; empty = Hydra's run dir (``runs/train/<time>``). Under ``-m`` each job
     #: writes to ``<out_dir>/<job number>``.
     out_dir: str = ""
@@ -1027,8 +1062,16 @@ class ExportAutotuneConfig:
     gap_to: int = 3
     #: Pseudo-misses added to every bin.
     prior_failures: float = 1.0
+    #: The budget's stated fixed k where the calibration has nothing to learn (fewer than
+    #: ``min_problems`` out-of-fold problems, or none whose top-1 is within a tolerance), and the
+    #: least it spends on a problem outside the training ranges or on an arch never trained on.
+    fallback_k: int = 5
+    #: Fewest out-of-fold problems a calibration learns from.
+    min_problems: int = 10
 
     def __post_init__(self) -> None:
+        check("autotune.fallback_k", self.fallback_k, self.fallback_k >= 1, "an integer >= 1")
+        check("autotune.min_problems", self.min_problems, self.min_problems >= 1, "an integer >= 1")
         check("autotune.within", self.within, len(self.within) > 0 and all(0 < float(w) < 1 for w in self.within),
               "a non-empty list of fractions in (0, 1)")
         check("autotune.kind", self.kind, self.kind in ("logistic", "table"), "one of ['logistic', 'table']")

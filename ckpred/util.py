@@ -1,4 +1,5 @@
-"""Small helpers every stage uses: atomic file and directory writes, file hashes, package versions."""
+"""Small helpers every stage uses: atomic file and directory writes, file hashes, package versions,
+value conversions that never raise."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import ctypes
 import ctypes.util
 import errno
 import hashlib
+import json
+import math
 import os
 import re
 import shutil
@@ -17,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+import numpy as np
 
 from ckpred.errors import ConfigValueError, OutputPathError
 
@@ -108,6 +113,96 @@ class OwnDirectory:
         return ""
 
 
+#: The file that marks a folder as a command's run folder ckpred made (``{"command": ...}``).
+RUN_MARKER = ".ckpred-run.json"
+#: The largest marker read (a marker is a few dozen bytes).
+_RUN_MARKER_MAX = 1 << 16
+
+
+@dataclass(frozen=True)
+class RunDirectory:
+    """A command's run folder (``train out_dir=``, ``tune out_dir=``, ``replay out=``): ckpred writes
+    files of fixed names into it (``metrics.json``, ``run.json``, plots...), beside anything else
+    there, so it may be only a folder this command made (marked with :data:`RUN_MARKER`), a new
+    or empty one, or a folder holding only what Hydra writes for the run (``.hydra/`` and the
+    ``<command>.log``)."""
+
+    #: The command whose run folder it is (the marker records it).
+    command: str
+    #: Recognises this command's run folder written before markers existed (its run record).
+    recognise: Callable[[Path], bool] | None = None
+
+    @property
+    def allowed(self) -> str:
+        """What may be at the path, for the one-line refusal (``allowed: ...``)."""
+        return f"a new or empty directory, or a {self.command} run folder ckpred made (it holds {RUN_MARKER})"
+
+    def refusal(self, path: Path) -> str:
+        """Why ckpred may not write this command's run into ``path``; ``""`` when it may. A
+        symlink to a folder is followed (the files go into the folder it names)."""
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            return "it is a dangling symlink" if os.path.islink(path) else ""
+        except OSError as exc:
+            return f"cannot inspect it ({exc.strerror})"
+        if not stat.S_ISDIR(info.st_mode):
+            return f"it is {file_kind(info.st_mode)}"
+        try:
+            names = sorted(e.name for e in os.scandir(path))
+        except OSError as exc:
+            return f"cannot list it ({exc.strerror})"
+        if RUN_MARKER in names:
+            command = run_marker_command(path / RUN_MARKER)
+            if command == self.command:
+                return ""
+            if command is None:
+                return f"its {RUN_MARKER} is not a marker ckpred wrote"
+            return f"it is a {command} run folder (its {RUN_MARKER}), not a {self.command} one"
+        foreign = [n for n in names if n not in (".hydra", f"{self.command}.log")]
+        if not foreign or (self.recognise is not None and self.recognise(path)):
+            return ""
+        return f"it holds {foreign[0]!r} and no {RUN_MARKER}, so ckpred did not make it"
+
+
+def run_marker_command(path: Path) -> str | None:
+    """The command a run folder's marker names; None when ``path`` is not such a marker (not a
+    regular file, too large, not a JSON object naming a command)."""
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _RUN_MARKER_MAX:
+            return None
+        marker = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    command = marker.get("command") if isinstance(marker, dict) else None
+    return command if isinstance(command, str) else None
+
+
+def claim_run_dir(key: str, value: Any, kind: RunDirectory) -> Path:
+    """Make ``value`` this command's run folder and return it (absolute), before any work.
+
+    A path that :meth:`RunDirectory.refusal` objects to (a user's folder, ``out_dir=.``, another
+    command's run) is refused as :class:`ckpred.errors.ConfigValueError` naming ``key``; nothing
+    is created or written then. Otherwise the folder (and its parents) is created and marked
+    with :data:`RUN_MARKER`, so a rerun writes into it again. A place that cannot be written
+    raises :class:`ckpred.errors.OutputPathError`.
+    """
+    path = resolve_path(str(value))
+    reason = kind.refusal(path)
+    if reason:
+        raise ConfigValueError(key, str(value), f"{kind.allowed} ({path}: {reason})")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a place the permission check passes and the file system refuses (/proc)
+        raise OutputPathError(str(path), exc.strerror or str(exc)) from None
+    if run_marker_command(path / RUN_MARKER) != kind.command:
+        with atomic_path(path / RUN_MARKER) as tmp:
+            created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            tmp.write_text(json.dumps({"command": kind.command, "created": created}) + "\n")
+    return path
+
+
 def file_kind(mode: int) -> str:
     """``a directory``, ``a character device``... for the file mode ``mode`` (for messages)."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink"), (stat.S_ISCHR, "a character device"),
@@ -118,8 +213,8 @@ def file_kind(mode: int) -> str:
     return "a special file"
 
 
-#: The kinds of output a write may replace.
-Replaceable = OwnFile | OwnDirectory
+#: The kinds of output a write may replace (or, for a run folder, write into).
+Replaceable = OwnFile | OwnDirectory | RunDirectory
 
 
 def check_replaceable(key: str, value: Any, kind: Replaceable) -> None:
@@ -131,7 +226,7 @@ def check_replaceable(key: str, value: Any, kind: Replaceable) -> None:
         raise ConfigValueError(key, str(value), f"{kind.allowed} ({path}: {reason})")
 
 
-def _refuse_foreign(path: Path, kind: Replaceable | None) -> None:
+def _refuse_foreign(path: Path, kind: OwnFile | OwnDirectory | None) -> None:
     reason = kind.refusal(path) if kind is not None else ""
     if kind is not None and reason:
         raise OutputPathError(str(path), f"{reason}; allowed: {kind.allowed}")
@@ -449,3 +544,67 @@ def resolve_path(path: str | Path) -> Path:
     ``hydra.job.chdir``), so a relative path in a config means what the user typed.
     """
     return Path(path).expanduser().absolute()
+
+
+# -- values ------------------------------------------------------------------------------------
+#: Largest magnitude kept for an integer field (int64 range).
+INT_LIMIT = 2**63 - 1
+
+
+def to_float(value: Any) -> float | None:
+    """``value`` as a float (NaN/inf pass through for later checks); ``None`` if not a number."""
+    if type(value) is float:
+        return value
+    if type(value) is int:
+        return float(value)
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value)
+    return None
+
+
+#: Strings read as true / false in a validity column or flag (compared lower-cased and stripped).
+TRUE_STRINGS = ("true", "1", "yes")
+FALSE_STRINGS = ("false", "0", "no")
+
+
+def truth(value: Any, true_values: tuple[str, ...] = TRUE_STRINGS,
+          false_values: tuple[str, ...] = FALSE_STRINGS) -> bool | None:
+    """``value`` as a truth value: ``True``/``False`` for a listed string (or a bool, or the
+    numbers 1/0), ``None`` for anything else (the caller names it as a bad value)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        text = "1" if value == 1 else "0" if value == 0 else str(value)
+    elif isinstance(value, str):
+        text = value
+    else:
+        return None
+    text = text.strip().lower()
+    if text in true_values:
+        return True
+    if text in false_values:
+        return False
+    return None
+
+
+def to_int(value: Any) -> int | None:
+    """``value`` as an integer when it is one exactly (``"1024"``, ``1024.0``); else ``None``."""
+    if type(value) is int:
+        return value if abs(value) <= INT_LIMIT else None
+    number = to_float(value)
+    if number is None or not math.isfinite(number) or number != int(number) or abs(number) > INT_LIMIT:
+        if isinstance(value, str):
+            try:  # big exact integers written as text
+                parsed = int(value.strip())
+                return parsed if abs(parsed) <= INT_LIMIT else None
+            except ValueError:
+                return None
+        return None
+    return int(number)

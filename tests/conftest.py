@@ -95,8 +95,8 @@ def cpp_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """scripts/cpp/build.sh run into a temporary directory (never into the checkout).
 
     ckpred_select needs an onnxruntime C/C++ package (ONNXRUNTIME_ROOT, or an installed
-    onnxruntime CMake package): without one the tests that run it skip, naming what to set. Any
-    other build failure fails them.
+    onnxruntime CMake package; .ci/run assembles one for CI): without one the tests that run it
+    skip, naming what to set (and why CI had none). Any other build failure fails them.
     """
     import subprocess
 
@@ -106,8 +106,11 @@ def cpp_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cpp_build")
     done = subprocess.run(["bash", str(CPP / "build.sh"), str(out)], capture_output=True, text=True, timeout=1800)
     if done.returncode != 0 and "no onnxruntime C/C++ package found" in done.stderr:
+        # .ci/run says why it could not assemble one for CI (CKPRED_CI_ONNXRUNTIME)
+        ci = os.environ.get("CKPRED_CI_ONNXRUNTIME")
         pytest.skip("C++ selector not built: no onnxruntime C/C++ package; set ONNXRUNTIME_ROOT to the official "
-                    "onnxruntime-linux-x64-<version>.tgz unpacked (see scripts/cpp/CMakeLists.txt)")
+                    "onnxruntime-linux-x64-<version>.tgz unpacked (see scripts/cpp/CMakeLists.txt)"
+                    + (f"; CI could not assemble one: {ci}" if ci else ""))
     assert done.returncode == 0, f"scripts/cpp/build.sh failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return out
 

@@ -388,23 +388,31 @@ def test_confidence_budget_on_a_default_export_python_and_cpp_agree(default_expo
     sel = KernelSelector.load(out, cache_size=0)
     assert sel.calibration == at.load_calibration(sel.manifest["autotune"])
     problems = [{"m": m, "n": n, "k": k} for m in (16, 128, 1024, 8192) for n in (512, 4096) for k in (256, 7168)]
-    planned, rankings = [], []
+    planned, rankings, policies, shifted = [], [], [], 0
     for target in (0.3, 0.6, 0.9):
         for p in problems:
             bench = Bench()
             r = sel.autotune(p, bench, at.Confidence(target=target, within=0.05))
             ranked = sel.select(p, top_k=16)
-            want = min(sel.calibration.needed(ranked.scores, target, 0.05, problem={**p, "split_k": 1}),
-                       len(ranked.kernels))
+            k = sel.calibration.needed(ranked.scores, target, 0.05, problem={**p, "split_k": 1})
+            if ranked.out_of_distribution:  # outside the training ranges: at least the stated fallback k
+                k, shifted = max(k, sel.calibration.fallback_k), shifted + 1
+                assert r.policy == f"confidence(target={target:g},within=0.05)+shifted(k>={sel.calibration.fallback_k})"
+            else:
+                assert r.policy == f"confidence(target={target:g},within=0.05)"
+            want = min(k, len(ranked.kernels))
             assert r.ok and len(bench.calls) == want  # (a reranked export ranks a few candidates)
             assert bench.calls == list(ranked.kernels[:len(bench.calls)])  # model order
             planned.append(len(bench.calls))
+            policies.append(r.policy)
             rankings.append(ranked)
         times = {name: 1e-3 for r in rankings for name in r.kernels}
         got = _demo(demo, out, tmp_path / f"s{target}.jsonl", times, rankings[-len(problems):], "--budget",
                     f"confidence:{target}:0.05")
         assert [g["benchmarks"] for g in got] == planned[-len(problems):]
+        assert [g["policy"] for g in got] == policies[-len(problems):]
     assert len(set(planned)) > 1  # the calibration sizes the budget per problem/target, not one constant
+    assert 0 < shifted < len(planned)  # in- and out-of-distribution problems both sized
 
 
 def test_logistic_calibration_reads_the_problem_size() -> None:
@@ -438,7 +446,13 @@ def _scaled(table: dict, factor: float) -> dict:
     (0, lambda t: {**t, "within": [0.05, 0.05]}, "distinct fractions"),
     (0, lambda t: {**t, "scale": [0.0] * len(t["scale"])}, "scale <= 0"),
     (0, lambda t: {**t, "fill": t["fill"][:-1]}, "fill/lo/hi/mean/scale"),
-], ids=["table-probability", "table-edges", "table-within", "logistic-within", "logistic-scale", "logistic-fill"])
+    (1, lambda t: {**t, "fallback_k": 0}, "fallback_k is 0"),
+    (0, lambda t: {**t, "fallback_k": 2.5}, "fallback_k is 2.5"),
+    (0, lambda t: {**t, "uninformative_within": [0.3]}, "uninformative_within"),
+    (1, lambda t: {**t, "uninformative_within": ["0.05"]}, "uninformative_within"),
+    (1, lambda t: {**t, "zero_shot": "yes"}, "zero_shot is"),
+], ids=["table-probability", "table-edges", "table-within", "logistic-within", "logistic-scale", "logistic-fill",
+        "table-fallback-k", "logistic-fallback-k", "logistic-uninformative", "table-uninformative", "table-zero-shot"])
 def test_a_malformed_calibration_is_refused_by_both_runtimes(default_export, demo, tmp_path, which, edit,
                                                             message) -> None:
     import shutil
@@ -471,3 +485,94 @@ def test_python_runtime_checks_the_embedded_calibration_at_load(default_export, 
     with pytest.raises(ModelMismatchError, match=r"manifest.json: autotune: .*outside \[0, 1\]"):
         runtime._calibration({**manifest, "autotune": _scaled(manifest["autotune"], 9.0)}, out)
     assert runtime._calibration({**manifest, "autotune": None}, out) is None
+
+
+# -- a calibration with nothing to learn, problems it did not measure -----------------------------------
+def _oof(n_problems: int, top1: float, kernels: int = 6, best_at: int = 1):
+    """Out-of-fold rows: every problem's top-scored kernel reaches ``top1`` of its best, the one
+    ranked ``best_at`` (0 = the top) is the best."""
+    import pandas as pd
+
+    rows = []
+    for p in range(n_problems):
+        for j in range(kernels):
+            perf = top1 if j == 0 else (1.0 if j == best_at else 0.3)
+            rows.append({"shape": f"s{p}", "kernel_name": f"k{j}", "perf": perf, "selectable": True,
+                         "score_model": float(kernels - j) + 0.01 * p})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("kind", ["table", "logistic"])
+def test_a_calibration_that_never_saw_a_top1_hit_says_so_and_falls_back_to_the_stated_k(kind) -> None:
+    import pandas as pd
+
+    oof = _oof(12, top1=0.5, kernels=14, best_at=12)  # as on the Kernel Tuner caches: the best ranks far down
+    problems = pd.DataFrame({"m": np.arange(12) + 1}, index=[f"s{p}" for p in range(12)])
+    d = at.calibration_from_oof(oof, kind=kind, problems=problems, within=(0.02, 0.1), fallback_k=3)
+    assert d["uninformative_within"] == [0.02, 0.1] and d["fallback_k"] == 3 and d["zero_shot"] is False
+    assert "no out-of-fold problem's top-1 kernel is within 10% of its best (12 problems)" in d["note"]
+    assert "fixed k = 3" in d["note"]
+    cal = at.load_calibration(d)
+    budget = at.Confidence(0.9, 0.02, cal)
+    for scores in ([9.0, 1.0], [5.0, 4.9, 4.8]):  # whatever the scores say
+        sized = at.size_confidence(budget, scores, {"m": 4})
+        assert sized.k == 3 and sized.describe() == "confidence(target=0.9,within=0.02)+fallback(k=3)"
+    # without the fallback the same labels would plan the cap: the probabilities never reach 0.9
+    assert at.load_calibration({**d, "uninformative_within": []}).needed([9.0, 1.0], 0.9, 0.02, {"m": 4}) == 10
+
+
+def test_only_the_tolerances_without_a_top1_hit_or_too_few_problems_are_uninformative() -> None:
+    d = at.calibration_from_oof(_oof(12, top1=0.95), within=(0.02, 0.1))
+    assert d["uninformative_within"] == [0.02] and "within 2% of its best" in d["note"]
+    assert at.calibration_from_oof(_oof(12, top1=1.0), within=(0.02, 0.1))["uninformative_within"] == []
+    few = at.calibration_from_oof(_oof(12, top1=1.0), within=(0.02, 0.1), min_problems=13)
+    assert few["uninformative_within"] == [0.02, 0.1] and "12 out-of-fold problem(s), fewer than the 13" in few["note"]
+    assert "note" not in at.calibration_from_oof(_oof(12, top1=1.0), within=(0.02, 0.1))
+
+
+def test_the_budget_spends_at_least_the_fallback_out_of_distribution_and_on_a_new_gpu() -> None:
+    d = at.calibration_from_oof(_oof(30, top1=1.0), within=(0.05,), fallback_k=4)
+    cal = at.load_calibration(d)
+    budget = at.Confidence(0.5, 0.05, cal)
+    inside = at.size_confidence(budget, [3.0, 1.0])
+    assert inside.k == 1 and inside.describe() == "confidence(target=0.5,within=0.05)"
+    shifted = at.size_confidence(budget, [3.0, 1.0], shift="out of distribution (m)")
+    assert shifted.k == 4 and shifted.describe() == "confidence(target=0.5,within=0.05)+shifted(k>=4)"
+    manifest = {"arch": "sm90_h100", "training": {"problem_ranges": {"m": [16, 4096]}, "archs": ["gfx90a", "gfx942"]}}
+    assert at.shift_of(manifest, {"m": 128}, cal) == "arch sm90_h100 never trained on (gfx90a, gfx942)"
+    assert at.shift_of({**manifest, "arch": "gfx942"}, {"m": 128}, cal) == ""
+    assert at.shift_of({**manifest, "arch": "gfx942"}, {"m": 8192}, cal) == "out of distribution (m)"
+    # a calibration fitted on held-out GPUs measured the new GPU already: only the ranges shift it
+    zero_shot = at.load_calibration({**d, "zero_shot": True})
+    assert at.shift_of(manifest, {"m": 128}, zero_shot) == ""
+    assert at.shift_of({"arch": "x", "training": {}}, {"m": 1}, cal) == ""  # nothing recorded: nothing known
+
+
+def test_cpp_sizes_shifted_and_uninformative_problems_as_python(default_export, demo, tmp_path) -> None:
+    import shutil
+
+    out = default_export[1]  # the score-gap table
+    sel = KernelSelector.load(out, cache_size=0)
+    problems = [{"m": 128, "n": 1536, "k": 7168}, {"m": 1 << 20, "n": 1536, "k": 7168}]
+    rankings = [sel.select(p, top_k=16) for p in problems]
+    assert [r.out_of_distribution for r in rankings] == [False, True]
+    times = {name: 1e-3 for r in rankings for name in r.kernels}
+    for name, edit in (("as exported", {}), ("new gpu", {"training": {"archs": ["gfx942"]}}),
+                       ("uninformative", {"autotune": {"uninformative_within": [0.05], "fallback_k": 3}})):
+        copy = tmp_path / name.replace(" ", "_")
+        shutil.copytree(out, copy)
+        manifest = json.loads((copy / "manifest.json").read_text())
+        for key, value in edit.items():
+            manifest[key] = {**manifest[key], **value}
+        forge(copy, manifest)
+        mine = KernelSelector.load(copy, cache_size=0)
+        want = [mine.autotune(p, Bench(times), at.Confidence(0.6, 0.05)) for p in problems]
+        got = _demo(demo, copy, tmp_path / f"{copy.name}.jsonl", times, rankings, "--budget", "confidence:0.6:0.05")
+        assert [g["benchmarks"] for g in got] == [w.benchmarks for w in want]
+        assert [g["policy"] for g in got] == [w.policy for w in want]
+        if name == "new gpu":  # gfx950's model on a GPU list without it: both problems shifted
+            assert all(w.policy.endswith(f"+shifted(k>={mine.calibration.fallback_k})") for w in want)
+        elif name == "uninformative":
+            assert all(w.benchmarks == 3 and w.policy.endswith("+fallback(k=3)") for w in want)
+        else:
+            assert not want[0].policy.endswith(")+shifted(k>=5)") and want[1].policy.endswith("+shifted(k>=5)")

@@ -121,3 +121,28 @@ def test_cpp_bench_mode_reports_latency(binary, model) -> None:
     assert bench["runs"] == 2 and bench["hit_runs"] == 2
     assert 0 < bench["min_us"] <= bench["median_us"] <= bench["p99_us"]
     assert bench["hit_median_us"] < bench["median_us"]
+
+
+@pytest.fixture(scope="module")
+def transfer_model(tmp_path_factory) -> Path:
+    """The transfer recipe of a leave-one-GPU-out run (made-up Kernel Tuner caches of five GPUs)
+    exported for the H100, a GPU it never trained on: the selector blends in its static order."""
+    from transfer_helpers import export_transfer, train_logo, write_caches
+
+    root = tmp_path_factory.mktemp("cpp_transfer")
+    caches = write_caches(root / "kt")
+    return export_transfer(train_logo(caches, root / "run"), caches, root / "ex")
+
+
+def test_cpp_answers_the_transfer_recipe_as_the_python_runtime(binary, transfer_model) -> None:
+    manifest = json.loads((transfer_model / "manifest.json").read_text())
+    assert 0 < manifest["transfer"]["weight"] < 1  # the rank-percentile blend is in the graph
+    gpus = ["H100", "A100", "MI250X", "W6600"]
+    out = _run(binary, transfer_model, "--top-k", 9, *(f"gpu={g}" for g in gpus))
+    assert out.returncode == 0, out.stderr
+    sel = KernelSelector.load(transfer_model, cache_size=0)
+    for line, gpu in zip(out.stdout.splitlines(), gpus):
+        got, want = json.loads(line), sel.select(gpu=gpu, top_k=9)
+        assert [k["id"] for k in got["kernels"]] == list(want.ids)
+        assert [k["score"] for k in got["kernels"]] == list(want.scores)  # bit-identical doubles
+        assert got["num_valid"] == want.num_valid and len(want.ids) == 9

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from ckpred.config import compose
 from ckpred.data import load_table
+from ckpred.runs import load_pipeline
 from ckpred.util import sha256_file
 from ckpred.data.table import data_hash
 from ckpred.errors import ModelMismatchError
@@ -111,7 +112,7 @@ def test_export_of_a_run_with_oof_predictions_carries_the_autotune_calibration(r
     monkeypatch.chdir(tmp_path)
     op, cfg = gemm(), configs()
     table = synthetic_table(op, cfg, TRAIN_SHAPES)
-    pipe = joblib.load(run_dir / "pipeline.joblib")
+    pipe = load_pipeline(run_dir / "pipeline.joblib")
     oof = pd.DataFrame({"shape": op.shape_keys(table), "fold": np.arange(len(table)) % 3,
                         "kernel_name": table["kernel_name"], "perf": table["tflops"], "selectable": table["is_valid"],
                         "score_model": pipe.predict(op.encode_frame(table))})

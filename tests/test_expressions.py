@@ -51,6 +51,9 @@ def ev(text: str, **kw):
     ("dtype_bytes('fp16') * m", [200, 512, 2000]),
     ("dtype == 'fp16'", [0, 1, 0]),
     ("'fp16' == dtype", [0, 1, 0]),
+    ("contains(dtype, 'fp')", [1, 1, 1]),
+    ("contains(dtype, '16') + 2 * contains(dtype, 'p3')", [0, 1, 2]),
+    ("contains(dtype, 'bf')", [0, 0, 0]),
     ("m / (hw.cus / hw.xcds)", [100 / 32, 8, 1000 / 32]),
     ("7 // 2 + 2 ** 10", [1027, 1027, 1027]),
     ("1 / 0", [np.inf] * 3),
@@ -104,6 +107,10 @@ def test_dtype_bytes_reads_an_alias_in_a_categorical_field_and_a_literal():
     ("", "a non-empty expression"),
     ("None", "the constant"),
     ("log2", "a function name without a call"),
+    ("contains(m)", "contains() takes 2 argument"),
+    ("contains('fp', dtype)", "contains() takes a categorical field first"),
+    ("contains(dtype, 16)", "contains() takes a non-empty string literal second"),
+    ("contains(dtype, '')", "contains() takes a non-empty string literal second"),
 ])
 def test_parse_errors_name_the_key(text, fragment):
     with pytest.raises(ConfigValueError) as info:
@@ -144,6 +151,7 @@ def test_unknown_names_named():
     ("dtype_bytes('int4')", "a dtype name"),
     ("dtype_bytes(m)", "categorical dtype field"),
     ("'fp8' + 1", "a number here"),
+    ("contains(m, 'fp')", "a categorical field in contains"),
 ])
 def test_evaluation_errors_named(text, fragment):
     with pytest.raises(ConfigValueError, match=fragment.replace("(", r"\(")):
@@ -176,7 +184,7 @@ PARITY = [
     "where(m % tile == 0, 1, (m % tile) / tile)", "ceil(ceil_div(m, tile) * ceil_div(n, tile) / hw.cus)",
     "min(m, n, k) / max(m, hw.xcds)", "m if m >= n and not k < 4 else n / 2", "m < n or n <= k",
     "m > n", "m != k", "dtype == 'fp16'", "dtype_bytes(dtype)", "floor(k / 3) + hw.cus / hw.xcds",
-    "-m + 1 / (k - k)", "3.5",
+    "-m + 1 / (k - k)", "3.5", "contains(dtype, 'p1') * m + contains(dtype, 'fp')",
 ]
 
 
@@ -251,7 +259,7 @@ def test_hybrid_parity_static_and_symbolic():
     ops = HybridOps(g)
     problem = {name: ops.symbol(g.column("P", j)) for j, name in enumerate(("m", "n", "k", "dtype"))}
     texts = ["ceil_div(m, tile) * ceil_div(n, tile)", "log2(tile) * 2", "where(m % tile == 0, 1, (m % tile) / tile)",
-             "tile > 64 and m > n", "dtype_bytes(dtype) * tile"]
+             "tile > 64 and m > n", "dtype_bytes(dtype) * tile", "contains(dtype, 'fp1') * tile"]
     outs = []
     for t in texts:
         value = parse(t, key="k").evaluate({**problem, "tile": cols["tile"][:, None]}, HW, ops, categories=CATS)

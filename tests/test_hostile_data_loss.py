@@ -11,7 +11,10 @@ Grouped as in the hostile-input report (ids in brackets):
 * modules named by an export, an op YAML or a feature group are imported only when the user
   installed or allowed them [x06p pl02 pl08 ft03];
 * a partition manifest that disagrees with its files is refused by both backends, which read
-  the same rows [dk08 dk10 dk11 dk12 dk13 dk15 dk16 dk18].
+  the same rows [dk08 dk10 dk11 dk12 dk13 dk15 dk16 dk18];
+* runs (train, tune, a sweep's jobs, replay, sweep-report's CSV) write their fixed-name files
+  only into a folder ckpred made for such a run, never a user's (``out_dir=.``);
+* a forged ``pipeline.joblib`` (``export run_dir=``, ``warm_start=``) runs nothing it names.
 """
 
 from __future__ import annotations
@@ -260,23 +263,34 @@ def test_a_file_truncated_between_blocks_is_refused_not_half_read(mapped: bool, 
     assert after == before
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunks"])
 def test_a_whole_file_reader_refuses_a_file_cut_while_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    """Readers that take a file whole (a table CSV here) are checked the same way: the file's
-    size, inode and time at the end of its read against its start."""
-    from ckpred.data.readers import TABLE_READERS
+                                                            capsys: pytest.CaptureFixture[str], chunked: bool) -> None:
+    """Readers that take a file whole (a table CSV read whole here) or in chunks of text (the
+    table CSV's own reader) are checked the same way: the file's size, inode and time at the
+    end of its read against its start."""
+    from ckpred.data.readers import CHUNKED_TABLE_READERS, TABLE_READERS
 
     path = tmp_path / "t.csv"
     path.write_text("M,N,K,dtype,BLOCK_M,BLOCK_N,warps,stages,ms\n" +
                     "".join(f"{m},64,64,fp16,32,64,4,2,0.5\n" for m in range(64, 64 * 40, 64)))
-    real = TABLE_READERS["csv"]
+    real, real_chunks = TABLE_READERS["csv"], CHUNKED_TABLE_READERS["csv"]
 
     def read_then_cut(p: Path, ctx: Any) -> Any:
         raw = real(p, ctx)
         os.truncate(p, 60)  # another process, while the rows are being checked
         return raw
 
-    monkeypatch.setitem(TABLE_READERS, "csv", read_then_cut)
+    def chunks_then_cut(p: Path, ctx: Any, chunk_bytes: int | None) -> Any:
+        for raw in real_chunks(p, ctx, chunk_bytes):
+            yield raw
+            os.truncate(p, 60)  # another process, after the first chunk was handed on
+
+    if chunked:
+        monkeypatch.setitem(CHUNKED_TABLE_READERS, "csv", chunks_then_cut)
+    else:
+        monkeypatch.delitem(CHUNKED_TABLE_READERS, "csv")
+        monkeypatch.setitem(TABLE_READERS, "csv", read_then_cut)
     conf = Path(__file__).parent / "fixtures" / "user_op"
     rc, _, err = run(["ingest", "--config-dir", str(conf), "op=tmm", "dtype=fp16", "data.source=path",
                       f"data.path={path}", "out=t.parquet"], capsys)
@@ -621,3 +635,261 @@ def test_an_ingest_of_mixed_combos_still_marks_its_directory(tmp_path: Path) -> 
     assert read_manifest(ds, op, one_combo=False)["rows"] == len(table)
     with pytest.raises(InputFileError, match=r"partitions\[0\]\.dtype is None .*one arch, dtype and layout per file"):
         read_manifest(ds, op)
+
+
+# -- F10: run folders hold only ckpred's runs ----------------------------------------------------------
+def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test when a command starts its work (the refusal must come first)."""
+    import ckpred.commands.train as train_command
+    import ckpred.replay as replay
+
+    monkeypatch.setattr(train_command, "cross_validate", lambda *a, **k: pytest.fail("trained before the refusal"))
+    monkeypatch.setattr(replay, "load_run", lambda *a, **k: pytest.fail("replayed before the refusal"))
+
+
+@pytest.mark.parametrize(("case", "argv", "names"), [
+    ("train out_dir=<a user's folder>", ["train", "out_dir=victim"], ["'out_dir'", "'victim'", "ckpred did not make"]),
+    ("train out_dir=.", ["train", "out_dir=."], ["'out_dir'", "'.'", "ckpred did not make", ".ckpred-run.json"]),
+    ("train out_dir=<symlink to a user's folder>", ["train", "out_dir=link"],
+     ["'out_dir'", "'link'", "ckpred did not make"]),
+    ("train hydra.run.dir=.", ["train", "hydra.run.dir=."], ["'hydra.run.dir'", "'.'", "ckpred did not make"]),
+    ("tune out_dir=<a user's folder>", ["tune", "out_dir=victim"], ["'out_dir'", "'victim'"]),
+    ("train -m out_dir=. (a job's folder)", ["train", "-m", "seed=0", "out_dir=."],
+     ["'out_dir'", "'./0'", "'run.json'"]),
+    ("replay out=<a user's folder>", ["replay", "run_dir=victim", "out=victim"], ["'out'", "'victim'"]),
+    ("replay into a train run's user folder", ["replay", "run_dir=victim"], ["'out'", "replay", "'replay.md'"]),
+    ("train out_dir=<a tune run folder>", ["train", "out_dir=tuned"], ["'out_dir'", "a tune run folder"]),
+    ("train out_dir=<a forged marker>", ["train", "out_dir=forged"], ["'out_dir'", "not a marker ckpred wrote"]),
+])
+def test_runs_never_write_into_a_folder_ckpred_did_not_make(case: str, argv: list[str], names: list[str],
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A run writes metrics.json, run.json, per_shape.csv, plots... (replay: replay.md/csv/png)
+    into its folder: a folder holding a user's files of those names (or any files) is refused
+    naming the key, before any work; nothing in it changes and nothing is left behind."""
+    _no_work(monkeypatch)
+    victim = user_dir(tmp_path / "victim")
+    for name in ("metrics.json", "run.json", "per_shape.csv", "efficiency_cdf.png"):
+        (victim / name).write_text(f"my own {name}")
+    (victim / "replay").mkdir()
+    (victim / "replay" / "replay.md").write_text("my replay notes")
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "run.json").write_text("my own run.json")
+    (tmp_path / "link").symlink_to(victim)
+    (tmp_path / "tuned").mkdir()
+    (tmp_path / "tuned" / ".ckpred-run.json").write_text('{"command": "tune"}')
+    (tmp_path / "forged").mkdir()
+    (tmp_path / "forged" / ".ckpred-run.json").mkdir()
+    (tmp_path / "notes.txt").write_text("thesis")
+    before = tree(tmp_path)
+    rc, _, err = run(argv, capsys)
+    assert_named(rc, err, argv[0], *names)
+    # a sweep's failed job keeps the folder Hydra made for it (sweep-report lists it)
+    assert {k: v for k, v in tree(tmp_path).items() if not k.startswith("multirun")} == before
+
+
+def test_a_run_writes_into_a_new_or_empty_folder_and_its_own_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A new folder and an empty one are marked as the command's run folder; a rerun into it,
+    and into a train run written before markers (its run.json), goes ahead."""
+    import ckpred.commands.train as train_command
+    from ckpred.util import RUN_MARKER, run_marker_command
+
+    ran: list[Path] = []
+    monkeypatch.setattr(train_command, "cross_validate", lambda cfg, out, *a: ran.append(out) or 0.5)
+    (tmp_path / "empty").mkdir()
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "metrics.json").write_text("{}")
+    (legacy / "run.json").write_text(json.dumps({"command": "train", "created": "2025-01-01T00:00:00+00:00"}))
+    for out in ("new/run", "empty", "new/run", "legacy"):
+        rc, _, err = run(["train", f"out_dir={out}"], capsys)
+        assert rc == 0 and not TRACEBACK.search(err), err
+        assert ran[-1] == tmp_path / out and run_marker_command(tmp_path / out / RUN_MARKER) == "train"
+    assert len(ran) == 4
+
+
+def test_a_refused_run_leaves_no_marker_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A run refused after its folder was made and marked (more folds than shapes) removes the
+    folder it made; an empty folder the user made keeps nothing of the run."""
+    from ckpred.errors import ConfigValueError as CVE
+    import ckpred.commands.train as train_command
+
+    def refuse(*a: Any, **k: Any) -> float:
+        raise CVE("cv.n_splits", 99, "at most the 12 shapes")
+
+    monkeypatch.setattr(train_command, "cross_validate", refuse)
+    (tmp_path / "mine").mkdir()
+    for out in ("made/run", "mine"):
+        rc, _, err = run(["train", f"out_dir={out}"], capsys)
+        assert_named(rc, err, "train", "'cv.n_splits'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"] and not any((tmp_path / "mine").iterdir())
+
+
+def test_sweep_report_keeps_a_users_csv_of_its_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = tmp_path / "sweep" / "0"
+    job.mkdir(parents=True)
+    (job / "metrics.json").write_text(json.dumps({"model": {"mean": 0.9, "p10": 0.8}}))
+    mine = tmp_path / "sweep" / "sweep_report.csv"
+    mine.write_text("my own table\n")
+    rc, _, err = run(["sweep-report", "sweep"], capsys)
+    assert_named(rc, err, "sweep-report", "'csv'", "a sweep report")
+    assert mine.read_text() == "my own table\n"
+    mine.unlink()
+    for _ in range(2):  # its own report is replaced
+        rc, _, err = run(["sweep-report", "sweep"], capsys)
+        assert rc == 0 and not TRACEBACK.search(err), err
+    assert mine.read_text().startswith("rank,job,status,")
+
+
+# -- F11: a pickled pipeline runs nothing it names ----------------------------------------------------
+def _calling(module: str, name: str, arg: str) -> bytes:
+    """A pickle (protocol 4) that looks up ``module.name`` and calls it with ``arg``."""
+    def text(s: str) -> bytes:
+        data = s.encode()
+        return b"\x8c" + bytes([len(data)]) + data
+
+    return b"\x80\x04" + text(module) + text(name) + b"\x93" + text(arg) + b"\x85R."
+
+
+class _System:
+    """Pickles as a call of os.system (what a forged pipeline.joblib holds)."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (self.command,))
+
+
+def _forged_pipelines(tmp_path: Path, marker: Path, victim: Path) -> dict[str, Callable[[Path], None]]:
+    import joblib
+    import numpy as np
+
+    touch = f"touch {marker}"
+    return {
+        "os.system (zlib, as train writes)": lambda p: joblib.dump(_System(touch), p, compress=3),
+        "os.system inside a list (plain pickle)": lambda p: joblib.dump([1, {"model": _System(touch)}], p),
+        "os.system in an object array's nested pickle": lambda p: joblib.dump(
+            {"features": np.array(["a", _System(touch)], dtype=object)}, p, compress=3),
+        "builtins.exec": lambda p: p.write_bytes(_calling("builtins", "exec", f"open({str(marker)!r}, 'w')")),
+        "builtins.getattr": lambda p: p.write_bytes(_calling("builtins", "getattr", "x")),
+        "a dotted name through ckpred": lambda p: p.write_bytes(_calling("ckpred.util", "shutil.rmtree",
+                                                                         str(victim))),
+        "a function of ckpred": lambda p: p.write_bytes(_calling("ckpred.util", "sha256_file", str(victim))),
+        "a module of the working directory": lambda p: p.write_bytes(_calling("pwnmod", "Thing", "x")),
+        "numpy.load (pickles inside)": lambda p: p.write_bytes(_calling("numpy", "load", str(victim))),
+        "joblib's compat wrapper (reads a side file)": lambda p: p.write_bytes(
+            _calling("joblib.numpy_pickle_compat", "NDArrayWrapper", "x")),
+    }
+
+
+_FORGED = ["os.system (zlib, as train writes)", "os.system inside a list (plain pickle)",
+           "os.system in an object array's nested pickle", "builtins.exec", "builtins.getattr",
+           "a dotted name through ckpred", "a function of ckpred", "a module of the working directory",
+           "numpy.load (pickles inside)", "joblib's compat wrapper (reads a side file)"]
+_NAMED = {"os.system (zlib, as train writes)": "posix.system", "os.system inside a list (plain pickle)": "posix.system",
+          "os.system in an object array's nested pickle": "posix.system", "builtins.exec": "builtins.exec",
+          "builtins.getattr": "builtins.getattr", "a dotted name through ckpred": "ckpred.util.shutil.rmtree",
+          "a function of ckpred": "ckpred.util.sha256_file", "a module of the working directory": "pwnmod.Thing",
+          "numpy.load (pickles inside)": "numpy.load",
+          "joblib's compat wrapper (reads a side file)": "joblib.numpy_pickle_compat.NDArrayWrapper"}
+
+
+@pytest.mark.parametrize("case", _FORGED)
+def test_a_forged_pipeline_runs_nothing_it_names(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipeline.joblib whose pickle calls os.system, exec, a dotted path through ckpred, or
+    imports a module of the working directory is refused naming that global; no marker file
+    appears, no module is imported, the victim folder stays."""
+    from ckpred.runs import PipelineRefused, load_pipeline
+
+    marker = _plugin_module(tmp_path, monkeypatch, "pwnmod")  # importing pwnmod writes this marker too
+    victim = user_dir(tmp_path / "victim")
+    path = tmp_path / "pipeline.joblib"
+    _forged_pipelines(tmp_path, marker, victim)[case](path)
+    with pytest.raises(PipelineRefused) as err:
+        load_pipeline(path, purpose="export")
+    message = str(err.value)
+    assert "\n" not in message and f"it names {_NAMED[case]}," in message and "neither imported nor called" in message
+    assert not marker.exists() and "pwnmod" not in sys.modules
+    assert (victim / "notes.txt").read_text() == "thesis"
+
+
+@pytest.mark.parametrize("command", ["export", "warm_start"])
+def test_export_and_warm_start_of_a_forged_run_folder_run_nothing(command: str, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The same through the commands: a run folder whose run.json records the forged pickle's
+    sha256 (the record is in the same folder, so it is no defence) is refused in one line."""
+    import joblib
+
+    from ckpred.util import sha256_file
+
+    marker = tmp_path / "PWNED"
+    run_dir = tmp_path / "forged_run"
+    run_dir.mkdir()
+    joblib.dump(_System(f"touch {marker}"), run_dir / "pipeline.joblib", compress=3)
+    (run_dir / "run.json").write_text(json.dumps({
+        "command": "train", "created": "2025-01-01T00:00:00+00:00", "op": "gemm_universal", "arch": "gfx950",
+        "dtype": "fp8", "layout": "rcr", "pipeline": {"file": "pipeline.joblib",
+                                                      "sha256": sha256_file(run_dir / "pipeline.joblib")}}))
+    argv = ["export", "run_dir=forged_run", "out_dir=ex"] if command == "export" else \
+        ["train", "shapes=tiny", "warm_start=forged_run", "out_dir=warm"]
+    rc, _, err = run(argv, capsys)
+    assert_named(rc, err, argv[0], "pipeline.joblib", "posix.system", "neither imported nor called")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("model", ["ranker", "regressor"])
+def test_pipelines_ckpred_writes_load_under_the_restriction(model: str, tmp_path: Path) -> None:
+    """The restriction refuses nothing a ckpred pipeline holds (every model and feature set of
+    the tests is also loaded this way by test_train, test_warm_start, test_scale, test_export_cli)."""
+    import joblib
+
+    from export_helpers import TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
+    from omegaconf import OmegaConf
+
+    from ckpred.models import failure_estimator, set_failure_model
+    from ckpred.runs import load_pipeline
+
+    op, cfg = gemm(), configs()
+    table = synthetic_table(op, cfg, TRAIN_SHAPES[:4], kernels=100)
+    pipe = fit_pipeline(op, cfg, table, model=model, n_estimators=3, features="gemm_universal")
+    X = op.encode_frame(table)
+    failure = failure_estimator(OmegaConf.create({"n_estimators": 2, "num_leaves": 4, "min_child_samples": 5}))
+    set_failure_model(pipe, failure.fit(pipe.named_steps["features"].transform(X), ~table["is_valid"].to_numpy()),
+                      0.5)
+    for compress in (3, 0):
+        joblib.dump(pipe, tmp_path / "pipeline.joblib", compress=compress)
+        loaded = load_pipeline(tmp_path / "pipeline.joblib")
+        assert (loaded.predict(X) == pipe.predict(X)).all()
+        assert (loaded.ckpred_failure_model_.predict(pipe.named_steps["features"].transform(X))
+                == failure.predict(pipe.named_steps["features"].transform(X))).all()
+
+
+def test_a_run_folder_is_checked_before_its_pipeline_is_used(tmp_path: Path) -> None:
+    """A run record that is not JSON, one that says the run saved no pipeline (a rerun with
+    save_pipeline=false into the folder of an earlier run that did), and a pickle of allowed
+    globals that is not a features -> model Pipeline are each one named error."""
+    from collections import OrderedDict
+
+    import joblib
+
+    from ckpred.errors import MissingFileError
+    from ckpred.runs import load_train_run
+    from ckpred.util import sha256_file
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    joblib.dump(OrderedDict(a=1), run_dir / "pipeline.joblib", compress=3)
+    (run_dir / "run.json").write_text("{not json")
+    with pytest.raises(InputFileError, match="run.json: export: not a run record ckpred wrote"):
+        load_train_run(run_dir, purpose="export", require_record=False)
+    record = {"command": "train", "created": "2025-01-01T00:00:00+00:00", "pipeline": {"file": None, "sha256": None}}
+    (run_dir / "run.json").write_text(json.dumps(record))
+    with pytest.raises(MissingFileError, match="save_pipeline=false"):
+        load_train_run(run_dir, purpose="export", require_record=False)
+    record["pipeline"] = {"file": "pipeline.joblib", "sha256": sha256_file(run_dir / "pipeline.joblib")}
+    (run_dir / "run.json").write_text(json.dumps(record))
+    with pytest.raises(InputFileError, match="not a pipeline train saved \\(an object of type OrderedDict"):
+        load_train_run(run_dir, purpose="warm_start", require_record=True)

@@ -745,8 +745,8 @@ def test_group_ids_number_groups_like_pandas_and_first_rows_find_their_first_row
     ``runs`` times); ``first_rows`` is each group's first position."""
     from unittest import mock
 
-    import ckpred.data.ingest as ingest
     from ckpred.data.ingest import first_rows, group_ids
+    from ckpred.data.ingestion import rows
 
     names = ["small", "text", "wide", "flag", "constant"]
     frame = pd.DataFrame(keys, columns=names).astype({"small": "int64", "wide": "int64", "flag": bool,
@@ -754,7 +754,7 @@ def test_group_ids_number_groups_like_pandas_and_first_rows_find_their_first_row
     for frame in (frame, frame.loc[frame.index.repeat(runs[:len(frame)])].reset_index(drop=True)):
         columns = [frame[c].to_numpy(dtype=object if c == "text" else None) for c in names]
         expected = frame.groupby(names, sort=False, dropna=False).ngroup().to_numpy()
-        with mock.patch.object(ingest, "_RUN_MIN_ROWS", 1):  # runs looked for at any length
+        with mock.patch.object(rows, "_RUN_MIN_ROWS", 1):  # runs looked for at any length
             assert group_ids(columns).tolist() == expected.tolist()
         gid = group_ids(columns)
         assert gid.tolist() == expected.tolist()

@@ -838,7 +838,7 @@ def test_written_parquet_has_the_canonical_schema_and_plain_text_columns(tmp_pat
 def test_a_run_failing_midway_leaves_the_previous_table_directory_whole(tmp_path: Path, monkeypatch: Any) -> None:
     """Parts are written beside ``out`` and swapped in at the end: a run that fails after some
     parts are written leaves the previous directory as it was, and no temporary directory."""
-    import ckpred.data.ingest as ingest
+    from ckpred.data.ingestion import write
 
     path = tmp_path / "in.log"
     path.write_bytes(LOG)
@@ -847,7 +847,7 @@ def test_a_run_failing_midway_leaves_the_previous_table_directory_whole(tmp_path
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert len(before) > 2
 
-    real_write = ingest._TableWriter.write
+    real_write = write.TableWriter.write
 
     def failing_write(self: Any, table: pd.DataFrame) -> None:
         if self.parts == 2:  # two parts of the new table are on disk
@@ -855,13 +855,13 @@ def test_a_run_failing_midway_leaves_the_previous_table_directory_whole(tmp_path
             raise RuntimeError("killed")
         real_write(self, table)
 
-    monkeypatch.setattr(ingest._TableWriter, "write", failing_write)
+    monkeypatch.setattr(write.TableWriter, "write", failing_write)
     path.write_bytes(LOG.replace(b"12.5", b"13.5") + LOG)  # another input: other parts
     with pytest.raises(RuntimeError, match="killed"):
         ingest_to_parquet(path, OP, out, tmp_path / "rejects.csv", chunk_bytes=256, **KW)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.log", "rejects.csv", "table"]
-    monkeypatch.setattr(ingest._TableWriter, "write", real_write)
+    monkeypatch.setattr(write.TableWriter, "write", real_write)
     summary = ingest_to_parquet(path, OP, out, tmp_path / "rejects.csv", chunk_bytes=256, **KW)
     after = {p.name: p.read_bytes() for p in out.iterdir()}
     assert summary.rows > 0 and after != before
@@ -906,7 +906,7 @@ def test_held_and_spilled_partition_pieces_give_the_same_table(fmt: str, monkeyp
     only for what does not fit the budget, and none is left behind."""
     import pyarrow as pa
 
-    import ckpred.data.ingest as ingest
+    from ckpred.data.ingestion import merge
 
     path = WORK / f"held.{fmt}"
     path.write_bytes(SAMPLES[fmt])
@@ -918,14 +918,14 @@ def test_held_and_spilled_partition_pieces_give_the_same_table(fmt: str, monkeyp
         spilled.append(str(sink))
         return new_file(sink, *args, **kwargs)
 
-    monkeypatch.setattr(ingest.pa.ipc, "new_file", counted)
-    init = ingest._Partitions.__init__
+    monkeypatch.setattr(merge.pa.ipc, "new_file", counted)
+    init = merge.Partitions.__init__
     written = {}
     for hold in (0, 3000, 1 << 30):
         def with_hold(self: Any, op: Any, count: int, spill: Any, hold_bytes: int = 0, hold: int = hold) -> None:
             init(self, op, count, spill, hold_bytes=hold)
 
-        monkeypatch.setattr(ingest._Partitions, "__init__", with_hold)
+        monkeypatch.setattr(merge.Partitions, "__init__", with_hold)
         spilled.clear()
         assert_stream_same(reference, *streamed(path, OP, f"held{hold}", 700, fmt=fmt, **KW))
         written[hold] = len(spilled)

@@ -269,6 +269,41 @@ def test_a_text_column_the_op_does_not_read_cannot_merge_different_problems(tmp_
     assert result.summary.merge_key == ("m", "n", "k", "dtype")
 
 
+@pytest.mark.parametrize("where", ["chunks", "files", "streamed"])
+def test_a_hidden_field_is_found_across_chunks_and_files(where: str, tmp_path: Path) -> None:
+    """The repeats a text column tells apart may lie in different chunks of a file or in
+    different files (sorted by dtype): they are compared where they are merged."""
+    frame = _frame().sort_values("DTYPE", kind="stable")
+    columns = {k: v for k, v in RENAMES.items() if k != "dtype"} | {"num_warps": "WARPS", "time": "ms"}
+    if where == "files":
+        paths = []
+        for dtype, part in frame.groupby("DTYPE"):
+            part.to_csv(tmp_path / f"{dtype}.csv", index=False)
+            paths.append(tmp_path / f"{dtype}.csv")
+    else:
+        frame.to_csv(tmp_path / "t.csv", index=False)
+        paths = [tmp_path / "t.csv"]
+    # one dtype per chunk: no chunk alone shows two values
+    chunk = 64 if where != "files" else 1 << 20
+    op, mapping = _TableOp(with_dtype=False), _mapping(columns)
+    with pytest.raises(InputFileError, match=r"column 'DTYPE' is not read by op 'tmm' but differs"):
+        if where == "streamed":
+            from ckpred.data.ingest import ingest_to_parquet
+
+            ingest_to_parquet(paths, op, tmp_path / "o.parquet", tmp_path / "o.rejects.csv", arch="gfx950",
+                              dtype="fp16", layout="rcr", mapping=mapping, chunk_bytes=chunk)
+        else:
+            read_files(paths, op, arch="gfx950", dtype="fp16", layout="rcr", mapping=mapping, chunk_bytes=chunk)
+    # a column of free text (more values in the file than a field has) is not judged, though
+    # each chunk holds few of them
+    runs = pd.concat([frame.assign(DTYPE="fp16")] * 3, ignore_index=True)
+    runs["note"] = [f"run {i}" for i in range(len(runs))]
+    runs.to_csv(tmp_path / "n.csv", index=False)
+    result = read_files(tmp_path / "n.csv", op, arch="gfx950", dtype="fp16", layout="rcr", mapping=mapping,
+                        chunk_bytes=64)
+    assert result.summary.merged >= 2 * len(frame)  # merged, not refused
+
+
 def test_failure_encodings_and_validity_strings(tmp_path: Path) -> None:
     lines = ["m,n,k,dtype,block_m,block_n,num_warps,time,ok",
              "64,64,64,fp16,64,64,4,0.01,true",     # 2 valid
@@ -366,7 +401,7 @@ def test_miopen_reader_on_the_fixture(tmp_path: Path) -> None:
         ("small:9", "unrecognised line"), ("small:10", "bad find-db key"), ("small:11", "bad solver entry")]
     fwd = raw.frame[raw.frame["key"].str.endswith("FP32-F")]
     assert fwd["solver"].tolist()[0] == "ConvAsmImplicitGemmGTCDynamicFwdXdlopsNHWC"
-    assert fwd["time_ms"].tolist()[0] == "0.088804" and raw.sources[0] == "small:1"
+    assert fwd["time_ms"].tolist()[0] == "0.088804" and raw.source_texts()[0] == "small:1"
 
 
 def _compose_op(name: str, path: Path, *extra: str) -> Any:

@@ -151,3 +151,71 @@ def test_any_mutation_raises_only_the_documented_error(fmt: str, data: st.DataOb
         except InputFileError:
             return
         assert len(raw.sources) == len(raw.frame)
+
+
+# -- chunks: the same table whatever the chunk size --------------------------------------------------
+#: Bytes that change how a CSV is split: quotes, carriage returns, blank lines, non-ASCII, controls.
+_AWKWARD = st.sampled_from([b'"', b'""', b"\r", b"\n\n", b"\n  \n", b" ", b"\t", "é".encode(), b"\x1f", b",", b"\n"])
+
+
+@st.composite
+def _awkward(draw: Any, sample: bytes) -> bytes:
+    out = sample
+    for _ in range(draw(st.integers(0, 4))):
+        at = draw(st.integers(0, len(out)))
+        out = out[:at] + draw(_AWKWARD) + out[at:]
+    return out
+
+
+def _read_all(data: bytes, name: str, op: OpDefinition, mapping: InputMapping, chunk: int) -> Any:
+    path = WORK / name
+    path.write_bytes(data)
+    try:
+        result = read_files(path, op, arch="gfx950", dtype="fp16", layout="rcr", mapping=mapping, chunk_bytes=chunk)
+    except InputFileError as exc:
+        return str(exc)
+    return result.table, result.rejects, result.summary.as_dict()
+
+
+def _same(a: Any, b: Any) -> None:
+    assert type(a) is type(b), (a, b)
+    if isinstance(a, str):
+        assert a == b
+        return
+    assert a[0].equals(b[0]), (a[0], b[0])
+    assert a[1].equals(b[1]), (a[1], b[1])
+    assert a[2] == b[2]
+
+
+@SETTINGS
+@given(st.sampled_from(["csv", "jsonl", "fdb"]), st.data(), st.integers(1, 200), st.integers(1, 64))
+def test_chunks_and_blocks_of_any_size_read_the_whole_files_table(fmt: str, data: st.DataObject, chunk: int,
+                                                                  block: int) -> None:
+    """Tables read in chunks of ``chunk`` bytes (pyarrow's blocks of ``block``) equal the table
+    read whole: rows, reasons, rejects and counts, whatever quotes, blank lines or bytes the
+    file holds (a quote switches the rest of a CSV to the line reader)."""
+    from unittest import mock
+
+    from ckpred.data.readers import table_csv
+
+    sample, name, op_mapping = {"csv": (CSV, "c.csv", (TMM, TMM_MAPPING)), "jsonl": (JSONL, "c.jsonl", (TMM, TMM_MAPPING)),
+                                "fdb": (FDB, "c.fdb.txt", None)}[fmt]
+    op, mapping = op_mapping or _miopen()
+    mutated = data.draw(_awkward(sample))
+    assume(not mutated.startswith((b"\x1f\x8b", b"BZh")))
+    whole = _read_all(mutated, name, op, mapping, 1 << 30)
+    with mock.patch.object(table_csv, "_BLOCK_BYTES", block):
+        _same(_read_all(mutated, name, op, mapping, chunk), whole)
+
+
+@SETTINGS
+@given(st.data())
+def test_pyarrows_split_of_a_plain_block_is_the_line_readers(data: st.DataObject) -> None:
+    from unittest import mock
+
+    from ckpred.data.readers import table_csv
+
+    mutated = data.draw(_awkward(CSV))
+    fast = _read_all(mutated, "p.csv", TMM, TMM_MAPPING, 1 << 30)
+    with mock.patch.object(table_csv, "_plain", lambda block: False):
+        _same(_read_all(mutated, "p.csv", TMM, TMM_MAPPING, 1 << 30), fast)

@@ -278,3 +278,52 @@ def test_a_tuple_kernel_id_round_trips() -> None:
     resolver = KernelResolver(op, dtype="fp8", layout="rcr")
     assert resolver.resolve_all(["(7,True,b)", "(07, true, b)", "(1,2,b)"]) == [0, 0, "unparseable kernel name: "
                                                                                     "on='2' is not a bool"]
+
+
+# -- two kernels of one name (F02) ------------------------------------------------------------------
+_PIECES = st.text(alphabet="xyz_1", min_size=1, max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(literals=st.lists(st.text(alphabet="xyz_", max_size=2), min_size=4, max_size=4),
+       values=st.lists(st.lists(_PIECES, min_size=1, max_size=3, unique=True), min_size=3, max_size=3))
+def test_find_collision_agrees_with_enumerating_every_combination(literals: list[str],
+                                                                  values: list[list[str]]) -> None:
+    """The overhang search finds two choices printing alike exactly when some pair of the whole
+    cartesian product does, and the pair it returns does."""
+    from itertools import product
+
+    from ckpred.kernels.template import find_collision
+
+    names = ["a", "b", "c"]
+    parts = [(literals[0], "a"), (literals[1], "b"), (literals[2], "c"), (literals[3], None)]
+    texts = dict(zip(names, values))
+
+    def show(choice: dict[str, str]) -> str:
+        return "".join(lit + (choice[n] if n else "") for lit, n in parts)
+
+    printed: dict[str, tuple[str, ...]] = {}
+    collides = False
+    for combo in product(*values):
+        name = show(dict(zip(names, combo)))
+        collides |= name in printed and printed[name] != combo
+        printed.setdefault(name, combo)
+    found = find_collision(parts, texts)
+    assert (found is not None) == collides, (parts, texts)
+    if found is not None:
+        a, b = found
+        assert a != b and show(a) == show(b)
+
+
+def test_templates_printing_two_kernels_alike_are_refused_when_the_op_is_composed() -> None:
+    from ckpred.errors import ConfigValueError
+    from ckpred.kernels.template import check_round_trip
+
+    kinds = {"m": ("int", ()), "v": ("categorical", ("x", "xy")), "t": ("categorical", ("yz", "z")),
+             "p": ("categorical", ("a-b", "a")), "q": ("categorical", ("c", "b-c"))}
+    for text, shown in (("bm{m}_{v}{t}", "v=x, t=yz and v=xy, t=z both print 'bm1_xyz'"),
+                        ("{p}-{q}", "'a-b-c'"), ("bm{m}{m2}", "both print 'bm112'")):
+        with pytest.raises(ConfigValueError, match=shown):
+            check_round_trip(KernelTemplate(text, {**kinds, "m2": ("int", ())}, key="op.kernel_id.template"))
+    for text in ("bm{m}_{v}_{t}", "{p}_{q}", "{v}{m}"):
+        check_round_trip(KernelTemplate(text, kinds, key="op.kernel_id.template"))

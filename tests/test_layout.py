@@ -89,7 +89,7 @@ STAGES = [
     {"features"},
     {"models"},
     {"evaluate"},
-    {"fitting", "runs", "warm_start", "scale"},
+    {"fitting", "runs", "warm_start", "scale", "transfer"},
     {"cv"},
     {"export"},
     {"runtime", "autotune", "replay", "guided_search", "plan"},

@@ -60,13 +60,15 @@ def write_kt_cache(path: Path, device: str) -> Path:
 
 @pytest.fixture(scope="module")
 def kt_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A train run on three AMD GPUs' caches, and the A100's cache (the new GPU's truth)."""
+    """A train run on three AMD GPUs' caches (the regressor itself: ``transfer.mode=off``), and
+    the A100's cache (the new GPU's truth)."""
     tmp = tmp_path_factory.mktemp("kt")
     files = [write_kt_cache(tmp / f"{d.split()[-1]}.json", d) for d in list(KT_GPUS)[:3]]
     (tmp / "new").mkdir()
     new = write_kt_cache(tmp / "new" / "A100.json", "NVIDIA A100-PCIE-40GB")
     cfg = compose("train", [SEARCH, "experiment=kernel_tuner_amd", f"data.path=[{','.join(map(str, files))}]",
-                            "model=lgbm_regressor", "target=log1p", "rows.max_per_shape=0", f"out_dir={tmp / 'run'}",
+                            "model=lgbm_regressor", "target=log1p", "rows.max_per_shape=0", "transfer.mode=off",
+                            f"out_dir={tmp / 'run'}",
                             *SMALL])
     (tmp / "run").mkdir()
     cross_validate(cfg, tmp / "run")

@@ -423,9 +423,8 @@ def test_held_out_queries_are_scored_with_the_learned_mask(failing_dataset: Path
 
 def test_train_command_masks_the_learned_failures_on_a_partitioned_dataset(failing_dataset: Path,
                                                                            tmp_path: Path) -> None:
-    import joblib
-
     from ckpred.models import failure_model
+    from ckpred.runs import load_pipeline
 
     train(_cfg(*VALIDITY, "model.backend=dask", "model.dask.memory_limit=1GiB", "data=path",
                f"data.path={failing_dataset}", "cv=holdout", "cv.test_fraction=0.5", f"out_dir={tmp_path}"))
@@ -435,7 +434,7 @@ def test_train_command_masks_the_learned_failures_on_a_partitioned_dataset(faili
     assert record["failure_model"] is True and folds[0]["failure_model"] and folds[0]["failed_rows"] > 0
     assert metrics["model"]["failed_pick"] == 0
     # the saved pipeline carries the failure model where the export reads it
-    assert failure_model(joblib.load(tmp_path / "pipeline.joblib")) is not None
+    assert failure_model(load_pipeline(tmp_path / "pipeline.joblib")) is not None
 
 
 @pytest.mark.parametrize("limit", ["lots", "4 GB!"])

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import joblib
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,6 +18,7 @@ from ckpred.errors import ConfigValueError
 from ckpred.evaluate import METHODS, ShapeGroups
 from ckpred.models import IdentityTarget, Log1pTarget, relative_target, relevance_grades
 from ckpred.commands.train import train
+from ckpred.runs import load_pipeline
 from tests.conftest import reading_files
 
 #: Small, fast, single-threaded settings for every run in this file.
@@ -131,7 +131,7 @@ def test_manifest_and_pipeline(full_run: tuple[float, Path]) -> None:
     assert manifest["data"]["rows"] == 12 * 4608 and manifest["data"]["shapes"] == 12
     assert manifest["versions"]["lightgbm"] and manifest["config"]["model"]["n_estimators"] == 8
     assert manifest["metrics"]["model"]["mean"] == json.loads((out / "metrics.json").read_text())["model"]["mean"]
-    pipe = joblib.load(out / "pipeline.joblib")
+    pipe = load_pipeline(out / "pipeline.joblib")
     assert [name for name, _ in pipe.steps] == ["features", "model"]
     assert pipe.ckpred_target_ == manifest["target"] == "rank"  # default model: the ranker
     assert list(pipe.named_steps["features"].get_feature_names_out()) == manifest["feature_names"]
@@ -231,15 +231,17 @@ def test_external_test_table_with_kernels_never_seen(tmp_path: Path) -> None:
 def test_cli_subprocess_reproduces_the_same_seed_run(full_run: tuple[float, Path], tmp_path: Path) -> None:
     """The CLI as a user runs it, with the fixture's overrides: same seed -> identical results."""
     _, first = full_run
+    out = tmp_path / "run"  # beside Hydra's folder: a run writes only into a folder of its own
     proc = subprocess.run([sys.executable, "-m", "ckpred", "train", *SMALL, *REF_SMALL, "progress=true",
-                           f"hydra.run.dir={tmp_path / 'hydra'}", f"out_dir={tmp_path}"], capture_output=True, text=True, timeout=600)
+                           f"hydra.run.dir={tmp_path / 'hydra'}", f"out_dir={out}"], capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "efficiency on unseen (m, n, k, split_k) shapes, 3 folds" in proc.stdout and "best_static" in proc.stdout
     assert "model / plain" in proc.stdout  # the fit times of the model and of plain LightGBM, side by side
-    assert json.loads((tmp_path / "metrics.json").read_text()) == json.loads((first / "metrics.json").read_text())
-    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "oof_predictions.parquet"),
+    assert json.loads((out / "metrics.json").read_text()) == json.loads((first / "metrics.json").read_text())
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "oof_predictions.parquet"),
                                   pd.read_parquet(first / "oof_predictions.parquet"))
-    assert (tmp_path / "per_shape.csv").read_text() == (first / "per_shape.csv").read_text()
+    assert (out / "per_shape.csv").read_text() == (first / "per_shape.csv").read_text()
 
 
 # ---------------------------------------------------------------------------------------------

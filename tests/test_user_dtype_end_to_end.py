@@ -53,10 +53,13 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
     (conf / "dtype").mkdir()
     (conf / "dtype" / "mxfp4.yaml").write_text(MXFP4)
     arch = (REPO / "conf" / "arch" / "gfx950.yaml").read_text()
+    # the edits below must hit (a renamed key would otherwise leave the packaged LDS in the copy)
+    assert "shared_memory_kib: 160\n" in arch and arch.rstrip().splitlines()[-1].startswith("  ")
     (conf / "arch").mkdir()
     # a small LDS, so the op's rule (staged tiles x dtype_bytes(precision) <= LDS) tells sizes apart
     (conf / "arch" / "gfx950_fp4.yaml").write_text(
-        arch.replace("name: gfx950", "name: gfx950_fp4\ngfx: gfx950").replace("lds_kib: 160", f"lds_kib: {LDS_KIB}")
+        arch.replace("name: gfx950", "name: gfx950_fp4\nisa: gfx950")
+        .replace("shared_memory_kib: 160", f"shared_memory_kib: {LDS_KIB}")
         + "  mxfp4: 10066.0\n")
     op = (conf / "op" / "tmm.yaml").read_text()
     # kernel names spell the run's dtype, as CK's do ({dtype}: one of the dtypes in use)

@@ -6,7 +6,6 @@ import json
 import shutil
 from pathlib import Path
 
-import joblib
 import numpy as np
 import pandas as pd
 import pytest
@@ -17,6 +16,7 @@ from ckpred.errors import InputFileError, ModelMismatchError
 from ckpred.kernels.base import load_op
 from ckpred.models import booster
 from ckpred.commands.train import train
+from ckpred.runs import load_pipeline
 from tests.conftest import reading_files
 
 #: The base's recipe, pinned (the train defaults may change): regressor on log1p.
@@ -50,7 +50,7 @@ def warm_dir(base_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_continues_boosting_from_the_base_trees(base_dir: Path, warm_dir: Path) -> None:
-    base, warm = joblib.load(base_dir / "pipeline.joblib"), joblib.load(warm_dir / "pipeline.joblib")
+    base, warm = load_pipeline(base_dir / "pipeline.joblib"), load_pipeline(warm_dir / "pipeline.joblib")
     assert booster(base).current_iteration() == BASE_TREES
     assert booster(warm).current_iteration() == BASE_TREES + ADDED
     # The first trees of the continued model are the base's trees, unchanged ...
@@ -72,7 +72,7 @@ def test_ranker_continues_too(tmp_path: Path) -> None:
     train(compose("train", [*ranker, "model.n_estimators=3", f"out_dir={tmp_path / 'base'}"]))
     train(compose("train", [*ranker, "model.n_estimators=2", f"warm_start={tmp_path / 'base'}",
                             f"out_dir={tmp_path / 'warm'}"]))
-    base, warm = joblib.load(tmp_path / "base" / "pipeline.joblib"), joblib.load(tmp_path / "warm" / "pipeline.joblib")
+    base, warm = load_pipeline(tmp_path / "base" / "pipeline.joblib"), load_pipeline(tmp_path / "warm" / "pipeline.joblib")
     assert (booster(base).current_iteration(), booster(warm).current_iteration()) == (3, 5)
     assert [t["tree_structure"] for t in booster(warm).dump_model()["tree_info"][:3]] == \
         [t["tree_structure"] for t in booster(base).dump_model()["tree_info"]]
@@ -82,7 +82,7 @@ def test_ranker_continues_too(tmp_path: Path) -> None:
 def test_differs_from_a_cold_start_with_as_many_trees(warm_dir: Path, tmp_path: Path) -> None:
     train(compose("train", [*SMALL, f"model.n_estimators={BASE_TREES + ADDED}", "model.learning_rate=0.1",
                             f"out_dir={tmp_path}"]))
-    cold, warm = joblib.load(tmp_path / "pipeline.joblib"), joblib.load(warm_dir / "pipeline.joblib")
+    cold, warm = load_pipeline(tmp_path / "pipeline.joblib"), load_pipeline(warm_dir / "pipeline.joblib")
     assert booster(cold).current_iteration() == booster(warm).current_iteration()
     X = _x_head(compose("train", SMALL)).assign(m=128, n=1536, k=7168)
     assert not np.allclose(cold.predict(X), warm.predict(X))

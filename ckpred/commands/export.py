@@ -30,6 +30,7 @@ from ckpred.fitting import fit_final
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.kernels.declared import bind_training_catalogue
 from ckpred.schema import ExportConfig, RecipeConfig
+from ckpred.transfer import TransferModel
 
 
 class Steps:
@@ -117,9 +118,10 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Expor
     return out, oof.assign(score_model=scores, selectable=oof["selectable"].to_numpy(bool) & allowed)
 
 
-def _check_run_matches(cfg: ExportConfig, run_cfg: RecipeConfig, run_dir: Path) -> None:
+def _check_run_matches(cfg: ExportConfig, run_cfg: RecipeConfig, run_dir: Path,
+                       keys: tuple[str, ...] = ("op", "arch", "dtype", "layout")) -> None:
     diffs = []
-    for key in ("op", "arch", "dtype", "layout"):
+    for key in keys:
         mine, theirs = node_name(cfg[key]), node_name(run_cfg[key])
         if mine != theirs:
             diffs.append(f"{key}: run has {theirs!r}, this export config has {mine!r} (pass {key}={theirs})")
@@ -141,6 +143,8 @@ class _Source:
     metrics: dict[str, Any] | None = None
     #: The train run directory (run_dir=), else None.
     run_dir: Path | None = None
+    #: Its run record (``run.json``), else None.
+    run_record: dict[str, Any] | None = None
 
     @property
     def oof_file(self) -> Path | None:
@@ -158,7 +162,9 @@ def _from_run_dir(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
 
     run = load_train_run(cfg.run_dir, purpose="export", require_record=False)
     run_dir, train_record = run.path, run.record
-    for key in ("op", "arch", "dtype", "layout"):
+    # the transfer recipe is made for GPUs it did not train on: any arch
+    identity = ("op", "dtype", "layout") if isinstance(run.pipeline, TransferModel) else ("op", "arch", "dtype", "layout")
+    for key in identity:
         theirs = train_record.get(key)
         if isinstance(theirs, str) and theirs != node_name(cfg[key]):
             raise ModelMismatchError(f"{run_dir}/{RUN_RECORD}: {key} is {theirs!r}, this export config "
@@ -171,14 +177,15 @@ def _from_run_dir(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     elif run_cfg_path.is_file():
         data_cfg = OmegaConf.load(run_cfg_path)
     if data_cfg is not cfg:
-        _check_run_matches(cfg, data_cfg, run_dir)
+        _check_run_matches(cfg, data_cfg, run_dir, identity)
     steps.step("loading the run's training table")
     table = load_table(data_cfg)
     bind_training_catalogue(op, table, data_cfg)
     train_hash = (train_record.get("data") or {}).get("hash")
     record = {"kind": "run_dir", "run_dir": str(run_dir), "pipeline_sha256": run.sha256,
               "train_data_hash": train_hash}
-    return _Source(run.pipeline, table, data_cfg, record, metrics=train_record.get("metrics"), run_dir=run_dir)
+    return _Source(run.pipeline, table, data_cfg, record, metrics=train_record.get("metrics"), run_dir=run_dir,
+                   run_record=train_record)
 
 
 def _fit_here(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
@@ -224,6 +231,11 @@ class _Strategy:
 def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition, steps: Steps) -> _Strategy:
     """Candidates, ``selection`` section and reranker of ``select=pruned|reranked``, and the
     run's out-of-fold rows scored by the strategy."""
+    if isinstance(src.pipeline, TransferModel):
+        if cfg.select != "full":
+            print(f"select={cfg.select}: the run's model is the transfer recipe, which ranks every catalogue kernel "
+                  "(its static order and rank percentiles are over all of them); exporting select=full")
+        return _Strategy("full")
     if cfg.select not in ("pruned", "reranked"):
         return _Strategy(cfg.select)
     from omegaconf import OmegaConf
@@ -275,20 +287,28 @@ def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition, strategy: _S
     options = OmegaConf.to_container(cfg.autotune, resolve=True)
     options.pop("enabled")
     kind = options.pop("kind")
+    # fitted on GPUs the folds never trained on: a selector on a new GPU is what it measured
+    policy = {"fallback_k": options.pop("fallback_k"), "min_problems": options.pop("min_problems"),
+              "zero_shot": bool((src.run_record or {}).get("zero_shot", False))}
     ids = op.catalogue(cfg.arch, cfg.dtype, cfg.layout).set_index("kernel_name")["kernel_id"]
-    if kind == "table":
-        return {**calibration_from_oof(oof, ids, **options), "select": select}
     # the logistic model reads the problem's integer fields, as both runtimes pass them
     fields = [f.name for f in op.problem_fields if f.kind == "int"]
     table = src.table
     problems = table[fields].assign(shape=np.asarray(op.shape_keys(table))).drop_duplicates("shape")
-    if not set(pd.unique(oof["shape"])) <= set(problems["shape"]):
+    if kind == "table":
+        out = calibration_from_oof(oof, ids, **policy, **options)
+    elif not set(pd.unique(oof["shape"])) <= set(problems["shape"]):
         # an external test table: its problems' field values are not in the training table
         print("autotune calibration: the run tested problems outside its training table; fitting the score-gap "
               "table (autotune.kind=table) instead of the logistic model")
-        return {**calibration_from_oof(oof, ids, **options), "select": select}
-    return {**calibration_from_oof(oof, ids, kind="logistic", problems=problems.set_index("shape")[fields],
-                                   within=options["within"], max_k=options["max_k"]), "select": select}
+        out = calibration_from_oof(oof, ids, **policy, **options)
+    else:
+        out = calibration_from_oof(oof, ids, kind="logistic", problems=problems.set_index("shape")[fields],
+                                   within=options["within"], max_k=options["max_k"], **policy)
+    if out.get("note"):
+        print(f"autotune calibration: {out['note']} (autotune.fallback_k; within "
+              f"{', '.join(f'{w:g}' for w in out['uninformative_within'])})")
+    return {**out, "select": select}
 
 
 def _report(select: str, manifest: dict[str, Any], target: Path) -> None:
@@ -341,11 +361,18 @@ def _export(cfg: ExportConfig, op: OpDefinition, src: _Source, target: Path,
         calibration = _calibration(cfg, src, op, strategy)
     steps.step(f"compiling the ONNX graphs, checking parity on {len(problems):,} shapes" if cfg.parity.check
                else "compiling the ONNX graphs")
-    manifest = export_pipeline(src.pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout,
+    pipeline, transfer = src.pipeline, None
+    if isinstance(pipeline, TransferModel):  # the learner's features with the exported arch's constants
+        transfer = pipeline
+        pipeline = transfer.learner_pipeline(op, src.data_cfg, cfg.arch, src.table)
+        print(f"the transfer recipe trained on {', '.join(transfer.archs)}: static order weight "
+              f"{transfer.weight:g}" + ("" if str(cfg.arch.name) in transfer.archs else
+                                        f"; {cfg.arch.name} is a GPU it never trained on"))
+    manifest = export_pipeline(pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout,
                                out_dir=target, training=training,
                                parity_problems=problems if cfg.parity.check else None, metrics=src.metrics,
                                select=strategy.select, max_abs_diff=cfg.parity.max_abs_diff, source=src.record,
                                candidates=strategy.candidates, selection=strategy.selection,
                                reranker=strategy.reranker,
-                               autotune=calibration)
+                               autotune=calibration, transfer=transfer)
     return manifest, strategy

@@ -6,12 +6,17 @@ from typing import Any
 
 from ckpred import autotune as at
 from ckpred import replay as rp
-from ckpred.util import resolve_path
+from ckpred.runs import run_directory
+from ckpred.util import check_replaceable, claim_run_dir, resolve_path
 
 
 def replay_command(cfg: Any) -> str:
     """Task function of ``python -m ckpred replay``; prints the table, returns the output folder."""
     run_dir = resolve_path(cfg.run_dir)
+    out = resolve_path(cfg.out) if cfg.out else run_dir / "replay"
+    # replay.md, replay.csv and replay.png go into out: only a replay folder ckpred made (or a new
+    # or empty one) takes them; checked before any work, the folder made once the table is computed
+    check_replaceable("out", cfg.out or out, run_directory("replay"))
     data = rp.load_run(run_dir)
     calibration = rp.load_run(resolve_path(cfg.calibration_run_dir)) if cfg.calibration_run_dir else None
     policies: list[at.Budget] = [at.FixedK(int(k)) for k in cfg.ks]
@@ -21,8 +26,7 @@ def replay_command(cfg: Any) -> str:
     policies += [rp.Hindsight(float(cfg.within))]
     table = rp.replay_table(data, policies, calibration_data=calibration, random_seeds=int(cfg.seeds),
                             within=(float(cfg.within),), gap_to=int(cfg.gap_to))
-    out = resolve_path(cfg.out) if cfg.out else run_dir / "replay"
-    out.mkdir(parents=True, exist_ok=True)
+    claim_run_dir("out", cfg.out or out, run_directory("replay"))
     source = f"calibration from {cfg.calibration_run_dir}" if cfg.calibration_run_dir else \
         "calibration cross-fitted over the run's folds"
     text = rp.markdown(table, f"{run_dir} ({source}, score gap to the top-{int(cfg.gap_to)})")

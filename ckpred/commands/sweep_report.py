@@ -32,10 +32,25 @@ import yaml
 from omegaconf import DictConfig
 
 from ckpred.runs import RUN_RECORD, run_record_path
-from ckpred.util import resolve_path
+from ckpred.util import OwnFile, atomic_path, check_replaceable, resolve_path
 from ckpred.errors import InputFileError
 
 log = logging.getLogger(__name__)
+
+
+#: The table's file in the sweep folder (``csv=true``).
+REPORT_FILE = "sweep_report.csv"
+#: Its first columns: the file a rerun may replace is one whose header starts so.
+_REPORT_HEADER = b"rank,job,status,"
+
+
+def _is_sweep_report(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.readline(4096).startswith(_REPORT_HEADER)
+
+
+#: A sweep report CSV: replaced only when it is one (or empty).
+SWEEP_REPORT = OwnFile("a sweep report", _is_sweep_report)
 
 
 @dataclass
@@ -198,12 +213,15 @@ def sweep_report(cfg: DictConfig) -> float:
         The best job's ``sort_by`` efficiency (NaN when no job finished).
     """
     sweep_dir = resolve_path(str(cfg.dir))
+    if cfg.csv:  # a user's file of that name in the folder is never overwritten
+        check_replaceable("csv", sweep_dir / REPORT_FILE, SWEEP_REPORT)
     jobs = collect(sweep_dir, str(cfg.sort_by))
     frame = report_frame(jobs)
     common, _ = split_overrides(jobs)
     print_report(frame, common, sweep_dir, str(cfg.sort_by))
     if cfg.csv:
-        frame.drop(columns=["path"]).to_csv(sweep_dir / "sweep_report.csv", index=False)
-        log.info("wrote %s", sweep_dir / "sweep_report.csv")
+        with atomic_path(sweep_dir / REPORT_FILE, replaces=SWEEP_REPORT) as tmp:
+            frame.drop(columns=["path"]).to_csv(tmp, index=False)
+        log.info("wrote %s", sweep_dir / REPORT_FILE)
     ok = frame[frame["status"] == "ok"]
     return float(ok[str(cfg.sort_by)].iloc[0]) if len(ok) else math.nan

@@ -34,6 +34,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ckpred.config import run_dir, to_object
 from ckpred.errors import ConfigValueError
+from ckpred.runs import run_directory
+from ckpred.util import claim_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +118,8 @@ def _objective(cfg: DictConfig, space: dict[str, Any], trials_dir: Path,
 
     def objective(trial: optuna.Trial) -> float:
         params = {name: suggest(trial, name, p) for name, p in space.items()}
-        trial_dir = trials_dir / f"{trial.number:03d}"
-        trial_dir.mkdir(parents=True, exist_ok=True)
+        # the trial's train run folder, claimed before overrides.yaml goes in (train then finds its marker)
+        trial_dir = claim_run_dir("out_dir", trials_dir / f"{trial.number:03d}", run_directory("train"))
         overrides = [*base_overrides, *(f"model.{k}={_fmt(v)}" for k, v in params.items())]
         (trial_dir / "overrides.yaml").write_text(yaml.safe_dump(overrides))
         t = time.perf_counter()

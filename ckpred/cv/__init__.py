@@ -5,8 +5,8 @@ This package's own namespace holds the scheme API only, so registering the confi
 imports it) stays light; the driver is :func:`ckpred.cv.driver.cross_validate`.
 """
 
-from ckpred.cv.schemes import (CVScheme, External, Fold, GroupKFold, Holdout, LeaveFamilyOut, make_folds,
-                               register_scheme, registered_schemes, scheme_for)
+from ckpred.cv.schemes import (CVScheme, External, Fold, GroupKFold, Holdout, LeaveFamilyOut, LeaveOneGpuOut,
+                               make_folds, register_scheme, registered_schemes, scheme_for)
 
-__all__ = ["CVScheme", "External", "Fold", "GroupKFold", "Holdout", "LeaveFamilyOut", "make_folds",
-           "register_scheme", "registered_schemes", "scheme_for"]
+__all__ = ["CVScheme", "External", "Fold", "GroupKFold", "Holdout", "LeaveFamilyOut", "LeaveOneGpuOut",
+           "make_folds", "register_scheme", "registered_schemes", "scheme_for"]

@@ -47,14 +47,16 @@ from ckpred.cv import partitioned
 from ckpred.cv.report import (Report, RunContext, SavedPipeline, finish, run_record, table_record, write_plots,
                               write_tested_rows)
 from ckpred.cv.schemes import Fold
-from ckpred.cv.scoring import (FoldTest, OutOfFold, Tables, evaluate, fit_times, fold_test, score_analytical,
-                               score_best_static, score_method)
+from ckpred.cv.scoring import (FoldTest, OutOfFold, Tables, best_kernel_seen, evaluate, fit_times, fold_test,
+                               score_analytical, score_best_static, score_method)
 from ckpred.data import load_table
 from ckpred.data.partitions import is_partitioned
+from ckpred.errors import ConfigValueError
 from ckpred.fitting import LearnedMethod, cv_group_names, fit_method, model_method, plain_method, prepare, recipe_config
 from ckpred.kernels.base import OpDefinition
 from ckpred.kernels.declared import bind_training_catalogue
 from ckpred.runs import RUN_RECORD
+from ckpred.transfer import transfer_method
 from ckpred.util import resolve_path
 
 log = logging.getLogger(__name__)
@@ -170,16 +172,22 @@ def cross_validate_one(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -
     if path is not None:
         return partitioned.cross_validate(run, path)
     tables = load_tables(run)
-    methods, base = learned_methods(run, tables)
     folds = run.scheme.plan(tables.train, tables.test, run.seed)
+    methods, base = learned_methods(run, tables, folds)
     oof, final = run_folds(run, tables, folds, methods, on_fold)
     note = None
     if cfg.baselines.analytical and type(run.op).gemm_view is not OpDefinition.gemm_view:
         note = score_analytical([fold_test(tables.test, f) for f in folds], tables.test, run.op, cfg.dtype, oof)
         if note:
             log.warning("analytical baseline %s", note)
-    evaluation = evaluate(tables.test, oof, run.op, len(folds), bool(cfg.baselines.random))
-    report = Report(cfg.cv.name, run.scheme.heading(cv_group_names(run.op), len(folds)), evaluation.metrics, oof.log)
+    # zero-shot: the problems whose best kernel no training row has, apart (a new GPU's own kernels)
+    seen = best_kernel_seen(tables, folds) if zero_shot(tables, folds) else None
+    evaluation = evaluate(tables.test, oof, run.op, len(folds), bool(cfg.baselines.random),
+                          labels=None if seen is None else {"best_kernel": seen})
+    heading = run.scheme.heading(cv_group_names(run.op), len(folds))
+    if methods[0].transfer is not None:
+        heading += "; model = the transfer recipe"
+    report = Report(cfg.cv.name, heading, evaluation.metrics, oof.log)
     if note:
         report.metrics["analytical"] = {"skipped": note}
     saved = final_pipeline(run, tables.train, methods[0], final)
@@ -191,6 +199,9 @@ def cross_validate_one(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -
                     report.metrics, saved)
     test_data = None if tables.test is tables.train else table_record(tables.test, run.op)
     record = run_record(cfg, run.op, table_record(tables.train, run.op), test_data, report, saved, run.timings)
+    if methods[0].transfer is not None:
+        record.model = "transfer"
+    record.zero_shot = zero_shot(tables, folds)
     if base is not None:  # lineage into the run record (ckpred.warm_start)
         record.warm_start = warm_start.lineage(base, cfg, record, oof.log)
     record.write(run.out_dir)
@@ -218,11 +229,32 @@ def load_tables(run: RunContext) -> Tables:
     return Tables(data, test)
 
 
-def learned_methods(run: RunContext, tables: Tables) -> tuple[list[LearnedMethod], Any]:
+def zero_shot(tables: Tables, folds: list[Fold]) -> bool:
+    """Whether every fold tests GPUs (arch names) that none of its training rows come from."""
+    for fold in folds:
+        trained = set(tables.train.arch_names(fold.train_shapes))
+        tested = {str(fold.test_arch.name)} if fold.test_arch is not None else \
+            set(tables.test.arch_names(fold.test_shapes))
+        if not tested or trained & tested:
+            return False
+    return bool(folds)
+
+
+def learned_methods(run: RunContext, tables: Tables, folds: list[Fold]) -> tuple[list[LearnedMethod], Any]:
     """The model and the enabled learned baselines (``plain``, ``reference``), and the warm
-    start's base run (None for a cold start): the model, never the reference, continues from it."""
+    start's base run (None for a cold start): the model, never the reference, continues from it.
+
+    The model is the transfer recipe (:func:`ckpred.transfer.transfer_method`) with
+    ``transfer.mode=on``, and with ``auto`` when every fold tests GPUs it does not train on
+    (:func:`zero_shot`); else the config's model recipe."""
     cfg = run.cfg
-    learned = [model_method(cfg)]
+    mode = str(cfg.transfer.mode) if cfg.get("transfer") is not None else "off"
+    transfer = mode == "on" or (mode == "auto" and zero_shot(tables, folds))
+    if transfer and cfg.get("warm_start"):
+        raise ConfigValueError("warm_start", cfg.warm_start,
+                               "empty with the transfer recipe (warm starts continue the model recipe's booster; "
+                               f"transfer.mode={mode} makes the model the transfer recipe here: set transfer.mode=off)")
+    learned = [transfer_method(cfg) if transfer else model_method(cfg)]
     if cfg.baselines.get("plain") is not None and cfg.baselines.plain.enabled:
         learned.append(plain_method(cfg))
     ref = cfg.baselines.reference
@@ -266,7 +298,9 @@ def run_folds(run: RunContext, tables: Tables, folds: list[Fold], methods: list[
     cfg, data = run.cfg, tables.train
     oof = OutOfFold.start(tables.test, methods, bool(cfg.baselines.best_static))
     static_by = ev.best_static_by(cfg.baselines, run.op)
-    jobs = [(method, fold.train_shapes, run.seed + i) for i, fold in enumerate(folds) for method in methods]
+    shared = _learner_of_model(run, methods)
+    jobs = [(method, fold.train_shapes, run.seed + i) for i, fold in enumerate(folds) for method in methods
+            if method is not shared]
     fits = fold_fits(run, data, jobs)
     final = None
     with FoldProgress(bool(cfg.progress), len(folds) * len(methods)) as progress:
@@ -275,9 +309,15 @@ def run_folds(run: RunContext, tables: Tables, folds: list[Fold], methods: list[
             oof.begin_fold(i, side, tables, run.op, cfg)
             entry: dict[str, Any] = {"fold": fold.name,
                                      "test_shapes": [str(k) for k in tables.test.groups.keys[fold.test_shapes]]}
+            model_fit: Fit | None = None
             for method in methods:
                 progress.describe(f"{fold.name}: {method.name}")
-                fit = _fit_and_score(run, method, fits, side, tables, oof)
+                if method is shared and model_fit is not None:  # the transfer recipe's learner is this fit
+                    fit = _fit_and_score(run, method, iter([_learner_fit(model_fit)]), side, tables, oof)
+                else:
+                    fit = _fit_and_score(run, method, fits, side, tables, oof)
+                if method is methods[0]:
+                    model_fit = fit
                 entry[method.name] = fit.info
                 if method is methods[0] and _is_final_fit(fold, run.seed + i, data, run.seed):
                     final = fit
@@ -288,6 +328,23 @@ def run_folds(run: RunContext, tables: Tables, folds: list[Fold], methods: list[
                 entry["best_static"] = score_best_static(fold, side, tables, static_by, oof)
             oof.log.append(entry)
     return oof, final
+
+
+def _learner_of_model(run: RunContext, methods: list[LearnedMethod]) -> LearnedMethod | None:
+    """The learned baseline whose fit the model's transfer recipe makes anyway (``plain``: the
+    recipe's learner is ``baselines.plain`` on the same rows, fitted with the same seed), so it is
+    fitted once; None when there is none (or the fits run on a Dask cluster)."""
+    if methods[0].transfer is None or run.cfg.model.backend == "dask":
+        return None
+    return next((m for m in methods[1:] if m.name == "plain" and m.recipe == methods[0].recipe
+                 and m.rows == methods[0].rows and m.validity is None and m.init_model is None), None)
+
+
+def _learner_fit(model_fit: Fit) -> Fit:
+    """The transfer recipe's learner as a fit of its own (its fit info without the recipe's)."""
+    info = {k: v for k, v in model_fit.info.items()
+            if k not in ("recipe", "weight", "inner", "fit_predict_s", "fit_predict_cpu_s")}
+    return Fit(model_fit.pipeline.learner, {**info, "fitted_as": "the model's transfer learner"})
 
 
 def _fit_and_score(run: RunContext, method: LearnedMethod, fits: Iterator[Fit], side: FoldTest, tables: Tables,

@@ -101,10 +101,13 @@ class SavedPipeline:
 
     @classmethod
     def save(cls, out_dir: Path, pipeline: Any, info: dict[str, Any]) -> "SavedPipeline":
+        """Save ``pipeline`` (a Pipeline, or a :class:`ckpred.transfer.TransferModel` whose
+        learner is one) as ``pipeline.joblib``."""
         if pipeline is None:
             return cls()
         joblib.dump(pipeline, out_dir / "pipeline.joblib", compress=3)
-        names = [str(n) for n in pipeline.named_steps["features"].get_feature_names_out()]
+        learner = getattr(pipeline, "learner", pipeline)
+        names = [str(n) for n in learner.named_steps["features"].get_feature_names_out()]
         return cls(pipeline, info, sha256_file(out_dir / "pipeline.joblib"), names)
 
     def record(self) -> dict[str, Any]:
@@ -120,7 +123,8 @@ def write_plots(out_dir: Path, per_shape: dict[str, pd.DataFrame], family: np.nd
     ev.plot_efficiency_at_k({m: r for m, r in metrics.items() if "mean" in r}, out_dir / "efficiency_at_k.png")
     if saved.pipeline is not None:
         ev.plot_feature_importance(saved.feature_names,
-                                   booster(saved.pipeline).feature_importance(importance_type="gain"),
+                                   booster(getattr(saved.pipeline, "learner", saved.pipeline))
+                                   .feature_importance(importance_type="gain"),
                                    out_dir / "feature_importance.png")
 
 

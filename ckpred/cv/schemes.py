@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # the fitting stage imports LightGBM; a plan only reads the p
 log = logging.getLogger(__name__)
 
 __all__ = ["CVScheme", "Fold", "register_scheme", "registered_schemes", "scheme_for", "make_folds",
-           "GroupKFold", "Holdout", "External", "LeaveFamilyOut"]
+           "GroupKFold", "Holdout", "External", "LeaveFamilyOut", "LeaveOneGpuOut"]
 
 
 @dataclass
@@ -201,6 +201,43 @@ class LeaveFamilyOut(CVScheme):
         return f"unseen ({', '.join(group_key)}) shapes, one fold per held-out family ({n_folds} folds)"
 
 
+# -- leave one GPU out -----------------------------------------------------------------------------
+@dataclass
+class LeaveOneGpuOutConfig(CVConfig):
+    """``cv=leave_one_gpu_out``: one fold per GPU of the table (its ``arch`` column)."""
+
+
+@register_scheme
+class LeaveOneGpuOut(CVScheme):
+    """One fold per GPU: train on every row of the other GPUs, test on every row of this one,
+    featurised and checked with its own arch config (:attr:`Fold.test_arch`).
+
+    The GPUs are the arch names of the table's ``arch`` column (a reader that gives each row its
+    GPU's arch: Kernel Tuner caches of several GPUs, or files ingested with different archs).
+    """
+
+    name = "leave_one_gpu_out"
+    config = LeaveOneGpuOutConfig
+
+    def plan(self, data: "Prepared", test: "Prepared", seed: int) -> list[Fold]:
+        if not data.multi_arch:
+            names = data.arch_names()
+            raise ConfigValueError("cv", self.name,
+                                   f"a table of at least two GPUs: leave_one_gpu_out holds one GPU out per fold, and "
+                                   f"the rows' arch column names only {names} (a reader that records each row's "
+                                   "GPU, e.g. Kernel Tuner caches of several GPUs; or another cv)")
+        idx = np.arange(data.groups.n_shapes)
+        folds = []
+        for i, arch in enumerate(data.archs):
+            held = data.shape_arch == i
+            if held.any() and (~held).any():
+                folds.append(Fold(f"without_{arch.name}", idx[~held], idx[held], test_arch=arch))
+        return folds
+
+    def heading(self, group_key: Sequence[str], n_folds: int) -> str:
+        return f"unseen GPUs (each GPU's ({', '.join(group_key)}) shapes), one fold per held-out GPU ({n_folds} folds)"
+
+
 # -- hold-out -------------------------------------------------------------------------------------
 @dataclass
 class HoldoutConfig(CVConfig):
@@ -278,7 +315,8 @@ class External(CVScheme):
 
     def test_arch(self, train_arch: Any, table: Any) -> Any:
         """``cv.arch`` when given, else the packaged arch config named by the table's ``arch``
-        column when it holds one name other than the training arch's, else the training arch."""
+        column when it holds one name other than the training arch's, else the training arch
+        (a table of several GPUs then keeps each row's own)."""
         if getattr(self.cv, "arch", None) is not None:
             return self.cv.arch
         names = table["arch"].astype(str).unique() if "arch" in table else []
@@ -292,7 +330,9 @@ class External(CVScheme):
         from ckpred.fitting import prepare  # the fitting stage imports LightGBM
 
         table = load_table(self.data_config(cfg))
-        return prepare(table, op, cfg, arch=self.test_arch(cfg.arch, table))
+        # cv.arch names the arch of every test row; without it each row keeps its own
+        return prepare(table, op, cfg, arch=self.test_arch(cfg.arch, table),
+                       own_archs=getattr(self.cv, "arch", None) is None)
 
     def plan(self, data: "Prepared", test: "Prepared", seed: int) -> list[Fold]:
         return [Fold("external", np.arange(data.groups.n_shapes), np.arange(test.groups.n_shapes))]

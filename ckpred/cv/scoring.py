@@ -24,6 +24,7 @@ from ckpred.cv.schemes import Fold
 from ckpred.fitting import LearnedMethod, Prepared, for_arch, predict, rows_of, rule_mask
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import failure_model, predicted_ok
+from ckpred.transfer import TransferModel
 
 
 @dataclass
@@ -38,16 +39,21 @@ class Tables:
 @dataclass
 class FoldTest:
     """The rows of ``test`` every method ranks for one fold's test problems, and the arch whose
-    constants their features and validity rules use."""
+    constants their features and validity rules use (None: each row's own, on a table of
+    several GPUs)."""
 
     rows: np.ndarray
     arch: Any
 
+    def arch_groups(self, test: Prepared) -> list[tuple[Any, np.ndarray]]:
+        """``(arch, rows)`` covering the fold's test rows."""
+        return [(self.arch, self.rows)] if self.arch is not None else test.arch_groups(self.rows)
+
 
 def fold_test(test: Prepared, fold: Fold) -> FoldTest:
     """The test side of ``fold``: every measured row of its test shapes, with the fold's arch
-    (:attr:`Fold.test_arch`) or else the test table's."""
-    arch = fold.test_arch if fold.test_arch is not None else test.arch
+    (:attr:`Fold.test_arch`) or else the test table's (each row's own on a table of several GPUs)."""
+    arch = fold.test_arch if fold.test_arch is not None else (None if test.multi_arch else test.arch)
     return FoldTest(rows_of(test.groups, fold.test_shapes), arch)
 
 
@@ -77,7 +83,7 @@ class OutOfFold:
         """Mark ``side``'s rows as tested by fold ``i``; with an arch of their own, their rules
         are checked again with its constants."""
         self.fold_of_row[side.rows] = i
-        if side.arch is not tables.test.arch:
+        if side.arch is not None and side.arch is not tables.test.arch:
             self.selectable[side.rows] = rule_mask(tables.test.table.iloc[side.rows], op, cfg, side.arch)
 
     def running_mean(self, test: Prepared) -> float:
@@ -96,11 +102,16 @@ def score_method(method: LearnedMethod, pipe: Any, side: FoldTest, tables: Table
     """Score ``side``'s rows with ``method``'s fitted pipeline (features rebuilt with the rows'
     arch when it is not the training table's) and its learned validity mask."""
     test = tables.test
-    scorer = pipe if side.arch is tables.train.arch else for_arch(pipe, method, op, cfg, side.arch, test.X)
-    X = test.X.iloc[side.rows]
-    oof.scores[method.name][side.rows] = predict(scorer, X)
-    if method.name in oof.runs and failure_model(scorer) is not None:
-        oof.runs[method.name][side.rows] = predicted_ok(scorer, X)
+    if isinstance(pipe, TransferModel):  # ranked among each problem's candidates: the rules' mask
+        oof.scores[method.name][side.rows] = pipe.score(test, side.rows, op, cfg, oof.selectable[side.rows],
+                                                       arch=side.arch)
+        return
+    for arch, rows in side.arch_groups(test):
+        scorer = pipe if arch is tables.train.arch else for_arch(pipe, method, op, cfg, arch, test.X)
+        X = test.X.iloc[rows]
+        oof.scores[method.name][rows] = predict(scorer, X)
+        if method.name in oof.runs and failure_model(scorer) is not None:
+            oof.runs[method.name][rows] = predicted_ok(scorer, X)
 
 
 def fit_times(info: dict[str, Any], started: float, cpu_started: float, timings: dict[str, float],
@@ -136,9 +147,10 @@ def score_analytical(sides: list[FoldTest], test: Prepared, op: OpDefinition, dt
     by_arch: dict[int, np.ndarray] = {}
     try:
         for side in sides:
-            if id(side.arch) not in by_arch:
-                by_arch[id(side.arch)] = ev.op_analytical_scores(test.table, op, side.arch, dtype)
-            scores[side.rows] = by_arch[id(side.arch)][side.rows]
+            for arch, rows in side.arch_groups(test):
+                if id(arch) not in by_arch:
+                    by_arch[id(arch)] = ev.op_analytical_scores(test.table, op, arch, dtype)
+                scores[rows] = by_arch[id(arch)][rows]
     except (KeyError, NotImplementedError) as exc:
         return f"skipped: {exc}"
     oof.scores["analytical"] = scores
@@ -176,9 +188,25 @@ def per_shape_metrics(test: Prepared, oof: OutOfFold, random: bool) -> Evaluatio
     return Evaluation(tested, groups, shapes, per_shape, {})
 
 
-def evaluate(test: Prepared, oof: OutOfFold, op: OpDefinition, n_folds: int, random: bool) -> Evaluation:
+def best_kernel_seen(tables: Tables, folds: list[Fold]) -> np.ndarray | None:
+    """Per test shape, ``seen`` or ``unseen``: whether its best kernel is among the kernels of its
+    fold's training rows (a GPU whose library lists kernels the training GPUs never ran); None
+    when every tested best kernel was seen."""
+    train, test = tables.train, tables.test
+    labels = np.full(test.groups.n_shapes, "", dtype=object)
+    names = train.table["kernel_name"].to_numpy()
+    for fold in folds:
+        seen = set(pd.unique(names[rows_of(train.groups, fold.train_shapes)]))
+        best = test.shapes["best_kernel"].to_numpy()[fold.test_shapes]
+        labels[fold.test_shapes] = np.where([b in seen or b == "" for b in best], "seen", "unseen")
+    return labels if (labels == "unseen").any() else None
+
+
+def evaluate(test: Prepared, oof: OutOfFold, op: OpDefinition, n_folds: int, random: bool,
+             labels: dict[str, np.ndarray] | None = None) -> Evaluation:
     """Every method's report on the tested shapes: overall, by family, by best pipeline, by each
-    categorical problem field and (with several folds) over folds."""
+    categorical problem field, by each of ``labels`` (name -> a label per test shape, e.g.
+    :func:`best_kernel_seen`), by GPU on a table of several and (with several folds) over folds."""
     out = per_shape_metrics(test, oof, random)
     shapes = out.shapes
     best_pipeline = shapes["best_pipeline"].to_numpy() if "best_pipeline" in shapes else None
@@ -186,7 +214,15 @@ def evaluate(test: Prepared, oof: OutOfFold, op: OpDefinition, n_folds: int, ran
     breakdowns = {f.name: shapes[f.name].to_numpy() for f in op.problem_fields
                   if f.kind in ("category", "categorical", "bool") and f.name in shapes
                   and shapes[f.name].nunique() > 1}
+    if "arch" in shapes and "arch" not in breakdowns and shapes["arch"].nunique() > 1:
+        breakdowns["arch"] = shapes["arch"].to_numpy()  # a table of several GPUs: each GPU's figures
+    for name, values in (labels or {}).items():
+        breakdowns[name] = np.asarray(values, dtype=object)[np.asarray(out.groups.keys, dtype=np.int64)]
     out.metrics = {m: ev.method_report(ps, shapes["family"].to_numpy(), op.families, best_pipeline,
                                        breakdowns=breakdowns, fold=shape_fold if n_folds > 1 else None)
                    for m, ps in out.per_shape.items()}
+    for report in out.metrics.values():
+        by_arch = [r["mean"] for r in report.get("by_arch", {}).values() if "mean" in r]
+        if by_arch:  # each GPU counts once, however many problems it has
+            report["mean_over_archs"] = float(np.mean(by_arch))
     return out

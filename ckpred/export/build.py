@@ -27,6 +27,7 @@ from ckpred.export.validity import mask_builder_for, with_learned_failures
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import failure_model, predicted_ok
 from ckpred.schema import EXPORT_SELECT
+from ckpred.transfer import blend
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +84,15 @@ def reference_selection(scores: np.ndarray, valid: np.ndarray, top_k: int) -> tu
 def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, problems: pd.DataFrame, *,
                  scorer: onnx.ModelProto, selector: onnx.ModelProto, arch: Any, dtype: Any, layout: Any,
                  top_k: int = 5, batch: int = 8, candidates: np.ndarray | None = None,
-                 selector_pipeline: Any = None) -> dict[str, Any]:
+                 selector_pipeline: Any = None, transfer: Any = None) -> dict[str, Any]:
     """sklearn pipeline vs ONNX scorer vs selector on ``problems`` x the whole catalogue.
 
     ``candidates`` (catalogue ids, ``select=pruned|reranked``): the reference selection ranks
     only these, exactly as the pruned selector must. ``selector_pipeline`` (``reranked``): the
-    pipeline the selector compiles, when it is not ``pipeline`` (the scorer's).
+    pipeline the selector compiles, when it is not ``pipeline`` (the scorer's). ``transfer``
+    (a :class:`ckpred.transfer.TransferModel` whose learner is ``pipeline``): the reference
+    selection is the recipe's blend over each problem's valid kernels
+    (:func:`ckpred.transfer.blend`).
 
     Returns
     -------
@@ -125,6 +129,10 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
         rows_over += int(np.sum(np.abs(onx - ref) > 1e-6))
         valid, _ = op.validity(full, full, arch=arch, dtype=dtype, layout=layout)
         runs = predicted_ok(pipeline, X)  # the learned failure mask (all True without one)
+        static = None
+        if transfer is not None:
+            named = full.assign(kernel_name=cat_rows["kernel_name"].to_numpy())
+            static = transfer.static_scores(named, np.arange(len(named)))
         ids, scores, nvalid = selector_s.run(["kernel_ids", "scores", "num_valid"],
                                              {"problem": p, "top_k": np.array([top_k], dtype=np.int64)})
         for j in range(len(chunk)):
@@ -132,7 +140,10 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
             cand = valid[sl] & allowed
             if (cand & runs[sl]).any():  # nothing predicted to run: the rule mask alone (fallback)
                 cand = cand & runs[sl]
-            r_ids, r_scores, r_n = reference_selection(ref_sel[sl], cand, top_k)
+            wanted = ref_sel[sl]
+            if static is not None:
+                wanted = blend(wanted, static[sl], np.zeros(C, dtype=np.int64), cand, float(transfer.weight))
+            r_ids, r_scores, r_n = reference_selection(wanted, cand, top_k)
             n = min(top_k, r_n)
             same_n = int(nvalid[j]) == r_n
             ok1 = same_n and (r_n == 0 or ids[j, 0] == r_ids[0])
@@ -140,7 +151,7 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
             top1 += ok1
             topk += okk
             if n:
-                max_selector = max(max_selector, float(np.max(np.abs(scores[j, :n] - ref_sel[sl][ids[j, :n]]))))
+                max_selector = max(max_selector, float(np.max(np.abs(scores[j, :n] - wanted[ids[j, :n]]))))
             if not ok1 and len(mismatched) < 10:
                 mismatched.append({name: int(v) for name, v in zip(op.problem_names, p[j])})
     shapes = len(probs)
@@ -159,7 +170,7 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
                     metrics: Any = None, select: str = "full", max_abs_diff: float = 1e-6,
                     source: Mapping[str, Any] | None = None, candidates: np.ndarray | None = None,
                     selection: Mapping[str, Any] | None = None, reranker: Any = None,
-                    autotune: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    autotune: Mapping[str, Any] | None = None, transfer: Any = None) -> dict[str, Any]:
     """Compile ``pipeline`` into ``out_dir`` (selector, scorer, manifest), atomically.
 
     Parameters
@@ -193,6 +204,10 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
     autotune : mapping or None
         The confidence budget's calibration table (:func:`ckpred.autotune.calibration_from_oof`),
         recorded as the manifest's ``autotune`` section (None: the budget is unavailable).
+    transfer : TransferModel or None
+        The transfer recipe whose learner ``pipeline`` is (features for ``arch``): the selector
+        blends the trees' scores with its static order (``select=full`` only); the scorer
+        gives the learner's scores. Recorded as the manifest's ``transfer`` section.
 
     Returns
     -------
@@ -206,6 +221,9 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
     """
     if select not in SELECT_STRATEGIES:
         raise ValueError(f"export.select={select!r} is not implemented; allowed: {list(SELECT_STRATEGIES)}")
+    if transfer is not None and select != "full":
+        raise ValueError(f"export.select={select!r} with the transfer recipe; allowed: 'full' (the recipe ranks "
+                         "every catalogue kernel)")
     catalogue = op.catalogue(arch, dtype, layout)
     t0 = time.perf_counter()
     pipe_onnx = xo.convert_pipeline(pipeline, op)
@@ -216,14 +234,15 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
     candidates = _candidate_ids(select, candidates)
     # the op's rules, narrowed by the failures the model learned from the training data
     selector = xo.build_selector(selector_pipe, op, catalogue, arch=arch, dtype=dtype, layout=layout,
-                                 mask_builder=with_learned_failures(mask_builder_for(op), pipeline), keep=candidates)
+                                 mask_builder=with_learned_failures(mask_builder_for(op), pipeline), keep=candidates,
+                                 transfer=transfer)
     convert_s = time.perf_counter() - t0
     parity: dict[str, Any] = {"checked": False}
     if parity_problems is not None and len(parity_problems):
         parity = _checked_parity(pipeline, op, catalogue, parity_problems, scorer=scorer, selector=selector,
                                  arch=arch, dtype=dtype, layout=layout, candidates=candidates,
                                  selector_pipeline=None if selector_pipe is pipeline else selector_pipe,
-                                 max_abs_diff=max_abs_diff)
+                                 max_abs_diff=max_abs_diff, transfer=transfer)
     manifest: dict[str, Any] = {
         "format": mf.FORMAT,
         "created_utc": mf.now_utc(),
@@ -253,6 +272,8 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         "training": dict(training),
         "metrics": metrics,
         "autotune": None if autotune is None else dict(autotune),
+        # the transfer recipe: the selector's scores blend the model's with this static order
+        "transfer": None if transfer is None else transfer_section(transfer, op, catalogue),
         "parity": parity,
         "source": dict(source or {}),
         "convert_seconds": round(convert_s, 2),
@@ -260,6 +281,22 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
     }
     _write_export(out_dir, manifest, selector=selector, scorer=scorer)
     return manifest
+
+
+def transfer_section(transfer: Any, op: OpDefinition, catalogue: pd.DataFrame) -> dict[str, Any]:
+    """The manifest's ``transfer`` section: the blend weight, the training GPUs, the inner split's
+    means and the static order aligned with the catalogue (one row per stratum of ``by``, in
+    the mixed-radix order of the fields' category codes)."""
+    from ckpred.export.blend import static_matrix
+
+    matrix, by, sizes = static_matrix(transfer, op, catalogue)
+    return {"recipe": "transfer", "weight": float(transfer.weight), "trained_archs": list(transfer.archs),
+            "inner": {f"{w:g}": float(m) for w, m in transfer.inner.items()},
+            "static_by": by, "static_strata": sizes,
+            "static_order": [[round(float(v), 9) for v in row] for row in matrix],
+            "scores": "the selector's: (1 - weight) * p(model) + weight * p(static order), p = rank percentile "
+                      "among the problem's valid kernels (weight 0: the model's scores, 1: the static order's); "
+                      "the scorer's: the model's"}
 
 
 def _candidate_ids(select: str, candidates: np.ndarray | None) -> np.ndarray | None:

@@ -108,6 +108,8 @@ def training_section(table: pd.DataFrame, op: OpDefinition, *, arch: Any = None,
         "shapes": int(len(problems)),
         "problem_ranges": ranges,
     }
+    if "arch" in table.columns:  # the GPUs trained on: a runtime on another one is zero-shot
+        section["archs"] = sorted(str(a) for a in table["arch"].unique())
     given = {"arch": arch, "dtype": dtype, "layout": layout}
     for key, value in given.items():
         if value is None and key in table.columns and table[key].nunique() == 1:
@@ -440,6 +442,9 @@ def check_manifest(manifest: Any, path: Any = MANIFEST) -> None:
             if (not isinstance(rng, list) or len(rng) != 2 or not all(_is_int(v) for v in rng)
                     or rng[0] > rng[1]):
                 c.fail(key, rng, "[min, max] integers with min <= max")
+        archs = c.list(training.get("archs", []), "training.archs")
+        for i, name in enumerate(archs):
+            c.str(name, f"training.archs[{i}]")
         minimum = c.dict(training.get("problem_minimum", {}), "training.problem_minimum")
         for name, value in minimum.items():
             if name not in names:

@@ -269,7 +269,8 @@ def build_scorer(pipe: onnx.ModelProto, op: OpDefinition) -> onnx.ModelProto:
 
 
 def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, arch: Any, dtype: Any,
-                   layout: Any, mask_builder: MaskBuilder, keep: np.ndarray | None = None) -> onnx.ModelProto:
+                   layout: Any, mask_builder: MaskBuilder, keep: np.ndarray | None = None,
+                   transfer: Any = None) -> onnx.ModelProto:
     """The selector graph (see the module docstring): catalogue constant, validity mask, TopK.
 
     ``pipeline`` is the fitted sklearn pipeline: its features are compiled with the candidate
@@ -280,6 +281,10 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
     scored and masked and a final ``Gather`` maps TopK's positions back to catalogue ids; the
     inputs and outputs are the same, and ``num_valid`` counts the valid *candidates*, so
     ``min(top_k, num_valid)`` is still the number of real choices.
+
+    With ``transfer`` (a :class:`ckpred.transfer.TransferModel` whose learner is ``pipeline``),
+    the trees' scores are blended with the recipe's static order inside the graph
+    (:mod:`ckpred.export.blend`) before ``TopK``.
 
     Raises
     ------
@@ -317,6 +322,12 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
     base = g.op("Where", flat, g.const(0.0, dtype=np.float64), g.const(-np.inf, dtype=np.float64))
     scattered = g.op("ScatterElements", base, rows, g.op("Reshape", raw, g.const([-1], dtype=np.int64)), axis=0)
     masked = g.op("Reshape", scattered, g.const([-1, K], dtype=np.int64))  # [B, K]
+    if transfer is not None and transfer.weight > 0.0:
+        from ckpred.export.blend import blended, static_matrix, static_scores
+
+        matrix, by, sizes = static_matrix(transfer, op, scored)
+        static = static_scores(g, "problem", matrix, by, sizes, op)
+        masked = blended(g, masked, static, mask, K, float(transfer.weight))
     k = g.op("Min", "top_k", c)
     if keep is None:
         g.op("TopK", masked, k, axis=1, largest=1, sorted=1, out=["scores", "kernel_ids"])

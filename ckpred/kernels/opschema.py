@@ -63,6 +63,9 @@ def _check_fields(cfg: Any) -> None:
             if kind == "categorical":
                 check(f"{key}.values", values, len(values) > 0 and all(isinstance(v, str) for v in values),
                       "a non-empty list of strings (the allowed values, in code order)")
+                for j, v in enumerate(values):  # the readers strip what they read: " x" would match no row
+                    check(f"{key}.values[{j}]", v, bool(v.strip()) and v == v.strip(),
+                          "a non-empty value without leading or trailing spaces")
                 check(f"{key}.values", values, len(set(values)) == len(values), "values listed once each")
                 check(f"{key}.default", default, default is None or default in values, f"null or one of {values}")
             else:
@@ -107,6 +110,12 @@ def _check_kernel_id(cfg: Any, plugin: type | None) -> None:
         missing = [n for n in kernel if n not in fields]
         check("op.kernel_id.fields", fields, not missing and len(set(fields)) == len(fields),
               f"every kernel field once (missing {missing}): a name identifies one kernel")
+        kinds = field_kinds(cfg)
+        for name in fields:  # the id is "(v1,v2,...)": a value holding "," prints two kernels alike
+            for j, value in enumerate(kinds[name][1]):
+                check(f"op.kernel_fields.{name}.values[{j}]", value, "," not in value,
+                      "a value without ',' in a field of kernel_id.fields (the tuple id '(v1,v2,...)' separates "
+                      "its values with ',', so two kernels would print alike)")
         return
     tpl = KernelTemplate(template, template_kinds(cfg), key="op.kernel_id.template")
     missing = [n for n in kernel if n not in tpl.names]
@@ -147,14 +156,18 @@ def load_plugin(spec: str, key: str = "op.plugin") -> type:
 
 
 def parse_expression(text: Any, key: str, fields: Sequence[str], kinds: Mapping[str, tuple[str, tuple[str, ...]]],
-                     *, hw: bool) -> Any:
-    """Parse ``text`` and check its names: ``fields`` (+ ``hw.<constant>`` when ``hw``)."""
+                     *, hw: bool, condition: bool = False) -> Any:
+    """Parse ``text`` and check it: its names (``fields``, + ``hw.<constant>`` when ``hw``), its
+    constant parts (finite numbers, no division by zero) and its types, by evaluating it once
+    (``condition``: as a rule's condition), so an expression no table can evaluate is refused
+    here rather than skipped at ingest."""
     from ckpred import expressions
     from ckpred.schema import arch_constant_names
 
     categories = {n: v for n, (k, v) in kinds.items() if k == "categorical"}
     expr = expressions.parse(text, key=key)
-    return expr.validate(fields, arch_constant_names() if hw else (), categories=categories)
+    expr.validate(fields, arch_constant_names() if hw else (), categories=categories)
+    return expr.check_constants().trial(categories=categories, condition=condition)
 
 
 def _check_expressions(cfg: Any) -> None:
@@ -168,7 +181,7 @@ def _check_expressions(cfg: Any) -> None:
         if text is not None:
             parse_expression(text, f"op.{key}", problem, kinds, hw=False)
     for i, rule in enumerate(_get(cfg, "rules") or []):
-        parse_expression(_get(rule, "expr"), f"op.rules[{i}].expr", every, kinds, hw=True)
+        parse_expression(_get(rule, "expr"), f"op.rules[{i}].expr", every, kinds, hw=True, condition=True)
         message = _get(rule, "message")
         check(f"op.rules[{i}].message", message, isinstance(message, str) and bool(message.strip()),
               "a non-empty message saying why a kernel is invalid where the rule fails")
@@ -176,8 +189,8 @@ def _check_expressions(cfg: Any) -> None:
     if fam is not None and _get(fam, "expr"):
         parse_expression(_get(fam, "expr"), "op.family.expr", problem, kinds, hw=False)
         bounds, labels = list(_get(fam, "bounds") or []), list(_get(fam, "labels") or [])
-        check("op.family.bounds", bounds, len(bounds) > 0 and all(a < b for a, b in zip(bounds, bounds[1:])),
-              "a non-empty ascending list of bin edges")
+        check("op.family.bounds", bounds, len(bounds) > 0 and all(_finite_number(b) for b in bounds)
+              and all(a < b for a, b in zip(bounds, bounds[1:])), "a non-empty ascending list of finite bin edges")
         check("op.family.labels", labels, len(labels) == len(bounds) + 1 and len(set(labels)) == len(labels),
               f"{len(bounds) + 1} distinct labels (one more than bounds)")
     elif fam is not None:
@@ -229,6 +242,11 @@ def _check_metric(cfg: Any) -> None:
     check("op.failure.false_values", both, not both, "strings not also listed in true_values")
 
 
+#: Canonical columns ``input.columns`` may give besides the op's fields, its metric and validity
+#: columns: the kernel's name and a table's per-row arch, dtype and layout.
+INPUT_EXTRAS: tuple[str, ...] = ("kernel_name", "arch", "dtype", "layout")
+
+
 def _check_input(cfg: Any) -> None:
     from ckpred import expressions
     from ckpred.schema import check
@@ -238,7 +256,9 @@ def _check_input(cfg: Any) -> None:
         return
     fmt = _get(spec, "format")
     check("op.input.format", fmt, isinstance(fmt, str) and bool(fmt), "'auto' or a registered reader's name")
-    for name, source in (_get(spec, "columns") or {}).items():
+    columns = dict(_get(spec, "columns") or {})
+    exprs = {}
+    for name, source in columns.items():
         key = f"op.input.columns.{name}"
         check(key, name, str(name).isidentifier(), "a canonical column name (an identifier)")
         if isinstance(source, str):
@@ -248,7 +268,67 @@ def _check_input(cfg: Any) -> None:
         check(key, source, keys in (["value"], ["expr"]),
               "a source column name, {value: <constant>} or {expr: <expression>}")
         if keys == ["expr"]:
-            expressions.parse(source["expr"], key=f"{key}.expr")
+            exprs[str(name)] = expressions.parse(source["expr"], key=f"{key}.expr").check_constants().trial()
+    _check_input_targets(cfg, columns, exprs)
+
+
+def _check_input_targets(cfg: Any, columns: Mapping[str, Any], exprs: Mapping[str, Any]) -> None:
+    """Each ``input.columns`` entry names a column the op reads, and a constant or derived one
+    can be of its field's kind (``{value: abc}`` for an int field is refused here)."""
+    from ckpred.schema import check
+
+    kinds = field_kinds(cfg)
+    failure = _get(cfg, "failure")
+    read = set().union(*(e.names for e in exprs.values())) if exprs else set()
+    allowed = [*kinds, str(_get(_get(cfg, "metric"), "column")), *INPUT_EXTRAS]
+    if _get(failure, "valid_column"):
+        allowed.append(str(_get(failure, "valid_column")))
+    kernel = [n for n in (_get(cfg, "kernel_fields") or {})]
+    for name, source in columns.items():
+        key = f"op.input.columns.{name}"
+        check(key, name, name in allowed or name in read,
+              f"a column the op reads: a field, the metric or validity column, {list(INPUT_EXTRAS)}, or a name "
+              f"another derived column reads ({sorted(set(allowed))})")
+        if name == "kernel_name":
+            mapped = [k for k in kernel if k in columns]
+            check(key, source, not mapped, f"either kernel_name or the kernel fields {mapped}, not both: "
+                                           "the kernel is read from its name, or from its fields")
+        kind, values = kinds.get(name, ("", ()))
+        if isinstance(source, Mapping) and "value" in source and kind:
+            check(f"{key}.value", source["value"], _of_kind(source["value"], kind, values),
+                  f"a value of field {name!r} ({kind}{': one of ' + str(list(values)) if values else ''})")
+        if isinstance(source, Mapping) and "expr" in source and kind == "categorical":
+            check(f"{key}.expr", source["expr"], all(_is_number_text(v) for v in values),
+                  f"a source column name or {{value: ...}}: an expression gives a number, and field {name!r} "
+                  f"is categorical with values {list(values)}")
+
+
+def _of_kind(value: Any, kind: str, values: Sequence[str]) -> bool:
+    """Whether a constant ``{value: ...}`` types as a field of ``kind`` as the reader types it."""
+    from ckpred.util import to_float, to_int, truth
+
+    if kind == "int":
+        return to_int(value) is not None
+    if kind == "float":
+        number = to_float(value)
+        return number is not None and _finite_number(number)
+    if kind == "bool":
+        return truth(value) is not None
+    return str(value).strip() in values
+
+
+def _is_number_text(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _finite_number(value: Any) -> bool:
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def validate_op_config(cfg: Any) -> None:

@@ -207,14 +207,121 @@ def sample_values(kinds: Mapping[str, tuple[str, Sequence[str]]], names: Sequenc
     return out
 
 
+#: Texts a number placeholder is tried with when looking for two kernels of one name (of
+#: several lengths and a sign, so that a neighbour's text can overlap them).
+_NUMBER_TEXTS = {"int": ("1", "2", "11", "12", "-1"), "float": ("0.5", "12.25", "1e-05", "-0.5"),
+                 "bool": ("True", "False")}
+
+
+def placeholder_texts(kinds: Mapping[str, tuple[str, Sequence[str]]], name: str) -> tuple[str, ...]:
+    """The texts :func:`find_collision` tries for placeholder ``name``: every categorical value,
+    both booleans, and numbers of a few lengths."""
+    kind, values = kinds[name]
+    return tuple(str(v) for v in values) if kind == "categorical" else _NUMBER_TEXTS[kind]
+
+
+def find_collision(parts: Sequence[tuple[str, str | None]],
+                   texts: Mapping[str, Sequence[str]]) -> tuple[dict[str, str], dict[str, str]] | None:
+    """Two different choices of placeholder texts that print the same name, or ``None``.
+
+    ``parts`` are (literal, placeholder or ``None``) in order; ``texts`` the texts each
+    placeholder may take (non-empty). Every combination is covered without enumerating them:
+    the two names are built side by side, the side behind consuming what the side ahead
+    printed beyond it (the "overhang", always a suffix of one part's text, so the states are
+    few), until both end together after having chosen differently.
+    """
+    tokens: list[tuple[str, Sequence[str]]] = []  # (placeholder or "", texts it may print)
+    for literal, name in parts:
+        if literal:
+            tokens.append(("", (literal,)))
+        if name is not None:
+            tokens.append((name, tuple(texts[name])))
+    end = len(tokens)
+    # state: (index of side a, index of side b, overhang of side a beyond b; "" when level)
+    # reached with the choices made so far (for the message); a is the side ahead
+    start: list[tuple[int, int, str, tuple[tuple[str, str, str], ...]]] = []
+    for i, (name, options) in enumerate(tokens):  # the two names agree up to token i, then differ
+        if not name:
+            continue
+        for x in options:
+            for y in options:
+                if x != y and x.startswith(y):
+                    start.append((i + 1, i + 1, x[len(y):], (("a", name, x), ("b", name, y))))
+    seen: set[tuple[int, int, str]] = set()
+    stack = start
+    while stack:
+        ia, ib, over, chosen = stack.pop()
+        if (ia, ib, over) in seen:
+            continue
+        seen.add((ia, ib, over))
+        if not over:
+            if ia == ib:  # level at the same point: the rest can be printed alike
+                return _sides(chosen, tokens)
+            if ia == end or ib == end:  # one name ended, the other has text left
+                continue
+            # level: side a prints its next token, which b must then match
+            name, options = tokens[ia]
+            for x in options:
+                stack.append((ia + 1, ib, x, chosen + ((("a", name, x),) if name else ())))
+            continue
+        if ib == end:
+            continue
+        name, options = tokens[ib]
+        for y in options:
+            step = chosen + ((("b", name, y),) if name else ())
+            if over.startswith(y):
+                stack.append((ia, ib + 1, over[len(y):], step))
+            elif y.startswith(over):  # b now ahead: swap the sides' roles
+                swapped = tuple(("b" if s == "a" else "a", n, t) for s, n, t in step)
+                stack.append((ib + 1, ia, y[len(over):], swapped))
+    return None
+
+
+def _sides(chosen: Sequence[tuple[str, str, str]],
+           tokens: Sequence[tuple[str, Sequence[str]]]) -> tuple[dict[str, str], dict[str, str]]:
+    """The two sides' placeholder texts, in template order (a placeholder neither side chose,
+    before their difference or after they level, is printed alike: its first text)."""
+    a = {n: t for s, n, t in chosen if s == "a"}
+    b = {n: t for s, n, t in chosen if s == "b"}
+    names = [name for name, _ in tokens if name]
+    first = {name: options[0] for name, options in tokens if name}
+    return ({n: a.get(n, first[n]) for n in names}, {n: b.get(n, first[n]) for n in names})
+
+
+def check_unique_names(template: KernelTemplate) -> None:
+    """Refuse a template that prints two different kernels the same way (``{variant}{tail}``
+    with values ``x, xy`` and ``yz, z``: ``x`` + ``yz`` and ``xy`` + ``z``), checked over every
+    combination of the categorical values (numbers: a few texts of each kind); ingest would
+    otherwise merge the two kernels' measurements as repeats of one.
+
+    Raises
+    ------
+    ckpred.errors.ConfigValueError
+        Naming the template's key, the template and the two kernels.
+    """
+    texts = {n: placeholder_texts(template.kinds, n) for n in template.names}
+    found = find_collision(template.parts, texts)
+    if found is None:
+        return
+    a, b = found
+    name = "".join(literal + (a[n] if n else "") for literal, n in template.parts)
+    differ = [n for n in a if a[n] != b[n]]
+    raise ConfigValueError(template.key, template.text,
+                           f"a template that names each kernel once: "
+                           f"{', '.join(f'{n}={a[n]}' for n in differ)} and {', '.join(f'{n}={b[n]}' for n in differ)} "
+                           f"both print {name!r} (separate placeholders with text that no value contains)")
+
+
 def check_round_trip(template: KernelTemplate) -> None:
-    """Refuse a template whose formatted names do not parse back to the same values.
+    """Refuse a template whose formatted names do not parse back to the same values, or that
+    prints two kernels alike (:func:`check_unique_names`).
 
     Raises
     ------
     ckpred.errors.ConfigValueError
         Naming the template's key, the template, and the example that came back different.
     """
+    check_unique_names(template)
     for values in sample_values(template.kinds, template.names):
         name = template.format(values)
         try:

@@ -99,11 +99,12 @@ def fit_or_reuse(args: argparse.Namespace, cfg, table: pd.DataFrame, op):
     import joblib
 
     from ckpred.fitting import fit_final
+    from ckpred.runs import load_pipeline
 
     saved = Path(args.out_dir) / "pipeline.joblib"
     t0 = time.perf_counter()
     if args.reuse and saved.is_file():
-        pipe = joblib.load(saved)
+        pipe = load_pipeline(saved)  # runs nothing a tampered file names
         print(f"reusing {saved}")
     else:
         pipe = fit_final(cfg, table, op)

@@ -230,11 +230,12 @@ def final_pipeline(args: argparse.Namespace, cfg, table: pd.DataFrame, op):
     import joblib
 
     from ckpred.fitting import fit_final
+    from ckpred.runs import load_pipeline
 
     root = Path(args.out_dir)
     saved = root / "pipeline.joblib"
     if args.reuse and saved.is_file():
-        return joblib.load(saved)
+        return load_pipeline(saved)  # runs nothing a tampered file names
     pipe = fit_final(cfg, table, op)
     root.mkdir(parents=True, exist_ok=True)
     joblib.dump(pipe, saved, compress=3)

@@ -114,17 +114,16 @@ def train(table: Path, pipeline: Path, backend: str) -> dict:
 
 
 def export(table: Path, pipeline: Path, out: Path) -> dict:
-    import joblib
-
     import ckpred.commands.export as ex
     from ckpred.data.table import read_table
+    from ckpred.runs import load_pipeline
     from ckpred.kernels.base import load_op
 
     t, cpu = time.perf_counter(), _cpu()
     cfg = _config("export", [f"out_dir={out}"])
     op = load_op(cfg.op)
     data = read_table(table, op)
-    pipe = joblib.load(pipeline)
+    pipe = load_pipeline(pipeline)  # runs nothing a tampered file names
     # export's own path with the fitting step replaced by the pipeline fitted above
     ex._fit_here = lambda cfg, op: ex._Source(pipe, data, cfg, {"kind": "fit"})
     ex.export_command(cfg)

@@ -79,14 +79,14 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
 #: Steps timed by ``--stages`` (module, function, label), in pipeline order.
 STAGES = (("ckpred.data.readers.csv_sweep", "_read_block", "read+check block (CSV, pyarrow)"),
           ("ckpred.data.readers.stream_log", "_read_block", "read+check block (log, msgspec)"),
-          ("ckpred.data.ingest", "_buffer_rows", "block -> arrow rows"),
-          ("ckpred.data.ingest", "_validate", "value checks"),
-          ("ckpred.data.ingest._Partitions", "add", "hash-partition + spill"),
-          ("ckpred.data.ingest", "_joined_chunks", "spill read back"),
-          ("ckpred.data.ingest", "_check_rules", "op rule check"),
-          ("ckpred.data.ingest", "_merge", "merge repeats"),
-          ("ckpred.data.ingest", "_canonical_part", "canonical part (text columns...)"),
-          ("ckpred.data.ingest._TableWriter", "write", "Parquet write"))
+          ("ckpred.data.ingestion.read", "buffer_rows", "block -> arrow rows"),
+          ("ckpred.data.ingestion.check", "validate", "value checks"),
+          ("ckpred.data.ingestion.merge.Partitions", "add", "hash-partition + spill"),
+          ("ckpred.data.ingestion.merge", "joined_chunks", "spill read back"),
+          ("ckpred.data.ingestion.check", "check_rules", "op rule check"),
+          ("ckpred.data.ingestion.merge", "merge", "merge repeats"),
+          ("ckpred.data.ingestion.write", "canonical_part", "canonical part (text columns...)"),
+          ("ckpred.data.ingestion.write.TableWriter", "write", "Parquet write"))
 
 
 def stages(path: Path, chunk_mb: int) -> None:
@@ -103,7 +103,7 @@ def stages(path: Path, chunk_mb: int) -> None:
     spent: dict[str, float] = {}
     for module, name, label in STAGES:
         owner: object
-        if module.endswith(("._Partitions", "._TableWriter")):
+        if module.endswith((".Partitions", ".TableWriter")):
             owner = getattr(importlib.import_module(module.rsplit(".", 1)[0]), module.rsplit(".", 1)[1])
         else:
             owner = importlib.import_module(module)

@@ -11,8 +11,10 @@
 //     its own thread and one that does not return in time stops the search (see autotune_ranked);
 //   * budgets: fixed k successes, a time budget (kernel seconds or wall seconds), or a confidence
 //     budget sized, once per problem, by the calibration exported in manifest.json ("autotune":
-//     a logistic model of the score gaps and the problem's fields, or a score-gap table); every
-//     budget stops at max_benchmarks calls and, once spent, continues only while nothing succeeded;
+//     a logistic model of the score gaps and the problem's fields, or a score-gap table; its
+//     fallback_k where it has nothing to learn, at least fallback_k for a problem outside the
+//     training ranges or an arch never trained on: shift_of); every budget stops at
+//     max_benchmarks calls and, once spent, continues only while nothing succeeded;
 //   * the store: JSON lines ("format":"ckpred.autotune/1"), keyed by (model sha256, op, problem),
 //     appended under an exclusive flock on <store>.lock, compacted past 2 * max_entries lines
 //     into an exclusively created, unpredictably named temporary file; a regular file, never
@@ -108,11 +110,36 @@ inline double score_gap(const std::vector<double>& scores, size_t gap_to = 2) {
   return s[0] - s[gap_to - 1];
 }
 
+// The confidence budget's stated fixed k where its calibration cannot size it (ckpred.autotune.FALLBACK_K).
+constexpr int kFallbackK = 5;
+
+// What either calibration carries besides its model (ckpred.autotune._policy): the tolerances it has
+// nothing to learn at (the budget spends fallback_k there), the fallback k, and whether it was fitted
+// on GPUs the folds never trained on.
+struct Policy {
+  std::vector<double> uninformative;
+  int fallback_k = kFallbackK;
+  bool zero_shot = false;
+
+  static Policy from_json(const json::Value& v) {  // after check_calibration
+    Policy p;
+    if (v.has("fallback_k")) p.fallback_k = static_cast<int>(std::min<int64_t>(v.o.at("fallback_k").int64(), 1000000));
+    if (v.has("uninformative_within"))
+      for (const auto& x : v.o.at("uninformative_within").arr()) p.uninformative.push_back(x.num());
+    if (v.has("zero_shot")) p.zero_shot = v.o.at("zero_shot").b;
+    return p;
+  }
+  bool uninformative_at(double within) const {
+    return std::find(uninformative.begin(), uninformative.end(), within) != uninformative.end();
+  }
+};
+
 // P(best of the top j within `within` of the best kernel) by score-gap bin (see ckpred.autotune.Calibration).
 struct Calibration {
   std::vector<double> within, edges;
   std::vector<std::vector<std::vector<double>>> probability;  // [within][bin][j-1]
   size_t gap_to = 2;
+  Policy policy;
 
   // Parse a score-gap table after manifest.hpp's check_calibration (the Python runtime's checks).
   static Calibration from_json(const json::Value& v) {
@@ -136,12 +163,14 @@ struct Calibration {
       }
       c.probability.push_back(t);
     }
+    c.policy = Policy::from_json(v);
     return c;
   }
 
   int needed(const std::vector<double>& scores, double target, double within_) const {
     auto it = std::find(within.begin(), within.end(), within_);
     if (it == within.end()) throw Error("autotune calibration: no table for within=" + std::to_string(within_));
+    if (policy.uninformative_at(within_)) return policy.fallback_k;
     const auto& table = probability[static_cast<size_t>(it - within.begin())];
     if (scores.size() < 2) return 1;
     double gap = score_gap(scores, gap_to);
@@ -175,6 +204,7 @@ struct Logistic {
   std::vector<std::string> fields;
   std::vector<std::vector<std::vector<double>>> coef;  // [within][j-1][feature]
   std::vector<std::vector<double>> intercept;          // [within][j-1]
+  Policy policy;
 
   static std::vector<double> numbers(const json::Value& v) {
     std::vector<double> out;
@@ -201,6 +231,7 @@ struct Logistic {
       c.coef.push_back(rows);
     }
     for (const auto& r : v["intercept"].arr()) c.intercept.push_back(numbers(r));
+    c.policy = Policy::from_json(v);
     return c;
   }
 
@@ -246,6 +277,7 @@ struct Logistic {
              double within_) const {
     auto it = std::find(within.begin(), within.end(), within_);
     if (it == within.end()) throw Error("autotune calibration: no table for within=" + std::to_string(within_));
+    if (policy.uninformative_at(within_)) return policy.fallback_k;
     if (scores.size() < 2) return 1;
     size_t w = static_cast<size_t>(it - within.begin());
     std::vector<double> x = features(scores, problem);
@@ -303,10 +335,14 @@ struct Budget {
                       info.logistic ? &*info.logistic : nullptr);
   }
 
-  // Successful measurements a confidence budget wants for this problem (its key and ranked scores).
-  int planned(const std::vector<double>& scores, const std::string& problem) const {
-    if (logistic != nullptr) return logistic->needed(scores, key_values(problem), target, within);
-    return calibration->needed(scores, target, within);
+  const Policy& policy() const { return logistic != nullptr ? logistic->policy : calibration->policy; }
+
+  // Successful measurements a confidence budget wants for this problem (its key and ranked
+  // scores); `shifted`: outside what the calibration measured, at least fallback_k (size_confidence).
+  int planned(const std::vector<double>& scores, const std::string& problem, bool shifted = false) const {
+    int k = logistic != nullptr ? logistic->needed(scores, key_values(problem), target, within)
+                                : calibration->needed(scores, target, within);
+    return shifted ? std::max(k, policy().fallback_k) : k;
   }
 
   bool spent(const std::vector<double>& scores, int successes, double kernel_s, double wall_s) const {
@@ -392,8 +428,11 @@ inline std::string seconds_text(double s) {
 // call runs in its own thread (detail::call); a call still running after timeout_s is recorded
 // as failed ("TimeoutError: ..."), the search stops there (nothing else is launched while the
 // device may still run it) and the best kernel measured so far is the result (timed_out set).
+// A confidence budget is sized as ckpred.autotune.size_confidence sizes it: the calibration's k,
+// fallback_k where the calibration has nothing to learn ("+fallback(k=K)"), at least fallback_k
+// when `shift` (why the problem is outside what it measured, shift_of) is not empty ("+shifted(k>=K)").
 inline Result autotune_ranked(const std::vector<Candidate>& ranked, const Benchmark& benchmark, const Budget& budget,
-                              const std::string& problem = "", double timeout_s = 0) {
+                              const std::string& problem = "", double timeout_s = 0, const std::string& shift = "") {
   if (std::isnan(timeout_s) || std::isinf(timeout_s) || timeout_s < 0)
     throw Error("timeout " + detail::seconds_text(timeout_s) + "; allowed: 0 (none) or a finite number of seconds > 0");
   Result r;
@@ -402,7 +441,12 @@ inline Result autotune_ranked(const std::vector<Candidate>& ranked, const Benchm
   std::vector<double> scores;
   for (const auto& c : ranked) scores.push_back(c.score);
   Budget sized = budget;  // a confidence budget is sized once per problem, as a fixed count
-  if (budget.kind == Budget::Kind::Confidence) sized.kind = Budget::Kind::Fixed, sized.k = budget.planned(scores, problem);
+  if (budget.kind == Budget::Kind::Confidence) {
+    sized.kind = Budget::Kind::Fixed, sized.k = budget.planned(scores, problem, !shift.empty());
+    const Policy& p = budget.policy();
+    if (p.uninformative_at(budget.within)) r.policy += "+fallback(k=" + std::to_string(p.fallback_k) + ")";
+    else if (!shift.empty()) r.policy += "+shifted(k>=" + std::to_string(p.fallback_k) + ")";
+  }
   int successes = 0;
   double kernel_s = 0, wall_s = 0;
   r.stop = ranked.empty() ? "no valid kernel" : "candidates exhausted";
@@ -503,7 +547,28 @@ struct ModelInfo {
   std::vector<std::string> kernel_names;   // the catalogue, by kernel id (a stored kernel must be here)
   std::optional<Calibration> calibration;  // the manifest's "autotune": a score-gap table,
   std::optional<Logistic> logistic;        // or a logistic model
+  std::vector<ckpred::Field> problem_fields;  // with their training ranges
+  std::vector<std::string> trained_archs;     // training.archs (empty: not recorded)
 };
+
+// Why a problem (its key) is outside what the confidence calibration measured, "" when it is not
+// (ckpred.autotune.shift_of): an int field outside its training range, or a selector arch not
+// among the GPUs trained on (unless the calibration was fitted on held-out GPUs).
+inline std::string shift_of(const ModelInfo& info, const std::string& problem) {
+  std::map<std::string, double> values = key_values(problem);
+  std::string outside;
+  for (const auto& f : info.problem_fields) {
+    auto it = values.find(f.name);
+    if (f.has_range && it != values.end() && (it->second < static_cast<double>(f.lo) || it->second > static_cast<double>(f.hi)))
+      outside += (outside.empty() ? "" : ", ") + f.name;
+  }
+  std::string out = outside.empty() ? "" : "out of distribution (" + outside + ")";
+  bool zero_shot = info.logistic ? info.logistic->policy.zero_shot : info.calibration && info.calibration->policy.zero_shot;
+  if (!info.trained_archs.empty() && !zero_shot &&
+      std::find(info.trained_archs.begin(), info.trained_archs.end(), info.arch) == info.trained_archs.end())
+    out += (out.empty() ? "" : "; ") + ("arch " + info.arch + " never trained on");
+  return out;
+}
 
 // Verify the export as ckpred_select and the Python runtime do (manifest.hpp's verify_export)
 // and keep what autotuning needs. Error "model refused: ..." names what failed.
@@ -520,6 +585,7 @@ inline ModelInfo load_model_info(const std::string& model_dir) {
   info.op = m.ident.at("op"), info.arch = m.ident.at("arch"), info.dtype = m.ident.at("dtype"), info.layout = m.ident.at("layout");
   for (const auto& f : m.fields) info.fields.push_back(f.name);
   info.kernel_names = m.kernel_names;
+  info.problem_fields = m.fields, info.trained_archs = m.trained_archs;
   auto it = m.doc.o.find("autotune");
   if (it != m.doc.o.end() && !it->second.is_null()) {  // checked by verify_export
     if (it->second["format"].str() == kLogisticFormat) info.logistic = Logistic::from_json(it->second);
@@ -968,7 +1034,8 @@ inline Result autotune(ResultStore* store, const ModelInfo& info, const std::str
       }
     }
   }
-  Result r = autotune_ranked(ranked, benchmark, budget, problem, timeout_s);
+  std::string shift = budget.kind == Budget::Kind::Confidence ? shift_of(info, problem) : "";
+  Result r = autotune_ranked(ranked, benchmark, budget, problem, timeout_s, shift);
   if (store != nullptr && r.ok()) {
     try {
       store->put(info, r);

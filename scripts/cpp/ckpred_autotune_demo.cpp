@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
                 << ",\"kernel\":" << (r.ok() ? at::quote(r.kernel) : "null") << ",\"kernel_id\":" << r.kernel_id
                 << ",\"seconds\":" << (r.ok() ? at::number(r.seconds) : "null")
                 << ",\"from_store\":" << (r.from_store ? "true" : "false") << ",\"benchmarks\":" << r.measured.size()
-                << ",\"failures\":" << failures << ",\"stop\":" << at::quote(r.stop)
+                << ",\"failures\":" << failures << ",\"policy\":" << at::quote(r.policy) << ",\"stop\":" << at::quote(r.stop)
                 << ",\"stored\":" << (r.stored ? "true" : "false") << ",\"timed_out\":" << (r.timed_out ? "true" : "false");
       if (!r.store_error.empty()) std::cout << ",\"store_error\":" << at::quote(r.store_error);
       std::cout << "}" << std::endl;

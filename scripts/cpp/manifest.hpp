@@ -75,6 +75,7 @@ struct Manifest {
   std::map<std::string, std::string> ident;  // op/arch/dtype/layout
   std::vector<Field> fields;              // problem fields, input column order
   std::vector<std::string> kernel_names;  // by kernel id
+  std::vector<std::string> trained_archs;  // training.archs: the GPUs the model trained on (empty: not recorded)
   int64_t candidates = 0;                 // kernels the graph ranks: catalogue or selection.candidate_ids
   std::string selector_file, selector_sha256, catalogue_hash;
 };
@@ -369,6 +370,15 @@ inline Manifest check_manifest(json::Value doc, const std::string& path) {
         }
         if (!ok || f.lo > f.hi) c.fail(key, rng, "[min, max] integers with min <= max");
         f.has_range = true;
+      }
+    }
+    if (training.has("archs")) {
+      const json::Value& archs = training.o.at("archs");
+      if (!archs.is_array()) c.fail("training.archs", archs, "an array");
+      for (size_t i = 0; i < archs.a.size(); ++i) {
+        if (!archs.a[i].is_string() || archs.a[i].s.empty())
+          c.fail("training.archs[" + std::to_string(i) + "]", archs.a[i], "a non-empty string");
+        man.trained_archs.push_back(archs.a[i].s);
       }
     }
     if (training.has("problem_minimum")) {
@@ -793,6 +803,17 @@ inline void within(const std::vector<double>& w) {
     if (!(w[i] > 0 && w[i] < 1) || std::count(w.begin(), w.end(), w[i]) != 1)
       fail("within must be distinct fractions in (0, 1)");
 }
+// The keys of either kind besides its model (ckpred.autotune._policy): fallback_k an integer
+// >= 1, uninformative_within tolerances of `w`, zero_shot a boolean; each optional.
+inline void policy(const json::Value& v, const std::vector<double>& w) {
+  if (v.has("fallback_k")) integer(v.o.at("fallback_k"), "fallback_k", 1);
+  if (v.has("uninformative_within"))
+    for (double x : reals(v.o.at("uninformative_within"), "uninformative_within"))
+      if (std::find(w.begin(), w.end(), x) == w.end())
+        fail("uninformative_within=" + show(v.o.at("uninformative_within")) + "; allowed: tolerances of within");
+  if (v.has("zero_shot") && v.o.at("zero_shot").kind != json::Value::Kind::Bool)
+    fail("zero_shot is " + show(v.o.at("zero_shot")) + "; allowed: true or false");
+}
 
 }  // namespace calib
 
@@ -837,6 +858,7 @@ inline void check_calibration(const json::Value& v, const std::vector<std::strin
       for (const auto& row : t)
         for (double x : row)
           if (!(x >= 0 && x <= 1)) fail("probability holds a value outside [0, 1] (or an empty row)");
+    policy(v, w);
     return;
   }
   std::vector<double> w = reals(key(v, "within"), "within");
@@ -876,6 +898,7 @@ inline void check_calibration(const json::Value& v, const std::vector<std::strin
     for (double x : r) finite = finite && std::isfinite(x);
   for (double x : vecs[4]) finite = finite && x > 0;
   if (!finite) fail("non-finite numbers, or a scale <= 0");
+  policy(v, w);
   for (const std::string& f : fields)
     if (int_fields != nullptr && std::find(int_fields->begin(), int_fields->end(), f) == int_fields->end())
       fail("fields ['" + printable(f) + "'] are not integer problem fields");

@@ -54,6 +54,13 @@ CHUNKED_READERS: dict[str, Callable[[Path, ReadContext, int], Iterator[FileRead]
     stream_log.NAME: stream_log.read_chunks,
     csv_sweep.NAME: csv_sweep.read_chunks,
 }
+#: Table readers that read a file in tables of about ``chunk_bytes`` of text each, cut between
+#: records: ``read_chunks(path, ctx, chunk_bytes)``. The others read their file whole.
+CHUNKED_TABLE_READERS: dict[str, Callable[[Path, ReadContext, int | None], Iterator[RawTable]]] = {
+    table_csv.NAME: table_csv.read_chunks,
+    table_jsonl.NAME: table_jsonl.read_chunks,
+    miopen_fdb.NAME: miopen_fdb.read_chunks,
+}
 TABLE_READERS: dict[str, Callable[[Path, ReadContext], RawTable]] = {
     table_csv.NAME: table_csv.read,
     table_parquet.NAME: table_parquet.read,
@@ -144,4 +151,4 @@ def detect_table_format(path: Path) -> str | None:
                                     f"{sorted(TABLE_READERS)}; set the op's input.format to force a reader")
 
 
-__all__ = ["CHUNKED_READERS", "READERS", "TABLE_READERS", "FileRead", "RawTable", "ReadContext", "detect_format", "detect_table_format"]
+__all__ = ["CHUNKED_READERS", "CHUNKED_TABLE_READERS", "READERS", "TABLE_READERS", "FileRead", "RawTable", "ReadContext", "detect_format", "detect_table_format"]

@@ -17,7 +17,6 @@ import bz2
 import gc
 import gzip
 import io
-import math
 import mmap
 import os
 import stat
@@ -34,9 +33,12 @@ import pandas as pd
 
 from ckpred.errors import KernelNameError
 from ckpred.kernels.base import OpDefinition
+# the value conversions the readers use live with the other helpers every stage uses (an op's
+# config is checked with them when composed); imported here under their historical home
+from ckpred.util import FALSE_STRINGS, INT_LIMIT, TRUE_STRINGS, to_float, to_int, truth  # noqa: F401
 
 #: Largest magnitude kept for an integer problem field (int64 range).
-_INT_LIMIT = 2**63 - 1
+_INT_LIMIT = INT_LIMIT
 
 
 @dataclass(frozen=True)
@@ -308,65 +310,6 @@ def _faultless_columns(columns: Iterable[Sequence[Any]]) -> bool:
     return True
 
 
-def to_float(value: Any) -> float | None:
-    """``value`` as a float (NaN/inf pass through for later checks); ``None`` if not a number."""
-    if type(value) is float:
-        return value
-    if type(value) is int:
-        return float(value)
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return None
-    if isinstance(value, (int, float, np.integer, np.floating)):
-        return float(value)
-    return None
-
-
-#: Strings read as true / false in a validity column or flag (compared lower-cased and stripped).
-TRUE_STRINGS = ("true", "1", "yes")
-FALSE_STRINGS = ("false", "0", "no")
-
-
-def truth(value: Any, true_values: tuple[str, ...] = TRUE_STRINGS,
-          false_values: tuple[str, ...] = FALSE_STRINGS) -> bool | None:
-    """``value`` as a truth value: ``True``/``False`` for a listed string (or a bool, or the
-    numbers 1/0), ``None`` for anything else (the caller names it as a bad value)."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
-        text = "1" if value == 1 else "0" if value == 0 else str(value)
-    elif isinstance(value, str):
-        text = value
-    else:
-        return None
-    text = text.strip().lower()
-    if text in true_values:
-        return True
-    if text in false_values:
-        return False
-    return None
-
-
-def to_int(value: Any) -> int | None:
-    """``value`` as an integer when it is one exactly (``"1024"``, ``1024.0``); else ``None``."""
-    if type(value) is int:
-        return value if abs(value) <= _INT_LIMIT else None
-    number = to_float(value)
-    if number is None or not math.isfinite(number) or number != int(number) or abs(number) > _INT_LIMIT:
-        if isinstance(value, str):
-            try:  # big exact integers written as text
-                parsed = int(value.strip())
-                return parsed if abs(parsed) <= _INT_LIMIT else None
-            except ValueError:
-                return None
-        return None
-    return int(number)
-
-
 class RowBuffer:
     """Column buffers of the rows read from one file.
 
@@ -488,13 +431,28 @@ class RawTable:
 
     #: One row per measurement record, with the file's own column names.
     frame: pd.DataFrame
-    #: ``file:line`` (or ``file:row n``) of each row, for ``source`` and rejects.
-    sources: np.ndarray
+    #: ``file:line`` (or ``file:row n``) of each row, for ``source`` and rejects; ``None`` when
+    #: the rows are given by ``lines`` instead (``<label>:<line>``, built only when written).
+    sources: np.ndarray | None = None
     #: Records that are not rows at all (malformed lines, truncated objects).
     rejects: list[Reject] = field(default_factory=list)
     #: Measurement records the file says it holds (a header's count), when it says so; a
     #: reader compares it with what it read and reports the difference as a reject.
     declared_records: int | None = None
+    #: Bytes of (decompressed) text these records were read from; 0 when the reader does not
+    #: say (ingest then counts the file's size).
+    input_bytes: int = 0
+    #: The line of each row (int64), when ``sources`` is ``None``; ``label`` names the file.
+    lines: np.ndarray | None = None
+    label: str = ""
+
+    def source_texts(self, at: np.ndarray | None = None) -> np.ndarray:
+        """``source`` of the rows (at positions ``at``) as text."""
+        if self.sources is not None:
+            return np.asarray(self.sources, dtype=object)[at] if at is not None else np.asarray(self.sources,
+                                                                                               dtype=object)
+        lines = self.lines if at is None else self.lines[at]  # type: ignore[index]
+        return np.asarray([f"{self.label}:{n}" for n in lines.tolist()], dtype=object)
 
 
 #: Magic bytes of the compressions a table file may use.

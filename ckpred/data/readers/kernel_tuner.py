@@ -49,18 +49,35 @@ _CACHE = re.compile(r'"cache"\s*:\s*\{')
 RAW_LIMIT = 2000
 
 
+#: Most text a cache may hold: it is one JSON document, read whole (a compressed file that
+#: decompresses past this is refused before it is held).
+MAX_TEXT_BYTES = 1 << 30
+
+
 def _text(path: Path) -> str:
-    """The file's text; a truncated gzip stream gives what was decompressed before the cut."""
+    """The file's text; a truncated gzip stream gives what was decompressed before the cut.
+
+    Raises
+    ------
+    ckpred.errors.InputFileError
+        When the file is (or decompresses to) more than :data:`MAX_TEXT_BYTES`.
+    """
+    if path.stat().st_size > MAX_TEXT_BYTES:
+        raise InputFileError(str(path), f"holds {path.stat().st_size:,} bytes; a Kernel Tuner cache is read whole, "
+                                        f"at most {MAX_TEXT_BYTES:,} bytes of text")
     data = path.read_bytes()
     if compression(path) == "gzip":
-        data = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data)
+        data = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data, MAX_TEXT_BYTES + 1)
     elif compression(path) == "bz2":
         import bz2
 
         try:
-            data = bz2.decompress(data)
-        except (OSError, ValueError) as exc:
+            data = bz2.BZ2Decompressor().decompress(data, MAX_TEXT_BYTES + 1)
+        except (OSError, ValueError, EOFError) as exc:
             raise InputFileError(str(path), f"damaged bzip2 stream ({exc})") from exc
+    if len(data) > MAX_TEXT_BYTES:
+        raise InputFileError(str(path), f"decompresses to more than {MAX_TEXT_BYTES:,} bytes; a Kernel Tuner cache "
+                                        "is read whole (a compression bomb?)")
     return data.decode("utf-8", "replace").lstrip("\ufeff")
 
 

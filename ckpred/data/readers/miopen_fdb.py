@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
@@ -127,60 +127,93 @@ def parse_key(key: str) -> dict[str, Any]:
 
 
 def read(path: Path, ctx: ReadContext) -> RawTable:
-    """Read one find-db file; see the module docstring.
+    """Read one find-db file whole; see the module docstring.
 
     Raises
     ------
     ckpred.errors.InputFileError
         When the compressed stream is damaged.
     """
-    problems: list[dict[str, Any]] = []
-    line_sources: list[str] = []
-    entries: dict[str, list[Any]] = {"line": [], "solver": [], "time_ms": [], "workspace": [], "algorithm": []}
-    rejects: list[Reject] = []
-    lineno = 0
+    (table,) = read_chunks(path, ctx, None)
+    return table
+
+
+def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int | None) -> Iterator[RawTable]:
+    """The rows of one find-db file in tables of about ``chunk_bytes`` bytes of text each
+    (``None``: one table), cut between lines (a line is one problem).
+
+    Raises
+    ------
+    ckpred.errors.InputFileError
+        When the compressed stream is damaged.
+    """
+    chunk = _Chunk()
+    lineno = consumed = 0
     try:
         with open_binary(path) as fh:
             for lineno, raw in enumerate(fh, start=1):
+                consumed += len(raw)
                 text = decode_line(raw).strip()
-                if not text:
-                    continue
-                source = f"{ctx.label}:{lineno}"
-                key, eq, value = text.partition("=")
-                if not eq:
-                    rejects.append(Reject(source, "unrecognised line: no '=' between key and solvers", text))
-                    continue
-                try:
-                    problem = parse_key(key)
-                except FindDbKeyError as exc:
-                    rejects.append(Reject(source, f"bad find-db key: {exc}", text))
-                    continue
-                at = len(problems)
-                used = False
-                for entry in value.split(";"):
-                    if not entry:
-                        continue
-                    name, colon, rest = entry.partition(":")
-                    parts = rest.split(",")
-                    if not colon or not name or len(parts) != 3:
-                        rejects.append(Reject(source, "bad solver entry: expected NAME:time_ms,workspace,"
-                                                      f"algorithm, got {entry!r}", text))
-                        continue
-                    used = True
-                    entries["line"].append(at)
-                    entries["solver"].append(name)
-                    entries["time_ms"].append(parts[0])
-                    entries["workspace"].append(parts[1])
-                    entries["algorithm"].append(parts[2])
-                if used:
-                    problems.append(problem)
-                    line_sources.append(source)
+                if text:
+                    chunk.add(text, ctx.label, lineno)
+                if chunk_bytes is not None and consumed - chunk.offset >= chunk_bytes:
+                    yield chunk.table(consumed, ctx.label)
+                    chunk = _Chunk(consumed)
     except (OSError, EOFError) as exc:
         raise InputFileError(str(path), f"damaged compressed stream after line {lineno} ({exc})") from exc
-    line = np.asarray(entries.pop("line"), dtype=np.int64)
-    by_line = pd.DataFrame.from_records(problems, columns=list(COLUMNS[:-4]))
-    frame = by_line.take(line).reset_index(drop=True) if len(line) else by_line.iloc[:0]
-    for c, v in entries.items():
-        frame[c] = pd.Series(v, dtype=object)
-    sources = np.asarray(line_sources, dtype=object)[line] if len(line) else np.zeros(0, dtype=object)
-    return RawTable(frame, sources, rejects)
+    yield chunk.table(consumed, ctx.label)
+
+
+class _Chunk:
+    """The rows of the lines of one chunk: a problem per line, a row per solver entry."""
+
+    def __init__(self, offset: int = 0) -> None:
+        self.offset = offset  # bytes of the file before the chunk
+        self.problems: list[dict[str, Any]] = []
+        self.problem_lines: list[int] = []
+        self.entries: dict[str, list[Any]] = {"line": [], "solver": [], "time_ms": [], "workspace": [],
+                                              "algorithm": []}
+        self.rejects: list[Reject] = []
+
+    def add(self, text: str, label: str, lineno: int) -> None:
+        source = f"{label}:{lineno}"
+        key, eq, value = text.partition("=")
+        if not eq:
+            self.rejects.append(Reject(source, "unrecognised line: no '=' between key and solvers", text))
+            return
+        try:
+            problem = parse_key(key)
+        except FindDbKeyError as exc:
+            self.rejects.append(Reject(source, f"bad find-db key: {exc}", text))
+            return
+        at = len(self.problems)
+        used = False
+        entries = self.entries
+        for entry in value.split(";"):
+            if not entry:
+                continue
+            name, colon, rest = entry.partition(":")
+            parts = rest.split(",")
+            if not colon or not name or len(parts) != 3:
+                self.rejects.append(Reject(source, "bad solver entry: expected NAME:time_ms,workspace,"
+                                                   f"algorithm, got {entry!r}", text))
+                continue
+            used = True
+            entries["line"].append(at)
+            entries["solver"].append(name)
+            entries["time_ms"].append(parts[0])
+            entries["workspace"].append(parts[1])
+            entries["algorithm"].append(parts[2])
+        if used:
+            self.problems.append(problem)
+            self.problem_lines.append(lineno)
+
+    def table(self, consumed: int, label: str) -> RawTable:
+        entries = dict(self.entries)
+        line = np.asarray(entries.pop("line"), dtype=np.int64)
+        by_line = pd.DataFrame.from_records(self.problems, columns=list(COLUMNS[:-4]))
+        frame = by_line.take(line).reset_index(drop=True) if len(line) else by_line.iloc[:0]
+        for c, v in entries.items():
+            frame[c] = pd.Series(v, dtype=object)
+        lines = np.asarray(self.problem_lines, dtype=np.int64)[line] if len(line) else np.zeros(0, dtype=np.int64)
+        return RawTable(frame, None, self.rejects, input_bytes=consumed - self.offset, lines=lines, label=label)
