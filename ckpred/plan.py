@@ -94,13 +94,28 @@ def load_source(run_dir: str | Path) -> Source:
     ------
     ckpred.errors.MissingFileError, ckpred.errors.InputFileError, ckpred.errors.ModelMismatchError
         As :func:`ckpred.runs.load_train_run` (no such run, not a train run, a replaced pipeline).
+    ckpred.errors.ConfigValueError
+        A transfer-recipe run (its record's ``model`` is ``transfer``): its model blends the
+        regressor with the training GPUs' static order over each problem's candidates, which
+        the plan's model order and uncertainty do not read.
     """
+    import json
+
     from omegaconf import OmegaConf
 
     from ckpred.data import load_table
     from ckpred.kernels.base import load_op
-    from ckpred.runs import load_train_run
+    from ckpred.runs import load_train_run, run_record_path
 
+    record = run_record_path(resolve_path(run_dir))
+    try:  # before the pipeline is read: a transfer run's is not one plan can score
+        model = json.loads(record.read_bytes()).get("model") if record.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        model = None  # load_train_run names what is wrong with the record
+    if model == "transfer":
+        raise ConfigValueError("run_dir", str(run_dir), "a run of one fitted pipeline, not a transfer-recipe run "
+                                                        f"({record.name} says \"model\": \"transfer\"); retrain it "
+                                                        "with transfer.mode=off (the recipe's learner alone)")
     run = load_train_run(run_dir, purpose="plan", require_record=True)
     config = run.record.get("config")
     if not isinstance(config, dict):

@@ -326,3 +326,16 @@ def test_a_problem_with_one_candidate_is_never_planned(miopen_run: dict[str, Pat
     frame = pd.read_csv(out)
     assert set(frame["direction"]) == {"B", "W"} and len(frame.drop_duplicates(["n", "c", "hi", "wi", "k", "dtype",
                                                                                 "direction"])) == 80
+
+
+def test_a_transfer_recipe_run_is_refused_naming_the_fix(kt_run: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    run = tmp_path / "transfer_run"
+    shutil.copytree(kt_run["run"], run)
+    record = json.loads((run / "run.json").read_text())
+    assert record.get("model") != "transfer"  # the fixture's run is the regressor itself
+    (run / "run.json").write_text(json.dumps({**record, "model": "transfer"}))
+    with pytest.raises(ConfigValueError, match=r"run_dir.*transfer-recipe run.*transfer\.mode=off"):
+        pl.load_source(run)
+    assert pl.load_source(kt_run["run"]).pipeline is not None
