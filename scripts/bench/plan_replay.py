@@ -7,12 +7,13 @@ table reaches a plan or a model. Figures are printed as markdown tables.
 * ``kt``: Kernel Tuner's convolution caches of six GPUs (MI250X, W6600, W7800, A100, A4000,
   A6000), each held out in turn. The run: the regressor recipe (LightGBM on log1p of perf, 100
   trees of 31 leaves at learning rate 0.1, every row of each training GPU) fitted on the other
-  five GPUs, **each GPU's rows featurised with its own arch config** (the fitting engine gives
-  every row the run's arch today; this script builds the per-GPU features itself and fits the
-  same estimator on them). The new GPU's problem is its one convolution; the candidates are the
-  4,362 configurations of the run's table that pass the op's rules on its arch. Reported: the
-  best measured configuration / the GPU's optimum, for each round schedule (``--schedules``),
-  and the pick of each retraining with the measurements (the model's top-1 over every candidate).
+  five GPUs, **each GPU's rows featurised with its own arch config** (this script builds the
+  per-GPU features itself and fits the same estimator on them; written before the fitting engine
+  did so, it gives the same figures on the engine that does). The new GPU's problem is its one
+  convolution; the candidates are the 4,362 configurations of the run's table that pass the
+  op's rules on its arch. Reported: the best measured configuration / the GPU's optimum, for
+  each round schedule (``--schedules``), and the pick of each retraining with the measurements
+  (the model's top-1 over every candidate).
 * ``miopen``: a gfx942 model (the experiment's ranker on the whole gfx942 find-db), then a
   fraction of gfx90a's problems (MI210, arch ``gfx90a_mi210``) measured -- every solver the
   find-db lists for a planned problem, as MIOpen's find would time them -- in rounds
