@@ -303,6 +303,16 @@ def test_st20_an_empty_store_path_is_refused(path) -> None:
         at.ResultStore(path)
 
 
+def test_a_store_path_of_tilde_and_no_known_user_is_its_own_text(tmp_path, monkeypatch) -> None:
+    """``~name`` of no known user made ``Path.expanduser`` raise ``RuntimeError``; like a shell,
+    the store keeps the text (a folder of that name below the working directory), and ``~`` is
+    the home directory."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert at.ResultStore("~ckpred-no-such-user/s.jsonl").path == Path("~ckpred-no-such-user/s.jsonl")
+    assert at.ResultStore("~/s.jsonl").path == tmp_path / "home" / "s.jsonl"
+
+
 def _as_nobody(fn: Callable[[], None]) -> None:
     """Run ``fn`` in a forked child as uid/gid 65534 (root may write any file); fails when it raises."""
     if os.geteuid() != 0:
