@@ -1104,7 +1104,7 @@ class ResultStore:
         if not isinstance(path, (str, os.PathLike)) or not str(os.fspath(path)).strip():
             raise AutotuneError(f"ResultStore.path={path!r}; allowed: a file path")
         self.max_entries = _count("ResultStore.max_entries", max_entries)
-        self.path = Path(path).expanduser()
+        self.path = Path(os.path.expanduser(path))  # ~name of no known user stays as written
         #: Lines of the file as last read that were skipped (malformed, too long or too deep).
         self.skipped_lines = 0
         self._models: set[str] | None = set()  # models whose lines are indexed (None: every model)

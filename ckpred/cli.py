@@ -243,10 +243,11 @@ def _check_creatable(name: str, key: str, value: str) -> None:
     """Refuse a directory Hydra would fail to create (under /proc, below a file, too long): its
     first missing component is made and removed again, so nothing is left behind."""
     from ckpred.schema import check_output_path
+    from ckpred.util import resolve_path
 
     try:
         check_output_path(key, value, kind="dir")
-        path = Path(value).expanduser().absolute()
+        path = resolve_path(value)
         missing = next((p for p in [path, *path.parents][::-1] if not p.exists()), None)
         if missing is not None:
             missing.mkdir()

@@ -244,6 +244,11 @@ def _check_pipeline(pipeline: Any, name: str, purpose: str) -> None:
     a cache folder (``memory``, where fitting would write)."""
     from sklearn.pipeline import Pipeline
 
+    from ckpred.transfer import TransferModel
+
+    if isinstance(pipeline, TransferModel):  # a zero-shot run's recipe: its learner is the pipeline
+        _check_pipeline(pipeline.learner, name, purpose)
+        return
     raw = getattr(pipeline, "steps", None) if isinstance(pipeline, Pipeline) else None
     steps = [s[0] if isinstance(s, tuple) and s else None for s in raw] if isinstance(raw, list) else []
     if steps != ["features", "model"] or getattr(pipeline, "memory", None) is not None:
@@ -307,7 +312,25 @@ PIPELINE_GLOBALS: frozenset[tuple[str, str]] = frozenset({
     ("numpy._core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
     # containers the estimators keep
     ("collections", "OrderedDict"), ("collections", "defaultdict"),
+    # a zero-shot run's transfer recipe: the learner's method with its configs (OmegaConf nodes of
+    # the schema's dataclasses, see _config_class) and the static order (a pandas Series of text keys)
+    ("ckpred.transfer", "TransferModel"), ("ckpred.fitting", "LearnedMethod"),
+    ("omegaconf.base", "ContainerMetadata"), ("omegaconf.base", "Metadata"),
+    ("omegaconf.dictconfig", "DictConfig"), ("omegaconf.listconfig", "ListConfig"),
+    ("omegaconf.nodes", "AnyNode"), ("omegaconf.nodes", "BooleanNode"), ("omegaconf.nodes", "FloatNode"),
+    ("omegaconf.nodes", "IntegerNode"), ("omegaconf.nodes", "StringNode"), ("omegaconf.nodes", "EnumNode"),
+    ("typing", "Any"), ("typing", "Dict"), ("typing", "List"), ("typing", "Optional"), ("typing", "Union"),
+    ("pandas", "Series"), ("pandas", "Index"), ("pandas", "StringDtype"), ("pandas.arrays", "ArrowStringArray"),
+    ("pandas.core.indexes.base", "_new_Index"), ("pandas.core.internals.managers", "SingleBlockManager"),
+    ("pyarrow.lib", "_restore_array"), ("pyarrow.lib", "py_buffer"), ("pyarrow.lib", "type_for_alias"),
+    # value constructors (no attribute access, no I/O: builtins.getattr and eval stay refused)
+    ("builtins", "bool"), ("builtins", "int"), ("builtins", "float"), ("builtins", "str"),
+    ("builtins", "bytearray"), ("builtins", "list"), ("builtins", "dict"), ("builtins", "slice"),
+    ("_operator", "getitem"),
 })
+
+#: Modules whose config dataclasses a pickled recipe may name (the schema's structured configs).
+_CONFIG_MODULES = ("ckpred.schema", "ckpred.cv.schemes")
 
 #: Module prefixes numpy renamed (numpy 2 moved ``numpy.core`` to ``numpy._core``): a pipeline
 #: pickled under either is read.
@@ -338,6 +361,18 @@ def _feature_group_class(module: str, name: str) -> Any:
     return obj if isinstance(obj, type) and issubclass(obj, FeatureGroup) else None
 
 
+def _config_class(module: str, name: str) -> Any:
+    """A config dataclass of the schema (:data:`_CONFIG_MODULES`, ckpred's own modules); None
+    otherwise, nothing imported."""
+    import dataclasses
+    import importlib
+
+    if module not in _CONFIG_MODULES or not name.isidentifier():
+        return None
+    obj = getattr(importlib.import_module(module), name, None)
+    return obj if isinstance(obj, type) and dataclasses.is_dataclass(obj) else None
+
+
 class PipelineRefused(InputFileError):
     """A pickled pipeline names a global no ckpred pipeline holds (see :func:`load_pipeline`)."""
 
@@ -350,7 +385,7 @@ class _Restricted:
     def find_class(self, module: str, name: str) -> Any:
         if _allowed_global(module, name):
             return super().find_class(module, name)  # type: ignore[misc]
-        found = _feature_group_class(module, name)
+        found = _feature_group_class(module, name) or _config_class(module, name)
         if found is not None:
             return found
         raise PipelineRefused(self.source, f"{self.purpose}: it names {module}.{name}, which no ckpred pipeline "

@@ -24,7 +24,7 @@ from omegaconf import II, MISSING
 
 from ckpred import vocab
 from ckpred.errors import ConfigValueError
-from ckpred.util import file_kind
+from ckpred.util import file_kind, resolve_path
 
 DATA_SOURCES: tuple[str, ...] = ("simulated", "path")
 DATA_FORMATS: tuple[str, ...] = ("auto", "json", "log", "csv", "parquet")
@@ -105,7 +105,7 @@ def check_output_path(key: str, value: str, *, kind: str, required: bool = False
     if not str(value).strip():
         check(key, value, not required, "a path (an empty one would name the working directory)")
         return
-    path = Path(str(value)).expanduser().absolute()
+    path = resolve_path(str(value))
     if path.exists():  # (through a symlink: the command refuses a symlink where it replaces the output)
         mode = path.stat().st_mode
         if kind == "file":

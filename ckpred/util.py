@@ -541,9 +541,11 @@ def resolve_path(path: str | Path) -> Path:
     """``path`` as an absolute path, relative ones taken from the current directory.
 
     Commands run in the directory the user started them in (the CLI undoes Hydra's
-    ``hydra.job.chdir``), so a relative path in a config means what the user typed.
+    ``hydra.job.chdir``), so a relative path in a config means what the user typed. ``~`` and
+    ``~user`` are expanded as a shell does: ``~name`` of no known user stays the path's own text
+    (``Path.expanduser`` raises ``RuntimeError`` there).
     """
-    return Path(path).expanduser().absolute()
+    return Path(os.path.expanduser(path)).absolute()
 
 
 # -- values ------------------------------------------------------------------------------------

@@ -235,6 +235,51 @@ def test_unparsable_override_is_named(composed: list[Any], capsys: pytest.Captur
     assert composed == []
 
 
+@pytest.mark.parametrize("name", ["a b;$(touch PWNED)`touch PWNED`.csv", "|&><!#.csv", "ünï 表 \u00e9.csv",
+                                  "q'uo\"te.csv", "-dash.csv", "~tilde%%{x}.csv"])
+def test_shell_metacharacters_quotes_spaces_and_unicode_in_paths_are_plain_text(
+        name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """cl01-cl05 cl20 cl21: such characters in a path are its name, nothing else -- the file is
+    read and the output written under exactly that name, no shell runs, nothing else is made."""
+    (tmp_path / name).write_bytes(data_file(*FOUR_SHAPES).read_bytes())
+    out = name.replace(".csv", " out.parquet")
+    quoted = lambda text: "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"  # Hydra's quoting
+    rc, _, err = run(["ingest", "dtype=fp16", "data.source=path", f"data.path={quoted(name)}", f"out={quoted(out)}"],
+                     capsys)
+    assert rc == 0 and not TRACEBACK.search(err), err
+    table = pd.read_parquet(tmp_path / out)
+    assert len(table) > 0 and table["source"].str.startswith(f"{name}:").all()
+    made = {p.name for p in tmp_path.iterdir()} - {name, "runs"}
+    assert made == {out, out.replace(".parquet", ".rejects.csv")}, made
+
+
+def test_data_paths_read_from_a_directory_whose_name_holds_glob_characters(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A relative ``data.path`` was globbed with the working directory's name in the pattern: in
+    ``proj[1]`` no file could be read ("no file matches this pattern"). Only what the user wrote
+    is a pattern; a file whose own name holds ``[`` is read when the pattern matches nothing."""
+    work = tmp_path / "proj[1]*?"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    rows = data_file(*FOUR_SHAPES).read_bytes()
+    (work / "in.csv").write_bytes(rows)
+    (work / "[x].csv").write_bytes(rows)
+    for path, out in (("in.csv", "a.parquet"), ("'i*.csv'", "b.parquet"), ("'[x].csv'", "c.parquet")):
+        rc, _, err = run(["ingest", "dtype=fp16", "data.source=path", f"data.path={path}", f"out={out}"], capsys)
+        assert rc == 0 and not TRACEBACK.search(err), (path, err)
+        assert len(pd.read_parquet(work / out)) > 0
+    rc, _, err = run(["ingest", "dtype=fp16", "data.source=path", "data.path='n*.csv'", "out=d.parquet"], capsys)
+    assert_named(rc, err, "ingest", "n*.csv", "no file matches this pattern")
+
+
+def test_an_unescaped_quote_inside_a_quoted_value_is_named(composed: list[Any],
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """cl05: Hydra's grammar error, in one line naming the override and how to quote."""
+    rc, _, err = run(["ingest", "data.path='q'uo\"te.csv'"], capsys)
+    assert_named(rc, err, "ingest", "cannot parse override", "quote values")
+    assert composed == []
+
+
 @pytest.mark.parametrize("char", ["\x1b", "\r", "\x07", "\x08", "\x9b", "\u202e", "\n", "\t"])
 def test_control_characters_are_refused_without_being_echoed(char: str, composed: list[Any],
                                                               capsys: pytest.CaptureFixture[str]) -> None:

@@ -75,6 +75,7 @@ def _one_line(err: str) -> str:
 
 
 # -- F07: store lines are checked before they are served -----------------------------------------
+# The C++ reader gets the same lines (test_cpp_skips_the_same_bad_lines: cs01 cs03 cs04).
 BAD_LINES: dict[str, Callable[[KernelSelector], str]] = {
     # well-formed, but not this model's kernel
     "st03-not-in-catalogue": lambda s: json.dumps(_line(s, kernel_id=999999, kernel="; rm -rf / #")),
@@ -220,6 +221,47 @@ def test_cc05_compaction_files_of_dead_writers_are_removed_live_ones_kept(select
         sleeper.wait()
 
 
+_WRITER = """
+import sys
+from ckpred import autotune as at
+store = at.ResultStore(sys.argv[1], max_entries=8)
+print("ready", flush=True)
+i = 0
+while True:
+    store.put({"model": "m", "op": "op", "problem": f"p={i % 40}", "kernel": f"k{i}", "kernel_id": i,
+               "seconds": 1e-3})
+    i += 1
+"""
+
+
+def test_cc04_python_writers_killed_mid_write_tear_no_line_and_leave_no_temporary(tmp_path) -> None:
+    """cc04: two writers compacting the same store (max_entries=8: a compaction every few
+    puts), SIGKILLed at staggered times, round after round; the store stays whole lines of the
+    format, and the next writer removes the dead writers' compaction files."""
+    import random
+
+    store = tmp_path / "s.jsonl"
+    rng = random.Random(4)
+    for _ in range(6):
+        procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(store)], stdout=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        try:
+            for proc in procs:
+                assert proc.stdout.readline() == "ready\n"
+            for proc in procs:
+                time.sleep(rng.uniform(0.02, 0.3))
+                proc.kill()
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait(30)
+                proc.stdout.close()
+        lines = store.read_text().splitlines()
+        assert lines and all(json.loads(line)["format"] == at.STORE_FORMAT for line in lines)
+    at.ResultStore(store, max_entries=1).put(_entry(1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.jsonl", "s.jsonl.lock"]
+
+
 @pytest.mark.parametrize("runtime", ["python", "cpp"])
 def test_cs10_compaction_writes_an_exclusive_temporary_and_leaves_no_link_behind(selector, export, cpp_demo,  # noqa: F811
                                                                                 tmp_path, runtime) -> None:
@@ -301,6 +343,16 @@ def test_cs06_cs07_cs08_cpp_refuses_the_same_stores_before_benchmarking(selector
 def test_st20_an_empty_store_path_is_refused(path) -> None:
     with pytest.raises(at.AutotuneError, match="ResultStore.path="):
         at.ResultStore(path)
+
+
+def test_a_store_path_of_tilde_and_no_known_user_is_its_own_text(tmp_path, monkeypatch) -> None:
+    """``~name`` of no known user made ``Path.expanduser`` raise ``RuntimeError``; like a shell,
+    the store keeps the text (a folder of that name below the working directory), and ``~`` is
+    the home directory."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert at.ResultStore("~ckpred-no-such-user/s.jsonl").path == Path("~ckpred-no-such-user/s.jsonl")
+    assert at.ResultStore("~/s.jsonl").path == tmp_path / "home" / "s.jsonl"
 
 
 def _as_nobody(fn: Callable[[], None]) -> None:

@@ -199,12 +199,26 @@ def test_rerun_replaces_its_own_output_file_with_the_umask_mode(tmp_path: Path, 
 
 @pytest.mark.parametrize(("override", "words"), [
     ("rejects=/dev/null", ["'rejects'", "/dev/null is a character device"]),
+    ("out=/dev/null", ["'out'", "/dev/null is a character device"]),
+    ("out=/dev/full", ["'out'", "/dev/full is a character device"]),
+    ("out=/dev/zero/t.parquet", ["'out'", "/dev/zero is a character device"]),
     ("out=in.csv/t.parquet", ["'out'", "a path below a directory", "in.csv is a file"]),
 ])
 def test_devices_and_paths_below_files_are_named_as_such(override: str, words: list[str], src: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """cl07 cl27 cl31: an output that is a character device was refused as "a path below a
+    directory (... is a file)"; it is named as the device it is, and nothing is written."""
     rc, _, err = run([*INGEST, f"data.path={src}", override], capsys)
     assert_named(rc, err, "ingest", *words)
+    assert "is a file" not in err or "in.csv" in err
+
+
+@pytest.mark.parametrize("override", ["out=/dev/null", "log=/dev/null", "out=/dev/full", "log=/dev/full"])
+def test_simulate_names_a_device_as_output(override: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """cl07 cl27 cl31 for simulate's table and log."""
+    rc, _, err = run(["simulate", "shapes=tiny", override], capsys)
+    key, _, device = override.partition("=")
+    assert_named(rc, err, "simulate", f"'{key}'", f"{device} is a character device")
 
 
 # -- F03 / F27: a file truncated while it is ingested ------------------------------------------------------

@@ -455,3 +455,35 @@ def test_x14_a_load_racing_re_exports_gives_the_old_or_the_new_model_never_a_ref
         stop.set()
         writer.join(30)
     assert seen == shas
+
+
+# -- x13: the export replaced under a loaded selector -------------------------------------------------
+def test_x13_a_selector_keeps_its_verified_model_when_the_export_is_replaced_under_it(export, tmp_path) -> None:
+    """x13: another export written over the files a selector was loaded from changes
+    nothing it answers; its store lines stay keyed by the graph it verified at load, and a new
+    load sees the new export."""
+    from ckpred.autotune import FixedK, model_hash
+
+    other = export_gemm(tmp_path / "other" / export.name, n_estimators=4)
+    live = tmp_path / "live" / export.name
+    shutil.copytree(export, live)
+    sel = KernelSelector.load(live, cache_size=0)
+    problems = [{"m": m, "n": n, "k": k} for m, n, k in ((128, 1536, 7168), (1, 4096, 4096), (8192, 256, 512))]
+    before = [(a.kernels, a.scores) for a in (sel.select(p, top_k=5) for p in problems)]
+    sha = model_hash(sel.manifest)
+    new = {name: (other / name).read_bytes() for name in ("model.onnx", "scorer.onnx", "manifest.json")}
+    assert hashlib.sha256(new["model.onnx"]).hexdigest() != sha
+    for name, data in new.items():  # in place: the same inodes, truncated and rewritten
+        with open(live / name, "r+b") as fh:
+            fh.truncate(0)
+            fh.write(data)
+    again = KernelSelector.load(live, cache_size=0)
+    assert model_hash(again.manifest) == hashlib.sha256(new["model.onnx"]).hexdigest()
+    assert [(a.kernels, a.scores) for a in (again.select(p, top_k=5) for p in problems)] != before  # a different model
+
+    assert [(a.kernels, a.scores) for a in (sel.select(p, top_k=5) for p in problems)] == before
+    store = tmp_path / "store.jsonl"
+    result = sel.autotune(problems[0], lambda name: 1e-3, FixedK(1), store=store)
+    assert not result.from_store and result.kernel == before[0][0][0]
+    (line,) = [json.loads(x) for x in store.read_text().splitlines()]
+    assert line["model"] == sha

@@ -151,3 +151,49 @@ def test_data_flows_one_way_and_only_commands_touch_hydra() -> None:
                 if theirs is not None and theirs > mine:
                     problems.append(f"{module} (stage {mine}) imports {imported} (later stage {theirs})")
     assert not problems, "\n".join(problems)
+
+
+# -- the docs match what a fresh install does (issue 28's newcomer frictions) ----------------------
+DOCS = [REPO / "README.md", REPO / "pyproject.toml", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_the_readmes_shape_counts_are_the_configs() -> None:
+    """README said ``shapes=tiny`` is 16 shapes; the config has 12. The tour's counts (the
+    default set, the smoke run) are read from the shape configs."""
+    import re
+
+    from ckpred.config import compose
+    from ckpred.data.shapes import load_shapes
+
+    readme = (REPO / "README.md").read_text()
+    (tiny,) = re.findall(r"train shapes=tiny\s+# (\d+) small shapes", readme)
+    (default,) = re.findall(r"gfx950, (\d+)\s+shapes x 4,608 kernels", readme)
+    for name, said in (("tiny", tiny), ("default", default)):
+        assert len(load_shapes(compose("simulate", [f"shapes={name}"]).shapes)) == int(said), name
+
+
+def test_every_test_file_the_docs_cite_exists() -> None:
+    """pyproject.toml cited a test file that did not exist."""
+    import re
+
+    cited = {(doc.name, m) for doc in DOCS for m in re.findall(r"tests/[\w/]+\.py", doc.read_text())}
+    assert cited and not {(doc, m) for doc, m in cited if not (REPO / m).is_file()}
+
+
+def test_docs_name_the_shared_data_relative_to_the_checkout() -> None:
+    """The docs named one machine's absolute path for the shared data (``../shared/data``)."""
+    import re
+
+    absolute = {(doc.name, m) for doc in DOCS for m in re.findall(r"(?<![.\w])/[\w./-]*shared/data", doc.read_text())}
+    assert not absolute
+
+
+def test_the_design_names_every_command() -> None:
+    """docs/design.md omitted ``replay``: its command layer lists every command of the CLI, in order."""
+    import re
+
+    from ckpred.cli import COMMANDS
+
+    design = " ".join((REPO / "docs" / "design.md").read_text().split())
+    (listed,) = re.findall(r"one thin module per command \(([^)]*)\)", design)
+    assert [c.strip() for c in listed.split(",")] == list(COMMANDS)

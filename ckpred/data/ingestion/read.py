@@ -51,8 +51,12 @@ def expand_paths(spec: str | Path | Iterable[str | Path], op: OpDefinition | Non
     paths: list[Path] = []
     for item in items:
         resolved = resolve_path(item)
-        if glob.has_magic(str(resolved)):
-            matches = sorted(Path(p) for p in glob.glob(str(resolved), recursive=True) if Path(p).is_file())
+        written = os.path.expanduser(item)
+        if glob.has_magic(written):  # what the user wrote, not the working directory's name
+            pattern = written if os.path.isabs(written) else os.path.join(glob.escape(os.getcwd()), written)
+            matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+            if not matches and resolved.is_file():  # a file whose own name holds * ? or [
+                matches = [resolved]
             if not matches:
                 raise InputFileError(item, f"no file matches this pattern (looked for {resolved})")
             paths += matches
