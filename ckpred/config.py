@@ -218,7 +218,7 @@ def run_dir(cfg: Any, command: str) -> Path:
 PRIMARY_SCHEMAS: dict[str, type] = {
     "ingest": schema.IngestConfig, "simulate": schema.SimulateConfig, "train": schema.TrainConfig,
     "export": schema.ExportConfig, "select": schema.SelectConfig, "tune": schema.TuneConfig,
-    "sweep_report": schema.SweepReportConfig, "replay": schema.ReplayConfig,
+    "sweep_report": schema.SweepReportConfig, "replay": schema.ReplayConfig, "plan": schema.PlanConfig,
 }
 
 

@@ -13,6 +13,7 @@ accepts are the files of the config dirs (:mod:`ckpred.vocab`), not lists in thi
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 from dataclasses import dataclass, field
@@ -1348,3 +1349,94 @@ class ReplayConfig:
         check("within", self.within, 0 < self.within < 1, "a fraction in (0, 1)")
         check("gap_to", self.gap_to, self.gap_to >= 2, "an integer >= 2")
         check("seeds", self.seeds, self.seeds >= 0, "an integer >= 0")
+
+
+@dataclass
+class PlanBudgetConfig:
+    """How many measurements a plan asks for (``ckpred plan``'s ``budget``); a plan needs at least one
+    of the three (:meth:`check_given`)."""
+
+    #: Measurements in all (0 = no cap).
+    total: int = 0
+    #: Kernels measured per problem at most (0 = every candidate of a planned problem).
+    per_problem: int = 0
+    #: Problems this plan measures: a fraction of the candidate problems (< 1) or a count (>= 1);
+    #: 0 = as many as ``total`` allows (every problem when only ``per_problem`` is given).
+    problems: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key in ("total", "per_problem"):
+            value = getattr(self, key)
+            check(f"budget.{key}", value, not isinstance(value, bool) and isinstance(value, int) and value >= 0,
+                  "an integer >= 0 (0 = no limit)")
+        p = self.problems
+        check("budget.problems", p, not isinstance(p, bool) and isinstance(p, (int, float)) and math.isfinite(p)
+              and p >= 0 and (p < 1 or float(p).is_integer()),
+              "a fraction of the problems in (0, 1), a count >= 1, or 0 (as many as budget.total allows)")
+
+    def check_given(self) -> None:
+        """Refuse a budget of nothing (every key 0)."""
+        check("budget", "total=0 per_problem=0 problems=0", bool(self.total or self.per_problem or self.problems),
+              "at least one of budget.total (measurements in all), budget.per_problem (kernels per problem) or "
+              "budget.problems (problems to measure)")
+
+    def problem_count(self, n_problems: int) -> int | None:
+        """Problems to plan out of ``n_problems`` candidate problems (None = limited by ``total`` only)."""
+        if not self.problems:
+            return None if self.total else n_problems
+        if self.problems < 1:
+            return max(1, int(round(self.problems * n_problems)))
+        return int(self.problems)
+
+
+#: ``auto``: uncertainty when the run was trained on rows of the new GPU, else stratified.
+PLAN_PROBLEM_ORDERS: tuple[str, ...] = ("auto", "stratified", "uncertainty")
+#: ``auto``: similarity when the run's table holds several GPUs and the new one has measurements.
+PLAN_KERNEL_ORDERS: tuple[str, ...] = ("auto", "model", "similarity")
+
+
+@dataclass
+class PlanConfig:
+    """Primary config of ``ckpred plan``: what to measure first on a new GPU (:mod:`ckpred.plan`)."""
+
+    #: A finished train run dir (its pipeline, run record and training table).
+    run_dir: str = MISSING
+    #: The new GPU's arch config (``arch=<name>``).
+    arch: ArchConfig = MISSING
+    #: The new GPU's problems: a CSV or Parquet with the op's problem fields and, optionally, its
+    #: kernel fields or ``kernel_name`` (one row per candidate pair); without kernel columns each
+    #: problem is paired with every kernel of the run's table. Empty: the run's own problems.
+    problems: str = ""
+    #: Measurements already taken on the new GPU: filled plan files or ``ckpred ingest`` tables
+    #: (a comma-separated string or a list); never planned again, and they steer the next round.
+    measured: Any = field(default_factory=list)
+    budget: PlanBudgetConfig = field(default_factory=PlanBudgetConfig)
+    #: Order of the problems: ``stratified``, ``uncertainty`` (smallest score gap first) or ``auto``.
+    problem_order: str = "auto"
+    #: Order of a problem's kernels: ``model``, ``similarity`` (the source GPUs' orders weighted by
+    #: their agreement with the new GPU's measurements) or ``auto``.
+    kernel_order: str = "auto"
+    #: Kernels planned for one problem are at least this far apart (standardised kernel-field units).
+    min_distance: float = 1.0
+    #: Seeds the order of problems within a stratum.
+    seed: int = 0
+    #: The plan CSV; an existing file is replaced only if it is a plan with nothing filled in.
+    out: str = "plan.csv"
+
+    def __post_init__(self) -> None:
+        self.budget.check_given()
+        check("problem_order", self.problem_order, self.problem_order in PLAN_PROBLEM_ORDERS,
+              f"one of {list(PLAN_PROBLEM_ORDERS)}")
+        check("kernel_order", self.kernel_order, self.kernel_order in PLAN_KERNEL_ORDERS,
+              f"one of {list(PLAN_KERNEL_ORDERS)}")
+        check("min_distance", self.min_distance, self.min_distance >= 0, "a number >= 0")
+        check_seed("seed", self.seed)
+        check_output_path("out", self.out, kind="file", required=True)
+        items = self.measured if isinstance(self.measured, list) else [self.measured]
+        check("measured", self.measured, all(isinstance(p, str) for p in items),
+              "a file, a comma-separated list of files or a list of files")
+
+    def measured_paths(self) -> list[str]:
+        """``measured`` as a list of paths."""
+        items = self.measured.split(",") if isinstance(self.measured, str) else list(self.measured)
+        return [str(p).strip() for p in items if str(p).strip()]

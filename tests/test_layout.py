@@ -92,7 +92,7 @@ STAGES = [
     {"fitting", "runs", "warm_start", "scale", "transfer"},
     {"cv"},
     {"export"},
-    {"runtime", "autotune", "replay", "guided_search"},
+    {"runtime", "autotune", "replay", "guided_search", "plan"},
 ]
 COMMAND_LAYER = {"cli", "config", "commands", "__main__", "conf"}
 

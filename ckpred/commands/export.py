@@ -34,13 +34,14 @@ from ckpred.transfer import TransferModel
 
 
 class Steps:
-    """The export's steps as they happen: each is printed with its time once done, the current
-    one shown with a spinner (the export otherwise works for tens of seconds without a word)."""
+    """A command's steps as they happen: each is printed with its time once done, the current
+    one shown with a spinner (export and plan otherwise work for tens of seconds without a word)."""
 
-    def __init__(self) -> None:
+    def __init__(self, command: str = "export") -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        self.bar = Progress(SpinnerColumn(), TextColumn("export: {task.description}"), TimeElapsedColumn(),
+        self.command = command
+        self.bar = Progress(SpinnerColumn(), TextColumn(f"{command}: {{task.description}}"), TimeElapsedColumn(),
                             transient=True)
         self.task = self.bar.add_task("starting", total=None)
         self.current, self.t0 = "", time.perf_counter()
@@ -56,7 +57,7 @@ class Steps:
 
     def _done(self) -> None:
         if self.current:
-            self.bar.console.print(f"export: {self.current} ({time.perf_counter() - self.t0:.1f} s)")
+            self.bar.console.print(f"{self.command}: {self.current} ({time.perf_counter() - self.t0:.1f} s)")
 
     def step(self, text: str) -> None:
         """The current step is done (printed with its time); ``text`` starts."""

@@ -1,0 +1,82 @@
+"""``python -m ckpred plan``: the (problem, kernel) pairs to benchmark first on a new GPU."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from ckpred import plan as pl
+from ckpred.commands.export import Steps
+from ckpred.data.mapping import InputMapping
+from ckpred.util import check_replaceable, resolve_path
+
+
+def plan_command(cfg: Any) -> str:
+    """Task function of ``python -m ckpred plan``: write the plan CSV, print what was chosen and
+    how to read the measurements back; returns the plan's path."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_object(cfg)  # the checked schema object (PlanConfig)
+    check_replaceable("out", cfg.out, pl.PLAN_FILE)  # before any work: a filled plan holds measurements
+    arch = cfg.arch
+    measured_paths = cfg.measured_paths()
+    with Steps("plan") as steps:
+        steps.step("loading the run and its training table")
+        source = pl.load_source(cfg.run_dir)
+        steps.step("reading the candidate problems")
+        problems = pl.read_problems(cfg.problems, source.op) if cfg.problems else None
+        pairs = pl.candidates(source, arch, problems)
+        measured = None
+        if measured_paths:
+            steps.step(f"reading the measurements so far ({len(measured_paths)} file(s))")
+            measured = pl.read_measured(measured_paths, source, arch)
+        steps.step(f"scoring {len(pairs):,} candidate pairs on {arch.name}")
+        scores = pl.model_scores(source, pairs, arch)
+        steps.step("choosing")
+        plan = pl.make_plan(source, pairs, arch, cfg.budget, measured=measured, problem_order=cfg.problem_order,
+                            kernel_order=cfg.kernel_order, min_distance=float(cfg.min_distance), seed=int(cfg.seed),
+                            scores=scores)
+        out = pl.write_plan(plan, cfg.out, source.op)
+    _report(plan, source, measured, out, cfg)
+    return str(out)
+
+
+def _report(plan: pl.Plan, source: pl.Source, measured: Any, out: Any, cfg: Any) -> None:
+    op = source.op
+    print(f"plan for {cfg.arch.name} from {source.run_dir} ({', '.join(source.archs)}): {len(plan.rows):,} "
+          f"measurement(s) of {plan.problems:,} of {plan.candidate_problems:,} problem(s); {plan.candidate_pairs:,} "
+          f"candidate pairs, {plan.measured_pairs:,} measured before")
+    print(f"problems in {plan.problem_order} order, kernels in {plan.kernel_order} order"
+          + (" (source GPU weights " + ", ".join(f"{a} {w:.2f}" for a, w in plan.weights.items()) + ")"
+             if plan.weights else ""))
+    if measured is not None and len(measured):
+        best = pl.best_measured(source, measured)
+        print(f"best measured so far ({len(best):,} problem(s); first 5):")
+        for _, row in best.head(5).iterrows():
+            problem = " ".join(f"{k}={row[k]}" for k in op.problem_names)
+            print(f"  {problem}: {row['kernel_name']} ({int(row['measured'])} measured)")
+    fill = pl.fill_columns(op)
+    mapping = InputMapping.of_op(op) or InputMapping()
+    what = f"{fill[0]} in {mapping.unit}"
+    if mapping.valid_column:
+        what += (f" and {mapping.valid_column} ({'/'.join(mapping.true_values)} when it ran, one of "
+                 f"{'/'.join(mapping.false_values)} when it failed)")
+    print(f"wrote {out}: fill in {what} on each row (one more row per repeated measurement), then read it back with")
+    config_dir = _config_dir(source.record.get("argv") or [])
+    measured_table = resolve_path(cfg.out).with_suffix(".parquet")
+    overrides = [*([f"--config-dir {shlex.quote(config_dir)}"] if config_dir else []), f"op={op.name}",
+                 f"arch={cfg.arch.name}", f"dtype={source.cfg.dtype.name}", f"layout={source.cfg.layout.name}",
+                 *(["op.input.format=csv"] if mapping.format not in ("auto", "csv") else []),
+                 f"data.path={shlex.quote(str(out))}", f"out={shlex.quote(str(measured_table))}"]
+    print("  python -m ckpred ingest " + " ".join(overrides))
+    print(f"  (or pass it as measured={out} to the next round of plan)")
+
+
+def _config_dir(argv: list[str]) -> str:
+    """The ``--config-dir`` the run was trained with (an op declared in a user's dir needs it again)."""
+    for i, arg in enumerate(argv):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config-dir="):
+            return arg.split("=", 1)[1]
+    return ""
