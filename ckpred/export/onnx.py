@@ -48,12 +48,9 @@ import onnx
 import pandas as pd
 from onnx import TensorProto, helper, numpy_helper
 
+from ckpred.export.factorise import selector_feature_columns
+from ckpred.export.opset import IR_VERSION, OPSET
 from ckpred.kernels.base import OpDefinition
-
-#: Operator sets of every exported graph (ai.onnx.ml 5 for the double TreeEnsemble).
-OPSET: dict[str, int] = {"": 21, "ai.onnx.ml": 5}
-#: IR version written into the models (onnxruntime 1.20+ reads it).
-IR_VERSION = 10
 
 SCORER_INPUTS = ("problem", "kernel")
 SCORER_OUTPUTS = ("score",)
@@ -292,8 +289,6 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
         On an empty catalogue, ``kernel_id`` not ``0..C-1`` in row order, or ``keep`` not
         distinct catalogue ids.
     """
-    from ckpred.export.factorise import selector_feature_columns
-
     P, C = len(op.problem_names), len(catalogue)
     if C == 0:
         raise ValueError(f"empty catalogue for op {op.name}: nothing to select from")

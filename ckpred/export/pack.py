@@ -40,6 +40,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ckpred.export.opset import IR_VERSION, OPSET
+
 __all__ = ["pack_columns"]
 
 #: Elementwise operators (with numpy broadcasting) whose lanes are independent.
@@ -244,8 +246,6 @@ class _Packer:
 def _inferred_shapes(g: Any, inputs: list[onnx.ValueInfoProto]) -> tuple[dict[str, Shape], dict[str, int]]:
     """Rank-3 shapes of the graph's tensors (batch dim as "B") and the element types of all, by
     ONNX shape inference."""
-    from ckpred.export.onnx import IR_VERSION, OPSET
-
     graph = helper.make_graph(g.nodes, "pack", inputs, [], initializer=g.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in OPSET.items()],
                               ir_version=IR_VERSION)
