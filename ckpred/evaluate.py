@@ -218,9 +218,11 @@ def threshold_curve(perf: np.ndarray, scores: np.ndarray, groups: ShapeGroups, s
 
 def best_threshold(curve: pd.DataFrame) -> float:
     """The threshold of :func:`threshold_curve` with the highest strict mean efficiency; among
-    equal ones the largest (the mask that drops the fewest kernels)."""
+    equal ones the middle one (the lower of the two middle ones), farthest from both a mask that
+    drops kernels the inner folds needed and one that keeps kernels they lacked."""
     best = curve["mean"].max()
-    return float(curve.loc[curve["mean"] >= best, "threshold"].max())
+    tied = np.sort(curve.loc[curve["mean"] >= best, "threshold"].to_numpy(np.float64))
+    return float(tied[(len(tied) - 1) // 2])
 
 
 def _dcg(rel: np.ndarray) -> float:

@@ -373,7 +373,8 @@ def for_arch(pipe: Any, method: LearnedMethod, op: OpDefinition, cfg: Any, arch:
     features = build_pipeline(method.recipe, op, arch, cfg.dtype).named_steps["features"]
     features.fit(X.head(8))
     out = Pipeline([("features", features), ("model", pipe.named_steps["model"])])
-    for attr in ("ckpred_target_", "ckpred_failure_model_", "ckpred_failure_threshold_"):
+    for attr in ("ckpred_target_", "ckpred_failure_model_", "ckpred_failure_threshold_",
+                 "ckpred_applicability_model_", "ckpred_applicability_threshold_"):
         if hasattr(pipe, attr):
             setattr(out, attr, getattr(pipe, attr))
     return out
@@ -502,8 +503,38 @@ def predict(pipe: Any, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
 
 
 def fit_final(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> Any:
-    """Fit the config's model recipe on every shape of ``table``, exactly as ``train`` fits its final model."""
+    """Fit the config's model recipe on every shape of ``table``, exactly as ``train`` fits its final
+    model (with the applicability mask, :func:`attach_applicability`)."""
     data = prepare(table, op, cfg)
     method = model_method(cfg)
-    pipe, _ = fit_method(method, data, np.arange(data.groups.n_shapes), op, cfg, int(cfg.seed))
+    shapes = np.arange(data.groups.n_shapes)
+    pipe, _ = fit_method(method, data, shapes, op, cfg, int(cfg.seed))
+    attach_applicability(pipe, data, shapes, op, cfg, int(cfg.seed))
     return pipe
+
+
+def candidates(data: Prepared, op: OpDefinition, cfg: Any) -> tuple[Prepared, Coverage]:
+    """The candidate set of ``data``'s problems (:func:`with_unmeasured`), prepared; ``data``
+    itself when the table measures every candidate. Raises what :func:`coverage_note` raises."""
+    table, coverage = with_unmeasured(data.table, op, cfg, arch=data.arch)
+    coverage_note(op, coverage)
+    if coverage.unmeasured == 0:
+        return data, coverage
+    return prepare(table, op, cfg, arch=data.arch), coverage
+
+
+def attach_applicability(pipe: Any, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any, seed: int,
+                         cand: Prepared | None = None) -> Applicability | None:
+    """For an op whose table lists only the kernels that apply (``op.absence=not_applicable``): fit
+    the applicability mask on ``shapes`` (:func:`fit_applicability`) and attach it to ``pipe``.
+    None (and ``pipe`` unchanged) for any other op. ``cand`` is :func:`candidates` of ``data``
+    when already built."""
+    if getattr(op, "absence", "unknown") != "not_applicable":
+        return None
+    if cand is None:
+        cand, _ = candidates(data, op, cfg)
+    fitted = fit_applicability(cand, shapes, data, op, cfg, seed, pipe)
+    fitted.attach(pipe)
+    log.info("applicability mask: %d training pairs, threshold %g; inner folds' strict mean per threshold:\n%s",
+             fitted.train_pairs, fitted.threshold, fitted.curve.to_string(index=False))
+    return fitted

@@ -195,7 +195,9 @@ def test_threshold_curve_and_the_best_threshold() -> None:
     assert curve["mean"].tolist() == pytest.approx([0.5, 0.5, 0.25, 0.0])
     assert curve["unmeasured_pick"].tolist() == pytest.approx([0.5, 0.0, 0.0, 0.5])
     assert curve["fell_back"].tolist() == pytest.approx([0.5, 0.0, 0.0, 0.0])
-    assert best_threshold(curve) == 0.3  # the larger of the two best
+    assert best_threshold(curve) == 0.1  # the lower middle of the two best
+    three = pd.DataFrame({"threshold": [0.9, 0.1, 0.5, 0.3], "mean": [0.7, 0.7, 0.7, 0.6]})
+    assert best_threshold(three) == 0.5  # the middle of the best three (in threshold order)
     # the failure mask (runs) narrows after the applicability mask: b's failed row 5 is dropped
     runs = np.array([True, True, True, True, True, False])
     curve = threshold_curve(SPARSE_PERF, scores, SPARSE_GROUPS, rules, SPARSE_MEASURED, estimate, [0.3], runs=runs)

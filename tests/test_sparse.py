@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from ckpred.errors import ConfigValueError
 from ckpred.fitting import NOT_MEASURED, Coverage, coverage_note, with_unmeasured
 from ckpred.kernels.declared import load_declared
+from tests.test_cpp import _run, binary  # noqa: F401 (binary: the built C++ selector, a fixture)
 
 #: A tiny op: problem ``m``, kernel tile ``t``, and a rule (a tile no larger than the problem).
 TINY_OP = {
@@ -93,3 +95,119 @@ def test_absence_is_checked_when_the_op_is_composed() -> None:
     with pytest.raises(ConfigValueError, match=r"op.absence.*'sparse'.*one of \['unknown', 'not_applicable'\]"):
         tiny_op(absence="sparse")
     assert tiny_op().absence == "unknown" and tiny_op(absence="not_applicable").absence == "not_applicable"
+
+
+# -- the applicability mask, fitted, exported and run by both runtimes -----------------------------
+@pytest.fixture(scope="module")
+def sparse_fit(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A find-db whose problems list three solvers each, of nine (three per direction), trained
+    with op.absence=not_applicable: the final pipeline carries the applicability mask.""" 
+    from ckpred.config import compose
+    from ckpred.data import load_table
+    from ckpred.fitting import fit_final
+    from ckpred.kernels.base import load_op
+    from ckpred.kernels.declared import bind_training_catalogue
+    from tests.test_yaml_ops_train import OPS_DIR, write_find_db
+
+    fdb = write_find_db(tmp_path_factory.mktemp("fdb") / "small.fdb.txt", n_convs=12)
+    # B problems of two convolutions in three, W of one in two, as a pruned sweep would have them:
+    # with every direction equally frequent, neither a solver nor a direction alone would tell
+    # (each pair is absent 2/3 of the time) and greedy trees would find no first split
+    lines = fdb.read_text().splitlines()
+    fdb.write_text("\n".join(line for i, line in enumerate(lines)
+                             if not (line.split("=")[0].endswith("-W") and (i // 6) % 2)
+                             and not (line.split("=")[0].endswith("-B") and (i // 6) % 3 == 2)) + "\n")
+    cfg = compose("train", [f"hydra.searchpath=[file://{OPS_DIR}]", "op=miopen_conv", "op.absence=not_applicable",
+                            "arch=gfx942", "data=path", f"data.path={fdb}", "model.n_estimators=20",
+                            "model.n_jobs=1", "applicability.n_estimators=30", "progress=false"])
+    op = load_op(cfg.op)
+    table = load_table(cfg)
+    bind_training_catalogue(op, table, cfg)
+    return op, cfg, table, fit_final(cfg, table, op)
+
+
+def test_the_final_pipeline_learns_which_solvers_apply(sparse_fit) -> None:  # type: ignore[no-untyped-def]
+    from ckpred.models import applicability_model, predicted_applicable
+
+    op, cfg, table, pipe = sparse_fit
+    assert applicability_model(pipe) is not None
+    assert pipe.ckpred_applicability_threshold_ in list(cfg.applicability.thresholds)
+    full, coverage = with_unmeasured(table, op, cfg)
+    assert coverage.unmeasured == 2 * len(table)  # 9 solvers, 3 listed per problem
+    applies = predicted_applicable(pipe, op.encode_frame(full))
+    # the solvers of the problem's direction apply, the others' do not (every training pair right)
+    assert (applies == full["measured"].to_numpy()).all()
+
+
+def _forced_fallbacks(pipe, op, problems: pd.DataFrame):  # type: ignore[no-untyped-def]
+    """``pipe`` with a threshold between the problems' smallest estimates of absence: the mask
+    leaves some problems without a kernel (they fall back) and others with one."""
+    from ckpred.models import absent_estimate, set_applicability_model
+
+    cat = op.catalogue()
+    rows = problems.loc[problems.index.repeat(len(cat))].reset_index(drop=True)
+    kernels = cat.iloc[np.tile(np.arange(len(cat)), len(problems))].reset_index(drop=True)
+    X = op.encode_frame(pd.concat([rows, kernels[list(op.kernel_names)]], axis=1))
+    lowest = absent_estimate(pipe, X).reshape(len(problems), len(cat)).min(axis=1)
+    threshold = float(np.median(lowest))
+    assert (lowest > threshold).any() and (lowest <= threshold).any()
+    set_applicability_model(pipe, pipe.ckpred_applicability_model_, threshold)
+    return lowest > threshold
+
+
+@pytest.fixture(scope="module")
+def sparse_export(sparse_fit, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    import copy
+
+    from ckpred.export import manifest as mf
+    from ckpred.export.build import export_pipeline
+
+    op, cfg, table, pipe = sparse_fit
+    pipe = copy.deepcopy(pipe)
+    problems = table[list(op.problem_names)].drop_duplicates().reset_index(drop=True)
+    # unseen problems too: other channel counts and batch sizes
+    problems = pd.concat([problems, problems.head(12).assign(c=lambda f: f["c"] * 3, n=7)], ignore_index=True)
+    expect_fallback = _forced_fallbacks(pipe, op, problems)
+    d = tmp_path_factory.mktemp("export") / "miopen_conv_gfx942_fp16_rcr"
+    man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
+                          training=mf.training_section(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout),
+                          parity_problems=problems)
+    return d, man, problems, expect_fallback
+
+
+def test_export_compiles_the_mask_and_its_fallback_with_parity(sparse_export) -> None:  # type: ignore[no-untyped-def]
+    from ckpred.runtime import KernelSelector
+
+    d, man, problems, expect_fallback = sparse_export
+    # the parity check (which raises on any difference, fallback flag included) ran on every problem
+    assert man["parity"]["top1_agreement"] == 1.0 and man["parity"]["topk_agreement"] == 1.0
+    assert man["parity"]["applicability_fallbacks"] == int(expect_fallback.sum())
+    assert man["applicability_model"]["threshold"] > 0 and man["applicability_model"]["n_trees"] == 30
+    assert [o["name"] for o in man["graphs"]["selector"]["outputs"]][-1] == "applicability_fallback"
+    sel = KernelSelector.load(d, cache_size=0)
+    answers = sel.select_many(problems, top_k=9)
+    assert [a.applicability_fallback for a in answers] == expect_fallback.tolist()
+    for a, fell in zip(answers, expect_fallback):
+        assert a.ok and a.to_dict()["applicability_fallback"] == fell
+        # a fallback ranks every rule-valid solver (none known to apply); otherwise only those
+        # predicted to apply: the three of the problem's direction
+        assert a.num_valid == (9 if fell else 3)
+
+
+def test_cpp_reports_the_fallback_like_python(sparse_export, binary, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ckpred.runtime import KernelSelector
+
+    d, _, problems, expect_fallback = sparse_export
+    records = problems.to_dict("records")
+    shape_file = tmp_path / "shapes.txt"
+    shape_file.write_text("\n".join(",".join(f"{k}={v}" for k, v in r.items()) for r in records) + "\n")
+    out = _run(binary, d, "--top-k", 4, "--shapes", shape_file)
+    assert out.returncode == 0, out.stderr
+    got = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(got) == len(records)
+    sel = KernelSelector.load(d, cache_size=0)
+    for g, record, fell in zip(got, records, expect_fallback):
+        want = sel.select(record, top_k=4)
+        assert g["applicability_fallback"] == want.applicability_fallback == bool(fell)
+        assert g["num_valid"] == want.num_valid and [k["id"] for k in g["kernels"]] == list(want.ids)
+        assert [k["score"] for k in g["kernels"]] == list(want.scores)  # bit-identical doubles
