@@ -119,7 +119,8 @@ class Coverage:
     example: str = ""
 
 
-def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None) -> tuple[pd.DataFrame, Coverage]:
+def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None,
+                    shape_codes: np.ndarray | None = None) -> tuple[pd.DataFrame, Coverage]:
     """``table`` plus a row for every rule-valid catalogue kernel a problem has no row for.
 
     The exported selector ranks every kernel of the op's catalogue that passes the rules; a
@@ -136,6 +137,10 @@ def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any =
         The op (its catalogue, rules and keys) and the config (``dtype``, ``layout``, ``arch``).
     arch : config node, optional
         The table's own arch (its rules' hardware constants); default ``cfg.arch``.
+    shape_codes : ndarray of int, optional
+        The problem of each row as codes in first-appearance order (a :class:`Prepared`'s
+        ``groups.codes``), when already known; the output then has columns ``_shape`` (them, for
+        its rows) and ``_row`` (a measured row's index in ``table``, -1 for an added one).
 
     Returns
     -------
@@ -143,14 +148,18 @@ def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any =
         Every row of ``table`` (``measured=True``) and the added ones (``measured=False``), each
         problem's rows together, problems in their first-appearance order and kernels in
         catalogue-id order inside a problem (the exported selector's tie order; rows of kernels
-        outside the catalogue last, in table order).
+        outside the catalogue last, in table order). Text columns are pandas categoricals.
     coverage : Coverage
     """
     arch = cfg.arch if arch is None else arch
     table = table.reset_index(drop=True)
     catalogue = op.catalogue(arch, cfg.dtype, cfg.layout)
     n_kernels = len(catalogue)
-    codes, uniques = pd.factorize(np.asarray(op.shape_keys(table)))
+    if shape_codes is None:
+        codes, uniques = pd.factorize(np.asarray(op.shape_keys(table)))
+    else:
+        codes = np.asarray(shape_codes, dtype=np.int64)
+        uniques = np.arange(int(codes.max()) + 1 if len(codes) else 0)
     n_shapes = len(uniques)
     ids = pd.Series(catalogue["kernel_id"].to_numpy(np.int64), index=catalogue["kernel_name"].to_numpy())
     kid = ids.reindex(table["kernel_name"].to_numpy()).to_numpy()
@@ -158,34 +167,51 @@ def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any =
     present = np.zeros(n_shapes * n_kernels, dtype=bool)
     present[codes[known] * n_kernels + kid[known].astype(np.int64)] = True
     missing = np.flatnonzero(~present)
+    del present
     first = np.full(n_shapes, len(table), dtype=np.int64)
     np.minimum.at(first, codes, np.arange(len(table)))
     shape_of, kernel_of = missing // n_kernels, missing % n_kernels
-    kernel_cols = list(op.kernel_names)
-    other = [c for c in table.columns if c not in kernel_cols]
-    added = table.iloc[first[shape_of]][other].reset_index(drop=True)
-    kernels = catalogue.iloc[kernel_of].reset_index(drop=True)
-    valid, _ = op.validity(added, kernels, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
-    valid = np.asarray(valid, dtype=bool)
-    added, kernels, shape_of, kernel_of = added[valid], kernels[valid], shape_of[valid], kernel_of[valid]
-    for c in kernel_cols:
-        added[c] = kernels[c].to_numpy()
-    added["kernel_name"] = kernels["kernel_name"].to_numpy()
+    kernel_cols = set(op.kernel_names) | {"kernel_name"}
+    # the rules on the missing pairs, a million at a time (a table of 100k problems misses millions)
+    valid = np.zeros(len(missing), dtype=bool)
+    for start in range(0, len(missing), 1_000_000):
+        part = slice(start, start + 1_000_000)
+        problems = pd.DataFrame({c: table[c].to_numpy()[first[shape_of[part]]] for c in op.problem_names})
+        kernels = pd.DataFrame({c: catalogue[c].to_numpy()[kernel_of[part]] for c in op.kernel_names})
+        valid[part] = np.asarray(op.validity(problems, kernels, arch=arch, dtype=cfg.dtype, layout=cfg.layout)[0],
+                                 dtype=bool)
+    shape_of, kernel_of = shape_of[valid], kernel_of[valid]
+    n_added = len(shape_of)
+    # final order: problems in first-appearance order, kernels in catalogue order inside each
+    shape_rank = np.concatenate([codes, shape_of])
+    kernel_rank = np.concatenate([np.where(known, kid, np.inf), kernel_of.astype(np.float64)])
+    order = np.lexsort((np.arange(len(shape_rank)), kernel_rank, shape_rank))
+    del shape_rank, kernel_rank
     fill = {"tflops": 0.0, "latency_ms": np.nan, "bandwidth_gbs": np.nan, "is_valid": False,
             "invalid_reason": NOT_MEASURED, "repeats": 0, "spread": np.nan, "source": ""}
-    for c, value in fill.items():
-        if c in added:
-            added[c] = value
+    columns: dict[str, np.ndarray] = {}
+    for c in table.columns:  # a column at a time: a table of millions of added rows stays one copy
+        own = table[c].to_numpy()
+        if c in kernel_cols:
+            extra = catalogue[c].to_numpy()[kernel_of]
+        elif c in fill:
+            extra = np.full(n_added, fill[c], dtype=object if isinstance(fill[c], str) else None)
+        else:
+            extra = own[first[shape_of]]
+        values = np.concatenate([own, extra.astype(own.dtype, copy=False)])[order]
+        # text as categories: a column of millions of repeated strings would be copied string by string
+        columns[c] = pd.Categorical(values) if values.dtype == object else values
+    columns["measured"] = np.concatenate([np.ones(len(table), dtype=bool), np.zeros(n_added, dtype=bool)])[order]
+    if shape_codes is not None:
+        columns["_shape"] = np.concatenate([codes, shape_of])[order]
+        columns["_row"] = np.where(order < len(table), order, -1)
+    out = pd.DataFrame(columns, copy=False)
     rows_per_shape = np.bincount(codes, minlength=n_shapes)
     one = np.flatnonzero(rows_per_shape == 1)
     measured_valid, _ = op.validity(table, table, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
-    coverage = Coverage(problems=n_shapes, pairs=int(np.sum(measured_valid & known)) + len(added),
-                        unmeasured=len(added), one_kernel=len(one), example=str(uniques[one[0]]) if len(one) else "")
-    out = pd.concat([table.assign(measured=True), added[table.columns].assign(measured=False)], ignore_index=True)
-    shape_rank = np.concatenate([codes, shape_of])
-    kernel_rank = np.concatenate([np.where(known, kid, np.inf), kernel_of.astype(np.float64)])
-    order = np.lexsort((np.arange(len(out)), kernel_rank, shape_rank))
-    return out.iloc[order].reset_index(drop=True), coverage
+    coverage = Coverage(problems=n_shapes, pairs=int(np.sum(np.asarray(measured_valid, dtype=bool) & known)) + n_added,
+                        unmeasured=n_added, one_kernel=len(one), example=str(uniques[one[0]]) if len(one) else "")
+    return out, coverage
 
 
 def coverage_note(op: OpDefinition, coverage: Coverage) -> str | None:
@@ -514,13 +540,23 @@ def fit_final(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> Any:
 
 
 def candidates(data: Prepared, op: OpDefinition, cfg: Any) -> tuple[Prepared, Coverage]:
-    """The candidate set of ``data``'s problems (:func:`with_unmeasured`), prepared; ``data``
+    """The candidate set of ``data``'s problems (:func:`with_unmeasured`), prepared as
+    :func:`prepare` would, with ``data``'s shapes (same indices, keys, CV groups); ``data``
     itself when the table measures every candidate. Raises what :func:`coverage_note` raises."""
-    table, coverage = with_unmeasured(data.table, op, cfg, arch=data.arch)
+    table, coverage = with_unmeasured(data.table, op, cfg, arch=data.arch, shape_codes=data.groups.codes)
     coverage_note(op, coverage)
     if coverage.unmeasured == 0:
         return data, coverage
-    return prepare(table, op, cfg, arch=data.arch), coverage
+    codes = table.pop("_shape").to_numpy(np.int64)  # rows are sorted by shape already
+    source = table.pop("_row").to_numpy(np.int64)
+    groups = ev.ShapeGroups(codes=codes, keys=data.groups.keys, order=np.arange(len(codes), dtype=np.int64),
+                            bounds=np.searchsorted(codes, np.arange(data.groups.n_shapes + 1)).astype(np.int64))
+    # an added row passed the rules; a measured row keeps its own verdict
+    selectable = np.where(source >= 0, data.selectable[np.maximum(source, 0)], True)
+    return Prepared(table=table, X=op.encode_frame(table), perf=ev.measured_perf(table["tflops"].to_numpy(),
+                                                                                table["is_valid"].to_numpy()),
+                    selectable=selectable, groups=groups, shapes=data.shapes, cv_groups=data.cv_groups,
+                    arch=data.arch), coverage
 
 
 def attach_applicability(pipe: Any, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any, seed: int,

@@ -59,6 +59,8 @@ def test_with_unmeasured_adds_exactly_the_rule_valid_pairs_a_problem_lacks() -> 
     assert (added["arch"] == "gfx942").all() and (added["source"] == "").all()
     # the measured rows are the table's, untouched
     measured = out[out["measured"]].drop(columns="measured").sort_values("source").reset_index(drop=True)
+    assert isinstance(out["kernel_name"].dtype, pd.CategoricalDtype)  # text as categories
+    measured = measured.astype({c: table[c].dtype for c in table})
     pd.testing.assert_frame_equal(measured, table.sort_values("source").reset_index(drop=True))
     assert coverage == Coverage(problems=3, pairs=7, unmeasured=3, one_kernel=2, example=str(coverage.example))
     assert coverage.example in ("1", "8")
@@ -211,3 +213,28 @@ def test_cpp_reports_the_fallback_like_python(sparse_export, binary, tmp_path) -
         assert g["applicability_fallback"] == want.applicability_fallback == bool(fell)
         assert g["num_valid"] == want.num_valid and [k["id"] for k in g["kernels"]] == list(want.ids)
         assert [k["score"] for k in g["kernels"]] == list(want.scores)  # bit-identical doubles
+
+
+def test_candidates_prepare_the_whole_candidate_set_on_the_same_shapes() -> None:
+    from ckpred.fitting import candidates, prepare
+
+    table = tiny_table([(4, 4, 3.0), (4, 1, 2.0), (1, 1, 5.0), (8, 2, 7.0)])
+    op = _bound(tiny_op(), table)
+    cfg = SimpleNamespace(arch="gfx942", dtype=SimpleNamespace(name="fp16"), layout=SimpleNamespace(name="rcr"))
+    data = prepare(table, op, cfg)
+    cand, coverage = candidates(data, op, cfg)
+    assert coverage.unmeasured == 3 and len(cand.table) == 7 and "_shape" not in cand.table
+    # what prepare() makes of the same rows, without recomputing keys: same shapes, same indices
+    again = prepare(with_unmeasured(table, op, cfg)[0], op, cfg)
+    assert list(cand.groups.keys) == list(data.groups.keys) == list(again.groups.keys)
+    assert cand.groups.codes.tolist() == again.groups.codes.tolist() == [0, 0, 0, 1, 2, 2, 2]
+    assert cand.groups.bounds.tolist() == again.groups.bounds.tolist()
+    assert cand.selectable.tolist() == again.selectable.tolist()
+    assert cand.perf.tolist() == again.perf.tolist() and cand.measured.tolist() == again.measured.tolist()
+    pd.testing.assert_frame_equal(cand.X, again.X)
+    assert cand.shapes is data.shapes
+    # a full table is its own candidate set
+    full = tiny_table([(4, 1, 1.0), (4, 2, 2.0), (8, 1, 1.0), (8, 2, 3.0)])
+    op = _bound(tiny_op(), full)
+    data = prepare(full, op, cfg)
+    assert candidates(data, op, cfg)[0] is data
