@@ -238,3 +238,32 @@ def test_candidates_prepare_the_whole_candidate_set_on_the_same_shapes() -> None
     op = _bound(tiny_op(), full)
     data = prepare(full, op, cfg)
     assert candidates(data, op, cfg)[0] is data
+
+
+def test_the_mask_and_its_threshold_never_see_the_problems_they_are_scored_on(sparse_fit) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    from ckpred.fitting import candidates, fit_applicability, fit_method, model_method, prepare, rows_of
+
+    op, cfg, table, _ = sparse_fit
+    data = prepare(table, op, cfg)
+    cand, _ = candidates(data, op, cfg)
+    groups = np.unique(data.cv_groups)
+    train = np.flatnonzero(np.isin(data.cv_groups, groups[: len(groups) * 2 // 3]))
+    test = np.setdiff1d(np.arange(data.groups.n_shapes), train)
+    pipe, _ = fit_method(model_method(cfg), data, train, op, cfg, 0)
+    first = fit_applicability(cand, train, data, op, cfg, 0, pipe)
+    # the held-out problems made unrecognisable: measurements shuffled, other solvers "measured"
+    rng = np.random.default_rng(1)
+    rows, crows = rows_of(data.groups, test), rows_of(cand.groups, test)
+    perf, cperf = data.perf.copy(), cand.perf.copy()
+    perf[rows], cperf[crows] = rng.permutation(perf[rows]), rng.permutation(cperf[crows])
+    flipped = cand.table.copy()
+    flipped.loc[crows, "measured"] = ~flipped.loc[crows, "measured"].to_numpy(bool)
+    second = fit_applicability(dataclasses.replace(cand, perf=cperf, table=flipped), train,
+                               dataclasses.replace(data, perf=perf), op, cfg, 0, pipe)
+    assert first.threshold == second.threshold
+    pd.testing.assert_frame_equal(first.curve, second.curve)
+    X = cand.X.iloc[crows]
+    assert (first.applicable(pipe, X) == second.applicable(pipe, X)).all()
+    assert first.train_pairs == len(rows_of(cand.groups, train))
