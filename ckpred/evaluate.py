@@ -692,10 +692,11 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
     console = Console(width=None if sys.stdout.isatty() else 140)
     cols = [("mean", "mean"), ("p10", "P10"), ("p50", "P50"), ("min", "min"), ("top1", "top1"),
             ("top5", "top5"), ("efficiency@5", "eff@5"), ("efficiency@20", "eff@20"), ("ndcg@10", "ndcg@10"),
-            ("failed_pick", "failed"), ("fallback_efficiency", "w/ fallback")]
+            ("failed_pick", "failed"), ("unmeasured_pick", "unmeasured"), ("fallback_efficiency", "w/ fallback")]
     table = Table(title=f"efficiency on {heading}, %",
-                  caption="efficiency = chosen kernel / best kernel; failed = failed-pick rate; w/ fallback = "
-                          "efficiency when a failed pick falls back to the next-ranked kernel")
+                  caption="efficiency = chosen kernel / best kernel (0 for a pick the table has no row for); "
+                          "failed = failed-pick rate; unmeasured = share of picks without a row; w/ fallback = "
+                          "efficiency when such a pick falls back to the next-ranked kernel that ran")
     table.add_column("method")
     for _, title in cols:
         table.add_column(title, justify="right")
@@ -705,7 +706,8 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
     console.print(table)
     spread_table = Table(title=f"mean ± std over folds{' and over seeds' if over_seeds else ''}, %")
     spread_table.add_column("method")
-    heads = [("mean", "mean (folds)"), ("p10", "P10 (folds)"), ("failed_pick", "failed (folds)")]
+    heads = [("mean", "mean (folds)"), ("p10", "P10 (folds)"), ("failed_pick", "failed (folds)"),
+             ("unmeasured_pick", "unmeasured (folds)")]
     for _, title in heads:
         spread_table.add_column(title, justify="right")
     if over_seeds:
