@@ -93,6 +93,10 @@ class RunRecord:
     config: dict[str, Any]
     #: The warm start's lineage (:func:`ckpred.warm_start.lineage`); None for a cold start.
     warm_start: dict[str, Any] | None = None
+    #: The candidate set the folds ranked: the op's ``absence``, the tested problems, their
+    #: rule-valid (problem, catalogue kernel) pairs and how many had no row
+    #: (:class:`ckpred.fitting.Coverage`); None when not looked at (a partitioned dataset).
+    candidates: dict[str, Any] | None = None
     command: str = "train"
     created: str = field(default_factory=lambda: datetime.now().astimezone().isoformat(timespec="seconds"))
     versions: dict[str, str] = field(default_factory=lambda: package_versions(RECORD_PACKAGES))
@@ -109,6 +113,8 @@ class RunRecord:
                                                   "versions", "argv", "config")})
         if self.warm_start is not None:
             out["warm_start"] = self.warm_start
+        if self.candidates is not None:
+            out["candidates"] = self.candidates
         return out
 
     def write(self, run_dir: Path) -> Path:

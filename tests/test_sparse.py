@@ -267,3 +267,61 @@ def test_the_mask_and_its_threshold_never_see_the_problems_they_are_scored_on(sp
     X = cand.X.iloc[crows]
     assert (first.applicable(pipe, X) == second.applicable(pipe, X)).all()
     assert first.train_pairs == len(rows_of(cand.groups, train))
+
+
+# -- cross-validation ranks what the export ships --------------------------------------------------
+def _pruned_find_db(path):  # type: ignore[no-untyped-def]
+    from tests.test_yaml_ops_train import write_find_db
+
+    fdb = write_find_db(path, n_convs=36)
+    lines = fdb.read_text().splitlines()
+    fdb.write_text("\n".join(line for i, line in enumerate(lines)
+                             if not (line.split("=")[0].endswith("-W") and (i // 6) % 2)
+                             and not (line.split("=")[0].endswith("-B") and (i // 6) % 3 == 2)) + "\n")
+    return fdb
+
+
+def _cv(tmp_path, fdb, *extra: str):  # type: ignore[no-untyped-def]
+    from ckpred.config import compose
+    from ckpred.cv.driver import cross_validate
+    from tests.test_yaml_ops_train import OPS_DIR
+
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg = compose("train", [f"hydra.searchpath=[file://{OPS_DIR}]", "op=miopen_conv", "arch=gfx942", "data=path",
+                            f"data.path={fdb}", f"out_dir={out}", "model.n_estimators=20", "model.n_jobs=1",
+                            "baselines.plain.model.n_estimators=10", "applicability.n_estimators=30",
+                            "plots=false", "progress=false", "cv.n_splits=3", *extra])
+    cross_validate(cfg, out)
+    return (json.loads((out / "metrics.json").read_text()), json.loads((out / "run.json").read_text()),
+            pd.read_parquet(out / "oof_predictions.parquet"), json.loads((out / "folds.json").read_text()))
+
+
+def test_cv_ranks_every_candidate_and_the_mask_keeps_picks_measured(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    fdb = _pruned_find_db(tmp_path / "small.fdb.txt")
+    metrics, record, oof, folds = _cv(tmp_path, fdb)
+    assert "taken as not applicable; the selector learns an applicability mask" in capsys.readouterr().out
+    # every problem is ranked over the 9 solvers of the catalogue, 6 of them unmeasured
+    assert record["candidates"]["absence"] == "not_applicable" and record["candidates"]["unmeasured"] == 6 * record["data"]["shapes"] == 6 * 156
+    assert len(oof) == 9 * record["data"]["shapes"] and (~oof["measured"]).sum() == record["candidates"]["unmeasured"]
+    # the mask leaves only the solvers that apply (the problem's direction's) selectable
+    assert (oof["selectable"] == oof["measured"]).all()
+    for name in ("model", "plain", "best_static"):
+        assert metrics[name]["unmeasured_pick"] == 0.0 and metrics[name]["unmeasured_picks"] == 0.0
+    assert metrics["random"]["unmeasured_pick"] == 0.0  # it draws among what the mask keeps
+    assert all("applicability" in f and f["applicability"]["fell_back"] == 0 for f in folds["folds"])
+    assert record["pipeline"]["applicability_threshold"] in (0.1, 0.3, 0.5, 0.7, 0.9)
+
+
+def test_without_the_declaration_the_same_table_shows_its_unmeasured_picks(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    fdb = _pruned_find_db(tmp_path / "small.fdb.txt")
+    metrics, record, oof, _ = _cv(tmp_path, fdb, "op.absence=unknown")
+    out = capsys.readouterr().out
+    assert "have no row; the exported selector ranks them too" in out and "op.absence: not_applicable" in out
+    assert record["candidates"]["absence"] == "unknown"
+    assert oof["selectable"].all()  # nothing but the (absent) rules masks a candidate
+    # a ranker that never saw a solver on a direction scores it blindly: some picks have no row
+    assert metrics["model"]["unmeasured_pick"] > 0
+    assert metrics["random"]["unmeasured_pick"] == pytest.approx(2 / 3)  # 6 of the 9 candidates
+    # strict: such a pick scores 0, the fallback (next-ranked measured kernel) recovers
+    assert metrics["model"]["mean"] < metrics["model"]["fallback_efficiency"]
