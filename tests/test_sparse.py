@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -297,12 +298,26 @@ def _cv(tmp_path, fdb, *extra: str):  # type: ignore[no-untyped-def]
             pd.read_parquet(out / "oof_predictions.parquet"), json.loads((out / "folds.json").read_text()))
 
 
-def test_cv_ranks_every_candidate_and_the_mask_keeps_picks_measured(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    fdb = _pruned_find_db(tmp_path / "small.fdb.txt")
-    metrics, record, oof, folds = _cv(tmp_path, fdb)
-    assert "taken as not applicable; the selector learns an applicability mask" in capsys.readouterr().out
+@pytest.fixture(scope="module")
+def sparse_run(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A train run of the pruned find-db with op.absence=not_applicable (and what it printed)."""
+    import contextlib
+    import io
+
+    tmp = tmp_path_factory.mktemp("sparse_run")
+    fdb = _pruned_find_db(tmp / "small.fdb.txt")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        got = _cv(tmp, fdb)
+    return (tmp, fdb, printed.getvalue(), *got)
+
+
+def test_cv_ranks_every_candidate_and_the_mask_keeps_picks_measured(sparse_run) -> None:  # type: ignore[no-untyped-def]
+    _, _, printed, metrics, record, oof, folds = sparse_run
+    assert "taken as not applicable; the selector learns an applicability mask" in printed
     # every problem is ranked over the 9 solvers of the catalogue, 6 of them unmeasured
-    assert record["candidates"]["absence"] == "not_applicable" and record["candidates"]["unmeasured"] == 6 * record["data"]["shapes"] == 6 * 156
+    assert record["candidates"]["absence"] == "not_applicable"
+    assert record["candidates"]["unmeasured"] == 6 * record["data"]["shapes"] == 6 * 156
     assert len(oof) == 9 * record["data"]["shapes"] and (~oof["measured"]).sum() == record["candidates"]["unmeasured"]
     # the mask leaves only the solvers that apply (the problem's direction's) selectable
     assert (oof["selectable"] == oof["measured"]).all()
@@ -311,6 +326,39 @@ def test_cv_ranks_every_candidate_and_the_mask_keeps_picks_measured(tmp_path, ca
     assert metrics["random"]["unmeasured_pick"] == 0.0  # it draws among what the mask keeps
     assert all("applicability" in f and f["applicability"]["fell_back"] == 0 for f in folds["folds"])
     assert record["pipeline"]["applicability_threshold"] in (0.1, 0.3, 0.5, 0.7, 0.9)
+
+
+def test_export_and_replay_of_a_sparse_run(sparse_run, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from ckpred import replay as rp
+    from ckpred.autotune import FixedK
+    from ckpred.commands.export import export_command
+    from ckpred.config import compose
+    from ckpred.runtime import KernelSelector
+    from tests.test_yaml_ops_train import OPS_DIR
+
+    run_tmp, fdb, _, metrics, *_ = sparse_run
+    monkeypatch.chdir(tmp_path)
+    # the default strategy (reranked): its CV report relearns candidates and reranker per fold on
+    # the run's out-of-fold rows, unmeasured candidates included
+    out = export_command(compose("export", [f"hydra.searchpath=[file://{OPS_DIR}]", "op=miopen_conv", "arch=gfx942",
+                                            "data=path", f"data.path={fdb}", f"run_dir={run_tmp / 'run'}",
+                                            "out_dir=ex", "parity.shapes=40"]))
+    manifest = json.loads((Path(out) / "manifest.json").read_text())
+    assert manifest["applicability_model"] is not None and manifest["parity"]["top1_agreement"] == 1.0
+    assert manifest["selection"]["cv"]["full"]["mean"] == pytest.approx(metrics["model"]["mean"])
+    assert manifest["selection"]["cv"]["reranked"]["mean"] > metrics["random"]["mean"]
+    sel = KernelSelector.load(out)
+    answer = sel.select(n=4, c=64, hi=14, wi=14, k=128, ho=14, wo=14, y=1, x=1, pad_h=0, pad_w=0, stride_h=1,
+                        stride_w=1, dilation_h=1, dilation_w=1, groups=1, bias=0, layout="NCHW", dtype="FP16",
+                        direction="W", top_k=9)
+    assert answer.applicability_fallback is False and answer.num_valid == 3
+    assert set(answer.kernels) == {"ConvAsmImplicitGemmGTCDynamicWrwXdlopsNHWC", "GemmWrw1x1_stride1",
+                                   "GemmWrwUniversal"}
+    # the autotune replay benchmarks what the selector ranks: here only measured solvers
+    data = rp.load_run(run_tmp / "run")
+    assert len(data.frame) == 9 * 156
+    table = rp.replay(data, FixedK(9))
+    assert (table["benchmarks"] == 3).all() and (table["efficiency"] == 1.0).all()
 
 
 def test_without_the_declaration_the_same_table_shows_its_unmeasured_picks(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
