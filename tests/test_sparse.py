@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -373,3 +374,64 @@ def test_without_the_declaration_the_same_table_shows_its_unmeasured_picks(tmp_p
     assert metrics["random"]["unmeasured_pick"] == pytest.approx(2 / 3)  # 6 of the 9 candidates
     # strict: such a pick scores 0, the fallback (next-ranked measured kernel) recovers
     assert metrics["model"]["mean"] < metrics["model"]["fallback_efficiency"]
+
+
+# -- bad input, as a user meets it on the command line ---------------------------------------------
+def _train_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+               *argv: str) -> tuple[int, str, str]:
+    """``python -m ckpred train <argv>`` in-process, from ``tmp_path``: (exit status, stdout, stderr)."""
+    from tests.test_hostile import run
+
+    monkeypatch.chdir(tmp_path)  # Hydra's run folder lands here
+    return run(["train", "model.n_estimators=5", "model.n_jobs=1", "plots=false", "progress=false",
+                "save_pipeline=false", "applicability.n_estimators=20", *argv], capsys)
+
+
+def test_train_refuses_not_applicable_on_a_full_table(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_hostile import assert_named
+
+    rc, _, err = _train_cli(tmp_path, capsys, monkeypatch, "shapes=tiny", "rows.max_per_shape=32",
+                            "baselines.reference.enabled=false", "op.absence=not_applicable",
+                            f"out_dir={tmp_path / 'run'}")
+    assert_named(rc, err, "train", "op.absence", "'not_applicable'", "'unknown' for this table",
+                 "measures every rule-valid catalogue kernel on each of its")
+    assert not (tmp_path / "run").exists()  # the refused run leaves no output folder
+
+
+def _find_db_lines(path: Path, keep: Any) -> Path:
+    """The small find-db with each problem's line cut to the solvers ``keep(i)`` says (line i)."""
+    from tests.test_yaml_ops_train import write_find_db
+
+    fdb = write_find_db(path, n_convs=12)
+    lines = []
+    for i, line in enumerate(fdb.read_text().splitlines()):
+        key, entries = line.split("=")
+        lines.append(f"{key}={';'.join(entries.split(';')[:keep(i)])}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_train_refuses_a_table_of_one_kernel_per_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_hostile import assert_named
+    from tests.test_yaml_ops_train import OPS_DIR
+
+    fdb = _find_db_lines(tmp_path / "winners.fdb.txt", lambda i: 1)
+    rc, _, err = _train_cli(tmp_path, capsys, monkeypatch, f"hydra.searchpath=[file://{OPS_DIR}]", "op=miopen_conv",
+                            "arch=gfx942", "data=path", f"data.path={fdb}", f"out_dir={tmp_path / 'run'}")
+    assert_named(rc, err, "train", "op.absence", "each of its 72 problems has a single row (a table of winners?)")
+
+
+def test_train_names_the_problems_with_one_kernel(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_yaml_ops_train import OPS_DIR
+
+    # every fourth problem lists one solver, the others three
+    fdb = _find_db_lines(tmp_path / "some.fdb.txt", lambda i: 1 if i % 4 == 0 else 3)
+    rc, out, err = _train_cli(tmp_path, capsys, monkeypatch, f"hydra.searchpath=[file://{OPS_DIR}]", "op=miopen_conv",
+                              "arch=gfx942", "data=path", f"data.path={fdb}", "cv.n_splits=3",
+                              "baselines.plain.model.n_estimators=5", f"out_dir={tmp_path / 'run'}")
+    assert rc == 0, err
+    assert "18 of 72 problems have a single row (e.g. " in out
+    assert "their one kernel is the only one taken to apply, and they teach the ranker nothing" in out
