@@ -326,6 +326,8 @@ def test_cv_ranks_every_candidate_and_the_mask_keeps_picks_measured(sparse_run) 
         assert metrics[name]["unmeasured_pick"] == 0.0 and metrics[name]["unmeasured_picks"] == 0.0
     assert metrics["random"]["unmeasured_pick"] == 0.0  # it draws among what the mask keeps
     assert all("applicability" in f and f["applicability"]["fell_back"] == 0 for f in folds["folds"])
+    assert all(f["applicability"]["fit_predict_s"] >= 0 for f in folds["folds"])
+    assert record["timings_s"]["applicability_s"] > 0  # the mask's cost beside the model's
     assert record["pipeline"]["applicability_threshold"] in (0.1, 0.3, 0.5, 0.7, 0.9)
 
 

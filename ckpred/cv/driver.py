@@ -290,10 +290,12 @@ def run_folds(run: RunContext, tables: Tables, folds: list[Fold], methods: list[
                 if method is methods[0] and tables.train_candidates is not None:
                     # the applicability mask every method's selection goes through, learned here
                     progress.describe(f"{fold.name}: applicability mask")
+                    t, cpu = time.perf_counter(), time.process_time()
                     fit.applicability = fit_applicability(tables.train_candidates, fold.train_shapes, data, run.op,
                                                           cfg, run.seed + i, fit.pipeline)
                     entry["applicability"] = score_applicability(fit.applicability, method, fit.pipeline, side,
                                                                  tables, run.op, cfg, oof)
+                    fit_times(entry["applicability"], t, cpu, run.timings.seconds, "applicability")
                 if method is methods[0] and _is_final_fit(fold, run.seed + i, data, run.seed):
                     final = fit
                 progress.advance()
