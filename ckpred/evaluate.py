@@ -21,9 +21,19 @@ Definitions (the unit tests in ``tests/test_evaluate.py`` check each one on hand
 * **failed_pick** of a shape = 1 when the chosen kernel's measured row failed or is invalid
   (perf 0), else 0; its mean over shapes is the *failed-pick rate*. A dispatcher that picks
   such a kernel crashes or falls back.
-* **fallback_efficiency** = perf of the first kernel in the ranked (masked) list that did not
-  fail / best: what a dispatcher gets that launches the next-ranked kernel whenever one fails
-  at run time (the documented fallback). Equal to the efficiency when the pick ran.
+* **Unmeasured candidates.** The exported selector ranks every rule-valid kernel of the
+  catalogue, not only those the table measured for the problem. A table that does not hold
+  every (problem, kernel) pair (a find-db listing only the applicable solvers, a pruned sweep)
+  is scored on that same candidate set: the rows a problem lacks are added with
+  ``measured=False`` and perf 0 (``ckpred.fitting.with_unmeasured``). The efficiency is then
+  *strict*: a pick without a measurement scores 0, since nothing says it runs, let alone how
+  fast. **unmeasured_pick** of a shape = 1 when the chosen row is such a row (it is not a
+  failed pick: nothing failed, nothing was measured); its mean is the *unmeasured-pick rate*.
+  A table with every pair measured has no such row, and every figure is what it was without them.
+* **fallback_efficiency** = perf of the first kernel in the ranked (masked) list that was
+  measured and did not fail / best: what a dispatcher gets that launches the next-ranked kernel
+  whenever one fails (or is not applicable) at run time, the documented fallback. Equal to the
+  efficiency when the pick ran.
 * **efficiency@k** = max perf among the top k ranked kernels / best: what a budgeted two-phase
   search gets when it benchmarks the model's top k and keeps the fastest. ``efficiency@1`` is
   the efficiency.
@@ -35,15 +45,19 @@ Definitions (the unit tests in ``tests/test_evaluate.py`` check each one on hand
 * Percentiles (P10, P50) use numpy's default linear interpolation over shapes.
 
 The ``random`` baseline is computed analytically (no sampling): a uniform pick among all
-candidates of the shape, valid or not, so ``efficiency = mean(rel)``; ``efficiency@k`` is the
+candidates of the shape (its measured rows, valid or not, and the unmeasured candidates the
+selector's masks keep), so ``efficiency = mean(rel)``; ``efficiency@k`` is the
 expected max of k draws without replacement, ``topk = 1 - C(n - n_best, k) / C(n, k)`` and
 ``ndcg@10 = mean(rel) * sum_{i<min(10, n)} 1/log2(i+2) / IDCG``; its failed-pick rate is the
-share of failed candidates and its fallback efficiency the mean ``rel`` of the candidates that
-ran (a random order's first runnable kernel is uniform among them).
+share of measured candidates that failed, its unmeasured-pick rate the share of unmeasured
+ones, and its fallback efficiency the mean ``rel`` of the candidates that ran (a random order's
+first runnable kernel is uniform among them).
 
-Learned validity (:func:`learned_selection_mask`): a selector may also mask kernels a model
-predicts to fail. When that leaves a shape with no candidate, the shape falls back to the
-rule mask alone, so the choice is the highest-ranked rule-valid kernel.
+Learned masks (:func:`narrowed_mask`): a selector may also mask kernels a model predicts not
+to apply to the problem (applicability, for an op whose absent rows mean "not applicable")
+or to fail (:func:`learned_selection_mask`). When a learned mask leaves a shape with no
+candidate, the shape keeps the mask it had before, so the choice is the highest-ranked kernel
+the rules (and the earlier masks) allow.
 """
 
 from __future__ import annotations
@@ -123,7 +137,37 @@ def measured_perf(tflops: np.ndarray, is_valid: np.ndarray) -> np.ndarray:
 
 def _metric_columns() -> list[str]:
     return (["efficiency"] + [f"efficiency@{k}" for k in EFFICIENCY_KS]
-            + [f"top{k}" for k in HIT_KS] + [f"ndcg@{NDCG_K}", "failed_pick", "fallback_efficiency"])
+            + [f"top{k}" for k in HIT_KS] + [f"ndcg@{NDCG_K}", "failed_pick", "fallback_efficiency",
+                                             "unmeasured_pick"])
+
+
+def narrowed_mask(mask: np.ndarray, keep: np.ndarray, groups: ShapeGroups) -> tuple[np.ndarray, np.ndarray]:
+    """``mask & keep`` per row, except in shapes where that leaves nothing: they keep ``mask``.
+
+    Parameters
+    ----------
+    mask : ndarray of bool
+        What the selector may choose so far (the rules, or the rules and earlier masks).
+    keep : ndarray of bool
+        A learned prediction per row (True = the row stays a candidate).
+    groups : ShapeGroups
+        The rows' shapes.
+
+    Returns
+    -------
+    mask : ndarray of bool
+        The narrowed mask.
+    fell_back : ndarray of bool, one per shape
+        Shapes where ``mask`` had a candidate and ``mask & keep`` had none (the learned mask was
+        dropped for them).
+    """
+    mask = np.asarray(mask, dtype=bool)
+    both = mask & np.asarray(keep, dtype=bool)
+    any_both = np.zeros(groups.n_shapes, dtype=bool)
+    np.logical_or.at(any_both, groups.codes, both)
+    any_mask = np.zeros(groups.n_shapes, dtype=bool)
+    np.logical_or.at(any_mask, groups.codes, mask)
+    return np.where(any_both[groups.codes], both, mask), any_mask & ~any_both
 
 
 def learned_selection_mask(selectable: np.ndarray, predicted_ok: np.ndarray, groups: ShapeGroups) -> np.ndarray:
@@ -142,11 +186,43 @@ def learned_selection_mask(selectable: np.ndarray, predicted_ok: np.ndarray, gro
     groups : ShapeGroups
         The rows' shapes.
     """
-    selectable = np.asarray(selectable, dtype=bool)
-    both = selectable & np.asarray(predicted_ok, dtype=bool)
-    any_ok = np.zeros(groups.n_shapes, dtype=bool)
-    np.logical_or.at(any_ok, groups.codes, both)
-    return np.where(any_ok[groups.codes], both, selectable)
+    return narrowed_mask(selectable, predicted_ok, groups)[0]
+
+
+def threshold_curve(perf: np.ndarray, scores: np.ndarray, groups: ShapeGroups, selectable: np.ndarray,
+                    measured: np.ndarray, estimate: np.ndarray, thresholds: Sequence[float],
+                    runs: np.ndarray | None = None) -> pd.DataFrame:
+    """Strict efficiency of a selection whose learned mask drops the rows with ``estimate > t``.
+
+    For each threshold ``t``: the rule mask narrowed by ``estimate <= t`` (:func:`narrowed_mask`),
+    then by ``runs`` (the learned failure mask) when given, scored by :func:`shape_metrics`.
+
+    Returns
+    -------
+    DataFrame
+        One row per threshold, in the given order: ``threshold``, ``mean`` and ``p10`` of the
+        strict efficiency, ``unmeasured_pick`` (rate) and ``fell_back`` (share of shapes the mask
+        left without a candidate).
+    """
+    estimate = np.asarray(estimate, dtype=np.float64)
+    out = []
+    for t in thresholds:
+        mask, fell = narrowed_mask(selectable, estimate <= float(t), groups)
+        if runs is not None:
+            mask = narrowed_mask(mask, runs, groups)[0]
+        r = summarize(shape_metrics(perf, scores, groups, mask, measured))
+        out.append({"threshold": float(t), "mean": r.get("mean", np.nan), "p10": r.get("p10", np.nan),
+                    "unmeasured_pick": r.get("unmeasured_pick", np.nan), "fell_back": float(fell.mean())})
+    return pd.DataFrame(out, columns=["threshold", "mean", "p10", "unmeasured_pick", "fell_back"])
+
+
+def best_threshold(curve: pd.DataFrame) -> float:
+    """The threshold of :func:`threshold_curve` with the highest strict mean efficiency; among
+    equal ones the middle one (the lower of the two middle ones), farthest from both a mask that
+    drops kernels the inner folds needed and one that keeps kernels they lacked."""
+    best = curve["mean"].max()
+    tied = np.sort(curve.loc[curve["mean"] >= best, "threshold"].to_numpy(np.float64))
+    return float(tied[(len(tied) - 1) // 2])
 
 
 def _dcg(rel: np.ndarray) -> float:
@@ -157,19 +233,22 @@ def _dcg(rel: np.ndarray) -> float:
 # Per-shape metrics
 # ---------------------------------------------------------------------------------------------
 def shape_metrics(perf: np.ndarray, scores: np.ndarray, groups: ShapeGroups,
-                  selectable: np.ndarray | None = None) -> pd.DataFrame:
+                  selectable: np.ndarray | None = None, measured: np.ndarray | None = None) -> pd.DataFrame:
     """Selection metrics of one scoring method, one row per shape.
 
     Parameters
     ----------
     perf : ndarray of float, shape (n_rows,)
-        Measured performance (see :func:`measured_perf`); 0 for failed/invalid rows.
+        Measured performance (see :func:`measured_perf`); 0 for failed/invalid and unmeasured rows.
     scores : ndarray of float, shape (n_rows,)
         Predicted scores, higher = better. NaN ranks last.
     groups : ShapeGroups
         The rows' shapes.
     selectable : ndarray of bool, optional
-        Rows the selector may choose (the op's validity rules); default all.
+        Rows the selector may choose (the op's validity rules and the learned masks); default all.
+    measured : ndarray of bool, optional
+        False for a candidate the table holds no measurement of (see the module docstring);
+        default all True.
 
     Returns
     -------
@@ -183,6 +262,7 @@ def shape_metrics(perf: np.ndarray, scores: np.ndarray, groups: ShapeGroups,
     if perf.shape != scores.shape:
         raise ValueError(f"perf and scores must have the same length, got {perf.shape} and {scores.shape}")
     selectable = np.ones(len(perf), dtype=bool) if selectable is None else np.asarray(selectable, dtype=bool)
+    measured = np.ones(len(perf), dtype=bool) if measured is None else np.asarray(measured, dtype=bool)
     scores = np.where(np.isnan(scores), -np.inf, scores)
     cols = _metric_columns()
     out = np.full((groups.n_shapes, len(cols)), np.nan)
@@ -216,8 +296,9 @@ def shape_metrics(perf: np.ndarray, scores: np.ndarray, groups: ShapeGroups,
         ideal = _dcg(np.sort(p)[::-1][:NDCG_K] / b)
         vals.append(_dcg(rp[:NDCG_K] / b) / ideal)
         ran = perf[full] > 0
-        vals.append(float(len(rp) > 0 and rp[0] <= 0))
+        vals.append(float(len(rp) > 0 and rp[0] <= 0 and measured[ranked[0]]))
         vals.append(perf[full][int(np.argmax(ran))] / b if ran.any() else 0.0)
+        vals.append(float(len(rp) > 0 and not measured[ranked[0]]))
         out[s] = vals
     frame = pd.DataFrame(out, columns=cols)
     frame.insert(0, "best_row", best_row)
@@ -233,13 +314,18 @@ def _log_comb(n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
         - gammaln(np.asarray(n, dtype=np.float64) - np.asarray(k, dtype=np.float64) + 1)
 
 
-def random_shape_metrics(perf: np.ndarray, groups: ShapeGroups) -> pd.DataFrame:
+def random_shape_metrics(perf: np.ndarray, groups: ShapeGroups, measured: np.ndarray | None = None,
+                         pool: np.ndarray | None = None) -> pd.DataFrame:
     """Expected metrics of a uniformly random pick among all candidates of each shape.
 
     Computed in closed form (see the module docstring); candidates include invalid and failed
-    rows, which score 0. Same columns as :func:`shape_metrics`; ``chosen_row`` is -1.
+    rows, which score 0. ``measured`` is :func:`shape_metrics`'s; ``pool`` (bool per row,
+    default all) leaves rows out of the draw (the unmeasured rows the selector's masks drop).
+    Same columns as :func:`shape_metrics`; ``chosen_row`` is -1.
     """
     perf = np.asarray(perf, dtype=np.float64)
+    measured = np.ones(len(perf), dtype=bool) if measured is None else np.asarray(measured, dtype=bool)
+    pool = np.ones(len(perf), dtype=bool) if pool is None else np.asarray(pool, dtype=bool)
     cols = _metric_columns()
     out = np.full((groups.n_shapes, len(cols)), np.nan)
     best = np.zeros(groups.n_shapes)
@@ -247,6 +333,7 @@ def random_shape_metrics(perf: np.ndarray, groups: ShapeGroups) -> pd.DataFrame:
     best_row = np.full(groups.n_shapes, -1, dtype=np.int64)
     for s in range(groups.n_shapes):
         rows = groups.rows(s)
+        rows = rows[pool[rows]]
         p = perf[rows]
         n = len(p)
         n_cand[s] = n
@@ -272,8 +359,9 @@ def random_shape_metrics(perf: np.ndarray, groups: ShapeGroups) -> pd.DataFrame:
             vals.append(1.0 - miss)
         discounts = 1.0 / np.log2(np.arange(2, min(NDCG_K, n) + 2))
         vals.append(rel.mean() * discounts.sum() / _dcg(rel[::-1][:NDCG_K]))
-        vals.append(float(np.mean(p <= 0)))
+        vals.append(float(np.mean((p <= 0) & measured[rows])))
         vals.append(float(rel[rel > 0].mean()))
+        vals.append(float(np.mean(~measured[rows])))
         out[s] = vals
     frame = pd.DataFrame(out, columns=cols)
     frame.insert(0, "best_row", best_row)
@@ -306,6 +394,8 @@ def summarize(per_shape: pd.DataFrame) -> dict[str, float]:
             out[col] = float(per_shape.loc[ok, col].mean())
     if "failed_pick" in per_shape:
         out["failed_picks"] = float(per_shape.loc[ok, "failed_pick"].sum())
+    if "unmeasured_pick" in per_shape:
+        out["unmeasured_picks"] = float(per_shape.loc[ok, "unmeasured_pick"].sum())
     return out
 
 
@@ -318,7 +408,7 @@ def summarize_by(per_shape: pd.DataFrame, labels: np.ndarray | pd.Series,
 
 
 #: Summary keys whose spread over folds (and over seeds) the reports give.
-SPREAD_KEYS: tuple[str, ...] = ("mean", "p10", "min", "top1", "failed_pick")
+SPREAD_KEYS: tuple[str, ...] = ("mean", "p10", "min", "top1", "failed_pick", "unmeasured_pick")
 
 
 def spread(values: Sequence[Mapping[str, Any]], keys: Sequence[str] = SPREAD_KEYS) -> dict[str, dict[str, Any]]:
@@ -602,10 +692,11 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
     console = Console(width=None if sys.stdout.isatty() else 140)
     cols = [("mean", "mean"), ("p10", "P10"), ("p50", "P50"), ("min", "min"), ("top1", "top1"),
             ("top5", "top5"), ("efficiency@5", "eff@5"), ("efficiency@20", "eff@20"), ("ndcg@10", "ndcg@10"),
-            ("failed_pick", "failed"), ("fallback_efficiency", "w/ fallback")]
+            ("failed_pick", "failed"), ("unmeasured_pick", "unmeasured"), ("fallback_efficiency", "w/ fallback")]
     table = Table(title=f"efficiency on {heading}, %",
-                  caption="efficiency = chosen kernel / best kernel; failed = failed-pick rate; w/ fallback = "
-                          "efficiency when a failed pick falls back to the next-ranked kernel")
+                  caption="efficiency = chosen kernel / best kernel (0 for a pick the table has no row for); "
+                          "failed = failed-pick rate; unmeasured = share of picks without a row; w/ fallback = "
+                          "efficiency when such a pick falls back to the next-ranked kernel that ran")
     table.add_column("method")
     for _, title in cols:
         table.add_column(title, justify="right")
@@ -615,7 +706,8 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
     console.print(table)
     spread_table = Table(title=f"mean ± std over folds{' and over seeds' if over_seeds else ''}, %")
     spread_table.add_column("method")
-    heads = [("mean", "mean (folds)"), ("p10", "P10 (folds)"), ("failed_pick", "failed (folds)")]
+    heads = [("mean", "mean (folds)"), ("p10", "P10 (folds)"), ("failed_pick", "failed (folds)"),
+             ("unmeasured_pick", "unmeasured (folds)")]
     for _, title in heads:
         spread_table.add_column(title, justify="right")
     if over_seeds:

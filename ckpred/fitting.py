@@ -17,8 +17,8 @@ from sklearn.model_selection import GroupShuffleSplit
 
 from ckpred import evaluate as ev
 from ckpred.kernels.base import OpDefinition
-from ckpred.models import (booster, build_pipeline, fit_failure_model, fit_pipeline, target_name,
-                           training_target)
+from ckpred.models import (absent_estimate, booster, build_pipeline, fit_applicability_model, fit_failure_model,
+                           fit_pipeline, predicted_ok, target_name, training_target)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,13 @@ class Prepared:
             return [str(self.arch.name)] if self.arch is not None else []
         codes = self.shape_arch if shapes is None else self.shape_arch[np.asarray(shapes, dtype=np.int64)]
         return [str(a.name) for i, a in enumerate(self.archs) if np.any(codes == i)]
+
+    @property
+    def measured(self) -> np.ndarray:
+        """bool per row: False for the candidate rows :func:`with_unmeasured` added (no measurement)."""
+        if "measured" in self.table:
+            return self.table["measured"].to_numpy(dtype=bool)
+        return np.ones(len(self.table), dtype=bool)
 
 
 def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None, own_archs: bool = True) -> Prepared:
@@ -150,6 +157,170 @@ def rule_mask(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any) -> np.
     selectable, _ = op.validity(problems, kernels, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
     return np.asarray(selectable, dtype=bool)
 
+
+
+#: ``invalid_reason`` of a candidate row :func:`with_unmeasured` adds (the table holds no row of it).
+NOT_MEASURED = "not measured"
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which (problem, rule-valid catalogue kernel) pairs a table measures.
+
+    Attributes
+    ----------
+    problems : int
+        Problems (queries) of the table.
+    pairs : int
+        Rule-valid (problem, catalogue kernel) pairs: the candidates the exported selector ranks.
+    unmeasured : int
+        Those the table holds no row for.
+    one_kernel : int
+        Problems with a single row.
+    example : str
+        The key of one problem with a single row ("" when none).
+    """
+
+    problems: int
+    pairs: int
+    unmeasured: int
+    one_kernel: int
+    example: str = ""
+
+
+def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None,
+                    shape_codes: np.ndarray | None = None) -> tuple[pd.DataFrame, Coverage]:
+    """``table`` plus a row for every rule-valid catalogue kernel a problem has no row for.
+
+    The exported selector ranks every kernel of the op's catalogue that passes the rules; a
+    table that does not measure every one of them on every problem is scored on that same
+    candidate set (:mod:`ckpred.evaluate`, "Unmeasured candidates"). An added row copies the
+    problem's columns from the problem's first row, the kernel's fields and name from the
+    catalogue, and reads ``tflops=0``, ``is_valid=False``, ``invalid_reason=`` :data:`NOT_MEASURED`.
+
+    Parameters
+    ----------
+    table : DataFrame
+        A canonical table (rows grouped by problem).
+    op, cfg
+        The op (its catalogue, rules and keys) and the config (``dtype``, ``layout``, ``arch``).
+    arch : config node, optional
+        The table's own arch (its rules' hardware constants); default ``cfg.arch``.
+    shape_codes : ndarray of int, optional
+        The problem of each row as codes in first-appearance order (a :class:`Prepared`'s
+        ``groups.codes``), when already known; the output then has columns ``_shape`` (them, for
+        its rows) and ``_row`` (a measured row's index in ``table``, -1 for an added one).
+
+    Returns
+    -------
+    table : DataFrame
+        Every row of ``table`` (``measured=True``) and the added ones (``measured=False``), each
+        problem's rows together, problems in their first-appearance order and kernels in
+        catalogue-id order inside a problem (the exported selector's tie order; rows of kernels
+        outside the catalogue last, in table order). Text columns are pandas categoricals.
+    coverage : Coverage
+    """
+    arch = cfg.arch if arch is None else arch
+    table = table.reset_index(drop=True)
+    catalogue = op.catalogue(arch, cfg.dtype, cfg.layout)
+    n_kernels = len(catalogue)
+    if shape_codes is None:
+        codes, uniques = pd.factorize(np.asarray(op.shape_keys(table)))
+    else:
+        codes = np.asarray(shape_codes, dtype=np.int64)
+        uniques = np.arange(int(codes.max()) + 1 if len(codes) else 0)
+    n_shapes = len(uniques)
+    ids = pd.Series(catalogue["kernel_id"].to_numpy(np.int64), index=catalogue["kernel_name"].to_numpy())
+    kid = ids.reindex(table["kernel_name"].to_numpy()).to_numpy()
+    known = ~np.isnan(kid)
+    present = np.zeros(n_shapes * n_kernels, dtype=bool)
+    present[codes[known] * n_kernels + kid[known].astype(np.int64)] = True
+    missing = np.flatnonzero(~present)
+    del present
+    first = np.full(n_shapes, len(table), dtype=np.int64)
+    np.minimum.at(first, codes, np.arange(len(table)))
+    shape_of, kernel_of = missing // n_kernels, missing % n_kernels
+    kernel_cols = set(op.kernel_names) | {"kernel_name"}
+    # the rules on the missing pairs, a million at a time (a table of 100k problems misses millions)
+    valid = np.zeros(len(missing), dtype=bool)
+    for start in range(0, len(missing), 1_000_000):
+        part = slice(start, start + 1_000_000)
+        problems = pd.DataFrame({c: table[c].to_numpy()[first[shape_of[part]]] for c in op.problem_names})
+        kernels = pd.DataFrame({c: catalogue[c].to_numpy()[kernel_of[part]] for c in op.kernel_names})
+        valid[part] = np.asarray(op.validity(problems, kernels, arch=arch, dtype=cfg.dtype, layout=cfg.layout)[0],
+                                 dtype=bool)
+    shape_of, kernel_of = shape_of[valid], kernel_of[valid]
+    n_added = len(shape_of)
+    # final order: problems in first-appearance order, kernels in catalogue order inside each
+    shape_rank = np.concatenate([codes, shape_of])
+    kernel_rank = np.concatenate([np.where(known, kid, np.inf), kernel_of.astype(np.float64)])
+    order = np.lexsort((np.arange(len(shape_rank)), kernel_rank, shape_rank))
+    del shape_rank, kernel_rank
+    fill = {"tflops": 0.0, "latency_ms": np.nan, "bandwidth_gbs": np.nan, "is_valid": False,
+            "invalid_reason": NOT_MEASURED, "repeats": 0, "spread": np.nan, "source": ""}
+    columns: dict[str, np.ndarray] = {}
+    for c in table.columns:  # a column at a time: a table of millions of added rows stays one copy
+        own = table[c].to_numpy()
+        if c in kernel_cols:
+            extra = catalogue[c].to_numpy()[kernel_of]
+        elif c in fill:
+            extra = np.full(n_added, fill[c], dtype=object if isinstance(fill[c], str) else None)
+        else:
+            extra = own[first[shape_of]]
+        values = np.concatenate([own, extra.astype(own.dtype, copy=False)])[order]
+        # text as categories: a column of millions of repeated strings would be copied string by string
+        columns[c] = pd.Categorical(values) if values.dtype == object else values
+    columns["measured"] = np.concatenate([np.ones(len(table), dtype=bool), np.zeros(n_added, dtype=bool)])[order]
+    if shape_codes is not None:
+        columns["_shape"] = np.concatenate([codes, shape_of])[order]
+        columns["_row"] = np.where(order < len(table), order, -1)
+    out = pd.DataFrame(columns, copy=False)
+    rows_per_shape = np.bincount(codes, minlength=n_shapes)
+    one = np.flatnonzero(rows_per_shape == 1)
+    measured_valid, _ = op.validity(table, table, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
+    coverage = Coverage(problems=n_shapes, pairs=int(np.sum(np.asarray(measured_valid, dtype=bool) & known)) + n_added,
+                        unmeasured=n_added, one_kernel=len(one), example=str(uniques[one[0]]) if len(one) else "")
+    return out, coverage
+
+
+def coverage_note(op: OpDefinition, coverage: Coverage) -> str | None:
+    """What a run says about the table's coverage under the op's ``absence``; None when nothing.
+
+    Raises
+    ------
+    ckpred.errors.ConfigValueError
+        ``op.absence=not_applicable`` on a table that measures every rule-valid candidate of
+        every problem (nothing is absent: there is no applicability to learn) or whose every
+        problem has a single row (a table of winners, say: nothing to rank, and absence would
+        teach the mask the winners).
+    """
+    from ckpred.errors import ConfigValueError
+
+    absence = getattr(op, "absence", "unknown")
+    share = coverage.unmeasured / max(coverage.pairs, 1)
+    if absence == "not_applicable":
+        if coverage.unmeasured == 0:
+            raise ConfigValueError("op.absence", absence, f"'unknown' for this table: it measures every rule-valid "
+                                   f"catalogue kernel on each of its {coverage.problems} problems, so nothing is "
+                                   "absent and there is no applicability to learn")
+        if coverage.one_kernel == coverage.problems:
+            raise ConfigValueError("op.absence", absence, f"a table with more than one kernel per problem: each of its "
+                                   f"{coverage.problems} problems has a single row (a table of winners?), so there "
+                                   "is nothing to rank and the applicability mask would learn the winners")
+        note = (f"op {op.name}: absence not_applicable: {coverage.unmeasured} of {coverage.pairs} rule-valid "
+                f"(problem, kernel) pairs ({share:.1%}) have no row and are taken as not applicable; the selector "
+                "learns an applicability mask")
+        if coverage.one_kernel:
+            note += (f". {coverage.one_kernel} of {coverage.problems} problems have a single row (e.g. "
+                     f"{coverage.example}): their one kernel is the only one taken to apply, and they teach the "
+                     "ranker nothing")
+        return note
+    if coverage.unmeasured:
+        return (f"op {op.name}: {coverage.unmeasured} of {coverage.pairs} rule-valid (problem, kernel) pairs "
+                f"({share:.1%}) have no row; the exported selector ranks them too, and cross-validation counts a pick "
+                "among them as an unmeasured pick (efficiency 0). If a missing row means the kernel does not apply "
+                "to the problem, declare op.absence: not_applicable")
+    return None
 
 
 def cv_group_names(op: OpDefinition) -> tuple[str, ...]:
@@ -326,10 +497,123 @@ def for_arch(pipe: Any, method: LearnedMethod, op: OpDefinition, cfg: Any, arch:
     features = build_pipeline(method.recipe, op, arch, cfg.dtype).named_steps["features"]
     features.fit(X.head(8))
     out = Pipeline([("features", features), ("model", pipe.named_steps["model"])])
-    for attr in ("ckpred_target_", "ckpred_failure_model_", "ckpred_failure_threshold_"):
+    for attr in ("ckpred_target_", "ckpred_failure_model_", "ckpred_failure_threshold_",
+                 "ckpred_applicability_model_", "ckpred_applicability_threshold_"):
         if hasattr(pipe, attr):
             setattr(out, attr, getattr(pipe, attr))
     return out
+
+
+@dataclass
+class Applicability:
+    """A fitted applicability mask (:func:`fit_applicability`).
+
+    Attributes
+    ----------
+    model : lightgbm.LGBMRegressor
+        Estimates that a (problem, kernel) pair is absent from the table, on the ranking
+        pipeline's features.
+    threshold : float
+        A pair whose estimate exceeds it is masked.
+    curve : DataFrame
+        The inner folds' strict efficiency per threshold tried (:func:`ckpred.evaluate.threshold_curve`).
+    train_pairs : int
+        Pairs the model was fitted on.
+    """
+
+    model: Any
+    threshold: float
+    curve: pd.DataFrame
+    train_pairs: int
+
+    def applicable(self, pipe: Any, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
+        """bool per row of raw input ``X``: predicted to apply (``pipe`` supplies the features)."""
+        return np.concatenate([absent_estimate(pipe, X.iloc[i:i + batch], self.model) <= self.threshold
+                               for i in range(0, len(X), batch)] or [np.zeros(0, dtype=bool)])
+
+    def attach(self, pipe: Any) -> Any:
+        """Attach the mask to ``pipe`` (:func:`ckpred.models.set_applicability_model`): the
+        export compiles it into the selector."""
+        from ckpred.models import set_applicability_model
+
+        set_applicability_model(pipe, self.model, self.threshold)
+        return pipe
+
+
+def _pair_rows(cand: Prepared, shapes: np.ndarray, max_rows: int, seed: int) -> np.ndarray:
+    """Rows of ``cand`` (every candidate pair) of ``shapes``; beyond ``max_rows``, those of a seeded
+    sample of whole shapes."""
+    rows = rows_of(cand.groups, shapes)
+    if len(rows) <= max_rows:
+        return rows
+    per_shape = len(rows) / max(len(shapes), 1)
+    keep = np.random.default_rng(seed).choice(shapes, size=max(1, int(max_rows // per_shape)), replace=False)
+    log.info("applicability: %d of %d training problems sampled (applicability.max_rows=%d pairs)",
+             len(keep), len(shapes), max_rows)
+    return rows_of(cand.groups, np.sort(keep))
+
+
+def _fit_mask_model(cand: Prepared, shapes: np.ndarray, features: Any, acfg: Any, seed: int) -> tuple[Any, int]:
+    rows = _pair_rows(cand, shapes, int(acfg.max_rows), seed)
+    Xt = features.transform(cand.X.iloc[rows])
+    return fit_applicability_model(Xt, ~cand.measured[rows], acfg, seed), len(rows)
+
+
+def fit_applicability(cand: Prepared, shapes: np.ndarray, data: Prepared, op: OpDefinition, cfg: Any, seed: int,
+                      pipe: Any) -> Applicability:
+    """Fit the applicability mask on the training ``shapes`` and choose its threshold on inner folds.
+
+    For an op whose table lists only the kernels that apply to each problem
+    (``op.absence=not_applicable``). The training problems are split into
+    ``applicability.inner_folds`` folds by CV group; for each, the model recipe (the ranker, and
+    its failure mask) and a mask model are fitted on the other inner folds and score every
+    candidate pair of its problems. The threshold (of ``applicability.thresholds``) whose
+    selection has the highest strict efficiency over those problems is kept
+    (:func:`ckpred.evaluate.best_threshold`): never chosen on the problems it is scored on.
+    The mask model returned is then fitted on every training problem.
+
+    Parameters
+    ----------
+    cand : Prepared
+        Every candidate pair of the table (:func:`with_unmeasured`); its shapes are ``data``'s.
+    shapes : ndarray of int
+        The training shapes.
+    data : Prepared
+        The measured table the model recipe trains on.
+    pipe : Pipeline
+        The ranking pipeline fitted on ``shapes``: the mask learns on its features.
+    """
+    acfg = cfg.applicability
+    method = model_method(cfg)
+    shapes = np.asarray(shapes)
+    groups = data.cv_groups[shapes] if len(data.cv_groups) == data.groups.n_shapes else shapes
+    n_inner = min(int(acfg.inner_folds), len(np.unique(groups)))
+    thresholds = [float(t) for t in acfg.thresholds]
+    if n_inner < 2:
+        threshold = float(np.median(thresholds))
+        log.warning("applicability: the training problems form one CV group, no inner fold to choose the "
+                    "threshold on; using %g", threshold)
+        curve = pd.DataFrame({"threshold": thresholds})
+    else:
+        from sklearn.model_selection import GroupKFold
+
+        parts = []
+        splitter = GroupKFold(n_splits=n_inner, shuffle=True, random_state=int(seed))
+        for i, (tr, te) in enumerate(splitter.split(shapes, groups=groups)):
+            inner_pipe, _ = fit_method(method, data, shapes[tr], op, cfg, seed + 1000 + i)
+            model, _ = _fit_mask_model(cand, shapes[tr], inner_pipe.named_steps["features"], acfg, seed)
+            rows = rows_of(cand.groups, shapes[te])
+            X = cand.X.iloc[rows]
+            parts.append((rows, predict(inner_pipe, X), absent_estimate(inner_pipe, X, model),
+                          predicted_ok(inner_pipe, X)))
+        rows = np.concatenate([p[0] for p in parts])
+        sub = ev.ShapeGroups.from_keys(cand.groups.codes[rows])
+        curve = ev.threshold_curve(cand.perf[rows], np.concatenate([p[1] for p in parts]), sub, cand.selectable[rows],
+                                   cand.measured[rows], np.concatenate([p[2] for p in parts]), thresholds,
+                                   runs=np.concatenate([p[3] for p in parts]))
+        threshold = ev.best_threshold(curve)
+    model, n_pairs = _fit_mask_model(cand, shapes, pipe.named_steps["features"], acfg, seed)
+    return Applicability(model=model, threshold=threshold, curve=curve, train_pairs=n_pairs)
 
 
 def rows_of(groups: ev.ShapeGroups, shapes: np.ndarray) -> np.ndarray:
@@ -343,8 +627,48 @@ def predict(pipe: Any, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
 
 
 def fit_final(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> Any:
-    """Fit the config's model recipe on every shape of ``table``, exactly as ``train`` fits its final model."""
+    """Fit the config's model recipe on every shape of ``table``, exactly as ``train`` fits its final
+    model (with the applicability mask, :func:`attach_applicability`)."""
     data = prepare(table, op, cfg)
     method = model_method(cfg)
-    pipe, _ = fit_method(method, data, np.arange(data.groups.n_shapes), op, cfg, int(cfg.seed))
+    shapes = np.arange(data.groups.n_shapes)
+    pipe, _ = fit_method(method, data, shapes, op, cfg, int(cfg.seed))
+    attach_applicability(pipe, data, shapes, op, cfg, int(cfg.seed))
     return pipe
+
+
+def candidates(data: Prepared, op: OpDefinition, cfg: Any) -> tuple[Prepared, Coverage]:
+    """The candidate set of ``data``'s problems (:func:`with_unmeasured`), prepared as
+    :func:`prepare` would, with ``data``'s shapes (same indices, keys, CV groups); ``data``
+    itself when the table measures every candidate. Raises what :func:`coverage_note` raises."""
+    table, coverage = with_unmeasured(data.table, op, cfg, arch=data.arch, shape_codes=data.groups.codes)
+    coverage_note(op, coverage)
+    if coverage.unmeasured == 0:
+        return data, coverage
+    codes = table.pop("_shape").to_numpy(np.int64)  # rows are sorted by shape already
+    source = table.pop("_row").to_numpy(np.int64)
+    groups = ev.ShapeGroups(codes=codes, keys=data.groups.keys, order=np.arange(len(codes), dtype=np.int64),
+                            bounds=np.searchsorted(codes, np.arange(data.groups.n_shapes + 1)).astype(np.int64))
+    # an added row passed the rules; a measured row keeps its own verdict
+    selectable = np.where(source >= 0, data.selectable[np.maximum(source, 0)], True)
+    return Prepared(table=table, X=op.encode_frame(table), perf=ev.measured_perf(table["tflops"].to_numpy(),
+                                                                                table["is_valid"].to_numpy()),
+                    selectable=selectable, groups=groups, shapes=data.shapes, cv_groups=data.cv_groups,
+                    arch=data.arch), coverage
+
+
+def attach_applicability(pipe: Any, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any, seed: int,
+                         cand: Prepared | None = None) -> Applicability | None:
+    """For an op whose table lists only the kernels that apply (``op.absence=not_applicable``): fit
+    the applicability mask on ``shapes`` (:func:`fit_applicability`) and attach it to ``pipe``.
+    None (and ``pipe`` unchanged) for any other op. ``cand`` is :func:`candidates` of ``data``
+    when already built."""
+    if getattr(op, "absence", "unknown") != "not_applicable":
+        return None
+    if cand is None:
+        cand, _ = candidates(data, op, cfg)
+    fitted = fit_applicability(cand, shapes, data, op, cfg, seed, pipe)
+    fitted.attach(pipe)
+    log.info("applicability mask: %d training pairs, threshold %g; inner folds' strict mean per threshold:\n%s",
+             fitted.train_pairs, fitted.threshold, fitted.curve.to_string(index=False))
+    return fitted

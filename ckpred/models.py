@@ -13,7 +13,10 @@ estimator is
   ``model.label_gain``), one query per shape.
 
 A pipeline may also carry a learned failure model (:func:`fit_failure_model`): the kernels
-the training data saw fail, masked at selection like the op's validity rules.
+the training data saw fail, masked at selection like the op's validity rules; and, for an op
+whose table lists only the kernels that apply to each problem (``op.absence=not_applicable``),
+a learned applicability model (:func:`fit_applicability_model`): the kernels a problem's row
+set would not hold, masked before the failure model.
 
 Higher score = better kernel for every model and target. After :func:`fit_pipeline` the Pipeline
 carries ``ckpred_target_`` ("log1p", "raw", "relative" or "rank") for the export manifest.
@@ -352,3 +355,68 @@ def predicted_ok(pipe: Pipeline, X: pd.DataFrame) -> np.ndarray:
         return np.ones(len(X), dtype=bool)
     Xt = pipe.named_steps["features"].transform(X)
     return np.asarray(model.predict(Xt), dtype=np.float64) <= float(pipe.ckpred_failure_threshold_)
+
+
+# ---------------------------------------------------------------------------------------------
+# Learned applicability: kernels a sparse table does not list for a problem
+# ---------------------------------------------------------------------------------------------
+def fit_applicability_model(Xt: Any, absent: np.ndarray, cfg: Any, seed: int = 0) -> lgb.LGBMRegressor:
+    """Learn which catalogue kernels a problem's rows would not hold (not applicable to it).
+
+    The same small LightGBM model as :func:`fit_failure_model` (an L2 fit of the 0/1 label, so a
+    leaf's value is the absent share of its training rows), on the ranking pipeline's features
+    of every rule-valid (problem, catalogue kernel) pair of the training problems, measured or
+    not (:func:`ckpred.fitting.with_unmeasured`). A pair is predicted not applicable when its
+    estimate exceeds a threshold chosen on inner folds (:func:`ckpred.fitting.fit_applicability`).
+
+    Parameters
+    ----------
+    Xt : array-like
+        Features of the training pairs.
+    absent : ndarray of bool
+        Whether the table holds no row of each pair.
+    cfg : config node
+        ``n_estimators``, ``num_leaves``, ``min_child_samples``, ``n_jobs`` (``applicability``).
+
+    Raises
+    ------
+    ValueError
+        When every pair is absent or none is (nothing to learn; the run refuses such a table
+        before, :func:`ckpred.fitting.coverage_note`).
+    """
+    absent = np.asarray(absent, dtype=bool)
+    if absent.all() or not absent.any():
+        raise ValueError("an applicability model needs both measured and absent (problem, kernel) pairs")
+    model = failure_estimator(cfg, seed)
+    model.fit(Xt, absent.astype(np.float64))
+    return model
+
+
+def set_applicability_model(pipe: Pipeline, model: lgb.LGBMRegressor | None, threshold: float) -> None:
+    """Attach a fitted applicability model (or None) and its threshold to ``pipe``, where
+    :func:`predicted_applicable`, the export and the runtimes read them."""
+    pipe.ckpred_applicability_threshold_ = float(threshold)
+    pipe.ckpred_applicability_model_ = model
+
+
+def applicability_model(pipe: Pipeline) -> lgb.LGBMRegressor | None:
+    """The learned applicability model of a fitted pipeline (None: none learned)."""
+    return getattr(pipe, "ckpred_applicability_model_", None)
+
+
+def absent_estimate(pipe: Pipeline, X: pd.DataFrame, model: lgb.LGBMRegressor | None = None) -> np.ndarray:
+    """The applicability model's estimate that each row of raw input ``X`` is absent (0 without one).
+
+    ``model`` replaces the pipeline's own (inner folds try one before it is attached).
+    """
+    model = applicability_model(pipe) if model is None else model
+    if model is None:
+        return np.zeros(len(X))
+    return np.asarray(model.predict(pipe.named_steps["features"].transform(X)), dtype=np.float64)
+
+
+def predicted_applicable(pipe: Pipeline, X: pd.DataFrame) -> np.ndarray:
+    """bool per row of raw input ``X``: predicted to apply (all True without an applicability model)."""
+    if applicability_model(pipe) is None:
+        return np.ones(len(X), dtype=bool)
+    return absent_estimate(pipe, X) <= float(pipe.ckpred_applicability_threshold_)

@@ -3,7 +3,11 @@
 Every problem of a train run's out-of-fold predictions is "autotuned" against its own measured
 table: the benchmark of a kernel returns its measured time (``1 / perf``, which orders and
 scales a problem's kernels like their times) and raises for a failed row, and the search runs through the same
-:func:`ckpred.autotune.autotune_ranked` the runtime uses. Per policy and candidate order (the
+:func:`ckpred.autotune.autotune_ranked` the runtime uses. The candidates are those the exported
+selector ranks: the out-of-fold rows hold every rule-valid catalogue kernel of a problem, the
+unmeasured ones too (``measured=False``), and ``selectable`` is the rules narrowed by the
+applicability mask of an op whose table lists only the applicable kernels. Benchmarking an
+unmeasured candidate costs a benchmark and yields nothing, as a failed one. Per policy and candidate order (the
 model's, or a uniformly random order of the valid kernels) the replay reports the efficiency of
 the measured winner (its perf / the problem's best) -- mean, P10 and min over problems -- and
 the average number of benchmark calls per problem.

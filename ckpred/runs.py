@@ -101,6 +101,10 @@ class RunRecord:
     #: Every fold tested GPUs its training rows do not come from (leave-one-GPU-out, an external
     #: test on another arch): its out-of-fold scores are zero-shot ones.
     zero_shot: bool = False
+    #: The candidate set the folds ranked: the op's ``absence``, the tested problems, their
+    #: rule-valid (problem, catalogue kernel) pairs and how many had no row
+    #: (:class:`ckpred.fitting.Coverage`); None when not looked at (a partitioned dataset).
+    candidates: dict[str, Any] | None = None
     command: str = "train"
     created: str = field(default_factory=lambda: datetime.now().astimezone().isoformat(timespec="seconds"))
     versions: dict[str, str] = field(default_factory=lambda: package_versions(RECORD_PACKAGES))
@@ -119,6 +123,8 @@ class RunRecord:
             out["warm_start"] = self.warm_start
         if self.zero_shot:
             out["zero_shot"] = True
+        if self.candidates is not None:
+            out["candidates"] = self.candidates
         return out
 
     def write(self, run_dir: Path) -> Path:

@@ -83,6 +83,10 @@ class Selection:
         Some problem field lies outside the range seen in training.
     ood_fields : dict
         Field -> (value, [min, max] seen in training) for each such field.
+    applicability_fallback : bool or None
+        With an applicability mask (an op whose table lists only the kernels that apply to each
+        problem): True when no kernel is predicted to apply to the problem, so the kernels are
+        ranked among every rule-valid one (none known to apply); None for a selector without one.
     """
 
     problem: dict[str, int]
@@ -94,12 +98,16 @@ class Selection:
     num_valid: int
     out_of_distribution: bool = False
     ood_fields: dict[str, Any] = field(default_factory=dict)
+    applicability_fallback: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"problem": self.problem, "ok": self.ok, "reason": self.reason, "num_valid": self.num_valid,
-                "out_of_distribution": self.out_of_distribution,
-                "ood_fields": {k: [v[0], list(v[1])] for k, v in self.ood_fields.items()},
-                "kernels": [{"id": i, "name": n, "score": s} for i, n, s in zip(self.ids, self.kernels, self.scores)]}
+        out = {"problem": self.problem, "ok": self.ok, "reason": self.reason, "num_valid": self.num_valid,
+               "out_of_distribution": self.out_of_distribution,
+               "ood_fields": {k: [v[0], list(v[1])] for k, v in self.ood_fields.items()}}
+        if self.applicability_fallback is not None:
+            out["applicability_fallback"] = self.applicability_fallback
+        out["kernels"] = [{"id": i, "name": n, "score": s} for i, n, s in zip(self.ids, self.kernels, self.scores)]
+        return out
 
 
 def _metadata(data: bytes, model_path: Path) -> dict[str, str]:
@@ -281,6 +289,8 @@ class KernelSelector:
         self._int_minimum = {f["name"]: int(self._minimum.get(f["name"], 0)) for f in manifest["problem_fields"]
                              if f["kind"] == "int"}
         self._cache: OrderedDict[tuple[Any, ...], Selection] = OrderedDict()
+        #: The selector's optional per-problem flags it outputs (``applicability_fallback``).
+        self._flags = [o.name for o in session.get_outputs() if o.name in mf.SELECTOR_FLAGS]
         #: The ``top_k`` input of the last run, reused while ``top_k`` stays the same (a new
         #: array per call slowed ``select`` down measurably); read-only.
         self._top_k_feed: tuple[int, np.ndarray] = (0, np.zeros(1, dtype=np.int64))
@@ -563,34 +573,38 @@ class KernelSelector:
 
     def run(self, problems: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Raw graph call: int64 [B, P] problems -> (kernel_ids, scores, num_valid)."""
+        return self._run(problems, top_k, [])[:3]  # type: ignore[return-value]
+
+    def _run(self, problems: np.ndarray, top_k: int, flags: list[str]) -> list[np.ndarray]:
+        """The graph's ``kernel_ids``, ``scores``, ``num_valid`` and then the outputs ``flags``."""
         last = self._top_k_feed
         if last[0] != top_k:
             feed = np.full(1, top_k, dtype=np.int64)
             feed.flags.writeable = False
             self._top_k_feed = last = (top_k, feed)
-        ids, scores, nvalid = self._session.run(
-            ["kernel_ids", "scores", "num_valid"],
-            {"problem": np.ascontiguousarray(problems, dtype=np.int64), "top_k": last[1]})
-        return ids, scores, nvalid
+        return self._session.run(["kernel_ids", "scores", "num_valid", *flags],
+                                 {"problem": np.ascontiguousarray(problems, dtype=np.int64), "top_k": last[1]})
 
     def _select_batch(self, rows: list[dict[str, int]], top_k: int) -> list[Selection]:
         matrix = np.array([[r[n] for n in self._problem_fields] for r in rows], dtype=np.int64)
-        ids, scores, nvalid = self.run(matrix, top_k)
+        ids, scores, nvalid, *flags = self._run(matrix, top_k, self._flags)
         # Python ints and floats in one call each (element by element costs microseconds per shape)
         ids, scores, nvalid = ids.tolist(), scores.tolist(), nvalid.tolist()
+        fell = flags[0].tolist() if flags else [None] * len(rows)
         out = []
         for j, row in enumerate(rows):
             ood = out_of_distribution(row, self._ranges)
             n = min(top_k, nvalid[j], len(ids[j]))
             if n == 0:
-                out.append(Selection(row, (), (), (), False, self._no_kernel_reason(row), 0, bool(ood), ood))
+                out.append(Selection(row, (), (), (), False, self._no_kernel_reason(row), 0, bool(ood), ood,
+                                     fell[j]))
                 continue
             chosen = tuple(ids[j][:n])
             if not all(0 <= i < len(self._names) for i in chosen):
                 raise ModelMismatchError(f"{self.model_dir}: the selector graph returned kernel ids {chosen} "
                                          f"outside the catalogue's {len(self._names)} rows")
             out.append(Selection(row, tuple(self._names[i] for i in chosen), chosen,
-                                 tuple(scores[j][:n]), True, "", nvalid[j], bool(ood), ood))
+                                 tuple(scores[j][:n]), True, "", nvalid[j], bool(ood), ood, fell[j]))
         return out
 
     def _no_kernel_reason(self, row: dict[str, int]) -> str:

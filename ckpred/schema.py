@@ -365,6 +365,11 @@ TIME_UNITS: dict[str, float] = {"s": 1e3, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
 THROUGHPUT_UNITS: dict[str, float] = {"tflops": 1.0, "gflops": 1e-3, "mflops": 1e-6, "flops": 1e-12}
 #: How a failed measurement may be written in the metric column.
 FAILURE_VALUES: tuple[str, ...] = ("inf", "nan", "missing", "zero", "negative")
+#: What a (problem, kernel) pair the table holds no row for means (``op.absence``): ``unknown``
+#: (a full sweep: every rule-valid catalogue kernel is a candidate, and a pick without a row is
+#: an unmeasured pick) or ``not_applicable`` (a find-db, a pruned sweep: the kernels a problem
+#: has no row for do not apply to it; the selector learns an applicability mask).
+ABSENCE: tuple[str, ...] = ("unknown", "not_applicable")
 #: Names a kernel-id template may use besides the op's fields (the run's dtype and layout).
 TEMPLATE_CONTEXT: tuple[str, ...] = ("dtype", "layout")
 
@@ -479,6 +484,9 @@ class OpConfig:
     kernel_id: KernelIdConfig = field(default_factory=KernelIdConfig)
     metric: MetricConfig = field(default_factory=MetricConfig)
     failure: FailureConfig = field(default_factory=FailureConfig)
+    #: What a (problem, kernel) pair without a row means (:data:`ABSENCE`): ``unknown`` for a
+    #: full sweep, ``not_applicable`` when the table lists only the kernels that apply.
+    absence: str = "unknown"
     #: Floating-point operations of a problem (expression over problem fields); null = none.
     flops: Optional[str] = None
     #: Bytes moved by a problem (expression over problem fields); null = none.
@@ -910,6 +918,44 @@ class TransferConfig:
 
 
 @dataclass
+class ApplicabilityConfig:
+    """The learned applicability mask of an op whose table lists only the kernels that apply to
+    each problem (``op.absence=not_applicable``; :func:`ckpred.fitting.fit_applicability`).
+
+    It learns, on the model's features of every rule-valid (problem, catalogue kernel) pair of
+    the training problems, which pairs the table holds no row for; the selector then ranks only
+    the kernels predicted to apply. Unused for ``op.absence=unknown``.
+    """
+
+    #: Estimates of "absent" above which a kernel is masked, tried on ``inner_folds`` folds of
+    #: the training problems; the one with the highest strict efficiency there is used.
+    thresholds: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])
+    #: Inner folds (by CV group) the threshold is chosen on: each fits the model and the mask on
+    #: the others and scores its own problems.
+    inner_folds: int = 3
+    #: Larger than the failure model's: on MIOpen's gfx90a find-db (60 solvers, 1-4 listed per
+    #: problem) 500 trees of 63 leaves leave 2.7% unmeasured picks where 200 of 31 leave 3.8%
+    #: and 50 of 15 more (scripts/research/unmeasured_picks.py); on gfx942 and the sparse
+    #: simulated table 200 of 31 and more leave none.
+    n_estimators: int = 500
+    num_leaves: int = 63
+    min_child_samples: int = 5
+    #: Training pairs at most (a seeded sample of whole problems beyond it): a table of 100k
+    #: problems and 60 kernels has 6M pairs, whose features would not fit in memory.
+    max_rows: int = 1_000_000
+    n_jobs: int = 1
+
+    def __post_init__(self) -> None:
+        check("applicability.thresholds", self.thresholds,
+              bool(self.thresholds) and all(0 < float(t) < 1 for t in self.thresholds),
+              "a non-empty list of numbers in (0, 1)")
+        check("applicability.inner_folds", self.inner_folds, self.inner_folds >= 2, "an integer >= 2")
+        for key in ("n_estimators", "min_child_samples", "n_jobs", "max_rows"):
+            check(f"applicability.{key}", getattr(self, key), getattr(self, key) >= 1, "an integer >= 1")
+        check("applicability.num_leaves", self.num_leaves, self.num_leaves >= 2, "an integer >= 2")
+
+
+@dataclass
 class RecipeConfig:
     """What a model is made of: hardware, op, data, features, model, target, training rows.
 
@@ -930,6 +976,9 @@ class RecipeConfig:
     rows: RowsConfig = field(default_factory=RowsConfig)
     #: Failures seen in the training data, masked by the selector (see :class:`ValidityModelConfig`).
     validity: ValidityModelConfig = field(default_factory=ValidityModelConfig)
+    #: Kernels a sparse table does not list for a problem, masked by the selector (see
+    #: :class:`ApplicabilityConfig`; only for ``op.absence=not_applicable``).
+    applicability: ApplicabilityConfig = field(default_factory=ApplicabilityConfig)
     #: Seed of fold assignment, validation split, row sampling and LightGBM.
     seed: int = 0
     #: ``train``'s CV scheme and baselines: composed by every command that takes ``experiment=``

@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ckpred.evaluate import (ShapeGroups, analytical_scores, best_static_scores, measured_perf,
-                             random_shape_metrics, shape_metrics, summarize, summarize_by)
+from ckpred.evaluate import (ShapeGroups, analytical_scores, best_static_scores, best_threshold, measured_perf,
+                             narrowed_mask, random_shape_metrics, shape_metrics, summarize, summarize_by,
+                             threshold_curve)
 
 L3, L5 = math.log2(3), math.log2(5)
 
@@ -124,6 +125,83 @@ def test_random_baseline_equals_average_over_all_orders() -> None:
     brute = pd.concat([shape_metrics(perf, np.array(p, dtype=float), g) for p in perms]).mean()
     for col in ["efficiency", "efficiency@2", "efficiency@5", "top1", "top3", "top5", "ndcg@10"]:
         assert analytic[col] == pytest.approx(brute[col]), col
+
+
+# One problem, four candidates: rows 0-1 measured (perf 10 and 5), rows 2-3 not measured (perf 0),
+# and a second problem with rows 4 (measured, perf 4) and 5 (measured, failed).
+SPARSE_PERF = np.array([10.0, 5.0, 0.0, 0.0, 4.0, 0.0])
+SPARSE_MEASURED = np.array([True, True, False, False, True, True])
+SPARSE_GROUPS = ShapeGroups.from_keys(["a", "a", "a", "a", "b", "b"])
+
+
+def test_an_unmeasured_pick_scores_zero_and_is_not_a_failed_pick() -> None:
+    # a: ranked 2 (unmeasured), 1 (5), 3 (unmeasured), 0 (10); b: ranked 5 (failed), 4 (4)
+    scores = np.array([1.0, 3.0, 4.0, 2.0, 1.0, 2.0])
+    m = shape_metrics(SPARSE_PERF, scores, SPARSE_GROUPS, measured=SPARSE_MEASURED)
+    a, b = m.iloc[0], m.iloc[1]
+    assert a["chosen_row"] == 2 and a["efficiency"] == 0.0  # strict: nothing says it runs
+    assert a["unmeasured_pick"] == 1.0 and a["failed_pick"] == 0.0
+    assert a["fallback_efficiency"] == pytest.approx(0.5)  # the next-ranked measured kernel: row 1
+    assert a["efficiency@2"] == pytest.approx(0.5) and a["efficiency@5"] == 1.0
+    assert b["chosen_row"] == 5 and b["failed_pick"] == 1.0 and b["unmeasured_pick"] == 0.0
+    assert b["fallback_efficiency"] == 1.0
+    s = summarize(m)
+    assert s["unmeasured_pick"] == 0.5 and s["unmeasured_picks"] == 1.0
+    assert s["failed_pick"] == 0.5 and s["failed_picks"] == 1.0 and s["mean"] == 0.0
+    # every row measured: the same figures as without the argument
+    full = shape_metrics(PERF, np.array([1.0, 5.0, 3.0, 2.0]), _one_shape(4), measured=np.ones(4, dtype=bool))
+    pd.testing.assert_frame_equal(full, shape_metrics(PERF, np.array([1.0, 5.0, 3.0, 2.0]), _one_shape(4)))
+    assert full.iloc[0]["unmeasured_pick"] == 0.0 and full.iloc[0]["failed_pick"] == 1.0
+
+
+def test_random_baseline_over_a_pool_with_unmeasured_candidates() -> None:
+    m = random_shape_metrics(SPARSE_PERF, SPARSE_GROUPS, measured=SPARSE_MEASURED)
+    a, b = m.iloc[0], m.iloc[1]
+    assert a["efficiency"] == pytest.approx((1 + 0.5) / 4)
+    assert a["unmeasured_pick"] == 0.5 and a["failed_pick"] == 0.0
+    assert a["fallback_efficiency"] == pytest.approx(0.75)  # uniform over the two that ran
+    assert b["failed_pick"] == 0.5 and b["unmeasured_pick"] == 0.0
+    # the pool leaves row 3 out of the draw (a mask dropped it)
+    pool = np.array([True, True, True, False, True, True])
+    a = random_shape_metrics(SPARSE_PERF, SPARSE_GROUPS, measured=SPARSE_MEASURED, pool=pool).iloc[0]
+    assert a["n_candidates"] == 3 and a["efficiency"] == pytest.approx(0.5)
+    assert a["unmeasured_pick"] == pytest.approx(1 / 3)
+
+
+def test_narrowed_mask_falls_back_per_shape_and_says_where() -> None:
+    rules = np.array([True, True, False, True, True, True])
+    keep = np.array([False, True, True, False, False, False])
+    mask, fell = narrowed_mask(rules, keep, SPARSE_GROUPS)
+    # a: rows 0, 1, 3 pass the rules, only 1 is kept; b: nothing kept -> the rules alone
+    assert mask.tolist() == [False, True, False, False, True, True]
+    assert fell.tolist() == [False, True]
+    # a shape the rules already leave empty did not fall back: it had nothing to fall back to
+    mask, fell = narrowed_mask(np.array([False] * 4 + [True] * 2), np.ones(6, dtype=bool), SPARSE_GROUPS)
+    assert fell.tolist() == [False, False]
+
+
+def test_threshold_curve_and_the_best_threshold() -> None:
+    # a: the unmeasured row 2 scores highest; its estimate of being absent is 0.6, the measured
+    # rows' 0.2 and 0.4. b: both measured, estimates 0.1 and 0.3.
+    scores = np.array([1.0, 3.0, 4.0, 2.0, 1.0, 2.0])
+    estimate = np.array([0.2, 0.4, 0.6, 0.9, 0.1, 0.3])
+    rules = np.ones(6, dtype=bool)
+    curve = threshold_curve(SPARSE_PERF, scores, SPARSE_GROUPS, rules, SPARSE_MEASURED, estimate,
+                            [0.1, 0.3, 0.5, 0.7])
+    # t=0.1: a keeps nothing (falls back to the rules: picks row 2, strict 0), b keeps row 4 (1.0)
+    # t=0.3: a keeps row 0 (1.0), b keeps 4 and 5 and picks 5 (failed: 0)
+    # t=0.5: a keeps 0 and 1 and picks 1 (0.5); b picks 5 (0)
+    # t=0.7: a picks the unmeasured row 2 (0); b picks 5 (0)
+    assert curve["mean"].tolist() == pytest.approx([0.5, 0.5, 0.25, 0.0])
+    assert curve["unmeasured_pick"].tolist() == pytest.approx([0.5, 0.0, 0.0, 0.5])
+    assert curve["fell_back"].tolist() == pytest.approx([0.5, 0.0, 0.0, 0.0])
+    assert best_threshold(curve) == 0.1  # the lower middle of the two best
+    three = pd.DataFrame({"threshold": [0.9, 0.1, 0.5, 0.3], "mean": [0.7, 0.7, 0.7, 0.6]})
+    assert best_threshold(three) == 0.5  # the middle of the best three (in threshold order)
+    # the failure mask (runs) narrows after the applicability mask: b's failed row 5 is dropped
+    runs = np.array([True, True, True, True, True, False])
+    curve = threshold_curve(SPARSE_PERF, scores, SPARSE_GROUPS, rules, SPARSE_MEASURED, estimate, [0.3], runs=runs)
+    assert curve["mean"].tolist() == [1.0]
 
 
 def test_best_static_is_learned_on_training_shapes_only() -> None:

@@ -32,6 +32,7 @@ interface (:mod:`ckpred.cv.partitioned`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -48,15 +49,16 @@ from ckpred.cv.report import (Report, RunContext, SavedPipeline, finish, run_rec
                               write_tested_rows)
 from ckpred.cv.schemes import Fold
 from ckpred.cv.scoring import (FoldTest, OutOfFold, Tables, best_kernel_seen, evaluate, fit_times, fold_test,
-                               score_analytical, score_best_static, score_method)
+                               score_analytical, score_applicability, score_best_static, score_method)
 from ckpred.data import load_table
 from ckpred.data.partitions import is_partitioned
 from ckpred.errors import ConfigValueError
-from ckpred.fitting import LearnedMethod, cv_group_names, fit_method, model_method, plain_method, prepare, recipe_config
+from ckpred.fitting import (Applicability, LearnedMethod, cv_group_names, fit_applicability, fit_method, model_method,
+                            plain_method, prepare, recipe_config)
 from ckpred.kernels.base import OpDefinition
 from ckpred.kernels.declared import bind_training_catalogue
 from ckpred.runs import RUN_RECORD
-from ckpred.transfer import transfer_method
+from ckpred.transfer import TransferModel, transfer_method
 from ckpred.util import resolve_path
 
 log = logging.getLogger(__name__)
@@ -177,12 +179,13 @@ def cross_validate_one(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -
     oof, final = run_folds(run, tables, folds, methods, on_fold)
     note = None
     if cfg.baselines.analytical and type(run.op).gemm_view is not OpDefinition.gemm_view:
-        note = score_analytical([fold_test(tables.test, f) for f in folds], tables.test, run.op, cfg.dtype, oof)
+        note = score_analytical([fold_test(tables.candidates, f) for f in folds], tables.candidates, run.op,
+                                cfg.dtype, oof)
         if note:
             log.warning("analytical baseline %s", note)
     # zero-shot: the problems whose best kernel no training row has, apart (a new GPU's own kernels)
     seen = best_kernel_seen(tables, folds) if zero_shot(tables, folds) else None
-    evaluation = evaluate(tables.test, oof, run.op, len(folds), bool(cfg.baselines.random),
+    evaluation = evaluate(tables.candidates, oof, run.op, len(folds), bool(cfg.baselines.random),
                           labels=None if seen is None else {"best_kernel": seen})
     heading = run.scheme.heading(cv_group_names(run.op), len(folds))
     if methods[0].transfer is not None:
@@ -190,10 +193,10 @@ def cross_validate_one(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -
     report = Report(cfg.cv.name, heading, evaluation.metrics, oof.log)
     if note:
         report.metrics["analytical"] = {"skipped": note}
-    saved = final_pipeline(run, tables.train, methods[0], final)
+    saved = final_pipeline(run, tables, methods[0], final)
     run.timings.finish()
     report.write(run.out_dir)
-    write_tested_rows(run.out_dir, tables.test, oof, evaluation)
+    write_tested_rows(run.out_dir, tables.candidates, oof, evaluation)
     if cfg.plots:
         write_plots(run.out_dir, evaluation.per_shape, evaluation.shapes["family"].to_numpy(), run.op.families,
                     report.metrics, saved)
@@ -204,6 +207,8 @@ def cross_validate_one(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -
     record.zero_shot = zero_shot(tables, folds)
     if base is not None:  # lineage into the run record (ckpred.warm_start)
         record.warm_start = warm_start.lineage(base, cfg, record, oof.log)
+    if tables.coverage is not None:
+        record.candidates = {"absence": getattr(run.op, "absence", "unknown"), **dataclasses.asdict(tables.coverage)}
     record.write(run.out_dir)
     return finish(run, report)
 
@@ -223,10 +228,11 @@ def load_tables(run: RunContext) -> Tables:
     bind_training_catalogue(run.op, table, run.cfg)
     data = prepare(table, run.op, run.cfg)
     test = run.scheme.test_data(run.cfg, run.op, data)
+    tables = Tables.of(data, test, run.op, run.cfg)
     run.timings.add("load_s", time.perf_counter() - t)
-    log.info("data: %d rows, %d shapes (test table: %d rows, %d shapes)", len(data.table),
-             data.groups.n_shapes, len(test.table), test.groups.n_shapes)
-    return Tables(data, test)
+    log.info("data: %d rows, %d shapes (test table: %d rows, %d shapes; %d candidate rows)", len(data.table),
+             data.groups.n_shapes, len(test.table), test.groups.n_shapes, len(tables.candidates.table))
+    return tables
 
 
 def zero_shot(tables: Tables, folds: list[Fold]) -> bool:
@@ -272,10 +278,12 @@ def learned_methods(run: RunContext, tables: Tables, folds: list[Fold]) -> tuple
 
 @dataclass
 class Fit:
-    """One (fold, method) fit: the fitted pipeline and its fit info."""
+    """One (fold, method) fit: the fitted pipeline and its fit info (and, for the model of an op
+    whose table lists only the applicable kernels, the fold's applicability mask)."""
 
     pipeline: Any
     info: dict[str, Any]
+    applicability: Applicability | None = None
 
 
 def fold_fits(run: RunContext, data: Any, jobs: list[tuple[LearnedMethod, np.ndarray, int]]) -> Iterator[Fit]:
@@ -296,7 +304,7 @@ def run_folds(run: RunContext, tables: Tables, folds: list[Fold], methods: list[
     the run's seed: ``external``), that fit.
     """
     cfg, data = run.cfg, tables.train
-    oof = OutOfFold.start(tables.test, methods, bool(cfg.baselines.best_static))
+    oof = OutOfFold.start(tables.candidates, methods, bool(cfg.baselines.best_static))
     static_by = ev.best_static_by(cfg.baselines, run.op)
     shared = _learner_of_model(run, methods)
     jobs = [(method, fold.train_shapes, run.seed + i) for i, fold in enumerate(folds) for method in methods
@@ -305,7 +313,7 @@ def run_folds(run: RunContext, tables: Tables, folds: list[Fold], methods: list[
     final = None
     with FoldProgress(bool(cfg.progress), len(folds) * len(methods)) as progress:
         for i, fold in enumerate(folds):
-            side = fold_test(tables.test, fold)
+            side = fold_test(tables.candidates, fold)
             oof.begin_fold(i, side, tables, run.op, cfg)
             entry: dict[str, Any] = {"fold": fold.name,
                                      "test_shapes": [str(k) for k in tables.test.groups.keys[fold.test_shapes]]}
@@ -319,11 +327,20 @@ def run_folds(run: RunContext, tables: Tables, folds: list[Fold], methods: list[
                 if method is methods[0]:
                     model_fit = fit
                 entry[method.name] = fit.info
+                if method is methods[0] and tables.train_candidates is not None:
+                    # the applicability mask every method's selection goes through, learned here
+                    progress.describe(f"{fold.name}: applicability mask")
+                    t, cpu = time.perf_counter(), time.process_time()
+                    fit.applicability = fit_applicability(tables.train_candidates, fold.train_shapes, data, run.op,
+                                                          cfg, run.seed + i, _ranking_pipeline(fit.pipeline))
+                    entry["applicability"] = score_applicability(fit.applicability, method, fit.pipeline, side,
+                                                                 tables, run.op, cfg, oof)
+                    fit_times(entry["applicability"], t, cpu, run.timings.seconds, "applicability")
                 if method is methods[0] and _is_final_fit(fold, run.seed + i, data, run.seed):
                     final = fit
                 progress.advance()
             if on_fold is not None:
-                on_fold(i, oof.running_mean(tables.test))
+                on_fold(i, oof.running_mean(tables.candidates))
             if cfg.baselines.best_static:
                 entry["best_static"] = score_best_static(fold, side, tables, static_by, oof)
             oof.log.append(entry)
@@ -364,14 +381,28 @@ def _is_final_fit(fold: Fold, fold_seed: int, data: Any, seed: int) -> bool:
         np.array_equal(np.sort(shapes), np.arange(data.groups.n_shapes))
 
 
-def final_pipeline(run: RunContext, data: Any, model: LearnedMethod, fold_fit: Fit | None) -> SavedPipeline:
+def _ranking_pipeline(pipe: Any) -> Any:
+    """The features -> model pipeline of a fit: the transfer recipe's learner, or ``pipe``."""
+    return pipe.learner if isinstance(pipe, TransferModel) else pipe
+
+
+def final_pipeline(run: RunContext, tables: Tables, model: LearnedMethod, fold_fit: Fit | None) -> SavedPipeline:
     """The final pipeline saved in the run directory (``save_pipeline``): a fold's model when it
-    is the final fit already, else the model fitted on every shape."""
+    is the final fit already, else the model fitted on every shape; with its applicability mask
+    for an op whose table lists only the applicable kernels."""
     if not run.cfg.save_pipeline:
         return SavedPipeline()
+    data = tables.train
     if fold_fit is None:
         t = time.perf_counter()
-        pipe, info = fit_method(model, data, np.arange(data.groups.n_shapes), run.op, run.cfg, run.seed)
+        shapes = np.arange(data.groups.n_shapes)
+        pipe, info = fit_method(model, data, shapes, run.op, run.cfg, run.seed)
         fold_fit = Fit(pipe, info)
+        if tables.train_candidates is not None:
+            fold_fit.applicability = fit_applicability(tables.train_candidates, shapes, data, run.op, run.cfg,
+                                                       run.seed, _ranking_pipeline(pipe))
         run.timings.add("final_fit_s", time.perf_counter() - t)
+    if fold_fit.applicability is not None:
+        fold_fit.applicability.attach(_ranking_pipeline(fold_fit.pipeline))
+        fold_fit.info["applicability_threshold"] = fold_fit.applicability.threshold
     return SavedPipeline.save(run.out_dir, fold_fit.pipeline, fold_fit.info)

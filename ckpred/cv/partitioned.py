@@ -74,6 +74,10 @@ def cross_validate(run: RunContext, path: Path) -> float:
     cfg = run.cfg
     if cfg.get("warm_start"):
         raise ConfigValueError("warm_start", cfg.warm_start, "empty with a partitioned dataset (model.backend=dask)")
+    if getattr(run.op, "absence", "unknown") != "unknown":
+        # the applicability mask learns on every candidate pair of the training problems, in one process
+        raise ConfigValueError("op.absence", run.op.absence, "unknown with a partitioned dataset "
+                               "(model.backend=dask): a table that lists only the applicable kernels trains in one process")
     ranges = _hash_ranges(run)
     baselines, static_by = scale.baselines_of(cfg, run.op)
     scale.check_recipe(model_method(cfg).recipe)  # config and manifest are refused before a cluster starts

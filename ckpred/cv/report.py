@@ -130,8 +130,9 @@ def write_plots(out_dir: Path, per_shape: dict[str, pd.DataFrame], family: np.nd
 
 def write_tested_rows(out_dir: Path, test: Prepared, oof: OutOfFold, evaluation: Evaluation) -> None:
     """``per_shape.csv`` (one row per tested shape: its best kernel, each method's pick and
-    efficiency) and ``oof_predictions.parquet`` (every tested row: fold, measured perf, each
-    method's score)."""
+    efficiency) and ``oof_predictions.parquet`` (every tested candidate row: fold, measured
+    perf, ``selectable`` = the rules narrowed by the applicability mask, each method's score; and
+    ``measured`` when some candidate has no measurement)."""
     tested, groups = evaluation.tested, evaluation.groups
     kernel_names = test.table["kernel_name"].to_numpy()[tested]
     frame = evaluation.shapes.copy()
@@ -149,7 +150,10 @@ def write_tested_rows(out_dir: Path, test: Prepared, oof: OutOfFold, evaluation:
                          "fold": oof.fold_of_row[tested], "kernel_name": kernel_names,
                          "tflops": test.table["tflops"].to_numpy()[tested], "perf": test.perf[tested],
                          "is_valid": test.table["is_valid"].to_numpy()[tested],
-                         "selectable": oof.selectable[tested]})
+                         "selectable": oof.candidate_mask(tested, groups)[0]})
+    measured = test.measured[tested]
+    if not measured.all():  # candidates the table has no row for (a table that measures all has no column)
+        rows["measured"] = measured
     for name, scores in oof.scores.items():
         rows[f"score_{name}"] = scores[tested]
     rows.to_parquet(out_dir / "oof_predictions.parquet", index=False)

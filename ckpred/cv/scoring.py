@@ -1,13 +1,17 @@
 """Scoring and evaluation of a table held in one process: what each method ranks per test
 problem, the scores it gives, and the per-shape and per-method figures.
 
-The seam is :func:`fold_test`: the rows every method ranks for one fold's test problems (today
-the measured rows of its test shapes) and the arch their features and validity rules use.
-Every method — learned, best static, analytical, random — is scored on exactly those rows
-(:class:`OutOfFold`), and :func:`evaluate` turns the scores into per-shape metrics. A candidate
-set larger than the measured rows (every kernel the exported selector would rank) plugs in
-here: the test table gains the unmeasured candidates' rows, :func:`fold_test` hands them out
-with the measured ones, and :func:`evaluate` scores a pick outside the measured set.
+The seam is :func:`fold_test`: the rows every method ranks for one fold's test problems and
+the arch their features and validity rules use. Those rows are the problems' candidate set
+(:attr:`Tables.candidates`): every rule-valid catalogue kernel, as the exported selector ranks
+them, the ones the table holds no row for included (``measured=False``,
+:func:`ckpred.fitting.candidates`; on a table that measures every candidate, the test table
+itself). Every method — learned, best static, analytical, random — is scored on exactly those
+rows (:class:`OutOfFold`), and :func:`evaluate` turns the scores into per-shape metrics: strict
+(a pick without a measurement scores 0), with the unmeasured-pick rate. For an op whose table
+lists only the kernels that apply (``op.absence=not_applicable``), the fold's applicability
+mask (:func:`ckpred.fitting.fit_applicability`) narrows the rules for every method alike, as it
+narrows them in the exported selector.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import pandas as pd
 
 from ckpred import evaluate as ev
 from ckpred.cv.schemes import Fold
-from ckpred.fitting import LearnedMethod, Prepared, for_arch, predict, rows_of, rule_mask
+from ckpred.fitting import (Applicability, Coverage, LearnedMethod, Prepared, candidates, coverage_note, for_arch,
+                            predict, rows_of, rule_mask)
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import failure_model, predicted_ok
 from ckpred.transfer import TransferModel
@@ -30,10 +35,38 @@ from ckpred.transfer import TransferModel
 @dataclass
 class Tables:
     """The prepared training table and the table the folds test (the same object unless the
-    scheme brings its own, as ``external`` does)."""
+    scheme brings its own, as ``external`` does), and the candidate sets ranked.
+
+    ``candidates`` is every rule-valid catalogue kernel of each tested problem
+    (:func:`ckpred.fitting.candidates`; ``test`` itself when it measures all of them), on
+    ``test``'s shapes. ``train_candidates`` is the same of the training table, which the
+    applicability mask learns on (None unless ``op.absence=not_applicable``).
+    """
 
     train: Prepared
     test: Prepared
+    candidates: Prepared = None  # type: ignore[assignment]
+    train_candidates: Prepared | None = None
+    #: Which rule-valid pairs of the tested table have a row (None: not looked at).
+    coverage: Coverage | None = None
+
+    def __post_init__(self) -> None:
+        if self.candidates is None:
+            self.candidates = self.test
+
+    @classmethod
+    def of(cls, train: Prepared, test: Prepared, op: OpDefinition, cfg: Any) -> "Tables":
+        """The tables of a run: ``test``'s candidate set and, for ``op.absence=not_applicable``,
+        the training table's; prints what the coverage means (:func:`ckpred.fitting.coverage_note`,
+        which also refuses a table the declared absence cannot apply to)."""
+        cand, coverage = candidates(test, op, cfg)
+        note = coverage_note(op, coverage)
+        if note:
+            print(note)
+        train_cand = None
+        if getattr(op, "absence", "unknown") == "not_applicable":
+            train_cand = cand if test is train else candidates(train, op, cfg)[0]
+        return cls(train, test, cand, train_cand, coverage)
 
 
 @dataclass
@@ -51,24 +84,31 @@ class FoldTest:
 
 
 def fold_test(test: Prepared, fold: Fold) -> FoldTest:
-    """The test side of ``fold``: every measured row of its test shapes, with the fold's arch
-    (:attr:`Fold.test_arch`) or else the test table's (each row's own on a table of several GPUs)."""
+    """The test side of ``fold``: every row of its test shapes in ``test`` (the candidate set,
+    :attr:`Tables.candidates`), with the fold's arch (:attr:`Fold.test_arch`) or else the table's
+    (each row's own on a table of several GPUs)."""
     arch = fold.test_arch if fold.test_arch is not None else (None if test.multi_arch else test.arch)
     return FoldTest(rows_of(test.groups, fold.test_shapes), arch)
 
 
 @dataclass
 class OutOfFold:
-    """Every test row's scores, filled fold by fold: per method its score, the learned validity
-    mask of each method that has one (True = predicted to run), the fold that tested the row
-    (-1 = untested) and the rules' mask with the arch the row was tested with."""
+    """Every candidate row's scores, filled fold by fold: per method its score, the learned
+    validity mask of each method that has one (True = predicted to run), the applicability mask
+    every method shares (True = predicted to apply; all True without one), the fold that tested
+    the row (-1 = untested) and the rules' mask with the arch the row was tested with."""
 
     scores: dict[str, np.ndarray]
     runs: dict[str, np.ndarray]
     fold_of_row: np.ndarray
     selectable: np.ndarray
+    applicable: np.ndarray = None  # type: ignore[assignment]
     #: One entry per fold: its test shapes and each method's fit info (``folds.json``).
     log: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.applicable is None:
+            self.applicable = np.ones(len(self.fold_of_row), dtype=bool)
 
     @classmethod
     def start(cls, test: Prepared, methods: list[LearnedMethod], best_static: bool) -> "OutOfFold":
@@ -83,35 +123,69 @@ class OutOfFold:
         """Mark ``side``'s rows as tested by fold ``i``; with an arch of their own, their rules
         are checked again with its constants."""
         self.fold_of_row[side.rows] = i
-        if side.arch is not None and side.arch is not tables.test.arch:
-            self.selectable[side.rows] = rule_mask(tables.test.table.iloc[side.rows], op, cfg, side.arch)
+        if side.arch is not None and side.arch is not tables.candidates.arch:
+            self.selectable[side.rows] = rule_mask(tables.candidates.table.iloc[side.rows], op, cfg, side.arch)
+
+    def candidate_mask(self, rows: np.ndarray, groups: ev.ShapeGroups) -> tuple[np.ndarray, np.ndarray]:
+        """The rules of ``rows`` narrowed by the applicability mask, with its fallback
+        (:func:`ckpred.evaluate.narrowed_mask`): what every method may choose before its own
+        failure mask, and which of ``groups``' shapes fell back to the rules."""
+        return ev.narrowed_mask(self.selectable[rows], self.applicable[rows], groups)
 
     def running_mean(self, test: Prepared) -> float:
-        """The model's mean per-shape efficiency over the rows tested so far."""
+        """The model's mean per-shape (strict) efficiency over the candidate rows tested so far."""
         so_far = self.fold_of_row >= 0
         groups = ev.ShapeGroups.from_keys(test.groups.codes[so_far])
-        mask = self.selectable[so_far]
+        mask = self.candidate_mask(so_far, groups)[0]
         if "model" in self.runs:
             mask = ev.learned_selection_mask(mask, self.runs["model"][so_far], groups)
-        per_shape = ev.shape_metrics(test.perf[so_far], self.scores["model"][so_far], groups, mask)
+        per_shape = ev.shape_metrics(test.perf[so_far], self.scores["model"][so_far], groups, mask,
+                                     test.measured[so_far])
         return float(per_shape["efficiency"].mean())
+
+
+def scorer_for(method: LearnedMethod, pipe: Any, arch: Any, tables: Tables, op: OpDefinition, cfg: Any) -> Any:
+    """The pipeline whose features score rows of ``arch``: ``pipe`` itself, or with features
+    rebuilt with ``arch`` when it is not the training table's (a transfer recipe: its learner)."""
+    if isinstance(pipe, TransferModel):
+        return pipe.learner_pipeline(op, cfg, arch, tables.candidates.table)
+    if arch is tables.train.arch:
+        return pipe
+    return for_arch(pipe, method, op, cfg, arch, tables.candidates.X)
 
 
 def score_method(method: LearnedMethod, pipe: Any, side: FoldTest, tables: Tables, op: OpDefinition,
                  cfg: Any, oof: OutOfFold) -> None:
     """Score ``side``'s rows with ``method``'s fitted pipeline (features rebuilt with the rows'
     arch when it is not the training table's) and its learned validity mask."""
-    test = tables.test
+    test = tables.candidates
     if isinstance(pipe, TransferModel):  # ranked among each problem's candidates: the rules' mask
         oof.scores[method.name][side.rows] = pipe.score(test, side.rows, op, cfg, oof.selectable[side.rows],
                                                        arch=side.arch)
         return
     for arch, rows in side.arch_groups(test):
-        scorer = pipe if arch is tables.train.arch else for_arch(pipe, method, op, cfg, arch, test.X)
+        scorer = scorer_for(method, pipe, arch, tables, op, cfg)
         X = test.X.iloc[rows]
         oof.scores[method.name][rows] = predict(scorer, X)
         if method.name in oof.runs and failure_model(scorer) is not None:
             oof.runs[method.name][rows] = predicted_ok(scorer, X)
+
+
+def score_applicability(fitted: Applicability, method: LearnedMethod, pipe: Any, side: FoldTest,
+                        tables: Tables, op: OpDefinition, cfg: Any, oof: OutOfFold) -> dict[str, Any]:
+    """The fold's applicability mask on ``side``'s rows (on the features of ``pipe``, the fold's
+    model); returns the fold's entry: its threshold, the inner folds' strict mean per threshold,
+    its training pairs and how many of the fold's test problems it left without a kernel."""
+    for arch, rows in side.arch_groups(tables.candidates):
+        oof.applicable[rows] = fitted.applicable(scorer_for(method, pipe, arch, tables, op, cfg),
+                                                 tables.candidates.X.iloc[rows])
+    rows = side.rows
+    fell = oof.candidate_mask(rows, ev.ShapeGroups.from_keys(tables.candidates.groups.codes[rows]))[1]
+    curve = fitted.curve
+    inner = {f"{t:g}": round(float(m), 6) for t, m in zip(curve["threshold"], curve["mean"])} \
+        if "mean" in curve else None
+    return {"threshold": fitted.threshold, "train_pairs": fitted.train_pairs, "fell_back": int(fell.sum()),
+            "inner_mean": inner}
 
 
 def fit_times(info: dict[str, Any], started: float, cpu_started: float, timings: dict[str, float],
@@ -128,7 +202,7 @@ def score_best_static(fold: Fold, side: FoldTest, tables: Tables, static_by: lis
                       oof: OutOfFold) -> dict[str, Any]:
     """The best static order learned on the fold's training shapes, scored on its test rows;
     returns the fold's entry (its top kernels)."""
-    data, test = tables.train, tables.test
+    data, test = tables.train, tables.candidates
     train_rows = rows_of(data.groups, fold.train_shapes)
     sub = ev.ShapeGroups.from_keys(data.groups.codes[train_rows])
     scores, ranking = ev.best_static_scores(ev.static_keys(data.table, train_rows, static_by),
@@ -170,20 +244,23 @@ class Evaluation:
 
 
 def per_shape_metrics(test: Prepared, oof: OutOfFold, random: bool) -> Evaluation:
-    """Per method the per-shape metrics on the tested rows (a hold-out tests a subset); each
-    learned validity mask narrows the rules, with its fallback."""
+    """Per method the per-shape metrics on the tested rows (a hold-out tests a subset) of the
+    candidate set ``test``: the rules narrowed by the applicability mask, then by each learned
+    validity mask, each with its fallback; strict (an unmeasured pick scores 0). ``random``
+    draws among the measured rows and the unmeasured ones the applicability mask keeps."""
     tested = oof.fold_of_row >= 0
     groups = ev.ShapeGroups.from_keys(test.groups.codes[tested])
     shapes = test.shapes.iloc[np.asarray(groups.keys, dtype=np.int64)].reset_index(drop=True)
-    perf, selectable = test.perf[tested], oof.selectable[tested]
+    perf, measured = test.perf[tested], test.measured[tested]
+    selectable = oof.candidate_mask(tested, groups)[0]
     per_shape: dict[str, pd.DataFrame] = {}
     for name, scores in oof.scores.items():
         mask = selectable
         if name in oof.runs:
             mask = ev.learned_selection_mask(selectable, oof.runs[name][tested], groups)
-        per_shape[name] = ev.shape_metrics(perf, scores[tested], groups, mask)
+        per_shape[name] = ev.shape_metrics(perf, scores[tested], groups, mask, measured)
     if random:
-        per_shape["random"] = ev.random_shape_metrics(perf, groups)
+        per_shape["random"] = ev.random_shape_metrics(perf, groups, measured, pool=measured | selectable)
     per_shape = {m: per_shape[m] for m in ev.METHODS if m in per_shape}
     return Evaluation(tested, groups, shapes, per_shape, {})
 

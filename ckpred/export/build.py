@@ -23,9 +23,9 @@ from ckpred import vocab
 from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
-from ckpred.export.validity import mask_builder_for, with_learned_failures
+from ckpred.export.validity import mask_builder_for, with_applicability, with_learned_failures
 from ckpred.kernels.base import OpDefinition
-from ckpred.models import failure_model, predicted_ok
+from ckpred.models import applicability_model, failure_model, predicted_applicable, predicted_ok
 from ckpred.schema import EXPORT_SELECT
 from ckpred.transfer import blend
 
@@ -98,10 +98,12 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
     -------
     dict
         ``shapes``, ``rows``, ``top1_agreement`` (fraction of shapes whose selector top-1 equals
-        the sklearn top-1 over valid kernels; shapes with no valid kernel count as agreeing when
-        the selector also reports none), ``topk_agreement`` (same ids in the same order),
+        the sklearn top-1 over valid kernels, and, with an applicability mask, whose fallback flag
+        equals the Python one; shapes with no valid kernel count as agreeing when the selector
+        also reports none), ``topk_agreement`` (same ids in the same order),
         ``max_abs_diff_scorer`` (sklearn vs scorer, every row), ``max_abs_diff_selector``
-        (sklearn vs selector over the returned scores), ``mismatched_shapes`` (first few).
+        (sklearn vs selector over the returned scores), ``mismatched_shapes`` (first few) and,
+        with an applicability mask, ``applicability_fallbacks`` (shapes it left without a kernel).
     """
     scorer_s, selector_s = xo.session(scorer), xo.session(selector)
     kernels = op.encode(catalogue, op.kernel_names)
@@ -114,6 +116,9 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
     max_scorer = max_selector = 0.0
     rows_over = 0
     mismatched: list[dict[str, int]] = []
+    fallbacks = 0
+    flagged = applicability_model(pipeline) is not None
+    outputs = ["kernel_ids", "scores", "num_valid"] + ([mf.APPLICABILITY_FALLBACK] if flagged else [])
     probs = problems[list(op.problem_names)].reset_index(drop=True)
     for start in range(0, len(probs), batch):
         chunk = probs.iloc[start:start + batch]
@@ -128,24 +133,28 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
         max_scorer = max(max_scorer, float(np.max(np.abs(onx - ref))) if len(ref) else 0.0)
         rows_over += int(np.sum(np.abs(onx - ref) > 1e-6))
         valid, _ = op.validity(full, full, arch=arch, dtype=dtype, layout=layout)
-        runs = predicted_ok(pipeline, X)  # the learned failure mask (all True without one)
+        applies = predicted_applicable(pipeline, X)  # the learned masks (all True without them)
+        runs = predicted_ok(pipeline, X)
         static = None
         if transfer is not None:
             named = full.assign(kernel_name=cat_rows["kernel_name"].to_numpy())
             static = transfer.static_scores(named, np.arange(len(named)))
-        ids, scores, nvalid = selector_s.run(["kernel_ids", "scores", "num_valid"],
-                                             {"problem": p, "top_k": np.array([top_k], dtype=np.int64)})
+        ids, scores, nvalid, *flag = selector_s.run(outputs, {"problem": p, "top_k": np.array([top_k], dtype=np.int64)})
         for j in range(len(chunk)):
             sl = slice(j * C, (j + 1) * C)
             cand = valid[sl] & allowed
-            if (cand & runs[sl]).any():  # nothing predicted to run: the rule mask alone (fallback)
+            fell = bool(cand.any() and not (cand & applies[sl]).any())
+            if not fell:  # nothing predicted to apply: the rule mask (fallback, flagged)
+                cand = cand & applies[sl]
+            if (cand & runs[sl]).any():  # nothing predicted to run: the mask before (fallback)
                 cand = cand & runs[sl]
+            fallbacks += fell
             wanted = ref_sel[sl]
             if static is not None:
                 wanted = blend(wanted, static[sl], np.zeros(C, dtype=np.int64), cand, float(transfer.weight))
             r_ids, r_scores, r_n = reference_selection(wanted, cand, top_k)
             n = min(top_k, r_n)
-            same_n = int(nvalid[j]) == r_n
+            same_n = int(nvalid[j]) == r_n and (not flagged or bool(flag[0][j]) == fell)
             ok1 = same_n and (r_n == 0 or ids[j, 0] == r_ids[0])
             okk = same_n and np.array_equal(ids[j, :n], r_ids[:n])
             top1 += ok1
@@ -161,6 +170,7 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
         "topk_agreement": topk / shapes if shapes else 1.0, "top_k": top_k,
         "max_abs_diff_scorer": max_scorer, "max_abs_diff_selector": max_selector,
         "scorer_rows_over_1e-6": rows_over, "mismatched_shapes": mismatched,
+        **({"applicability_fallbacks": fallbacks} if flagged else {}),
     }
 
 
@@ -232,10 +242,11 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         raise ValueError("export.select='reranked' needs the fitted reranker pipeline")
     selector_pipe = reranker if select == "reranked" else pipeline
     candidates = _candidate_ids(select, candidates)
-    # the op's rules, narrowed by the failures the model learned from the training data
+    # the op's rules, narrowed by the kernels the model learned not to apply (a table that lists
+    # only the applicable ones), then by the failures it learned from the training data
+    masks = with_learned_failures(with_applicability(mask_builder_for(op), pipeline), pipeline)
     selector = xo.build_selector(selector_pipe, op, catalogue, arch=arch, dtype=dtype, layout=layout,
-                                 mask_builder=with_learned_failures(mask_builder_for(op), pipeline), keep=candidates,
-                                 transfer=transfer)
+                                 mask_builder=masks, keep=candidates, transfer=transfer)
     convert_s = time.perf_counter() - t0
     parity: dict[str, Any] = {"checked": False}
     if parity_problems is not None and len(parity_problems):
@@ -257,7 +268,8 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
                       "candidates": len(catalogue) if candidates is None else int(len(candidates)),
                       "candidate_ids": None if candidates is None else [int(i) for i in candidates]},
         "opset": dict(xo.OPSET), "ir_version": xo.IR_VERSION,
-        "graphs": mf.graph_io(op, len(catalogue)),
+        "graphs": mf.graph_io(op, len(catalogue), flags=[o.name for o in selector.graph.output
+                                                          if o.name in mf.SELECTOR_FLAGS]),
         "problem_fields": mf.fields_section(op.problem_fields),
         "kernel_fields": mf.fields_section(op.kernel_fields),
         "catalogue": mf.catalogue_section(op, catalogue),
@@ -267,6 +279,10 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         "failure_model": None if failure_model(pipeline) is None else {
             "n_trees": int(failure_model(pipeline).booster_.num_trees()),
             "threshold": float(pipeline.ckpred_failure_threshold_)},
+        # the learned applicability mask (None: the op's table measures every candidate, op.absence=unknown)
+        "applicability_model": None if applicability_model(pipeline) is None else {
+            "n_trees": int(applicability_model(pipeline).booster_.num_trees()),
+            "threshold": float(pipeline.ckpred_applicability_threshold_)},
         # the selector's model when it is not the scorer's (select=reranked)
         "selector_model": None if selector_pipe is pipeline else _model_section(selector_pipe),
         "training": dict(training),

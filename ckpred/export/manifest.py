@@ -46,6 +46,11 @@ EXPORT_DIR = OwnDirectory("an export directory ckpred wrote", MANIFEST, re.compi
                           follow_symlink=True)
 SELECTOR_FILE = "model.onnx"
 SCORER_FILE = "scorer.onnx"
+#: Selector output saying, per problem, that the applicability mask left no kernel and the
+#: answer ranks the rule-valid kernels instead (:mod:`ckpred.export.validity`).
+APPLICABILITY_FALLBACK = "applicability_fallback"
+#: Optional selector outputs, bool ``[B]``, present when a mask builder makes them.
+SELECTOR_FLAGS: tuple[str, ...] = (APPLICABILITY_FALLBACK,)
 #: Packages whose versions the manifest records.
 PACKAGES = ("ckpred", "numpy", "pandas", "scikit-learn", "lightgbm", "onnx", "onnxruntime", "skl2onnx",
             "onnxmltools", "protobuf")
@@ -143,8 +148,9 @@ def problem_minimum(table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: 
     return out
 
 
-def graph_io(op: OpDefinition, catalogue_size: int) -> dict[str, Any]:
-    """Names, types, shapes and column order of both graphs' inputs and outputs."""
+def graph_io(op: OpDefinition, catalogue_size: int, flags: Any = ()) -> dict[str, Any]:
+    """Names, types, shapes and column order of both graphs' inputs and outputs; ``flags`` are the
+    selector's optional bool ``[B]`` outputs (``applicability_fallback``)."""
     p, k = list(op.problem_names), list(op.kernel_names)
     return {
         "selector": {
@@ -157,6 +163,7 @@ def graph_io(op: OpDefinition, catalogue_size: int) -> dict[str, Any]:
                 {"name": "kernel_ids", "dtype": "int64", "shape": ["B", f"min(top_k,{catalogue_size})"]},
                 {"name": "scores", "dtype": "float64", "shape": ["B", f"min(top_k,{catalogue_size})"]},
                 {"name": "num_valid", "dtype": "int64", "shape": ["B"]},
+                *({"name": name, "dtype": "bool", "shape": ["B"]} for name in flags),
             ],
         },
         "scorer": {

@@ -22,6 +22,9 @@ Graphs and their stable input/output names
 * output ``num_valid``: int64 ``[B]``, how many catalogue kernels can run the problem. Only the
   first ``min(top_k, num_valid)`` entries are real choices; ``num_valid == 0`` means "no kernel"
   (e.g. the degenerate N=1 or K=1 GEMMs).
+* output ``applicability_fallback``: bool ``[B]``, only in a selector with an applicability mask
+  (an op whose table lists only the kernels that apply): true when no kernel is predicted to
+  apply to the problem and the answer ranks the rule-valid kernels instead.
 
 Inside the selector the features of every (problem, catalogue kernel) pair are computed with
 the catalogue as a constant: whatever depends on kernel fields only is evaluated at export,
@@ -49,6 +52,7 @@ import pandas as pd
 from onnx import TensorProto, helper, numpy_helper
 
 from ckpred.export.factorise import selector_feature_columns
+from ckpred.export.manifest import SELECTOR_FLAGS
 from ckpred.export.opset import IR_VERSION, OPSET
 from ckpred.kernels.base import OpDefinition
 
@@ -333,12 +337,15 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
              axis=0, out="kernel_ids")
     g.op("ReduceSum", g.op("Cast", mask, to=TensorProto.INT64), g.const([1], dtype=np.int64), keepdims=0,
          out="num_valid")
-    g.prune(list(SELECTOR_OUTPUTS))
+    # a mask builder that falls back per problem may name that as an output (the applicability mask)
+    extra = [name for name in SELECTOR_FLAGS if any(name in node.output for node in g.nodes)]
+    g.prune([*SELECTOR_OUTPUTS, *extra])
     inputs = [helper.make_tensor_value_info("problem", TensorProto.INT64, ["B", P]),
               helper.make_tensor_value_info("top_k", TensorProto.INT64, [1])]
     outputs = [helper.make_tensor_value_info("kernel_ids", TensorProto.INT64, ["B", "K"]),
                helper.make_tensor_value_info("scores", TensorProto.DOUBLE, ["B", "K"]),
                helper.make_tensor_value_info("num_valid", TensorProto.INT64, ["B"])]
+    outputs += [helper.make_tensor_value_info(name, TensorProto.BOOL, ["B"]) for name in extra]
     scope = f"{C} catalogue kernels" if keep is None else f"{K} of {C} catalogue kernels (pruned)"
     return _model(g, "ckpred_selector", inputs, outputs,
                   f"ckpred selector for op {op.name}: problem {list(op.problem_names)} + top_k -> "

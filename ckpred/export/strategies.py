@@ -278,6 +278,16 @@ def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *,
     if top_n is not None:
         table = table.reset_index(drop=True)
         table_keys = np.asarray(op.shape_keys(table))
+        scored_table, scored_keys = table, table_keys
+        if reranker is not None and "measured" in oof and not oof["measured"].all():
+            # the run ranked unmeasured candidates too (ckpred.fitting.with_unmeasured): their rows
+            # come from the same candidate set; the reranker still learns on measured rows only
+            from types import SimpleNamespace
+
+            from ckpred.fitting import with_unmeasured
+
+            scored_table, _ = with_unmeasured(table, op, SimpleNamespace(arch=arch, dtype=dtype, layout=layout))
+            scored_keys = np.asarray(op.shape_keys(scored_table))
         for position, f in enumerate(np.unique(fold)):
             if on_fold is not None:
                 on_fold(position)
@@ -292,7 +302,7 @@ def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *,
                                                                arch=arch, dtype=dtype, layout=layout, seed=seed)
             if pipe is not None:  # None: nothing to rerank, the fold's candidates keep the run's scores
                 test = np.flatnonzero(rows & allowed)
-                test_rows = table.iloc[_table_rows(table, table_keys, oof, test)]
+                test_rows = scored_table.iloc[_table_rows(scored_table, scored_keys, oof, test)]
                 scores[test] = pipe.predict(op.encode_frame(test_rows))
     return scores, allowed, n_cand
 
@@ -319,8 +329,9 @@ def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, a
                                  reranker=reranker, recipe=recipe, seed=seed, train_table=train_table)
     scores, allowed, n_cand = scored
     groups = ev.ShapeGroups.from_keys(oof["shape"].to_numpy())
+    measured = oof["measured"].to_numpy(bool) if "measured" in oof else None
     out = ev.shape_metrics(oof["perf"].to_numpy(), scores, groups,
-                           oof["selectable"].to_numpy(bool) & allowed)
+                           oof["selectable"].to_numpy(bool) & allowed, measured)
     first = groups.first_rows()
     out["fold"] = oof["fold"].to_numpy()[first]
     out["candidates"] = n_cand[first]

@@ -15,11 +15,16 @@ is a :class:`ckpred.export.onnx.GraphBuilder`, ``problem`` names the int64 ``[B,
 name of a bool ``[B, C]`` tensor that must equal ``op.validity`` for every (problem, kernel) —
 a test checks that on edge shapes for every registered op.
 
-A pipeline that learned which kernels fail (:func:`ckpred.models.fit_failure_model`) adds a
-second mask on top of the rules (:func:`with_learned_failures`): its failure model runs on the
-same features inside the selector graph, and a problem for which every rule-valid kernel is
-predicted to fail keeps the rule mask alone (the selector then returns the highest-ranked
-rule-valid kernels, as :func:`ckpred.evaluate.learned_selection_mask` does in Python).
+A pipeline of an op whose table lists only the kernels that apply to each problem carries a
+learned applicability model (:func:`ckpred.models.fit_applicability_model`), and a pipeline
+that learned which kernels fail a failure model (:func:`ckpred.models.fit_failure_model`). Each
+adds a mask on top of the rules, in that order (:func:`with_applicability`,
+:func:`with_learned_failures`): the model runs on the same features inside the selector graph,
+and a problem for which it leaves no kernel keeps the mask it had before (the selector then
+returns the highest-ranked kernels that mask allows, as :func:`ckpred.evaluate.narrowed_mask`
+does in Python). The applicability mask also writes :data:`APPLICABILITY_FALLBACK`, a bool
+``[B]`` tensor the selector outputs: true where it left no kernel and the answer falls back to
+the rules.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import numpy as np
 import pandas as pd
 from onnx import TensorProto
 
+from ckpred.export.manifest import APPLICABILITY_FALLBACK
 from ckpred.export.onnx import GraphBuilder, MaskBuilder
 from ckpred.kernels.base import OpDefinition
 
@@ -106,6 +112,59 @@ def rules_mask(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: Op
 MASK_BUILDERS: dict[str, MaskBuilder] = {"gemm_universal": gemm_universal_mask}
 
 
+def _learned_mask(base: MaskBuilder, pipeline: Any, model: Any, threshold: float, prefix: str,
+                  flag: str | None = None) -> MaskBuilder:
+    """``base`` narrowed by a model on the pipeline's features (estimate <= ``threshold`` stays),
+    per problem ``base & (keep | ~any(base & keep))``; ``flag`` names a bool ``[B]`` tensor true
+    where the narrowing was dropped (``base`` had a kernel, ``base & keep`` none)."""
+    from sklearn.pipeline import Pipeline
+
+    from ckpred.export import onnx as xo
+
+    converted = xo.convert_model_step(Pipeline([("features", pipeline.named_steps["features"]), ("model", model)]))
+
+    def builder(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: OpDefinition, **kw: Any) -> str:
+        from ckpred.export.factorise import selector_feature_columns
+
+        rule = base(g, problem, catalogue, op=op, **kw)  # [B, K]
+        columns = xo.used_features(converted, converted.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
+        # [B*K, F'] in the order the packed feature graph makes the columns: the trees are
+        # renumbered to it (as the selector's are) instead of a Gather putting them in order
+        x, order = selector_feature_columns(g, pipeline, op, op.encode(catalogue, op.kernel_names), problem, columns)
+        estimate = g.name(prefix.strip("/") + "_estimate")
+        xo._add_pipeline(g, xo.keep_features(converted, [columns[i] for i in order]), x, estimate, prefix=prefix)
+        estimate = g.op("Reshape", estimate, g.const([-1, len(catalogue)], dtype=np.int64))
+        keep = g.op("LessOrEqual", estimate, g.const(threshold, dtype=np.float64))
+        axis = g.const([1], dtype=np.int64)
+        any_kept = g.op("ReduceMax", g.op("Cast", g.op("And", rule, keep), to=TensorProto.INT64), axis,
+                        keepdims=1)  # [B, 1]
+        fallback = g.op("Not", g.op("Cast", any_kept, to=TensorProto.BOOL))
+        if flag is not None:
+            any_rule = g.op("ReduceMax", g.op("Cast", rule, to=TensorProto.INT64), axis, keepdims=1)
+            fell = g.op("And", fallback, g.op("Cast", any_rule, to=TensorProto.BOOL))
+            g.op("Reshape", fell, g.const([-1], dtype=np.int64), out=flag)
+        return g.op("And", rule, g.op("Or", keep, fallback))
+
+    return builder
+
+
+def with_applicability(rules: MaskBuilder, pipeline: Any) -> MaskBuilder:
+    """``rules`` narrowed by the pipeline's learned applicability model, with the fallback.
+
+    Returns ``rules`` itself when the pipeline has no applicability model. Otherwise a kernel
+    whose estimate of being absent exceeds ``pipeline.ckpred_applicability_threshold_`` is
+    masked; a problem left with no kernel keeps ``rules`` and its
+    :data:`APPLICABILITY_FALLBACK` entry is true.
+    """
+    from ckpred.models import applicability_model
+
+    model = applicability_model(pipeline)
+    if model is None:
+        return rules
+    return _learned_mask(rules, pipeline, model, float(pipeline.ckpred_applicability_threshold_), "applicability/",
+                         flag=APPLICABILITY_FALLBACK)
+
+
 def with_learned_failures(rules: MaskBuilder, pipeline: Any) -> MaskBuilder:
     """``rules`` narrowed by the pipeline's learned failure model, with the fallback.
 
@@ -115,36 +174,12 @@ def with_learned_failures(rules: MaskBuilder, pipeline: Any) -> MaskBuilder:
     (predicted to fail: estimate > ``pipeline.ckpred_failure_threshold_``) and returns
     ``rules & (runs | ~any(rules & runs))`` per problem.
     """
-    from sklearn.pipeline import Pipeline
-
-    from ckpred.export import onnx as xo
     from ckpred.models import failure_model
 
     model = failure_model(pipeline)
     if model is None:
         return rules
-    threshold = float(pipeline.ckpred_failure_threshold_)
-    converted = xo.convert_model_step(Pipeline([("features", pipeline.named_steps["features"]), ("model", model)]))
-
-    def builder(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: OpDefinition, **kw: Any) -> str:
-        from ckpred.export.factorise import selector_feature_columns
-
-        rule = rules(g, problem, catalogue, op=op, **kw)  # [B, K]
-        columns = xo.used_features(converted, converted.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
-        # [B*K, F'] in the order the packed feature graph makes the columns: the trees are
-        # renumbered to it (as the selector's are) instead of a Gather putting them in order
-        x, order = selector_feature_columns(g, pipeline, op, op.encode(catalogue, op.kernel_names), problem, columns)
-        estimate = g.name("failure_estimate")
-        xo._add_pipeline(g, xo.keep_features(converted, [columns[i] for i in order]), x, estimate, prefix="failure/")
-        estimate = g.op("Reshape", estimate, g.const([-1, len(catalogue)], dtype=np.int64))
-        runs = g.op("LessOrEqual", estimate, g.const(threshold, dtype=np.float64))
-        both = g.op("And", rule, runs)
-        any_runs = g.op("ReduceMax", g.op("Cast", both, to=TensorProto.INT64), g.const([1], dtype=np.int64),
-                        keepdims=1)  # [B, 1]
-        fallback = g.op("Not", g.op("Cast", any_runs, to=TensorProto.BOOL))
-        return g.op("And", rule, g.op("Or", runs, fallback))
-
-    return builder
+    return _learned_mask(rules, pipeline, model, float(pipeline.ckpred_failure_threshold_), "failure/")
 
 
 def mask_builder_for(op: OpDefinition) -> MaskBuilder:

@@ -78,6 +78,10 @@ class OpDefinition(ABC):
     group_key: tuple[str, ...]
     #: Labels of the problem families, in order (see :meth:`family`).
     families: tuple[str, ...]
+    #: What a (problem, catalogue kernel) pair without a row in the table means
+    #: (:data:`ckpred.schema.ABSENCE`): ``unknown`` (a full sweep, where a missing row is a gap)
+    #: or ``not_applicable`` (the table lists only the kernels that apply to each problem).
+    absence: str = "unknown"
 
     # -- names ---------------------------------------------------------------------------------
     @abstractmethod

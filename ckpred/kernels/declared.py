@@ -90,6 +90,7 @@ class DeclaredOp(OpDefinition):
         self.group_key = tuple(c.keys.query) or problem
         self.cv_group_key = tuple(c.keys.cv_group) or self.group_key
         self.breakdowns = tuple(c.keys.breakdowns)
+        self.absence = c.absence
         self._kinds = field_kinds(c)
         self._catalogue: pd.DataFrame | None = None
         if c.kernel_id.template:

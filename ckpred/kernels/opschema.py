@@ -222,7 +222,7 @@ def _check_keys(cfg: Any) -> None:
 
 
 def _check_metric(cfg: Any) -> None:
-    from ckpred.schema import FAILURE_VALUES, THROUGHPUT_UNITS, TIME_UNITS, check
+    from ckpred.schema import ABSENCE, FAILURE_VALUES, THROUGHPUT_UNITS, TIME_UNITS, check
 
     metric = _get(cfg, "metric")
     column, better, unit = _get(metric, "column"), _get(metric, "better"), _get(metric, "unit")
@@ -230,6 +230,10 @@ def _check_metric(cfg: Any) -> None:
     check("op.metric.better", better, better in ("lower", "higher"), "'lower' (a time) or 'higher' (a throughput)")
     units = TIME_UNITS if better == "lower" else THROUGHPUT_UNITS
     check("op.metric.unit", unit, unit in units, f"for better={better}: one of {list(units)}")
+    absence = _get(cfg, "absence", "unknown")
+    check("op.absence", absence, absence in ABSENCE,
+          f"one of {list(ABSENCE)} (unknown: a full sweep; not_applicable: the table lists only the kernels that "
+          "apply to each problem)")
     failure = _get(cfg, "failure")
     for i, v in enumerate(_get(failure, "metric_values") or []):
         check(f"op.failure.metric_values[{i}]", v, v in FAILURE_VALUES, f"one of {list(FAILURE_VALUES)}")

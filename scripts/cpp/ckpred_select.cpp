@@ -33,6 +33,9 @@
 // Scores are printed with 17 significant digits, so they round-trip exactly. A problem outside
 // the training ranges is answered and flagged ("out_of_distribution":true, "ood_fields":
 // {"m":[100000,[1,16384]]}); a problem no kernel can run gets "ok":false, a "reason", no kernels.
+// A selector with an applicability mask (an op whose table lists only the kernels that apply)
+// adds "applicability_fallback": true when no kernel is predicted to apply to the problem and the
+// kernels are ranked among every rule-valid one instead (false otherwise), as the Python runtime.
 // Exit codes: 0 ok, 2 usage/input error (bad option, bad problem value), 3 model refused
 // (manifest, sha256, catalogue, mismatch, onnxruntime). Every failure is one line on stderr.
 
@@ -205,6 +208,7 @@ class Selector {
     std::vector<int64_t> ids;
     std::vector<double> scores;
     int64_t num_valid = 0;
+    int applicability_fallback = -1;  // -1: the selector has no applicability mask
   };
 
   Answer run(std::vector<int64_t> problem, int64_t top_k) {
@@ -223,6 +227,12 @@ class Selector {
     for (size_t i = 0; i < outputs_.size(); ++i) {
       auto info = out[i].GetTensorTypeAndShapeInfo();
       size_t n = info.GetElementCount();
+      if (outputs_[i] == "applicability_fallback") {  // bool [B]: the one optional output read
+        if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL || n < 1)
+          throw ModelError(man_.selector_file + ": output 'applicability_fallback' is not a bool per problem");
+        a.applicability_fallback = out[i].GetTensorData<bool>()[0] ? 1 : 0;
+        continue;
+      }
       if (info.GetElementType() != (outputs_[i] == "scores" ? ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64))
         throw ModelError(man_.selector_file + ": output '" + outputs_[i] + "' has an unexpected element type");
       if (outputs_[i] == "kernel_ids") {
@@ -314,6 +324,7 @@ std::string answer_json(const Manifest& man, const std::vector<int64_t>& problem
   bool ood = false;
   std::string ood_fields = ckpred::out_of_distribution_json(man, problem, ood);
   o << ",\"out_of_distribution\":" << (ood ? "true" : "false") << ",\"ood_fields\":" << ood_fields;
+  if (a.applicability_fallback >= 0) o << ",\"applicability_fallback\":" << (a.applicability_fallback ? "true" : "false");
   o << ",\"kernels\":[";
   for (int64_t i = 0; i < n; ++i) {
     if (a.ids[i] < 0 || a.ids[i] >= static_cast<int64_t>(man.kernel_names.size()))
