@@ -159,10 +159,20 @@ class RunDirectory:
             if command is None:
                 return f"its {RUN_MARKER} is not a marker ckpred wrote"
             return f"it is a {command} run folder (its {RUN_MARKER}), not a {self.command} one"
-        foreign = [n for n in names if n not in (".hydra", f"{self.command}.log")]
+        hydra_files = {".hydra", f"{self.command}.log"}
+        # Hydra's own output for this run, also in a sub-folder (hydra.run.dir=<out_dir>/hydra)
+        foreign = [n for n in names if n not in hydra_files and not _holds_only(path / n, hydra_files)]
         if not foreign or (self.recognise is not None and self.recognise(path)):
             return ""
         return f"it holds {foreign[0]!r} and no {RUN_MARKER}, so ckpred did not make it"
+
+
+def _holds_only(path: Path, names: set[str]) -> bool:
+    """Whether ``path`` is a folder (not a symlink) holding nothing but some of ``names``."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode) and {e.name for e in os.scandir(path)} <= names
+    except OSError:
+        return False
 
 
 def run_marker_command(path: Path) -> str | None:

@@ -723,6 +723,28 @@ def test_a_run_writes_into_a_new_or_empty_folder_and_its_own_again(tmp_path: Pat
     assert len(ran) == 4
 
 
+def test_hydras_run_folder_inside_the_run_folder_is_hydras_not_the_users(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """``out_dir=X hydra.run.dir=X/hydra``: the sub-folder Hydra made for the run (``.hydra/`` and
+    the command's log) does not make X a user's folder; a sub-folder with anything else does."""
+    import ckpred.commands.train as train_command
+    from ckpred.util import RunDirectory
+
+    ran: list[Path] = []
+    monkeypatch.setattr(train_command, "cross_validate", lambda cfg, out, *a: ran.append(out) or 0.5)
+    rc, _, err = run(["train", "out_dir=runs/a", "hydra.run.dir=runs/a/hydra"], capsys)
+    assert rc == 0 and not TRACEBACK.search(err), err
+    assert ran == [tmp_path / "runs" / "a"]
+    kind = RunDirectory("train")
+    folder = tmp_path / "b"
+    (folder / "hydra" / ".hydra").mkdir(parents=True)
+    (folder / "hydra" / "train.log").write_text("")
+    assert kind.refusal(folder) == ""
+    (folder / "hydra" / "notes.txt").write_text("mine")
+    assert "holds 'hydra'" in kind.refusal(folder)
+
+
 def test_a_refused_run_leaves_no_marker_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """A run refused after its folder was made and marked (more folds than shapes) removes the
