@@ -15,6 +15,9 @@ from ckpred.errors import ModelMismatchError
 from ckpred.runtime import KernelSelector
 from export_helpers import export_gemm, forge
 
+# trains and exports the runs its Python and C++ autotune tests share: the developer loop (-m "not slow") skips the module
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:

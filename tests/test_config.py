@@ -54,6 +54,7 @@ def _primary_groups(name: str) -> set[str]:
             if line.startswith("  - ") and ":" in line}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("primary", "group", "option"), _cases())
 def test_every_option_composes(primary: str, group: str, option: str) -> None:
     if not primary:
@@ -119,6 +120,7 @@ def test_unknown_option_names_group_value_and_options(override: str, group: str,
         assert option in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("override", "key", "allowed"), [
     ("arch.compute_units=-3", "arch.compute_units", "> 0"),
     ("arch.warp_size=48", "arch.warp_size", "32 or 64"),
@@ -163,6 +165,7 @@ EXPERIMENTS = [(None, p.stem) for p in sorted((CONF_DIR / "experiment").glob("*.
     [(REPO / "tests" / "ops", p.stem) for p in sorted((REPO / "tests" / "ops" / "experiment").glob("*.yaml"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["train", "tune", "export", "select", "ingest"])
 @pytest.mark.parametrize(("config_dir", "experiment"), EXPERIMENTS, ids=[e for _, e in EXPERIMENTS])
 def test_every_experiment_composes_for_every_recipe_command(config_dir, experiment: str, command: str) -> None:
@@ -196,6 +199,7 @@ MXFP4 = "defaults: [base_dtype, _self_]\nname: mxfp4\nbytes_per_element: 0.5\nc_
 RRC = "defaults: [base_layout, _self_]\nname: rrc\na: r\nb: r\nc: c\ncode: 7\n"
 
 
+@pytest.mark.slow
 def test_a_dtype_and_a_layout_in_a_user_config_dir_are_in_the_vocabulary(tmp_path) -> None:
     from ckpred import vocab
     from ckpred.expressions import dtype_bytes_table
@@ -211,6 +215,7 @@ def test_a_dtype_and_a_layout_in_a_user_config_dir_are_in_the_vocabulary(tmp_pat
     assert "mxfp4" not in dtype_names()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("files", "key", "fragment"), [
     ({"dtype/mxfp4.yaml": MXFP4.replace("name: mxfp4", "name: fp4")}, "dtype.name", "'mxfp4' (the file's name"),
     ({"dtype/mxfp4.yaml": MXFP4.replace("0.5", "-1")}, "dtype.bytes_per_element", "a number > 0"),

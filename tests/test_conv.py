@@ -271,6 +271,7 @@ def test_conv_feature_sets_export_to_onnx_with_parity(conv_cfg, name: str) -> No
 
 
 # -- reduced Protocol B on AMD's measurements -----------------------------------------------------
+@pytest.mark.slow
 def test_reduced_protocol_b_beats_baselines_on_amd_data(tmp_path) -> None:
     """5-fold GroupKFold by problem over the 30-kernel table with a small ranker (CI-sized).
 
@@ -301,6 +302,7 @@ def test_reduced_protocol_b_beats_baselines_on_amd_data(tmp_path) -> None:
     assert len(folds["folds"]) == 5 and len(tested) == len(set(tested)) == 230  # each shape tested once
 
 
+@pytest.mark.slow
 def test_experiment_exports_like_it_trains(tmp_path) -> None:
     """``export experiment=ck_conv_gfx950`` composes (the experiment holds recipe keys only) and
     fits, compiles and parity-checks the conv selector on AMD's table."""
@@ -374,6 +376,7 @@ def _conv_proof():
     return _script("bench/conv_proof")
 
 
+@pytest.mark.slow
 def test_selection_protocol_never_sees_the_benchmark(tmp_path) -> None:
     """Protocol T (where the recipe is chosen) trains and tests on the training table only;
     A tests on the benchmark, B trains and tests on it."""

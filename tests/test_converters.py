@@ -101,6 +101,7 @@ def test_every_registered_group_has_a_converter() -> None:
 
 
 # -- parity ------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("opset", OPSETS, ids=lambda o: f"opset{o['']}")
 @pytest.mark.parametrize("kind", sorted(FEATURE_GROUPS) + sorted(declared_groups()))
 def test_transformer_parity(kind: str, opset: dict[str, int]) -> None:
@@ -117,6 +118,7 @@ def test_parity_on_a_column_order_other_than_the_op_order() -> None:
     _assert_parity(_run(model, X, OPSETS[0]), model.transform(X))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FEATURE_SETS)
 def test_feature_union_parity(name: str) -> None:
     fs = feature_set(name)

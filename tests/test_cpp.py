@@ -19,6 +19,9 @@ from ckpred.export.build import export_pipeline
 from ckpred.runtime import KernelSelector
 from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, export_gemm, fit_pipeline, gemm, synthetic_table
 
+# builds and runs the C++ binaries: the developer loop (-m "not slow") skips the module
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 CPP = REPO / "scripts" / "cpp"
 

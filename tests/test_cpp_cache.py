@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from test_cpp import _run, binary, model  # noqa: F401  (fixtures: build the binary, a small export)
+
+# builds and runs the C++ selector: the developer loop (-m "not slow") skips the module
+pytestmark = pytest.mark.slow
 
 
 def _stats(stderr: str) -> dict[str, int]:

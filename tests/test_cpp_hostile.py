@@ -21,6 +21,9 @@ from test_cpp import _run, binary  # noqa: F401  (fixture: builds the binary)
 from test_hostile_autotune import CALIBRATIONS, EXPORT_TAMPERS, forged, other_export, python_accepts  # noqa: F401
 from test_hostile_runtime import TAMPERS, export, mutate, selector  # noqa: F401  (fixtures: an export)
 
+# builds and runs the C++ binaries: the developer loop (-m "not slow") skips the module
+pytestmark = pytest.mark.slow
+
 
 def _one_line(err: str) -> str:
     lines = err.splitlines()

@@ -112,6 +112,7 @@ def _train_parts(root: Path, tmp_path: Path, name: str, *extra: str) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_new_scheme_is_one_class_and_one_yaml_file(parts_scheme: Path, tmp_path: Path) -> None:
     out = _train_parts(parts_scheme, tmp_path, "run")
     folds = json.loads((out / "folds.json").read_text())

@@ -42,6 +42,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_the_python_examples_run_as_written(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(workdir)
     monkeypatch.setenv("HOME", str(workdir / "home"))
@@ -87,6 +88,7 @@ int main() {
 """
 
 
+@pytest.mark.slow
 def test_the_cpp_example_compiles_and_runs_as_written(workdir: Path, tmp_path: Path) -> None:
     import shutil
 

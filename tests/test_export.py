@@ -47,6 +47,7 @@ def _problems(shapes):
     return pd.DataFrame(shapes, columns=["m", "n", "k"]).assign(split_k=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS, ids=["log1p", "raw", "ranker"])
 def test_parity_bar_recorded_and_met(exported, kind) -> None:
     par = exported[kind][2]["parity"]
@@ -164,6 +165,7 @@ def test_double_trees_branch_where_float32_trees_do_not() -> None:
     assert np.max(np.abs(stock_got - want)) > 0.1  # the float32 graph takes wrong branches
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["rcr", "rrr", "crr", "ccr"])
 def test_validity_mask_equals_op_validity(layout) -> None:
     op = gemm()
@@ -247,6 +249,7 @@ def test_training_ranges_and_hash_follow_the_data(setup) -> None:
     assert a["shapes"] == len(TRAIN_SHAPES)
 
 
+@pytest.mark.slow
 def test_interrupted_export_keeps_previous_export(setup, exported, tmp_path, monkeypatch) -> None:
     op, cfg, table = setup
     pipe, _, _ = exported[("regressor", "raw")]

@@ -30,6 +30,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
+@pytest.mark.slow
 def test_export_then_select_from_the_command_line(tmp_path) -> None:
     out = _cli("export", "arch=gfx950", "dtype=fp8", *FAST, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -59,6 +60,7 @@ def test_export_then_select_from_the_command_line(tmp_path) -> None:
     assert got == json.loads(json.dumps(KernelSelector.load(d).select(128, 1536, 7168, top_k=2).to_dict()))
 
 
+@pytest.mark.slow
 def test_bad_export_option_names_key_value_allowed(tmp_path) -> None:
     out = _cli("export", "select=cascade", *FAST, cwd=tmp_path)
     assert out.returncode != 0
@@ -90,6 +92,7 @@ def run_dir(tmp_path):
     return run
 
 
+@pytest.mark.slow
 def test_export_of_a_train_run_dir(run_dir, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     out = export_command(compose("export", [f"run_dir={run_dir}", "out_dir=ex", "parity.shapes=4"]))
@@ -103,6 +106,7 @@ def test_export_of_a_train_run_dir(run_dir, tmp_path, monkeypatch) -> None:
     assert man["training"]["shapes"] == 12  # ranges of the run's own (tiny) data
 
 
+@pytest.mark.slow
 def test_export_of_a_run_with_oof_predictions_carries_the_autotune_calibration(run_dir, tmp_path, monkeypatch) -> None:
     import numpy as np
     import pandas as pd
@@ -131,6 +135,7 @@ def test_export_of_a_run_with_oof_predictions_carries_the_autotune_calibration(r
     assert json.loads((Path(reranked) / "manifest.json").read_text())["autotune"] is None
 
 
+@pytest.mark.slow
 def test_run_dir_for_another_arch_is_refused(run_dir, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     man = json.loads((run_dir / "run.json").read_text())
@@ -140,6 +145,7 @@ def test_run_dir_for_another_arch_is_refused(run_dir, tmp_path, monkeypatch) -> 
     assert not (tmp_path / "ex").exists()
 
 
+@pytest.mark.slow
 def test_run_dir_with_other_data_or_replaced_pipeline_is_refused(run_dir, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     man = json.loads((run_dir / "run.json").read_text())
@@ -177,6 +183,7 @@ def _train_then_export(cv: str) -> dict:
     return json.loads((Path(out) / "manifest.json").read_text())["selection"]["cv"]
 
 
+@pytest.mark.slow
 def test_export_of_a_train_run_reports_the_strategy_under_the_runs_cv(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     cv = _train_then_export("cv.n_splits=3")
@@ -187,6 +194,7 @@ def test_export_of_a_train_run_reports_the_strategy_under_the_runs_cv(tmp_path, 
     assert 0.3 < cv["reranked"]["mean"] <= 1.0 and cv["reranked"]["p10"] <= cv["reranked"]["mean"]
 
 
+@pytest.mark.slow
 def test_run_dir_without_run_record_is_compiled_from_its_hydra_config(run_dir, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     (run_dir / "run.json").unlink()  # e.g. a run copied without it: the pipeline alone still exports
@@ -197,6 +205,7 @@ def test_run_dir_without_run_record_is_compiled_from_its_hydra_config(run_dir, t
     assert man["training"]["shapes"] == 12  # the run's .hydra/config.yaml (tiny shapes), not this config's data
 
 
+@pytest.mark.slow
 def test_run_dir_written_before_the_rename_is_read_through_its_manifest_json(run_dir, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     (run_dir / "run.json").rename(run_dir / "manifest.json")
@@ -205,12 +214,14 @@ def test_run_dir_written_before_the_rename_is_read_through_its_manifest_json(run
     assert man["metrics"] == {"model": {"mean": 0.975}} and man["source"]["train_data_hash"] is not None
 
 
+@pytest.mark.slow
 def test_export_of_a_holdout_run_says_why_it_has_no_cv_report(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     cv = _train_then_export("cv=holdout")
     assert "1 fold(s)" in cv["skipped"] and "k-fold CV" in cv["skipped"]  # holdout tests a part of the shapes
 
 
+@pytest.mark.slow
 def test_reranked_export_of_a_run_with_two_cv_groups(tmp_path, monkeypatch) -> None:
     """Two CV groups: each fold trains on one shape, whose winner is the fold's only candidate;
     nothing is left to rerank there, so the fold keeps the full model's scores (the reranker is

@@ -69,6 +69,7 @@ def pruned(setup, tmp_path_factory):
     return pipe, keep, d, man
 
 
+@pytest.mark.slow
 def test_pruned_export_records_strategy_and_meets_parity(setup, pruned) -> None:
     op, cfg, _ = setup
     _, keep, _, man = pruned
@@ -100,6 +101,7 @@ def reranked(setup, tmp_path_factory):
     return reranker, keep, d, man
 
 
+@pytest.mark.slow
 def test_reranker_is_the_recipe_sized_down_and_fitted_on_candidate_rows_only(setup, reranked, monkeypatch) -> None:
     import ckpred.models
 
@@ -230,6 +232,7 @@ def _reranker_shapes(op, monkeypatch) -> list[set]:
     return seen
 
 
+@pytest.mark.slow
 def test_cv_reranker_of_each_fold_sees_its_training_shapes_only(setup, monkeypatch) -> None:
     op, cfg, table = setup
     t = table.reset_index(drop=True)

@@ -54,6 +54,7 @@ def _pairs(op, X: pd.DataFrame, n_problems: int, n_kernels: int) -> tuple[np.nda
     return problems, kernels, pd.DataFrame(rows, columns=P + Q)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FEATURE_SETS)
 @pytest.mark.parametrize("n_problems,n_kernels", [(4, 23), (1, 1)])
 def test_selector_features_equal_the_pipeline_bit_for_bit(name: str, n_problems: int, n_kernels: int) -> None:

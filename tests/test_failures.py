@@ -101,6 +101,7 @@ def test_no_failure_model_when_failures_are_random(failing) -> None:
     assert failure_model(pipe) is None and predicted_ok(pipe, X).all()
 
 
+@pytest.mark.slow
 def test_exported_selector_masks_learned_failures_like_python(failing, tmp_path) -> None:
     op, cfg, table, fails = failing
     # trees fitted where compv4 ran (and is the fastest pipeline), failures learned where it fails

@@ -151,6 +151,7 @@ COMPOSE_REFUSALS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("command", "overrides", "names"), COMPOSE_REFUSALS,
                          ids=[" ".join(c[1]) for c in COMPOSE_REFUSALS])
 def test_refused_at_compose(command: str, overrides: list[str], names: list[str],
@@ -160,6 +161,7 @@ def test_refused_at_compose(command: str, overrides: list[str], names: list[str]
     assert composed == []  # the task never started
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [
     ["data=path", "data.path=x.csv"], ["data.source=path", "data.path=x.csv"], ["cv=holdout", "cv.test_fraction=0.3"],
     ["model=lgbm_regressor", "target=relative", "target.floor=0.01"], ["model.backend=dask", "model.dask.n_workers=1"],
@@ -178,6 +180,7 @@ def test_hydra_groups_and_modes(composed: list[Any], capsys: pytest.CaptureFixtu
     assert_named(rc, err, "train", "-m", "--cfg", "one of")
 
 
+@pytest.mark.slow
 def test_output_paths_refused_before_work(tmp_path: Path, composed: list[Any],
                                           capsys: pytest.CaptureFixture[str]) -> None:
     a_dir, a_file, parquet_dir = tmp_path / "adir", tmp_path / "afile.parquet", tmp_path / "t.parquet"
@@ -218,6 +221,7 @@ def test_output_the_filesystem_refuses_is_named(tmp_path: Path, capsys: pytest.C
     assert_named(rc, err, "simulate", "cannot write /proc/ckpred-hostile.parquet")
 
 
+@pytest.mark.slow
 def test_hydra_composition_errors_name_the_key_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, name in ((["train", "arch=null"], "arch"), (["train", "model=0"], "model"),
                        (["train", "dtype=fp9"], "dtype"), (["train", "model.n_jobs=1.5"], "model.n_jobs"),
@@ -235,6 +239,7 @@ def test_unparsable_override_is_named(composed: list[Any], capsys: pytest.Captur
     assert composed == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["a b;$(touch PWNED)`touch PWNED`.csv", "|&><!#.csv", "ünï 表 \u00e9.csv",
                                   "q'uo\"te.csv", "-dash.csv", "~tilde%%{x}.csv"])
 def test_shell_metacharacters_quotes_spaces_and_unicode_in_paths_are_plain_text(
@@ -253,6 +258,7 @@ def test_shell_metacharacters_quotes_spaces_and_unicode_in_paths_are_plain_text(
     assert made == {out, out.replace(".parquet", ".rejects.csv")}, made
 
 
+@pytest.mark.slow
 def test_data_paths_read_from_a_directory_whose_name_holds_glob_characters(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A relative ``data.path`` was globbed with the working directory's name in the pattern: in
@@ -289,6 +295,7 @@ def test_control_characters_are_refused_without_being_echoed(char: str, composed
     assert char not in err.rstrip("\n") and char not in out and composed == []
 
 
+@pytest.mark.slow
 def test_overlong_keys_values_and_paths_are_named_in_a_short_line(tmp_path: Path, composed: list[Any],
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """cl09-cl12: File name too long, from Hydra's group lookup or the file system, was a traceback."""
@@ -303,6 +310,7 @@ def test_overlong_keys_values_and_paths_are_named_in_a_short_line(tmp_path: Path
     assert composed == []
 
 
+@pytest.mark.slow
 def test_overlong_data_path_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run(["ingest", f"data.path={'y' * 100_000}.csv", f"out={tmp_path / 'o.parquet'}"], capsys)
     assert_named(rc, err, "ingest")
@@ -317,6 +325,7 @@ def test_run_dirs_under_proc_are_named(argv: list[str], capsys: pytest.CaptureFi
     assert_named(rc, err, "train", "/proc/")
 
 
+@pytest.mark.slow
 def test_a_refused_run_leaves_no_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Hydra makes runs/train/<time>/.hydra before the task starts; a refusal removes it (and the
     parents it made), but never a folder that was there before."""
@@ -355,6 +364,7 @@ HOSTILE_YAML = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(HOSTILE_YAML))
 def test_hostile_yaml_in_a_user_config_dir_is_named_quickly(kind: str, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -401,6 +411,7 @@ def test_a_plugin_raising_at_import_is_named(tmp_path: Path, monkeypatch: pytest
     assert_named(rc, err, "ingest", "'op.plugin'", "boom_plugin:Op")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["ingest", "train", "export", "select"])
 @pytest.mark.parametrize(("group", "field"), [("problem_fields", "alpha: {kind: float, default: 1.5}"),
                                               ("kernel_fields", "ratio: {kind: float}")])
@@ -421,6 +432,7 @@ def test_a_float_field_is_refused_at_compose(command: str, group: str, field: st
     assert composed == []
 
 
+@pytest.mark.slow
 def test_a_copy_of_an_arch_config_names_its_isa_then_simulates(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """A copy of gfx950.yaml under another name was refused blaming the dtype, then (with the
@@ -448,6 +460,7 @@ def test_more_folds_than_shapes_of_a_real_table(capsys: pytest.CaptureFixture[st
     assert digest(table) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("overrides", "names"), [
     (["cv=holdout", "cv.test_fraction=0.99"], ["'cv.test_fraction'", "0.99", "12 shapes"]),
     (["cv=leave_family_out", f"shapes.families.mix.m=[{','.join(['1'] * 12)}]"],  # M=1 only: one family
@@ -463,6 +476,7 @@ def test_refused_before_fitting(overrides: list[str], names: list[str], tmp_path
     assert not (tmp_path / "run" / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_features_params_unknown_to_the_transformer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run(["train", *TINY, "+features.groups.0.params.foo=1"], capsys)
     assert_named(rc, err, "train", "features.groups[0].params.foo")
@@ -484,6 +498,7 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_select_unknown_problem_field(export_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = {p.name: digest(p) for p in export_dir.iterdir()}
     rc, _, err = run(["select", f"model_dir={export_dir}", "problem.m=128", "problem.n=1536", "problem.k=7168",
@@ -499,6 +514,7 @@ def test_select_unknown_problem_field(export_dir: Path, capsys: pytest.CaptureFi
 RUNTIME_CHECKS = hasattr(mf, "check_manifest")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not RUNTIME_CHECKS, reason="needs the runtime's problem-value checks (ckpred.runtime)")
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(field=st.sampled_from(["m", "n", "k", "split_k"]),
@@ -530,6 +546,7 @@ VALUES = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.sampled_from(TRAIN_KEYS), value=VALUES, add=st.booleans())
 def test_fuzzed_train_overrides(key: str, value: str, add: bool, composed: list[Any],
@@ -548,6 +565,7 @@ def test_fuzzed_train_overrides(key: str, value: str, add: bool, composed: list[
             or "override" in err.lower() or "interpolation" in err.lower(), (override, err)
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True),
        node=st.sampled_from(["", "model.", "cv.", "rows.", "data.", "baselines.", "features."]))
@@ -567,6 +585,7 @@ CELL = st.one_of(st.integers(-(2**64), 2**64).map(str), st.floats().map(repr),
                  st.sampled_from(["", "nan", "-0", "1e400", "abc", "True", " 7", "\ufeff1", '"1,2"']))
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.tuples(st.sampled_from(["M", "K", "latency_ms", "tflops", "kernel", "none"]), CELL),
                      min_size=1, max_size=8))
@@ -597,6 +616,7 @@ def test_fuzzed_benchmark_rows_are_kept_or_rejected(rows: list[tuple[str, str]],
     assert kept + rejected == len(rows), (kept, rejected, lines)  # rows lost: 0
 
 
+@pytest.mark.slow
 def test_refused_ingest_leaves_inputs_and_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = tmp_path / "in.csv"
     src.write_bytes(data_file(*FOUR_SHAPES).read_bytes())
@@ -611,6 +631,7 @@ def test_refused_ingest_leaves_inputs_and_outputs(tmp_path: Path, capsys: pytest
 
 
 # -- the simulator cache --------------------------------------------------------------------------
+@pytest.mark.slow
 def test_truncated_cache_is_regenerated_not_fatal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cache = tmp_path / "cache"
     argv = ["simulate", "shapes=tiny", f"data.cache_dir={cache}"]
@@ -652,6 +673,7 @@ def _write_one(args: tuple[str, int, float]) -> str:
     return ""
 
 
+@pytest.mark.slow
 def test_concurrent_first_exports_into_a_new_directory(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("fork")
     for round_ in range(3):
@@ -683,6 +705,7 @@ def _temps(parent: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
 
 
+@pytest.mark.slow
 def test_temporaries_of_killed_writers_are_cleaned_live_ones_kept(tmp_path: Path) -> None:
     target = tmp_path / "gemm_universal_gfx950_fp8_rcr"
     mf.write_export_dir(target, FILES)
@@ -719,6 +742,7 @@ def test_previous_export_of_a_writer_killed_between_renames_is_restored(tmp_path
 
 
 # -- a few through a real process (what a user sees) ----------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [
     ["train", "seed=-1"],
     ["train", "+model.n_estimatorz=5"],
@@ -733,6 +757,7 @@ def test_subprocess_one_line_no_traceback(argv: list[str], tmp_path: Path) -> No
     assert list(tmp_path.iterdir()) == []  # no stub run folder
 
 
+@pytest.mark.slow
 def test_subprocess_more_folds_than_shapes(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "ckpred", "train", *TINY_PATH, "dtype=fp16", "data.source=path",
                            f"data.path={data_file(*FOUR_SHAPES)}"], capture_output=True, text=True, timeout=300,

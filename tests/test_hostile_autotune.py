@@ -94,6 +94,7 @@ BAD_LINES: dict[str, Callable[[KernelSelector], str]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BAD_LINES))
 def test_a_bad_store_line_is_skipped_with_a_warning_and_the_problem_benchmarked(selector, tmp_path, caplog,  # noqa: F811
                                                                               name) -> None:
@@ -118,6 +119,7 @@ def test_a_good_store_line_is_served(selector, tmp_path) -> None:  # noqa: F811
     assert r.from_store and r.kernel == selector.kernel_name(3) and r.kernel_id == 3 and bench.calls == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BAD_LINES))
 def test_cpp_skips_the_same_bad_lines(selector, export, cpp_demo, tmp_path, name) -> None:  # noqa: F811
     store = tmp_path / "s.jsonl"
@@ -234,6 +236,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_cc04_python_writers_killed_mid_write_tear_no_line_and_leave_no_temporary(tmp_path) -> None:
     """cc04: two writers compacting the same store (max_entries=8: a compaction every few
     puts), SIGKILLed at staggered times, round after round; the store stays whole lines of the
@@ -435,6 +438,7 @@ def _file_limit(limit: int) -> Callable[[], None]:
     return apply
 
 
+@pytest.mark.slow
 def test_st14_a_write_failure_after_benchmarking_returns_the_measurements(export, tmp_path) -> None:  # noqa: F811
     store = tmp_path / "s.jsonl"
     store.write_text(json.dumps({"format": at.STORE_FORMAT, **_entry(1)}) + "\n")
@@ -668,6 +672,7 @@ EXPORT_TAMPERS: dict[str, tuple[Callable[[Path, Path], None], str]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXPORT_TAMPERS))
 def test_f05_the_cpp_autotune_header_refuses_what_python_refuses(export, other_export, cpp_demo, tmp_path,  # noqa: F811
                                                                 name) -> None:
@@ -756,6 +761,7 @@ def python_accepts(d: Path) -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CALIBRATIONS))
 def test_f05_forged_calibrations_python_and_the_cpp_header_decide_the_same(export, cpp_demo, tmp_path, name) -> None:  # noqa: F811
     calibration, accepted = CALIBRATIONS[name]
@@ -770,6 +776,7 @@ def test_f05_forged_calibrations_python_and_the_cpp_header_decide_the_same(expor
         assert "autotune calibration" in _one_line(done.stderr)
 
 
+@pytest.mark.slow
 def test_x14_cpp_loads_racing_re_exports_give_the_old_or_the_new_model(selector, export, other_export, cpp_demo,  # noqa: F811
                                                                       tmp_path) -> None:
     from ckpred.export import manifest as mf

@@ -73,6 +73,7 @@ def user_dir(path: Path) -> Path:
 
 
 # -- F01: a directory out replaces only what ckpred wrote --------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["od01 user directory", "od02 symlink to a directory", "od03 ${oc.env:HOME}",
                                   "cl15 out=.", "cl16 out= (empty)"])
 def test_ingest_never_replaces_a_directory_it_did_not_write(case: str, tmp_path: Path, src: Path,
@@ -96,6 +97,7 @@ def test_ingest_never_replaces_a_directory_it_did_not_write(case: str, tmp_path:
     assert after == before
 
 
+@pytest.mark.slow
 def test_ingest_replaces_its_own_directory_and_an_empty_one(tmp_path: Path, src: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "empty").mkdir()
@@ -158,6 +160,7 @@ def test_export_refuses_a_foreign_directory_before_fitting(tmp_path: Path, monke
     assert tree(target) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("command", "key", "extra"), [
     ("ingest", "out", ["data.path=in.csv"]),
     ("ingest", "rejects", ["data.path=in.csv", "out=t.parquet"]),
@@ -177,6 +180,7 @@ def test_output_files_replace_only_their_own_kind(command: str, key: str, extra:
 
 
 # -- F09: a command re-run on its own output -----------------------------------------------------------
+@pytest.mark.slow
 def test_rerun_replaces_its_own_output_file_with_the_umask_mode(tmp_path: Path, src: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """ig35 / cl32: the second run replaces the first one's table, rejects and log; the files
@@ -197,6 +201,7 @@ def test_rerun_replaces_its_own_output_file_with_the_umask_mode(tmp_path: Path, 
     assert rc == 0 and stat.S_IMODE((tmp_path / "tdir").stat().st_mode) == 0o755
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("override", "words"), [
     ("rejects=/dev/null", ["'rejects'", "/dev/null is a character device"]),
     ("out=/dev/null", ["'out'", "/dev/null is a character device"]),
@@ -213,6 +218,7 @@ def test_devices_and_paths_below_files_are_named_as_such(override: str, words: l
     assert "is a file" not in err or "in.csv" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override", ["out=/dev/null", "log=/dev/null", "out=/dev/full", "log=/dev/full"])
 def test_simulate_names_a_device_as_output(override: str, capsys: pytest.CaptureFixture[str]) -> None:
     """cl07 cl27 cl31 for simulate's table and log."""
@@ -277,6 +283,7 @@ def test_a_file_truncated_between_blocks_is_refused_not_half_read(mapped: bool, 
     assert after == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunks"])
 def test_a_whole_file_reader_refuses_a_file_cut_while_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str], chunked: bool) -> None:
@@ -330,6 +337,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/sys/fs/lease-break-time").exists(), reason="needs Linux file leases")
 def test_truncating_a_mapped_block_under_its_reader_is_no_sigbus(tmp_path: Path) -> None:
     """ig05, the documented SIGBUS: another process truncates the file while a mapped block is
@@ -404,6 +412,7 @@ def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return export_gemm(tmp_path_factory.mktemp("plug") / "gemm_universal_gfx950_fp8_rcr", n_estimators=5)
 
 
+@pytest.mark.slow
 def test_a_forged_export_naming_a_plugin_runs_nothing(export: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """x06p: the manifest (and its copy in model.onnx, hashes recomputed) names a module of
@@ -442,6 +451,7 @@ def _user_conf(tmp_path: Path) -> Path:
     return conf
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("case", "edit", "key"), [
     ("pl02 op plugin", lambda op, feats: (op.replace("name: tmm\n", "name: tmm\nplugin: evilplug:X\n"), feats),
      "op.plugin"),
@@ -567,6 +577,7 @@ MANIFEST_LIES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(MANIFEST_LIES))
 def test_both_backends_refuse_a_manifest_that_disagrees_with_its_files(case: str, dataset: Path) -> None:
     """The Dask backend (``read_manifest``, what ``scale`` trains from) and the in-memory one
@@ -661,6 +672,7 @@ def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(replay, "load_run", lambda *a, **k: pytest.fail("replayed before the refusal"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("case", "argv", "names"), [
     ("train out_dir=<a user's folder>", ["train", "out_dir=victim"], ["'out_dir'", "'victim'", "ckpred did not make"]),
     ("train out_dir=.", ["train", "out_dir=."], ["'out_dir'", "'.'", "ckpred did not make", ".ckpred-run.json"]),
@@ -702,6 +714,7 @@ def test_runs_never_write_into_a_folder_ckpred_did_not_make(case: str, argv: lis
     assert {k: v for k, v in tree(tmp_path).items() if not k.startswith("multirun")} == before
 
 
+@pytest.mark.slow
 def test_a_run_writes_into_a_new_or_empty_folder_and_its_own_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """A new folder and an empty one are marked as the command's run folder; a rerun into it,
@@ -745,6 +758,7 @@ def test_hydras_run_folder_inside_the_run_folder_is_hydras_not_the_users(tmp_pat
     assert "holds 'hydra'" in kind.refusal(folder)
 
 
+@pytest.mark.slow
 def test_a_refused_run_leaves_no_marker_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """A run refused after its folder was made and marked (more folds than shapes) removes the
@@ -852,6 +866,7 @@ def test_a_forged_pipeline_runs_nothing_it_names(case: str, tmp_path: Path, monk
     assert (victim / "notes.txt").read_text() == "thesis"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["export", "warm_start"])
 def test_export_and_warm_start_of_a_forged_run_folder_run_nothing(command: str, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:

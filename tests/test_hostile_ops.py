@@ -134,6 +134,7 @@ COMPOSE_REFUSALS: list[tuple[str, Callable[[dict[str, Any]], None], list[str]]] 
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("edit", "names"), [c[1:] for c in COMPOSE_REFUSALS], ids=[c[0] for c in COMPOSE_REFUSALS])
 def test_op_refused_when_composed(edit: Callable[[dict[str, Any]], None], names: list[str], tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -144,6 +145,7 @@ def test_op_refused_when_composed(edit: Callable[[dict[str, Any]], None], names:
     assert started == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["op11", "op05"], ids=["op11t", "op05t-literal"])
 def test_train_refuses_the_op_ingest_refuses(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
@@ -158,6 +160,7 @@ def test_train_refuses_the_op_ingest_refuses(case: str, tmp_path: Path, monkeypa
     assert started == []
 
 
+@pytest.mark.slow
 def test_the_user_op_and_its_siblings_still_compose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """What the checks above must not refuse: separators no value contains, numeric categorical
@@ -274,6 +277,7 @@ TRAIN = ["features=tmm_feats", "data=path", "model.n_estimators=3", "model.n_job
          "plots=false", "progress=false", "save_pipeline=false", "baselines.reference.enabled=false"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("absolute", [False, True], ids=["relative", "absolute"])
 def test_an_ingested_table_trains_from_relative_and_absolute_paths(absolute: bool, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch,
@@ -301,6 +305,7 @@ def test_an_ingested_table_trains_from_relative_and_absolute_paths(absolute: boo
     assert_named(rc, err, "train", "no valid measurement", "arch mismatch")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("expr", "names"), [
     ("-" * 150 + "rows", ["nested at most 100 deep"]),                        # ft04
     ("rows+" * 2000 + "rows", ["at most 2,000 characters"]),                  # ft07
@@ -345,6 +350,7 @@ def _rewrite_oof(edit: Callable[[pd.DataFrame], pd.DataFrame]) -> Callable[[Path
     return lambda d: edit(pd.read_parquet(d / "oof_predictions.parquet")).to_parquet(d / "oof_predictions.parquet")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("damage", "names"), [
     (lambda d: _truncate(d / "oof_predictions.parquet"), ["oof_predictions.parquet", "not a readable Parquet file"]),
     (_rewrite_oof(lambda t: t.iloc[:0]), ["oof_predictions.parquet", "holds no prediction (0 rows)"]),
@@ -362,6 +368,7 @@ def test_replay_of_a_damaged_run_is_named(damage: Callable[[Path], None], names:
     assert_named(rc, err, "replay", *names)
 
 
+@pytest.mark.slow
 def test_replay_of_the_undamaged_run_works(train_run: Path, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = _damaged_run(train_run, tmp_path, lambda d: None)
@@ -370,6 +377,7 @@ def test_replay_of_the_undamaged_run_works(train_run: Path, tmp_path: Path,
     assert "fixed(k=1)" in out
 
 
+@pytest.mark.slow
 def test_ig34_a_canonical_table_of_another_op_is_rejected_row_by_row(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     table = tmp_path / "t.parquet"
@@ -411,6 +419,7 @@ def silent_socket() -> Any:
         conn.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["refused", "silent"], ids=["dk03", "dk04"])
 def test_an_unreachable_dask_scheduler_is_named_within_the_timeout(where: str, silent_socket: str, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
@@ -426,6 +435,7 @@ def test_an_unreachable_dask_scheduler_is_named_within_the_timeout(where: str, s
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.slow
 def test_dk05_a_dask_timeout_that_is_no_duration_is_refused(monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(ckpred.cli, "_load_task", lambda spec: lambda cfg: None)
@@ -457,6 +467,7 @@ def _big_csv(path: Path, rows: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_ig03_a_compressed_table_is_read_in_chunks_and_partitioned_by_its_text(tmp_path: Path) -> None:
     """A gzip file of many times its size: more partitions than its size plans (each fits a
     chunk of text), and the same table as the plain file."""

@@ -212,6 +212,7 @@ def tampered(export, tmp_path, request) -> Path:
     return d
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tampered", sorted(TAMPERS), indirect=True)
 def test_tampered_export_is_refused_with_a_named_error(tampered, request) -> None:
     name = request.node.callspec.params["tampered"]
@@ -307,6 +308,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("override", "text"), [
     ("problem.m=-5", "config key 'problem.m' has invalid value -5; allowed: an integer in [1, 9223372036854775807]"),
     ("problem.m=9223372036854775808", "config key 'problem.m' has invalid value 9223372036854775808"),
@@ -379,6 +381,7 @@ def mutate(text: str, data: st.DataObject) -> dict[str, Any]:
     return man
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(data=st.data())
@@ -420,6 +423,7 @@ def test_any_problem_value_is_answered_or_refused_by_name(selector, m, n, top_k)
 
 
 # -- x14: loading while the export is replaced -------------------------------------------------------
+@pytest.mark.slow
 def test_x14_a_load_racing_re_exports_gives_the_old_or_the_new_model_never_a_refusal(export, tmp_path) -> None:
     """Two exports swapped in turn at one place (renameat2 exchange, the old one then deleted) as
     fast as they can be written, while the selector is loaded there again and again: every load
@@ -458,6 +462,7 @@ def test_x14_a_load_racing_re_exports_gives_the_old_or_the_new_model_never_a_ref
 
 
 # -- x13: the export replaced under a loaded selector -------------------------------------------------
+@pytest.mark.slow
 def test_x13_a_selector_keeps_its_verified_model_when_the_export_is_replaced_under_it(export, tmp_path) -> None:
     """x13: another export written over the files a selector was loaded from changes
     nothing it answers; its store lines stay keyed by the graph it verified at load, and a new

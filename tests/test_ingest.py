@@ -546,6 +546,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=300, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_cli_ingest_writes_table_rejects_and_summary(tmp_path: Path) -> None:
     rows = fg.measurements(fg.SHAPES[:2], KERNELS[:3])
     fg.write_csv(tmp_path / "a.csv", rows)
@@ -562,6 +563,7 @@ def test_cli_ingest_writes_table_rejects_and_summary(tmp_path: Path) -> None:
                                            "rule or JSON object", "raw": "not a row"}]
 
 
+@pytest.mark.slow
 def test_cli_ingest_fails_only_when_nothing_is_usable(tmp_path: Path) -> None:
     fg.write_csv(tmp_path / "a.csv", fg.measurements(fg.SHAPES[:1], KERNELS[:2]))
     out = _cli("data.path=a.csv", "dtype=bf16", "out=t.parquet", "rejects=why.csv", cwd=tmp_path)
@@ -691,6 +693,7 @@ def test_a_truncated_json_files_loss_is_reported_against_its_metadata(tmp_path: 
     assert read(whole).summary.missing == {}
 
 
+@pytest.mark.slow
 def test_ingest_never_overwrites_its_input(tmp_path: Path) -> None:
     path = fg.write_csv(tmp_path / "a.csv", fg.measurements(fg.SHAPES[:1], KERNELS[:2]))
     before = path.read_bytes()

@@ -105,6 +105,7 @@ def _record_mutation_case(data: bytes, spans: list[tuple[int, int]], keys: list[
 CSV = ("\n".join(fg.csv_lines(ROWS)) + "\n").encode()
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.data())
 def test_csv_mutated_line_loses_no_other_row(data: st.DataObject) -> None:
@@ -121,6 +122,7 @@ def test_csv_mutated_line_loses_no_other_row(data: st.DataObject) -> None:
 LOG = ("\n".join(fg.log_lines(LOG_ROWS)) + "\n").encode()
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.data())
 def test_log_mutated_row_loses_no_other_row(data: st.DataObject) -> None:
@@ -155,6 +157,7 @@ def _benchmark_spans() -> tuple[list[tuple[int, int]], list[Key | None]]:
     return spans, keys
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.data())
 def test_json_mutated_benchmark_loses_no_other_row(data: st.DataObject) -> None:
@@ -174,6 +177,7 @@ JUNK = st.one_of(st.just(np.nan), st.just(np.inf), st.floats(-1e6, 0), st.just("
                  st.just(-5), st.just(True), st.text(max_size=5))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.integers(0, len(ROWS) - 1), st.sampled_from(["tflops", "latency_ms", "arch", "dtype", "kernel_name",
                                                         "m", "is_valid", "invalid_reason", "source"]), JUNK)
@@ -200,6 +204,7 @@ PARQUET = write_table(BASE_TABLE, WORK / "base.parquet", OP).read_bytes()
 SAMPLES = {"csv": CSV, "log": LOG, "json": JSON, "parquet": PARQUET}
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.sampled_from(sorted(SAMPLES)), st.data(), st.sampled_from(["auto", "own"]))
 def test_any_mutation_raises_only_the_documented_error(fmt: str, data: st.DataObject, how: str) -> None:

@@ -123,12 +123,14 @@ def _mutated(draw: Any, sample: bytes) -> bytes:
     return data
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.sampled_from(sorted(SAMPLES)), st.data(), st.integers(1, 1500))
 def test_mutated_inputs_read_the_same_all_ways(fmt: str, data: st.DataObject, chunk_bytes: int) -> None:
     _check_all_ways(data.draw(_mutated(SAMPLES[fmt])), fmt, chunk_bytes)
 
 
+@pytest.mark.slow
 def test_a_kernel_field_beyond_int64_is_refused_by_name() -> None:
     """A tile size past int64 in a kernel name is a reject with its reason, the same all ways
     (it once reached the int64 cast of the table and stopped ingestion)."""
@@ -143,6 +145,7 @@ def test_a_kernel_field_beyond_int64_is_refused_by_name() -> None:
     assert result.rejects["reason"].tolist() == ["unparseable kernel name: tile_k=99999999999999999999964 is beyond int64"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", sorted(SAMPLES))
 @pytest.mark.parametrize("chunk_bytes", [1, 97, 1 << 20])
 def test_unmutated_samples_read_the_same_all_ways(fmt: str, chunk_bytes: int) -> None:
@@ -230,6 +233,7 @@ def test_csv_blocks_parsed_in_pieces_read_the_same_all_ways(parse_bytes: int, sa
 _GOOD_CSV_LINE = f"{KERNELS[0]},0,16,64,64,0.01,12.5,1"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk_bytes", [1, 200, 1 << 20])
 @pytest.mark.parametrize("odd", [
     _GOOD_CSV_LINE + "\r" + _GOOD_CSV_LINE.replace(",16,", ",32,"),  # two rows one line apart by a lone CR
@@ -262,6 +266,7 @@ FAST_PATH_LOG_LINES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk_bytes", [1, 300, 2500, 1 << 20])
 @pytest.mark.parametrize("piece_bytes", [1, 700, 1 << 20])
 def test_log_fast_path_lines_read_the_same_all_ways(chunk_bytes: int, piece_bytes: int, monkeypatch: Any) -> None:
@@ -298,6 +303,7 @@ def _names_log() -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk_bytes", [1, 700, 3000, 1 << 20])
 @pytest.mark.parametrize("piece_bytes", [1, 500, 1 << 20])
 def test_log_kernel_codes_across_blocks_read_the_same_all_ways(chunk_bytes: int, piece_bytes: int,
@@ -406,6 +412,7 @@ def test_log_perf_values_read_bit_for_bit(chunk_bytes: int, piece_bytes: int, mo
     _block_read_is_the_line_read(("\n".join(lines) + "\n").encode(), chunk_bytes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [0, 1, 15, 16, 65535, 65536])
 def test_perf_columns_of_packed_structs_are_the_structs_floats(k: int, monkeypatch: Any) -> None:
     """``_perf_columns`` around each size of the packed array's header (1, 3, 5 bytes), and its
@@ -447,6 +454,7 @@ def _sweep_log(kernels: list[str]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk_bytes", [1, 2000, 1 << 20])
 @pytest.mark.parametrize("piece_bytes", [1, 700, 3000, 1 << 20])
 @pytest.mark.parametrize("stretches", [1, 8])
@@ -770,6 +778,7 @@ def test_real_parity_sweeps_read_the_same_all_ways(chunk_bytes: int) -> None:
     assert_stream_same(reference, *streamed(paths, OP, f"parity_{chunk_bytes}", chunk_bytes, **kw))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("table", "op_name", "dtype"), [
     ("benchmark_forward_300_bf16_gfx950.csv", "grouped_conv_fwd", "bf16"),
     ("training_data_forward_bf16_20.csv", "grouped_conv_fwd", "bf16"),

@@ -537,6 +537,7 @@ def test_real_nvidia_kernel_tuner_caches() -> None:
                       "A6000": (4362, 473, 0.603, "sm86_a6000")}
 
 
+@pytest.mark.slow
 def test_real_find_db_and_caches_through_their_ops() -> None:
     from ckpred.data.ingest import read_config_inputs
 
@@ -570,6 +571,7 @@ def test_real_find_db_and_caches_through_their_ops() -> None:
         "W7800": "gfx1100"}
 
 
+@pytest.mark.slow
 def test_an_ingested_table_reads_back_through_its_op(tmp_path: Path) -> None:
     """The canonical parquet of an op with text problem fields and per-row arch round-trips."""
     from ckpred.data.ingest import read_config_inputs

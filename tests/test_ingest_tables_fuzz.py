@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -90,6 +91,7 @@ def _keys(result: IngestResult, names: list[str]) -> set[tuple]:
     return set(zip(*(t[n] for n in names)))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.data(), st.sampled_from(["csv", "jsonl"]))
 def test_a_mutated_record_loses_no_other_row(data: st.DataObject, fmt: str) -> None:
@@ -108,6 +110,7 @@ def test_a_mutated_record_loses_no_other_row(data: st.DataObject, fmt: str) -> N
     assert _keys(base, names) - lost <= _keys(result, names)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.data())
 def test_a_mutated_find_db_line_loses_no_other_problem(data: st.DataObject) -> None:
@@ -126,6 +129,7 @@ def test_a_mutated_find_db_line_loses_no_other_problem(data: st.DataObject) -> N
 SAMPLES = {"csv": (CSV, "t.csv"), "jsonl": (JSONL, "t.jsonl"), "fdb": (FDB, "t.fdb.txt"), "kt": (KT, "t_W7800.json")}
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.sampled_from(sorted(SAMPLES)), st.data())
 def test_any_mutation_raises_only_the_documented_error(fmt: str, data: st.DataObject) -> None:
@@ -187,6 +191,7 @@ def _same(a: Any, b: Any) -> None:
     assert a[2] == b[2]
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.sampled_from(["csv", "jsonl", "fdb"]), st.data(), st.integers(1, 200), st.integers(1, 64))
 def test_chunks_and_blocks_of_any_size_read_the_whole_files_table(fmt: str, data: st.DataObject, chunk: int,

@@ -150,6 +150,7 @@ def test_a_bad_op_fails_on_the_command_line_with_one_line_naming_the_key(tmp_pat
     assert not (tmp_path / "run" / "metrics.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("old", "new", "key", "value"), [
     # an unknown field in an expression
     ("(block_m + block_n) * 64", "(block_m + blok_n) * 64", "op.rules[0].expr", "blok_n"),
@@ -322,6 +323,7 @@ def test_external_test_table_uses_its_own_arch(tmp_path: Path) -> None:
     assert External(given.cv).test_arch(given.arch, same).compute_units == 70
 
 
+@pytest.mark.slow
 def test_ck_gemm_folds_are_the_folds_of_its_query_key() -> None:
     """gemm_universal's CV group is its query key, so the folds are those of a per-shape split."""
     from dataclasses import replace

@@ -95,6 +95,7 @@ def test_a_manifest_that_is_not_an_object_is_one_named_error(dataset: Path, text
         read_manifest(dataset, OP)
 
 
+@pytest.mark.slow
 def test_train_on_a_malformed_manifest_prints_one_line(dataset: Path, tmp_path: Path) -> None:
     """Through the CLI: refused before a Dask cluster starts, one line, no traceback."""
     _edit(dataset, lambda m: m["partitions"][0].pop("file"))

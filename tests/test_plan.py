@@ -100,6 +100,7 @@ def _fill(plan_csv: Path, truth: pd.DataFrame, out: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_kernel_tuner_plan_is_the_models_top_kernels_kept_apart(kt_run: dict[str, Path], tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     problems = tmp_path / "a100.csv"
@@ -131,6 +132,7 @@ def test_a_kernel_tuner_plan_is_the_models_top_kernels_kept_apart(kt_run: dict[s
         assert re.search(rf"^plan: {re.escape(step)} \(\d+\.\d s\)$", printed, re.M), (step, printed)
 
 
+@pytest.mark.slow
 def test_the_filled_plan_round_trips_through_ingest_and_steers_the_next_round(kt_run: dict[str, Path],
                                                                               tmp_path: Path) -> None:
     from ckpred.commands.ingest import ingest_command
@@ -190,6 +192,7 @@ def miopen_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"run": tmp / "run", "problems": problems, "truth": tmp / "truth.parquet", "tmp": tmp}
 
 
+@pytest.mark.slow
 def test_a_miopen_plan_measures_whole_problems_stratified(miopen_run: dict[str, Path], tmp_path: Path) -> None:
     out = _plan(miopen_run["run"], tmp_path / "plan.csv", "arch=gfx90a_mi210", f"problems={miopen_run['problems']}",
                 "budget.problems=0.25", "seed=3")
@@ -204,6 +207,7 @@ def test_a_miopen_plan_measures_whole_problems_stratified(miopen_run: dict[str, 
     assert list(frame.columns[-1:]) == ["time_ms"]
 
 
+@pytest.mark.slow
 def test_a_run_retrained_on_the_new_gpu_plans_its_most_uncertain_problems_next(miopen_run: dict[str, Path],
                                                                               tmp_path: Path) -> None:
     first = _plan(miopen_run["run"], tmp_path / "r1.csv", "arch=gfx90a_mi210", f"problems={miopen_run['problems']}",
@@ -273,6 +277,7 @@ def test_the_budget_and_orders_are_checked_naming_the_key(kt_run: dict[str, Path
         compose("plan", [*base, "budget.total=3", "problem_order=random"])
 
 
+@pytest.mark.slow
 def test_a_plan_never_overwrites_measurements(kt_run: dict[str, Path], tmp_path: Path) -> None:
     problems = tmp_path / "a100.csv"
     problems.write_text("gpu\nA100\n")

@@ -116,6 +116,7 @@ def test_learned_budget_replays_its_plan_and_the_signal_is_scored() -> None:
     assert "logistic model" in rp.auc_line(auc, 0.02)
 
 
+@pytest.mark.slow
 def test_replay_command_writes_table_and_curve(tmp_path) -> None:
     run = _oof(tmp_path)
     out = subprocess.run([sys.executable, "-m", "ckpred", "replay", str(run), "seeds=2", "ks=[1,2]",

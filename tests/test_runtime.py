@@ -39,6 +39,7 @@ def copy(model, tmp_path):
     return d
 
 
+@pytest.mark.slow
 def test_select_matches_sklearn_pipeline(model) -> None:
     op, cfg, pipe, d = model
     sel = KernelSelector.load(d, arch="gfx950", dtype="fp8", layout="rcr")
@@ -176,6 +177,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+@pytest.mark.slow
 def test_select_cli(model, tmp_path) -> None:
     d = model[3]
     out = _cli("select", f"model_dir={d}", "problem.m=128", "problem.n=1536", "problem.k=7168", "top_k=3", "json=true",

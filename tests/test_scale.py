@@ -15,6 +15,9 @@ import pytest
 from ckpred.config import compose
 from ckpred.errors import ConfigValueError, InputFileError
 
+# starts Dask clusters: the developer loop (-m "not slow") skips the module
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("distributed")
 
 from ckpred import scale  # noqa: E402

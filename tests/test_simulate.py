@@ -62,6 +62,7 @@ def test_every_named_set_loads(name: str) -> None:
         assert (shapes.n == 1).any() and (shapes.k == 1).any() and (shapes.n < 64).any()
 
 
+@pytest.mark.slow
 def test_max_shapes_thins_evenly() -> None:
     shapes = load_shapes(compose("simulate", ["shapes.max_shapes=10"]).shapes)
     full = load_shapes(compose("simulate", []).shapes)
@@ -209,6 +210,7 @@ def test_streaming_log_round_trips_through_ingest(tiny: pd.DataFrame, tmp_path: 
         assert (merged[name] == merged[f"{name}_sim"]).all()
 
 
+@pytest.mark.slow
 def test_cli_writes_table_and_log(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "ckpred", "simulate", "shapes=tiny", "shapes.max_shapes=2",
                           f"out={tmp_path / 't.parquet'}", f"log={tmp_path / 't.log'}",
@@ -220,6 +222,7 @@ def test_cli_writes_table_and_log(tmp_path: Path) -> None:
 
 
 # -- calibration against real gfx950 measurements --------------------------------------------------
+@pytest.mark.slow
 def test_calibration_meets_targets() -> None:
     path = data_file("ck_gemm_gfx950_results", "p1_oracle_best_results.csv")
     cfg = compose("simulate", [f"calibration_file={path}"])

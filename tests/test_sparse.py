@@ -313,6 +313,7 @@ def sparse_run(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unt
     return (tmp, fdb, printed.getvalue(), *got)
 
 
+@pytest.mark.slow
 def test_cv_ranks_every_candidate_and_the_mask_keeps_picks_measured(sparse_run) -> None:  # type: ignore[no-untyped-def]
     _, _, printed, metrics, record, oof, folds = sparse_run
     assert "taken as not applicable; the selector learns an applicability mask" in printed
@@ -331,6 +332,7 @@ def test_cv_ranks_every_candidate_and_the_mask_keeps_picks_measured(sparse_run) 
     assert record["pipeline"]["applicability_threshold"] in (0.1, 0.3, 0.5, 0.7, 0.9)
 
 
+@pytest.mark.slow
 def test_export_and_replay_of_a_sparse_run(sparse_run, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from ckpred import replay as rp
     from ckpred.autotune import FixedK
@@ -389,6 +391,7 @@ def _train_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: 
                 "save_pipeline=false", "applicability.n_estimators=20", *argv], capsys)
 
 
+@pytest.mark.slow
 def test_train_refuses_not_applicable_on_a_full_table(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.test_hostile import assert_named
@@ -425,6 +428,7 @@ def test_train_refuses_a_table_of_one_kernel_per_problem(tmp_path: Path, capsys:
     assert_named(rc, err, "train", "op.absence", "each of its 72 problems has a single row (a table of winners?)")
 
 
+@pytest.mark.slow
 def test_train_names_the_problems_with_one_kernel(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.test_yaml_ops_train import OPS_DIR

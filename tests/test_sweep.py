@@ -20,6 +20,9 @@ from ckpred.config import compose
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.commands.sweep_report import collect, report_frame, sweep_report
 
+# runs Hydra sweeps through their launchers: the developer loop (-m "not slow") skips the module
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: The smallest train job that still exercises CV + evaluation (2 folds of the tiny shape set).

@@ -48,6 +48,7 @@ def full_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[float, Path]:
 # ---------------------------------------------------------------------------------------------
 # config
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize(("override", "key", "allowed"), [
     ("model.num_leaves=-3", "model.num_leaves", "[2, 131072]"),
     ("model.learning_rate=0", "model.learning_rate", "(0, 1]"),
@@ -62,6 +63,7 @@ def test_bad_values_name_key_value_allowed(override: str, key: str, allowed: str
     assert allowed in str(err.value) and override.split("=")[1] in str(err.value)
 
 
+@pytest.mark.slow
 def test_experiment_reference_is_the_published_recipe() -> None:
     cfg = compose("train", ["experiment=reference"])
     assert cfg.features.name == "anchor55" and cfg.target.name == "log1p" and cfg.model.name == "lgbm_regressor"
@@ -77,6 +79,7 @@ def test_experiment_reference_is_the_published_recipe() -> None:
 # ---------------------------------------------------------------------------------------------
 # end to end
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_outputs_exist_and_are_sane(full_run: tuple[float, Path]) -> None:
     mean, out = full_run
     for name in ["metrics.json", "per_shape.csv", "oof_predictions.parquet", "pipeline.joblib", "run.json",
@@ -162,6 +165,7 @@ COMBOS = [("lgbm_regressor", "log1p", "group_kfold"), ("lgbm_regressor", "raw", 
           ("lgbm_regressor", "raw", "external")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "target", "cv"), COMBOS)
 def test_every_model_target_cv(tmp_path: Path, model: str, target: str, cv: str) -> None:
     target_choice = [f"target={target}"] if model == "lgbm_regressor" else []  # a ranker reads no target
@@ -178,6 +182,7 @@ def test_every_model_target_cv(tmp_path: Path, model: str, target: str, cv: str)
     assert len(json.loads((out / "folds.json").read_text())["folds"]) == n_folds
 
 
+@pytest.mark.slow
 def test_early_stopping_never_sees_test_shapes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import ckpred.fitting as tr
 
@@ -203,6 +208,7 @@ def test_early_stopping_never_sees_test_shapes(tmp_path: Path, monkeypatch: pyte
         assert fold["model"]["best_iteration"] < 200
 
 
+@pytest.mark.slow
 def test_external_test_table_with_kernels_never_seen(tmp_path: Path) -> None:
     """Protocol A: train on one table, select among another table's kernels."""
     from ckpred.data import load_table
@@ -228,6 +234,7 @@ def test_external_test_table_with_kernels_never_seen(tmp_path: Path) -> None:
     assert manifest["test_data"]["rows"] == len(other) and 0 < mean <= 1
 
 
+@pytest.mark.slow
 def test_cli_subprocess_reproduces_the_same_seed_run(full_run: tuple[float, Path], tmp_path: Path) -> None:
     """The CLI as a user runs it, with the fixture's overrides: same seed -> identical results."""
     _, first = full_run
@@ -290,6 +297,7 @@ def test_training_rows_cap_keeps_the_fastest() -> None:
     assert len(rows) == 2 and 1 in rows
 
 
+@pytest.mark.slow
 def test_seeds_report_the_spread_over_seeds(tmp_path: Path) -> None:
     mean, out = _run(tmp_path, *NO_REF, "seeds=[0,1]", "baselines.best_static=false", "baselines.analytical=false",
                      "plots=false")

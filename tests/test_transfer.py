@@ -16,6 +16,9 @@ from ckpred.errors import ConfigValueError
 from ckpred.transfer import UNSEEN, blend, choose_weight, rank_percentile
 from tests.transfer_helpers import DEVICES, OPS_DIR, export_transfer, train_config, train_logo, write_caches
 
+# trains leave-one-GPU-out runs on six Kernel Tuner caches: the developer loop (-m "not slow") skips the module
+pytestmark = pytest.mark.slow
+
 _cfg = train_config
 
 

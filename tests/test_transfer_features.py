@@ -50,6 +50,7 @@ def test_solver_tags_are_parsed_from_every_solver_name() -> None:
     assert tags("ConvWinograd3x3MultipassWrW<3-2>") == {"family_winograd", "solver_wrw", "solver_multipass"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("arch", "warps", "lane_fill", "occupancy"), [
     # 48 x 2 = 96 threads: two 64-wide wavefronts on the MI250X, three 32-wide warps on the A100;
     # the 9,856-byte tile lets 6 blocks share 64 KiB (12 of 32 wavefronts) and 17 blocks share

@@ -13,6 +13,9 @@ from ckpred.config import compose
 from ckpred.errors import ConfigValueError
 from ckpred.commands.tune import search_space, trial_config, tune
 
+# runs Optuna trials of whole trainings: the developer loop (-m "not slow") skips the module
+pytestmark = pytest.mark.slow
+
 #: Tiny data, tiny models, a small space: a trial is one 2-fold CV of a few trees.
 SMALL = ["shapes=tiny", "model.n_jobs=1", "rows.max_per_shape=32", "rows.keep_top=8", "cv.n_splits=2",
          "baselines.analytical=false", "baselines.best_static=false",

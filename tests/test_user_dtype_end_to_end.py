@@ -83,6 +83,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
     return conf, tmp, tmp / "ex" / "tmm_gfx950_fp4_mxfp4_rcr"
 
 
+@pytest.mark.slow
 def test_ingest_keeps_every_precision(exported: tuple[Path, Path, Path]) -> None:
     import pandas as pd
 
@@ -128,6 +129,7 @@ def test_select_on_the_command_line(exported: tuple[Path, Path, Path], capsys: p
     assert got["ok"] and len(got["kernels"]) == 3
 
 
+@pytest.mark.slow
 def test_python_runtime_loads_it_without_the_config_dir(exported: tuple[Path, Path, Path]) -> None:
     """A fresh process that never composed the user's configs: the manifest's vocabulary says
     what mxfp4 is."""

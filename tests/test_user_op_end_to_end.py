@@ -69,6 +69,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return tmp, model
 
 
+@pytest.mark.slow
 def test_ingest_keeps_every_row_and_marks_the_failures(exported: tuple[Path, Path]) -> None:
     import pandas as pd
 
@@ -111,6 +112,7 @@ def test_export_parity_and_python_select(exported: tuple[Path, Path]) -> None:
         assert not _fails("fp32", bm, bn, s)
 
 
+@pytest.mark.slow
 def test_select_cli_needs_only_the_op_yaml(exported: tuple[Path, Path], tmp_path: Path, capsys: Any) -> None:
     """A config dir holding the op alone (no problem/<op>.yaml, no feature set) is enough for
     ``select``: the problem keys are checked against the op's fields."""

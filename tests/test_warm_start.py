@@ -49,6 +49,7 @@ def warm_dir(base_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_continues_boosting_from_the_base_trees(base_dir: Path, warm_dir: Path) -> None:
     base, warm = load_pipeline(base_dir / "pipeline.joblib"), load_pipeline(warm_dir / "pipeline.joblib")
     assert booster(base).current_iteration() == BASE_TREES
@@ -67,6 +68,7 @@ def test_continues_boosting_from_the_base_trees(base_dir: Path, warm_dir: Path) 
     assert [f["model"]["trees"] for f in folds] == [BASE_TREES + ADDED] * len(folds)
 
 
+@pytest.mark.slow
 def test_ranker_continues_too(tmp_path: Path) -> None:
     ranker = ["model=lgbm_ranker", *[o for o in SMALL if not o.startswith(("model=", "target="))]]  # reads no target
     train(compose("train", [*ranker, "model.n_estimators=3", f"out_dir={tmp_path / 'base'}"]))
@@ -79,6 +81,7 @@ def test_ranker_continues_too(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "warm" / "run.json").read_text())["warm_start"]["trees_after"] == 5
 
 
+@pytest.mark.slow
 def test_differs_from_a_cold_start_with_as_many_trees(warm_dir: Path, tmp_path: Path) -> None:
     train(compose("train", [*SMALL, f"model.n_estimators={BASE_TREES + ADDED}", "model.learning_rate=0.1",
                             f"out_dir={tmp_path}"]))
@@ -106,6 +109,7 @@ def test_run_record_holds_the_lineage(base_dir: Path, warm_dir: Path) -> None:
     assert lin["cv"] == {**lin["cv"], "test_shapes": 12, "test_shapes_seen_by_base": 12, "leakage": True}
 
 
+@pytest.mark.slow
 def test_no_leakage_when_the_base_never_saw_the_shapes(tmp_path: Path) -> None:
     from ckpred.data import load_table
     from ckpred.data.table import write_table
@@ -127,6 +131,7 @@ def test_no_leakage_when_the_base_never_saw_the_shapes(tmp_path: Path) -> None:
     assert lin["same_data"] is False and lin["trees_after"] is None  # no final pipeline saved
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("overrides", "fields"), [
     (["arch=gfx942"], ["arch"]),
     (["dtype=bf16"], ["dtype"]),
@@ -154,6 +159,7 @@ def test_mismatch_is_refused_naming_each_field(base_dir: Path, overrides: list[s
     assert str(base_dir) in str(err.value)
 
 
+@pytest.mark.slow
 def test_train_refuses_before_fitting(base_dir: Path, tmp_path: Path) -> None:
     small = [o for o in SMALL if not o.startswith("target=")]
     with pytest.raises(ModelMismatchError, match="target: base 'log1p', this run 'relative'"):

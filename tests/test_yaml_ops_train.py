@@ -48,6 +48,7 @@ def _train(tmp_path: Path, data: Path, *extra: str) -> dict:
     return json.loads((tmp_path / "run" / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 def test_miopen_conv_trains_end_to_end_through_its_yaml_op_and_features(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     metrics = _train(tmp_path, write_find_db(tmp_path / "small.fdb.txt"), "cv.n_splits=3")
@@ -85,6 +86,7 @@ def test_the_experiment_yaml_composes() -> None:
     assert cfg.cv.n_splits == 5 and list(cfg.baselines.best_static_by) == ["direction", "dtype"]
 
 
+@pytest.mark.slow
 def test_real_find_db_sample_trains_with_its_baselines(tmp_path: Path) -> None:
     """A smoke run on the first 600 lines of the real gfx942 find-db."""
     import bz2
@@ -124,6 +126,7 @@ def _autotune_by_category(model: Path, problems: list[dict], store: Path) -> Non
         assert again.from_store and again.kernel == result.kernel
 
 
+@pytest.mark.slow
 def test_autotune_a_miopen_export_by_category_values(tmp_path: Path) -> None:
     data = write_find_db(tmp_path / "small.fdb.txt")
     model = _export(tmp_path, "op=miopen_conv", "arch=gfx942", "data=path", f"data.path={data}")
