@@ -33,6 +33,17 @@ from ckpred.errors import ConfigValueError, OutputPathError
 # directory, a symlink, a device) is refused before any work: nothing ckpred did not write is
 # ever deleted or overwritten.
 
+def _lstat(path: Path) -> tuple[os.stat_result | None, str]:
+    """``path``'s own status (a symlink not followed), or None with why it may not be replaced:
+    ``""`` when nothing is there, the error when it cannot be inspected."""
+    try:
+        return os.lstat(path), ""
+    except FileNotFoundError:
+        return None, ""
+    except OSError as exc:
+        return None, f"cannot inspect it ({exc.strerror})"
+
+
 @dataclass(frozen=True)
 class OwnFile:
     """An output file, recognised as ckpred's by ``recognise`` (its header or metadata)."""
@@ -48,12 +59,9 @@ class OwnFile:
 
     def refusal(self, path: Path) -> str:
         """Why the existing ``path`` may not be replaced; ``""`` when it may (or nothing is there)."""
-        try:
-            info = os.lstat(path)
-        except FileNotFoundError:
-            return ""
-        except OSError as exc:
-            return f"cannot inspect it ({exc.strerror})"
+        info, why = _lstat(path)
+        if info is None:
+            return why
         if not stat.S_ISREG(info.st_mode):
             return f"it is {file_kind(info.st_mode)}"
         if info.st_size == 0 or self.recognise(path):
@@ -81,12 +89,9 @@ class OwnDirectory:
 
     def refusal(self, path: Path) -> str:
         """Why the existing ``path`` may not be replaced; ``""`` when it may (or nothing is there)."""
-        try:
-            info = os.lstat(path)
-        except FileNotFoundError:
-            return ""
-        except OSError as exc:
-            return f"cannot inspect it ({exc.strerror})"
+        info, why = _lstat(path)
+        if info is None:
+            return why
         if stat.S_ISLNK(info.st_mode):
             if not self.follow_symlink:
                 return "it is a symlink"
