@@ -441,3 +441,40 @@ def test_train_names_the_problems_with_one_kernel(tmp_path: Path, capsys: pytest
     assert rc == 0, err
     assert "18 of 72 problems have a single row (e.g. " in out
     assert "their one kernel is the only one taken to apply, and they teach the ranker nothing" in out
+
+
+@pytest.mark.slow
+def test_a_zero_shot_run_of_a_sparse_op_masks_the_new_gpus_candidates(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """``cv=external`` onto another arch of an ``absence: not_applicable`` op: the model is the
+    transfer recipe, its learner carries the applicability mask learned on the training GPU, the
+    folds rank the new GPU's whole candidate set, and the export of the run for that GPU holds
+    the mask and meets parity."""
+    from ckpred.commands.export import export_command
+    from ckpred.config import compose
+    from ckpred.cv.driver import cross_validate
+    from tests.test_yaml_ops_train import OPS_DIR
+
+    monkeypatch.chdir(tmp_path)
+    train_db = _pruned_find_db(tmp_path / "gfx942.fdb.txt")
+    test_db = _pruned_find_db(tmp_path / "other.fdb.txt")
+    test_db.write_text(test_db.read_text().replace("-FP16-", "-FP32-", 3))  # another GPU's timings
+    run = tmp_path / "run"
+    run.mkdir()
+    cross_validate(compose("train", [f"hydra.searchpath=[file://{OPS_DIR}]", "op=miopen_conv", "arch=gfx942", "dtype=fp16",
+                                     "data=path", f"data.path={train_db}", f"out_dir={run}", "model.n_estimators=20",
+                                     "model.n_jobs=1", "baselines.plain.model.n_estimators=10",
+                                     "applicability.n_estimators=30", "plots=false", "progress=false", "cv=external",
+                                     "cv.data.source=path", f"cv.data.path={test_db}", "+arch@cv.arch=gfx90a_mi210"]),
+                   run)
+    metrics, record, folds = (json.loads((run / name).read_text()) for name in ("metrics.json", "run.json",
+                                                                                "folds.json"))
+    assert record["model"] == "transfer" and record["zero_shot"] is True
+    assert record["candidates"]["absence"] == "not_applicable"
+    assert folds["folds"][0]["applicability"]["threshold"] is not None
+    assert 0.0 <= metrics["model"]["unmeasured_pick"] <= 0.5
+    out = export_command(compose("export", [f"hydra.searchpath=[file://{OPS_DIR}]", "op=miopen_conv",
+                                            "arch=gfx90a_mi210", "dtype=fp16", "data=path", f"data.path={train_db}",
+                                            f"run_dir={tmp_path / 'run'}", "out_dir=ex", "parity.shapes=40"]))
+    manifest = json.loads((Path(out) / "manifest.json").read_text())
+    assert manifest["arch"] == "gfx90a_mi210" and manifest["applicability_model"] is not None
+    assert manifest["parity"]["top1_agreement"] == 1.0
