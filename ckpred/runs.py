@@ -48,6 +48,9 @@ class DataRecord:
 
     rows: int
     hash: str | None = None
+    #: The hash without the files' names (:func:`ckpred.data.table.content_hash`): what an
+    #: export run from another working directory checks.
+    content_hash: str | None = None
     shapes: int | None = None
     valid_rows: int | None = None
     shape_ranges: dict[str, list[Any]] | None = None
@@ -56,7 +59,7 @@ class DataRecord:
     combos: list[str] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        order = ("hash", "rows", "shapes", "valid_rows", "shape_ranges", "partitioned", "partitions", "combos")
+        order = ("hash", "content_hash", "rows", "shapes", "valid_rows", "shape_ranges", "partitioned", "partitions", "combos")
         values = asdict(self)
         return {k: values[k] for k in order if values[k] is not None}
 

@@ -250,3 +250,32 @@ def test_reranked_export_of_a_run_with_two_cv_groups(tmp_path, monkeypatch) -> N
     assert main(["export", *common[:-1], "data.path=one.csv", "out_dir=ex1", "model.n_estimators=5"]) == 0
     man = json.loads((tmp_path / "ex1" / "tmm_gfx950_fp8_rcr" / "manifest.json").read_text())
     assert man["select"] == "pruned" and man["selection"]["candidates"] == 1 and "reranker" not in man["selection"]
+
+
+def test_a_run_exports_from_another_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Train with the table's file inside the working directory (``source`` names it relative to
+    it), export from elsewhere (``source`` is then absolute): the same rows, so the export goes
+    ahead; a file changed since training is still refused."""
+    from ckpred.commands.export import export_command
+    from ckpred.config import compose
+    from ckpred.cv.driver import cross_validate
+    from ckpred.errors import ModelMismatchError
+    from tests.test_yaml_ops_train import OPS_DIR, write_find_db
+
+    (tmp_path / "work").mkdir()
+    fdb = write_find_db(tmp_path / "work" / "small.fdb.txt")
+    monkeypatch.chdir(tmp_path / "work")
+    run = tmp_path / "work" / "run"
+    run.mkdir()
+    common = [f"hydra.searchpath=[file://{OPS_DIR}]", "op=miopen_conv", "arch=gfx942", "dtype=fp16", "data=path",
+              f"data.path={fdb}"]
+    cross_validate(compose("train", [*common, f"out_dir={run}", "model.n_estimators=10", "model.n_jobs=1",
+                                     "baselines.plain.model.n_estimators=5", "cv.n_splits=3", "plots=false",
+                                     "progress=false"]), run)
+    assert json.loads((run / "run.json").read_text())["data"]["content_hash"]
+    monkeypatch.chdir(tmp_path)
+    out = export_command(compose("export", [*common, f"run_dir={run}", "out_dir=ex", "parity.shapes=20"]))
+    assert json.loads((Path(out) / "manifest.json").read_text())["parity"]["top1_agreement"] == 1.0
+    fdb.write_text(fdb.read_text().replace("GemmFwd1x1_0_2:", "GemmFwd1x1_0_2:1", 1))
+    with pytest.raises(ModelMismatchError, match="is not the data run_dir="):
+        export_command(compose("export", [*common, f"run_dir={run}", "out_dir=ex", "parity.shapes=20"]))

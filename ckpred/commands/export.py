@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 from sklearn.pipeline import Pipeline
 
+from ckpred.data.table import content_hash
 from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.export.build import export_name, export_pipeline, node_name
@@ -181,9 +182,9 @@ def _from_run_dir(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     steps.step("loading the run's training table")
     table = load_table(data_cfg)
     bind_training_catalogue(op, table, data_cfg)
-    train_hash = (train_record.get("data") or {}).get("hash")
+    trained = train_record.get("data") or {}
     record = {"kind": "run_dir", "run_dir": str(run_dir), "pipeline_sha256": run.sha256,
-              "train_data_hash": train_hash}
+              "train_data_hash": trained.get("hash"), "train_content_hash": trained.get("content_hash")}
     return _Source(run.pipeline, table, data_cfg, record, metrics=train_record.get("metrics"), run_dir=run_dir,
                    run_record=train_record)
 
@@ -348,10 +349,14 @@ def _export(cfg: ExportConfig, op: OpDefinition, src: _Source, target: Path,
             steps: Steps) -> tuple[dict[str, Any], _Strategy]:
     """The strategy, the graphs, the parity check and the manifest of ``src``'s pipeline."""
     training = mf.training_section(src.table, op, source=str(src.data_cfg.data.source))
-    if src.record.get("train_data_hash") and src.record["train_data_hash"] != training["data_hash"]:
+    # the content hash when the run recorded one: the files' names in ``source`` follow the
+    # working directory, which may differ between train and export
+    key, loaded = (("train_content_hash", content_hash(src.table.reset_index(drop=True)))
+                   if src.record.get("train_content_hash") else ("train_data_hash", training["data_hash"]))
+    if src.record.get(key) and src.record[key] != loaded:
         raise ModelMismatchError(
-            f"the data this config loads (hash {training['data_hash'][:12]}) is not the data run_dir={cfg.run_dir} "
-            f"was trained on (hash {src.record['train_data_hash'][:12]}): training ranges and parity would be wrong; "
+            f"the data this config loads (hash {loaded[:12]}) is not the data run_dir={cfg.run_dir} "
+            f"was trained on (hash {src.record[key][:12]}): training ranges and parity would be wrong; "
             "export with the run's data settings")
     problems = _parity_problems(cfg, src.table, op)
     strategy = _strategy(cfg, src, op, steps)

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from ckpred import evaluate as ev
 from ckpred.cv.schemes import CVScheme, scheme_for
 from ckpred.cv.scoring import Evaluation, OutOfFold
-from ckpred.data.table import data_hash
+from ckpred.data.table import content_hash, data_hash
 from ckpred.fitting import Prepared
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.models import booster, failure_model, target_name
@@ -161,7 +161,8 @@ def write_tested_rows(out_dir: Path, test: Prepared, oof: OutOfFold, evaluation:
 
 def table_record(data: Prepared, op: OpDefinition) -> DataRecord:
     """The run record's ``data`` for a table held in one process."""
-    return DataRecord(hash=data_hash(data.table), rows=int(len(data.table)), shapes=int(data.groups.n_shapes),
+    return DataRecord(hash=data_hash(data.table), content_hash=content_hash(data.table), rows=int(len(data.table)),
+                      shapes=int(data.groups.n_shapes),
                       valid_rows=int(data.table["is_valid"].sum()),
                       shape_ranges={c: _field_range(data.table[c]) for c in op.problem_names})
 

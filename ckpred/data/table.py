@@ -232,3 +232,10 @@ def data_hash(table: pd.DataFrame) -> str:
     digest = hashlib.sha256(",".join(table.columns).encode())
     digest.update(pd.util.hash_pandas_object(table, index=False).to_numpy().tobytes())
     return digest.hexdigest()
+
+
+def content_hash(table: pd.DataFrame) -> str:
+    """:func:`data_hash` without the provenance columns ``source`` and ``run_id``: the same rows
+    read from the same files hash alike whatever the working directory names the files by
+    (both hold a path relative to it when the file is inside it)."""
+    return data_hash(table.drop(columns=["source", "run_id"], errors="ignore"))
