@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -126,3 +128,29 @@ def forge(d: Path, manifest: dict[str, Any]) -> None:
     manifest = {**manifest, "files": {name: {**info, "sha256": hashlib.sha256((d / name).read_bytes()).hexdigest()}
                                       for name, info in manifest["files"].items()}}
     (d / "manifest.json").write_text(json.dumps(manifest))
+
+
+@contextmanager
+def re_exporting(target: Path, exports: Sequence[Path]) -> Iterator[list[int]]:
+    """Write ``exports``' files into the export folder ``target`` in turn, over and over, on a
+    thread until the block ends (a re-export racing whoever loads ``target``); the first is in
+    place on entry. Yields the number of re-exports so far, as ``[n]``."""
+    from ckpred.export import manifest as mf
+
+    versions = [{name: (d / name).read_bytes() for name in ("model.onnx", "scorer.onnx", "manifest.json")}
+                for d in exports]
+    mf.write_export_dir(target, versions[0])
+    stop, swaps = threading.Event(), [0]
+
+    def swap() -> None:
+        while not stop.is_set():
+            mf.write_export_dir(target, versions[swaps[0] % len(versions)])
+            swaps[0] += 1
+
+    writer = threading.Thread(target=swap, daemon=True)
+    writer.start()
+    try:
+        yield swaps
+    finally:
+        stop.set()
+        writer.join(30)

@@ -779,28 +779,13 @@ def test_f05_forged_calibrations_python_and_the_cpp_header_decide_the_same(expor
 @pytest.mark.slow
 def test_x14_cpp_loads_racing_re_exports_give_the_old_or_the_new_model(selector, export, other_export, cpp_demo,  # noqa: F811
                                                                       tmp_path) -> None:
-    from ckpred.export import manifest as mf
+    from export_helpers import re_exporting
 
-    versions = [{name: (d / name).read_bytes() for name in ("model.onnx", "scorer.onnx", "manifest.json")}
-                for d in (export, other_export)]
     target = tmp_path / "live" / export.name
-    mf.write_export_dir(target, versions[0])
-    stop, swaps = threading.Event(), [0]
-
-    def swap() -> None:
-        while not stop.is_set():
-            mf.write_export_dir(target, versions[swaps[0] % 2])
-            swaps[0] += 1
-
-    writer = threading.Thread(target=swap, daemon=True)
-    writer.start()
     runs, deadline = 0, time.monotonic() + 60
-    try:
+    with re_exporting(target, (export, other_export)) as swaps:
         while runs < 30 or swaps[0] < 30:
             assert time.monotonic() < deadline, f"{swaps[0]} swaps, {runs} runs"
             done = _demo(cpp_demo, target, tmp_path / f"s{runs}.jsonl", [selector.select(PROBLEM, top_k=4)], check=False)
             assert done.returncode == 0, done.stderr
             runs += 1
-    finally:
-        stop.set()
-        writer.join(30)

@@ -421,15 +421,15 @@ def test_a_forged_export_naming_a_plugin_runs_nothing(export: Path, tmp_path: Pa
     import shutil
 
     from ckpred.runtime import KernelSelector
-    from test_hostile_runtime import embed, read, write
+    from export_helpers import forge
+    from test_hostile_runtime import read
 
     marker = _plugin_module(tmp_path, monkeypatch, "rt_plug")
     forged = tmp_path / "forged"
     shutil.copytree(export, forged)
     man = read(forged)
     man["op_config"]["plugin"] = "rt_plug:X"
-    embed(forged, man)
-    write(forged, man)
+    forge(forged, man)
     with pytest.raises(ModelMismatchError) as err:
         KernelSelector.load(forged)
     message = str(err.value)

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from ckpred.errors import CkpredError, ConfigValueError, ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.runtime import KernelSelector, max_threads
-from export_helpers import export_gemm, gemm
+from export_helpers import export_gemm, forge, gemm, re_exporting
 
 
 @pytest.fixture(scope="module")
@@ -60,19 +60,6 @@ def resign_catalogue(man: dict[str, Any]) -> None:
     section = man["catalogue"]
     section["count"] = len(section["rows"])
     section["hash"] = gemm().catalogue_hash(mf.catalogue_frame(section))
-
-
-def embed(d: Path, man: dict[str, Any]) -> None:
-    """Write ``man`` into model.onnx's metadata too and re-sign: a fully consistent forgery."""
-    import onnx
-
-    model = onnx.load(str(d / "model.onnx"))
-    for prop in model.metadata_props:
-        if prop.key == "ckpred.manifest":
-            prop.value = json.dumps({k: v for k, v in man.items() if k != "files"}, sort_keys=True,
-                                    separators=(",", ":"))
-    onnx.save(model, str(d / "model.onnx"))
-    resign_files(d, man)
 
 
 def _flip_model_byte(d: Path) -> None:
@@ -119,8 +106,7 @@ def _forge(fn: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
     def apply(d: Path) -> None:
         man = read(d)
         fn(man)
-        embed(d, man)
-        write(d, man)
+        forge(d, man)
     return apply
 
 
@@ -428,36 +414,20 @@ def test_x14_a_load_racing_re_exports_gives_the_old_or_the_new_model_never_a_ref
     """Two exports swapped in turn at one place (renameat2 exchange, the old one then deleted) as
     fast as they can be written, while the selector is loaded there again and again: every load
     verifies the bytes it read through one directory descriptor, so it is one export or the other."""
-    import threading
     import time
 
     from ckpred.autotune import model_hash
 
     other = export_gemm(tmp_path / "other" / export.name, n_estimators=4)
-    versions = [{name: (d / name).read_bytes() for name in ("model.onnx", "scorer.onnx", "manifest.json")}
-                for d in (export, other)]
-    shas = {hashlib.sha256(v["model.onnx"]).hexdigest() for v in versions}
+    shas = {hashlib.sha256((d / "model.onnx").read_bytes()).hexdigest() for d in (export, other)}
     target = tmp_path / "live" / export.name
-    mf.write_export_dir(target, versions[0])
-    stop, swaps = threading.Event(), [0]
-
-    def swap() -> None:
-        while not stop.is_set():
-            mf.write_export_dir(target, versions[swaps[0] % 2])
-            swaps[0] += 1
-
-    writer = threading.Thread(target=swap, daemon=True)
-    writer.start()
     seen, deadline = set(), time.monotonic() + 60
-    try:
+    with re_exporting(target, (export, other)) as swaps:
         while len(seen) < 2 or swaps[0] < 40:
             assert time.monotonic() < deadline, f"{swaps[0]} swaps, models seen {seen}"
             sel = KernelSelector.load(target, cache_size=0, check_catalogue=False)
             assert model_hash(sel.manifest) in shas
             seen.add(model_hash(sel.manifest))
-    finally:
-        stop.set()
-        writer.join(30)
     assert seen == shas
 
 

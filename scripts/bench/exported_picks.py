@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -35,10 +34,7 @@ def main() -> None:
     parser.add_argument("--config-dir", default=None, help="a user config dir (as ckpred's --config-dir)")
     parser.add_argument("overrides", nargs="*", help="train overrides that load the table")
     args = parser.parse_intermixed_args()
-    overrides = list(args.overrides)
-    if args.config_dir:
-        overrides.insert(0, f"hydra.searchpath=[file://{Path(args.config_dir).resolve()}]")
-    cfg = compose("train", overrides)
+    cfg = compose("train", list(args.overrides), config_dir=args.config_dir)
     op = load_op(cfg.op)
     table = load_table(cfg)
     sel = KernelSelector.load(args.export, cache_size=0)

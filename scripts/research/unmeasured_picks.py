@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -68,10 +67,7 @@ def main() -> None:
     parser.add_argument("--inner", type=int, default=0, help="inner folds to choose the threshold on (0: skip)")
     parser.add_argument("overrides", nargs="*", help="train overrides")
     args = parser.parse_args()
-    overrides = list(args.overrides)
-    if args.config_dir:
-        overrides.insert(0, f"hydra.searchpath=[file://{Path(args.config_dir).resolve()}]")
-    cfg = compose("train", overrides)
+    cfg = compose("train", list(args.overrides), config_dir=args.config_dir)
     op = load_op(cfg.op)
     start = time.perf_counter()
     table = load_table(cfg)
