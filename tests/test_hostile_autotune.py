@@ -29,6 +29,7 @@ from typing import Any, Callable
 import pytest
 
 from ckpred import autotune as at
+from ckpred.autotune.checks import _real
 from ckpred.errors import ConfigValueError
 from ckpred.runtime import KernelSelector
 from test_hostile_runtime import export, selector  # noqa: F401  (fixtures: a small gemm export)
@@ -618,7 +619,7 @@ def test_cpp_demo_refuses_a_times_file_that_is_not_a_file(export, cpp_demo, tmp_
 
 def test_math_is_finite_helper_for_huge_ints() -> None:
     """An integer beyond a float (JSON 1e400 written out) is no finite number, not an OverflowError."""
-    assert at._real(10**400) == math.inf and at._real(True) is None and at._real("1") is None
+    assert _real(10**400) == math.inf and _real(True) is None and _real("1") is None
 
 
 # -- F05: the C++ autotune header verifies the export as ckpred_select and Python do ---------------
