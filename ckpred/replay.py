@@ -201,13 +201,13 @@ def calibrations(data: ReplayData, calibration_data: ReplayData | None = None,
     f = data.frame
     if calibration_data is not None:
         c = calibration_data.frame
-        one = at.calibrate(c["shape"], c["perf"], c["score"], c["selectable"], tie_order=c["tie"], **options)
+        one = at.calibrate(at.OofRows(c["shape"], c["perf"], c["score"], c["selectable"], c["tie"]), **options)
         return {fold: one for fold in pd.unique(f["fold"])}
     out = {}
     for fold in pd.unique(f["fold"]):
         rest = f[f["fold"] != fold]
-        out[fold] = at.calibrate(rest["shape"], rest["perf"], rest["score"], rest["selectable"],
-                                 tie_order=rest["tie"], **options)
+        out[fold] = at.calibrate(at.OofRows(rest["shape"], rest["perf"], rest["score"], rest["selectable"], rest["tie"]),
+                                 **options)
     return out
 
 

@@ -111,14 +111,14 @@ def test_calibrate_is_monotone_and_matches_hand_counts() -> None:
         shapes += [s, s]
         perf += [first, second]
         scores += [gap, 0.0]
-    cal = at.calibrate(shapes, perf, scores, within=(0.05,), bins=2, max_k=2, prior_failures=0)
+    cal = at.calibrate(at.OofRows(shapes, perf, scores), within=(0.05,), bins=2, max_k=2, prior_failures=0)
     assert cal.edges == (1.1,) and cal.counts == (3, 3)
     assert np.allclose(cal.probability[0], [[1 / 3, 1.0], [1.0, 1.0]], atol=1e-6)
     again = at.Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
     assert again == cal
     # a violating bin order is pooled: make the wide-gap bin worse than the narrow one
     perf2 = [0.5, 1.0, 0.5, 1.0, 0.5, 1.0] + perf[6:]  # the wide-gap top kernels are now 50% slow
-    cal2 = at.calibrate(shapes, perf2, scores, within=(0.05,), bins=2, max_k=2, prior_failures=0)
+    cal2 = at.calibrate(at.OofRows(shapes, perf2, scores), within=(0.05,), bins=2, max_k=2, prior_failures=0)
     top1 = [row[0] for row in cal2.probability[0]]
     assert top1[0] == top1[1] == pytest.approx((1 / 3 + 0) / 2, abs=1e-6)  # 1/3 and 0 pooled
 

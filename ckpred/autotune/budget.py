@@ -111,7 +111,7 @@ class TimeBudget(Budget):
         return f"time({self.clock}={self.seconds:g}s)"
 
 
-def as_budget(budget: Any) -> Budget:
+def as_budget(budget: object) -> Budget:
     """The budget :func:`autotune` runs: a :class:`Budget` as given, None as ``FixedK(2)``, and a
     plain int ``k`` as ``FixedK(k)`` (what ``budget=3`` means); anything else is refused by name."""
     if budget is None:
@@ -165,10 +165,15 @@ class Confidence(Budget):
                 shifted: bool = False) -> int:
         """Successful measurements wanted (``problem``: field values, for a logistic calibration;
         ``shifted``: the problem is outside what the calibration measured, see :func:`size_confidence`)."""
-        if self.calibration is None:
+        cal = self.fitted()
+        k = cal.needed(scores, float(self.target), float(self.within), problem=problem)
+        return max(k, cal.fallback_k) if shifted else k
+
+    def fitted(self) -> Calibration | LogisticCalibration:
+        """The calibration (a mapping given was parsed at construction); refused when there is none."""
+        if self.calibration is None or isinstance(self.calibration, Mapping):
             raise AutotuneError("Confidence budget without a calibration table")
-        k = self.calibration.needed(scores, float(self.target), float(self.within), problem=problem)
-        return max(k, self.calibration.fallback_k) if shifted else k
+        return self.calibration
 
     def spent(self, scores: Sequence[float], spent: _Spent) -> bool:
         return spent.successes >= self.planned(scores)
@@ -191,9 +196,7 @@ def size_confidence(budget: Confidence, scores: Sequence[float], problem: Mappin
       on held-out GPUs (:func:`shift_of`) -- spends at least ``fallback_k`` (policy
       ``+shifted(k>=K)``): the calibration's probabilities were measured in distribution.
     """
-    cal = budget.calibration
-    if cal is None:
-        raise AutotuneError("Confidence budget without a calibration table")
+    cal = budget.fitted()
     k = budget.planned(scores, problem, shifted=bool(shift))
     policy = budget.describe()
     if budget.within in cal.uninformative:
@@ -203,7 +206,8 @@ def size_confidence(budget: Confidence, scores: Sequence[float], problem: Mappin
     return _Sized(k, policy, budget.max_benchmarks)
 
 
-def shift_of(manifest: Mapping[str, Any], row: Mapping[str, int], calibration: Any) -> str:
+def shift_of(manifest: Mapping[str, Any], row: Mapping[str, int],
+             calibration: Calibration | LogisticCalibration | Mapping[str, Any] | None) -> str:
     """Why a problem is outside what the confidence calibration measured ("" when it is not): its
     integer fields outside ``training.problem_ranges``, or a selector arch that is not among
     ``training.archs`` (unless the calibration was fitted zero-shot)."""

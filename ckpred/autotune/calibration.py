@@ -25,7 +25,7 @@ LOGISTIC_FORMAT = "ckpred.autotune.logistic/1"
 SCORE_FEATURES = ("gap2", "gap3", "gap4", "gap5", "top", "spread5", "valid")
 
 
-def _reals(value: Any, key: str, where: str) -> tuple[float, ...]:
+def _reals(value: object, key: str, where: str) -> tuple[float, ...]:
     """A JSON array of numbers (not text, not booleans) as floats; anything else is refused by name.
     The C++ header (``manifest.hpp``: ``check_calibration``) accepts exactly the same."""
     if not isinstance(value, (list, tuple)):
@@ -39,13 +39,13 @@ def _reals(value: Any, key: str, where: str) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _arrays(value: Any, key: str, where: str) -> list[Any]:
+def _arrays(value: object, key: str, where: str) -> list[Any]:
     if not isinstance(value, (list, tuple)):
         raise AutotuneError(f"{where}: {key} is {value!r}; allowed: an array")
     return list(value)
 
 
-def _integer(value: Any, key: str, where: str, lo: int) -> int:
+def _integer(value: object, key: str, where: str, lo: int) -> int:
     """A JSON integer (not a float, text or boolean) in [lo, 2^63-1]."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not lo <= value < 2**63:
         raise AutotuneError(f"{where}: {key} is {value!r}; allowed: an integer in [{lo}, 2^63-1]")
@@ -58,7 +58,7 @@ def _check_within(within: Sequence[float], where: str) -> None:
         raise AutotuneError(f"{where}: within={list(within)}; allowed: distinct fractions in (0, 1)")
 
 
-def _check_format(d: Any, expected: str, where: str) -> None:
+def _check_format(d: object, expected: str, where: str) -> None:
     """Refuse a calibration record of another format (or not a mapping at all), by name."""
     if not isinstance(d, Mapping) or d.get("format") != expected:
         got = d.get("format") if isinstance(d, Mapping) else type(d).__name__
@@ -81,7 +81,7 @@ def _policy(d: Mapping[str, Any], within: Sequence[float], where: str) -> dict[s
     return {"fallback_k": fallback, "uninformative": uninformative, "zero_shot": zero_shot}
 
 
-def _policy_dict(c: Any) -> dict[str, Any]:
+def _policy_dict(c: Calibration | LogisticCalibration) -> dict[str, Any]:
     return {"fallback_k": c.fallback_k, "uninformative_within": list(c.uninformative), "zero_shot": c.zero_shot}
 
 
@@ -182,7 +182,7 @@ class Calibration:
         return self.max_k
 
 
-def score_gap(scores: Sequence[float], gap_to: int = 2) -> float:
+def score_gap(scores: Sequence[float] | np.ndarray, gap_to: int = 2) -> float:
     """Top score minus the ``gap_to``-th highest (inf with fewer finite scores)."""
     s = np.asarray(scores, dtype=np.float64)
     s = s[np.isfinite(s)]
@@ -192,7 +192,7 @@ def score_gap(scores: Sequence[float], gap_to: int = 2) -> float:
     return float(top[0] - top[gap_to - 1])
 
 
-def signal_features(scores: Sequence[float], values: Sequence[float]) -> np.ndarray:
+def signal_features(scores: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndarray) -> np.ndarray:
     """The logistic calibration's features of one problem, in a fixed order.
 
     :data:`SCORE_FEATURES` from the ranked scores of the valid candidates (best first): the top

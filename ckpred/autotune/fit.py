@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, TypedDict, Unpack
 
 import numpy as np
 
 from ckpred.autotune.calibration import SCORE_FEATURES, Calibration, LogisticCalibration, score_gap, signal_features
 from ckpred.autotune.checks import FALLBACK_K, AutotuneError, _count
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def fit_logistic(features: np.ndarray, top_rel: np.ndarray, fields: Sequence[str], *,
@@ -24,7 +27,7 @@ def fit_logistic(features: np.ndarray, top_rel: np.ndarray, fields: Sequence[str
     fields : sequence of str
         The problem fields of ``features`` (in order).
     """
-    from sklearn.linear_model import LogisticRegression
+    from sklearn.linear_model import LogisticRegression  # lazy: scikit-learn costs seconds to import; only fitting needs it
 
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != len(SCORE_FEATURES) + len(fields) + 1 or len(x) != len(top_rel) or not len(x):
@@ -66,21 +69,63 @@ def _pav(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
             v2, w2, n2 = blocks.pop()
             v1, w1, n1 = blocks.pop()
             blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return np.concatenate([[v] * n for v, _, n in blocks])
+    return np.concatenate([[v] * int(n) for v, _, n in blocks])
 
 
-def ranked_problems(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[float],
-                    selectable: Sequence[bool] | None = None, *, tie_order: Sequence[Any] | None = None,
-                    max_k: int = 10) -> Iterable[tuple[Any, np.ndarray, np.ndarray]]:
+@dataclass(frozen=True)
+class OofRows:
+    """Out-of-fold rows a calibration is fitted on, one entry per (problem, kernel) row.
+
+    Attributes
+    ----------
+    shapes : array-like
+        Problem key of each row (rows of a problem need not be contiguous).
+    perf : array-like of float
+        Measured performance, higher is better, 0 for failed rows (as in ``train``'s
+        ``oof_predictions.parquet`` column ``perf``).
+    scores : array-like of float
+        Out-of-fold model scores (``score_model``), higher is better.
+    selectable : array-like of bool, optional
+        Rows the selector may pick (the validity mask); default all.
+    tie_order : array-like, optional
+        Secondary sort key for equal scores (the exported selector's kernel id); default row order.
+    """
+
+    shapes: Sequence[Any]
+    perf: Sequence[float]
+    scores: Sequence[float]
+    selectable: Sequence[bool] | None = None
+    tie_order: Sequence[Any] | None = None
+
+    @classmethod
+    def from_oof(cls, oof: pd.DataFrame, kernel_ids: Mapping[str, int] | None = None) -> "OofRows":
+        """The rows of a train run's ``oof_predictions.parquet`` frame (ties by ``kernel_ids``)."""
+        ties = None if kernel_ids is None else oof["kernel_name"].map(dict(kernel_ids)).to_numpy()
+        return cls(oof["shape"].to_numpy(), oof["perf"].to_numpy(), oof["score_model"].to_numpy(),
+                   oof["selectable"].to_numpy(), ties)
+
+
+class TableOptions(TypedDict, total=False):
+    """The keywords of :func:`calibrate` (``export``'s ``autotune`` settings of the table)."""
+
+    within: Iterable[float]
+    bins: int
+    max_k: int
+    prior_failures: float
+    gap_to: int
+
+
+def ranked_problems(rows: OofRows, *, max_k: int = 10) -> Iterable[tuple[Any, np.ndarray, np.ndarray]]:
     """Per problem with a valid measured kernel: its key, the scores of its selectable kernels in
     model order (ties by ``tie_order``, default row order) and the efficiency of the best of the
     top j, j = 1..max_k (the measured best over every row of the problem is 100%)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas costs ~0.8 s to import (ckpred.autotune ~0.13 s); only fitting needs it
 
-    frame = pd.DataFrame({"shape": np.asarray(shapes, dtype=object), "perf": np.asarray(perf, dtype=np.float64),
-                          "score": np.asarray(scores, dtype=np.float64),
-                          "sel": np.ones(len(perf), bool) if selectable is None else np.asarray(selectable, bool),
-                          "tie": np.arange(len(perf)) if tie_order is None else np.asarray(tie_order)})
+    perf = rows.perf
+    frame = pd.DataFrame({"shape": np.asarray(rows.shapes, dtype=object), "perf": np.asarray(perf, dtype=np.float64),
+                          "score": np.asarray(rows.scores, dtype=np.float64),
+                          "sel": np.ones(len(perf), bool) if rows.selectable is None else np.asarray(rows.selectable, bool),
+                          "tie": np.arange(len(perf)) if rows.tie_order is None else np.asarray(rows.tie_order)})
     for shape, one in frame.groupby("shape", sort=False):
         best = one["perf"].max()
         cand = one[one["sel"]]
@@ -97,23 +142,46 @@ def top_j_efficiency(perf: np.ndarray, best: float, max_k: int) -> np.ndarray:
     return np.concatenate([rel, np.full(max_k - len(rel), rel[-1])])
 
 
-def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[float],
-              selectable: Sequence[bool] | None = None, *, within: Iterable[float] = (0.01, 0.02, 0.05, 0.1),
-              bins: int = 6, max_k: int = 10, prior_failures: float = 1.0,
-              tie_order: Sequence[Any] | None = None, gap_to: int = 2) -> Calibration:
+def _gap_bins(gaps: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The inner bin edges (quantiles of the finite gaps), each problem's bin and the problems per bin."""
+    finite = gaps[np.isfinite(gaps)]
+    qs = np.quantile(finite, np.linspace(0, 1, bins + 1)[1:-1]) if len(finite) else np.array([])
+    edges = np.unique(qs)
+    if len(finite):
+        edges = edges[edges > finite.min()]  # an edge at the smallest gap would leave its left bin empty
+    which = np.searchsorted(edges, gaps, side="right")
+    return edges, which, np.bincount(which, minlength=len(edges) + 1)
+
+
+def _hit_table(hit: np.ndarray, which: np.ndarray, counts: np.ndarray,
+               prior_failures: float) -> tuple[tuple[float, ...], ...]:
+    """[bin][j - 1]: the share of a bin's problems whose top j hit (``hit``), made non-decreasing in
+    the gap and in j, rounded to 6 digits."""
+    n_bins, max_k = len(counts), hit.shape[1]
+    prob = np.zeros((n_bins, max_k))
+    for b in range(n_bins):
+        if counts[b]:
+            prob[b] = hit[which == b].sum(axis=0) / (counts[b] + prior_failures)
+    for j in range(max_k):  # non-decreasing in the gap
+        filled = counts > 0
+        if filled.any():
+            prob[filled, j] = _pav(prob[filled, j], counts[filled])
+            # an empty bin takes the nearest filled bin below it (or above, at the bottom)
+            for e in np.flatnonzero(~filled):
+                below = np.flatnonzero(filled[:e])
+                prob[e, j] = prob[below[-1], j] if len(below) else prob[np.flatnonzero(filled)[0], j]
+    prob = np.maximum.accumulate(prob, axis=1)
+    return tuple(tuple(round(float(p), 6) for p in row) for row in prob)
+
+
+def calibrate(rows: OofRows, *, within: Iterable[float] = (0.01, 0.02, 0.05, 0.1), bins: int = 6, max_k: int = 10,
+              prior_failures: float = 1.0, gap_to: int = 2) -> Calibration:
     """Fit the :class:`Calibration` table from out-of-fold predictions.
 
     Parameters
     ----------
-    shapes : array-like
-        Problem key of each row (rows of a problem need not be contiguous).
-    perf : array-like of float
-        Measured performance, higher is better, 0 for failed rows (as in ``train``'s
-        ``oof_predictions.parquet`` column ``perf``).
-    scores : array-like of float
-        Out-of-fold model scores (``score_model``), higher is better.
-    selectable : array-like of bool, optional
-        Rows the selector may pick (the validity mask); default all.
+    rows : OofRows
+        The out-of-fold rows (problem keys, measured performance, scores, validity, tie order).
     within : iterable of float
         Tolerances to calibrate.
     bins : int
@@ -123,8 +191,6 @@ def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[flo
     prior_failures : float
         Pseudo-count of misses added to every bin (``hits / (n + prior_failures)``), so a
         small bin that never missed still does not claim certainty.
-    tie_order : array-like, optional
-        Secondary sort key for equal scores (the exported selector's kernel id); default row order.
     gap_to : int
         The score gap is the top score minus the ``gap_to``-th (see :class:`Calibration`).
 
@@ -137,43 +203,32 @@ def calibrate(shapes: Sequence[Any], perf: Sequence[float], scores: Sequence[flo
         raise AutotuneError(f"calibrate: bins={bins!r}, max_k={max_k!r}, gap_to={gap_to!r}; allowed: integers "
                             ">= 1 (gap_to >= 2)")
     gaps, rel_top = [], []
-    for _, cand_scores, rel in ranked_problems(shapes, perf, scores, selectable, tie_order=tie_order, max_k=max_k):
+    for _, cand_scores, rel in ranked_problems(rows, max_k=max_k):
         gaps.append(score_gap(cand_scores, gap_to))
         rel_top.append(rel)
     if not gaps:
         raise AutotuneError("calibrate: no problem with a valid measured kernel")
-    gaps_a, rel_a = np.asarray(gaps), np.vstack(rel_top)
-    finite = gaps_a[np.isfinite(gaps_a)]
-    qs = np.quantile(finite, np.linspace(0, 1, bins + 1)[1:-1]) if len(finite) else np.array([])
-    edges = np.unique(qs)
-    if len(finite):
-        edges = edges[edges > finite.min()]  # an edge at the smallest gap would leave its left bin empty
-    which = np.searchsorted(edges, gaps_a, side="right")
-    n_bins = len(edges) + 1
-    counts = np.bincount(which, minlength=n_bins)
-    tables = []
-    for w in within:
-        hit = rel_a >= 1.0 - w - 1e-12
-        prob = np.zeros((n_bins, max_k))
-        for b in range(n_bins):
-            if counts[b]:
-                prob[b] = hit[which == b].sum(axis=0) / (counts[b] + prior_failures)
-        for j in range(max_k):  # non-decreasing in the gap
-            filled = counts > 0
-            if filled.any():
-                prob[filled, j] = _pav(prob[filled, j], counts[filled])
-                # an empty bin takes the nearest filled bin below it (or above, at the bottom)
-                for b in np.flatnonzero(~filled):
-                    below = np.flatnonzero(filled[:b])
-                    prob[b, j] = prob[below[-1], j] if len(below) else prob[np.flatnonzero(filled)[0], j]
-        prob = np.maximum.accumulate(prob, axis=1)
-        tables.append(tuple(tuple(round(float(p), 6) for p in row) for row in prob))
-    return Calibration(within, tuple(float(e) for e in edges), tuple(tables), tuple(int(c) for c in counts), gap_to)
+    rel_a = np.vstack(rel_top)
+    edges, which, counts = _gap_bins(np.asarray(gaps), bins)
+    tables = tuple(_hit_table(rel_a >= 1.0 - w - 1e-12, which, counts, prior_failures) for w in within)
+    return Calibration(within, tuple(float(e) for e in edges), tables, tuple(int(c) for c in counts), gap_to)
 
 
-def calibration_from_oof(oof: Any, kernel_ids: Mapping[str, int] | None = None, *, kind: str = "table",
-                         problems: Any = None, fallback_k: int = FALLBACK_K, min_problems: int = 10,
-                         zero_shot: bool = False, **options: Any) -> dict[str, Any]:
+def _logistic(rows: OofRows, problems: pd.DataFrame, within: tuple[float, ...], max_k: int) -> LogisticCalibration:
+    """:func:`fit_logistic` on the rows' problems, their fields read from ``problems``."""
+    fields = [str(c) for c in problems.columns]
+    feats, top = [], []
+    for shape, scores, rel in ranked_problems(rows, max_k=max_k):
+        if shape not in problems.index:
+            raise AutotuneError(f"calibration: problem {shape!r} of the out-of-fold rows has no field values")
+        feats.append(signal_features(scores, problems.loc[shape].to_numpy(np.float64)))
+        top.append(rel)
+    return fit_logistic(np.vstack(feats), np.vstack(top), fields, within=within)
+
+
+def calibration_from_oof(oof: pd.DataFrame, kernel_ids: Mapping[str, int] | None = None, *, kind: str = "table",
+                         problems: pd.DataFrame | None = None, fallback_k: int = FALLBACK_K, min_problems: int = 10,
+                         zero_shot: bool = False, **options: Unpack[TableOptions]) -> dict[str, Any]:
     """The manifest's ``autotune`` section from a train run's ``oof_predictions.parquet`` frame.
 
     Parameters
@@ -202,32 +257,25 @@ def calibration_from_oof(oof: Any, kernel_ids: Mapping[str, int] | None = None, 
         ``uninformative_within``, ``fallback_k``, ``zero_shot`` and, when some tolerance is
         uninformative, ``note`` saying why.
     """
-    ties = None if kernel_ids is None else oof["kernel_name"].map(dict(kernel_ids)).to_numpy()
-    args = (oof["shape"].to_numpy(), oof["perf"].to_numpy(), oof["score_model"].to_numpy(), oof["selectable"].to_numpy())
+    rows = OofRows.from_oof(oof, kernel_ids)
     within = tuple(float(w) for w in options.get("within", (0.01, 0.02, 0.05, 0.1)))
     max_k = int(options.get("max_k", 10))
-    rels = [rel for _, _, rel in ranked_problems(*args, tie_order=ties, max_k=max_k)]
+    rels = [rel for _, _, rel in ranked_problems(rows, max_k=max_k)]
     if not rels:
         raise AutotuneError("calibrate: no problem with a valid measured kernel")
     uninformative, note = informative_within(np.vstack(rels), within, min_problems)
-    policy = {"uninformative": uninformative, "fallback_k": _count("fallback_k", fallback_k),
-              "zero_shot": bool(zero_shot)}
+    fallback_k = _count("fallback_k", fallback_k)
+    cal: Calibration | LogisticCalibration
     if kind == "table":
-        out = replace(calibrate(*args, tie_order=ties, **options), **policy).to_dict()
+        cal = calibrate(rows, **options)
     elif kind != "logistic" or problems is None:
         raise AutotuneError(f"calibration kind={kind!r} (problems given: {problems is not None}); allowed: 'table', "
                             "or 'logistic' with the problems' field values")
     else:
-        fields = [str(c) for c in problems.columns]
-        feats, top = [], []
-        for shape, scores, rel in ranked_problems(*args, tie_order=ties, max_k=max_k):
-            if shape not in problems.index:
-                raise AutotuneError(f"calibration: problem {shape!r} of the out-of-fold rows has no field values")
-            feats.append(signal_features(scores, problems.loc[shape].to_numpy(np.float64)))
-            top.append(rel)
-        out = replace(fit_logistic(np.vstack(feats), np.vstack(top), fields, within=within), **policy).to_dict()
+        cal = _logistic(rows, problems, within, max_k)
+    out = replace(cal, uninformative=uninformative, fallback_k=fallback_k, zero_shot=bool(zero_shot)).to_dict()
     if note:
-        out["note"] = f"{note}: the Confidence budget benchmarks a fixed k = {policy['fallback_k']} there"
+        out["note"] = f"{note}: the Confidence budget benchmarks a fixed k = {fallback_k} there"
     return out
 
 

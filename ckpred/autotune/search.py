@@ -1,4 +1,19 @@
-"""The search: benchmark the model's ranked candidates until the budget is spent, keep the fastest."""
+"""The search: benchmark the model's ranked candidates until the budget is spent, keep the fastest.
+
+With a store, :func:`autotune` checks it before anything is measured
+(:meth:`~ckpred.autotune.ResultStore.check`), reads it first (a stored winner of this model,
+whose kernel is in the model's catalogue under that name, is returned without benchmarking) and
+writes it after a successful search. A write that fails after the search does not lose it: the
+result comes back with ``stored=False`` and ``store_error`` saying why (also logged).
+
+With a ``timeout``, the benchmark calls run in one worker thread (created per search, ended
+after it). A call still running after ``timeout`` is recorded as failed (``TimeoutError``), the
+search stops there (nothing else is launched while the device may still run it) and the best
+kernel measured so far, if any, is returned (and stored) with ``timed_out=True``. Python cannot
+stop the call: it keeps running in the worker thread, which discards its result and exits when
+it returns. A benchmark that can hang for good should bound itself (a device-side timeout) or
+run in a subprocess. Without ``timeout`` the calls run in the caller's thread.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +24,55 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence, Sized
+
+import numpy as np
 
 from ckpred.autotune.budget import Budget, Confidence, _Spent, as_budget, shift_of, size_confidence
+from ckpred.autotune.calibration import Calibration, LogisticCalibration
 from ckpred.autotune.checks import AutotuneError, _real, _short
 from ckpred.autotune.store import ResultStore, problem_key
 from ckpred.errors import ConfigValueError, ModelMismatchError
 
 log = logging.getLogger(__name__)
+
+#: The caller's benchmark: a kernel's name (its catalogue id with ``pass_id``) -> seconds.
+Benchmark = Callable[[Any], float]
+
+
+class Ranking(Protocol):
+    """What :func:`autotune` reads of a selector's answer (:class:`ckpred.runtime.Selection`)."""
+
+    @property
+    def ids(self) -> Sequence[int]: ...
+    @property
+    def kernels(self) -> Sequence[str]: ...
+    @property
+    def scores(self) -> Sequence[float]: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def reason(self) -> str: ...
+
+
+class Selector(Protocol):
+    """What :func:`autotune` uses of a selector (:class:`ckpred.runtime.KernelSelector`, which
+    imports this package: a protocol, not an import, keeps the dependency one-way)."""
+
+    @property
+    def model_dir(self) -> Path: ...
+    @property
+    def manifest(self) -> dict[str, Any]: ...
+    @property
+    def calibration(self) -> Calibration | LogisticCalibration | None: ...
+    @property
+    def problem_fields(self) -> list[str]: ...
+    @property
+    def catalogue(self) -> Sized: ...
+    def problem_row(self, *values: object, **fields: object) -> dict[str, int]: ...
+    def select(self, *values: object, top_k: int = 5, **fields: object) -> Ranking: ...
+    def kernel_name(self, kernel_id: object) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -104,7 +160,7 @@ class _Worker:
     is left to finish in this thread, its result is discarded, and the thread then exits. Being
     a daemon, it does not hold up the process's exit."""
 
-    def __init__(self, benchmark: Callable[[Any], Any]) -> None:
+    def __init__(self, benchmark: Benchmark) -> None:
         self._benchmark = benchmark
         self._tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="ckpred-autotune-benchmark", daemon=True)
@@ -122,14 +178,15 @@ class _Worker:
                 box.append((False, exc))
             done.set()
 
-    def call(self, arg: Any, timeout: float) -> Any:
-        box: list[tuple[bool, Any]] = []
+    def call(self, arg: int | str, timeout: float) -> object:
+        box: list[tuple[bool, object]] = []
         done = threading.Event()
         self._tasks.put((arg, box, done))
         if not done.wait(timeout):
             raise _TimedOut
         ok, value = box[0]
         if not ok:
+            assert isinstance(value, BaseException)
             raise value
         return value
 
@@ -137,7 +194,7 @@ class _Worker:
         self._tasks.put(None)  # the thread exits after its current call, if one is still running
 
 
-def _measure(benchmark: Callable[[Any], Any], arg: Any, kernel_id: int, name: str, worker: _Worker | None,
+def _measure(benchmark: Benchmark, arg: int | str, kernel_id: int, name: str, worker: _Worker | None,
              timeout: float | None) -> tuple[Measurement, float, bool]:
     """One benchmark call: (measurement, wall seconds, timed out)."""
     t0 = time.perf_counter()
@@ -158,7 +215,7 @@ def _measure(benchmark: Callable[[Any], Any], arg: Any, kernel_id: int, name: st
     return Measurement(kernel_id, name, seconds), wall, False
 
 
-def _check_timeout(timeout: Any) -> float | None:
+def _check_timeout(timeout: object) -> float | None:
     if timeout is None:
         return None
     value = _real(timeout)
@@ -167,24 +224,66 @@ def _check_timeout(timeout: Any) -> float | None:
     return value
 
 
-def autotune_ranked(ids: Sequence[int], names: Sequence[str], scores: Sequence[float],
-                    benchmark: Callable[[Any], float], budget: Budget, *, pass_id: bool = False,
-                    problem: str = "", values: Mapping[str, float] | None = None,
-                    timeout: float | None = None, shift: str = "") -> TuneResult:
+@dataclass(frozen=True)
+class ProblemContext:
+    """What :func:`autotune_ranked` knows of the problem besides its ranked candidates.
+
+    Attributes
+    ----------
+    key : str
+        The problem key (:func:`~ckpred.autotune.problem_key`), copied into the result.
+    values : mapping, optional
+        The problem's field values; they feed a :class:`~ckpred.autotune.LogisticCalibration`.
+    shift : str
+        Why the problem is outside what the calibration measured (:func:`~ckpred.autotune.shift_of`,
+        "" when it is not); it sizes a :class:`~ckpred.autotune.Confidence` budget by
+        :func:`~ckpred.autotune.size_confidence`.
+    """
+
+    key: str = ""
+    values: Mapping[str, float] | None = None
+    shift: str = ""
+
+
+def _stop_reason(budget: Budget, scores: Sequence[float], spent: _Spent) -> str:
+    """Why the search stops before its next call ("" when it goes on): the soft budget is spent
+    (only once something succeeded) or ``max_benchmarks`` calls were made."""
+    if spent.successes and budget.spent(scores, spent):
+        return "budget spent"
+    if spent.attempts >= budget.max_benchmarks:
+        return f"max_benchmarks={budget.max_benchmarks} reached"
+    return ""
+
+
+def _result(problem: str, budget: Budget, measured: list[Measurement], stop: str, timed_out: bool) -> TuneResult:
+    """The fastest successful measurement (none: a result without a kernel, saying why)."""
+    good = [m for m in measured if m.ok]
+    if not good:
+        if measured:
+            stop = f"{stop}: all {len(measured)} benchmarks failed"
+        return TuneResult(problem, None, None, None, tuple(measured), False, budget.describe(), stop,
+                          timed_out=timed_out)
+    best = min(good, key=lambda m: m.seconds)  # type: ignore[arg-type, return-value]
+    return TuneResult(problem, best.kernel, best.kernel_id, best.seconds, tuple(measured), False,
+                      budget.describe(), stop, timed_out=timed_out)
+
+
+def autotune_ranked(ids: Sequence[int] | np.ndarray, names: Sequence[str], scores: Sequence[float],
+                    benchmark: Benchmark, budget: Budget, *, pass_id: bool = False,
+                    problem: ProblemContext = ProblemContext(), timeout: float | None = None) -> TuneResult:
     """Benchmark ranked candidates (valid ones, best first) until ``budget`` is spent.
 
     This is the store-free core of :func:`autotune`; the replay and the C++ header follow the
     same rules: count successes against the soft budget, stop at ``budget.max_benchmarks``
-    calls, and past the soft budget continue only while nothing has succeeded. ``values`` (the
-    problem's field values) feed a :class:`LogisticCalibration`; ``shift`` (why the problem is
-    outside what the calibration measured, :func:`shift_of`) sizes a :class:`Confidence`
-    budget by :func:`size_confidence`. With ``timeout``, see :func:`autotune`.
+    calls, and past the soft budget continue only while nothing has succeeded. ``problem`` (its
+    key, field values and shift, :class:`ProblemContext`) sizes a :class:`Confidence` budget
+    by :func:`size_confidence`. With ``timeout``, see :func:`autotune`.
     """
     if not isinstance(budget, Budget):
         raise AutotuneError(f"budget={budget!r}; allowed: FixedK, TimeBudget or Confidence")
     timeout = _check_timeout(timeout)
     if isinstance(budget, Confidence):  # sized once, from the scores (and the problem)
-        budget = size_confidence(budget, scores, values, shift)
+        budget = size_confidence(budget, scores, problem.values, problem.shift)
     spent = _Spent()
     measured: list[Measurement] = []
     candidates = list(zip(ids, names))
@@ -193,11 +292,9 @@ def autotune_ranked(ids: Sequence[int], names: Sequence[str], scores: Sequence[f
     worker = _Worker(benchmark) if timeout is not None and candidates else None
     try:
         for kernel_id, name in candidates:
-            if spent.successes and budget.spent(scores, spent):
-                stop = "budget spent"
-                break
-            if spent.attempts >= budget.max_benchmarks:
-                stop = f"max_benchmarks={budget.max_benchmarks} reached"
+            why = _stop_reason(budget, scores, spent)
+            if why:
+                stop = why
                 break
             m, wall, timed_out = _measure(benchmark, int(kernel_id) if pass_id else name, int(kernel_id), name, worker,
                                           timeout)
@@ -211,22 +308,11 @@ def autotune_ranked(ids: Sequence[int], names: Sequence[str], scores: Sequence[f
                 stop = f"benchmark of {name} timed out after {timeout:g} s: search stopped"
                 break
         else:
-            if spent.successes and budget.spent(scores, spent):
-                stop = "budget spent"
-            elif spent.attempts >= budget.max_benchmarks:
-                stop = f"max_benchmarks={budget.max_benchmarks} reached"
+            stop = _stop_reason(budget, scores, spent) or stop
     finally:
         if worker is not None:
             worker.close()
-    good = [m for m in measured if m.ok]
-    if not good:
-        if measured:
-            stop = f"{stop}: all {len(measured)} benchmarks failed"
-        return TuneResult(problem, None, None, None, tuple(measured), False, budget.describe(), stop,
-                          timed_out=timed_out)
-    best = min(good, key=lambda m: m.seconds)  # type: ignore[arg-type, return-value]
-    return TuneResult(problem, best.kernel, best.kernel_id, best.seconds, tuple(measured), False,
-                      budget.describe(), stop, timed_out=timed_out)
+    return _result(problem.key, budget, measured, stop, timed_out)
 
 
 def model_hash(manifest: Mapping[str, Any]) -> str:
@@ -238,7 +324,7 @@ def model_hash(manifest: Mapping[str, Any]) -> str:
         raise ModelMismatchError(f"manifest has no sha256 for {selector}") from exc
 
 
-def _not_this_models(hit: Mapping[str, Any], selector: Any) -> str:
+def _not_this_models(hit: Mapping[str, Any], selector: Selector) -> str:
     """Why a stored entry (already well-formed) cannot be this model's answer ("" when it can)."""
     name = selector.kernel_name(hit["kernel_id"])
     if name is None:
@@ -248,7 +334,55 @@ def _not_this_models(hit: Mapping[str, Any], selector: Any) -> str:
     return ""
 
 
-def autotune(selector: Any, problem: Mapping[str, Any], benchmark: Callable[[Any], float],
+def _check_call(selector: Selector, problem: object, benchmark: object, pass_id: object, refresh: object) -> None:
+    """Refuse a problem that is not a mapping, a benchmark that is not callable and flags that
+    are not booleans, by name."""
+    if not isinstance(problem, Mapping):
+        raise ConfigValueError("problem", problem, f"a mapping of problem field -> value (fields: "
+                                                   f"{selector.problem_fields})")
+    if not callable(benchmark):
+        raise AutotuneError(f"benchmark={_short(benchmark)}; allowed: a callable kernel -> seconds")
+    for flag, value in (("pass_id", pass_id), ("refresh", refresh)):
+        if not isinstance(value, bool):
+            raise AutotuneError(f"{flag}={value!r}; allowed: True or False")
+
+
+def _calibrated(budget: Confidence, selector: Selector) -> Confidence:
+    """``budget`` with the selector's calibration when it was given none (refused when there is none)."""
+    cal = getattr(selector, "calibration", None)  # checked by KernelSelector.load
+    return budget.with_calibration(selector.manifest.get("autotune") if cal is None else cal, str(selector.model_dir))
+
+
+def _stored(store: ResultStore, selector: Selector, model: str, key: str, refresh: bool) -> TuneResult | None:
+    """The store's answer for this model and problem, when it has one this model can serve
+    (checked before anything is measured; None with ``refresh``)."""
+    store.check()  # before anything is measured
+    hit = None if refresh else store.get(model, selector.manifest["op"], key)
+    if hit is None:
+        return None
+    why = _not_this_models(hit, selector)
+    if not why:
+        return TuneResult(key, hit["kernel"], hit["kernel_id"], float(hit["seconds"]), (), True,
+                          str(hit.get("policy", "")), "from store", stored=True)
+    log.warning("%s: skipped the stored answer for %s (%s); benchmarking", store.path, key, why)
+    return None
+
+
+def _store(store: ResultStore, selector: Selector, model: str, result: TuneResult) -> TuneResult:
+    """``result`` written to the store (``stored=True``), or with ``store_error`` when it cannot be."""
+    manifest = selector.manifest
+    try:
+        store.put({"model": model, "op": manifest["op"], "arch": manifest["arch"],
+                   "dtype": manifest["dtype"], "layout": manifest["layout"], "problem": result.problem,
+                   "kernel_id": result.kernel_id, "kernel": result.kernel, "seconds": result.seconds,
+                   "policy": result.policy, "measured": [m.to_dict() for m in result.measured]})
+    except AutotuneError as exc:
+        log.warning("%s; the result is returned but not stored", exc)
+        return replace(result, store_error=str(exc))
+    return replace(result, stored=True)
+
+
+def autotune(selector: Selector, problem: Mapping[str, Any], benchmark: Benchmark,
              budget: Budget | int | None = None, *, store: ResultStore | str | os.PathLike[str] | None = None,
              pass_id: bool = False, refresh: bool = False, timeout: float | None = None) -> TuneResult:
     """Benchmark the model's best valid kernels for ``problem`` and return the fastest.
@@ -269,22 +403,14 @@ def autotune(selector: Any, problem: Mapping[str, Any], benchmark: Callable[[Any
         When to stop (:class:`FixedK`, :class:`TimeBudget`, :class:`Confidence`); an int ``k``
         is ``FixedK(k)``.
     store : ResultStore or path, optional
-        Checked before anything is measured (:meth:`ResultStore.check`); read first (a stored
-        winner of this model, whose kernel is in the model's catalogue under that name, is
-        returned without benchmarking) and written after a successful search. A write that
-        fails after the search does not lose it: the result comes back with ``stored=False``
-        and ``store_error`` saying why (also logged).
+        Checked first, read before benchmarking, written after a successful search (see
+        :mod:`ckpred.autotune.search` for what happens when the write fails).
     refresh : bool, default=False
         Benchmark even when the store has an answer (and overwrite it).
     timeout : float, optional
-        Seconds to wait for one benchmark call. The calls then run in one worker thread
-        (created per search, ended after it). A call still running after ``timeout`` is recorded
-        as failed (``TimeoutError``), the search stops there (nothing else is launched while
-        the device may still run it) and the best kernel measured so far, if any, is returned
-        (and stored) with ``timed_out=True``. Python cannot stop the call: it keeps running in
-        the worker thread, which discards its result and exits when it returns. A benchmark
-        that can hang for good should bound itself (a device-side timeout) or run in a
-        subprocess. Without ``timeout`` the calls run in the caller's thread.
+        Seconds to wait for one benchmark call: past it the call is recorded as failed, the
+        search stops and returns the best so far with ``timed_out=True`` (the call itself keeps
+        running: see :mod:`ckpred.autotune.search`).
 
     Returns
     -------
@@ -298,48 +424,21 @@ def autotune(selector: Any, problem: Mapping[str, Any], benchmark: Callable[[Any
         A problem that is not a mapping or whose values the model refuses (``problem.<field>``).
     """
     budget = as_budget(budget)
-    if not isinstance(problem, Mapping):
-        raise ConfigValueError("problem", problem, f"a mapping of problem field -> value (fields: "
-                                                   f"{selector.problem_fields})")
-    if not callable(benchmark):
-        raise AutotuneError(f"benchmark={_short(benchmark)}; allowed: a callable kernel -> seconds")
-    for flag, value in (("pass_id", pass_id), ("refresh", refresh)):
-        if not isinstance(value, bool):
-            raise AutotuneError(f"{flag}={value!r}; allowed: True or False")
+    _check_call(selector, problem, benchmark, pass_id, refresh)
     timeout = _check_timeout(timeout)
-    if isinstance(budget, Confidence):
-        cal = getattr(selector, "calibration", None)  # checked by KernelSelector.load
-        budget = budget.with_calibration(selector.manifest.get("autotune") if cal is None else cal,
-                                         str(selector.model_dir))
-    if store is not None and not isinstance(store, ResultStore):
-        store = ResultStore(store)
+    budget = _calibrated(budget, selector) if isinstance(budget, Confidence) else budget
+    store = ResultStore(store) if store is not None and not isinstance(store, ResultStore) else store
     row = selector.problem_row(dict(problem))
     key = problem_key(row, selector.problem_fields)
-    model, op = model_hash(selector.manifest), selector.manifest["op"]
-    if store is not None:
-        store.check()  # before anything is measured
-        hit = None if refresh else store.get(model, op, key)
-        if hit is not None:
-            why = _not_this_models(hit, selector)
-            if not why:
-                return TuneResult(key, hit["kernel"], hit["kernel_id"], float(hit["seconds"]), (), True,
-                                  str(hit.get("policy", "")), "from store", stored=True)
-            log.warning("%s: skipped the stored answer for %s (%s); benchmarking", store.path, key, why)
+    model = model_hash(selector.manifest)
+    hit = None if store is None else _stored(store, selector, model, key, refresh)
+    if hit is not None:
+        return hit
     # the problem as the caller gave it: select checks it and encodes category values itself
     answer = selector.select(dict(problem), top_k=max(1, min(budget.max_benchmarks, len(selector.catalogue))))
     shift = shift_of(selector.manifest, row, budget.calibration) if isinstance(budget, Confidence) else ""
     result = autotune_ranked(answer.ids, answer.kernels, answer.scores, benchmark, budget, pass_id=pass_id,
-                             problem=key, values=row, timeout=timeout, shift=shift)
+                             problem=ProblemContext(key, row, shift), timeout=timeout)
     if not answer.ok:
         result = TuneResult(key, None, None, None, (), False, budget.describe(), answer.reason)
-    if store is not None and result.ok:
-        try:
-            store.put({"model": model, "op": op, "arch": selector.manifest["arch"],
-                       "dtype": selector.manifest["dtype"], "layout": selector.manifest["layout"], "problem": key,
-                       "kernel_id": result.kernel_id, "kernel": result.kernel, "seconds": result.seconds,
-                       "policy": result.policy, "measured": [m.to_dict() for m in result.measured]})
-        except AutotuneError as exc:
-            log.warning("%s; the result is returned but not stored", exc)
-            return replace(result, store_error=str(exc))
-        result = replace(result, stored=True)
-    return result
+    return _store(store, selector, model, result) if store is not None and result.ok else result

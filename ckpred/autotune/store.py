@@ -445,7 +445,7 @@ class ResultStore:
         try:
             for lineno, raw in enumerate(_complete_lines(fd, os.fstat(fd).st_size, _Cursor()), 1):
                 entry = None if raw is None or not raw.strip() else self._parse(raw, lineno)
-                if entry is not None:  # kept verbatim: fields this runtime does not know survive
+                if entry is not None and raw is not None:  # kept verbatim: fields this runtime does not know survive
                     keep.pop(self._key(entry), None)
                     keep[self._key(entry)] = raw
         except OSError as exc:
