@@ -38,8 +38,8 @@ from ckpred.autotune.budget import Budget, Confidence, FixedK, TimeBudget, as_bu
 from ckpred.autotune.calibration import (CALIBRATION_FORMAT, LOGISTIC_FORMAT, SCORE_FEATURES, Calibration,
                                          LogisticCalibration, load_calibration, score_gap, signal_features)
 from ckpred.autotune.checks import FALLBACK_K, MAX_BENCHMARKS, AutotuneError
-from ckpred.autotune.fit import (OofRows, TableOptions, calibrate, calibration_from_oof, fit_logistic, informative_within,
-                                 ranked_problems, top_j_efficiency)
+from ckpred.autotune.fit import (OofRows, TableOptions, calibrate, calibration_from_oof, fit_logistic,
+                                 informative_within, ranked_problems, top_j_efficiency)
 from ckpred.autotune.search import Measurement, ProblemContext, TuneResult, autotune, autotune_ranked, model_hash
 from ckpred.autotune.store import (MAX_LINE_BYTES, MAX_LINE_DEPTH, STALE_TEMP_S, STORE_FORMAT, ResultStore,
                                    check_entry, problem_key)
@@ -49,5 +49,5 @@ __all__ = ["STORE_FORMAT", "Measurement", "TuneResult", "Budget", "FixedK", "Tim
            "load_calibration", "ranked_problems", "signal_features", "top_j_efficiency", "ResultStore", "problem_key",
            "check_entry", "as_budget", "autotune", "autotune_ranked", "AutotuneError", "CALIBRATION_FORMAT",
            "LOGISTIC_FORMAT", "SCORE_FEATURES", "FALLBACK_K", "MAX_BENCHMARKS", "MAX_LINE_BYTES", "MAX_LINE_DEPTH",
-           "STALE_TEMP_S", "score_gap", "shift_of", "size_confidence", "informative_within", "model_hash", "ProblemContext",
-           "OofRows", "TableOptions"]
+           "STALE_TEMP_S", "score_gap", "shift_of", "size_confidence", "informative_within", "model_hash",
+           "ProblemContext", "OofRows", "TableOptions"]

@@ -27,7 +27,8 @@ def fit_logistic(features: np.ndarray, top_rel: np.ndarray, fields: Sequence[str
     fields : sequence of str
         The problem fields of ``features`` (in order).
     """
-    from sklearn.linear_model import LogisticRegression  # lazy: scikit-learn costs seconds to import; only fitting needs it
+    # lazy: scikit-learn costs ~4 s to import (-X importtime, loaded machine); only this fit needs it
+    from sklearn.linear_model import LogisticRegression
 
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != len(SCORE_FEATURES) + len(fields) + 1 or len(x) != len(top_rel) or not len(x):
@@ -121,11 +122,11 @@ def ranked_problems(rows: OofRows, *, max_k: int = 10) -> Iterable[tuple[Any, np
     top j, j = 1..max_k (the measured best over every row of the problem is 100%)."""
     import pandas as pd  # lazy: pandas costs ~0.8 s to import (ckpred.autotune ~0.13 s); only fitting needs it
 
-    perf = rows.perf
+    perf, selectable, tie_order = rows.perf, rows.selectable, rows.tie_order
     frame = pd.DataFrame({"shape": np.asarray(rows.shapes, dtype=object), "perf": np.asarray(perf, dtype=np.float64),
                           "score": np.asarray(rows.scores, dtype=np.float64),
-                          "sel": np.ones(len(perf), bool) if rows.selectable is None else np.asarray(rows.selectable, bool),
-                          "tie": np.arange(len(perf)) if rows.tie_order is None else np.asarray(rows.tie_order)})
+                          "sel": np.ones(len(perf), bool) if selectable is None else np.asarray(selectable, bool),
+                          "tie": np.arange(len(perf)) if tie_order is None else np.asarray(tie_order)})
     for shape, one in frame.groupby("shape", sort=False):
         best = one["perf"].max()
         cand = one[one["sel"]]

@@ -97,7 +97,7 @@ def _too_deep(raw: bytes) -> bool:
     return False
 
 
-def check_entry(entry: Any) -> str:
+def check_entry(entry: object) -> str:
     """What is wrong with one parsed store line ("" when it is a well-formed entry): the format
     tag; model, op, problem and kernel non-empty strings; kernel_id an integer >= 0; seconds a
     finite number > 0. Whether it belongs to a model (its kernel) is checked when it is served."""
@@ -445,7 +445,7 @@ class ResultStore:
         try:
             for lineno, raw in enumerate(_complete_lines(fd, os.fstat(fd).st_size, _Cursor()), 1):
                 entry = None if raw is None or not raw.strip() else self._parse(raw, lineno)
-                if entry is not None and raw is not None:  # kept verbatim: fields this runtime does not know survive
+                if entry is not None and raw is not None:  # kept verbatim: fields unknown here survive
                     keep.pop(self._key(entry), None)
                     keep[self._key(entry)] = raw
         except OSError as exc:
