@@ -45,18 +45,41 @@ import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, cast
 
 import numpy as np
+import onnx
 import pandas as pd
 
 from ckpred import vocab
+from ckpred.autotune import (AutotuneError, Budget, Calibration, LogisticCalibration, ResultStore, TuneResult, autotune,
+                             load_calibration)
+from ckpred.autotune.search import Benchmark
 from ckpred.errors import CkpredError, ConfigValueError, InputFileError, MissingFileError, ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.plugins import allowed_plugins
 
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession
+
 __all__ = ["KernelSelector", "Selection"]
+
+#: What a model is asked to be made for (``KernelSelector.load``'s keywords).
+IDENTITY = ("arch", "dtype", "layout", "op")
+
+
+class Named(Protocol):
+    """A config object that names its option (an arch, dtype, layout or op config)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class _BindsCatalogue(Protocol):
+    """An op whose catalogue is learned from the training table (``catalogue_from_data``)."""
+
+    def bind_catalogue(self, catalogue: pd.DataFrame) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -111,8 +134,6 @@ class Selection:
 
 
 def _metadata(data: bytes, model_path: Path) -> dict[str, str]:
-    import onnx
-
     try:
         model = onnx.load_model_from_string(data)
     except Exception as exc:  # protobuf DecodeError and friends: the file is no ONNX model
@@ -178,74 +199,200 @@ def _read_fd(fd: int, path: Path, limit: int) -> bytes:
         os.close(fd)
 
 
-def _read_export(model_dir: Path, wanted: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, bytes]]:
+def _replaced(model_dir: Path, pinned: tuple[int, int]) -> bool:
+    """True when ``model_dir`` is no longer the directory (device, inode) ``pinned`` (or is gone)."""
+    try:
+        now = os.stat(model_dir)
+    except OSError:
+        return True
+    return (now.st_dev, now.st_ino) != pinned
+
+
+def _open_all(dfd: int, model_dir: Path) -> tuple[dict[str, int], dict[str, Exception]]:
+    """Descriptors of the (first :data:`_EAGER_FILES`) files of the directory ``dfd``, and why
+    each of the others could not be opened (raised only if the manifest lists it). Every file is
+    opened first (an export holds three), so a re-export that swaps the directory out and deletes
+    it meanwhile leaves them readable."""
+    fds: dict[str, int] = {}
+    failed: dict[str, Exception] = {}
+    try:
+        names = sorted(os.listdir(dfd))[:_EAGER_FILES]
+    except OSError as exc:
+        raise InputFileError(str(model_dir), exc.strerror or str(exc)) from exc
+    try:
+        for name in names:
+            try:
+                fds[name] = _open_at(dfd, name, model_dir / name)
+            except (OSError, CkpredError) as exc:  # raised only if the manifest lists it
+                failed[name] = exc
+    except BaseException:
+        for fd in fds.values():
+            os.close(fd)
+        raise
+    return fds, failed
+
+
+def _read_manifest(model_dir: Path, fds: dict[str, int], failed: Mapping[str, Exception],
+                   pinned: tuple[int, int]) -> dict[str, Any]:
+    """The manifest of the opened files ``fds`` (its descriptor is taken out and closed), checked
+    for structure; :class:`_Replaced` when it is missing because the directory was swapped out."""
+    if mf.MANIFEST not in fds:
+        if _replaced(model_dir, pinned):
+            raise _Replaced
+        if mf.MANIFEST in failed and not isinstance(failed[mf.MANIFEST], FileNotFoundError):
+            raise failed[mf.MANIFEST]
+        raise MissingFileError(str(model_dir / mf.MANIFEST), _NO_MANIFEST.format(model_dir=model_dir))
+    data = _read_fd(fds.pop(mf.MANIFEST), model_dir / mf.MANIFEST, MAX_MANIFEST_BYTES)
+    return mf.parse_manifest(data, model_dir / mf.MANIFEST)
+
+
+def _read_listed(dfd: int, model_dir: Path, manifest: Mapping[str, Any], fds: dict[str, int],
+                 failed: Mapping[str, Exception], pinned: tuple[int, int]) -> dict[str, bytes]:
+    """The bytes of every file the manifest lists, read through the descriptors ``fds`` (taken
+    out and closed) or opened now through ``dfd`` (a directory of more than _EAGER_FILES files)."""
+    files = {}
+    for name in manifest["files"]:
+        if name in failed and not isinstance(failed[name], FileNotFoundError):
+            raise failed[name]
+        if name not in fds:
+            try:  # (a directory of more than _EAGER_FILES files)
+                fds[name] = _open_at(dfd, name, model_dir / name)
+            except FileNotFoundError:
+                if _replaced(model_dir, pinned):
+                    raise _Replaced from None
+                raise ModelMismatchError(f"{model_dir / name}: listed in the manifest but missing") from None
+        files[name] = _read_fd(fds.pop(name), model_dir / name, MAX_MODEL_BYTES)
+    return files
+
+
+_NO_MANIFEST = "no manifest; is {model_dir} an export directory (python -m ckpred export ...)?"
+
+
+def _read_export(model_dir: Path, wanted: Mapping[str, str | Named | None]) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The checked manifest (structure, then the identity ``wanted``) and the bytes of every file
     it lists, all read through one descriptor of ``model_dir`` (a symlinked directory is followed
     once). :class:`_Replaced` when a file is missing because a re-export swapped the directory out
     before it was opened."""
-    no_manifest = f"no manifest; is {model_dir} an export directory (python -m ckpred export ...)?"
     try:
         dfd = os.open(model_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
-        raise MissingFileError(str(model_dir / mf.MANIFEST), no_manifest) from None
+        raise MissingFileError(str(model_dir / mf.MANIFEST), _NO_MANIFEST.format(model_dir=model_dir)) from None
     except OSError as exc:
         raise InputFileError(str(model_dir), exc.strerror or str(exc)) from exc
     fds: dict[str, int] = {}
     try:
         st = os.fstat(dfd)
         pinned = (st.st_dev, st.st_ino)
-
-        def replaced() -> bool:
-            try:
-                now = os.stat(model_dir)
-            except OSError:
-                return True
-            return (now.st_dev, now.st_ino) != pinned
-
-        # Every file of the directory is opened first (an export holds three), so a re-export
-        # that swaps the directory out and deletes it meanwhile leaves them readable.
-        failed: dict[str, Exception] = {}
-        try:
-            names = sorted(os.listdir(dfd))[:_EAGER_FILES]
-        except OSError as exc:
-            raise InputFileError(str(model_dir), exc.strerror or str(exc)) from exc
-        for name in names:
-            try:
-                fds[name] = _open_at(dfd, name, model_dir / name)
-            except (OSError, CkpredError) as exc:  # raised only if the manifest lists it
-                failed[name] = exc
-        if mf.MANIFEST not in fds:
-            if replaced():
-                raise _Replaced
-            if mf.MANIFEST in failed and not isinstance(failed[mf.MANIFEST], FileNotFoundError):
-                raise failed[mf.MANIFEST]
-            raise MissingFileError(str(model_dir / mf.MANIFEST), no_manifest)
-        data = _read_fd(fds.pop(mf.MANIFEST), model_dir / mf.MANIFEST, MAX_MANIFEST_BYTES)
-        manifest = mf.parse_manifest(data, model_dir / mf.MANIFEST)
+        fds, failed = _open_all(dfd, model_dir)
+        manifest = _read_manifest(model_dir, fds, failed, pinned)
         check_identity(manifest, model_dir, **wanted)
-        files = {}
-        for name in manifest["files"]:
-            if name in failed and not isinstance(failed[name], FileNotFoundError):
-                raise failed[name]
-            if name not in fds:
-                try:  # (a directory of more than _EAGER_FILES files)
-                    fds[name] = _open_at(dfd, name, model_dir / name)
-                except FileNotFoundError:
-                    if replaced():
-                        raise _Replaced from None
-                    raise ModelMismatchError(f"{model_dir / name}: listed in the manifest but missing") from None
-            files[name] = _read_fd(fds.pop(name), model_dir / name, MAX_MODEL_BYTES)
-        return manifest, files
+        return manifest, _read_listed(dfd, model_dir, manifest, fds, failed, pinned)
     finally:
         for fd in fds.values():
             os.close(fd)
         os.close(dfd)
 
 
+def _identity(expected: Mapping[str, str | Named | None]) -> dict[str, str | Named | None]:
+    """``load``'s identity keywords, every one of :data:`IDENTITY` (None: not asked); another
+    keyword is refused as Python refuses an unknown keyword argument."""
+    unknown = [key for key in expected if key not in IDENTITY]
+    if unknown:
+        raise TypeError(f"KernelSelector.load() got an unexpected keyword argument {unknown[0]!r}")
+    return {key: expected.get(key) for key in IDENTITY}
+
+
+def _verified(model_dir: Path, wanted: Mapping[str, str | Named | None]) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest and the bytes of the files it lists (:func:`_read_export`, again when a
+    re-export swapped the directory out meanwhile), each file's sha256 checked against the
+    manifest's and the manifest against the one embedded in the selector graph. Every file is
+    read once, through one descriptor of the directory, and the bytes checked are the bytes
+    used: a re-export swapped in meanwhile gives the old model or the new one, never a mix."""
+    for attempt in range(_READ_ATTEMPTS):
+        try:
+            manifest, files = _read_export(model_dir, wanted)
+            break
+        except _Replaced:
+            time.sleep(0.05 * (attempt + 1))
+    else:
+        raise ModelMismatchError(f"{model_dir}: replaced while being read, {_READ_ATTEMPTS} times in a row")
+    for name, data in files.items():
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != manifest["files"][name]["sha256"]:
+            raise ModelMismatchError(f"{model_dir / name}: sha256 {digest} does not match the manifest's "
+                                     f"{manifest['files'][name]['sha256']} (file modified or replaced after export)")
+    selector_file = manifest["graphs"]["selector"]["file"]
+    _check_embedded(manifest, model_dir, selector_file, files[selector_file])
+    return manifest, files
+
+
+def _check_embedded(manifest: Mapping[str, Any], model_dir: Path, selector_file: str, data: bytes) -> None:
+    """Refuse a manifest that is not the one embedded in the selector graph's metadata."""
+    meta = _metadata(data, model_dir / selector_file)
+    body = {k: v for k, v in manifest.items() if k != "files"}
+    try:
+        embedded = json.loads(meta.get("ckpred.manifest", "null"))
+    except ValueError as exc:
+        raise ModelMismatchError(f"{model_dir}/{selector_file}: embedded manifest is not JSON ({exc})") from exc
+    if embedded != body:
+        raise ModelMismatchError(f"{model_dir}: manifest.json does not match the manifest embedded in "
+                                 f"{selector_file} (manifest edited, or files from different exports?)")
+
+
+def _op_of(manifest: Mapping[str, Any], model_dir: Path, allow_plugins: Iterable[str]) -> OpDefinition:
+    """The op the manifest names (its config), importing only ckpred's own or allowed plug-ins."""
+    try:
+        with allowed_plugins(allow_plugins):  # the manifest is data: only allowed plug-ins are imported
+            return load_op(manifest.get("op_config") or manifest["op"])
+    except ConfigValueError as exc:
+        if exc.key not in ("op.plugin", "allow_plugins"):
+            raise
+        raise ModelMismatchError(f"{model_dir}/{mf.MANIFEST}: op_config.plugin: {exc}") from None
+
+
+def _check_catalogue(manifest: Mapping[str, Any], model_dir: Path, op_def: OpDefinition,
+                     catalogue: pd.DataFrame | None, check_catalogue: bool) -> None:
+    """Refuse catalogue rows that do not hash to the manifest's hash, and a runtime catalogue (the
+    caller's, else the op's for the manifest's arch/dtype/layout) that differs from them. An op
+    whose catalogue is learned from the training table is bound to the manifest's rows."""
+    section = manifest["catalogue"]
+    own = mf.catalogue_frame(section)
+    if op_def.catalogue_hash(own) != section["hash"]:
+        raise ModelMismatchError(f"{model_dir}/{mf.MANIFEST}: catalogue rows do not hash to the recorded "
+                                 f"{section['hash']} (manifest edited?)")
+    if getattr(op_def, "catalogue_from_data", False):  # learned from the training table: the manifest's
+        cast(_BindsCatalogue, op_def).bind_catalogue(own)
+    if catalogue is None and check_catalogue:
+        catalogue = op_def.catalogue(manifest["arch"], manifest["dtype"], manifest["layout"])
+    if catalogue is not None:
+        expected = op_def.catalogue_hash(catalogue)
+        if expected != section["hash"]:
+            raise ModelMismatchError(
+                f"{model_dir}: kernel catalogue differs: model has {section['count']} kernels (hash "
+                f"{section['hash'][:12]}), the runtime's catalogue has {len(catalogue)} (hash {expected[:12]}) "
+                f"{_first_catalogue_difference(own, catalogue)}")
+
+
+def _checked_session(manifest: Mapping[str, Any], model_dir: Path, files: dict[str, bytes],
+                     threads: int) -> InferenceSession:
+    """The selector graph's session (its bytes taken out of ``files``), its inputs and outputs
+    checked against the manifest's."""
+    selector_file = manifest["graphs"]["selector"]["file"]
+    sess = _session(files.pop(selector_file), model_dir / selector_file, threads)
+    got_in = [i.name for i in sess.get_inputs()]
+    got_out = [o.name for o in sess.get_outputs()]
+    want_in = [i["name"] for i in manifest["graphs"]["selector"]["inputs"]]
+    want_out = [o["name"] for o in manifest["graphs"]["selector"]["outputs"]]
+    if got_in != want_in or got_out != want_out:
+        raise ModelMismatchError(f"{model_dir}/{selector_file}: inputs {got_in} / outputs {got_out}, manifest "
+                                 f"says {want_in} / {want_out}")
+    return sess
+
+
 _DECIMAL = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
-def _check_int(key: str, value: Any, lo: int, hi: int = mf.INT64_MAX) -> int:
+def _check_int(key: str, value: object, lo: int, hi: int = mf.INT64_MAX) -> int:
     """``value`` as an int when it is an integer (not a bool, not a float) in [lo, hi]."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not lo <= int(value) <= hi:
         raise ConfigValueError(key, value, f"an integer in [{lo}, {hi}]")
@@ -272,7 +419,7 @@ class KernelSelector:
     Use :meth:`load`; the constructor takes already-verified parts.
     """
 
-    def __init__(self, model_dir: Path, manifest: dict[str, Any], op: OpDefinition, session: Any, *,
+    def __init__(self, model_dir: Path, manifest: dict[str, Any], op: OpDefinition, session: InferenceSession, *,
                  cache_size: int = 4096) -> None:
         self.model_dir = model_dir
         self.manifest = manifest
@@ -299,13 +446,13 @@ class KernelSelector:
         #: The confidence budget's calibration (:class:`ckpred.autotune.Calibration` or
         #: :class:`~ckpred.autotune.LogisticCalibration`) from the
         #: manifest's ``autotune`` section, checked at :meth:`load`; None when the export has none.
-        self.calibration: Any = None
+        self.calibration: Calibration | LogisticCalibration | None = None
 
     # -- loading -------------------------------------------------------------------------------
     @classmethod
-    def load(cls, model_dir: str | Path, *, arch: Any = None, dtype: Any = None, layout: Any = None,
-             op: Any = None, catalogue: pd.DataFrame | None = None, threads: int = 1, cache_size: int = 4096,
-             check_catalogue: bool = True, allow_plugins: Iterable[str] = ()) -> "KernelSelector":
+    def load(cls, model_dir: str | Path, *, catalogue: pd.DataFrame | None = None, threads: int = 1,
+             cache_size: int = 4096, check_catalogue: bool = True, allow_plugins: Iterable[str] = (),
+             **expected: str | Named | None) -> "KernelSelector":
         """Load and verify an export directory.
 
         Parameters
@@ -313,7 +460,8 @@ class KernelSelector:
         model_dir : path
             ``exports/<op>_<arch>_<dtype>_<layout>`` (holds ``model.onnx`` and ``manifest.json``).
         arch, dtype, layout, op : str or config, optional
-            What the caller runs on; each given one must equal the manifest's.
+            What the caller runs on (keywords; no other is accepted); each given one must equal
+            the manifest's.
         catalogue : DataFrame, optional
             The caller's kernel catalogue (``kernel_id``, ``kernel_name``, kernel fields); by
             default the catalogue ckpred's op definition enumerates for the manifest's
@@ -343,71 +491,20 @@ class KernelSelector:
             the recorded hash or whose count differs from the graph's, arch/dtype/layout/op/
             catalogue different from what was asked; the message names what differs.
         """
+        wanted = _identity(expected)
         threads = _check_int("threads", threads, 1, max_threads())
         cache_size = _check_int("cache_size", cache_size, 0)
         model_dir = Path(model_dir)
         # The same checks in the same order as scripts/cpp (so both name the same first failure);
         # nothing named by the manifest (the op, its config) is imported before the manifest is
-        # known to be the one embedded in the verified model. Every file is read once, through one
-        # descriptor of the directory, and the bytes checked are the bytes used: a re-export
-        # swapped in meanwhile gives the old model or the new one, never a mix.
-        for attempt in range(_READ_ATTEMPTS):
-            try:
-                manifest, files = _read_export(model_dir, dict(arch=arch, dtype=dtype, layout=layout, op=op))
-                break
-            except _Replaced:
-                time.sleep(0.05 * (attempt + 1))
-        else:
-            raise ModelMismatchError(f"{model_dir}: replaced while being read, {_READ_ATTEMPTS} times in a row")
-        for name, data in files.items():
-            digest = hashlib.sha256(data).hexdigest()
-            if digest != manifest["files"][name]["sha256"]:
-                raise ModelMismatchError(f"{model_dir / name}: sha256 {digest} does not match the manifest's "
-                                         f"{manifest['files'][name]['sha256']} (file modified or replaced after export)")
-        selector_file = manifest["graphs"]["selector"]["file"]
-        meta = _metadata(files[selector_file], model_dir / selector_file)
-        body = {k: v for k, v in manifest.items() if k != "files"}
-        try:
-            embedded = json.loads(meta.get("ckpred.manifest", "null"))
-        except ValueError as exc:
-            raise ModelMismatchError(f"{model_dir}/{selector_file}: embedded manifest is not JSON ({exc})") from exc
-        if embedded != body:
-            raise ModelMismatchError(f"{model_dir}: manifest.json does not match the manifest embedded in "
-                                     f"{selector_file} (manifest edited, or files from different exports?)")
+        # known to be the one embedded in the verified model.
+        manifest, files = _verified(model_dir, wanted)
         calibration = _calibration(manifest, model_dir)
         # the dtypes and layouts the model was made with (a user's own dtype loads without their dir)
         vocab.add(manifest.get("vocabulary") or {}, source=str(model_dir / mf.MANIFEST))
-        try:
-            with allowed_plugins(allow_plugins):  # the manifest is data: only allowed plug-ins are imported
-                op_def = load_op(manifest.get("op_config") or manifest["op"])
-        except ConfigValueError as exc:
-            if exc.key not in ("op.plugin", "allow_plugins"):
-                raise
-            raise ModelMismatchError(f"{model_dir}/{mf.MANIFEST}: op_config.plugin: {exc}") from None
-        section = manifest["catalogue"]
-        own = mf.catalogue_frame(section)
-        if op_def.catalogue_hash(own) != section["hash"]:
-            raise ModelMismatchError(f"{model_dir}/{mf.MANIFEST}: catalogue rows do not hash to the recorded "
-                                     f"{section['hash']} (manifest edited?)")
-        if getattr(op_def, "catalogue_from_data", False):  # learned from the training table: the manifest's
-            op_def.bind_catalogue(own)
-        if catalogue is None and check_catalogue:
-            catalogue = op_def.catalogue(manifest["arch"], manifest["dtype"], manifest["layout"])
-        if catalogue is not None:
-            expected = op_def.catalogue_hash(catalogue)
-            if expected != section["hash"]:
-                raise ModelMismatchError(
-                    f"{model_dir}: kernel catalogue differs: model has {section['count']} kernels (hash "
-                    f"{section['hash'][:12]}), the runtime's catalogue has {len(catalogue)} (hash {expected[:12]}) "
-                    f"{_first_catalogue_difference(own, catalogue)}")
-        sess = _session(files.pop(selector_file), model_dir / selector_file, threads)
-        got_in = [i.name for i in sess.get_inputs()]
-        got_out = [o.name for o in sess.get_outputs()]
-        want_in = [i["name"] for i in manifest["graphs"]["selector"]["inputs"]]
-        want_out = [o["name"] for o in manifest["graphs"]["selector"]["outputs"]]
-        if got_in != want_in or got_out != want_out:
-            raise ModelMismatchError(f"{model_dir}/{selector_file}: inputs {got_in} / outputs {got_out}, manifest "
-                                     f"says {want_in} / {want_out}")
+        op_def = _op_of(manifest, model_dir, allow_plugins)
+        _check_catalogue(manifest, model_dir, op_def, catalogue, check_catalogue)
+        sess = _checked_session(manifest, model_dir, files, threads)
         selector = cls(model_dir, manifest, op_def, sess, cache_size=cache_size)
         selector.calibration = calibration
         selector._check_graph_width()
@@ -448,7 +545,7 @@ class KernelSelector:
     def problem_fields(self) -> list[str]:
         return list(self._problem_fields)
 
-    def kernel_name(self, kernel_id: Any) -> str | None:
+    def kernel_name(self, kernel_id: object) -> str | None:
         """The catalogue name of ``kernel_id`` (None when the catalogue has no such id)."""
         if isinstance(kernel_id, (bool, np.bool_)) or not isinstance(kernel_id, (int, np.integer)):
             return None
@@ -461,7 +558,7 @@ class KernelSelector:
             self._catalogue = mf.catalogue_frame(self.manifest["catalogue"])
         return self._catalogue
 
-    def problem_row(self, *values: Any, **fields: Any) -> dict[str, int]:
+    def problem_row(self, *values: object, **fields: object) -> dict[str, int]:
         """Normalise positional values / a mapping / keywords into the full problem dict.
 
         Raises
@@ -496,7 +593,7 @@ class KernelSelector:
             row[name] = self._problem_value(name, value)
         return row
 
-    def _problem_value(self, name: str, value: Any) -> int:
+    def _problem_value(self, name: str, value: object) -> int:
         """One problem value as the graph's int64 code, checked against the field's kind."""
         lo = self._int_minimum.get(name)
         if type(value) is int and lo is not None and lo <= value <= mf.INT64_MAX:  # the common case, first
@@ -516,9 +613,10 @@ class KernelSelector:
             if not _DECIMAL.fullmatch(value.strip(" \t\r\n")):
                 raise ConfigValueError(key, value, f"an integer in [{lo}, {mf.INT64_MAX}]")
             value = int(value.strip(" \t\r\n"))
+        assert lo is not None  # an int field: _int_minimum holds its minimum
         return _check_int(key, value, lo)
 
-    def select(self, *values: Any, top_k: int = 5, **fields: Any) -> Selection:
+    def select(self, *values: object, top_k: int = 5, **fields: object) -> Selection:
         """Best ``top_k`` kernels for one problem.
 
         Parameters
@@ -552,12 +650,13 @@ class KernelSelector:
                 self._cache.popitem(last=False)
         return answer
 
-    def autotune(self, problem: Mapping[str, Any], benchmark: Any, budget: Any = None, **options: Any) -> Any:
+    def autotune(self, problem: Mapping[str, Any], benchmark: Benchmark, budget: Budget | int | None = None, *,
+                 store: ResultStore | str | os.PathLike[str] | None = None, pass_id: bool = False,
+                 refresh: bool = False, timeout: float | None = None) -> TuneResult:
         """Benchmark the best valid kernels of ``problem`` with the caller's ``benchmark`` and keep
         the fastest (see :func:`ckpred.autotune.autotune` for the budgets, the store and options)."""
-        from ckpred.autotune import autotune
-
-        return autotune(self, problem, benchmark, budget, **options)
+        return autotune(self, problem, benchmark, budget, store=store, pass_id=pass_id, refresh=refresh,
+                        timeout=timeout)
 
     def select_many(self, problems: pd.DataFrame | list[Mapping[str, Any]], top_k: int = 5,
                     batch: int = 16) -> list[Selection]:
@@ -625,13 +724,11 @@ class KernelSelector:
         return f"no valid kernel: {text}"
 
 
-def _calibration(manifest: Mapping[str, Any], model_dir: Path) -> Any:
+def _calibration(manifest: Mapping[str, Any], model_dir: Path) -> Calibration | LogisticCalibration | None:
     """The manifest's ``autotune`` calibration, parsed and checked (None when absent or null)."""
     section = manifest.get("autotune")
     if section is None:
         return None
-    from ckpred.autotune import AutotuneError, load_calibration
-
     where = f"{model_dir}/{mf.MANIFEST}: autotune"
     try:
         calibration = load_calibration(section, where=where)
@@ -644,7 +741,7 @@ def _calibration(manifest: Mapping[str, Any], model_dir: Path) -> Any:
     return calibration
 
 
-def check_identity(manifest: Mapping[str, Any], model_dir: Any, **wanted: Any) -> None:
+def check_identity(manifest: Mapping[str, Any], model_dir: str | Path, **wanted: str | Named | None) -> None:
     """Refuse a model made for another op/arch/dtype/layout than the ones asked for (None = any)."""
     diffs = [f"{key}: model is for {manifest[key]!r}, asked for {getattr(v, 'name', v)!r}"
              for key, v in wanted.items() if v is not None and str(getattr(v, "name", v)) != manifest[key]]
@@ -652,9 +749,10 @@ def check_identity(manifest: Mapping[str, Any], model_dir: Any, **wanted: Any) -
         raise ModelMismatchError(f"{model_dir} does not match: " + "; ".join(diffs))
 
 
-def _session(data: bytes, path: Path, threads: int) -> Any:
+def _session(data: bytes, path: Path, threads: int) -> InferenceSession:
     """An onnxruntime session of the model bytes ``data`` (read from ``path``); bytes onnxruntime
     cannot load are a ModelMismatchError."""
+    # lazy: ckpred.export.onnx imports scikit-learn and skl2onnx (~3 s) for export; loading needs its session() only
     from ckpred.export.onnx import session as make_session
 
     try:
