@@ -22,10 +22,17 @@ within a tolerance of the best, the figure random search is compared on.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import pandas as pd
+
+from ckpred.data.readers import kernel_tuner
+from ckpred.data.readers.common import ReadContext
+from ckpred.errors import InputFileError
+
+if TYPE_CHECKING:
+    from lightgbm import LGBMRegressor
 
 __all__ = ["read_cache", "guided_search", "evaluations_to_reach", "random_evaluations"]
 
@@ -37,10 +44,6 @@ def read_cache(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
     Parsing is :mod:`ckpred.data.readers.kernel_tuner`'s; a rejected entry (damaged file,
     parameters that disagree with their key) raises instead of leaving a hole in the search space.
     """
-    from ckpred.data.readers import kernel_tuner
-    from ckpred.data.readers.common import ReadContext
-    from ckpred.errors import InputFileError
-
     path = Path(path)
     # The table reader uses only the label; op, kernel resolver and kinds belong to ingestion.
     ctx = ReadContext(op=None, resolver=None, dtype="", layout="", arch="", label=str(path))  # type: ignore[arg-type]
@@ -61,9 +64,9 @@ def _relative_log_time(time: np.ndarray) -> np.ndarray:
     return np.log(time / np.nanmin(time))
 
 
-def source_model(params: np.ndarray, times: Sequence[np.ndarray], *, seed: int = 0) -> Any:
+def source_model(params: np.ndarray, times: Sequence[np.ndarray], *, seed: int = 0) -> LGBMRegressor:
     """LightGBM regressor of the relative log time on the source GPUs (failed rows dropped)."""
-    import lightgbm as lgb
+    import lightgbm as lgb  # lazy: lightgbm costs ~2 s to import; reading a cache or searching does not need it
 
     X = np.vstack([params] * len(times))
     y = np.concatenate([_relative_log_time(t) for t in times])
@@ -85,7 +88,38 @@ def _standardised(params: np.ndarray) -> np.ndarray:
     return (x - x.mean(0)) / np.where(std > 0, std, 1.0)
 
 
-def guided_search(params: np.ndarray, prior: np.ndarray, measure: Any, budget: int, *,
+def _pick(score: np.ndarray, left: np.ndarray, z: np.ndarray, measured: list[int], explore_pool: int,
+          exploring: bool) -> int:
+    """The next configuration: the best-ranked one left, or (``exploring``) the one of the
+    ``explore_pool`` best-ranked farthest from everything measured so far."""
+    cand = np.flatnonzero(left)
+    if exploring:
+        pool = cand[np.argsort(score[cand], kind="stable")[:explore_pool]]
+        far = ((z[pool][:, None, :] - z[measured][None, :, :]) ** 2).sum(-1).min(1)
+        return int(pool[np.argmax(far)])
+    return int(cand[np.argmin(score[cand])])
+
+
+def _corrected(prior: np.ndarray, z: np.ndarray, measured: list[int], times: list[float],
+               bandwidth: float) -> np.ndarray:
+    """The prior shifted by the kernel-weighted residuals of the measurements so far (failed
+    configurations push their neighbours down)."""
+    t = np.asarray(times)
+    idx = np.asarray(measured)
+    ok = np.isfinite(t) & (t > 0)
+    score = np.asarray(prior, dtype=float).copy()
+    if ok.sum() >= 2:
+        res = np.log(t[ok]) - prior[idx[ok]]
+        res -= np.median(res)
+        w = np.exp(-((z[:, None, :] - z[None, idx[ok], :]) ** 2).sum(-1) / bandwidth ** 2)
+        score += (w * res).sum(1) / (w.sum(1) + 1.0)
+    if (~ok).any():
+        wb = np.exp(-((z[:, None, :] - z[None, idx[~ok], :]) ** 2).sum(-1) / bandwidth ** 2)
+        score += wb.sum(1)
+    return score
+
+
+def guided_search(params: np.ndarray, prior: np.ndarray, measure: Callable[[int], float], budget: int, *,
                   bandwidth: float = 2.0, adapt: bool = True, explore_every: int = 0,
                   explore_pool: int = 20) -> list[int]:
     """Measure ``budget`` configurations, best-predicted first, re-ranking after each one.
@@ -123,30 +157,13 @@ def guided_search(params: np.ndarray, prior: np.ndarray, measure: Any, budget: i
     times: list[float] = []
     left = np.ones(len(score), bool)
     for step in range(min(budget, len(score))):
-        cand = np.flatnonzero(left)
-        if explore_every > 0 and measured and step % explore_every == explore_every - 1:
-            pool = cand[np.argsort(score[cand], kind="stable")[:explore_pool]]
-            far = ((z[pool][:, None, :] - z[measured][None, :, :]) ** 2).sum(-1).min(1)
-            nxt = int(pool[np.argmax(far)])
-        else:
-            nxt = int(cand[np.argmin(score[cand])])
+        exploring = explore_every > 0 and bool(measured) and step % explore_every == explore_every - 1
+        nxt = _pick(score, left, z, measured, explore_pool, exploring)
         measured.append(nxt)
         left[nxt] = False
         times.append(float(measure(nxt)))
-        if not adapt:
-            continue
-        t = np.asarray(times)
-        idx = np.asarray(measured)
-        ok = np.isfinite(t) & (t > 0)
-        score = np.asarray(prior, dtype=float).copy()
-        if ok.sum() >= 2:
-            res = np.log(t[ok]) - prior[idx[ok]]
-            res -= np.median(res)
-            w = np.exp(-((z[:, None, :] - z[None, idx[ok], :]) ** 2).sum(-1) / bandwidth ** 2)
-            score += (w * res).sum(1) / (w.sum(1) + 1.0)
-        if (~ok).any():
-            wb = np.exp(-((z[:, None, :] - z[None, idx[~ok], :]) ** 2).sum(-1) / bandwidth ** 2)
-            score += wb.sum(1)
+        if adapt:
+            score = _corrected(prior, z, measured, times, bandwidth)
     return measured
 
 
