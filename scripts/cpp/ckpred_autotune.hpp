@@ -1,7 +1,7 @@
 // ckpred_autotune.hpp: tune on first call from C++ -- benchmark a few of the model's top kernels,
 // keep the fastest, and remember it in the result store the Python runtime shares.
 //
-// Same rules and file format as ckpred/autotune.py (docs/autotune.md):
+// Same rules and file format as ckpred/autotune/store.py (docs/autotune.md):
 //   * load_model_info verifies the export exactly as ckpred_select and the Python runtime do
 //     (manifest.hpp's verify_export: sha256s, the embedded manifest, the calibration, the
 //     catalogue hash) and keeps what the store needs, the catalogue's kernel names included;
