@@ -381,6 +381,25 @@ def check_manifest(manifest: Any, path: Any = MANIFEST) -> None:
         c.str(c.get(manifest, key, ""), key)
     if not manifest["op"].isidentifier():  # the Python runtime imports ckpred.kernels.<op>, nothing else
         c.fail("op", manifest["op"], "an op name (a Python identifier such as 'gemm_universal')")
+    _check_graph_files(c, manifest)
+    problem = c.fields(c.get(manifest, "problem_fields", ""), "problem_fields", PROBLEM_KINDS)
+    kernel = c.fields(c.get(manifest, "kernel_fields", ""), "kernel_fields")
+    count = _check_catalogue(c, manifest, kernel)
+    selection = manifest.get("selection")
+    if selection is not None:
+        c.dict(selection, "selection")
+        ids = selection.get("candidate_ids")
+        if ids is not None:
+            c.list(ids, "selection.candidate_ids", nonempty=True)
+            if not all(_is_int(v) and 0 <= v < count for v in ids) or len(set(ids)) != len(ids):
+                c.fail("selection.candidate_ids", ids, f"distinct kernel ids in [0, {count})")
+    training = manifest.get("training")
+    if training is not None:
+        _check_training(c, training, {f["name"]: f for f in problem})
+
+
+def _check_graph_files(c: _Checker, manifest: Mapping[str, Any]) -> None:
+    """:func:`check_manifest` of ``graphs.selector`` (file, input/output names) and ``files``."""
     graphs = c.dict(c.get(manifest, "graphs", ""), "graphs")
     selector = c.dict(c.get(graphs, "selector", "graphs."), "graphs.selector")
     sel_file = c.file_name(c.get(selector, "file", "graphs.selector."), "graphs.selector.file")
@@ -394,23 +413,15 @@ def check_manifest(manifest: Any, path: Any = MANIFEST) -> None:
         c.sha256(c.get(c.dict(info, f"files.{name}"), "sha256", f"files.{name}."), f"files.{name}.sha256")
     if sel_file not in files:
         c.fail("files", sorted(files), f"an entry for the selector file {sel_file!r}")
-    problem = c.fields(c.get(manifest, "problem_fields", ""), "problem_fields", PROBLEM_KINDS)
-    kernel = c.fields(c.get(manifest, "kernel_fields", ""), "kernel_fields")
-    cat = c.dict(c.get(manifest, "catalogue", ""), "catalogue")
-    c.sha256(c.get(cat, "hash", "catalogue."), "catalogue.hash")
-    count = c.int(c.get(cat, "count", "catalogue."), "catalogue.count", 1)
-    columns = ["kernel_id", "kernel_name", *(f["name"] for f in kernel)]
-    if c.get(cat, "columns", "catalogue.") != columns:
-        c.fail("catalogue.columns", cat["columns"], f"{columns} (kernel_id, kernel_name, the kernel fields)")
-    rows = c.list(c.get(cat, "rows", "catalogue."), "catalogue.rows")
-    if len(rows) != count:
-        c.fail("catalogue.rows", f"<{len(rows)} rows>", f"catalogue.count = {count} rows")
-    for i, row in enumerate(rows):
-        if type(row) is not list or len(row) != len(columns):
-            c.fail(f"catalogue.rows[{i}]", row, f"an array of {len(columns)} values (one per column)")
-    # Column by column (the catalogue has thousands of rows): a fast test of the whole column,
-    # then, only when it fails, the first bad cell for the message.
-    checks: list[tuple[Callable[[int, Any], bool], Callable[[int], str]]] = [
+
+
+#: A catalogue column's check: (is cell ``v`` of row ``i`` valid, what is allowed in row ``i``).
+_CellCheck = tuple[Callable[[int, Any], bool], Callable[[int], str]]
+
+
+def _column_checks(kernel: list[dict[str, Any]]) -> list[_CellCheck]:
+    """One check per catalogue column: ``kernel_id``, ``kernel_name``, then each kernel field."""
+    checks: list[_CellCheck] = [
         (lambda i, v: type(v) is int and v == i, lambda i: f"{i} (kernel ids are 0..n-1 in row order)"),
         (lambda i, v: type(v) is str and v != "", lambda i: "a kernel name"),
     ]
@@ -425,38 +436,51 @@ def check_manifest(manifest: Any, path: Any = MANIFEST) -> None:
             allowed = frozenset(f.get("categories", ()))
             checks.append((lambda i, v, allowed=allowed: type(v) is str and v in allowed,
                            lambda i, allowed=allowed: f"one of {sorted(allowed)}"))
-    for j, (column, (ok, allowed)) in enumerate(zip(zip(*rows), checks)):
+    return checks
+
+
+def _check_catalogue(c: _Checker, manifest: Mapping[str, Any], kernel: list[dict[str, Any]]) -> int:
+    """:func:`check_manifest` of ``catalogue``; returns its ``count``."""
+    cat = c.dict(c.get(manifest, "catalogue", ""), "catalogue")
+    c.sha256(c.get(cat, "hash", "catalogue."), "catalogue.hash")
+    count = c.int(c.get(cat, "count", "catalogue."), "catalogue.count", 1)
+    columns = ["kernel_id", "kernel_name", *(f["name"] for f in kernel)]
+    if c.get(cat, "columns", "catalogue.") != columns:
+        c.fail("catalogue.columns", cat["columns"], f"{columns} (kernel_id, kernel_name, the kernel fields)")
+    rows = c.list(c.get(cat, "rows", "catalogue."), "catalogue.rows")
+    if len(rows) != count:
+        c.fail("catalogue.rows", f"<{len(rows)} rows>", f"catalogue.count = {count} rows")
+    for i, row in enumerate(rows):
+        if type(row) is not list or len(row) != len(columns):
+            c.fail(f"catalogue.rows[{i}]", row, f"an array of {len(columns)} values (one per column)")
+    # Column by column (the catalogue has thousands of rows): a fast test of the whole column,
+    # then, only when it fails, the first bad cell for the message.
+    for j, (column, (ok, allowed)) in enumerate(zip(zip(*rows), _column_checks(kernel))):
         if not all(ok(i, v) for i, v in enumerate(column)):
             i = next(i for i, v in enumerate(column) if not ok(i, v))
             c.fail(f"catalogue.rows[{i}][{j}] ({columns[j]})", column[i], allowed(i))
-    selection = manifest.get("selection")
-    if selection is not None:
-        c.dict(selection, "selection")
-        ids = selection.get("candidate_ids")
-        if ids is not None:
-            c.list(ids, "selection.candidate_ids", nonempty=True)
-            if not all(_is_int(v) and 0 <= v < count for v in ids) or len(set(ids)) != len(ids):
-                c.fail("selection.candidate_ids", ids, f"distinct kernel ids in [0, {count})")
-    training = manifest.get("training")
-    names = {f["name"]: f for f in problem}
-    if training is not None:
-        c.dict(training, "training")
-        ranges = c.dict(training.get("problem_ranges", {}), "training.problem_ranges")
-        for name, rng in ranges.items():
-            key = f"training.problem_ranges.{name}"
-            if name not in names:
-                c.fail(key, rng, f"a range of a problem field ({list(names)})")
-            if (not isinstance(rng, list) or len(rng) != 2 or not all(_is_int(v) for v in rng)
-                    or rng[0] > rng[1]):
-                c.fail(key, rng, "[min, max] integers with min <= max")
-        archs = c.list(training.get("archs", []), "training.archs")
-        for i, name in enumerate(archs):
-            c.str(name, f"training.archs[{i}]")
-        minimum = c.dict(training.get("problem_minimum", {}), "training.problem_minimum")
-        for name, value in minimum.items():
-            if name not in names:
-                c.fail(f"training.problem_minimum.{name}", value, f"a problem field ({list(names)})")
-            c.int(value, f"training.problem_minimum.{name}", 0, 1)
+    return count
+
+
+def _check_training(c: _Checker, value: object, names: Mapping[str, Any]) -> None:
+    """:func:`check_manifest` of ``training``: problem ranges, archs, problem minima."""
+    training = c.dict(value, "training")
+    ranges = c.dict(training.get("problem_ranges", {}), "training.problem_ranges")
+    for name, rng in ranges.items():
+        key = f"training.problem_ranges.{name}"
+        if name not in names:
+            c.fail(key, rng, f"a range of a problem field ({list(names)})")
+        if (not isinstance(rng, list) or len(rng) != 2 or not all(_is_int(v) for v in rng)
+                or rng[0] > rng[1]):
+            c.fail(key, rng, "[min, max] integers with min <= max")
+    archs = c.list(training.get("archs", []), "training.archs")
+    for i, name in enumerate(archs):
+        c.str(name, f"training.archs[{i}]")
+    minimum = c.dict(training.get("problem_minimum", {}), "training.problem_minimum")
+    for name, value in minimum.items():
+        if name not in names:
+            c.fail(f"training.problem_minimum.{name}", value, f"a problem field ({list(names)})")
+        c.int(value, f"training.problem_minimum.{name}", 0, 1)
 
 
 def verify_files(model_dir: str | Path, manifest: Mapping[str, Any]) -> None:
