@@ -277,10 +277,10 @@ def test_cv_of_an_external_test_run_learns_from_the_training_table(setup, monkey
 
 @pytest.mark.parametrize("keep", [[], [0, 0], [-1], [10**6]])
 def test_selector_refuses_a_bad_candidate_set(setup, pruned, keep) -> None:
-    from ckpred.export.validity import mask_builder_for
+    from ckpred.export.validity import bound_mask, mask_builder_for
 
     op, cfg, _ = setup
     cat = op.catalogue(cfg.arch, cfg.dtype, cfg.layout)
     with pytest.raises(ValueError, match=rf"keep must be distinct catalogue ids in \[0, {len(cat)}\), got {len(keep)} ids"):
-        xo.build_selector(pruned[0], op, cat, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout,
-                          mask_builder=mask_builder_for(op), keep=np.array(keep, dtype=np.int64))
+        xo.build_selector(pruned[0], op, cat, mask=bound_mask(mask_builder_for(op), op, cfg.arch, cfg.dtype, cfg.layout),
+                          keep=np.array(keep, dtype=np.int64))

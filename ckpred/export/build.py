@@ -23,7 +23,7 @@ from ckpred import vocab
 from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
-from ckpred.export.validity import mask_builder_for, with_applicability, with_learned_failures
+from ckpred.export.validity import bound_mask, mask_builder_for, with_applicability, with_learned_failures
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import applicability_model, failure_model, predicted_applicable, predicted_ok
 from ckpred.schema import EXPORT_SELECT
@@ -245,8 +245,8 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
     # the op's rules, narrowed by the kernels the model learned not to apply (a table that lists
     # only the applicable ones), then by the failures it learned from the training data
     masks = with_learned_failures(with_applicability(mask_builder_for(op), pipeline), pipeline)
-    selector = xo.build_selector(selector_pipe, op, catalogue, arch=arch, dtype=dtype, layout=layout,
-                                 mask_builder=masks, keep=candidates, transfer=transfer)
+    selector = xo.build_selector(selector_pipe, op, catalogue, mask=bound_mask(masks, op, arch, dtype, layout),
+                                 keep=candidates, transfer=transfer)
     convert_s = time.perf_counter() - t0
     parity: dict[str, Any] = {"checked": False}
     if parity_problems is not None and len(parity_problems):

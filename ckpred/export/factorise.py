@@ -250,14 +250,41 @@ def selector_feature_columns(g: Any, pipeline: Any, op: Any, kernels: np.ndarray
     groups = feature_groups(pipeline)
     ops = HybridOps(g)
     n_kernels = kernels.shape[0]
+    columns = _input_columns(g, ops, op, kernels, problem)
+    parts, position = _split_features(groups, columns, ops, n_kernels)
+    if used is not None:  # only these positions, renumbered in ``used`` order
+        rank = {int(p): i for i, p in enumerate(used)}
+        if not rank or len(rank) != len(used) or not set(rank) <= set(range(position)):
+            raise ValueError(f"used must be distinct feature positions in [0, {position}), got {list(used)}")
+        static, per_problem, per_pair = ([(rank[p], v) for p, v in part if p in rank] for part in parts)
+        parts = (static, per_problem, per_pair)
+        position = len(rank)
+    return _assemble(g, op, problem, parts, position, n_kernels, pack)
+
+
+#: The feature columns by kind, each a list of (feature position, value): static (a numpy
+#: ``[1, K, 1]`` array), per problem and per (problem, kernel) pair (the names of symbolic tensors).
+_Parts = tuple[list[tuple[int, Any]], list[tuple[int, Any]], list[tuple[int, Any]]]
+
+
+def _input_columns(g: Any, ops: HybridOps, op: Any, kernels: np.ndarray, problem: str) -> dict[str, Any]:
+    """The groups' input columns: problem fields ``[B, 1, 1]`` (symbolic), kernel fields ``[1, K, 1]`` (static)."""
+    n_kernels = kernels.shape[0]
     problem3 = g.op("Unsqueeze", g.op("Cast", problem, to=TensorProto.DOUBLE), g.const([1], dtype=np.int64))
     columns: dict[str, Any] = {}
     for j, name in enumerate(op.problem_names):  # [B, 1, 1] each, gathered once
         columns[name] = ops.symbol(g.op("Gather", problem3, g.const([j], dtype=np.int64), axis=2))
     for q, name in enumerate(op.kernel_names):  # [1, K, 1] each, known now
         columns[name] = kernels[:, q].astype(np.float64).reshape(1, n_kernels, 1)
+    return columns
 
-    static, per_problem, per_pair = [], [], []  # (feature position, value)
+
+def _split_features(groups: list[FeatureGroup], columns: dict[str, Any], ops: HybridOps,
+                    n_kernels: int) -> tuple[_Parts, int]:
+    """Every group's outputs split by kind (static, per problem, per pair) and the feature count."""
+    static: list[tuple[int, Any]] = []
+    per_problem: list[tuple[int, Any]] = []
+    per_pair: list[tuple[int, Any]] = []
     position = 0
     for group in groups:
         outputs = group._compute({c: columns[c] for c in group.input_columns}, ops)
@@ -272,14 +299,13 @@ def selector_feature_columns(g: Any, pipeline: Any, op: Any, kernels: np.ndarray
             else:
                 per_problem.append((position, value.name))
             position += 1
+    return (static, per_problem, per_pair), position
 
-    if used is not None:  # only these positions, renumbered in ``used`` order
-        rank = {int(p): i for i, p in enumerate(used)}
-        if not rank or len(rank) != len(used) or not set(rank) <= set(range(position)):
-            raise ValueError(f"used must be distinct feature positions in [0, {position}), got {list(used)}")
-        static, per_problem, per_pair = ([(rank[p], v) for p, v in part if p in rank]
-                                         for part in (static, per_problem, per_pair))
-        position = len(rank)
+
+def _assemble(g: Any, op: Any, problem: str, parts: _Parts, position: int, n_kernels: int,
+              pack: bool) -> tuple[str, list[int]]:
+    """The ``[B*K, F]`` matrix of the three blocks side by side, and the feature order of its columns."""
+    static, per_problem, per_pair = parts
     b = g.op("Slice", g.op("Shape", problem), g.const([0], dtype=np.int64), g.const([1], dtype=np.int64))
     target = g.op("Concat", b, g.const([n_kernels, 1], dtype=np.int64), axis=0)  # [B, K, 1]
     blocks, order = [], []

@@ -57,59 +57,17 @@ def _v3_to_v5(attrs: dict[str, Any]) -> dict[str, Any]:
     if attrs.get("n_targets", 1) != 1:
         raise ValueError(f"LightGBM model with {attrs['n_targets']} targets: only one is supported")
     treeids, nodeids = attrs["nodes_treeids"], attrs["nodes_nodeids"]
-    modes = attrs["nodes_modes"]
-    # (tree, node) -> position in the flat v3 arrays
-    where = {(t, n): i for i, (t, n) in enumerate(zip(treeids, nodeids))}
-    leaf_weight: dict[tuple[int, int], float] = {}
-    for t, n, target, w in zip(attrs["target_treeids"], attrs["target_nodeids"], attrs["target_ids"],
-                               attrs["target_weights"]):
-        if target != 0:
-            raise ValueError("multi-target tree ensembles are not supported")
-        leaf_weight[(t, n)] = leaf_weight.get((t, n), 0.0) + float(w)
-
+    leaf_weight = _leaf_weights(attrs)
     interior: dict[tuple[int, int], int] = {}
     leaves: dict[tuple[int, int], int] = {}
     for i, (t, n) in enumerate(zip(treeids, nodeids)):
-        if modes[i] == "LEAF":
+        if attrs["nodes_modes"][i] == "LEAF":
             leaves[(t, n)] = len(leaves)
         else:
             interior[(t, n)] = len(interior)
-
-    out: dict[str, list[Any]] = {k: [] for k in (
-        "nodes_featureids", "nodes_modes", "nodes_splits", "nodes_truenodeids", "nodes_trueleafs",
-        "nodes_falsenodeids", "nodes_falseleafs", "nodes_missing_value_tracks_true")}
     leaf_weights = [leaf_weight.get(key, 0.0) for key in sorted(leaves, key=leaves.get)]
-
-    def child(t: int, n: int) -> tuple[int, int]:
-        return (leaves[(t, n)], 1) if (t, n) in leaves else (interior[(t, n)], 0)
-
-    for (t, n), _ in sorted(interior.items(), key=lambda kv: kv[1]):
-        i = where[(t, n)]
-        out["nodes_featureids"].append(int(attrs["nodes_featureids"][i]))
-        out["nodes_modes"].append(_MODES[modes[i]])
-        out["nodes_splits"].append(float(attrs["nodes_values"][i]))
-        true_id, true_leaf = child(t, attrs["nodes_truenodeids"][i])
-        false_id, false_leaf = child(t, attrs["nodes_falsenodeids"][i])
-        out["nodes_truenodeids"].append(true_id)
-        out["nodes_trueleafs"].append(true_leaf)
-        out["nodes_falsenodeids"].append(false_id)
-        out["nodes_falseleafs"].append(false_leaf)
-        out["nodes_missing_value_tracks_true"].append(int(attrs["nodes_missing_value_tracks_true"][i]))
-
-    roots = []
-    for t in sorted(set(treeids)):
-        if (t, 0) in interior:
-            roots.append(interior[(t, 0)])
-            continue
-        # A single-leaf tree (LightGBM makes them when no split gains): TreeEnsemble needs a
-        # node, so add one whose both branches lead to that leaf.
-        leaf = leaves[(t, 0)]
-        roots.append(len(out["nodes_featureids"]))
-        for key, value in (("nodes_featureids", 0), ("nodes_modes", 0), ("nodes_splits", 0.0),
-                           ("nodes_truenodeids", leaf), ("nodes_trueleafs", 1),
-                           ("nodes_falsenodeids", leaf), ("nodes_falseleafs", 1),
-                           ("nodes_missing_value_tracks_true", 0)):
-            out[key].append(value)
+    out = _interior_nodes(attrs, interior, leaves)
+    roots = _tree_roots(sorted(set(treeids)), interior, leaves, out)
     return {
         "n_targets": 1,
         "aggregate_function": 1,  # SUM
@@ -126,6 +84,65 @@ def _v3_to_v5(attrs: dict[str, Any]) -> dict[str, Any]:
         "leaf_targetids": [0] * len(leaf_weights),
         "leaf_weights": numpy_helper.from_array(np.asarray(leaf_weights, dtype=np.float64), "leaf_weights"),
     }
+
+
+def _leaf_weights(attrs: dict[str, Any]) -> dict[tuple[int, int], float]:
+    """(tree, node) -> the leaf's summed weight (one target only)."""
+    leaf_weight: dict[tuple[int, int], float] = {}
+    for t, n, target, w in zip(attrs["target_treeids"], attrs["target_nodeids"], attrs["target_ids"],
+                               attrs["target_weights"]):
+        if target != 0:
+            raise ValueError("multi-target tree ensembles are not supported")
+        leaf_weight[(t, n)] = leaf_weight.get((t, n), 0.0) + float(w)
+    return leaf_weight
+
+
+def _interior_nodes(attrs: dict[str, Any], interior: dict[tuple[int, int], int],
+                    leaves: dict[tuple[int, int], int]) -> dict[str, list[Any]]:
+    """The opset 5 ``nodes_*`` lists of the interior nodes, in their new numbering."""
+    modes = attrs["nodes_modes"]
+    # (tree, node) -> position in the flat v3 arrays
+    where = {(t, n): i for i, (t, n) in enumerate(zip(attrs["nodes_treeids"], attrs["nodes_nodeids"]))}
+    out: dict[str, list[Any]] = {k: [] for k in (
+        "nodes_featureids", "nodes_modes", "nodes_splits", "nodes_truenodeids", "nodes_trueleafs",
+        "nodes_falsenodeids", "nodes_falseleafs", "nodes_missing_value_tracks_true")}
+
+    def child(t: int, n: int) -> tuple[int, int]:
+        return (leaves[(t, n)], 1) if (t, n) in leaves else (interior[(t, n)], 0)
+
+    for (t, n), _ in sorted(interior.items(), key=lambda kv: kv[1]):
+        i = where[(t, n)]
+        out["nodes_featureids"].append(int(attrs["nodes_featureids"][i]))
+        out["nodes_modes"].append(_MODES[modes[i]])
+        out["nodes_splits"].append(float(attrs["nodes_values"][i]))
+        true_id, true_leaf = child(t, attrs["nodes_truenodeids"][i])
+        false_id, false_leaf = child(t, attrs["nodes_falsenodeids"][i])
+        out["nodes_truenodeids"].append(true_id)
+        out["nodes_trueleafs"].append(true_leaf)
+        out["nodes_falsenodeids"].append(false_id)
+        out["nodes_falseleafs"].append(false_leaf)
+        out["nodes_missing_value_tracks_true"].append(int(attrs["nodes_missing_value_tracks_true"][i]))
+    return out
+
+
+def _tree_roots(trees: list[int], interior: dict[tuple[int, int], int], leaves: dict[tuple[int, int], int],
+                out: dict[str, list[Any]]) -> list[int]:
+    """Each tree's root node; a single-leaf tree gets a node appended to ``out`` (see below)."""
+    roots = []
+    for t in trees:
+        if (t, 0) in interior:
+            roots.append(interior[(t, 0)])
+            continue
+        # A single-leaf tree (LightGBM makes them when no split gains): TreeEnsemble needs a
+        # node, so add one whose both branches lead to that leaf.
+        leaf = leaves[(t, 0)]
+        roots.append(len(out["nodes_featureids"]))
+        for key, value in (("nodes_featureids", 0), ("nodes_modes", 0), ("nodes_splits", 0.0),
+                           ("nodes_truenodeids", leaf), ("nodes_trueleafs", 1),
+                           ("nodes_falsenodeids", leaf), ("nodes_falseleafs", 1),
+                           ("nodes_missing_value_tracks_true", 0)):
+            out[key].append(value)
+    return roots
 
 
 class _TreeRewriter:

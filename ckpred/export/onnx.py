@@ -120,6 +120,9 @@ class GraphBuilder:
 #: Builds the validity mask: ``(g, problem, catalogue, op=, arch=, dtype=, layout=) -> name`` of a
 #: bool ``[B, C]`` tensor, ``problem`` being the int64 ``[B, P]`` input.
 MaskBuilder = Callable[..., str]
+#: A :data:`MaskBuilder` with ``op``, ``arch``, ``dtype`` and ``layout`` bound:
+#: ``(g, problem, catalogue) -> name``.
+BoundMask = Callable[[GraphBuilder, str, pd.DataFrame], str]
 
 
 def _convert(model: Any, initial_types: list[tuple[str, Any]]) -> onnx.ModelProto:
@@ -269,14 +272,16 @@ def build_scorer(pipe: onnx.ModelProto, op: OpDefinition) -> onnx.ModelProto:
                   f"kernel {list(op.kernel_names)} -> score (higher is better)")
 
 
-def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, arch: Any, dtype: Any,
-                   layout: Any, mask_builder: MaskBuilder, keep: np.ndarray | None = None,
-                   transfer: Any = None) -> onnx.ModelProto:
+def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, mask: BoundMask,
+                   keep: np.ndarray | None = None, transfer: Any = None) -> onnx.ModelProto:
     """The selector graph (see the module docstring): catalogue constant, validity mask, TopK.
 
     ``pipeline`` is the fitted sklearn pipeline: its features are compiled with the candidate
     kernels as constants (:func:`ckpred.export.factorise.selector_features`, kernel-only parts
     evaluated at export), its model step by skl2onnx (:func:`convert_model_step`).
+
+    ``mask`` emits the validity mask of the scored kernels: a :data:`MaskBuilder` with the op,
+    arch, dtype and layout bound (:func:`ckpred.export.validity.bound_mask`).
 
     With ``keep`` (distinct catalogue ids, :mod:`ckpred.export.strategies`), only those rows are
     scored and masked and a final ``Gather`` maps TopK's positions back to catalogue ids; the
@@ -293,7 +298,25 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
         On an empty catalogue, ``kernel_id`` not ``0..C-1`` in row order, or ``keep`` not
         distinct catalogue ids.
     """
-    P, C = len(op.problem_names), len(catalogue)
+    C = len(catalogue)
+    keep = _checked_keep(op, catalogue, keep)
+    scored = catalogue if keep is None else catalogue.iloc[keep].reset_index(drop=True)
+    K = len(scored)
+    g = GraphBuilder()
+    c = g.const([K], dtype=np.int64)
+    masked, valid = _masked_scores(g, pipeline, op, scored, mask)
+    if transfer is not None and transfer.weight > 0.0:
+        from ckpred.export.blend import blended, static_matrix, static_scores
+
+        matrix, by, sizes = static_matrix(transfer, op, scored)
+        static = static_scores(g, "problem", matrix, by, sizes, op)
+        masked = blended(g, masked, static, valid, K, float(transfer.weight))
+    return _ranked(g, op, masked, valid, c, keep, C)
+
+
+def _checked_keep(op: OpDefinition, catalogue: pd.DataFrame, keep: np.ndarray | None) -> np.ndarray | None:
+    """``keep`` as int64 ids after :func:`build_selector`'s checks of the catalogue and of ``keep``."""
+    C = len(catalogue)
     if C == 0:
         raise ValueError(f"empty catalogue for op {op.name}: nothing to select from")
     if not np.array_equal(catalogue["kernel_id"].to_numpy(), np.arange(C)):
@@ -302,31 +325,35 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
         keep = np.asarray(keep, dtype=np.int64)
         if not len(keep) or keep.min() < 0 or keep.max() >= C or len(np.unique(keep)) != len(keep):
             raise ValueError(f"keep must be distinct catalogue ids in [0, {C}), got {len(keep)} ids")
-    scored = catalogue if keep is None else catalogue.iloc[keep].reset_index(drop=True)
+    return keep
+
+
+def _masked_scores(g: GraphBuilder, pipeline: Any, op: OpDefinition, scored: pd.DataFrame,
+                   mask: BoundMask) -> tuple[str, str]:
+    """Emit the scores ``[B, K]`` of the ``scored`` kernels (``-inf`` where the mask is false);
+    returns their name and the mask's."""
     K = len(scored)
-    g = GraphBuilder()
-    c = g.const([K], dtype=np.int64)
     step = convert_model_step(pipeline)
     # only the features the trees split on (the others' nodes are pruned below)
     columns = used_features(step, step.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
     # [B*K, F'], columns in the order the packed feature graph makes them: the trees read them so
     x, order = selector_feature_columns(g, pipeline, op, op.encode(scored, op.kernel_names), "problem", columns)
-    mask = mask_builder(g, "problem", scored, op=op, arch=arch, dtype=dtype, layout=layout)
+    valid = mask(g, "problem", scored)
     # Only the valid pairs go through the trees (usually a fraction of them: the trees cost per
     # row); their scores are scattered into a [B*K] vector of -inf, the score of an invalid kernel.
-    flat = g.op("Reshape", mask, g.const([-1], dtype=np.int64))  # [B*K]
+    flat = g.op("Reshape", valid, g.const([-1], dtype=np.int64))  # [B*K]
     raw = g.name("score2d")
     _add_pipeline(g, keep_features(step, [columns[i] for i in order]), g.op("Compress", x, flat, axis=0), raw)
     rows = g.op("Reshape", g.op("NonZero", flat), g.const([-1], dtype=np.int64))  # [n valid]
     base = g.op("Where", flat, g.const(0.0, dtype=np.float64), g.const(-np.inf, dtype=np.float64))
     scattered = g.op("ScatterElements", base, rows, g.op("Reshape", raw, g.const([-1], dtype=np.int64)), axis=0)
-    masked = g.op("Reshape", scattered, g.const([-1, K], dtype=np.int64))  # [B, K]
-    if transfer is not None and transfer.weight > 0.0:
-        from ckpred.export.blend import blended, static_matrix, static_scores
+    return g.op("Reshape", scattered, g.const([-1, K], dtype=np.int64)), valid  # [B, K]
 
-        matrix, by, sizes = static_matrix(transfer, op, scored)
-        static = static_scores(g, "problem", matrix, by, sizes, op)
-        masked = blended(g, masked, static, mask, K, float(transfer.weight))
+
+def _ranked(g: GraphBuilder, op: OpDefinition, masked: str, valid: str, c: str, keep: np.ndarray | None,
+            C: int) -> onnx.ModelProto:
+    """The selector model: ``TopK`` of the ``masked`` scores (``c``: the number scored, ``K``),
+    kernel ids (mapped back to catalogue ids with ``keep``), ``num_valid`` and the mask's flags."""
     k = g.op("Min", "top_k", c)
     if keep is None:
         g.op("TopK", masked, k, axis=1, largest=1, sorted=1, out=["scores", "kernel_ids"])
@@ -335,17 +362,18 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
         g.op("TopK", masked, k, axis=1, largest=1, sorted=1, out=["scores", local])
         g.op("Gather", g.const(keep, "candidate_ids", dtype=np.int64), local,
              axis=0, out="kernel_ids")
-    g.op("ReduceSum", g.op("Cast", mask, to=TensorProto.INT64), g.const([1], dtype=np.int64), keepdims=0,
+    g.op("ReduceSum", g.op("Cast", valid, to=TensorProto.INT64), g.const([1], dtype=np.int64), keepdims=0,
          out="num_valid")
     # a mask builder that falls back per problem may name that as an output (the applicability mask)
     extra = [name for name in SELECTOR_FLAGS if any(name in node.output for node in g.nodes)]
     g.prune([*SELECTOR_OUTPUTS, *extra])
-    inputs = [helper.make_tensor_value_info("problem", TensorProto.INT64, ["B", P]),
+    inputs = [helper.make_tensor_value_info("problem", TensorProto.INT64, ["B", len(op.problem_names)]),
               helper.make_tensor_value_info("top_k", TensorProto.INT64, [1])]
     outputs = [helper.make_tensor_value_info("kernel_ids", TensorProto.INT64, ["B", "K"]),
                helper.make_tensor_value_info("scores", TensorProto.DOUBLE, ["B", "K"]),
                helper.make_tensor_value_info("num_valid", TensorProto.INT64, ["B"])]
     outputs += [helper.make_tensor_value_info(name, TensorProto.BOOL, ["B"]) for name in extra]
+    K = C if keep is None else len(keep)
     scope = f"{C} catalogue kernels" if keep is None else f"{K} of {C} catalogue kernels (pruned)"
     return _model(g, "ckpred_selector", inputs, outputs,
                   f"ckpred selector for op {op.name}: problem {list(op.problem_names)} + top_k -> "

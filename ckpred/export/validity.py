@@ -29,6 +29,7 @@ the rules.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,7 @@ import pandas as pd
 from onnx import TensorProto
 
 from ckpred.export.manifest import APPLICABILITY_FALLBACK
-from ckpred.export.onnx import GraphBuilder, MaskBuilder
+from ckpred.export.onnx import BoundMask, GraphBuilder, MaskBuilder
 from ckpred.kernels.base import OpDefinition
 
 
@@ -204,3 +205,8 @@ def mask_builder_for(op: OpDefinition) -> MaskBuilder:
         f"op {op.name!r} has no ONNX validity mask: override OpDefinition.validity_onnx in its module "
         f"({type(op).__module__}) or register a builder in ckpred.export.validity.MASK_BUILDERS; "
         f"ops with one: {sorted(MASK_BUILDERS)}")
+
+
+def bound_mask(builder: MaskBuilder, op: OpDefinition, arch: Any, dtype: Any, layout: Any) -> BoundMask:
+    """``builder`` with ``op``, ``arch``, ``dtype`` and ``layout`` bound (the selector's ``mask``)."""
+    return functools.partial(builder, op=op, arch=arch, dtype=dtype, layout=layout)
