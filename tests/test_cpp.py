@@ -50,8 +50,8 @@ def reranked_model(tmp_path_factory) -> Path:
     keep = st.keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=2)
     recipe = compose("export", ["features=minimal", "model=lgbm_regressor", "target=log1p", "model.n_jobs=1"])
     size = {"n_estimators": 15, "num_leaves": 7}
-    reranker = st.fit_reranker(table, op, recipe, keep, reranker=size, arch=cfg.arch, dtype=cfg.dtype,
-                               layout=cfg.layout)
+    reranker = st.fit_reranker(table, op, keep, st.Strategy(cfg.arch, cfg.dtype, cfg.layout, reranker=size,
+                                                            recipe=recipe))
     d = tmp_path_factory.mktemp("cpp_reranked") / "gemm_universal_gfx950_fp8_rcr"
     export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
                     training=mf.training_section(table, op), select="reranked", candidates=keep, reranker=reranker,

@@ -91,8 +91,8 @@ def reranked(setup, tmp_path_factory):
     recipe = compose("export", ["features=minimal", "model.n_jobs=1"])
     pipe = fit_pipeline(op, cfg, table, model="ranker", target="rank")
     keep = st.keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=2)
-    reranker = st.fit_reranker(table, op, recipe, keep, reranker=RERANKER, arch=cfg.arch, dtype=cfg.dtype,
-                               layout=cfg.layout)
+    reranker = st.fit_reranker(table, op, keep, st.Strategy(cfg.arch, cfg.dtype, cfg.layout, reranker=RERANKER,
+                                                            recipe=recipe))
     probs = pd.DataFrame(EDGE_SHAPES + TRAIN_SHAPES, columns=["m", "n", "k"]).assign(split_k=1)
     d = tmp_path_factory.mktemp("reranked") / "gemm_universal_gfx950_fp8_rcr"
     man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
@@ -117,8 +117,8 @@ def test_reranker_is_the_recipe_sized_down_and_fitted_on_candidate_rows_only(set
     fitted_on = []
     real = ckpred.models.fit_pipeline
     monkeypatch.setattr(ckpred.models, "fit_pipeline", lambda pipe, X, *a, **kw: fitted_on.append(X) or real(pipe, X, *a, **kw))
-    st.fit_reranker(table, op, compose("export", ["features=minimal"]), keep, reranker=RERANKER, arch=cfg.arch,
-                    dtype=cfg.dtype, layout=cfg.layout)
+    st.fit_reranker(table, op, keep, st.Strategy(cfg.arch, cfg.dtype, cfg.layout, reranker=RERANKER,
+                                                 recipe=compose("export", ["features=minimal"])))
     X = fitted_on[0]
     kernels = list(op.kernel_names)
     candidates = op.encode_frame(op.catalogue(cfg.arch, cfg.dtype, cfg.layout).iloc[keep], tuple(kernels))
@@ -203,8 +203,8 @@ def test_cv_efficiency_learns_each_folds_candidates_from_its_training_shapes(set
     oof = pd.DataFrame({"shape": keys, "fold": fold, "kernel_name": t["kernel_name"], "perf": perf,
                         "selectable": valid, "score_model": perf})  # oracle scores: full picks the best
     kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
-    full = st.cv_efficiency(oof, t, op, top_n=None, **kw)
-    pruned = st.cv_efficiency(oof, t, op, top_n=1, **kw)
+    full = st.cv_efficiency(oof, t, op, st.Strategy(top_n=None, **kw))
+    pruned = st.cv_efficiency(oof, t, op, st.Strategy(top_n=1, **kw))
     assert np.allclose(full["efficiency"].dropna(), 1.0)
     first = full.index[0]  # shape 0 is tested in fold 0, whose candidates come from fold 1's shapes only
     assert pruned.loc[first, "efficiency"] <= 0.5 + 1e-9
@@ -242,14 +242,15 @@ def test_cv_reranker_of_each_fold_sees_its_training_shapes_only(setup, monkeypat
     oof = _slowest_first(op, cfg, t, fold)
     seen = _reranker_shapes(op, monkeypatch)
     kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout)
-    out = st.cv_efficiency(oof, t, op, top_n=2, reranker=RERANKER, recipe=compose("export", ["model.n_jobs=1"]), **kw)
+    out = st.cv_efficiency(oof, t, op, st.Strategy(top_n=2, reranker=RERANKER,
+                                                   recipe=compose("export", ["model.n_jobs=1"]), **kw))
     assert len(seen) == 3
     for f, train_shapes in enumerate(seen):
         assert train_shapes == set(shapes[[i % 3 != f for i in range(len(shapes))]])
     # the reranker's scores replaced the out-of-fold ones, which pick the slowest candidate
-    assert out["efficiency"].mean() > st.cv_efficiency(oof, t, op, top_n=2, **kw)["efficiency"].mean()
+    assert out["efficiency"].mean() > st.cv_efficiency(oof, t, op, st.Strategy(top_n=2, **kw))["efficiency"].mean()
     with pytest.raises(ValueError, match="top_n"):
-        st.cv_efficiency(oof, t, op, top_n=None, reranker=RERANKER, recipe=compose("export"), **kw)
+        st.cv_efficiency(oof, t, op, st.Strategy(top_n=None, reranker=RERANKER, recipe=compose("export"), **kw))
 
 
 def test_cv_of_an_external_test_run_learns_from_the_training_table(setup, monkeypatch) -> None:
@@ -264,15 +265,16 @@ def test_cv_of_an_external_test_run_learns_from_the_training_table(setup, monkey
     oof = _slowest_first(op, cfg, test, "external")
     seen = _reranker_shapes(op, monkeypatch)
     kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=2)
-    out = st.cv_efficiency(oof, test, op, reranker=RERANKER, recipe=compose("export", ["model.n_jobs=1"]),
-                           train_table=train, **kw)
+    out = st.cv_efficiency(oof, test, op, st.Strategy(reranker=RERANKER, recipe=compose("export", ["model.n_jobs=1"]),
+                                                      **kw), train_table=train)
     assert seen == [set(shapes[: len(shapes) // 2])]
     assert out["candidates"].eq(len(st.keep_for_table(train, op, arch=cfg.arch, dtype=cfg.dtype,
                                                       layout=cfg.layout, top_n=2))).all()
-    assert out["efficiency"].mean() > st.cv_efficiency(oof, test, op, train_table=train, **kw)["efficiency"].mean()
+    assert out["efficiency"].mean() > st.cv_efficiency(oof, test, op, st.Strategy(**kw),
+                                                       train_table=train)["efficiency"].mean()
     # without the training table the one fold has no other folds to learn from
     with pytest.raises(ValueError, match="no training rows"):
-        st.cv_efficiency(oof, test, op, **kw)
+        st.cv_efficiency(oof, test, op, st.Strategy(**kw))
 
 
 @pytest.mark.parametrize("keep", [[], [0, 0], [-1], [10**6]])

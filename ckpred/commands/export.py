@@ -90,7 +90,7 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Expor
     """
     from omegaconf import OmegaConf
 
-    from ckpred.export.strategies import cv_efficiency, strategy_scores
+    from ckpred.export.strategies import Strategy, cv_efficiency, strategy_scores
 
     oof = pd.read_parquet(run_dir / "oof_predictions.parquet").reset_index(drop=True)
     tested, trained = set(pd.unique(oof["shape"])), set(pd.unique(np.asarray(op.shape_keys(table))))
@@ -109,11 +109,12 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Expor
         if steps is not None:
             steps.step(f"the {select} selector under the run's CV, fold {i + 1} of {folds}")
 
-    scored = strategy_scores(oof, table, op, top_n=int(cfg.prune_top_n), reranker=reranker, on_fold=on_fold, **kw)
+    scored = strategy_scores(oof, table, op, Strategy(top_n=int(cfg.prune_top_n), reranker=reranker, **kw),
+                             on_fold=on_fold)
     out: dict[str, Any] = {"folds": int(oof["fold"].nunique())}
     for name, top_n, rr, given in (("full", None, None, None), (select, int(cfg.prune_top_n), reranker, scored)):
-        eff = cv_efficiency(oof, table, op, top_n=top_n, reranker=rr, scored=given,
-                            **kw)["efficiency"].dropna().to_numpy()
+        eff = cv_efficiency(oof, table, op, Strategy(top_n=top_n, reranker=rr, **kw),
+                            scored=given)["efficiency"].dropna().to_numpy()
         out[name] = {"shapes": int(len(eff)), "mean": float(eff.mean()), "p10": float(np.percentile(eff, 10))}
     scores, allowed, _ = scored
     return out, oof.assign(score_model=scores, selectable=oof["selectable"].to_numpy(bool) & allowed)
@@ -241,7 +242,7 @@ def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition, steps: Steps) -
         return _Strategy(cfg.select)
     from omegaconf import OmegaConf
 
-    from ckpred.export.strategies import fit_reranker, keep_for_table, reranker_size
+    from ckpred.export.strategies import Strategy, fit_reranker, keep_for_table, reranker_size
 
     table, reranker, scored, select = src.table, None, None, cfg.select
     top_n = int(cfg.get("prune_top_n", 1))
@@ -253,8 +254,8 @@ def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition, steps: Steps) -
         # The reranker follows the recipe the pipeline was trained with (the run's, for run_dir).
         size = reranker_size(OmegaConf.to_container(cfg.reranker, resolve=True), src.data_cfg.model)
         steps.step(f"fitting the reranker ({size['n_estimators']} trees) on the {len(candidates)} candidates")
-        reranker = fit_reranker(table, op, src.data_cfg, candidates, reranker=size, arch=cfg.arch, dtype=cfg.dtype,
-                                layout=cfg.layout, seed=int(cfg.get("seed", 0)))
+        reranker = fit_reranker(table, op, candidates, Strategy(cfg.arch, cfg.dtype, cfg.layout, reranker=size,
+                                                                recipe=src.data_cfg, seed=int(cfg.get("seed", 0))))
         if reranker is None:
             select = "pruned"
             print(f"select=reranked: no training shape has two candidate kernels ({len(candidates)} candidates "

@@ -29,12 +29,42 @@ from each fold's training shapes only (:func:`learn_keep`) and applied to the fo
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
 
 from ckpred.kernels.base import OpDefinition
+
+
+@dataclass(frozen=True, eq=False)
+class Strategy:
+    """A selection strategy for one arch/dtype/layout, as :func:`strategy_scores` relearns it
+    per fold and :func:`fit_reranker` fits it.
+
+    Attributes
+    ----------
+    arch, dtype, layout : config nodes or names
+        What the selector is for.
+    top_n : int or None
+        ``None`` = ``full`` (every kernel); else the candidate set keeps each training shape's
+        ``top_n`` fastest kernels (:func:`learn_keep`).
+    reranker : config node or mapping, optional
+        ``reranked``: ``n_estimators`` and ``num_leaves`` of the reranker (:func:`reranker_size`).
+    recipe : config node, optional
+        ``features``, ``model`` and ``target`` the reranker follows (a train or export config).
+    seed : int
+        The reranker's seed.
+    """
+
+    arch: Any
+    dtype: Any
+    layout: Any
+    top_n: int | None = None
+    reranker: Any = None
+    recipe: Any = None
+    seed: int = 0
 
 
 def learn_keep(kernel_ids: np.ndarray, perf: np.ndarray, selectable: np.ndarray, codes: np.ndarray,
@@ -177,24 +207,23 @@ def reranker_size(reranker: Any, model: Any) -> dict[str, int]:
     return {"n_estimators": int(trees), "num_leaves": int(reranker["num_leaves"])}
 
 
-def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.ndarray, *, reranker: Any,
-                 arch: Any, dtype: Any, layout: Any, seed: int = 0) -> Any:
-    """The ``reranked`` strategy's model: the recipe's pipeline, sized by ``reranker``, fitted on
-    the rows of ``table`` whose kernel is a candidate (``keep``) and rule-valid.
+def fit_reranker(table: pd.DataFrame, op: OpDefinition, keep: np.ndarray, strategy: Strategy) -> Any:
+    """The ``reranked`` strategy's model: ``strategy.recipe``'s pipeline, sized by
+    ``strategy.reranker``, fitted on the rows of ``table`` whose kernel is a candidate (``keep``)
+    and rule-valid.
 
     Parameters
     ----------
     table : DataFrame
         Canonical table of the training shapes (rows contiguous per shape, as ``load_table``
         returns them).
-    recipe : config node
-        ``features``, ``model`` and ``target`` of the run (a train or export config).
     keep : ndarray of int
         The candidate set (:func:`keep_for_table` on the same shapes).
-    reranker : config node or mapping
-        ``n_estimators`` and ``num_leaves`` replacing the recipe model's (:func:`reranker_size`);
-        every other model parameter is the recipe's (early stopping off: every training shape
-        is used; one thread).
+    strategy : Strategy
+        Its ``recipe`` (``features``, ``model`` and ``target`` of the run: a train or export
+        config), ``reranker`` (``n_estimators`` and ``num_leaves`` replacing the recipe model's,
+        :func:`reranker_size`; every other model parameter is the recipe's, early stopping off:
+        every training shape is used; one thread), ``seed``, ``arch``, ``dtype`` and ``layout``.
 
     Returns
     -------
@@ -209,7 +238,8 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.nd
     from ckpred.evaluate import measured_perf
     from ckpred.models import build_pipeline, fit_pipeline, target_name, training_target
 
-    rows = candidate_rows(table, op, keep, arch=arch, dtype=dtype, layout=layout)
+    recipe, reranker, layout = strategy.recipe, strategy.reranker, strategy.layout
+    rows = candidate_rows(table, op, keep, arch=strategy.arch, dtype=strategy.dtype, layout=layout)
     sub = table.iloc[np.flatnonzero(rows)]
     codes = pd.factorize(np.asarray(op.shape_keys(sub)))[0]
     if not len(codes) or np.bincount(codes).max() < 2:
@@ -220,18 +250,17 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.nd
                                                "n_jobs": 1})
     cfg = OmegaConf.create({"features": OmegaConf.to_container(recipe.features, resolve=True),
                             "model": OmegaConf.to_container(model_cfg, resolve=True),
-                            "target": OmegaConf.to_container(recipe.target, resolve=True), "seed": int(seed),
+                            "target": OmegaConf.to_container(recipe.target, resolve=True), "seed": int(strategy.seed),
                             "layout": layout})
-    pipe = build_pipeline(cfg, op, arch, dtype)
+    pipe = build_pipeline(cfg, op, strategy.arch, strategy.dtype)
     perf = measured_perf(sub["tflops"].to_numpy(), sub["is_valid"].to_numpy())
     y = training_target(perf, codes, cfg.model, cfg.target)
     return fit_pipeline(pipe, op.encode_frame(sub), y, codes, model_cfg=cfg.model,
                         target=target_name(cfg.model, cfg.target))
 
 
-def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: Any,
-                    layout: Any, top_n: int | None, score: str = "score_model", reranker: Any = None,
-                    recipe: Any = None, seed: int = 0, train_table: pd.DataFrame | None = None,
+def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, strategy: Strategy, *,
+                    score: str = "score_model", train_table: pd.DataFrame | None = None,
                     on_fold: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Out-of-fold scores of a strategy on ``train``'s out-of-fold rows, fold by fold.
 
@@ -242,17 +271,13 @@ def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *,
         ``kernel_name``, ``perf``, ``selectable`` and ``score``).
     table : DataFrame
         The canonical table that run trained on (for the problems of the training shapes).
-    top_n : int or None
-        ``None`` = ``full`` (every kernel, the run's ``score``); else ``pruned`` with this
-        ``top_n``, the candidate set learned for each fold from the *other* folds' shapes only
-        (its training shapes).
-    reranker, recipe : config nodes, optional
-        ``reranked``: for each fold, :func:`fit_reranker` on that fold's training shapes scores
-        its test shapes' candidates (instead of the run's out-of-fold ``score``).
+    strategy : Strategy
+        ``top_n`` None = ``full`` (the run's ``score``); else the candidate set of each fold is
+        learned from the *other* folds' shapes only (its training shapes), and with a
+        ``reranker`` :func:`fit_reranker` on them scores the fold's candidates.
     train_table : DataFrame, optional
-        For a run tested on another table (``cv=external``): the table it trained on, every
-        shape of which is a training shape of every fold; ``table`` then holds the tested
-        shapes' rows. None: each fold trained on the other folds' shapes of ``table``.
+        For a run tested on another table (``cv=external``, ``table`` the tested shapes' rows):
+        the table it trained on, every fold's training shapes. None: the other folds' shapes.
     on_fold : callable, optional
         Called with the fold's position (0, 1, ...) before its candidates are learned (progress).
 
@@ -266,50 +291,67 @@ def strategy_scores(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *,
     candidates : ndarray of int
         Per row: the size of the fold's candidate set.
     """
-    catalogue = op.catalogue(arch, dtype, layout)
+    catalogue = op.catalogue(strategy.arch, strategy.dtype, strategy.layout)
     oof = oof.reset_index(drop=True)
     kid = _kernel_ids(op, catalogue, oof)
     allowed = np.ones(len(oof), dtype=bool)
     n_cand = np.full(len(oof), len(catalogue))
     fold = oof["fold"].to_numpy()
     scores = oof[score].to_numpy(np.float64).copy()
-    if reranker is not None and top_n is None:
+    if strategy.reranker is not None and strategy.top_n is None:
         raise ValueError("the reranker scores a candidate set: give top_n")
-    if top_n is not None:
-        table = table.reset_index(drop=True)
-        table_keys = np.asarray(op.shape_keys(table))
-        scored_table, scored_keys = table, table_keys
-        if reranker is not None and "measured" in oof and not oof["measured"].all():
-            # the run ranked unmeasured candidates too (ckpred.fitting.with_unmeasured): their rows
-            # come from the same candidate set; the reranker still learns on measured rows only
-            from types import SimpleNamespace
-
-            from ckpred.fitting import with_unmeasured
-
-            scored_table, _ = with_unmeasured(table, op, SimpleNamespace(arch=arch, dtype=dtype, layout=layout))
-            scored_keys = np.asarray(op.shape_keys(scored_table))
-        for position, f in enumerate(np.unique(fold)):
-            if on_fold is not None:
-                on_fold(position)
-            # the fold's training shapes: the other folds' (candidates and reranker learned there only)
-            fold_train = train_table if train_table is not None else \
-                table[_among(table_keys, pd.unique(oof["shape"].to_numpy()[fold != f]))]
-            keep = keep_for_table(fold_train, op, arch=arch, dtype=dtype, layout=layout, top_n=top_n)
-            rows = fold == f
-            allowed[rows] = np.isin(kid[rows], keep)
-            n_cand[rows] = len(keep)
-            pipe = None if reranker is None else fit_reranker(fold_train, op, recipe, keep, reranker=reranker,
-                                                               arch=arch, dtype=dtype, layout=layout, seed=seed)
-            if pipe is not None:  # None: nothing to rerank, the fold's candidates keep the run's scores
-                test = np.flatnonzero(rows & allowed)
-                test_rows = scored_table.iloc[_table_rows(scored_table, scored_keys, oof, test)]
-                scores[test] = pipe.predict(op.encode_frame(test_rows))
+    if strategy.top_n is None:
+        return scores, allowed, n_cand
+    table = table.reset_index(drop=True)
+    table_keys = np.asarray(op.shape_keys(table))
+    scored_table, scored_keys = _scored_table(oof, table, table_keys, op, strategy)
+    for position, f in enumerate(np.unique(fold)):
+        if on_fold is not None:
+            on_fold(position)
+        # the fold's training shapes: the other folds' (candidates and reranker learned there only)
+        fold_train = train_table if train_table is not None else \
+            table[_among(table_keys, pd.unique(oof["shape"].to_numpy()[fold != f]))]
+        rows = fold == f
+        keep = _fold_candidates(fold_train, op, strategy, kid, rows, allowed, n_cand)
+        pipe = None if strategy.reranker is None else fit_reranker(fold_train, op, keep, strategy)
+        if pipe is not None:  # None: nothing to rerank, the fold's candidates keep the run's scores
+            test = np.flatnonzero(rows & allowed)
+            test_rows = scored_table.iloc[_table_rows(scored_table, scored_keys, oof, test)]
+            scores[test] = pipe.predict(op.encode_frame(test_rows))
     return scores, allowed, n_cand
 
 
-def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: Any,
-                  layout: Any, top_n: int | None, score: str = "score_model", reranker: Any = None,
-                  recipe: Any = None, seed: int = 0, train_table: pd.DataFrame | None = None,
+def _fold_candidates(fold_train: pd.DataFrame, op: OpDefinition, strategy: Strategy, kid: np.ndarray,
+                     rows: np.ndarray, allowed: np.ndarray, n_cand: np.ndarray) -> np.ndarray:
+    """The candidate set learned from a fold's training shapes; marks the fold's ``rows`` in
+    ``allowed`` (their kernel is a candidate) and ``n_cand`` (the set's size)."""
+    assert strategy.top_n is not None  # full (no candidate set) returned before the folds
+    keep = keep_for_table(fold_train, op, arch=strategy.arch, dtype=strategy.dtype, layout=strategy.layout,
+                          top_n=strategy.top_n)
+    allowed[rows] = np.isin(kid[rows], keep)
+    n_cand[rows] = len(keep)
+    return keep
+
+
+def _scored_table(oof: pd.DataFrame, table: pd.DataFrame, table_keys: np.ndarray, op: OpDefinition,
+                  strategy: Strategy) -> tuple[pd.DataFrame, np.ndarray]:
+    """The rows the reranker scores and their shape keys: ``table``'s, plus the unmeasured
+    candidates' when the run ranked them too."""
+    if strategy.reranker is not None and "measured" in oof and not oof["measured"].all():
+        # the run ranked unmeasured candidates too (ckpred.fitting.with_unmeasured): their rows
+        # come from the same candidate set; the reranker still learns on measured rows only
+        from types import SimpleNamespace
+
+        from ckpred.fitting import with_unmeasured
+
+        combo = SimpleNamespace(arch=strategy.arch, dtype=strategy.dtype, layout=strategy.layout)
+        scored_table, _ = with_unmeasured(table, op, combo)
+        return scored_table, np.asarray(op.shape_keys(scored_table))
+    return table, table_keys
+
+
+def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, strategy: Strategy, *,
+                  score: str = "score_model", train_table: pd.DataFrame | None = None,
                   scored: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> pd.DataFrame:
     """Per-shape selection metrics of a strategy on ``train``'s out-of-fold predictions.
 
@@ -325,8 +367,7 @@ def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, *, a
 
     oof = oof.reset_index(drop=True)
     if scored is None:
-        scored = strategy_scores(oof, table, op, arch=arch, dtype=dtype, layout=layout, top_n=top_n, score=score,
-                                 reranker=reranker, recipe=recipe, seed=seed, train_table=train_table)
+        scored = strategy_scores(oof, table, op, strategy, score=score, train_table=train_table)
     scores, allowed, n_cand = scored
     groups = ev.ShapeGroups.from_keys(oof["shape"].to_numpy())
     measured = oof["measured"].to_numpy(bool) if "measured" in oof else None

@@ -70,10 +70,10 @@ def quality(oof: pd.DataFrame, table: pd.DataFrame, op, cfg, top_n: int | None,
 
     ``train_table``: the training table of an external-CV run (``table`` is then the tested one).
     """
-    from ckpred.export.strategies import cv_efficiency
+    from ckpred.export.strategies import Strategy, cv_efficiency
 
-    m = cv_efficiency(oof, table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=top_n,
-                      reranker=reranker, recipe=cfg, seed=int(cfg.seed if seed is None else seed),
+    m = cv_efficiency(oof, table, op, Strategy(cfg.arch, cfg.dtype, cfg.layout, top_n=top_n, reranker=reranker,
+                                               recipe=cfg, seed=int(cfg.seed if seed is None else seed)),
                       train_table=train_table)
     m = m.dropna(subset=["efficiency"])
     eff = m["efficiency"].to_numpy() * 100
@@ -257,15 +257,16 @@ def export_and_time(option: Option, *, pipe, cfg, table: pd.DataFrame, op, root:
     """Export one option and time it in C++ and Python; (manifest, C++ figures, Python figures)."""
     from ckpred.export import manifest as mf
     from ckpred.export.build import export_name, export_pipeline
-    from ckpred.export.strategies import fit_reranker, keep_for_table
+    from ckpred.export.strategies import Strategy, fit_reranker, keep_for_table
 
     name, n, rr = option
     out = root / (name.replace(" ", "_").replace("=", "")) / export_name(op.name, cfg.arch.name, cfg.dtype.name,
                                                                          cfg.layout.name)
     keep = None if n is None else keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype,
                                                  layout=cfg.layout, top_n=n)
-    reranker = None if rr is None else fit_reranker(table, op, cfg, keep, reranker=rr, arch=cfg.arch,
-                                                    dtype=cfg.dtype, layout=cfg.layout, seed=int(cfg.seed))
+    reranker = None if rr is None else fit_reranker(table, op, keep, Strategy(cfg.arch, cfg.dtype, cfg.layout,
+                                                                              reranker=rr, recipe=cfg,
+                                                                              seed=int(cfg.seed)))
     man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=out,
                           training=mf.training_section(table, op), parity_problems=parity,
                           select="full" if n is None else "pruned" if rr is None else "reranked",
