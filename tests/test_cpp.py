@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ckpred.export import manifest as mf
-from ckpred.export.build import export_pipeline
+from ckpred.export.build import ExportOptions, export_pipeline
 from ckpred.runtime import KernelSelector
 from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, export_gemm, fit_pipeline, gemm, synthetic_table
 
@@ -54,8 +54,9 @@ def reranked_model(tmp_path_factory) -> Path:
                                                             recipe=recipe))
     d = tmp_path_factory.mktemp("cpp_reranked") / "gemm_universal_gfx950_fp8_rcr"
     export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
-                    training=mf.training_section(table, op), select="reranked", candidates=keep, reranker=reranker,
-                    selection={"top_n": 2, "reranker": size})
+                    training=mf.training_section(table, op),
+                    options=ExportOptions(select="reranked", candidates=keep, reranker=reranker,
+                                          selection={"top_n": 2, "reranker": size}))
     return d
 
 

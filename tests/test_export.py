@@ -13,7 +13,7 @@ import pytest
 from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
-from ckpred.export.build import export_pipeline, reference_selection
+from ckpred.export.build import ExportOptions, export_pipeline, reference_selection
 from ckpred.export.validity import mask_builder_for
 from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
 
@@ -37,8 +37,8 @@ def exported(setup, tmp_path_factory):
         pipe = fit_pipeline(op, cfg, table, model=model, target=target)
         d = tmp_path_factory.mktemp(f"export_{model}_{target}") / "gemm_universal_gfx950_fp8_rcr"
         man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
-                              training=mf.training_section(table, op), parity_problems=probs,
-                              metrics={"mean": 0.97})
+                              training=mf.training_section(table, op),
+                              options=ExportOptions(parity_problems=probs, metrics={"mean": 0.97}))
         out[(model, target)] = (pipe, d, man)
     return out
 
@@ -311,7 +311,8 @@ def test_failed_parity_writes_nothing(setup, exported, tmp_path, monkeypatch) ->
     monkeypatch.setattr(cmd, "parity_check", off_by_a_bit)
     with pytest.raises(ModelMismatchError, match="parity"):
         export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=tmp_path / "x",
-                        training=mf.training_section(table, op), parity_problems=_problems(TRAIN_SHAPES[:2]))
+                        training=mf.training_section(table, op),
+                        options=ExportOptions(parity_problems=_problems(TRAIN_SHAPES[:2])))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -320,4 +321,4 @@ def test_unknown_select_strategy_is_refused(setup, exported, tmp_path) -> None:
     pipe, _, _ = exported[("regressor", "log1p")]
     with pytest.raises(ValueError, match="export.select='cascade'.*full"):
         export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=tmp_path / "x",
-                        training={}, select="cascade")
+                        training={}, options=ExportOptions(select="cascade"))

@@ -10,7 +10,7 @@ from ckpred.config import compose
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
 from ckpred.export import strategies as st
-from ckpred.export.build import export_pipeline
+from ckpred.export.build import ExportOptions, export_pipeline
 from ckpred.runtime import KernelSelector
 from export_helpers import EDGE_SHAPES, TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
 
@@ -64,8 +64,9 @@ def pruned(setup, tmp_path_factory):
     probs = pd.DataFrame(EDGE_SHAPES + TRAIN_SHAPES, columns=["m", "n", "k"]).assign(split_k=1)
     d = tmp_path_factory.mktemp("pruned") / "gemm_universal_gfx950_fp8_rcr"
     man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
-                          training=mf.training_section(table, op), parity_problems=probs, select="pruned",
-                          candidates=keep, selection={"top_n": 2})
+                          training=mf.training_section(table, op),
+                          options=ExportOptions(parity_problems=probs, select="pruned", candidates=keep,
+                                                selection={"top_n": 2}))
     return pipe, keep, d, man
 
 
@@ -96,8 +97,9 @@ def reranked(setup, tmp_path_factory):
     probs = pd.DataFrame(EDGE_SHAPES + TRAIN_SHAPES, columns=["m", "n", "k"]).assign(split_k=1)
     d = tmp_path_factory.mktemp("reranked") / "gemm_universal_gfx950_fp8_rcr"
     man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
-                          training=mf.training_section(table, op), parity_problems=probs, select="reranked",
-                          candidates=keep, selection={"top_n": 2, "reranker": RERANKER}, reranker=reranker)
+                          training=mf.training_section(table, op),
+                          options=ExportOptions(parity_problems=probs, select="reranked", candidates=keep,
+                                                selection={"top_n": 2, "reranker": RERANKER}, reranker=reranker))
     return reranker, keep, d, man
 
 
@@ -158,7 +160,7 @@ def test_reranked_export_needs_its_reranker(setup, tmp_path) -> None:
     pipe = fit_pipeline(op, cfg, table, model="ranker", target="rank", n_estimators=5)
     with pytest.raises(ValueError, match="reranked.*reranker"):
         export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=tmp_path / "x",
-                        training={}, select="reranked", candidates=np.array([0, 1]))
+                        training={}, options=ExportOptions(select="reranked", candidates=np.array([0, 1])))
 
 
 @pytest.mark.parametrize("strategy", ["pruned", "reranked"])
@@ -284,5 +286,5 @@ def test_selector_refuses_a_bad_candidate_set(setup, pruned, keep) -> None:
     op, cfg, _ = setup
     cat = op.catalogue(cfg.arch, cfg.dtype, cfg.layout)
     with pytest.raises(ValueError, match=rf"keep must be distinct catalogue ids in \[0, {len(cat)}\), got {len(keep)} ids"):
-        xo.build_selector(pruned[0], op, cat, mask=bound_mask(mask_builder_for(op), op, cfg.arch, cfg.dtype, cfg.layout),
-                          keep=np.array(keep, dtype=np.int64))
+        mask = bound_mask(mask_builder_for(op), op, cfg.arch, cfg.dtype, cfg.layout)
+        xo.build_selector(pruned[0], op, cat, mask=mask, keep=np.array(keep, dtype=np.int64))

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from ckpred import evaluate as ev
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
-from ckpred.export.build import export_pipeline
+from ckpred.export.build import ExportOptions, export_pipeline
 from ckpred.config import compose
 from ckpred.fitting import fit_method, model_method, predict, prepare, rows_of
 from ckpred.models import failure_model, fit_failure_model, predicted_ok
@@ -115,7 +115,7 @@ def test_exported_selector_masks_learned_failures_like_python(failing, tmp_path)
     d = tmp_path / "gemm_universal_gfx950_fp8_rcr"
     # parity (raises unless the selector agrees with sklearn + the Python learned mask on every problem)
     man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
-                          training=mf.training_section(table, op), parity_problems=probs)
+                          training=mf.training_section(table, op), options=ExportOptions(parity_problems=probs))
     assert man["parity"]["top1_agreement"] == 1.0 and man["parity"]["topk_agreement"] == 1.0
     assert man["failure_model"]["threshold"] == 0.5
     sel = xo.session((d / mf.SELECTOR_FILE).read_bytes())
@@ -129,7 +129,7 @@ def test_exported_selector_masks_learned_failures_like_python(failing, tmp_path)
     pipe.ckpred_failure_model_ = None
     d2 = tmp_path / "plain" / "gemm_universal_gfx950_fp8_rcr"
     export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d2,
-                    training=mf.training_section(table, op), parity_problems=probs)
+                    training=mf.training_section(table, op), options=ExportOptions(parity_problems=probs))
     ids2, _, nvalid2 = xo.session((d2 / mf.SELECTOR_FILE).read_bytes()).run(
         ["kernel_ids", "scores", "num_valid"], {"problem": probs.to_numpy(np.int64), "top_k": np.array([5], dtype=np.int64)})
     assert compv4 & {int(i) for j in range(len(probs)) for i in ids2[j, :min(5, int(nvalid2[j]))]}

@@ -106,11 +106,11 @@ def test_the_pipeline_is_an_ordinary_fitted_pipeline(dataset: Path, client, tmp_
     assert pipe.ckpred_target_ == "rank"
     # and it exports like a pipeline fitted in one process (ONNX parity on the table's shapes)
     from ckpred.export import manifest as mf
-    from ckpred.export.build import export_pipeline
+    from ckpred.export.build import ExportOptions, export_pipeline
 
     man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=tmp_path / "x",
                           training=mf.training_section(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout),
-                          parity_problems=table[list(op.problem_names)].drop_duplicates())
+                          options=ExportOptions(parity_problems=table[list(op.problem_names)].drop_duplicates()))
     assert man["parity"]["checked"] and man["parity"]["top1_agreement"] == 1.0
 
 
@@ -364,13 +364,13 @@ def test_dask_failure_model_flags_the_failing_kernels_like_the_in_memory_fit(fai
     assert np.abs(model.predict(Xt) - failure_model(local).predict(Xt)).max() < 0.2
     # the export reads it as it reads an in-memory fit's (parity includes the learned mask)
     from ckpred.export import manifest as mf
-    from ckpred.export.build import export_pipeline
+    from ckpred.export.build import ExportOptions, export_pipeline
 
     part = pd.read_parquet(sorted(failing_dataset.glob("part-*.parquet"))[0])
     assert (part["arch"] == "gfx942").all()
     man = export_pipeline(remote, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=tmp_path / "x",
                           training=mf.training_section(part, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout),
-                          parity_problems=part[list(op.problem_names)].drop_duplicates())
+                          options=ExportOptions(parity_problems=part[list(op.problem_names)].drop_duplicates()))
     assert man["failure_model"]["threshold"] == 0.5 and man["parity"]["top1_agreement"] == 1.0
 
 

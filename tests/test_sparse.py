@@ -164,7 +164,7 @@ def sparse_export(sparse_fit, tmp_path_factory: pytest.TempPathFactory):  # type
     import copy
 
     from ckpred.export import manifest as mf
-    from ckpred.export.build import export_pipeline
+    from ckpred.export.build import ExportOptions, export_pipeline
 
     op, cfg, table, pipe = sparse_fit
     pipe = copy.deepcopy(pipe)
@@ -175,7 +175,7 @@ def sparse_export(sparse_fit, tmp_path_factory: pytest.TempPathFactory):  # type
     d = tmp_path_factory.mktemp("export") / "miopen_conv_gfx942_fp16_rcr"
     man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
                           training=mf.training_section(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout),
-                          parity_problems=problems)
+                          options=ExportOptions(parity_problems=problems))
     return d, man, problems, expect_fallback
 
 

@@ -26,7 +26,7 @@ from sklearn.pipeline import Pipeline
 from ckpred.data.table import content_hash
 from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
-from ckpred.export.build import export_name, export_pipeline, node_name
+from ckpred.export.build import ExportOptions, export_name, export_pipeline, node_name
 from ckpred.fitting import fit_final
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.kernels.declared import bind_training_catalogue
@@ -374,11 +374,12 @@ def _export(cfg: ExportConfig, op: OpDefinition, src: _Source, target: Path,
         print(f"the transfer recipe trained on {', '.join(transfer.archs)}: static order weight "
               f"{transfer.weight:g}" + ("" if str(cfg.arch.name) in transfer.archs else
                                         f"; {cfg.arch.name} is a GPU it never trained on"))
-    manifest = export_pipeline(pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout,
-                               out_dir=target, training=training,
-                               parity_problems=problems if cfg.parity.check else None, metrics=src.metrics,
-                               select=strategy.select, max_abs_diff=cfg.parity.max_abs_diff, source=src.record,
-                               candidates=strategy.candidates, selection=strategy.selection,
-                               reranker=strategy.reranker,
-                               autotune=calibration, transfer=transfer)
+    manifest = export_pipeline(pipeline, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=target,
+                               training=training,
+                               options=ExportOptions(parity_problems=problems if cfg.parity.check else None,
+                                                     metrics=src.metrics, select=strategy.select,
+                                                     max_abs_diff=cfg.parity.max_abs_diff, source=src.record,
+                                                     candidates=strategy.candidates, selection=strategy.selection,
+                                                     reranker=strategy.reranker, autotune=calibration,
+                                                     transfer=transfer))
     return manifest, strategy

@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 import onnx
 import pandas as pd
+from sklearn.compose import TransformedTargetRegressor
+from sklearn.pipeline import Pipeline
 
 from ckpred import vocab
 from ckpred.errors import ModelMismatchError
@@ -27,7 +30,7 @@ from ckpred.export.validity import bound_mask, mask_builder_for, with_applicabil
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import applicability_model, failure_model, predicted_applicable, predicted_ok
 from ckpred.schema import EXPORT_SELECT
-from ckpred.transfer import blend
+from ckpred.transfer import TransferModel, blend
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +48,14 @@ def node_name(node: Any) -> str:
     return str(getattr(node, "name", node))
 
 
-def _feature_names(pipeline: Any) -> list[str]:
+def _feature_names(pipeline: Pipeline) -> list[str]:
     try:
         return [str(n) for n in pipeline.named_steps["features"].get_feature_names_out()]
     except Exception:  # a hand-built pipeline without names: the manifest says so
         return []
 
 
-def _model_section(pipeline: Any) -> dict[str, Any]:
-    from sklearn.compose import TransformedTargetRegressor
-
+def _model_section(pipeline: Pipeline) -> dict[str, Any]:
     model = pipeline.steps[-1][1]
     inner = model.regressor_ if isinstance(model, TransformedTargetRegressor) else model
     section: dict[str, Any] = {
@@ -81,18 +82,48 @@ def reference_selection(scores: np.ndarray, valid: np.ndarray, top_k: int) -> tu
     return order, masked[order], int(valid.sum())
 
 
-def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, problems: pd.DataFrame, *,
-                 scorer: onnx.ModelProto, selector: onnx.ModelProto, arch: Any, dtype: Any, layout: Any,
-                 top_k: int = 5, batch: int = 8, candidates: np.ndarray | None = None,
-                 selector_pipeline: Any = None, transfer: Any = None) -> dict[str, Any]:
-    """sklearn pipeline vs ONNX scorer vs selector on ``problems`` x the whole catalogue.
+@dataclass(frozen=True, eq=False)
+class Graphs:
+    """The two compiled graphs of an export and what the selector's was compiled from.
 
-    ``candidates`` (catalogue ids, ``select=pruned|reranked``): the reference selection ranks
-    only these, exactly as the pruned selector must. ``selector_pipeline`` (``reranked``): the
-    pipeline the selector compiles, when it is not ``pipeline`` (the scorer's). ``transfer``
-    (a :class:`ckpred.transfer.TransferModel` whose learner is ``pipeline``): the reference
-    selection is the recipe's blend over each problem's valid kernels
-    (:func:`ckpred.transfer.blend`).
+    Attributes
+    ----------
+    scorer, selector : onnx.ModelProto
+    candidates : ndarray of int or None
+        Catalogue ids the selector ranks (``select=pruned|reranked``); None = all of them.
+    selector_pipeline : sklearn Pipeline or None
+        The pipeline the selector compiles when it is not the scorer's (``reranked``).
+    transfer : TransferModel or None
+        The transfer recipe whose static order the selector blends in.
+    """
+
+    scorer: onnx.ModelProto
+    selector: onnx.ModelProto
+    candidates: np.ndarray | None = None
+    selector_pipeline: Pipeline | None = None
+    transfer: TransferModel | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class ParityCheck:
+    """How :func:`parity_check` checks: on which problems, against which bar, ``top_k`` ids
+    compared per problem, ``batch`` problems per selector call."""
+
+    problems: pd.DataFrame
+    max_abs_diff: float = 1e-6
+    top_k: int = 5
+    batch: int = 8
+
+
+def parity_check(pipeline: Pipeline, op: OpDefinition, catalogue: pd.DataFrame, graphs: Graphs,
+                 check: ParityCheck, *, arch: Any, dtype: Any, layout: Any) -> dict[str, Any]:
+    """sklearn pipeline vs ONNX scorer vs selector on ``check.problems`` x the whole catalogue.
+
+    With ``graphs.candidates`` (``select=pruned|reranked``) the reference selection ranks only
+    these, exactly as the pruned selector must; with ``graphs.selector_pipeline`` (``reranked``)
+    it ranks that pipeline's scores; with ``graphs.transfer`` (a
+    :class:`ckpred.transfer.TransferModel` whose learner is ``pipeline``) it is the recipe's blend
+    over each problem's valid kernels (:func:`ckpred.transfer.blend`).
 
     Returns
     -------
@@ -105,82 +136,178 @@ def parity_check(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, probl
         (sklearn vs selector over the returned scores), ``mismatched_shapes`` (first few) and,
         with an applicability mask, ``applicability_fallbacks`` (shapes it left without a kernel).
     """
-    scorer_s, selector_s = xo.session(scorer), xo.session(selector)
-    kernels = op.encode(catalogue, op.kernel_names)
-    C = len(catalogue)
-    allowed = np.ones(C, dtype=bool)
-    if candidates is not None:
-        allowed = np.zeros(C, dtype=bool)
-        allowed[np.asarray(candidates, dtype=np.int64)] = True
-    top1 = topk = 0
-    max_scorer = max_selector = 0.0
-    rows_over = 0
-    mismatched: list[dict[str, int]] = []
-    fallbacks = 0
-    flagged = applicability_model(pipeline) is not None
-    outputs = ["kernel_ids", "scores", "num_valid"] + ([mf.APPLICABILITY_FALLBACK] if flagged else [])
-    probs = problems[list(op.problem_names)].reset_index(drop=True)
-    for start in range(0, len(probs), batch):
-        chunk = probs.iloc[start:start + batch]
-        rows = chunk.loc[chunk.index.repeat(C)].reset_index(drop=True)
-        cat_rows = catalogue.iloc[np.tile(np.arange(C), len(chunk))].reset_index(drop=True)
-        full = pd.concat([rows, cat_rows.drop(columns=["kernel_id", "kernel_name"])], axis=1)
-        X = op.encode_frame(full)
-        ref = np.asarray(pipeline.predict(X), dtype=np.float64).ravel()
-        ref_sel = ref if selector_pipeline is None else np.asarray(selector_pipeline.predict(X), dtype=np.float64).ravel()
-        p = op.encode(chunk, op.problem_names)  # categorical problem fields as their codes
-        onx = scorer_s.run(["score"], {"problem": np.repeat(p, C, axis=0), "kernel": np.tile(kernels, (len(chunk), 1))})[0]
-        max_scorer = max(max_scorer, float(np.max(np.abs(onx - ref))) if len(ref) else 0.0)
-        rows_over += int(np.sum(np.abs(onx - ref) > 1e-6))
-        valid, _ = op.validity(full, full, arch=arch, dtype=dtype, layout=layout)
-        applies = predicted_applicable(pipeline, X)  # the learned masks (all True without them)
-        runs = predicted_ok(pipeline, X)
-        static = None
-        if transfer is not None:
-            named = full.assign(kernel_name=cat_rows["kernel_name"].to_numpy())
-            static = transfer.static_scores(named, np.arange(len(named)))
-        ids, scores, nvalid, *flag = selector_s.run(outputs, {"problem": p, "top_k": np.array([top_k], dtype=np.int64)})
-        for j in range(len(chunk)):
-            sl = slice(j * C, (j + 1) * C)
-            cand = valid[sl] & allowed
-            fell = bool(cand.any() and not (cand & applies[sl]).any())
-            if not fell:  # nothing predicted to apply: the rule mask (fallback, flagged)
-                cand = cand & applies[sl]
-            if (cand & runs[sl]).any():  # nothing predicted to run: the mask before (fallback)
-                cand = cand & runs[sl]
-            fallbacks += fell
-            wanted = ref_sel[sl]
-            if static is not None:
-                wanted = blend(wanted, static[sl], np.zeros(C, dtype=np.int64), cand, float(transfer.weight))
-            r_ids, r_scores, r_n = reference_selection(wanted, cand, top_k)
-            n = min(top_k, r_n)
-            same_n = int(nvalid[j]) == r_n and (not flagged or bool(flag[0][j]) == fell)
-            ok1 = same_n and (r_n == 0 or ids[j, 0] == r_ids[0])
-            okk = same_n and np.array_equal(ids[j, :n], r_ids[:n])
-            top1 += ok1
-            topk += okk
-            if n:
-                max_selector = max(max_selector, float(np.max(np.abs(scores[j, :n] - wanted[ids[j, :n]]))))
-            if not ok1 and len(mismatched) < 10:
-                mismatched.append({name: int(v) for name, v in zip(op.problem_names, p[j])})
+    run = _ParityRun.start(pipeline, op, catalogue, graphs, check, (arch, dtype, layout))
+    tally = _Tally()
+    probs = check.problems[list(op.problem_names)].reset_index(drop=True)
+    for start in range(0, len(probs), check.batch):
+        run.batch(probs.iloc[start:start + check.batch], tally)
     shapes = len(probs)
     return {
-        "shapes": shapes, "rows": shapes * C,
-        "top1_agreement": top1 / shapes if shapes else 1.0,
-        "topk_agreement": topk / shapes if shapes else 1.0, "top_k": top_k,
-        "max_abs_diff_scorer": max_scorer, "max_abs_diff_selector": max_selector,
-        "scorer_rows_over_1e-6": rows_over, "mismatched_shapes": mismatched,
-        **({"applicability_fallbacks": fallbacks} if flagged else {}),
+        "shapes": shapes, "rows": shapes * len(catalogue),
+        "top1_agreement": tally.top1 / shapes if shapes else 1.0,
+        "topk_agreement": tally.topk / shapes if shapes else 1.0, "top_k": check.top_k,
+        "max_abs_diff_scorer": tally.max_scorer, "max_abs_diff_selector": tally.max_selector,
+        "scorer_rows_over_1e-6": tally.rows_over, "mismatched_shapes": tally.mismatched,
+        **({"applicability_fallbacks": tally.fallbacks} if run.flagged else {}),
     }
 
 
+@dataclass
+class _Tally:
+    """:func:`parity_check`'s running counts."""
+
+    top1: int = 0
+    topk: int = 0
+    max_scorer: float = 0.0
+    max_selector: float = 0.0
+    rows_over: int = 0
+    mismatched: list[dict[str, int]] = field(default_factory=list)
+    fallbacks: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class _ParityRun:
+    """What :func:`parity_check` holds fixed over its batches of problems."""
+
+    pipeline: Pipeline
+    op: OpDefinition
+    catalogue: pd.DataFrame
+    graphs: Graphs
+    check: ParityCheck
+    combo: tuple[Any, Any, Any]  # arch, dtype, layout
+    sessions: tuple[Any, Any]  # scorer, selector (onnxruntime)
+    kernels: np.ndarray
+    allowed: np.ndarray
+    flagged: bool
+
+    @classmethod
+    def start(cls, pipeline: Pipeline, op: OpDefinition, catalogue: pd.DataFrame, graphs: Graphs,
+              check: ParityCheck, combo: tuple[Any, Any, Any]) -> _ParityRun:
+        sessions = xo.session(graphs.scorer), xo.session(graphs.selector)
+        kernels = op.encode(catalogue, op.kernel_names)
+        C = len(catalogue)
+        allowed = np.ones(C, dtype=bool)
+        if graphs.candidates is not None:
+            allowed = np.zeros(C, dtype=bool)
+            allowed[np.asarray(graphs.candidates, dtype=np.int64)] = True
+        flagged = applicability_model(pipeline) is not None
+        return cls(pipeline, op, catalogue, graphs, check, combo, sessions, kernels, allowed, flagged)
+
+    def batch(self, chunk: pd.DataFrame, tally: _Tally) -> None:
+        """Score ``chunk``'s problems x the catalogue three ways and count into ``tally``."""
+        op, C, graphs = self.op, len(self.catalogue), self.graphs
+        arch, dtype, layout = self.combo
+        rows = chunk.loc[chunk.index.repeat(C)].reset_index(drop=True)
+        cat_rows = self.catalogue.iloc[np.tile(np.arange(C), len(chunk))].reset_index(drop=True)
+        full = pd.concat([rows, cat_rows.drop(columns=["kernel_id", "kernel_name"])], axis=1)
+        X = op.encode_frame(full)
+        ref = np.asarray(self.pipeline.predict(X), dtype=np.float64).ravel()
+        ref_sel = ref if graphs.selector_pipeline is None else \
+            np.asarray(graphs.selector_pipeline.predict(X), dtype=np.float64).ravel()
+        p = op.encode(chunk, op.problem_names)  # categorical problem fields as their codes
+        onx = self.sessions[0].run(["score"], {"problem": np.repeat(p, C, axis=0),
+                                               "kernel": np.tile(self.kernels, (len(chunk), 1))})[0]
+        tally.max_scorer = max(tally.max_scorer, float(np.max(np.abs(onx - ref))) if len(ref) else 0.0)
+        tally.rows_over += int(np.sum(np.abs(onx - ref) > 1e-6))
+        valid, _ = op.validity(full, full, arch=arch, dtype=dtype, layout=layout)
+        applies = predicted_applicable(self.pipeline, X)  # the learned masks (all True without them)
+        runs = predicted_ok(self.pipeline, X)
+        static = None
+        if graphs.transfer is not None:
+            named = full.assign(kernel_name=cat_rows["kernel_name"].to_numpy())
+            static = graphs.transfer.static_scores(named, np.arange(len(named)))
+        outputs = ["kernel_ids", "scores", "num_valid"] + ([mf.APPLICABILITY_FALLBACK] if self.flagged else [])
+        got = self.sessions[1].run(outputs, {"problem": p, "top_k": np.array([self.check.top_k], dtype=np.int64)})
+        for j in range(len(chunk)):
+            sl = slice(j * C, (j + 1) * C)
+            wanted = ref_sel[sl]
+            cand, fell = self._candidates(valid[sl], applies[sl], runs[sl])
+            if static is not None:
+                assert graphs.transfer is not None
+                wanted = blend(wanted, static[sl], np.zeros(C, dtype=np.int64), cand, float(graphs.transfer.weight))
+            self._compare(got, j, wanted, cand, fell, tally, p[j])
+
+    def _candidates(self, valid: np.ndarray, applies: np.ndarray, runs: np.ndarray) -> tuple[np.ndarray, bool]:
+        """The kernels the Python selection ranks for one problem, and whether the applicability
+        mask fell back (left none)."""
+        cand = valid & self.allowed
+        fell = bool(cand.any() and not (cand & applies).any())
+        if not fell:  # nothing predicted to apply: the rule mask (fallback, flagged)
+            cand = cand & applies
+        if (cand & runs).any():  # nothing predicted to run: the mask before (fallback)
+            cand = cand & runs
+        return cand, fell
+
+    def _compare(self, got: list[np.ndarray], j: int, wanted: np.ndarray, cand: np.ndarray, fell: bool,
+                 tally: _Tally, problem: np.ndarray) -> None:
+        """Count problem ``j`` of the selector's outputs ``got`` against the Python selection."""
+        ids, scores, nvalid, *flag = got
+        top_k = self.check.top_k
+        tally.fallbacks += fell
+        r_ids, r_scores, r_n = reference_selection(wanted, cand, top_k)
+        n = min(top_k, r_n)
+        same_n = int(nvalid[j]) == r_n and (not self.flagged or bool(flag[0][j]) == fell)
+        ok1 = same_n and (r_n == 0 or ids[j, 0] == r_ids[0])
+        okk = same_n and np.array_equal(ids[j, :n], r_ids[:n])
+        tally.top1 += ok1
+        tally.topk += okk
+        if n:
+            tally.max_selector = max(tally.max_selector, float(np.max(np.abs(scores[j, :n] - wanted[ids[j, :n]]))))
+        if not ok1 and len(tally.mismatched) < 10:
+            tally.mismatched.append({name: int(v) for name, v in zip(self.op.problem_names, problem)})
+
+
 # -- export --------------------------------------------------------------------------------------
-def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, layout: Any,
-                    out_dir: str | Path, training: Mapping[str, Any], parity_problems: pd.DataFrame | None = None,
-                    metrics: Any = None, select: str = "full", max_abs_diff: float = 1e-6,
-                    source: Mapping[str, Any] | None = None, candidates: np.ndarray | None = None,
-                    selection: Mapping[str, Any] | None = None, reranker: Any = None,
-                    autotune: Mapping[str, Any] | None = None, transfer: Any = None) -> dict[str, Any]:
+@dataclass(frozen=True, eq=False)
+class ExportOptions:
+    """What :func:`export_pipeline` compiles and records besides the pipeline (all optional).
+
+    Attributes
+    ----------
+    parity_problems : DataFrame or None
+        Problems for the parity check (None = skip it; the manifest then says so).
+    max_abs_diff : float
+        Parity bar on |sklearn - ONNX| scores.
+    select : str
+        Selection strategy (``full``: every catalogue kernel scored by the full model;
+        ``pruned``: only ``candidates``; ``reranked``: only ``candidates``, scored by
+        ``reranker``; see :mod:`ckpred.export.strategies`).
+    candidates : ndarray of int or None
+        Catalogue ids the ``pruned`` and ``reranked`` selectors score (required for them,
+        ignored by ``full``).
+    reranker : sklearn Pipeline or None
+        ``reranked``: the fitted pipeline the selector compiles (:func:`ckpred.export.strategies.fit_reranker`);
+        the scorer always compiles the export's pipeline.
+    selection : mapping or None
+        How the candidates were learned (recorded in the manifest's ``selection`` section).
+    transfer : TransferModel or None
+        The transfer recipe whose learner the pipeline is (features for ``arch``): the selector
+        blends the trees' scores with its static order (``select=full`` only); the scorer
+        gives the learner's scores. Recorded as the manifest's ``transfer`` section.
+    metrics : mapping or None
+        CV metrics to record.
+    source : mapping or None
+        Where the pipeline came from (the manifest's ``source`` section).
+    autotune : mapping or None
+        The confidence budget's calibration table (:func:`ckpred.autotune.calibration_from_oof`),
+        recorded as the manifest's ``autotune`` section (None: the budget is unavailable).
+    """
+
+    parity_problems: pd.DataFrame | None = None
+    max_abs_diff: float = 1e-6
+    select: str = "full"
+    candidates: np.ndarray | None = None
+    reranker: Pipeline | None = None
+    selection: Mapping[str, Any] | None = None
+    transfer: TransferModel | None = None
+    metrics: Mapping[str, Any] | None = None
+    source: Mapping[str, Any] | None = None
+    autotune: Mapping[str, Any] | None = None
+
+
+def export_pipeline(pipeline: Pipeline, *, op: OpDefinition, arch: Any, dtype: Any, layout: Any,
+                    out_dir: str | Path, training: Mapping[str, Any],
+                    options: ExportOptions = ExportOptions()) -> dict[str, Any]:
     """Compile ``pipeline`` into ``out_dir`` (selector, scorer, manifest), atomically.
 
     Parameters
@@ -193,31 +320,8 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         The export directory (created or replaced as a whole).
     training : mapping
         The manifest's ``training`` section (see :func:`ckpred.export.manifest.training_section`).
-    parity_problems : DataFrame or None
-        Problems for the parity check (None = skip it; the manifest then says so).
-    metrics : mapping or None
-        CV metrics to record.
-    select : str
-        Selection strategy (``full``: every catalogue kernel scored by the full model;
-        ``pruned``: only ``candidates``; ``reranked``: only ``candidates``, scored by
-        ``reranker``; see :mod:`ckpred.export.strategies`).
-    max_abs_diff : float
-        Parity bar on |sklearn - ONNX| scores.
-    candidates : ndarray of int or None
-        Catalogue ids the ``pruned`` and ``reranked`` selectors score (required for them,
-        ignored by ``full``).
-    reranker : sklearn Pipeline or None
-        ``reranked``: the fitted pipeline the selector compiles (:func:`ckpred.export.strategies.fit_reranker`);
-        the scorer always compiles ``pipeline``.
-    selection : mapping or None
-        How the candidates were learned (recorded in the manifest's ``selection`` section).
-    autotune : mapping or None
-        The confidence budget's calibration table (:func:`ckpred.autotune.calibration_from_oof`),
-        recorded as the manifest's ``autotune`` section (None: the budget is unavailable).
-    transfer : TransferModel or None
-        The transfer recipe whose learner ``pipeline`` is (features for ``arch``): the selector
-        blends the trees' scores with its static order (``select=full`` only); the scorer
-        gives the learner's scores. Recorded as the manifest's ``transfer`` section.
+    options : ExportOptions
+        Selection strategy, parity check and what else the manifest records.
 
     Returns
     -------
@@ -229,31 +333,13 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
     ModelMismatchError
         When the parity check fails (nothing is written then).
     """
-    if select not in SELECT_STRATEGIES:
-        raise ValueError(f"export.select={select!r} is not implemented; allowed: {list(SELECT_STRATEGIES)}")
-    if transfer is not None and select != "full":
-        raise ValueError(f"export.select={select!r} with the transfer recipe; allowed: 'full' (the recipe ranks "
-                         "every catalogue kernel)")
+    _check_select(options)
+    transfer = options.transfer
     catalogue = op.catalogue(arch, dtype, layout)
     t0 = time.perf_counter()
-    pipe_onnx = xo.convert_pipeline(pipeline, op)
-    scorer = xo.build_scorer(pipe_onnx, op)
-    if select == "reranked" and reranker is None:
-        raise ValueError("export.select='reranked' needs the fitted reranker pipeline")
-    selector_pipe = reranker if select == "reranked" else pipeline
-    candidates = _candidate_ids(select, candidates)
-    # the op's rules, narrowed by the kernels the model learned not to apply (a table that lists
-    # only the applicable ones), then by the failures it learned from the training data
-    masks = with_learned_failures(with_applicability(mask_builder_for(op), pipeline), pipeline)
-    selector = xo.build_selector(selector_pipe, op, catalogue, mask=bound_mask(masks, op, arch, dtype, layout),
-                                 keep=candidates, transfer=transfer)
+    graphs = _compile(pipeline, op, catalogue, (arch, dtype, layout), options)
     convert_s = time.perf_counter() - t0
-    parity: dict[str, Any] = {"checked": False}
-    if parity_problems is not None and len(parity_problems):
-        parity = _checked_parity(pipeline, op, catalogue, parity_problems, scorer=scorer, selector=selector,
-                                 arch=arch, dtype=dtype, layout=layout, candidates=candidates,
-                                 selector_pipeline=None if selector_pipe is pipeline else selector_pipe,
-                                 max_abs_diff=max_abs_diff, transfer=transfer)
+    parity = _parity_section(pipeline, op, catalogue, graphs, options, (arch, dtype, layout))
     manifest: dict[str, Any] = {
         "format": mf.FORMAT,
         "created_utc": mf.now_utc(),
@@ -263,40 +349,98 @@ def export_pipeline(pipeline: Any, *, op: OpDefinition, arch: Any, dtype: Any, l
         # the dtypes and layouts the op's expressions and constants were read with (a user's
         # dtype loads without their config dir)
         "vocabulary": vocab.current().records(),
-        "select": select,
-        "selection": {"strategy": select, **dict(selection or {}),
+        **_graph_sections(op, catalogue, graphs, options),
+        **_model_sections(pipeline, pipeline if graphs.selector_pipeline is None else graphs.selector_pipeline),
+        "training": dict(training),
+        "metrics": options.metrics,
+        "autotune": None if options.autotune is None else dict(options.autotune),
+        # the transfer recipe: the selector's scores blend the model's with this static order
+        "transfer": None if transfer is None else transfer_section(transfer, op, catalogue),
+        "parity": parity,
+        "source": dict(options.source or {}),
+        "convert_seconds": round(convert_s, 2),
+        "versions": mf.package_versions(),
+    }
+    _write_export(out_dir, manifest, selector=graphs.selector, scorer=graphs.scorer)
+    return manifest
+
+
+def _check_select(options: ExportOptions) -> None:
+    """Refuse a ``select`` that is not a strategy, or not ``full`` with the transfer recipe."""
+    select = options.select
+    if select not in SELECT_STRATEGIES:
+        raise ValueError(f"export.select={select!r} is not implemented; allowed: {list(SELECT_STRATEGIES)}")
+    if options.transfer is not None and select != "full":
+        raise ValueError(f"export.select={select!r} with the transfer recipe; allowed: 'full' (the recipe ranks "
+                         "every catalogue kernel)")
+
+
+def _compile(pipeline: Pipeline, op: OpDefinition, catalogue: pd.DataFrame, combo: tuple[Any, Any, Any],
+             options: ExportOptions) -> Graphs:
+    """The scorer and selector graphs of :func:`export_pipeline`."""
+    select = options.select
+    pipe_onnx = xo.convert_pipeline(pipeline, op)
+    scorer = xo.build_scorer(pipe_onnx, op)
+    if select == "reranked" and options.reranker is None:
+        raise ValueError("export.select='reranked' needs the fitted reranker pipeline")
+    selector_pipe = options.reranker if select == "reranked" else pipeline
+    candidates = _candidate_ids(select, options.candidates)
+    # the op's rules, narrowed by the kernels the model learned not to apply (a table that lists
+    # only the applicable ones), then by the failures it learned from the training data
+    masks = with_learned_failures(with_applicability(mask_builder_for(op), pipeline), pipeline)
+    selector = xo.build_selector(selector_pipe, op, catalogue, mask=bound_mask(masks, op, *combo),
+                                 keep=candidates, transfer=options.transfer)
+    return Graphs(scorer, selector, candidates=candidates,
+                  selector_pipeline=None if selector_pipe is pipeline else selector_pipe, transfer=options.transfer)
+
+
+def _parity_section(pipeline: Pipeline, op: OpDefinition, catalogue: pd.DataFrame, graphs: Graphs,
+                    options: ExportOptions, combo: tuple[Any, Any, Any]) -> dict[str, Any]:
+    """The manifest's ``parity`` section: :func:`_checked_parity` on ``options.parity_problems``
+    (``checked`` false without them)."""
+    if options.parity_problems is None or not len(options.parity_problems):
+        return {"checked": False}
+    arch, dtype, layout = combo
+    return _checked_parity(pipeline, op, catalogue, graphs,
+                           ParityCheck(options.parity_problems, max_abs_diff=options.max_abs_diff),
+                           arch=arch, dtype=dtype, layout=layout)
+
+
+def _graph_sections(op: OpDefinition, catalogue: pd.DataFrame, graphs: Graphs,
+                    options: ExportOptions) -> dict[str, Any]:
+    """The manifest's sections from ``select`` to ``catalogue``: the strategy and the graphs' I/O."""
+    candidates = graphs.candidates
+    return {
+        "select": options.select,
+        "selection": {"strategy": options.select, **dict(options.selection or {}),
                       "candidates": len(catalogue) if candidates is None else int(len(candidates)),
                       "candidate_ids": None if candidates is None else [int(i) for i in candidates]},
         "opset": dict(xo.OPSET), "ir_version": xo.IR_VERSION,
-        "graphs": mf.graph_io(op, len(catalogue), flags=[o.name for o in selector.graph.output
+        "graphs": mf.graph_io(op, len(catalogue), flags=[o.name for o in graphs.selector.graph.output
                                                           if o.name in mf.SELECTOR_FLAGS]),
         "problem_fields": mf.fields_section(op.problem_fields),
         "kernel_fields": mf.fields_section(op.kernel_fields),
         "catalogue": mf.catalogue_section(op, catalogue),
+    }
+
+
+def _model_sections(pipeline: Pipeline, selector_pipe: Pipeline) -> dict[str, Any]:
+    """The manifest's sections from ``features`` to ``selector_model``: what the graphs compile."""
+    failures, applicability = failure_model(pipeline), applicability_model(pipeline)
+    return {
         "features": _feature_names(pipeline),
         "model": _model_section(pipeline),
         # the learned validity mask inside the selector (None: no failure the features predict)
-        "failure_model": None if failure_model(pipeline) is None else {
-            "n_trees": int(failure_model(pipeline).booster_.num_trees()),
+        "failure_model": None if failures is None else {
+            "n_trees": int(failures.booster_.num_trees()),
             "threshold": float(pipeline.ckpred_failure_threshold_)},
         # the learned applicability mask (None: the op's table measures every candidate, op.absence=unknown)
-        "applicability_model": None if applicability_model(pipeline) is None else {
-            "n_trees": int(applicability_model(pipeline).booster_.num_trees()),
+        "applicability_model": None if applicability is None else {
+            "n_trees": int(applicability.booster_.num_trees()),
             "threshold": float(pipeline.ckpred_applicability_threshold_)},
         # the selector's model when it is not the scorer's (select=reranked)
         "selector_model": None if selector_pipe is pipeline else _model_section(selector_pipe),
-        "training": dict(training),
-        "metrics": metrics,
-        "autotune": None if autotune is None else dict(autotune),
-        # the transfer recipe: the selector's scores blend the model's with this static order
-        "transfer": None if transfer is None else transfer_section(transfer, op, catalogue),
-        "parity": parity,
-        "source": dict(source or {}),
-        "convert_seconds": round(convert_s, 2),
-        "versions": mf.package_versions(),
     }
-    _write_export(out_dir, manifest, selector=selector, scorer=scorer)
-    return manifest
 
 
 def transfer_section(transfer: Any, op: OpDefinition, catalogue: pd.DataFrame) -> dict[str, Any]:
@@ -324,17 +468,19 @@ def _candidate_ids(select: str, candidates: np.ndarray | None) -> np.ndarray | N
     return np.asarray(candidates, dtype=np.int64)
 
 
-def _checked_parity(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, problems: pd.DataFrame, *,
-                    max_abs_diff: float, **kw: Any) -> dict[str, Any]:
-    """The manifest's ``parity`` section of :func:`parity_check` (``kw``: its keyword arguments).
+def _checked_parity(pipeline: Pipeline, op: OpDefinition, catalogue: pd.DataFrame, graphs: Graphs,
+                    check: ParityCheck, *, arch: Any, dtype: Any, layout: Any) -> dict[str, Any]:
+    """The manifest's ``parity`` section of :func:`parity_check` (the parameters are its).
 
     Raises
     ------
     ModelMismatchError
-        When a top-1 choice differs or a score differs by more than ``max_abs_diff``.
+        When a top-1 choice differs or a score differs by more than ``check.max_abs_diff``.
     """
+    max_abs_diff = check.max_abs_diff
     t0 = time.perf_counter()
-    parity = {"checked": True, **parity_check(pipeline, op, catalogue, problems, **kw)}
+    parity = {"checked": True, **parity_check(pipeline, op, catalogue, graphs, check, arch=arch, dtype=dtype,
+                                              layout=layout)}
     parity["seconds"] = round(time.perf_counter() - t0, 2)
     parity["max_abs_diff_allowed"] = max_abs_diff
     worst = max(parity["max_abs_diff_scorer"], parity["max_abs_diff_selector"])
@@ -347,7 +493,8 @@ def _checked_parity(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, pr
     return parity
 
 
-def _write_export(out_dir: str | Path, manifest: dict[str, Any], *, selector: Any, scorer: Any) -> None:
+def _write_export(out_dir: str | Path, manifest: dict[str, Any], *, selector: onnx.ModelProto,
+                  scorer: onnx.ModelProto) -> None:
     """Embed the manifest in both graphs, record their sha256 and sizes in ``manifest["files"]``
     and write the directory atomically (``manifest.json`` last)."""
     meta = mf.metadata_payload(manifest)

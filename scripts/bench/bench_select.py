@@ -178,7 +178,7 @@ def main() -> int:
     from ckpred.data import load_table
     from ckpred.data.shapes import unseen_shapes
     from ckpred.export import manifest as mf
-    from ckpred.export.build import export_name, export_pipeline
+    from ckpred.export.build import ExportOptions, export_name, export_pipeline
     from ckpred.kernels.base import load_op
     from ckpred.runtime import KernelSelector
 
@@ -197,7 +197,7 @@ def main() -> int:
     problems = table[list(op.problem_names)].drop_duplicates()
     t0 = time.perf_counter()
     man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=out,
-                          training=mf.training_section(table, op), parity_problems=problems)
+                          training=mf.training_section(table, op), options=ExportOptions(parity_problems=problems))
     par = man["parity"]
     print(f"export + parity: {time.perf_counter() - t0:.1f} s -> {out}", flush=True)
 

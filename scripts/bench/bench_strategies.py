@@ -256,7 +256,7 @@ def export_and_time(option: Option, *, pipe, cfg, table: pd.DataFrame, op, root:
                     binary: Path, shape_file: str, shapes: pd.DataFrame) -> tuple[dict, dict, dict]:
     """Export one option and time it in C++ and Python; (manifest, C++ figures, Python figures)."""
     from ckpred.export import manifest as mf
-    from ckpred.export.build import export_name, export_pipeline
+    from ckpred.export.build import ExportOptions, export_name, export_pipeline
     from ckpred.export.strategies import Strategy, fit_reranker, keep_for_table
 
     name, n, rr = option
@@ -267,14 +267,15 @@ def export_and_time(option: Option, *, pipe, cfg, table: pd.DataFrame, op, root:
     reranker = None if rr is None else fit_reranker(table, op, keep, Strategy(cfg.arch, cfg.dtype, cfg.layout,
                                                                               reranker=rr, recipe=cfg,
                                                                               seed=int(cfg.seed)))
+    options = ExportOptions(parity_problems=parity,
+                            select="full" if n is None else "pruned" if rr is None else "reranked",
+                            candidates=keep, reranker=reranker,
+                            selection=None if n is None else {"top_n": n, **({"reranker": rr} if rr else {})},
+                            # the bar is checked below and printed in the table, not enforced here,
+                            # so a parity miss of the model itself still shows every figure
+                            max_abs_diff=float("inf"))
     man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=out,
-                          training=mf.training_section(table, op), parity_problems=parity,
-                          select="full" if n is None else "pruned" if rr is None else "reranked",
-                          candidates=keep, reranker=reranker,
-                          selection=None if n is None else {"top_n": n, **({"reranker": rr} if rr else {})},
-                          # the bar is checked below and printed in the table, not enforced here,
-                          # so a parity miss of the model itself still shows every figure
-                          max_abs_diff=float("inf"))
+                          training=mf.training_section(table, op), options=options)
     return man, cpp_latency(binary, out, shape_file), python_latency(out, shapes)
 
 
