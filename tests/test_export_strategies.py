@@ -105,8 +105,6 @@ def reranked(setup, tmp_path_factory):
 
 @pytest.mark.slow
 def test_reranker_is_the_recipe_sized_down_and_fitted_on_candidate_rows_only(setup, reranked, monkeypatch) -> None:
-    import ckpred.models
-
     op, cfg, table = setup
     reranker, keep, _, man = reranked
     model = reranker.named_steps["model"]
@@ -117,8 +115,8 @@ def test_reranker_is_the_recipe_sized_down_and_fitted_on_candidate_rows_only(set
     assert 0 < rows.sum() < len(table)
     assert model.booster_.num_trees() == 20
     fitted_on = []
-    real = ckpred.models.fit_pipeline
-    monkeypatch.setattr(ckpred.models, "fit_pipeline", lambda pipe, X, *a, **kw: fitted_on.append(X) or real(pipe, X, *a, **kw))
+    real = st.fit_pipeline
+    monkeypatch.setattr(st, "fit_pipeline", lambda pipe, X, *a, **kw: fitted_on.append(X) or real(pipe, X, *a, **kw))
     st.fit_reranker(table, op, keep, st.Strategy(cfg.arch, cfg.dtype, cfg.layout, reranker=RERANKER,
                                                  recipe=compose("export", ["features=minimal"])))
     X = fitted_on[0]

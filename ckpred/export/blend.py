@@ -30,6 +30,7 @@ from onnx import TensorProto
 
 from ckpred.errors import ConfigValueError
 from ckpred.kernels.base import OpDefinition
+from ckpred.transfer import UNSEEN
 
 
 def static_matrix(model: Any, op: OpDefinition, kernels: pd.DataFrame) -> tuple[np.ndarray, list[str], list[int]]:
@@ -42,8 +43,6 @@ def static_matrix(model: Any, op: OpDefinition, kernels: pd.DataFrame) -> tuple[
         When a ``best_static_by`` field is not a categorical problem field (the selector gathers
         a stratum by its fields' codes).
     """
-    from ckpred.transfer import UNSEEN
-
     by = list(model.static_by)
     sizes = []
     values = []

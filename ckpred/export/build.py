@@ -26,6 +26,7 @@ from ckpred import vocab
 from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
+from ckpred.export.blend import static_matrix
 from ckpred.export.validity import bound_mask, mask_builder_for, with_applicability, with_learned_failures
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import applicability_model, failure_model, predicted_applicable, predicted_ok
@@ -447,8 +448,6 @@ def transfer_section(transfer: Any, op: OpDefinition, catalogue: pd.DataFrame) -
     """The manifest's ``transfer`` section: the blend weight, the training GPUs, the inner split's
     means and the static order aligned with the catalogue (one row per stratum of ``by``, in
     the mixed-radix order of the fields' category codes)."""
-    from ckpred.export.blend import static_matrix
-
     matrix, by, sizes = static_matrix(transfer, op, catalogue)
     return {"recipe": "transfer", "weight": float(transfer.weight), "trained_archs": list(transfer.archs),
             "inner": {f"{w:g}": float(m) for w, m in transfer.inner.items()},

@@ -39,11 +39,12 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 from skl2onnx import update_registered_converter
+from skl2onnx._supported_operators import sklearn_operator_name_map
 from skl2onnx.common.data_types import DoubleTensorType
 from skl2onnx.common.utils import check_input_and_output_numbers
 
 from ckpred.features.base import FeatureGroup, NumpyOps
-from ckpred.features.registry import FEATURE_GROUPS, group_class
+from ckpred.features.registry import EXPRESSION_CLASS, FEATURE_GROUPS, _import, group_class
 
 __all__ = ["ALIAS_PREFIX", "OnnxOps", "alias", "calculate_feature_group_shape",
            "convert_feature_group", "register_converters", "registered_aliases"]
@@ -295,8 +296,6 @@ def register_converters() -> dict[type, str]:
     dict
         Class -> alias that was registered.
     """
-    from ckpred.features.registry import EXPRESSION_CLASS, _import
-
     for kind in FEATURE_GROUPS:
         group_class(kind)
     _import(EXPRESSION_CLASS, "features")
@@ -313,8 +312,6 @@ def register_converters() -> dict[type, str]:
 
 def registered_aliases() -> dict[type, str]:
     """Class -> alias of every class skl2onnx currently knows whose alias is a ckpred one."""
-    from skl2onnx._supported_operators import sklearn_operator_name_map
-
     return {cls: name for cls, name in sklearn_operator_name_map.items()
             if isinstance(name, str) and name.startswith(ALIAS_PREFIX)}
 

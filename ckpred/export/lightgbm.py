@@ -29,7 +29,17 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
+from lightgbm import LGBMRanker, LGBMRegressor
 from onnx import TensorProto, numpy_helper
+from onnxmltools.convert.lightgbm.operator_converters.LightGbm import convert_lightgbm
+from skl2onnx import update_registered_converter
+from skl2onnx._parse import _parse_sklearn
+from skl2onnx.common._registration import register_converter, register_shape_calculator
+from skl2onnx.common.data_types import DoubleTensorType
+from sklearn.compose import TransformedTargetRegressor
+
+from ckpred.export.converters import register_converters
+from ckpred.models import IdentityTarget, Log1pTarget
 
 #: ai.onnx.ml opset 5 ``TreeEnsemble`` node modes.
 _MODES = {"BRANCH_LEQ": 0, "BRANCH_LT": 1, "BRANCH_GTE": 2, "BRANCH_GT": 3, "BRANCH_EQ": 4,
@@ -189,8 +199,6 @@ def _check_lightgbm_dump(model: Any) -> None:
 
 def lightgbm_shape_calculator(operator: Any) -> None:
     """One double score per row; the features feeding the trees must be double."""
-    from skl2onnx.common.data_types import DoubleTensorType
-
     input_type = operator.inputs[0].type
     if not isinstance(input_type, DoubleTensorType):
         raise TypeError(
@@ -202,8 +210,6 @@ def lightgbm_shape_calculator(operator: Any) -> None:
 
 def convert_lightgbm_double(scope: Any, operator: Any, container: Any) -> None:
     """skl2onnx converter of ``LGBMRegressor``/``LGBMRanker``: onnxmltools' trees, in double."""
-    from onnxmltools.convert.lightgbm.operator_converters.LightGbm import convert_lightgbm
-
     _check_lightgbm_dump(operator.raw_operator)
     proxy = _TreeRewriter(container)
     convert_lightgbm(scope, operator, proxy)
@@ -214,9 +220,6 @@ def convert_lightgbm_double(scope: Any, operator: Any, container: Any) -> None:
 # -- TransformedTargetRegressor -------------------------------------------------------------------
 def _parse_ttr(scope: Any, model: Any, inputs: list[Any], custom_parsers: Any = None) -> list[Any]:
     """Parse a TTR as its regressor followed by the inverse of its target transformer."""
-    from skl2onnx._parse import _parse_sklearn
-    from skl2onnx.common.data_types import DoubleTensorType
-
     raw = _parse_sklearn(scope, model.regressor_, inputs, custom_parsers=custom_parsers)
     inverse = scope.declare_local_operator(TARGET_INVERSE_ALIAS, model.transformer_)
     inverse.inputs = list(raw[:1])
@@ -234,8 +237,6 @@ def _ttr_converter(scope: Any, operator: Any, container: Any) -> None:  # pragma
 
 
 def _target_inverse_shape_calculator(operator: Any) -> None:
-    from skl2onnx.common.data_types import DoubleTensorType
-
     n = operator.inputs[0].get_first_dimension()
     operator.outputs[0].type = DoubleTensorType([n, 1])
 
@@ -278,21 +279,14 @@ def register() -> None:
 
     Also registers the feature transformers' converters
     (:func:`ckpred.export.converters.register_converters`, on every call: groups loaded since
-    the last call get theirs) and ckpred's target transformers when that module exists.
+    the last call get theirs) and ckpred's target transformers.
     """
     global _REGISTERED
     # Every call: feature groups loaded since the last one (an op's own module:Class group) get
     # their converter too.
-    from ckpred.export.converters import register_converters
-
     register_converters()
     if _REGISTERED:
         return
-    from lightgbm import LGBMRanker, LGBMRegressor
-    from sklearn.compose import TransformedTargetRegressor
-    from skl2onnx import update_registered_converter
-    from skl2onnx.common._registration import register_converter, register_shape_calculator
-
     update_registered_converter(LGBMRegressor, LGBM_REGRESSOR_ALIAS, lightgbm_shape_calculator,
                                 convert_lightgbm_double)
     update_registered_converter(LGBMRanker, LGBM_RANKER_ALIAS, lightgbm_shape_calculator,
@@ -301,11 +295,6 @@ def register() -> None:
                                 _ttr_converter, parser=_parse_ttr)
     register_shape_calculator(TARGET_INVERSE_ALIAS, _target_inverse_shape_calculator, overwrite=True)
     register_converter(TARGET_INVERSE_ALIAS, _target_inverse_converter, overwrite=True)
-    try:
-        from ckpred.models import IdentityTarget, Log1pTarget
-    except ImportError:  # the models module is optional for exporting hand-built pipelines
-        pass
-    else:
-        register_target_inverse(Log1pTarget, expm1_inverse)
-        register_target_inverse(IdentityTarget, identity_inverse)
+    register_target_inverse(Log1pTarget, expm1_inverse)
+    register_target_inverse(IdentityTarget, identity_inverse)
     _REGISTERED = True

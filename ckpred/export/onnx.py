@@ -48,9 +48,14 @@ from typing import Any, Callable
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pandas as pd
 from onnx import TensorProto, helper, numpy_helper
+from skl2onnx import convert_sklearn
+from skl2onnx.common.data_types import DoubleTensorType, Int64TensorType
 
+from ckpred.export import lightgbm as lgbm_conv
+from ckpred.export.blend import blended, static_matrix, static_scores
 from ckpred.export.factorise import selector_feature_columns
 from ckpred.export.manifest import SELECTOR_FLAGS
 from ckpred.export.opset import IR_VERSION, OPSET
@@ -127,11 +132,6 @@ BoundMask = Callable[[GraphBuilder, str, pd.DataFrame], str]
 
 def _convert(model: Any, initial_types: list[tuple[str, Any]]) -> onnx.ModelProto:
     """skl2onnx conversion to :data:`OPSET` with output ``pipeline_score`` double ``[N, 1]``."""
-    from skl2onnx import convert_sklearn
-    from skl2onnx.common.data_types import DoubleTensorType
-
-    from ckpred.export import lightgbm as lgbm_conv
-
     lgbm_conv.register()
     onx = convert_sklearn(
         model,
@@ -159,8 +159,6 @@ def convert_pipeline(pipeline: Any, op: OpDefinition) -> onnx.ModelProto:
         From skl2onnx when a step has no converter (the message names the step's class), or
         from the LightGBM shape calculator when features reach the trees as float32.
     """
-    from skl2onnx.common.data_types import Int64TensorType
-
     return _convert(pipeline, [(PIPELINE_INPUT, Int64TensorType([None, len(op.input_names)]))])
 
 
@@ -170,8 +168,6 @@ def convert_model_step(pipeline: Any) -> onnx.ModelProto:
     The selector computes the features itself (:mod:`ckpred.export.factorise`) and feeds them
     to this graph: the trees and the target's inverse, exactly as in :func:`convert_pipeline`.
     """
-    from skl2onnx.common.data_types import DoubleTensorType
-
     n_features = len(pipeline[:-1].get_feature_names_out())
     return _convert(pipeline.steps[-1][1], [(PIPELINE_INPUT, DoubleTensorType([None, n_features]))])
 
@@ -306,8 +302,6 @@ def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, 
     c = g.const([K], dtype=np.int64)
     masked, valid = _masked_scores(g, pipeline, op, scored, mask)
     if transfer is not None and transfer.weight > 0.0:
-        from ckpred.export.blend import blended, static_matrix, static_scores
-
         matrix, by, sizes = static_matrix(transfer, op, scored)
         static = static_scores(g, "problem", matrix, by, sizes, op)
         masked = blended(g, masked, static, valid, K, float(transfer.weight))
@@ -401,8 +395,6 @@ def set_metadata(model: onnx.ModelProto, props: dict[str, str]) -> None:
 
 def session(model: onnx.ModelProto | bytes | str, threads: int = 1) -> Any:
     """An onnxruntime CPU session with ``threads`` intra-op threads (1 = deterministic order)."""
-    import onnxruntime as ort
-
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1

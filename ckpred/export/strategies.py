@@ -30,12 +30,17 @@ from each fold's training shapes only (:func:`learn_keep`) and applied to the fo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from types import SimpleNamespace
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
 
+from ckpred import evaluate as ev
+from ckpred.fitting import with_unmeasured
 from ckpred.kernels.base import OpDefinition
+from ckpred.models import build_pipeline, fit_pipeline, target_name, training_target
 
 
 @dataclass(frozen=True, eq=False)
@@ -162,8 +167,6 @@ def keep_for_table(table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: A
     ``shapes`` are shape keys (values of ``op.shape_keys(table)``); only those shapes' rows and
     problems are looked at (a CV fold's training shapes). None = every shape.
     """
-    from ckpred.evaluate import measured_perf
-
     catalogue = op.catalogue(arch, dtype, layout)
     table = table.reset_index(drop=True)
     keys = np.asarray(op.shape_keys(table))
@@ -172,7 +175,7 @@ def keep_for_table(table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: A
     if not len(rows):
         raise ValueError("no training rows to learn the candidate set from")
     sub = table.iloc[rows].reset_index(drop=True)
-    perf = measured_perf(sub["tflops"].to_numpy(), sub["is_valid"].to_numpy())
+    perf = ev.measured_perf(sub["tflops"].to_numpy(), sub["is_valid"].to_numpy())
     valid, _ = op.validity(sub[list(op.problem_names)], sub[list(op.kernel_names)], arch=arch, dtype=dtype,
                            layout=layout)
     problems = sub[list(op.problem_names)].drop_duplicates().reset_index(drop=True)
@@ -233,11 +236,6 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, keep: np.ndarray, strate
         2-fold CV over two CV groups): there is no choice among candidates to learn, so the
         candidates keep the full model's scores (the ``pruned`` strategy).
     """
-    from omegaconf import OmegaConf
-
-    from ckpred.evaluate import measured_perf
-    from ckpred.models import build_pipeline, fit_pipeline, target_name, training_target
-
     recipe, reranker, layout = strategy.recipe, strategy.reranker, strategy.layout
     rows = candidate_rows(table, op, keep, arch=strategy.arch, dtype=strategy.dtype, layout=layout)
     sub = table.iloc[np.flatnonzero(rows)]
@@ -253,7 +251,7 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, keep: np.ndarray, strate
                             "target": OmegaConf.to_container(recipe.target, resolve=True), "seed": int(strategy.seed),
                             "layout": layout})
     pipe = build_pipeline(cfg, op, strategy.arch, strategy.dtype)
-    perf = measured_perf(sub["tflops"].to_numpy(), sub["is_valid"].to_numpy())
+    perf = ev.measured_perf(sub["tflops"].to_numpy(), sub["is_valid"].to_numpy())
     y = training_target(perf, codes, cfg.model, cfg.target)
     return fit_pipeline(pipe, op.encode_frame(sub), y, codes, model_cfg=cfg.model,
                         target=target_name(cfg.model, cfg.target))
@@ -340,10 +338,6 @@ def _scored_table(oof: pd.DataFrame, table: pd.DataFrame, table_keys: np.ndarray
     if strategy.reranker is not None and "measured" in oof and not oof["measured"].all():
         # the run ranked unmeasured candidates too (ckpred.fitting.with_unmeasured): their rows
         # come from the same candidate set; the reranker still learns on measured rows only
-        from types import SimpleNamespace
-
-        from ckpred.fitting import with_unmeasured
-
         combo = SimpleNamespace(arch=strategy.arch, dtype=strategy.dtype, layout=strategy.layout)
         scored_table, _ = with_unmeasured(table, op, combo)
         return scored_table, np.asarray(op.shape_keys(scored_table))
@@ -363,8 +357,6 @@ def cv_efficiency(oof: pd.DataFrame, table: pd.DataFrame, op: OpDefinition, stra
     DataFrame
         :func:`ckpred.evaluate.shape_metrics` of every tested shape plus ``fold`` and ``candidates``.
     """
-    from ckpred import evaluate as ev
-
     oof = oof.reset_index(drop=True)
     if scored is None:
         scored = strategy_scores(oof, table, op, strategy, score=score, train_table=train_table)

@@ -35,10 +35,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from onnx import TensorProto
+from sklearn.pipeline import Pipeline
 
+from ckpred.export import onnx as xo
+from ckpred.export.factorise import HybridOps, _static, selector_feature_columns
 from ckpred.export.manifest import APPLICABILITY_FALLBACK
 from ckpred.export.onnx import BoundMask, GraphBuilder, MaskBuilder
 from ckpred.kernels.base import OpDefinition
+from ckpred.models import applicability_model, failure_model
 
 
 def gemm_universal_mask(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: OpDefinition,
@@ -80,10 +84,6 @@ def rules_mask(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: Op
     ``op.validity`` evaluates in numpy, walked with the selector's
     :class:`~ckpred.export.factorise.HybridOps` (kernel fields are catalogue constants, problem
     fields columns of the ``[B, P]`` input, ``hw.<name>`` the arch's constants)."""
-    from onnx import TensorProto
-
-    from ckpred.export.factorise import HybridOps, _static
-
     ops = HybridOps(g)
     n_kernels = len(catalogue)
     problem3 = g.op("Unsqueeze", g.op("Cast", problem, to=TensorProto.DOUBLE), g.const([1], dtype=np.int64))
@@ -118,15 +118,9 @@ def _learned_mask(base: MaskBuilder, pipeline: Any, model: Any, threshold: float
     """``base`` narrowed by a model on the pipeline's features (estimate <= ``threshold`` stays),
     per problem ``base & (keep | ~any(base & keep))``; ``flag`` names a bool ``[B]`` tensor true
     where the narrowing was dropped (``base`` had a kernel, ``base & keep`` none)."""
-    from sklearn.pipeline import Pipeline
-
-    from ckpred.export import onnx as xo
-
     converted = xo.convert_model_step(Pipeline([("features", pipeline.named_steps["features"]), ("model", model)]))
 
     def builder(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: OpDefinition, **kw: Any) -> str:
-        from ckpred.export.factorise import selector_feature_columns
-
         rule = base(g, problem, catalogue, op=op, **kw)  # [B, K]
         columns = xo.used_features(converted, converted.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
         # [B*K, F'] in the order the packed feature graph makes the columns: the trees are
@@ -157,8 +151,6 @@ def with_applicability(rules: MaskBuilder, pipeline: Any) -> MaskBuilder:
     masked; a problem left with no kernel keeps ``rules`` and its
     :data:`APPLICABILITY_FALLBACK` entry is true.
     """
-    from ckpred.models import applicability_model
-
     model = applicability_model(pipeline)
     if model is None:
         return rules
@@ -175,8 +167,6 @@ def with_learned_failures(rules: MaskBuilder, pipeline: Any) -> MaskBuilder:
     (predicted to fail: estimate > ``pipeline.ckpred_failure_threshold_``) and returns
     ``rules & (runs | ~any(rules & runs))`` per problem.
     """
-    from ckpred.models import failure_model
-
     model = failure_model(pipeline)
     if model is None:
         return rules
