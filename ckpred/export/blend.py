@@ -29,11 +29,12 @@ import pandas as pd
 from onnx import TensorProto
 
 from ckpred.errors import ConfigValueError
+from ckpred.export.graph import GraphBuilder
 from ckpred.kernels.base import OpDefinition
-from ckpred.transfer import UNSEEN
+from ckpred.transfer import UNSEEN, TransferModel
 
 
-def static_matrix(model: Any, op: OpDefinition, kernels: pd.DataFrame) -> tuple[np.ndarray, list[str], list[int]]:
+def static_matrix(model: TransferModel, op: OpDefinition, kernels: pd.DataFrame) -> tuple[np.ndarray, list[str], list[int]]:
     """The static order as ``[S, K]`` doubles (``UNSEEN`` for a kernel never seen in a stratum),
     the ``best_static_by`` fields and their number of values (the strata's mixed radix).
 
@@ -63,7 +64,7 @@ def static_matrix(model: Any, op: OpDefinition, kernels: pd.DataFrame) -> tuple[
     return np.vstack(rows), by, sizes
 
 
-def static_scores(g: Any, problem: str, matrix: np.ndarray, by: Sequence[str], sizes: Sequence[int],
+def static_scores(g: GraphBuilder, problem: str, matrix: np.ndarray, by: Sequence[str], sizes: Sequence[int],
                   op: OpDefinition) -> str:
     """``[B, K]`` static scores of each problem's stratum (a ``Gather`` of the matrix's rows)."""
     table = g.const(matrix, "static_order", dtype=np.float64)
@@ -82,7 +83,7 @@ def static_scores(g: Any, problem: str, matrix: np.ndarray, by: Sequence[str], s
     return g.op("Gather", table, index, axis=0)
 
 
-def rank_percentile(g: Any, values: str, mask: str, K: int) -> str:
+def rank_percentile(g: GraphBuilder, values: str, mask: str, K: int) -> str:
     """``[B, K]`` rank percentiles of ``values`` among the ``mask``-ed entries of each row
     (garbage where the mask is off: the caller masks the result)."""
     ninf = g.const(-np.inf, dtype=np.float64)
@@ -117,7 +118,7 @@ def rank_percentile(g: Any, values: str, mask: str, K: int) -> str:
     return g.op("ScatterElements", base, index, pct_sorted, axis=1)
 
 
-def blended(g: Any, learner: str, static: str, mask: str, K: int, weight: float) -> str:
+def blended(g: GraphBuilder, learner: str, static: str, mask: str, K: int, weight: float) -> str:
     """``[B, K]`` scores of the recipe: the learner's (w = 0), the static order's (w = 1) or
     (1 - w) * p(learner) + w * p(static); -inf where ``mask`` is off."""
     ninf = g.const(-np.inf, dtype=np.float64)

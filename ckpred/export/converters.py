@@ -277,8 +277,9 @@ def alias(cls: type) -> str:
 
 
 def _subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
+    out: list[type] = []
+    subs: list[type] = cls.__subclasses__()
+    for sub in subs:
         out.append(sub)
         out.extend(_subclasses(sub))
     return out

@@ -53,7 +53,7 @@ class HybridOps(OnnxOps):
 
     Parameters
     ----------
-    g : ckpred.export.onnx.GraphBuilder
+    g : ckpred.export.graph.GraphBuilder
         The graph receiving nodes and initializers.
     """
 
@@ -118,7 +118,8 @@ class HybridOps(OnnxOps):
         return getattr(OnnxOps, fn)(self, *(self._lift(a) for a in args))
 
     # -- the xp namespace --------------------------------------------------------------------
-    def full(self, value: float) -> np.ndarray:
+    # A static value where OnnxOps makes a symbol: the xp namespace allows both.
+    def full(self, value: float) -> np.ndarray:  # type: ignore[override]
         return np.full((1, 1, 1), float(value))
 
     def log2(self, x: Any) -> Any:
@@ -181,7 +182,7 @@ class HybridOps(OnnxOps):
     def as_column(self, x: Any) -> Any:
         return x  # already [., ., 1]
 
-    def row(self, values: Any) -> np.ndarray:
+    def row(self, values: Any) -> np.ndarray:  # type: ignore[override]
         return np.asarray(values, dtype=np.float64)[None, None, :]
 
     def min_across(self, x: Any) -> Any:
@@ -221,7 +222,7 @@ def selector_feature_columns(g: Any, pipeline: Any, op: Any, kernels: np.ndarray
 
     Parameters
     ----------
-    g : ckpred.export.onnx.GraphBuilder
+    g : ckpred.export.graph.GraphBuilder
     pipeline : sklearn.pipeline.Pipeline
         Fitted ckpred pipeline (see :func:`feature_groups`).
     op : OpDefinition
@@ -232,7 +233,7 @@ def selector_feature_columns(g: Any, pipeline: Any, op: Any, kernels: np.ndarray
     used : sequence of int, optional
         Feature positions to emit, in this order (the ones a model's trees split on, see
         :func:`ckpred.export.onnx.used_features`); None = every feature. The nodes of the
-        features left out are still emitted; :meth:`ckpred.export.onnx.GraphBuilder.prune`
+        features left out are still emitted; :meth:`ckpred.export.graph.GraphBuilder.prune`
         removes them.
     pack : bool, default=True
         Compute the columns side by side with a few wide ops (:func:`ckpred.export.pack.pack_columns`)
@@ -308,7 +309,8 @@ def _assemble(g: Any, op: Any, problem: str, parts: _Parts, position: int, n_ker
     static, per_problem, per_pair = parts
     b = g.op("Slice", g.op("Shape", problem), g.const([0], dtype=np.int64), g.const([1], dtype=np.int64))
     target = g.op("Concat", b, g.const([n_kernels, 1], dtype=np.int64), axis=0)  # [B, K, 1]
-    blocks, order = [], []
+    blocks: list[str] = []
+    order: list[int] = []
     if static:
         values = np.concatenate([v for _, v in static], axis=2)  # [1, K, Fs]
         blocks.append(g.op("Expand", g.const(values, "static_features", dtype=np.float64), target))

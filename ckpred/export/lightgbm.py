@@ -75,7 +75,7 @@ def _v3_to_v5(attrs: dict[str, Any]) -> dict[str, Any]:
             leaves[(t, n)] = len(leaves)
         else:
             interior[(t, n)] = len(interior)
-    leaf_weights = [leaf_weight.get(key, 0.0) for key in sorted(leaves, key=leaves.get)]
+    leaf_weights = [leaf_weight.get(key, 0.0) for key in sorted(leaves, key=leaves.__getitem__)]
     out = _interior_nodes(attrs, interior, leaves)
     roots = _tree_roots(sorted(set(treeids)), interior, leaves, out)
     return {

@@ -19,6 +19,7 @@ manifest whose keys they read are missing or of the wrong type, naming the key.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import math
@@ -26,7 +27,7 @@ import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NoReturn, TypeGuard
 
 import numpy as np
 import pandas as pd
@@ -226,11 +227,11 @@ INT64_MAX = 2**63 - 1
 _HEX64 = frozenset("0123456789abcdef")
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> bool:
     return _is_int(value) or (type(value) is float and math.isfinite(value))
 
 
@@ -260,7 +261,7 @@ def read_manifest(model_dir: str | Path) -> dict[str, Any]:
     return parse_manifest(data, path)
 
 
-def parse_manifest(data: bytes, path: Any = MANIFEST) -> dict[str, Any]:
+def parse_manifest(data: bytes, path: str | Path = MANIFEST) -> dict[str, Any]:
     """The manifest in ``data`` (the bytes of ``path``): UTF-8, strict JSON, :func:`check_manifest`.
 
     Raises
@@ -288,51 +289,52 @@ def printable(text: str) -> str:
 class _Checker:
     """Type checks of one manifest, each failure a ModelMismatchError naming file and key."""
 
-    def __init__(self, path: Any) -> None:
+    def __init__(self, path: builtins.str | Path) -> None:
         self.path = path
 
-    def fail(self, key: str, value: Any, allowed: str) -> None:
+    def fail(self, key: builtins.str, value: object, allowed: builtins.str) -> NoReturn:
         shown = repr(value)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         raise ModelMismatchError(f"{self.path}: key '{printable(key)}' is {shown}; expected {printable(allowed)}")
 
-    def get(self, obj: Mapping[str, Any], key: str, where: str) -> Any:
+    def get(self, obj: Mapping[builtins.str, Any], key: builtins.str, where: builtins.str) -> Any:
         if key not in obj:
             raise ModelMismatchError(f"{self.path}: key '{printable(where + key)}' is missing")
         return obj[key]
 
-    def dict(self, value: Any, key: str) -> Mapping[str, Any]:
+    def dict(self, value: object, key: builtins.str) -> Mapping[builtins.str, Any]:
         if not isinstance(value, dict):
             self.fail(key, value, "an object")
         return value
 
-    def list(self, value: Any, key: str, *, nonempty: bool = False) -> list[Any]:
+    def list(self, value: object, key: builtins.str, *, nonempty: bool = False) -> builtins.list[Any]:
         if not isinstance(value, list) or (nonempty and not value):
             self.fail(key, value, "a non-empty array" if nonempty else "an array")
         return value
 
-    def str(self, value: Any, key: str) -> str:
+    def str(self, value: object, key: builtins.str) -> builtins.str:
         if not isinstance(value, str) or not value:
             self.fail(key, value, "a non-empty string")
         return value
 
-    def int(self, value: Any, key: str, lo: int = 0, hi: int = INT64_MAX) -> int:
+    def int(self, value: object, key: builtins.str, lo: builtins.int = 0, hi: builtins.int = INT64_MAX) -> builtins.int:
         if not _is_int(value) or not lo <= value <= hi:
             self.fail(key, value, f"an integer in [{lo}, {hi}]")
         return value
 
-    def file_name(self, value: Any, key: str) -> str:
+    def file_name(self, value: object, key: builtins.str) -> builtins.str:
         name = self.str(value, key)
         if "/" in name or "\\" in name or name in (".", "..") or not name.isprintable():
             self.fail(key, value, "a file name inside the export directory (no path separators)")
         return name
 
-    def sha256(self, value: Any, key: str) -> str:
+    def sha256(self, value: object, key: builtins.str) -> builtins.str:
         if not isinstance(value, str) or len(value) != 64 or not set(value) <= _HEX64:
             self.fail(key, value, "a sha256 (64 lowercase hex digits)")
         return value
 
-    def fields(self, value: Any, key: str, kinds: tuple[str, ...] = FIELD_KINDS) -> list[dict[str, Any]]:
+    def fields(self, value: object, key: builtins.str, kinds: tuple[builtins.str, ...] = FIELD_KINDS
+               ) -> builtins.list[builtins.dict[builtins.str, Any]]:
         fields = self.list(value, key, nonempty=True)
         names = []
         for i, f in enumerate(fields):
@@ -357,7 +359,7 @@ class _Checker:
         return fields
 
 
-def check_manifest(manifest: Any, path: Any = MANIFEST) -> None:
+def check_manifest(manifest: object, path: str | Path = MANIFEST) -> None:
     """Check the structure of a parsed manifest: every key a runtime reads, with its type.
 
     Both runtimes (this package and ``scripts/cpp/ckpred_select.cpp``) check the same: the
@@ -373,7 +375,7 @@ def check_manifest(manifest: Any, path: Any = MANIFEST) -> None:
         Naming ``path``, the key (``catalogue.rows[3][1]``), its value and what is expected.
     """
     c = _Checker(path)
-    c.dict(manifest, "(top level)")
+    manifest = c.dict(manifest, "(top level)")
     fmt = manifest.get("format")
     if fmt != FORMAT:
         raise ModelMismatchError(f"{path}: format {fmt!r}, expected {FORMAT!r}")
@@ -433,10 +435,13 @@ def _column_checks(kernel: list[dict[str, Any]]) -> list[_CellCheck]:
         elif f["kind"] == "bool":
             checks.append((lambda i, v: type(v) is bool, lambda i: "true or false"))
         else:
-            allowed = frozenset(f.get("categories", ()))
-            checks.append((lambda i, v, allowed=allowed: type(v) is str and v in allowed,
-                           lambda i, allowed=allowed: f"one of {sorted(allowed)}"))
+            checks.append(_category_check(frozenset(f.get("categories", ()))))
     return checks
+
+
+def _category_check(allowed: frozenset[str]) -> _CellCheck:
+    """The check of a category column: one of ``allowed``."""
+    return (lambda i, v: type(v) is str and v in allowed, lambda i: f"one of {sorted(allowed)}")
 
 
 def _check_catalogue(c: _Checker, manifest: Mapping[str, Any], kernel: list[dict[str, Any]]) -> int:

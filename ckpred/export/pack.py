@@ -29,7 +29,7 @@ onnxruntime's ``Log`` is not correctly rounded and its vectorised code may diffe
 bit from its scalar code, so a ``log`` may change by one ulp with the width of its tensor (as it
 already did between one problem and a batch); the features round ``log2`` to float32
 (:meth:`ckpred.features.base.NumpyOps.log2`), which absorbs it. The original nodes are left in
-place for :meth:`ckpred.export.onnx.GraphBuilder.prune` to remove.
+place for :meth:`ckpred.export.graph.GraphBuilder.prune` to remove.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ckpred.export.graph import GraphBuilder
 from ckpred.export.opset import IR_VERSION, OPSET
 
 __all__ = ["pack_columns"]
@@ -62,9 +63,9 @@ def _attrs(node: onnx.NodeProto) -> tuple[Any, ...]:
 
 
 class _Packer:
-    """One packing session over a :class:`~ckpred.export.onnx.GraphBuilder`'s current nodes."""
+    """One packing session over a :class:`~ckpred.export.graph.GraphBuilder`'s current nodes."""
 
-    def __init__(self, g: Any, shapes: dict[str, Shape], types: dict[str, int], source: str,
+    def __init__(self, g: GraphBuilder, shapes: dict[str, Shape], types: dict[str, int], source: str,
                  min_group: int, depth: int) -> None:
         self.g = g
         self.min_group = min_group
@@ -202,7 +203,8 @@ class _Packer:
             if len({names[i] for i in groups[key]}) < self.min_group:
                 for i in groups.pop(key):
                     groups.setdefault(("leaf", names[i]), []).append(i)
-        parts, order = [], []
+        parts: list[tuple[str, Shape]] = []
+        order: list[int] = []
         for positions in groups.values():
             name, shape, perm = self.pack(tuple(names[i] for i in positions))
             if perm is None:  # one repeated value: as many lanes as positions
@@ -243,7 +245,7 @@ class _Packer:
         return out, (batch, k, width), (perm if width > 1 else None)
 
 
-def _inferred_shapes(g: Any, inputs: list[onnx.ValueInfoProto]) -> tuple[dict[str, Shape], dict[str, int]]:
+def _inferred_shapes(g: GraphBuilder, inputs: list[onnx.ValueInfoProto]) -> tuple[dict[str, Shape], dict[str, int]]:
     """Rank-3 shapes of the graph's tensors (batch dim as "B") and the element types of all, by
     ONNX shape inference."""
     graph = helper.make_graph(g.nodes, "pack", inputs, [], initializer=g.initializers)
@@ -263,13 +265,13 @@ def _inferred_shapes(g: Any, inputs: list[onnx.ValueInfoProto]) -> tuple[dict[st
     return out, types
 
 
-def pack_columns(g: Any, columns: list[str], inputs: list[onnx.ValueInfoProto]) -> tuple[str, list[int]]:
+def pack_columns(g: GraphBuilder, columns: list[str], inputs: list[onnx.ValueInfoProto]) -> tuple[str, list[int]]:
     """Emit a tensor holding ``columns`` side by side along its last axis, with as few nodes as
     packing allows, in the order packing finds cheapest.
 
     Parameters
     ----------
-    g : ckpred.export.onnx.GraphBuilder
+    g : ckpred.export.graph.GraphBuilder
         The graph that computes ``columns`` (its nodes are read, new nodes appended).
     columns : list of str
         Rank-3 tensors of one column each (``[B or 1, K or 1, 1]``), all with the same batch and
@@ -303,7 +305,7 @@ def pack_columns(g: Any, columns: list[str], inputs: list[onnx.ValueInfoProto]) 
     # How far to split mixed packs is a trade (a split costs a Concat, maybe a Gather): try a few
     # thresholds and keep the cheapest graph; None (plain Concat) bounds it by the unpacked one.
     options: list[tuple[int, int] | None] = [(m, d) for d in (0, 1, 2, 3, 6, 12) for m in (2, 3, 4)]
-    cost = []
+    cost: list[tuple[int, bool, int, tuple[int, int] | None]] = []
     for option in [*options, None]:
         n_nodes, n_inits, count = len(g.nodes), len(g.initializers), g._count
         name, _, gathers = attempt(option)

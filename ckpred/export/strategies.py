@@ -242,10 +242,11 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, keep: np.ndarray, strate
     codes = pd.factorize(np.asarray(op.shape_keys(sub)))[0]
     if not len(codes) or np.bincount(codes).max() < 2:
         return None
-    model_cfg = OmegaConf.merge(recipe.model, {**reranker_size(reranker, recipe.model), "early_stopping_rounds": 0,
-                                               # a few thousand rows fit in a second on one thread;
-                                               # more OpenMP threads only spin on a busy machine
-                                               "n_jobs": 1})
+    overrides: dict[Any, Any] = {**reranker_size(reranker, recipe.model), "early_stopping_rounds": 0,
+                                 # a few thousand rows fit in a second on one thread;
+                                 # more OpenMP threads only spin on a busy machine
+                                 "n_jobs": 1}
+    model_cfg = OmegaConf.merge(recipe.model, overrides)
     cfg = OmegaConf.create({"features": OmegaConf.to_container(recipe.features, resolve=True),
                             "model": OmegaConf.to_container(model_cfg, resolve=True),
                             "target": OmegaConf.to_container(recipe.target, resolve=True), "seed": int(strategy.seed),

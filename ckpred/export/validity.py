@@ -10,7 +10,7 @@ An op provides its mask builder in one of three ways:
   YAML rules, :func:`rules_mask` compiles the same expressions.
 
 A builder is ``builder(g, problem, catalogue, *, op, arch, dtype, layout) -> name`` where ``g``
-is a :class:`ckpred.export.onnx.GraphBuilder`, ``problem`` names the int64 ``[B, P]`` input
+is a :class:`ckpred.export.graph.GraphBuilder`, ``problem`` names the int64 ``[B, P]`` input
 (columns ``op.problem_names``) and ``catalogue`` is the op's catalogue frame; it returns the
 name of a bool ``[B, C]`` tensor that must equal ``op.validity`` for every (problem, kernel) —
 a test checks that on edge shapes for every registered op.
@@ -30,7 +30,7 @@ the rules.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -42,6 +42,7 @@ from ckpred.export.factorise import HybridOps, _static, selector_feature_columns
 from ckpred.export.manifest import APPLICABILITY_FALLBACK
 from ckpred.export.onnx import BoundMask, GraphBuilder, MaskBuilder
 from ckpred.kernels.base import OpDefinition
+from ckpred.kernels.declared import DeclaredOp
 from ckpred.models import applicability_model, failure_model
 
 
@@ -84,6 +85,7 @@ def rules_mask(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: Op
     ``op.validity`` evaluates in numpy, walked with the selector's
     :class:`~ckpred.export.factorise.HybridOps` (kernel fields are catalogue constants, problem
     fields columns of the ``[B, P]`` input, ``hw.<name>`` the arch's constants)."""
+    op = cast(DeclaredOp, op)  # mask_builder_for picks this builder for ops with rules only
     ops = HybridOps(g)
     n_kernels = len(catalogue)
     problem3 = g.op("Unsqueeze", g.op("Cast", problem, to=TensorProto.DOUBLE), g.const([1], dtype=np.int64))
