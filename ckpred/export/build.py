@@ -44,7 +44,7 @@ def export_name(op: str, arch: str, dtype: str, layout: str) -> str:
     return f"{op}_{arch}_{dtype}_{layout}"
 
 
-def node_name(node: Any) -> str:
+def node_name(node: object) -> str:
     """The ``name`` of a config node (or the value itself when it is a plain string)."""
     return str(getattr(node, "name", node))
 
@@ -444,7 +444,7 @@ def _model_sections(pipeline: Pipeline, selector_pipe: Pipeline) -> dict[str, An
     }
 
 
-def transfer_section(transfer: Any, op: OpDefinition, catalogue: pd.DataFrame) -> dict[str, Any]:
+def transfer_section(transfer: TransferModel, op: OpDefinition, catalogue: pd.DataFrame) -> dict[str, Any]:
     """The manifest's ``transfer`` section: the blend weight, the training GPUs, the inner split's
     means and the static order aligned with the catalogue (one row per stratum of ``by``, in
     the mixed-radix order of the fields' category codes)."""

@@ -34,13 +34,16 @@ M*N*K lose digits.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
+from numpy.typing import ArrayLike
 from onnx import TensorProto
 from skl2onnx import update_registered_converter
 from skl2onnx._supported_operators import sklearn_operator_name_map
 from skl2onnx.common.data_types import DoubleTensorType
+from skl2onnx.common._container import ModelComponentContainer
+from skl2onnx.common._topology import Operator, Scope
 from skl2onnx.common.utils import check_input_and_output_numbers
 
 from ckpred.features.base import FeatureGroup, NumpyOps
@@ -62,32 +65,37 @@ class Sym:
     def __init__(self, ops: "OnnxOps", name: str) -> None:
         self.ops, self.name = ops, name
 
-    def __add__(self, other: Any) -> "Sym":
+    def __add__(self, other: Value) -> "Sym":
         return self.ops.binary("Add", self, other)
 
-    def __radd__(self, other: Any) -> "Sym":
+    def __radd__(self, other: Value) -> "Sym":
         return self.ops.binary("Add", other, self)
 
-    def __sub__(self, other: Any) -> "Sym":
+    def __sub__(self, other: Value) -> "Sym":
         return self.ops.binary("Sub", self, other)
 
-    def __rsub__(self, other: Any) -> "Sym":
+    def __rsub__(self, other: Value) -> "Sym":
         return self.ops.binary("Sub", other, self)
 
-    def __mul__(self, other: Any) -> "Sym":
+    def __mul__(self, other: Value) -> "Sym":
         return self.ops.binary("Mul", self, other)
 
-    def __rmul__(self, other: Any) -> "Sym":
+    def __rmul__(self, other: Value) -> "Sym":
         return self.ops.binary("Mul", other, self)
 
-    def __truediv__(self, other: Any) -> "Sym":
+    def __truediv__(self, other: Value) -> "Sym":
         return self.ops.binary("Div", self, other)
 
-    def __rtruediv__(self, other: Any) -> "Sym":
+    def __rtruediv__(self, other: Value) -> "Sym":
         return self.ops.binary("Div", other, self)
 
     def __neg__(self) -> "Sym":
         return self.ops.unary("Neg", self)
+
+
+#: A value in the xp namespace's formulas: a symbolic tensor, a Python number or (in the selector,
+#: :class:`ckpred.export.factorise.HybridOps`) a static numpy array.
+Value: TypeAlias = "Sym | np.ndarray | float"
 
 
 class OnnxOps:
@@ -102,7 +110,7 @@ class OnnxOps:
 
     LN2 = NumpyOps.LN2
 
-    def __init__(self, scope: Any, container: Any, x_name: str) -> None:
+    def __init__(self, scope: Scope, container: ModelComponentContainer, x_name: str) -> None:
         self.scope, self.container, self.x_name = scope, container, x_name
         self._consts: dict[tuple[int, str], str] = {}
         self._zeros: Sym | None = None
@@ -127,17 +135,17 @@ class OnnxOps:
             self._consts[key] = name
         return self._consts[key]
 
-    def _arg(self, x: Any) -> str:
+    def _arg(self, x: Value) -> str:
         if isinstance(x, Sym):
             return x.name
         if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool):
             return self.const(float(x))
         raise TypeError(f"feature formulas may combine columns with Python numbers only, got {type(x)!r}")
 
-    def binary(self, op_type: str, a: Any, b: Any) -> Sym:
+    def binary(self, op_type: str, a: Value, b: Value) -> Sym:
         return Sym(self, self.node(op_type, [self._arg(a), self._arg(b)]))
 
-    def unary(self, op_type: str, a: Any) -> Sym:
+    def unary(self, op_type: str, a: Value) -> Sym:
         return Sym(self, self.node(op_type, [self._arg(a)]))
 
     def column(self, index: int) -> Sym:
@@ -177,35 +185,35 @@ class OnnxOps:
     def floor(self, x: Sym) -> Sym:
         return self.unary("Floor", x)
 
-    def fmod(self, a: Any, b: Any) -> Sym:
+    def fmod(self, a: Value, b: Value) -> Sym:
         return Sym(self, self.node("Mod", [self._arg(a), self._arg(b)], fmod=1))
 
-    def minimum(self, a: Any, b: Any) -> Sym:
+    def minimum(self, a: Value, b: Value) -> Sym:
         return self.binary("Min", a, b)
 
-    def maximum(self, a: Any, b: Any) -> Sym:
+    def maximum(self, a: Value, b: Value) -> Sym:
         return self.binary("Max", a, b)
 
-    def where(self, cond: Sym, a: Any, b: Any) -> Sym:
+    def where(self, cond: Sym, a: Value, b: Value) -> Sym:
         # Where broadcasts; a constant branch is a [1] tensor, the result is [N, 1].
         return Sym(self, self.node("Where", [cond.name, self._arg(a), self._arg(b)]))
 
-    def equal(self, a: Any, b: Any) -> Sym:
+    def equal(self, a: Value, b: Value) -> Sym:
         return self.binary("Equal", a, b)
 
-    def less(self, a: Any, b: Any) -> Sym:
+    def less(self, a: Value, b: Value) -> Sym:
         return self.binary("Less", a, b)
 
     def indicator(self, cond: Sym) -> Sym:
         return Sym(self, self.node("Cast", [cond.name], hint="indicator", to=TensorProto.DOUBLE))
 
-    def greater(self, a: Any, b: Any) -> Sym:
+    def greater(self, a: Value, b: Value) -> Sym:
         return self.binary("Greater", a, b)
 
-    def less_equal(self, a: Any, b: Any) -> Sym:
+    def less_equal(self, a: Value, b: Value) -> Sym:
         return self.binary("LessOrEqual", a, b)
 
-    def greater_equal(self, a: Any, b: Any) -> Sym:
+    def greater_equal(self, a: Value, b: Value) -> Sym:
         return self.binary("GreaterOrEqual", a, b)
 
     def logical_and(self, a: Sym, b: Sym) -> Sym:
@@ -217,19 +225,19 @@ class OnnxOps:
     def logical_not(self, a: Sym) -> Sym:
         return self.unary("Not", a)
 
-    def power(self, a: Any, b: Any) -> Sym:
+    def power(self, a: Value, b: Value) -> Sym:
         return self.binary("Pow", a, b)
 
-    def sqrt(self, x: Any) -> Sym:
+    def sqrt(self, x: Value) -> Sym:
         return self.unary("Sqrt", x)
 
-    def abs(self, x: Any) -> Sym:
+    def abs(self, x: Value) -> Sym:
         return self.unary("Abs", x)
 
     def as_column(self, x: Sym) -> Sym:
         return x  # columns are [N, 1] already
 
-    def row(self, values: Any) -> Sym:
+    def row(self, values: ArrayLike) -> Sym:
         array = np.asarray(values, dtype=np.float64)
         name = self._name("row")
         self.container.add_initializer(name, TensorProto.DOUBLE, [1, len(array)], array.tolist())
@@ -245,7 +253,7 @@ class OnnxOps:
 
 
 # -- shape calculator and converter (shared by every FeatureGroup subclass) ----------------------
-def calculate_feature_group_shape(operator: Any) -> None:
+def calculate_feature_group_shape(operator: Operator) -> None:
     """Output of a ckpred feature transformer: DOUBLE [N, n_features_out_]."""
     check_input_and_output_numbers(operator, input_count_range=1, output_count_range=1)
     model: FeatureGroup = operator.raw_operator
@@ -253,7 +261,7 @@ def calculate_feature_group_shape(operator: Any) -> None:
     operator.outputs[0].type = DoubleTensorType([n_rows, int(model.n_features_out_)])
 
 
-def convert_feature_group(scope: Any, operator: Any, container: Any) -> None:
+def convert_feature_group(scope: Scope, operator: Operator, container: ModelComponentContainer) -> None:
     """Emit the transformer's features: gather its columns, cast to double, run ``_compute``."""
     model: FeatureGroup = operator.raw_operator
     x = operator.inputs[0]

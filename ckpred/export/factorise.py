@@ -31,17 +31,20 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 from onnx import TensorProto, helper
-from sklearn.pipeline import FeatureUnion
+from sklearn.pipeline import FeatureUnion, Pipeline
 
-from ckpred.export.converters import OnnxOps, Sym
+from ckpred.export.converters import OnnxOps, Sym, Value
+from ckpred.export.graph import GraphBuilder
 from ckpred.export.pack import pack_columns
 from ckpred.features.base import FeatureGroup, NumpyOps
+from ckpred.kernels.base import OpDefinition
 
 __all__ = ["HybridOps", "selector_features", "selector_feature_columns", "feature_groups"]
 
 
-def _static(x: Any) -> bool:
+def _static(x: Value) -> bool:
     """True for values known at export time (numpy arrays and Python numbers)."""
     return not isinstance(x, Sym)
 
@@ -58,7 +61,7 @@ class HybridOps(OnnxOps):
     """
 
     # pylint: disable=super-init-not-called  (no skl2onnx scope or container here)
-    def __init__(self, g: Any) -> None:
+    def __init__(self, g: GraphBuilder) -> None:
         self.g = g
         self._consts: dict[tuple[int, str], str] = {}
         self._numpy = NumpyOps(1)
@@ -94,7 +97,7 @@ class HybridOps(OnnxOps):
             self._arrays[key] = name
         return self._arrays[key]
 
-    def _arg(self, x: Any) -> str:
+    def _arg(self, x: Value) -> str:
         if isinstance(x, np.ndarray):
             return self.array(x)
         return super()._arg(x)
@@ -107,11 +110,11 @@ class HybridOps(OnnxOps):
         """Whether a symbolic value differs between candidates (``[B, K, 1]``, not ``[B, 1, 1]``)."""
         return self.per_kernel.get(x.name, False)
 
-    def _lift(self, x: Any) -> Any:
+    def _lift(self, x: Value) -> Any:
         """Static arrays as symbolic constants (numbers stay numbers: OnnxOps takes those)."""
         return Sym(self, self.array(x)) if isinstance(x, np.ndarray) else x
 
-    def _dispatch(self, fn: str, *args: Any) -> Any:
+    def _dispatch(self, fn: str, *args: Value) -> Any:
         if all(_static(a) for a in args):
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 return getattr(self._numpy, fn)(*args)
@@ -122,77 +125,77 @@ class HybridOps(OnnxOps):
     def full(self, value: float) -> np.ndarray:  # type: ignore[override]
         return np.full((1, 1, 1), float(value))
 
-    def log2(self, x: Any) -> Any:
+    def log2(self, x: Value) -> Any:
         return self._dispatch("log2", x)
 
-    def ceil(self, x: Any) -> Any:
+    def ceil(self, x: Value) -> Any:
         return self._dispatch("ceil", x)
 
-    def floor(self, x: Any) -> Any:
+    def floor(self, x: Value) -> Any:
         return self._dispatch("floor", x)
 
-    def fmod(self, a: Any, b: Any) -> Any:
+    def fmod(self, a: Value, b: Value) -> Any:
         return self._dispatch("fmod", a, b)
 
-    def minimum(self, a: Any, b: Any) -> Any:
+    def minimum(self, a: Value, b: Value) -> Any:
         return self._dispatch("minimum", a, b)
 
-    def maximum(self, a: Any, b: Any) -> Any:
+    def maximum(self, a: Value, b: Value) -> Any:
         return self._dispatch("maximum", a, b)
 
-    def where(self, cond: Any, a: Any, b: Any) -> Any:
+    def where(self, cond: Value, a: Value, b: Value) -> Any:
         return self._dispatch("where", cond, a, b)
 
-    def equal(self, a: Any, b: Any) -> Any:
+    def equal(self, a: Value, b: Value) -> Any:
         return self._dispatch("equal", a, b)
 
-    def less(self, a: Any, b: Any) -> Any:
+    def less(self, a: Value, b: Value) -> Any:
         return self._dispatch("less", a, b)
 
-    def indicator(self, cond: Any) -> Any:
+    def indicator(self, cond: Value) -> Any:
         return self._dispatch("indicator", cond)
 
-    def greater(self, a: Any, b: Any) -> Any:
+    def greater(self, a: Value, b: Value) -> Any:
         return self._dispatch("greater", a, b)
 
-    def less_equal(self, a: Any, b: Any) -> Any:
+    def less_equal(self, a: Value, b: Value) -> Any:
         return self._dispatch("less_equal", a, b)
 
-    def greater_equal(self, a: Any, b: Any) -> Any:
+    def greater_equal(self, a: Value, b: Value) -> Any:
         return self._dispatch("greater_equal", a, b)
 
-    def logical_and(self, a: Any, b: Any) -> Any:
+    def logical_and(self, a: Value, b: Value) -> Any:
         return self._dispatch("logical_and", a, b)
 
-    def logical_or(self, a: Any, b: Any) -> Any:
+    def logical_or(self, a: Value, b: Value) -> Any:
         return self._dispatch("logical_or", a, b)
 
-    def logical_not(self, a: Any) -> Any:
+    def logical_not(self, a: Value) -> Any:
         return self._dispatch("logical_not", a)
 
-    def power(self, a: Any, b: Any) -> Any:
+    def power(self, a: Value, b: Value) -> Any:
         return self._dispatch("power", a, b)
 
-    def sqrt(self, x: Any) -> Any:
+    def sqrt(self, x: Value) -> Any:
         return self._dispatch("sqrt", x)
 
-    def abs(self, x: Any) -> Any:
+    def abs(self, x: Value) -> Any:
         return self._dispatch("abs", x)
 
-    def as_column(self, x: Any) -> Any:
+    def as_column(self, x: Value) -> Any:
         return x  # already [., ., 1]
 
-    def row(self, values: Any) -> np.ndarray:  # type: ignore[override]
+    def row(self, values: ArrayLike) -> np.ndarray:  # type: ignore[override]
         return np.asarray(values, dtype=np.float64)[None, None, :]
 
-    def min_across(self, x: Any) -> Any:
-        if _static(x):
+    def min_across(self, x: Value) -> Any:
+        if not isinstance(x, Sym):  # static
             return np.asarray(x).min(axis=-1, keepdims=True)
         axes = self.g.const([-1], "axes", dtype=np.int64)
         return Sym(self, self.node("ReduceMin", [x.name, axes], keepdims=1))
 
 
-def feature_groups(pipeline: Any) -> list[FeatureGroup]:
+def feature_groups(pipeline: Pipeline) -> list[FeatureGroup]:
     """The fitted feature groups of a ckpred pipeline (``features`` FeatureUnion, then a model).
 
     Raises
@@ -215,7 +218,7 @@ def feature_groups(pipeline: Any) -> list[FeatureGroup]:
     return groups
 
 
-def selector_feature_columns(g: Any, pipeline: Any, op: Any, kernels: np.ndarray, problem: str,
+def selector_feature_columns(g: GraphBuilder, pipeline: Pipeline, op: OpDefinition, kernels: np.ndarray, problem: str,
                              used: Sequence[int] | None = None, pack: bool = True) -> tuple[str, list[int]]:
     """Emit the feature matrix of every (problem, candidate) pair, columns in the order they are
     cheapest to compute in.
@@ -268,7 +271,7 @@ def selector_feature_columns(g: Any, pipeline: Any, op: Any, kernels: np.ndarray
 _Parts = tuple[list[tuple[int, Any]], list[tuple[int, Any]], list[tuple[int, Any]]]
 
 
-def _input_columns(g: Any, ops: HybridOps, op: Any, kernels: np.ndarray, problem: str) -> dict[str, Any]:
+def _input_columns(g: GraphBuilder, ops: HybridOps, op: OpDefinition, kernels: np.ndarray, problem: str) -> dict[str, Any]:
     """The groups' input columns: problem fields ``[B, 1, 1]`` (symbolic), kernel fields ``[1, K, 1]`` (static)."""
     n_kernels = kernels.shape[0]
     problem3 = g.op("Unsqueeze", g.op("Cast", problem, to=TensorProto.DOUBLE), g.const([1], dtype=np.int64))
@@ -303,7 +306,7 @@ def _split_features(groups: list[FeatureGroup], columns: dict[str, Any], ops: Hy
     return (static, per_problem, per_pair), position
 
 
-def _assemble(g: Any, op: Any, problem: str, parts: _Parts, position: int, n_kernels: int,
+def _assemble(g: GraphBuilder, op: OpDefinition, problem: str, parts: _Parts, position: int, n_kernels: int,
               pack: bool) -> tuple[str, list[int]]:
     """The ``[B*K, F]`` matrix of the three blocks side by side, and the feature order of its columns."""
     static, per_problem, per_pair = parts
@@ -332,7 +335,7 @@ def _assemble(g: Any, op: Any, problem: str, parts: _Parts, position: int, n_ker
     return g.op("Reshape", x3, g.const([-1, position], dtype=np.int64)), order
 
 
-def selector_features(g: Any, pipeline: Any, op: Any, kernels: np.ndarray, problem: str,
+def selector_features(g: GraphBuilder, pipeline: Pipeline, op: OpDefinition, kernels: np.ndarray, problem: str,
                       used: Sequence[int] | None = None, pack: bool = True) -> str:
     """Emit the feature matrix of every (problem, candidate) pair; returns its name.
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 import onnx
 from onnx import helper, numpy_helper
 
@@ -30,7 +31,7 @@ class GraphBuilder:
         self._count += 1
         return f"{self.prefix}{hint}_{self._count}"
 
-    def const(self, value: Any, hint: str = "const", dtype: Any = None) -> str:
+    def const(self, value: ArrayLike, hint: str = "const", dtype: DTypeLike | None = None) -> str:
         array = np.asarray(value, dtype=dtype)
         name = self.name(hint)
         self.initializers.append(numpy_helper.from_array(array, name))

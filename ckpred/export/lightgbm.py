@@ -34,7 +34,9 @@ from onnx import TensorProto, numpy_helper
 from onnxmltools.convert.lightgbm.operator_converters.LightGbm import convert_lightgbm
 from skl2onnx import update_registered_converter
 from skl2onnx._parse import _parse_sklearn
+from skl2onnx.common._container import ModelComponentContainer
 from skl2onnx.common._registration import register_converter, register_shape_calculator
+from skl2onnx.common._topology import Operator, Scope, Variable
 from skl2onnx.common.data_types import DoubleTensorType
 from sklearn.compose import TransformedTargetRegressor
 
@@ -158,15 +160,15 @@ def _tree_roots(trees: list[int], interior: dict[tuple[int, int], int], leaves: 
 class _TreeRewriter:
     """Container proxy: lets onnxmltools build its nodes, turns its tree node into opset 5 double."""
 
-    def __init__(self, container: Any) -> None:
+    def __init__(self, container: ModelComponentContainer) -> None:
         self._container = container
         self.rewritten = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._container, name)
 
-    def add_node(self, op_type: str, inputs: Any, outputs: Any, op_domain: str = "", op_version: Any = None,
-                 **attrs: Any) -> None:
+    def add_node(self, op_type: str, inputs: str | list[str], outputs: str | list[str], op_domain: str = "",
+                 op_version: int | None = None, **attrs: Any) -> None:
         if op_type == "TreeEnsembleRegressor":
             name = attrs.pop("name", None)
             # skl2onnx 1.20 refuses ai.onnx.ml opset 5 in its bookkeeping, so the node is declared
@@ -178,7 +180,7 @@ class _TreeRewriter:
         self._container.add_node(op_type, inputs, outputs, op_domain=op_domain, op_version=op_version, **attrs)
 
 
-def _check_lightgbm_dump(model: Any) -> None:
+def _check_lightgbm_dump(model: LGBMRegressor | LGBMRanker) -> None:
     """Refuse what onnxmltools' tree parsing would get subtly wrong."""
     dump = model.booster_.dump_model()
 
@@ -197,7 +199,7 @@ def _check_lightgbm_dump(model: Any) -> None:
         walk(tree["tree_structure"])
 
 
-def lightgbm_shape_calculator(operator: Any) -> None:
+def lightgbm_shape_calculator(operator: Operator) -> None:
     """One double score per row; the features feeding the trees must be double."""
     input_type = operator.inputs[0].type
     if not isinstance(input_type, DoubleTensorType):
@@ -208,7 +210,7 @@ def lightgbm_shape_calculator(operator: Any) -> None:
     operator.outputs[0].type = DoubleTensorType([n, 1])
 
 
-def convert_lightgbm_double(scope: Any, operator: Any, container: Any) -> None:
+def convert_lightgbm_double(scope: Scope, operator: Operator, container: ModelComponentContainer) -> None:
     """skl2onnx converter of ``LGBMRegressor``/``LGBMRanker``: onnxmltools' trees, in double."""
     _check_lightgbm_dump(operator.raw_operator)
     proxy = _TreeRewriter(container)
@@ -218,7 +220,8 @@ def convert_lightgbm_double(scope: Any, operator: Any, container: Any) -> None:
 
 
 # -- TransformedTargetRegressor -------------------------------------------------------------------
-def _parse_ttr(scope: Any, model: Any, inputs: list[Any], custom_parsers: Any = None) -> list[Any]:
+def _parse_ttr(scope: Scope, model: TransformedTargetRegressor, inputs: list[Variable],
+               custom_parsers: dict[type, Callable[..., list[Variable]]] | None = None) -> list[Variable]:
     """Parse a TTR as its regressor followed by the inverse of its target transformer."""
     raw = _parse_sklearn(scope, model.regressor_, inputs, custom_parsers=custom_parsers)
     inverse = scope.declare_local_operator(TARGET_INVERSE_ALIAS, model.transformer_)
@@ -228,20 +231,20 @@ def _parse_ttr(scope: Any, model: Any, inputs: list[Any], custom_parsers: Any = 
     return [out]
 
 
-def _ttr_shape_calculator(operator: Any) -> None:  # pragma: no cover - TTR is replaced by its parser
+def _ttr_shape_calculator(operator: Operator) -> None:  # pragma: no cover - TTR is replaced by its parser
     raise RuntimeError("TransformedTargetRegressor is parsed into its parts; this is never called")
 
 
-def _ttr_converter(scope: Any, operator: Any, container: Any) -> None:  # pragma: no cover
+def _ttr_converter(scope: Scope, operator: Operator, container: ModelComponentContainer) -> None:  # pragma: no cover
     raise RuntimeError("TransformedTargetRegressor is parsed into its parts; this is never called")
 
 
-def _target_inverse_shape_calculator(operator: Any) -> None:
+def _target_inverse_shape_calculator(operator: Operator) -> None:
     n = operator.inputs[0].get_first_dimension()
     operator.outputs[0].type = DoubleTensorType([n, 1])
 
 
-def _target_inverse_converter(scope: Any, operator: Any, container: Any) -> None:
+def _target_inverse_converter(scope: Scope, operator: Operator, container: ModelComponentContainer) -> None:
     transformer = operator.raw_operator
     emit = next((fn for cls, fn in TARGET_INVERSES.items() if type(transformer) is cls), None)
     if emit is None:
@@ -252,7 +255,7 @@ def _target_inverse_converter(scope: Any, operator: Any, container: Any) -> None
     emit(scope, container, operator.inputs[0].full_name, operator.outputs[0].full_name)
 
 
-def expm1_inverse(scope: Any, container: Any, x: str, y: str) -> None:
+def expm1_inverse(scope: Scope, container: ModelComponentContainer, x: str, y: str) -> None:
     """``y = exp(x) - 1`` in double (the inverse of log1p)."""
     one = scope.get_unique_variable_name("one")
     container.add_initializer(one, TensorProto.DOUBLE, [], [1.0])
@@ -261,7 +264,7 @@ def expm1_inverse(scope: Any, container: Any, x: str, y: str) -> None:
     container.add_node("Sub", [e, one], [y], name=scope.get_unique_operator_name("Sub"))
 
 
-def identity_inverse(scope: Any, container: Any, x: str, y: str) -> None:
+def identity_inverse(scope: Scope, container: ModelComponentContainer, x: str, y: str) -> None:
     """``y = x``."""
     container.add_node("Identity", [x], [y], name=scope.get_unique_operator_name("Identity"))
 

@@ -27,14 +27,14 @@ import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping, NoReturn, TypeGuard
+from typing import Any, Callable, Iterable, Mapping, NoReturn, Sequence, TypeGuard
 
 import numpy as np
 import pandas as pd
 
 from ckpred.data.table import data_hash
 from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError, OutputPathError
-from ckpred.kernels.base import OpDefinition
+from ckpred.kernels.base import Field, OpDefinition
 from ckpred.util import package_versions as _package_versions
 from ckpred.util import OwnDirectory, atomic_dir, sha256_file
 
@@ -66,7 +66,7 @@ def package_versions() -> dict[str, str]:
     return _package_versions(PACKAGES)
 
 
-def _json_value(value: Any) -> Any:
+def _json_value(value: object) -> object:
     if isinstance(value, (np.bool_, bool)):
         return bool(value)
     if isinstance(value, np.integer):
@@ -88,7 +88,7 @@ def catalogue_frame(section: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(section["rows"], columns=section["columns"])
 
 
-def fields_section(fields: Any) -> list[dict[str, Any]]:
+def fields_section(fields: Iterable[Field]) -> list[dict[str, Any]]:
     return [{"name": f.name, "kind": f.kind, "categories": list(f.categories),
              "default": _json_value(f.default)} for f in fields]
 
@@ -149,7 +149,7 @@ def problem_minimum(table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: 
     return out
 
 
-def graph_io(op: OpDefinition, catalogue_size: int, flags: Any = ()) -> dict[str, Any]:
+def graph_io(op: OpDefinition, catalogue_size: int, flags: Sequence[str] = ()) -> dict[str, Any]:
     """Names, types, shapes and column order of both graphs' inputs and outputs; ``flags`` are the
     selector's optional bool ``[B]`` outputs (``applicability_fallback``)."""
     p, k = list(op.problem_names), list(op.kernel_names)

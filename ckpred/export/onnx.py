@@ -51,7 +51,9 @@ import onnxruntime as ort
 import pandas as pd
 from onnx import TensorProto, helper
 from skl2onnx import convert_sklearn
-from skl2onnx.common.data_types import DoubleTensorType, Int64TensorType
+from skl2onnx.common.data_types import DataType, DoubleTensorType, Int64TensorType
+from sklearn.base import BaseEstimator
+from sklearn.pipeline import Pipeline
 
 from ckpred.export import lightgbm as lgbm_conv
 from ckpred.export.blend import blended, static_matrix, static_scores
@@ -60,6 +62,7 @@ from ckpred.export.graph import GraphBuilder
 from ckpred.export.manifest import SELECTOR_FLAGS
 from ckpred.export.opset import IR_VERSION, OPSET
 from ckpred.kernels.base import OpDefinition
+from ckpred.transfer import TransferModel
 
 SCORER_INPUTS = ("problem", "kernel")
 SCORER_OUTPUTS = ("score",)
@@ -79,7 +82,7 @@ MaskBuilder = Callable[..., str]
 BoundMask = Callable[[GraphBuilder, str, pd.DataFrame], str]
 
 
-def _convert(model: Any, initial_types: list[tuple[str, Any]]) -> onnx.ModelProto:
+def _convert(model: BaseEstimator, initial_types: list[tuple[str, DataType]]) -> onnx.ModelProto:
     """skl2onnx conversion to :data:`OPSET` with output ``pipeline_score`` double ``[N, 1]``."""
     lgbm_conv.register()
     onx = convert_sklearn(
@@ -96,7 +99,7 @@ def _convert(model: Any, initial_types: list[tuple[str, Any]]) -> onnx.ModelProt
     return onx
 
 
-def convert_pipeline(pipeline: Any, op: OpDefinition) -> onnx.ModelProto:
+def convert_pipeline(pipeline: Pipeline, op: OpDefinition) -> onnx.ModelProto:
     """Convert a fitted pipeline (raw int64 X -> score) with skl2onnx.
 
     The result has input ``X`` int64 ``[N, len(op.input_names)]`` and output
@@ -111,7 +114,7 @@ def convert_pipeline(pipeline: Any, op: OpDefinition) -> onnx.ModelProto:
     return _convert(pipeline, [(PIPELINE_INPUT, Int64TensorType([None, len(op.input_names)]))])
 
 
-def convert_model_step(pipeline: Any) -> onnx.ModelProto:
+def convert_model_step(pipeline: Pipeline) -> onnx.ModelProto:
     """Convert the pipeline's last step alone (double features ``X [N, F]`` -> ``pipeline_score``).
 
     The selector computes the features itself (:mod:`ckpred.export.factorise`) and feeds them
@@ -217,8 +220,8 @@ def build_scorer(pipe: onnx.ModelProto, op: OpDefinition) -> onnx.ModelProto:
                   f"kernel {list(op.kernel_names)} -> score (higher is better)")
 
 
-def build_selector(pipeline: Any, op: OpDefinition, catalogue: pd.DataFrame, *, mask: BoundMask,
-                   keep: np.ndarray | None = None, transfer: Any = None) -> onnx.ModelProto:
+def build_selector(pipeline: Pipeline, op: OpDefinition, catalogue: pd.DataFrame, *, mask: BoundMask,
+                   keep: np.ndarray | None = None, transfer: TransferModel | None = None) -> onnx.ModelProto:
     """The selector graph (see the module docstring): catalogue constant, validity mask, TopK.
 
     ``pipeline`` is the fitted sklearn pipeline: its features are compiled with the candidate
@@ -271,7 +274,7 @@ def _checked_keep(op: OpDefinition, catalogue: pd.DataFrame, keep: np.ndarray | 
     return keep
 
 
-def _masked_scores(g: GraphBuilder, pipeline: Any, op: OpDefinition, scored: pd.DataFrame,
+def _masked_scores(g: GraphBuilder, pipeline: Pipeline, op: OpDefinition, scored: pd.DataFrame,
                    mask: BoundMask) -> tuple[str, str]:
     """Emit the scores ``[B, K]`` of the ``scored`` kernels (``-inf`` where the mask is false);
     returns their name and the mask's."""

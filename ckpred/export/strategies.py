@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Hashable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -145,7 +145,7 @@ def _kernel_ids(op: OpDefinition, catalogue: pd.DataFrame, table: pd.DataFrame) 
     return got.to_numpy(np.int64)
 
 
-def _among(keys: np.ndarray, wanted: Any) -> np.ndarray:
+def _among(keys: np.ndarray, wanted: Iterable[Hashable]) -> np.ndarray:
     """bool per key: is it one of ``wanted`` (hashed; np.isin sorts object arrays, seconds per call)."""
     return pd.Series(keys).isin(set(wanted)).to_numpy()
 
@@ -161,7 +161,7 @@ def _table_rows(table: pd.DataFrame, table_keys: np.ndarray, oof: pd.DataFrame, 
 
 
 def keep_for_table(table: pd.DataFrame, op: OpDefinition, *, arch: Any, dtype: Any, layout: Any,
-                   top_n: int, shapes: Any = None) -> np.ndarray:
+                   top_n: int, shapes: Iterable[Hashable] | None = None) -> np.ndarray:
     """:func:`learn_keep` on a canonical table (optionally only the shapes ``shapes`` of it).
 
     ``shapes`` are shape keys (values of ``op.shape_keys(table)``); only those shapes' rows and

@@ -35,6 +35,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 from onnx import TensorProto
+from sklearn.base import BaseEstimator
 from sklearn.pipeline import Pipeline
 
 from ckpred.export import onnx as xo
@@ -115,7 +116,7 @@ def rules_mask(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: Op
 MASK_BUILDERS: dict[str, MaskBuilder] = {"gemm_universal": gemm_universal_mask}
 
 
-def _learned_mask(base: MaskBuilder, pipeline: Any, model: Any, threshold: float, prefix: str,
+def _learned_mask(base: MaskBuilder, pipeline: Pipeline, model: BaseEstimator, threshold: float, prefix: str,
                   flag: str | None = None) -> MaskBuilder:
     """``base`` narrowed by a model on the pipeline's features (estimate <= ``threshold`` stays),
     per problem ``base & (keep | ~any(base & keep))``; ``flag`` names a bool ``[B]`` tensor true
@@ -145,7 +146,7 @@ def _learned_mask(base: MaskBuilder, pipeline: Any, model: Any, threshold: float
     return builder
 
 
-def with_applicability(rules: MaskBuilder, pipeline: Any) -> MaskBuilder:
+def with_applicability(rules: MaskBuilder, pipeline: Pipeline) -> MaskBuilder:
     """``rules`` narrowed by the pipeline's learned applicability model, with the fallback.
 
     Returns ``rules`` itself when the pipeline has no applicability model. Otherwise a kernel
@@ -160,7 +161,7 @@ def with_applicability(rules: MaskBuilder, pipeline: Any) -> MaskBuilder:
                          flag=APPLICABILITY_FALLBACK)
 
 
-def with_learned_failures(rules: MaskBuilder, pipeline: Any) -> MaskBuilder:
+def with_learned_failures(rules: MaskBuilder, pipeline: Pipeline) -> MaskBuilder:
     """``rules`` narrowed by the pipeline's learned failure model, with the fallback.
 
     Returns ``rules`` itself when the pipeline has no failure model. Otherwise the builder
