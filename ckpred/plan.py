@@ -38,21 +38,29 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
+from sklearn.pipeline import Pipeline
 
 from ckpred import evaluate as ev
+from ckpred.data import load_table
+from ckpred.data.ingest import read_files
+from ckpred.data.mapping import InputMapping
+from ckpred.data.readers.common import to_float, to_int, truth
 from ckpred.errors import ConfigValueError, InputFileError
-from ckpred.kernels.base import OpDefinition
-from ckpred.schema import PLAN_KERNEL_ORDERS, PLAN_PROBLEM_ORDERS
+from ckpred.fitting import for_arch, model_method, predict
+from ckpred.kernels.base import Field, OpDefinition, load_op
+from ckpred.runs import load_train_run
+from ckpred.schema import PLAN_KERNEL_ORDERS, PLAN_PROBLEM_ORDERS, ArchConfig
 from ckpred.schema import PlanBudgetConfig as Budget
+from ckpred.transfer import TransferModel, blend
 from ckpred.util import OwnFile, atomic_path, resolve_path
 
-__all__ = ["Budget", "Source", "Plan", "load_source", "read_problems", "candidates", "read_measured", "model_scores",
+__all__ = ["Budget", "Source", "Plan", "PlanOptions", "load_source", "read_problems", "candidates", "read_measured", "model_scores",
            "source_orders", "similarity_weights", "similarity_scores", "make_plan", "write_plan", "best_measured",
            "fill_columns", "PLAN_FILE"]
 
@@ -74,7 +82,7 @@ class Source:
     run_dir: Path
     cfg: Any
     op: OpDefinition
-    pipeline: Any
+    pipeline: Pipeline | TransferModel
     #: The run's training table (canonical), as its config loads it.
     table: pd.DataFrame
     record: dict[str, Any] = field(default_factory=dict)
@@ -90,32 +98,17 @@ class Source:
 def load_source(run_dir: str | Path) -> Source:
     """Load a finished train run (pipeline checked against its record) and its training table.
 
+    The run's model is one fitted pipeline or, for a run trained with the transfer recipe, the
+    recipe (:class:`ckpred.transfer.TransferModel`; :func:`model_scores` ranks with it as its
+    exported selector does).
+
     Raises
     ------
     ckpred.errors.MissingFileError, ckpred.errors.InputFileError, ckpred.errors.ModelMismatchError
         As :func:`ckpred.runs.load_train_run` (no such run, not a train run, a replaced pipeline).
-    ckpred.errors.ConfigValueError
-        A transfer-recipe run (its record's ``model`` is ``transfer``): its model blends the
-        regressor with the training GPUs' static order over each problem's candidates, which
-        the plan's model order and uncertainty do not read.
     """
-    import json
-
     from omegaconf import OmegaConf
 
-    from ckpred.data import load_table
-    from ckpred.kernels.base import load_op
-    from ckpred.runs import load_train_run, run_record_path
-
-    record = run_record_path(resolve_path(run_dir))
-    try:  # before the pipeline is read: a transfer run's is not one plan can score
-        model = json.loads(record.read_bytes()).get("model") if record.is_file() else None
-    except (OSError, ValueError, AttributeError):
-        model = None  # load_train_run names what is wrong with the record
-    if model == "transfer":
-        raise ConfigValueError("run_dir", str(run_dir), "a run of one fitted pipeline, not a transfer-recipe run "
-                                                        f"({record.name} says \"model\": \"transfer\"); retrain it "
-                                                        "with transfer.mode=off (the recipe's learner alone)")
     run = load_train_run(run_dir, purpose="plan", require_record=True)
     config = run.record.get("config")
     if not isinstance(config, dict):
@@ -139,23 +132,8 @@ def read_problems(path: str | Path, op: OpDefinition) -> pd.DataFrame:
     ckpred.errors.InputFileError
         Naming ``file:line``, the column and the bad value, or the missing columns.
     """
-    from ckpred.data.readers.common import to_float, to_int, truth
-
     file = resolve_path(path)
-    if not file.is_file():
-        raise InputFileError(str(file), "problems: no such file (a CSV or Parquet of the new GPU's problems)")
-    if file.suffix.lower() in (".parquet", ".pq"):
-        raw = pd.read_parquet(file).astype(object)
-        lines = np.arange(len(raw)) + 1
-        where = "row"
-    else:
-        try:
-            raw = pd.read_csv(file, dtype=str, keep_default_na=False, skip_blank_lines=True)
-        except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
-            raise InputFileError(str(file), f"problems: not a readable CSV ({' '.join(str(exc).split())})") from None
-        lines = np.arange(len(raw)) + 2
-        where = "line"
-    raw.columns = [str(c).strip() for c in raw.columns]
+    raw, lines, where = _read_problem_file(file)
     missing = [f.name for f in op.problem_fields if f.name not in raw.columns and f.default is None]
     if missing:
         raise InputFileError(str(file), f"problems: missing column(s) {missing}; op {op.name!r} needs its problem "
@@ -163,25 +141,15 @@ def read_problems(path: str | Path, op: OpDefinition) -> pd.DataFrame:
                                         "or kernel_name are optional)")
     has_kernels = all(f.name in raw.columns or f.default is not None for f in op.kernel_fields)
     names = list(op.problem_names) + (list(op.kernel_names) if has_kernels else [])
-    out: dict[str, Any] = {}
+    out: dict[str, list[object]] = {}
     for name in names:
         f = op.field(name)
         if name not in raw.columns:
             out[name] = [f.default] * len(raw)
             continue
         values = raw[name].tolist()
-        if f.kind == "int":
-            conv, allowed = to_int, "an integer"
-        elif f.kind == "float":
-            conv, allowed = to_float, "a number"
-        elif f.kind == "bool":
-            conv, allowed = truth, "true or false"
-        else:
-            cats = set(f.categories)
-            conv = (lambda v, cats=cats: (str(v).strip() if str(v).strip() and (not cats or str(v).strip() in cats)
-                                          else None))
-            allowed = f"one of {list(f.categories)}" if cats else "a non-empty value"
-        typed = [conv(v) for v in values]
+        parse, allowed = _field_parser(f)
+        typed = [parse(v) for v in values]
         bad = next((i for i, v in enumerate(typed) if v is None), None)
         if bad is not None:
             raise InputFileError(f"{file}:{lines[bad]}", f"problems: column {name!r} has {values[bad]!r} ({where} "
@@ -195,7 +163,42 @@ def read_problems(path: str | Path, op: OpDefinition) -> pd.DataFrame:
     return frame
 
 
-def candidates(source: Source, arch: Any, problems: pd.DataFrame | None = None) -> pd.DataFrame:
+def _read_problem_file(file: Path) -> tuple[pd.DataFrame, np.ndarray, str]:
+    """The problem file's cells as text (Parquet: as stored), the file line (or row) of each row,
+    and what the numbers count (``line`` or ``row``)."""
+    if not file.is_file():
+        raise InputFileError(str(file), "problems: no such file (a CSV or Parquet of the new GPU's problems)")
+    if file.suffix.lower() in (".parquet", ".pq"):
+        raw = pd.read_parquet(file).astype(object)
+        lines, where = np.arange(len(raw)) + 1, "row"
+    else:
+        try:
+            raw = pd.read_csv(file, dtype=str, keep_default_na=False, skip_blank_lines=True)
+        except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
+            raise InputFileError(str(file), f"problems: not a readable CSV ({' '.join(str(exc).split())})") from None
+        lines, where = np.arange(len(raw)) + 2, "line"
+    raw.columns = [str(c).strip() for c in raw.columns]
+    return raw, lines, where
+
+
+def _field_parser(f: Field) -> tuple[Callable[[object], object], str]:
+    """How a cell of field ``f`` is read (None: not allowed) and what it allows, in words."""
+    if f.kind == "int":
+        return to_int, "an integer"
+    if f.kind == "float":
+        return to_float, "a number"
+    if f.kind == "bool":
+        return truth, "true or false"
+    cats = set(f.categories)
+
+    def category(v: object) -> str | None:
+        text = str(v).strip()
+        return text if text and (not cats or text in cats) else None
+
+    return category, (f"one of {list(f.categories)}" if cats else "a non-empty value")
+
+
+def candidates(source: Source, arch: ArchConfig, problems: pd.DataFrame | None = None) -> pd.DataFrame:
     """The (problem, kernel) pairs a plan chooses from, grouped by problem.
 
     ``problems`` (:func:`read_problems`): with kernel fields (or ``kernel_name``) the pairs it
@@ -252,7 +255,7 @@ def _kernels_of(source: Source) -> pd.DataFrame:
 
 
 # -- measurements taken so far ----------------------------------------------------------------------
-def read_measured(paths: Sequence[str | Path], source: Source, arch: Any) -> pd.DataFrame:
+def read_measured(paths: Sequence[str | Path], source: Source, arch: ArchConfig) -> pd.DataFrame:
     """The new GPU's measurements so far: canonical tables (``ckpred ingest`` output) or filled
     plan files (read as ingest reads them: the op's columns from a CSV), merged as ingest merges
     repeats, checked as ingest checks them. Rows of another arch than ``arch`` are left out.
@@ -267,11 +270,6 @@ def read_measured(paths: Sequence[str | Path], source: Source, arch: Any) -> pd.
     ckpred.errors.InputFileError
         A file that cannot be read, or that holds no row of ``arch``.
     """
-    from dataclasses import replace
-
-    from ckpred.data.ingest import read_files
-    from ckpred.data.mapping import InputMapping
-
     if not paths:
         return pd.DataFrame()
     op, cfg = source.op, source.cfg
@@ -293,13 +291,24 @@ def _pair_keys(op: OpDefinition, frame: pd.DataFrame) -> pd.Series:
 
 
 # -- scores -------------------------------------------------------------------------------------------
-def model_scores(source: Source, pairs: pd.DataFrame, arch: Any) -> np.ndarray:
-    """The run's model scores of ``pairs`` with ``arch``'s hardware constants in the features."""
-    from ckpred.fitting import for_arch, model_method, predict
+def model_scores(source: Source, pairs: pd.DataFrame, arch: ArchConfig) -> np.ndarray:
+    """The run's model scores of ``pairs`` with ``arch``'s hardware constants in the features.
 
+    A transfer-recipe run (:class:`ckpred.transfer.TransferModel`) scores them as its exported
+    selector ranks a problem's candidates: the learner's scores blended with the training GPUs'
+    static order over each problem's pairs (the learner's own scores when its weight is 0).
+    """
     X = source.op.encode_frame(pairs)
-    pipe = for_arch(source.pipeline, model_method(source.cfg), source.op, source.cfg, arch, X)
-    return predict(pipe, X)
+    model = source.pipeline
+    if isinstance(model, TransferModel):
+        rows = np.arange(len(pairs))
+        learner = predict(model.learner_pipeline(source.op, source.cfg, arch, pairs), X) if model.weight < 1.0 \
+            else np.zeros(len(pairs))
+        static = model.static_scores(pairs.reset_index(drop=True), rows) if model.weight > 0.0 \
+            else np.zeros(len(pairs))
+        codes = pd.factorize(source.op.shape_keys(pairs))[0]
+        return blend(learner, static, codes, np.ones(len(pairs), dtype=bool), model.weight)
+    return predict(for_arch(model, model_method(source.cfg), source.op, source.cfg, arch, X), X)
 
 
 def _static_keys(source: Source, frame: pd.DataFrame) -> np.ndarray:
@@ -461,9 +470,39 @@ class Plan:
     measured_pairs: int = 0
 
 
-def make_plan(source: Source, pairs: pd.DataFrame, arch: Any, budget: Budget, *,
-              measured: pd.DataFrame | None = None, problem_order: str = "auto", kernel_order: str = "auto",
-              min_distance: float = 1.0, seed: int = 0, scores: np.ndarray | None = None) -> Plan:
+@dataclass(frozen=True)
+class PlanOptions:
+    """How a plan orders what it chooses (``ckpred plan``'s options of the same names).
+
+    Attributes
+    ----------
+    problem_order : str
+        ``stratified``, ``uncertainty`` or ``auto`` (uncertainty when the run trained on rows
+        of the new GPU, else stratified).
+    kernel_order : str
+        ``model``, ``similarity`` or ``auto`` (similarity when the run's table holds several
+        source GPUs and the new GPU has measurements, else the model).
+    min_distance : float
+        Kernels planned for one problem are at least this far apart (standardised units).
+    seed : int
+        Seeds the order of problems within a stratum.
+    """
+
+    problem_order: str = "auto"
+    kernel_order: str = "auto"
+    min_distance: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.problem_order not in PLAN_PROBLEM_ORDERS:
+            raise ConfigValueError("problem_order", self.problem_order, f"one of {list(PLAN_PROBLEM_ORDERS)}")
+        if self.kernel_order not in PLAN_KERNEL_ORDERS:
+            raise ConfigValueError("kernel_order", self.kernel_order, f"one of {list(PLAN_KERNEL_ORDERS)}")
+
+
+def make_plan(source: Source, pairs: pd.DataFrame, arch: ArchConfig, budget: Budget, *,
+              measured: pd.DataFrame | None = None, options: PlanOptions = PlanOptions(),
+              scores: np.ndarray | None = None) -> Plan:
     """Choose the (problem, kernel) pairs to measure on ``arch`` (see the module docstring).
 
     Parameters
@@ -474,49 +513,62 @@ def make_plan(source: Source, pairs: pd.DataFrame, arch: Any, budget: Budget, *,
         The new GPU's measurements so far (:func:`read_measured`); the run's own rows of
         ``arch`` (a run retrained on them) count as measured too. Measured pairs are not
         planned again and, with several source GPUs, set the similarity weights.
-    problem_order
-        ``stratified``, ``uncertainty`` or ``auto`` (uncertainty when the run trained on rows
-        of ``arch``, else stratified).
-    kernel_order
-        ``model``, ``similarity`` or ``auto`` (similarity when the run's table holds several
-        source GPUs and ``arch`` has measurements, else the model).
-    seed
-        Seeds the order of problems within a stratum.
+    options
+        The problem and kernel orders, the kernels' minimum distance and the seed.
     scores
         The model's scores of ``pairs`` (default :func:`model_scores`).
     """
-    op = source.op
-    if problem_order not in PLAN_PROBLEM_ORDERS:
-        raise ConfigValueError("problem_order", problem_order, f"one of {list(PLAN_PROBLEM_ORDERS)}")
-    if kernel_order not in PLAN_KERNEL_ORDERS:
-        raise ConfigValueError("kernel_order", kernel_order, f"one of {list(PLAN_KERNEL_ORDERS)}")
-    rng = np.random.default_rng(seed)
     own = source.table[source.table["arch"].astype(str) == str(arch.name)] if "arch" in source.table.columns \
         else source.table.iloc[:0]
     known = pd.concat([t for t in (measured, own) if t is not None and len(t)], ignore_index=True) \
         if (measured is not None and len(measured)) or len(own) else pd.DataFrame()
-    is_done = _pair_keys(op, pairs).isin(set(_pair_keys(op, known))).to_numpy() if len(known) \
+    is_done = _pair_keys(source.op, pairs).isin(set(_pair_keys(source.op, known))).to_numpy() if len(known) \
         else np.zeros(len(pairs), bool)
     scores = np.asarray(model_scores(source, pairs, arch) if scores is None else scores, dtype=np.float64)
+    ranking, weights = _kernel_ranking(source, pairs, str(arch.name), known, scores, options.kernel_order)
+    groups = ev.ShapeGroups.from_keys(source.op.shape_keys(pairs).to_numpy())
+    uncertain = options.problem_order == "uncertainty" or (options.problem_order == "auto" and len(own) > 0)
+    order = _problem_sequence(source.op, pairs, groups, is_done, score_gaps(groups, scores) if uncertain
+                              else np.zeros(groups.n_shapes), np.random.default_rng(options.seed))
+    picked, planned = _pick_kernels(source.op, pairs, groups, order, is_done, ranking, budget, options.min_distance)
+    out = pairs.iloc[picked].reset_index(drop=True)
+    out["arch"] = str(arch.name)
+    out["plan_rank"] = np.arange(1, len(out) + 1)
+    out["plan_score"] = ranking[picked]
+    return Plan(out, "uncertainty" if uncertain else "stratified", "similarity" if weights else "model",
+                weights, planned, groups.n_shapes, len(pairs), int(is_done.sum()))
 
-    # kernels: the model's order, or the source GPUs' orders weighted by their agreement with the measurements
-    orders = source_orders(source, exclude_arch=str(arch.name)) if len(known) else {}
+
+def _kernel_ranking(source: Source, pairs: pd.DataFrame, arch_name: str, known: pd.DataFrame, scores: np.ndarray,
+                    kernel_order: str) -> tuple[np.ndarray, dict[str, float]]:
+    """The score that orders each problem's kernels: the model's, or the source GPUs' static
+    orders weighted by their agreement with the measurements (then also those weights)."""
+    orders = source_orders(source, exclude_arch=arch_name) if len(known) else {}
     if kernel_order == "similarity" and not orders:
         raise ConfigValueError("kernel_order", kernel_order, "model or auto: the similarity order needs measurements "
                                                              "of the new GPU (measured=<files>)")
     use_similarity = bool(orders) and (kernel_order == "similarity" or (kernel_order == "auto" and len(orders) >= 2))
     weights = similarity_weights(orders, known, source) if use_similarity else {}
     ranking = similarity_scores(orders, weights, source, pairs) if use_similarity else scores
-    ranking = np.where(np.isfinite(ranking), ranking, -np.inf)
+    return np.where(np.isfinite(ranking), ranking, -np.inf), weights
 
-    # problems: stratified, or the retrained model's uncertainty within each stratum
-    groups = ev.ShapeGroups.from_keys(op.shape_keys(pairs).to_numpy())
+
+def _problem_sequence(op: OpDefinition, pairs: pd.DataFrame, groups: ev.ShapeGroups, is_done: np.ndarray,
+                      within: np.ndarray, rng: np.random.Generator) -> list[int]:
+    """Problems (``groups`` order) in the order to plan them: stratified, ``within`` ordering each
+    stratum; those with no candidate left to measure, or a single candidate, left out."""
     open_left = np.bincount(groups.codes, weights=~is_done, minlength=groups.n_shapes)
     # a problem with one candidate has nothing to choose between: measuring it teaches nothing
     open_left[np.bincount(groups.codes, minlength=groups.n_shapes) < 2] = 0
-    uncertain = problem_order == "uncertainty" or (problem_order == "auto" and len(own) > 0)
-    within = score_gaps(groups, scores) if uncertain else np.zeros(groups.n_shapes)
-    order = [int(p) for p in stratified_order(problem_strata(op, pairs, groups), within, rng) if open_left[p] > 0]
+    return [int(p) for p in stratified_order(problem_strata(op, pairs, groups), within, rng) if open_left[p] > 0]
+
+
+def _pick_kernels(op: OpDefinition, pairs: pd.DataFrame, groups: ev.ShapeGroups, order: list[int],
+                  is_done: np.ndarray, ranking: np.ndarray, budget: Budget,
+                  min_distance: float) -> tuple[list[int], int]:
+    """Rows of ``pairs`` to measure, problem by problem in ``order`` until the budget is spent:
+    each problem's unmeasured kernels best-ranked first, kept ``min_distance`` apart when only
+    some fit. Returns (rows, problems planned)."""
     n_problems = budget.problem_count(groups.n_shapes)
     picked: list[int] = []
     planned = 0
@@ -538,12 +590,7 @@ def make_plan(source: Source, pairs: pd.DataFrame, arch: Any, budget: Budget, *,
         picked += picks
         left -= len(picks)
         planned += 1
-    out = pairs.iloc[picked].reset_index(drop=True)
-    out["arch"] = str(arch.name)
-    out["plan_rank"] = np.arange(1, len(out) + 1)
-    out["plan_score"] = ranking[picked]
-    return Plan(out, "uncertainty" if uncertain else "stratified", "similarity" if use_similarity else "model",
-                weights, planned, groups.n_shapes, len(pairs), int(is_done.sum()))
+    return picked, planned
 
 
 def best_measured(source: Source, measured: pd.DataFrame) -> pd.DataFrame:
@@ -581,8 +628,6 @@ PLAN_FILE = OwnFile("an unfilled measurement plan", _untouched_plan)
 
 def fill_columns(op: OpDefinition) -> list[str]:
     """The columns a harness fills in: the op's metric column and its validity column (if any)."""
-    from ckpred.data.mapping import InputMapping
-
     mapping = InputMapping.of_op(op) or InputMapping()
     return [mapping.metric_column, *([mapping.valid_column] if mapping.valid_column else [])]
 

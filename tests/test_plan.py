@@ -333,14 +333,51 @@ def test_a_problem_with_one_candidate_is_never_planned(miopen_run: dict[str, Pat
                                                                                 "direction"])) == 80
 
 
-def test_a_transfer_recipe_run_is_refused_naming_the_fix(kt_run: dict[str, Path], tmp_path: Path) -> None:
-    import shutil
+@pytest.fixture(scope="module")
+def kt_transfer_run(kt_run: dict[str, Path]) -> Path:
+    """A zero-shot run of the three AMD GPUs' caches with the transfer recipe (the experiment's
+    ``cv=leave_one_gpu_out``, ``transfer.mode=auto``), its static-order weight fixed at 0.5 so
+    that the blend matters."""
+    tmp = kt_run["tmp"]
+    files = sorted(str(f) for f in tmp.glob("*.json"))
+    cfg = compose("train", [SEARCH, "experiment=kernel_tuner_gpus", f"data.path=[{','.join(files)}]",
+                            "transfer.weights=[0.5]", f"out_dir={tmp / 'transfer_run'}",
+                            *[o for o in SMALL if not o.startswith("cv.")]])
+    (tmp / "transfer_run").mkdir()
+    cross_validate(cfg, tmp / "transfer_run")
+    return tmp / "transfer_run"
 
-    run = tmp_path / "transfer_run"
-    shutil.copytree(kt_run["run"], run)
-    record = json.loads((run / "run.json").read_text())
-    assert record.get("model") != "transfer"  # the fixture's run is the regressor itself
-    (run / "run.json").write_text(json.dumps({**record, "model": "transfer"}))
-    with pytest.raises(ConfigValueError, match=r"run_dir.*transfer-recipe run.*transfer\.mode=off"):
-        pl.load_source(run)
-    assert pl.load_source(kt_run["run"]).pipeline is not None
+
+@pytest.mark.slow
+def test_a_transfer_recipe_run_plans_in_the_order_its_selector_ranks(kt_run: dict[str, Path], kt_transfer_run: Path,
+                                                                     tmp_path: Path) -> None:
+    from ckpred.fitting import prepare
+    from ckpred.transfer import TransferModel
+
+    assert json.loads((kt_transfer_run / "run.json").read_text())["model"] == "transfer"
+    source = pl.load_source(kt_transfer_run)
+    assert isinstance(source.pipeline, TransferModel) and source.pipeline.weight == 0.5
+    arch = _arch("sm80_a100")
+    pairs = pl.candidates(source, arch, pd.DataFrame({"gpu": ["A100"]}))
+    scores = pd.Series(pl.model_scores(source, pairs, arch), index=pairs["kernel_name"].to_numpy())
+    # the recipe's scores of the A100's candidates as cross-validation (and the exported selector,
+    # parity-checked against it) computes them: rank percentiles of the learner's and the static
+    # order's scores over the problem's candidates, blended half and half
+    truth = _truth(kt_run["new"], "sm80_a100")
+    data = prepare(truth, source.op, source.cfg, arch=arch)
+    rows = np.arange(len(truth))
+    expected = source.pipeline.score(data, rows, source.op, source.cfg, np.ones(len(rows), dtype=bool), arch)
+    expected = pd.Series(expected, index=data.table["kernel_name"].to_numpy())
+    assert len(scores) == len(expected) == 120
+    np.testing.assert_allclose(scores.loc[expected.index].to_numpy(), expected.to_numpy(), rtol=0, atol=1e-12)
+    learner_alone = pl.predict(source.pipeline.learner_pipeline(source.op, source.cfg, arch, pairs),
+                               source.op.encode_frame(pairs))
+    assert not np.array_equal(np.argsort(-scores.to_numpy(), kind="stable"),
+                              np.argsort(-learner_alone, kind="stable"))  # the blend changed the order
+    # the command plans from the run: the recipe's best-scored candidate first
+    problems = tmp_path / "a100.csv"
+    problems.write_text("gpu\nA100\n")
+    out = _plan(kt_transfer_run, tmp_path / "plan.csv", "arch=sm80_a100", f"problems={problems}", "budget.total=3")
+    frame = pd.read_csv(out)
+    assert len(frame) == 3 and frame["kernel_name"].iloc[0] == scores.idxmax()
+    assert frame["plan_score"].iloc[0] == pytest.approx(scores.max(), abs=1e-5)

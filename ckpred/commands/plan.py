@@ -33,9 +33,8 @@ def plan_command(cfg: Any) -> str:
         steps.step(f"scoring {len(pairs):,} candidate pairs on {arch.name}")
         scores = pl.model_scores(source, pairs, arch)
         steps.step("choosing")
-        plan = pl.make_plan(source, pairs, arch, cfg.budget, measured=measured, problem_order=cfg.problem_order,
-                            kernel_order=cfg.kernel_order, min_distance=float(cfg.min_distance), seed=int(cfg.seed),
-                            scores=scores)
+        options = pl.PlanOptions(cfg.problem_order, cfg.kernel_order, float(cfg.min_distance), int(cfg.seed))
+        plan = pl.make_plan(source, pairs, arch, cfg.budget, measured=measured, options=options, scores=scores)
         out = pl.write_plan(plan, cfg.out, source.op)
     _report(plan, source, measured, out, cfg)
     return str(out)

@@ -202,8 +202,8 @@ def kt_main(args: argparse.Namespace) -> None:
                     measured = truth.iloc[:0]
                     for r in rounds:
                         plan = pl.make_plan(source, pairs, arch, PlanBudgetConfig(total=r), measured=measured,
-                                            kernel_order=order, min_distance=args.min_distance, seed=seed,
-                                            scores=scores)
+                                            options=pl.PlanOptions(kernel_order=order, min_distance=args.min_distance,
+                                                                   seed=seed), scores=scores)
                         measured = pd.concat([measured, reveal(truth, op, plan)], ignore_index=True)
                     rec[f"{name} ({order})"] = perf_of(measured).max() / optimum
                     if name == args.retrain_schedule and order == "auto":
@@ -241,8 +241,8 @@ def kt_reach(source: pl.Source, pairs: pd.DataFrame, arch: Any, truth: pd.DataFr
     out: dict[str, float] = {}
     steps: list[float] = list(np.maximum.accumulate(perf_of(measured) / optimum))
     while len(steps) < args.reach_cap and steps[-1] < 0.98:
-        plan = pl.make_plan(source, pairs, arch, PlanBudgetConfig(total=5), measured=measured, seed=seed,
-                            min_distance=args.min_distance)
+        plan = pl.make_plan(source, pairs, arch, PlanBudgetConfig(total=5), measured=measured,
+                            options=pl.PlanOptions(min_distance=args.min_distance, seed=seed))
         new = reveal(truth, op, plan)
         measured = pd.concat([measured, new], ignore_index=True)
         steps += list(np.maximum(steps[-1], np.maximum.accumulate(perf_of(new) / optimum)))
@@ -306,8 +306,8 @@ def miopen_main(args: argparse.Namespace) -> None:
             measured = truth.iloc[:0]
             src = source
             for f in rounds:
-                plan = pl.make_plan(src, pairs, arch, PlanBudgetConfig(problems=f), measured=measured, seed=seed,
-                                    scores=zero if src is source else None)
+                plan = pl.make_plan(src, pairs, arch, PlanBudgetConfig(problems=f), measured=measured,
+                                    options=pl.PlanOptions(seed=seed), scores=zero if src is source else None)
                 measured = pd.concat([measured, reveal(truth, op, plan)], ignore_index=True)
                 src = fit_run(cfg_new, op, measured, seed, per_arch=False)
             done = op.shape_keys(truth).isin(set(op.shape_keys(measured))).to_numpy()
@@ -325,8 +325,15 @@ def miopen_main(args: argparse.Namespace) -> None:
                 r = records[-1]
                 log(f"seed {seed} {name} / zero-shot (gfx942 model): mean {r['mean']:.4f} P10 {r['p10']:.3f} "
                     f"all {r['all']:.4f}")
+            for extra in args.finals:
+                finals[extra] = fit_run(compose("train", [*common, *(f"features={args.features}",) * bool(args.features),
+                                                          "arch=gfx90a_mi210", *FINALS[extra],
+                                                          f"data.path={DATA}/miopen_find_db/gfx90a68.HIP.fdb.txt.bz2"]),
+                                        op, measured, seed, per_arch=False)
             for how, model in finals.items():
                 s = pl.model_scores(model, pairs, arch)
+                if args.dump and how == "new GPU only":
+                    _dump(args.dump, seed, name, s, perf, groups, done, truth, old, measured, op)
                 records.append(_score(seed, name, how, s, perf, groups, done, direction))
                 r = records[-1]
                 log(f"seed {seed} {name} / {how}: mean {r['mean']:.4f} P10 {r['p10']:.3f} all {r['all']:.4f} "
@@ -342,6 +349,43 @@ def miopen_main(args: argparse.Namespace) -> None:
     for (plan_name, how), r in out.iterrows():
         print(f"| {plan_name} | {how} | {r['mean']:.4f} ± {np.nan_to_num(r.mean_sd):.4f} | {r.p10:.3f} ± "
               f"{np.nan_to_num(r.p10_sd):.3f} | {r.F:.3f} | {r.B:.3f} | {r.W:.3f} | {r['all']:.4f} | {r.n:,.0f} |")
+
+
+#: Final retrainings compared with ``--finals`` (overrides of the new GPU's ranker).
+FINALS = {"linear gain": ["model.label_gain=linear"],
+          "600 trees of 127 leaves": ["model.n_estimators=600", "model.num_leaves=127"]}
+
+
+def _dump(path: str, seed: int, plan: str, scores: np.ndarray, perf: np.ndarray, groups: ev.ShapeGroups,
+          done: np.ndarray, truth: pd.DataFrame, old: pd.DataFrame, measured: pd.DataFrame, op: Any) -> None:
+    """Per problem never measured: its pick's efficiency, best and picked kernel, and what the
+    measurements and the source table know of them (for a look at the P10 tail)."""
+    s = np.where(np.isfinite(scores), scores, -np.inf)
+    order = np.lexsort((np.arange(len(s)), -s, groups.codes))
+    first = order[np.r_[0, np.flatnonzero(np.diff(groups.codes[order])) + 1]]
+    top = np.lexsort((np.arange(len(perf)), -perf, groups.codes))
+    best_row = top[np.r_[0, np.flatnonzero(np.diff(groups.codes[top])) + 1]]
+    names = truth["kernel_name"].astype(str).to_numpy()
+    m_perf = perf_of(measured)
+    m_codes = pd.factorize(op.shape_keys(measured))[0]
+    m_best = pd.Series(m_perf).groupby(m_codes).transform("max").to_numpy()
+    wins = pd.Series(measured["kernel_name"].astype(str).to_numpy()[m_perf >= m_best]).value_counts()
+    seen_m = measured["kernel_name"].astype(str).value_counts()
+    seen_src = set(old["kernel_name"].astype(str))
+    first_rows = groups.first_rows()
+    frame = pd.DataFrame({"seed": seed, "plan": plan, "measured": done[first_rows],
+                          "eff": perf[first[np.argsort(groups.codes[first])]] / np.maximum(
+                              perf[best_row[np.argsort(groups.codes[best_row])]], 1e-300),
+                          "n_cand": np.bincount(groups.codes), "direction": truth["direction"].astype(str).to_numpy()[first_rows],
+                          "dtype": truth["dtype"].astype(str).to_numpy()[first_rows],
+                          "best": names[best_row[np.argsort(groups.codes[best_row])]],
+                          "pick": names[first[np.argsort(groups.codes[first])]]})
+    for col in ("best", "pick"):
+        frame[f"{col}_in_source"] = frame[col].isin(seen_src)
+        frame[f"{col}_measured"] = frame[col].map(seen_m).fillna(0).astype(int)
+        frame[f"{col}_wins"] = frame[col].map(wins).fillna(0).astype(int)
+    out = Path(path)
+    frame.to_parquet(out.with_name(f"{out.stem}_s{seed}_{plan.replace(' ', '_')}{out.suffix}"))
 
 
 def _score(seed: int, plan: str, how: str, scores: np.ndarray, perf: np.ndarray, groups: ev.ShapeGroups,
@@ -369,6 +413,7 @@ def _score(seed: int, plan: str, how: str, scores: np.ndarray, perf: np.ndarray,
 
 
 def main(argv: list[str] | None = None) -> int:
+    global CACHE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("table", choices=("kt", "miopen"))
     parser.add_argument("--seeds", default="0")
@@ -384,9 +429,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retrain-plan", default="four rounds", help="miopen: the plan whose measurements every "
                                                                       "retraining is compared on")
     parser.add_argument("--features", default="", help="miopen: a feature set of the runs (default the experiment's)")
+    parser.add_argument("--finals", default="", help=f"miopen: more final retrainings, ','-separated, of {list(FINALS)}")
+    parser.add_argument("--dump", default="", help="miopen: write each plan's per-problem picks to this Parquet path")
+    parser.add_argument("--cache", default=str(CACHE), help="where the ingested tables are cached")
     args = parser.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.kernel_orders = [s for s in args.kernel_orders.split(",") if s]
+    args.finals = [s for s in args.finals.split(",") if s]
+    CACHE = Path(args.cache)
     t = time.perf_counter()
     kt_main(args) if args.table == "kt" else miopen_main(args)
     log(f"done in {time.perf_counter() - t:.0f}s")
