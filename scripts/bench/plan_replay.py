@@ -143,6 +143,18 @@ def fit_run(cfg: Any, op: Any, table: pd.DataFrame, seed: int, *, per_arch: bool
     return pl.Source(REPO, cfg, op, pipe, table)
 
 
+def fit_recipe(cfg: Any, op: Any, table: pd.DataFrame, seed: int) -> pl.Source:
+    """The transfer recipe (what ``train`` saves for a zero-shot run: ``baselines.plain`` blended
+    with the training GPUs' static order, w by the inner leave-one-GPU-out split), as a plan's source."""
+    from ckpred.transfer import fit_transfer, transfer_method
+
+    table = table.reset_index(drop=True)
+    data = fitting.prepare(table, op, cfg)
+    model, info = fit_transfer(transfer_method(cfg), data, np.arange(data.groups.n_shapes), op, cfg, seed)
+    log(f"transfer recipe on {info['archs']}: w = {model.weight:g}")
+    return pl.Source(REPO, cfg, op, model, table)
+
+
 def _fit_weighted(method: Any, data: Any, op: Any, cfg: Any, seed: int, weight: np.ndarray, build: Any) -> Any:
     """The recipe fitted on every training row with sample weights (no engine path takes weights)."""
     from ckpred.models import query_sizes, training_target
@@ -190,7 +202,8 @@ def kt_main(args: argparse.Namespace) -> None:
             held = table["gpu"].astype(str).to_numpy() == gpu
             truth = table[held].reset_index(drop=True)
             arch = arch_config(str(truth["arch"].iloc[0]))
-            source = fit_run(cfg, op, table[~held], seed, per_arch=True)
+            source = fit_run(cfg, op, table[~held], seed, per_arch=True) if args.source == "plain" else \
+                fit_recipe(cfg, op, table[~held], seed)
             pairs = pl.candidates(source, arch, pd.DataFrame({"gpu": [gpu]}))
             scores = pl.model_scores(source, pairs, arch)
             optimum = perf_of(truth).max()
@@ -264,10 +277,42 @@ def kt_retrain(cfg: Any, op: Any, old: pd.DataFrame, measured: pd.DataFrame, sou
         out[f"retrain: pooled x{w:g} top-1"] = by_name.get(pairs["kernel_name"].iloc[int(np.argmax(s))], 0.0) / optimum
     from ckpred.models import booster
 
-    warm = fit_run(cfg, op, measured, seed, per_arch=True, init_model=booster(source.pipeline))
+    warm = fit_run(cfg, op, measured, seed, per_arch=True,
+                   init_model=booster(getattr(source.pipeline, "learner", source.pipeline)))
     s = pl.model_scores(warm, pairs, arch)
     out["retrain: warm start top-1"] = by_name.get(pairs["kernel_name"].iloc[int(np.argmax(s))], 0.0) / optimum
     return out
+
+
+def kt_bound(args: argparse.Namespace) -> None:
+    """How far towards a held-out GPU's optimum any order built from the other five GPUs'
+    measurements gets within ``--budget`` picks: each source GPU's own order, their mean, the union
+    of each one's top k, and the top of random non-negative weightings of the five (Dirichlet 0.3)."""
+    path = f"[{DATA}/kernel_tuner_amd/*.json.gz,{DATA}/kernel_tuner_nvidia/*.json.gz]"
+    cfg = compose("train", [f"hydra.searchpath=[file://{OPS}]", "experiment=kernel_tuner_amd", f"data.path={path}",
+                            *KT_RECIPE])
+    table = cached_table(cfg, "kt").assign(perf=lambda t: perf_of(t))
+    eff = table.pivot_table(index="kernel_name", columns="gpu", values="perf", aggfunc="max").fillna(0.0)
+    eff = eff / eff.max()
+    k = args.budget
+    print(f"\n| held out | configurations >= 0.95 / 0.9 / 0.8 | rank of its optimum in each source GPU's order "
+          f"(best) | best of each source GPU's top {k} | best of the union of each one's top 2 / {k} / 20 / 50 | "
+          f"best of the top {k} of {args.weightings:,} weightings |")
+    print("|---|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    for gpu in KT_GPUS:
+        new, src = eff[gpu], [g for g in KT_GPUS if g != gpu]
+        orders = {g: eff[g].sort_values(ascending=False, kind="stable").index for g in src}
+        ranks = {g: list(o).index(new.idxmax()) + 1 for g, o in orders.items()}
+        tops = {g: new[o[:k]].max() for g, o in orders.items()}
+        union = [new[list(set().union(*[set(o[:n]) for o in orders.values()]))].max() for n in (2, k, 20, 50)]
+        weighted = eff[src].to_numpy() @ rng.dirichlet(np.full(len(src), 0.3), size=args.weightings).T
+        top = np.argpartition(-weighted, k, axis=0)[:k]
+        best_w = float(new.to_numpy()[top].max())
+        print(f"| {gpu} | {(new >= .95).sum()} / {(new >= .9).sum()} / {(new >= .8).sum()} | "
+              + ", ".join(f"{g} {r}" for g, r in ranks.items()) + f" ({min(ranks.values())}) | "
+              + ", ".join(f"{g} {v:.3f}" for g, v in tops.items()) + " | "
+              + " / ".join(f"{v:.3f}" for v in union) + f" | {best_w:.3f} |")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,12 +321,12 @@ def kt_retrain(cfg: Any, op: Any, old: pd.DataFrame, measured: pd.DataFrame, sou
 def miopen_main(args: argparse.Namespace) -> None:
     common = [f"hydra.searchpath=[file://{OPS}]", "experiment=miopen_gfx942", "model.n_jobs=1"]
     cfg_src = compose("train", [*common, f"data.path={DATA}/miopen_find_db/gfx942130.HIP.fdb.txt.bz2"])
-    cfg_new = compose("train", [*common, "arch=gfx90a_mi210",
+    cfg_new = compose("train", [*common, "arch=gfx90a_mi210", *args.new_overrides,
                                 f"data.path={DATA}/miopen_find_db/gfx90a68.HIP.fdb.txt.bz2"])
     if args.features:
         cfg_src = compose("train", [*common, f"features={args.features}",
                                     f"data.path={DATA}/miopen_find_db/gfx942130.HIP.fdb.txt.bz2"])
-        cfg_new = compose("train", [*common, f"features={args.features}", "arch=gfx90a_mi210",
+        cfg_new = compose("train", [*common, f"features={args.features}", "arch=gfx90a_mi210", *args.new_overrides,
                                     f"data.path={DATA}/miopen_find_db/gfx90a68.HIP.fdb.txt.bz2"])
     op = load_op(cfg_src.op)
     old = cached_table(cfg_src, "gfx942")
@@ -415,10 +460,12 @@ def _score(seed: int, plan: str, how: str, scores: np.ndarray, perf: np.ndarray,
 def main(argv: list[str] | None = None) -> int:
     global CACHE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("table", choices=("kt", "miopen"))
+    parser.add_argument("table", choices=("kt", "kt-bound", "miopen"))
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--schedules", default="10,5+5,5+3+2,4+3+3,2+2+2+2+2",
                         help="kt: measurements per round, '+'-separated; several schedules comma-separated")
+    parser.add_argument("--source", default="plain", choices=("plain", "recipe"),
+                        help="kt: the run plans start from: plain LightGBM, or the transfer recipe (the zero-shot default)")
     parser.add_argument("--kernel-orders", default="auto,model", help="kt: plan kernel_order values to replay")
     parser.add_argument("--min-distance", type=float, default=1.0, help="kt: plan min_distance")
     parser.add_argument("--retrain-schedule", default="5+3+2", help="kt: the schedule whose measurements are retrained "
@@ -430,15 +477,25 @@ def main(argv: list[str] | None = None) -> int:
                                                                       "retraining is compared on")
     parser.add_argument("--features", default="", help="miopen: a feature set of the runs (default the experiment's)")
     parser.add_argument("--finals", default="", help=f"miopen: more final retrainings, ','-separated, of {list(FINALS)}")
+    parser.add_argument("--new-overrides", default="", help="miopen: overrides of every retraining on the new "
+                                                            "GPU's rows, ','-separated (e.g. model.label_gain=linear)")
     parser.add_argument("--dump", default="", help="miopen: write each plan's per-problem picks to this Parquet path")
+    parser.add_argument("--allocation", default="stake", choices=("stake", "proportional"),
+                        help="miopen: later rounds' strata shares by their measured stake (plan's default) or by size "
+                             "alone (the plan before the stakes)")
+    parser.add_argument("--budget", type=int, default=10, help="kt-bound: picks per order")
+    parser.add_argument("--weightings", type=int, default=20000, help="kt-bound: random weightings of the sources")
     parser.add_argument("--cache", default=str(CACHE), help="where the ingested tables are cached")
     args = parser.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.kernel_orders = [s for s in args.kernel_orders.split(",") if s]
     args.finals = [s for s in args.finals.split(",") if s]
+    args.new_overrides = [s for s in args.new_overrides.split(",") if s]
     CACHE = Path(args.cache)
+    if args.allocation == "proportional":  # every stratum's share 1: sampled in proportion to its size
+        pl.choice_stakes = lambda strata, groups, kernels, perf: np.ones(groups.n_shapes)
     t = time.perf_counter()
-    kt_main(args) if args.table == "kt" else miopen_main(args)
+    {"kt": kt_main, "kt-bound": kt_bound, "miopen": miopen_main}[args.table](args)
     log(f"done in {time.perf_counter() - t:.0f}s")
     return 0
 
