@@ -61,7 +61,7 @@ from ckpred.transfer import TransferModel, blend
 from ckpred.util import OwnFile, atomic_path, resolve_path
 
 __all__ = ["Budget", "Source", "Plan", "PlanOptions", "load_source", "read_problems", "candidates", "read_measured", "model_scores",
-           "source_orders", "similarity_weights", "similarity_scores", "choice_stakes", "make_plan", "write_plan", "best_measured",
+           "source_orders", "similarity_weights", "similarity_scores", "make_plan", "write_plan", "best_measured",
            "fill_columns", "PLAN_FILE"]
 
 #: Columns the plan adds to the op's fields (see the module docstring).
@@ -72,11 +72,6 @@ SIMILARITY_POWER = 2.0
 #: Measured pairs needed before the similarity of the source GPUs is trusted; with fewer, every
 #: source GPU weighs the same (the plain static order of all of them).
 MIN_SIMILARITY_PAIRS = 3
-#: A stratum's measured stake (:func:`choice_stakes`) counts as much as this many problems at the
-#: mean stake: a stratum with one or two measured problems is not trusted on its own.
-STAKE_PRIOR_PROBLEMS = 3.0
-#: Added to every stake, so that a stratum whose measured problems all agree is still sampled.
-STAKE_FLOOR = 0.005
 
 
 # -- the trained run ----------------------------------------------------------------------------
@@ -443,50 +438,19 @@ def score_gaps(groups: ev.ShapeGroups, scores: np.ndarray) -> np.ndarray:
     return gaps
 
 
-def stratified_order(strata: np.ndarray, within: np.ndarray, rng: np.random.Generator,
-                     share: np.ndarray | None = None) -> np.ndarray:
+def stratified_order(strata: np.ndarray, within: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Problem indices in an order whose every prefix samples the strata in proportion.
 
     Problem i of stratum s (size n_s), at rank r_i within it by ``within`` (ascending; ties in a
-    random order), gets the key (r_i + u_s) / (n_s x a_s) with u_s a random offset per stratum
-    and a_s the stratum's ``share`` (per problem; default 1): sorted by key, the first P problems
-    hold about P x n_s a_s / sum(n a) of stratum s (a systematic sample of each).
+    random order), gets the key (r_i + u_s) / n_s with u_s a random offset per stratum: sorted by
+    key, the first P problems hold about P x n_s / N of stratum s (a systematic sample of each).
     """
     n = len(strata)
     frame = pd.DataFrame({"s": strata, "w": within, "j": rng.random(n)})
     rank = frame.sort_values(["w", "j"], kind="stable").groupby("s", sort=False).cumcount().sort_index().to_numpy()
     size = frame.groupby("s")["s"].transform("size").to_numpy()
     offset = pd.Series(rng.random(n)).groupby(strata).transform("first").to_numpy()
-    return np.argsort((rank + offset) / (size * (1.0 if share is None else share)), kind="stable")
-
-
-def choice_stakes(strata: np.ndarray, groups: ev.ShapeGroups, kernels: np.ndarray, perf: np.ndarray) -> np.ndarray:
-    """Per problem (``groups`` order): what choosing its kernel is worth in its stratum, from the
-    new GPU's measurements (``perf`` of each candidate row, NaN where not measured).
-
-    A stratum's stake is 1 minus the efficiency of its best single kernel over the stratum's
-    measured problems (each kernel's mean ``perf / the problem's best``; a problem with fewer
-    than two measured kernels does not count): near 0 where one kernel is always right,
-    large where the right kernel changes from problem to problem. It is shrunk towards the
-    mean stake of every measured problem by :data:`STAKE_PRIOR_PROBLEMS` pseudo-problems (a
-    stratum never measured gets that mean), plus :data:`STAKE_FLOOR`. All ones without such a
-    measured problem.
-    """
-    measured = np.isfinite(perf)
-    n_measured = np.bincount(groups.codes, weights=measured, minlength=groups.n_shapes)
-    rows = np.flatnonzero(measured & (n_measured[groups.codes] >= 2))
-    if not len(rows):
-        return np.ones(groups.n_shapes)
-    frame = pd.DataFrame({"p": groups.codes[rows], "k": kernels[rows], "perf": perf[rows]})
-    best = frame.groupby("p")["perf"].transform("max").to_numpy()
-    frame["eff"] = np.divide(frame["perf"].to_numpy(), best, out=np.zeros(len(frame)), where=best > 0)
-    frame["s"] = strata[frame["p"].to_numpy()]
-    problems = frame.groupby("s")["p"].nunique()
-    best_static = (frame.groupby(["s", "k"])["eff"].sum().groupby(level="s").max() / problems).clip(upper=1.0)
-    stake = 1.0 - best_static
-    prior = float((stake * problems).sum() / problems.sum())
-    shrunk = (stake * problems + prior * STAKE_PRIOR_PROBLEMS) / (problems + STAKE_PRIOR_PROBLEMS)
-    return pd.Series(strata).map(shrunk).fillna(prior).to_numpy(dtype=np.float64) + STAKE_FLOOR
+    return np.argsort((rank + offset) / size, kind="stable")
 
 
 @dataclass
@@ -564,9 +528,8 @@ def make_plan(source: Source, pairs: pd.DataFrame, arch: ArchConfig, budget: Bud
     ranking, weights = _kernel_ranking(source, pairs, str(arch.name), known, scores, options.kernel_order)
     groups = ev.ShapeGroups.from_keys(source.op.shape_keys(pairs).to_numpy())
     uncertain = options.problem_order == "uncertainty" or (options.problem_order == "auto" and len(own) > 0)
-    within = score_gaps(groups, scores) if uncertain else np.zeros(groups.n_shapes)
-    order = _problem_sequence(source.op, pairs, groups, is_done, within, np.random.default_rng(options.seed),
-                              _measured_perf(source.op, pairs, known))
+    order = _problem_sequence(source.op, pairs, groups, is_done, score_gaps(groups, scores) if uncertain
+                              else np.zeros(groups.n_shapes), np.random.default_rng(options.seed))
     picked, planned = _pick_kernels(source.op, pairs, groups, order, is_done, ranking, budget, options.min_distance)
     out = pairs.iloc[picked].reset_index(drop=True)
     out["arch"] = str(arch.name)
@@ -591,25 +554,13 @@ def _kernel_ranking(source: Source, pairs: pd.DataFrame, arch_name: str, known: 
 
 
 def _problem_sequence(op: OpDefinition, pairs: pd.DataFrame, groups: ev.ShapeGroups, is_done: np.ndarray,
-                      within: np.ndarray, rng: np.random.Generator, perf: np.ndarray) -> list[int]:
-    """Problems (``groups`` order) in the order to plan them: stratified, each stratum's share
-    weighted by its stake (:func:`choice_stakes`, from the measured ``perf`` of the pairs) and
-    ordered by ``within``; those with no candidate left to measure, or a single candidate, left out."""
+                      within: np.ndarray, rng: np.random.Generator) -> list[int]:
+    """Problems (``groups`` order) in the order to plan them: stratified, ``within`` ordering each
+    stratum; those with no candidate left to measure, or a single candidate, left out."""
     open_left = np.bincount(groups.codes, weights=~is_done, minlength=groups.n_shapes)
     # a problem with one candidate has nothing to choose between: measuring it teaches nothing
     open_left[np.bincount(groups.codes, minlength=groups.n_shapes) < 2] = 0
-    strata = problem_strata(op, pairs, groups)
-    share = choice_stakes(strata, groups, pairs["kernel_name"].astype(str).to_numpy(), perf)
-    return [int(p) for p in stratified_order(strata, within, rng, share) if open_left[p] > 0]
-
-
-def _measured_perf(op: OpDefinition, pairs: pd.DataFrame, known: pd.DataFrame) -> np.ndarray:
-    """The new GPU's measured perf of each pair (NaN where not measured; a repeat's best)."""
-    if not len(known):
-        return np.full(len(pairs), np.nan)
-    perf = pd.Series(ev.measured_perf(known["tflops"].to_numpy(), known["is_valid"].to_numpy()),
-                     index=_pair_keys(op, known).to_numpy())
-    return _pair_keys(op, pairs).map(perf.groupby(level=0).max()).to_numpy(dtype=np.float64)
+    return [int(p) for p in stratified_order(problem_strata(op, pairs, groups), within, rng) if open_left[p] > 0]
 
 
 def _pick_kernels(op: OpDefinition, pairs: pd.DataFrame, groups: ev.ShapeGroups, order: list[int],

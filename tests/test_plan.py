@@ -259,35 +259,6 @@ def test_stratified_order_samples_every_prefix_in_proportion() -> None:
         assert (np.diff(within[taken]) > 0).all()
 
 
-def test_strata_are_sampled_in_proportion_to_size_times_share() -> None:
-    rng = np.random.default_rng(0)
-    strata = np.array(["a"] * 60 + ["b"] * 40)
-    share = np.where(strata == "a", 1.0, 3.0)  # b: 40 x 3 = 120 of 180
-    order = pl.stratified_order(strata, np.zeros(100), rng, share)
-    assert sorted(order) == list(range(100))
-    for n in (9, 30, 45):
-        assert abs((strata[order[:n]] == "b").sum() - n * 120 / 180) <= 1
-
-
-def test_choice_stakes_weigh_strata_where_the_best_kernel_changes() -> None:
-    # stratum a: kernel x is best on each of its 4 measured problems; stratum b: x and y each best
-    # on half of 4 (the other at half speed), so its best single kernel reaches 0.75; stratum c
-    # has no measurement; problem 12 has a single measured kernel and does not count
-    keys = np.repeat(np.arange(13), 2)
-    groups = pl.ev.ShapeGroups.from_keys(keys)
-    strata = np.array(["a"] * 4 + ["b"] * 4 + ["c"] * 4 + ["a"])
-    kernels = np.tile(["x", "y"], 13)
-    perf = np.r_[np.tile([2.0, 1.0], 4), [2.0, 1.0, 2.0, 1.0, 1.0, 2.0, 1.0, 2.0], np.full(8, np.nan), [5.0, np.nan]]
-    stake = pl.choice_stakes(strata, groups, kernels, perf)
-    prior = (0.0 * 4 + 0.25 * 4) / 8
-    k = pl.STAKE_PRIOR_PROBLEMS
-    assert stake[0] == pytest.approx((0.0 * 4 + prior * k) / (4 + k) + pl.STAKE_FLOOR)
-    assert stake[4] == pytest.approx((0.25 * 4 + prior * k) / (4 + k) + pl.STAKE_FLOOR)
-    assert stake[8] == pytest.approx(prior + pl.STAKE_FLOOR) and stake[12] == stake[0]
-    # nothing measured: every stratum weighs the same
-    assert (pl.choice_stakes(strata, groups, kernels, np.full(26, np.nan)) == 1.0).all()
-
-
 def test_score_gaps_are_the_best_minus_the_second_per_problem() -> None:
     groups = pl.ev.ShapeGroups.from_keys(np.array(["p", "p", "p", "q", "r", "r"]))
     gaps = pl.score_gaps(groups, np.array([0.5, 2.0, 1.5, 9.0, -1.0, -4.0]))

@@ -480,9 +480,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-overrides", default="", help="miopen: overrides of every retraining on the new "
                                                             "GPU's rows, ','-separated (e.g. model.label_gain=linear)")
     parser.add_argument("--dump", default="", help="miopen: write each plan's per-problem picks to this Parquet path")
-    parser.add_argument("--allocation", default="stake", choices=("stake", "proportional"),
-                        help="miopen: later rounds' strata shares by their measured stake (plan's default) or by size "
-                             "alone (the plan before the stakes)")
     parser.add_argument("--budget", type=int, default=10, help="kt-bound: picks per order")
     parser.add_argument("--weightings", type=int, default=20000, help="kt-bound: random weightings of the sources")
     parser.add_argument("--cache", default=str(CACHE), help="where the ingested tables are cached")
@@ -492,8 +489,6 @@ def main(argv: list[str] | None = None) -> int:
     args.finals = [s for s in args.finals.split(",") if s]
     args.new_overrides = [s for s in args.new_overrides.split(",") if s]
     CACHE = Path(args.cache)
-    if args.allocation == "proportional":  # every stratum's share 1: sampled in proportion to its size
-        pl.choice_stakes = lambda strata, groups, kernels, perf: np.ones(groups.n_shapes)
     t = time.perf_counter()
     {"kt": kt_main, "kt-bound": kt_bound, "miopen": miopen_main}[args.table](args)
     log(f"done in {time.perf_counter() - t:.0f}s")
