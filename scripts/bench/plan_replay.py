@@ -23,10 +23,17 @@ table reaches a plan or a model. Figures are printed as markdown tables.
   problems never measured: mean and P10 of the pick's efficiency, per direction, and the mean
   over every problem with the measured ones at 1.
 
-Usage (from the repository root; ``runs/plan_replay/`` caches the ingested tables)::
+* ``kt-bound``: for each Kernel Tuner GPU, the best configuration within the top ``--budget`` of
+  any order built from the other five GPUs' measurements (a bound on plans that take the top of
+  such orders).
 
-    OMP_NUM_THREADS=1 python scripts/bench/plan_replay.py kt --seeds 0,1,2
-    OMP_NUM_THREADS=1 python scripts/bench/plan_replay.py miopen --seeds 0,1,2
+Usage (from the repository root; ``runs/plan_replay/`` caches the ingested tables, ``--cache``
+elsewhere)::
+
+    OMP_NUM_THREADS=1 python scripts/bench/plan_replay.py kt --seeds 0,1,2 [--source recipe]
+    OMP_NUM_THREADS=1 python scripts/bench/plan_replay.py kt-bound
+    OMP_NUM_THREADS=1 python scripts/bench/plan_replay.py miopen --seeds 0,1,2 --features miopen_conv_transfer \
+        --new-overrides model.label_gain=linear
 """
 
 from __future__ import annotations
