@@ -416,13 +416,11 @@ def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: Op
     ``build(recipe, op, arch, dtype)`` makes the unfitted pipeline (default
     :func:`ckpred.models.build_pipeline`); a study that compares objectives on one feature set
     passes a builder whose feature step is the identity and ``data.X`` already featurised.
-    A method with ``transfer`` set is the transfer recipe: the fitted model is a
-    :class:`ckpred.transfer.TransferModel`.
+    A method with ``transfer`` set is the transfer recipe, which builds on this function:
+    :func:`ckpred.transfer.fit_learned` fits either kind.
     """
     if method.transfer is not None:
-        from ckpred.transfer import fit_transfer  # same stage; it builds on this function
-
-        return fit_transfer(method, data, shapes, op, cfg, seed)
+        raise ValueError(f"method {method.name!r} is the transfer recipe: fit it with ckpred.transfer.fit_learned")
     recipe = method.recipe
     rng = np.random.default_rng(seed)
     max_rows = int(recipe.model.max_rows_per_query) if recipe.model.name == "lgbm_ranker" else 2 ** 62

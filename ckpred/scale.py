@@ -45,6 +45,7 @@ from ckpred.errors import CkpredError, ConfigValueError, InputFileError
 from ckpred.fitting import model_method, prepare, training_rows
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import build_estimator, build_pipeline, query_sizes, training_target
+from ckpred.transfer import fit_learned
 from ckpred.util import atomic_dir
 
 _Y, _Q = "_ckpred_y", "_ckpred_query"
@@ -724,13 +725,11 @@ def summary(per_query: pd.DataFrame, method: str = "model") -> dict[str, float]:
 # -- CV folds of an in-memory table as tasks -------------------------------------------------------
 def submit_fits(client: Any, jobs: list[tuple[Any, np.ndarray, int]], data: Any, op: OpDefinition,
                 cfg: Any) -> list[Any]:
-    """Submit :func:`ckpred.fitting.fit_method` for each ``(method, train_shapes, seed)`` as a task
+    """Submit :func:`ckpred.transfer.fit_learned` for each ``(method, train_shapes, seed)`` as a task
     on ``client``; the prepared table is sent to the workers once. Returns the futures in order
     (each resolves to ``(pipeline, info)``)."""
-    from ckpred.fitting import fit_method
-
     remote = client.scatter(data, broadcast=True)
-    return [client.submit(fit_method, method, remote, shapes, op, cfg, seed, pure=False)
+    return [client.submit(fit_learned, method, remote, shapes, op, cfg, seed, pure=False)
             for method, shapes, seed in jobs]
 
 

@@ -39,7 +39,7 @@ from ckpred.kernels.base import OpDefinition
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TransferModel", "blend", "choose_weight", "fit_transfer", "rank_percentile", "transfer_method"]
+__all__ = ["TransferModel", "blend", "choose_weight", "fit_learned", "fit_transfer", "rank_percentile", "transfer_method"]
 
 #: Stands for "never seen in training" in the static order inside a ranking (below every mean
 #: efficiency, which is >= 0): a finite value, so that the selector can tell an unseen kernel
@@ -228,6 +228,16 @@ def fit_transfer(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: 
     info.update(model.info())
     log.info("transfer recipe on %s: w = %g (inner means %s)", archs, weight, model.info()["inner"])
     return model, info
+
+
+def fit_learned(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any,
+                seed: int) -> tuple[Any, dict[str, Any]]:
+    """Fit any learned method on the training ``shapes`` of ``data``; returns (model, fit info):
+    the transfer recipe (``method.transfer`` set) by :func:`fit_transfer`, a
+    :class:`TransferModel`; every other by :func:`ckpred.fitting.fit_method`, a Pipeline."""
+    if method.transfer is not None:
+        return fit_transfer(method, data, shapes, op, cfg, seed)
+    return fit_method(method, data, shapes, op, cfg, seed)
 
 
 def _inner_split(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any, seed: int,

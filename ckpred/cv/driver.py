@@ -53,12 +53,12 @@ from ckpred.cv.scoring import (FoldTest, OutOfFold, Tables, best_kernel_seen, ev
 from ckpred.data import load_table
 from ckpred.data.partitions import is_partitioned
 from ckpred.errors import ConfigValueError
-from ckpred.fitting import (Applicability, LearnedMethod, cv_group_names, fit_applicability, fit_method, model_method,
-                            plain_method, prepare, recipe_config)
+from ckpred.fitting import (Applicability, LearnedMethod, cv_group_names, fit_applicability, model_method, plain_method,
+                            prepare, recipe_config)
 from ckpred.kernels.base import OpDefinition
 from ckpred.kernels.declared import bind_training_catalogue
 from ckpred.runs import RUN_RECORD
-from ckpred.transfer import TransferModel, transfer_method
+from ckpred.transfer import TransferModel, fit_learned, transfer_method
 from ckpred.util import resolve_path
 
 log = logging.getLogger(__name__)
@@ -292,7 +292,7 @@ def fold_fits(run: RunContext, data: Any, jobs: list[tuple[LearnedMethod, np.nda
     if run.cfg.model.backend == "dask":  # Dask itself is imported only when the cluster starts
         fits = scale.fold_fits(run.cfg, data, run.op, jobs)
     else:
-        fits = (fit_method(method, data, shapes, run.op, run.cfg, s) for method, shapes, s in jobs)
+        fits = (fit_learned(method, data, shapes, run.op, run.cfg, s) for method, shapes, s in jobs)
     return (Fit(pipe, info) for pipe, info in fits)
 
 
@@ -396,7 +396,7 @@ def final_pipeline(run: RunContext, tables: Tables, model: LearnedMethod, fold_f
     if fold_fit is None:
         t = time.perf_counter()
         shapes = np.arange(data.groups.n_shapes)
-        pipe, info = fit_method(model, data, shapes, run.op, run.cfg, run.seed)
+        pipe, info = fit_learned(model, data, shapes, run.op, run.cfg, run.seed)
         fold_fit = Fit(pipe, info)
         if tables.train_candidates is not None:
             fold_fit.applicability = fit_applicability(tables.train_candidates, shapes, data, run.op, run.cfg,
