@@ -70,7 +70,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from rich.console import Console
+from rich.table import Table
 from scipy.special import gammaln
+
+from ckpred.dtypes import bytes_per_element, c_bytes_per_element
+from ckpred.errors import ConfigValueError
+from ckpred.schema import arch_value
 
 #: Budgets k reported as efficiency@k (the budgeted two-phase search).
 EFFICIENCY_KS: tuple[int, ...] = (1, 2, 5, 10, 20)
@@ -507,8 +513,6 @@ def best_static_by(baselines: Any, op: Any) -> list[str]:
     ckpred.errors.ConfigValueError
         When one is not a problem field of ``op``.
     """
-    from ckpred.errors import ConfigValueError
-
     by = [str(f) for f in baselines.get("best_static_by") or ()]
     for f in by:
         if f not in op.problem_names:
@@ -571,9 +575,6 @@ def op_analytical_scores(table: pd.DataFrame, op: Any, arch: Any, dtype: Any) ->
     Raises ``NotImplementedError`` when the op has no GEMM view and ``KeyError`` when a column
     or an arch constant (the dtype's peak) is missing: the caller skips the baseline with that reason.
     """
-    from ckpred.dtypes import bytes_per_element, c_bytes_per_element
-    from ckpred.schema import arch_value
-
     m, n, k = op.gemm_view(table)
     return analytical_scores(table.assign(m=m, n=n, k=k), cus=int(arch_value(arch, "compute_units")),
                              peak_tflops=float(arch.peak_tflops[dtype.name]),
@@ -601,14 +602,21 @@ def write_json(path: Path, payload: Mapping[str, Any]) -> Path:
     return path
 
 
-def plot_efficiency_cdf(per_shape: Mapping[str, pd.DataFrame], family: np.ndarray,
-                        families: Sequence[str], path: Path) -> Path:
-    """Empirical CDF of per-shape efficiency, one panel per M family, a line per method."""
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend (plots are written, never shown)."""
+    # lazy: matplotlib.pyplot costs 0.4-1 s to import and only the plots need it
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: as above
 
+    return plt
+
+
+def plot_efficiency_cdf(per_shape: Mapping[str, pd.DataFrame], family: np.ndarray,
+                        families: Sequence[str], path: Path) -> Path:
+    """Empirical CDF of per-shape efficiency, one panel per M family, a line per method."""
+    plt = pyplot()
     present = [f for f in families if np.any(family == f)]
     fig, axes = plt.subplots(1, max(len(present), 1), figsize=(4 * max(len(present), 1), 3.4), squeeze=False)
     for ax, fam in zip(axes[0], present):
@@ -630,11 +638,7 @@ def plot_efficiency_cdf(per_shape: Mapping[str, pd.DataFrame], family: np.ndarra
 
 def plot_efficiency_at_k(reports: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
     """Mean efficiency@k for k in :data:`EFFICIENCY_KS`, a line per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for method, rep in reports.items():
         ys = [rep.get(f"efficiency@{k}", np.nan) for k in EFFICIENCY_KS]
@@ -653,11 +657,7 @@ def plot_efficiency_at_k(reports: Mapping[str, Mapping[str, Any]], path: Path) -
 
 def plot_feature_importance(names: Sequence[str], gains: np.ndarray, path: Path, top: int = 30) -> Path:
     """Horizontal bar chart of the ``top`` features by total split gain."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     gains = np.asarray(gains, dtype=np.float64)
     total = gains.sum() or 1.0
     idx = np.argsort(-gains, kind="stable")[:top][::-1]
@@ -686,9 +686,6 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
     ``heading`` names what is held out (:meth:`ckpred.cv.schemes.CVScheme.heading`);
     ``over_seeds`` is the ``over_seeds`` section of a several-seed run (method -> :func:`spread`).
     """
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console(width=None if sys.stdout.isatty() else 140)
     cols = [("mean", "mean"), ("p10", "P10"), ("p50", "P50"), ("min", "min"), ("top1", "top1"),
             ("top5", "top5"), ("efficiency@5", "eff@5"), ("efficiency@20", "eff@20"), ("ndcg@10", "ndcg@10"),

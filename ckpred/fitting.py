@@ -13,12 +13,15 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
-from sklearn.model_selection import GroupShuffleSplit
+from sklearn.model_selection import GroupKFold, GroupShuffleSplit
+from sklearn.pipeline import Pipeline
 
 from ckpred import evaluate as ev
+from ckpred.errors import ConfigValueError
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import (absent_estimate, booster, build_pipeline, fit_applicability_model, fit_failure_model,
-                           fit_pipeline, predicted_ok, target_name, training_target)
+                           fit_pipeline, predicted_ok, set_applicability_model, target_name, training_target)
+from ckpred.schema import arch_config
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +147,6 @@ def row_archs(table: pd.DataFrame, arch: Any) -> tuple[tuple[Any, ...], np.ndarr
     codes, names = pd.factorize(table["arch"].astype(str), sort=False)
     if len(names) == 1:
         return (arch,), np.zeros(len(table), dtype=np.int64)
-    from ckpred.schema import arch_config
-
     own = str(getattr(arch, "name", arch))
     return tuple(arch if name == own else arch_config(str(name)) for name in names), codes.astype(np.int64)
 
@@ -294,8 +295,6 @@ def coverage_note(op: OpDefinition, coverage: Coverage) -> str | None:
         problem has a single row (a table of winners, say: nothing to rank, and absence would
         teach the mask the winners).
     """
-    from ckpred.errors import ConfigValueError
-
     absence = getattr(op, "absence", "unknown")
     share = coverage.unmeasured / max(coverage.pairs, 1)
     if absence == "not_applicable":
@@ -490,8 +489,6 @@ def for_arch(pipe: Any, method: LearnedMethod, op: OpDefinition, cfg: Any, arch:
     """``pipe`` scoring a table of another arch: the same fitted model behind features built with
     ``arch``'s hardware constants (feature groups learn no statistics, so refitting them on
     ``X`` only records the input columns)."""
-    from sklearn.pipeline import Pipeline
-
     features = build_pipeline(method.recipe, op, arch, cfg.dtype).named_steps["features"]
     features.fit(X.head(8))
     out = Pipeline([("features", features), ("model", pipe.named_steps["model"])])
@@ -532,8 +529,6 @@ class Applicability:
     def attach(self, pipe: Any) -> Any:
         """Attach the mask to ``pipe`` (:func:`ckpred.models.set_applicability_model`): the
         export compiles it into the selector."""
-        from ckpred.models import set_applicability_model
-
         set_applicability_model(pipe, self.model, self.threshold)
         return pipe
 
@@ -593,8 +588,6 @@ def fit_applicability(cand: Prepared, shapes: np.ndarray, data: Prepared, op: Op
                     "threshold on; using %g", threshold)
         curve = pd.DataFrame({"threshold": thresholds})
     else:
-        from sklearn.model_selection import GroupKFold
-
         parts = []
         splitter = GroupKFold(n_splits=n_inner, shuffle=True, random_state=int(seed))
         for i, (tr, te) in enumerate(splitter.split(shapes, groups=groups)):

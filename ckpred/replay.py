@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +30,13 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from ckpred import autotune as at
+from ckpred import evaluate as ev
 from ckpred.errors import InputFileError, MissingFileError
+from ckpred.kernels.base import load_op
+from ckpred.runs import run_record_path
 
 __all__ = ["ReplayData", "Hindsight", "Learned", "load_run", "replay", "summarize", "replay_table", "markdown",
            "plot_curves", "problem_features", "learned_probabilities", "learned_plans", "signal_auc"]
@@ -120,9 +125,6 @@ def load_run(run_dir: str | Path, *, score: str = "score_model") -> ReplayData:
         When the predictions are not readable Parquet, lack a column, hold no row or no score
         (every score NaN), or the run record is not a JSON object.
     """
-    from ckpred.kernels.base import load_op
-    from ckpred.runs import run_record_path
-
     run_dir = Path(run_dir)
     path = run_dir / "oof_predictions.parquet"
     if not path.is_file():
@@ -155,8 +157,6 @@ _OOF_COLUMNS = ("shape", "kernel_name", "perf", "selectable", "fold")
 
 def _read_predictions(path: Path, score: str) -> pd.DataFrame:
     """The out-of-fold predictions of a train run, refusing a file the replay cannot use."""
-    import pyarrow.parquet as pq  # the engine pandas would import to read it anyway
-
     try:
         oof = pq.read_table(path).to_pandas()
     except Exception as exc:  # pyarrow raises several types for a truncated or foreign file
@@ -261,8 +261,6 @@ def replay(data: ReplayData, budget: at.Budget, *, order: str = "model", seed: i
 def _key_values(problems: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[float]]]:
     """The numbers of each problem key as its field values (``key0``, ``key1``, ...), when every
     key holds the same count of numbers; else no fields."""
-    import re
-
     numbers = [[float(v) for v in re.findall(r"\d+(?:\.\d+)?", str(p["shape"]))] for p in problems]
     if not numbers or len({len(v) for v in numbers}) != 1:
         return [], [[] for _ in problems]
@@ -290,7 +288,7 @@ def _top_j(problems: Sequence[dict[str, Any]], max_k: int) -> np.ndarray:
 
 def _lightgbm(x_train: pd.DataFrame, hit: np.ndarray, x_test: pd.DataFrame, seed: int) -> np.ndarray:
     """P(hit) for the test problems from a small LightGBM classifier (a constant when one class)."""
-    import lightgbm as lgb
+    import lightgbm as lgb  # lazy: lightgbm costs ~1-2 s to import and only this research signal needs it
 
     rate = (hit.sum() + 0.0) / (len(hit) + 1.0)  # one pseudo-miss, as the table's bins
     if hit.all() or not hit.any() or len(hit) < 20:
@@ -379,6 +377,7 @@ def signal_auc(data: ReplayData, calibration_data: ReplayData | None = None, *, 
     export carries); ``lightgbm``: the same with small LightGBM classifiers; ``gap2``/``gap3``:
     the raw score gaps. 0.5 is no signal. Also the share of problems whose top-1 is within.
     """
+    # lazy: sklearn.metrics costs ~1-2 s to import (replay does not load scikit-learn otherwise)
     from sklearn.metrics import roc_auc_score
 
     problems = data.problems()
@@ -475,11 +474,7 @@ def markdown(table: pd.DataFrame, title: str = "") -> str:
 def plot_curves(tables: dict[str, pd.DataFrame], path: str | Path) -> None:
     """Mean (top row) and min (bottom row) efficiency against benchmarks per problem, one column
     per table: a line per (budget family, order), the hindsight bound as stars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = ev.pyplot()
     fig, axes = plt.subplots(2, len(tables), figsize=(6.5 * len(tables), 8), squeeze=False)
     colours: dict[str, Any] = {}
     for col, (name, table) in enumerate(tables.items()):

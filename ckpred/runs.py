@@ -12,13 +12,15 @@ kinds (:func:`run_directory`) say what a rerun may find in an existing folder.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import io
 import json
 import os
+import pickle
 import stat
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -26,6 +28,7 @@ from typing import Any, BinaryIO
 from ckpred.evaluate import write_json
 from ckpred.util import RunDirectory, file_kind, package_versions, resolve_path
 from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError
+from ckpred.plugins import is_allowed
 
 __all__ = ["RUN_RECORD", "DataRecord", "RunRecord", "TrainRun", "load_train_run", "run_directory", "run_record_path"]
 
@@ -251,9 +254,10 @@ def load_train_run(run_dir: str | Path, *, purpose: str, require_record: bool) -
 def _check_pipeline(pipeline: Any, name: str, purpose: str) -> None:
     """Refuse what ``train`` does not save: anything but a ``features -> model`` Pipeline without
     a cache folder (``memory``, where fitting would write)."""
+    # lazy: scikit-learn and ckpred.transfer (its fitting stack) cost ~1.5 s to import; only a loaded pipeline needs them
     from sklearn.pipeline import Pipeline
 
-    from ckpred.transfer import TransferModel
+    from ckpred.transfer import TransferModel  # lazy: as above
 
     if isinstance(pipeline, TransferModel):  # a zero-shot run's recipe: its learner is the pipeline
         _check_pipeline(pipeline.learner, name, purpose)
@@ -356,10 +360,8 @@ def _feature_group_class(module: str, name: str) -> Any:
     """A feature group class (:class:`ckpred.features.base.FeatureGroup`) of a module ckpred may
     import (its own, or a plug-in the user installed or allowed: :mod:`ckpred.plugins`); None
     otherwise, the module not imported."""
-    import importlib
-
+    # lazy: ckpred.features.base pulls scikit-learn (~1.5 s); only unpickling a pipeline needs it
     from ckpred.features.base import FeatureGroup
-    from ckpred.plugins import is_allowed
 
     if not name.isidentifier() or not is_allowed(module):
         return None
@@ -373,13 +375,10 @@ def _feature_group_class(module: str, name: str) -> Any:
 def _config_class(module: str, name: str) -> Any:
     """A config dataclass of the schema (:data:`_CONFIG_MODULES`, ckpred's own modules); None
     otherwise, nothing imported."""
-    import dataclasses
-    import importlib
-
     if module not in _CONFIG_MODULES or not name.isidentifier():
         return None
     obj = getattr(importlib.import_module(module), name, None)
-    return obj if isinstance(obj, type) and dataclasses.is_dataclass(obj) else None
+    return obj if isinstance(obj, type) and is_dataclass(obj) else None
 
 
 class PipelineRefused(InputFileError):
@@ -409,8 +408,7 @@ def _pipeline_unpickler() -> type:
     global _UNPICKLER
     if _UNPICKLER is not None:
         return _UNPICKLER
-    import pickle
-
+    # lazy: joblib's pickle internals (~0.1 s) only loading a pipeline needs
     from joblib.numpy_pickle import NumpyArrayWrapper, NumpyUnpickler
 
     class _ObjectArrayUnpickler(_Restricted, pickle._Unpickler):  # type: ignore[name-defined]
@@ -468,7 +466,7 @@ def load_pipeline(source: str | Path | BinaryIO, *, name: str | None = None, pur
     ckpred.errors.InputFileError
         When the file is not a pipeline joblib wrote (damaged, another format).
     """
-    from joblib.compressor import BinaryGzipFile, BinaryZlibFile
+    from joblib.compressor import BinaryGzipFile, BinaryZlibFile  # lazy: as in _pipeline_unpickler
 
     label = name or str(source)
     fh = open(source, "rb") if isinstance(source, (str, Path)) else source

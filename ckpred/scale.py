@@ -26,9 +26,11 @@ imported only here and only when used, so the default path does not need it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,14 +39,24 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
+from lightgbm import DaskLGBMRanker, DaskLGBMRegressor
+from sklearn.compose import TransformedTargetRegressor
+from sklearn.pipeline import Pipeline
 
 from ckpred import evaluate as ev
+from ckpred import vocab
 from ckpred.data.partitions import (COMBO_COLUMNS, DATASET_DIR, MANIFEST, describe_part, read_manifest,
                                     write_manifest)
+from ckpred.data.table import canonical_arrow, write_table
+from ckpred.dtypes import load_dtype
 from ckpred.errors import CkpredError, ConfigValueError, InputFileError
-from ckpred.fitting import model_method, prepare, training_rows
+from ckpred.features import build_features
+from ckpred.fitting import model_method, predict, prepare, training_rows
 from ckpred.kernels.base import OpDefinition
-from ckpred.models import build_estimator, build_pipeline, query_sizes, training_target
+from ckpred.models import (build_estimator, build_pipeline, failure_estimator, failure_model, fit_failure_model,
+                           predicted_ok, query_sizes, set_failure_model, target_name, training_target)
+from ckpred.schema import LayoutConfig, arch_config
 from ckpred.transfer import fit_learned
 from ckpred.util import atomic_dir
 
@@ -82,8 +94,6 @@ def write_partitions(frames: Iterable[pd.DataFrame], out_dir: str | Path, op: Op
     ``out_dir`` is replaced only when it is empty or a dataset ckpred wrote
     (:data:`ckpred.data.partitions.DATASET_DIR`); anything else is refused before any write.
     """
-    from ckpred.data.table import canonical_arrow, write_table
-
     with atomic_dir(out_dir, DATASET_DIR) as out:  # a failed run leaves the previous dataset whole
         parts: list[dict[str, Any]] = []
         for i, frame in enumerate(frames):
@@ -120,18 +130,12 @@ def check_partitions(key_frames: Iterable[tuple[str, pd.Series]], path: str) -> 
 # -- one partition -> training rows ------------------------------------------------------------
 def layout_config(name: str) -> Any:
     """``layout/<name>.yaml`` of the config dirs in use as a checked :class:`ckpred.schema.LayoutConfig`."""
-    from ckpred import vocab
-    from ckpred.schema import LayoutConfig
-
     layout = vocab.current().layout(name)
     return LayoutConfig(name=layout.name, a=layout.a, b=layout.b, c=layout.c, code=layout.code)
 
 
 def combo_config(frame: pd.DataFrame) -> SimpleNamespace:
     """``arch``, ``dtype``, ``layout`` configs of a partition (from its one combo's names)."""
-    from ckpred.dtypes import load_dtype
-    from ckpred.schema import arch_config
-
     row = frame.iloc[0]
     return SimpleNamespace(arch=arch_config(str(row["arch"])), dtype=load_dtype(str(row["dtype"])),
                            layout=layout_config(str(row["layout"])))
@@ -166,8 +170,6 @@ class PartitionRecipe:
         return (u >= self.test_lo) & (u < self.test_hi)
 
     def features(self, combo: SimpleNamespace) -> Any:
-        from ckpred.features import build_features
-
         return build_features(self.recipe.features, self.op, combo.arch, combo.dtype, combo.layout)
 
     def training_frame(self, frame: pd.DataFrame, number: int) -> pd.DataFrame:
@@ -220,8 +222,6 @@ def _head(file: str, rows: int = 8) -> pd.DataFrame:
     InputFileError
         When the file holds no row.
     """
-    import pyarrow.parquet as pq
-
     batch = next(pq.ParquetFile(file).iter_batches(batch_size=rows), None)
     if batch is None:
         raise InputFileError(file, "holds no row; allowed: a partition with at least one row")
@@ -236,7 +236,7 @@ def dask_client(dask_cfg: Any) -> Iterator[Any]:
 
     Worker processes get ``OMP_NUM_THREADS=1`` so LightGBM's threads match the one Dask thread.
     """
-    try:
+    try:  # lazy: distributed is the optional dask extra (~1 s to import), needed only by a cluster run
         from distributed import Client, LocalCluster
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigValueError("model.backend", "dask", "local, or install the dask extra "
@@ -255,7 +255,7 @@ def dask_client(dask_cfg: Any) -> Iterator[Any]:
         return
     limit = str(dask_cfg.memory_limit)
     if limit != "auto":  # Dask would refuse it only from inside the starting cluster
-        from dask.utils import parse_bytes
+        from dask.utils import parse_bytes  # lazy: dask is the optional dask extra
 
         try:
             parse_bytes(limit)
@@ -292,9 +292,7 @@ def reach_scheduler(address: str, timeout: float) -> None:
     ckpred.errors.ConfigValueError
         Naming ``model.dask.address``, the address and what happened.
     """
-    import asyncio
-
-    from distributed.comm import connect
+    from distributed.comm import connect  # lazy: distributed is the optional dask extra
 
     async def probe() -> None:
         comm = await asyncio.wait_for(connect(address, timeout=timeout), timeout)
@@ -322,8 +320,6 @@ def partition_files(path: str | Path, op: OpDefinition, manifest: dict[str, Any]
 
 def _first_with_rows(files: list[str], path: str | Path) -> str:
     """The first of ``files`` that holds a row (the feature step is fitted on a few of its rows)."""
-    import pyarrow.parquet as pq
-
     for file in files:
         if pq.ParquetFile(file).metadata.num_rows:
             return file
@@ -344,8 +340,6 @@ def _training_part(file: str, number: int, part: PartitionRecipe) -> pd.DataFram
 def _assemble(pipe: Any, fitted_model: Any, target: str) -> Any:
     """Put a fitted estimator into ``pipe``, whose feature step is fitted already (on a few rows of
     one partition: the feature groups learn no statistics)."""
-    from sklearn.compose import TransformedTargetRegressor
-
     step = pipe.named_steps["model"]
     if isinstance(step, TransformedTargetRegressor):
         # the partitions already applied the target transform; the TTR only inverts it
@@ -415,8 +409,6 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
     ``validity.threshold``; ``local``: :func:`ckpred.models.fit_failure_model`. The fit info then
     says ``failure_model`` (kept or not) and ``failed_rows``.
     """
-    from ckpred.models import target_name
-
     method = model_method(cfg)
     check_recipe(method.recipe)
     seed = int(cfg.seed) if seed is None else int(seed)
@@ -449,8 +441,6 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
 def _fit_local(job: PartitionFit, files: list[str], pipe: Any, info: dict[str, Any]) -> tuple[Any, int]:
     """The training rows of every partition gathered here and LightGBM's ordinary estimator (with
     the failure model, recorded in ``info``); returns (fitted estimator, training rows)."""
-    from ckpred.models import fit_failure_model
-
     frames = [f for f in (_training_part(f, i, job.part) for i, f in enumerate(files)) if len(f)]
     # query codes restart in every partition: the group sizes are taken per partition
     fit_kw = {"group": np.concatenate([query_sizes(f[_Q].to_numpy()) for f in frames])} if job.is_ranker else {}
@@ -469,8 +459,6 @@ def _fit_on_cluster(job: PartitionFit, client: Any, placed: Placed, pipe: Any,
                     info: dict[str, Any]) -> tuple[Any, int]:
     """:func:`_fit_dask`, its failure model set on ``pipe`` and recorded in ``info``; returns
     (fitted local estimator, training rows)."""
-    from ckpred.models import set_failure_model
-
     fitted, rows, failure, n_failed = _fit_dask(client, placed, job)
     if job.validity is not None:
         set_failure_model(pipe, failure, float(job.validity.threshold))
@@ -519,8 +507,7 @@ def _fit_dask(client: Any, placed: Placed, job: PartitionFit) -> tuple[Any, int,
     its worker; returns (local model, training rows, failure model or None, failed training
     rows). With ``job.validity`` (the ``validity`` config, ``learned`` on) the failure model is
     fitted on the same rows (see :func:`_fit_failures`)."""
-    from lightgbm import DaskLGBMRanker, DaskLGBMRegressor
-
+    # lazy: dask is the optional dask extra (dask.array ~1 s to import), needed only by a cluster run
     import dask
     import dask.array as da
 
@@ -557,8 +544,6 @@ def _fit_dask(client: Any, placed: Placed, job: PartitionFit) -> tuple[Any, int,
     cls = DaskLGBMRanker if is_ranker else DaskLGBMRegressor
     model = cls(client=client, **params)
     fit_kw: dict[str, Any] = {"group": da.concatenate(g_parts)} if is_ranker else {}
-    import warnings
-
     with warnings.catch_warnings():
         # LightGBM's Dask estimators pass n_jobs on and then warn that Dask's threads replace it
         warnings.filterwarnings("ignore", message="Parameter n_jobs will be ignored")
@@ -574,10 +559,6 @@ def _fit_failures(client: Any, X: Any, failed: Any, validity: Any, seed: int) ->
     label ``failed``, kept (as a local ``LGBMRegressor``) only when a distributed predict flags
     at least one training row above ``validity.threshold`` (the rule of
     :func:`ckpred.models.fit_failure_model`). Returns (model or None, failed rows)."""
-    from lightgbm import DaskLGBMRegressor
-
-    from ckpred.models import failure_estimator
-
     n_failed = int(client.compute(failed.sum()).result())
     if n_failed == 0 or n_failed == int(failed.shape[0]):
         return None, n_failed
@@ -635,17 +616,12 @@ def _score_part(file: str, number: int, part: PartitionRecipe, pipe: Any,
     With a learned failure model on ``pipe`` the model picks among the rule-valid kernels it
     predicts to run, falling back to the rules where it predicts none
     (:func:`ckpred.evaluate.learned_selection_mask`, as the in-memory CV scores it)."""
-    from ckpred.fitting import predict
-    from ckpred.models import failure_model, predicted_ok, set_failure_model
-
     frame = pd.read_parquet(file)
     frame = frame[part.held_out(frame)].reset_index(drop=True)
     if len(frame) == 0:
         return _empty_scores(), None
     combo = combo_config(frame)
     data = prepare(frame, part.op, combo, arch=combo.arch)
-    from sklearn.pipeline import Pipeline
-
     features = part.features(combo).fit(data.X.head(8))
     scorer = Pipeline([("features", features), ("model", pipe.named_steps["model"])])
     mask = data.selectable

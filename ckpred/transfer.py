@@ -36,6 +36,7 @@ import pandas as pd
 from ckpred import evaluate as ev
 from ckpred.fitting import LearnedMethod, Prepared, fit_method, for_arch, predict, recipe_config, rows_of
 from ckpred.kernels.base import OpDefinition
+from ckpred.schema import arch_constants
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +176,6 @@ def _same_arch(a: Any, b: Any) -> bool:
 
 
 def _constants(arch: Any) -> Any:
-    from ckpred.schema import arch_constants
-
     try:
         return arch_constants(arch)
     except Exception:  # not an arch config: compare by name alone

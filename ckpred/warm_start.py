@@ -39,7 +39,7 @@ from sklearn.pipeline import Pipeline
 from ckpred.errors import ModelMismatchError
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import booster, build_pipeline, target_name
-from ckpred.runs import RunRecord
+from ckpred.runs import RunRecord, load_train_run
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,6 @@ def load_base(run_dir: str | Path) -> BaseModel:
     ckpred.errors.ModelMismatchError
         When ``pipeline.joblib`` is not the file the run record names.
     """
-    from ckpred.runs import load_train_run
-
     run = load_train_run(run_dir, purpose="warm_start", require_record=True)
     path, pipe, record, sha = run.path, run.pipeline, run.record, run.sha256
     folds_file = path / "folds.json"
