@@ -7,7 +7,8 @@ pipeline ``export`` fits is the one ``train`` would have saved for the same conf
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -224,13 +225,61 @@ def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any =
     arch = cfg.arch if arch is None else arch
     table = table.reset_index(drop=True)
     catalogue = op.catalogue(arch, cfg.dtype, cfg.layout)
-    n_kernels = len(catalogue)
     if shape_codes is None:
         codes, uniques = pd.factorize(np.asarray(op.shape_keys(table)))
     else:
         codes = np.asarray(shape_codes, dtype=np.int64)
         uniques = np.arange(int(codes.max()) + 1 if len(codes) else 0)
     n_shapes = len(uniques)
+    rules = partial(op.validity, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
+    pairs = _unlisted_pairs(table, catalogue, codes, n_shapes)
+    pairs = pairs.only(_rule_valid(pairs, table, catalogue, op, rules))
+    n_added = len(pairs.shape_of)
+    order = pairs.order()
+    columns = _merged_columns(table, catalogue, op, pairs, order)
+    if shape_codes is not None:
+        columns["_shape"] = np.concatenate([codes, pairs.shape_of])[order]
+        columns["_row"] = np.where(order < len(table), order, -1)
+    out = pd.DataFrame(columns, copy=False)
+    rows_per_shape = np.bincount(codes, minlength=n_shapes)
+    one = np.flatnonzero(rows_per_shape == 1)
+    measured_valid, _ = rules(table, table)
+    coverage = Coverage(problems=n_shapes,
+                        pairs=int(np.sum(np.asarray(measured_valid, dtype=bool) & pairs.known)) + n_added,
+                        unmeasured=n_added, one_kernel=len(one), example=str(uniques[one[0]]) if len(one) else "")
+    return out, coverage
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """The (problem, catalogue kernel) pairs of a table in :func:`with_unmeasured`: its rows' and
+    those it adds."""
+
+    #: The problem code of each row, and each problem's first row.
+    codes: np.ndarray
+    first: np.ndarray
+    #: The catalogue id of each row's kernel (NaN outside the catalogue), and whether it has one.
+    kid: np.ndarray
+    known: np.ndarray
+    #: The problem code and catalogue index of each added pair.
+    shape_of: np.ndarray
+    kernel_of: np.ndarray
+
+    def only(self, keep: np.ndarray) -> _Pairs:
+        """These pairs with only the ``keep`` ones of the added."""
+        return replace(self, shape_of=self.shape_of[keep], kernel_of=self.kernel_of[keep])
+
+    def order(self) -> np.ndarray:
+        """The output order of the rows then the added pairs: problems in first-appearance order,
+        kernels in catalogue order inside each (outside the catalogue last, in table order)."""
+        shape_rank = np.concatenate([self.codes, self.shape_of])
+        kernel_rank = np.concatenate([np.where(self.known, self.kid, np.inf), self.kernel_of.astype(np.float64)])
+        return np.lexsort((np.arange(len(shape_rank)), kernel_rank, shape_rank))
+
+
+def _unlisted_pairs(table: pd.DataFrame, catalogue: pd.DataFrame, codes: np.ndarray, n_shapes: int) -> _Pairs:
+    """Every (problem, catalogue kernel) pair ``table`` has no row of, as added pairs."""
+    n_kernels = len(catalogue)
     ids = pd.Series(catalogue["kernel_id"].to_numpy(np.int64), index=catalogue["kernel_name"].to_numpy())
     kid = ids.reindex(table["kernel_name"].to_numpy()).to_numpy()
     known = ~np.isnan(kid)
@@ -240,48 +289,46 @@ def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any =
     del present
     first = np.full(n_shapes, len(table), dtype=np.int64)
     np.minimum.at(first, codes, np.arange(len(table)))
-    shape_of, kernel_of = missing // n_kernels, missing % n_kernels
-    kernel_cols = set(op.kernel_names) | {"kernel_name"}
-    # the rules on the missing pairs, a million at a time (a table of 100k problems misses millions)
-    valid = np.zeros(len(missing), dtype=bool)
-    for start in range(0, len(missing), 1_000_000):
+    return _Pairs(codes=codes, first=first, kid=kid, known=known, shape_of=missing // n_kernels,
+                  kernel_of=missing % n_kernels)
+
+
+def _rule_valid(pairs: _Pairs, table: pd.DataFrame, catalogue: pd.DataFrame, op: OpDefinition,
+                rules: Callable[..., Any]) -> np.ndarray:
+    """bool per added pair: the op's ``rules`` (its validity with the arch, dtype and layout bound)
+    let it run; a million pairs at a time (a table of 100k problems misses millions)."""
+    valid = np.zeros(len(pairs.shape_of), dtype=bool)
+    for start in range(0, len(valid), 1_000_000):
         part = slice(start, start + 1_000_000)
-        problems = pd.DataFrame({c: table[c].to_numpy()[first[shape_of[part]]] for c in op.problem_names})
-        kernels = pd.DataFrame({c: catalogue[c].to_numpy()[kernel_of[part]] for c in op.kernel_names})
-        valid[part] = np.asarray(op.validity(problems, kernels, arch=arch, dtype=cfg.dtype, layout=cfg.layout)[0],
-                                 dtype=bool)
-    shape_of, kernel_of = shape_of[valid], kernel_of[valid]
-    n_added = len(shape_of)
-    # final order: problems in first-appearance order, kernels in catalogue order inside each
-    shape_rank = np.concatenate([codes, shape_of])
-    kernel_rank = np.concatenate([np.where(known, kid, np.inf), kernel_of.astype(np.float64)])
-    order = np.lexsort((np.arange(len(shape_rank)), kernel_rank, shape_rank))
-    del shape_rank, kernel_rank
+        problems = pd.DataFrame({c: table[c].to_numpy()[pairs.first[pairs.shape_of[part]]] for c in op.problem_names})
+        kernels = pd.DataFrame({c: catalogue[c].to_numpy()[pairs.kernel_of[part]] for c in op.kernel_names})
+        valid[part] = np.asarray(rules(problems, kernels)[0], dtype=bool)
+    return valid
+
+
+def _merged_columns(table: pd.DataFrame, catalogue: pd.DataFrame, op: OpDefinition, pairs: _Pairs,
+                    order: np.ndarray) -> dict[str, Any]:
+    """The columns of :func:`with_unmeasured`'s output (and ``measured``): ``table``'s rows and the
+    added pairs' (kernel fields from the catalogue, problem fields from the problem's first row,
+    the measurement columns filled as not measured), in ``order``."""
+    n_added = len(pairs.shape_of)
+    kernel_cols = set(op.kernel_names) | {"kernel_name"}
     fill = {"tflops": 0.0, "latency_ms": np.nan, "bandwidth_gbs": np.nan, "is_valid": False,
             "invalid_reason": NOT_MEASURED, "repeats": 0, "spread": np.nan, "source": ""}
-    columns: dict[str, np.ndarray] = {}
+    columns: dict[str, Any] = {}
     for c in table.columns:  # a column at a time: a table of millions of added rows stays one copy
         own = table[c].to_numpy()
         if c in kernel_cols:
-            extra = catalogue[c].to_numpy()[kernel_of]
+            extra = catalogue[c].to_numpy()[pairs.kernel_of]
         elif c in fill:
             extra = np.full(n_added, fill[c], dtype=object if isinstance(fill[c], str) else None)
         else:
-            extra = own[first[shape_of]]
+            extra = own[pairs.first[pairs.shape_of]]
         values = np.concatenate([own, extra.astype(own.dtype, copy=False)])[order]
         # text as categories: a column of millions of repeated strings would be copied string by string
         columns[c] = pd.Categorical(values) if values.dtype == object else values
     columns["measured"] = np.concatenate([np.ones(len(table), dtype=bool), np.zeros(n_added, dtype=bool)])[order]
-    if shape_codes is not None:
-        columns["_shape"] = np.concatenate([codes, shape_of])[order]
-        columns["_row"] = np.where(order < len(table), order, -1)
-    out = pd.DataFrame(columns, copy=False)
-    rows_per_shape = np.bincount(codes, minlength=n_shapes)
-    one = np.flatnonzero(rows_per_shape == 1)
-    measured_valid, _ = op.validity(table, table, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
-    coverage = Coverage(problems=n_shapes, pairs=int(np.sum(np.asarray(measured_valid, dtype=bool) & known)) + n_added,
-                        unmeasured=n_added, one_kernel=len(one), example=str(uniques[one[0]]) if len(one) else "")
-    return out, coverage
+    return columns
 
 
 def coverage_note(op: OpDefinition, coverage: Coverage) -> str | None:
