@@ -238,6 +238,35 @@ def _dcg(rel: np.ndarray) -> float:
 # ---------------------------------------------------------------------------------------------
 # Per-shape metrics
 # ---------------------------------------------------------------------------------------------
+def _metric_inputs(perf: np.ndarray, scores: np.ndarray, selectable: np.ndarray | None,
+                   measured: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`shape_metrics`' inputs as arrays (NaN scores as -inf, rank last; masks default all True)."""
+    perf = np.asarray(perf, dtype=np.float64)
+    scores = np.asarray(scores, dtype=np.float64)
+    if perf.shape != scores.shape:
+        raise ValueError(f"perf and scores must have the same length, got {perf.shape} and {scores.shape}")
+    selectable = np.ones(len(perf), dtype=bool) if selectable is None else np.asarray(selectable, dtype=bool)
+    measured = np.ones(len(perf), dtype=bool) if measured is None else np.asarray(measured, dtype=bool)
+    return perf, np.where(np.isnan(scores), -np.inf, scores), selectable, measured
+
+
+def _shape_values(p: np.ndarray, full: np.ndarray, max_k: int, pick_measured: bool) -> list[float]:
+    """:func:`_metric_columns` of a shape with a valid kernel from ``p`` (its candidates' perf), ``full``
+    (its selectable ones' perf, ranked) and ``pick_measured`` (the top-ranked one has a measurement)."""
+    b = p.max()
+    rp = full[:max_k]
+    vals = [rp[:1].max() / b if len(rp) else 0.0]
+    vals += [(rp[:k].max() / b if len(rp) else 0.0) for k in EFFICIENCY_KS]
+    vals += [float(np.any(rp[:k] >= b)) for k in HIT_KS]
+    ideal = _dcg(np.sort(p)[::-1][:NDCG_K] / b)
+    vals.append(_dcg(rp[:NDCG_K] / b) / ideal)
+    ran = full > 0
+    vals.append(float(len(rp) > 0 and rp[0] <= 0 and pick_measured))
+    vals.append(full[int(np.argmax(ran))] / b if ran.any() else 0.0)
+    vals.append(float(len(rp) > 0 and not pick_measured))
+    return vals
+
+
 def shape_metrics(perf: np.ndarray, scores: np.ndarray, groups: ShapeGroups,
                   selectable: np.ndarray | None = None, measured: np.ndarray | None = None) -> pd.DataFrame:
     """Selection metrics of one scoring method, one row per shape.
@@ -263,13 +292,7 @@ def shape_metrics(perf: np.ndarray, scores: np.ndarray, groups: ShapeGroups,
         ``chosen_row`` (-1 when nothing was selectable), ``best_row`` and the metric columns
         (NaN for shapes without any valid kernel).
     """
-    perf = np.asarray(perf, dtype=np.float64)
-    scores = np.asarray(scores, dtype=np.float64)
-    if perf.shape != scores.shape:
-        raise ValueError(f"perf and scores must have the same length, got {perf.shape} and {scores.shape}")
-    selectable = np.ones(len(perf), dtype=bool) if selectable is None else np.asarray(selectable, dtype=bool)
-    measured = np.ones(len(perf), dtype=bool) if measured is None else np.asarray(measured, dtype=bool)
-    scores = np.where(np.isnan(scores), -np.inf, scores)
+    perf, scores, selectable, measured = _metric_inputs(perf, scores, selectable, measured)
     cols = _metric_columns()
     out = np.full((groups.n_shapes, len(cols)), np.nan)
     best = np.zeros(groups.n_shapes)
@@ -295,17 +318,7 @@ def shape_metrics(perf: np.ndarray, scores: np.ndarray, groups: ShapeGroups,
             chosen[s] = ranked[0]
         if b <= 0:
             continue
-        rp = perf[ranked]
-        vals = [rp[:1].max() / b if len(rp) else 0.0]
-        vals += [(rp[:k].max() / b if len(rp) else 0.0) for k in EFFICIENCY_KS]
-        vals += [float(np.any(rp[:k] >= b)) for k in HIT_KS]
-        ideal = _dcg(np.sort(p)[::-1][:NDCG_K] / b)
-        vals.append(_dcg(rp[:NDCG_K] / b) / ideal)
-        ran = perf[full] > 0
-        vals.append(float(len(rp) > 0 and rp[0] <= 0 and measured[ranked[0]]))
-        vals.append(perf[full][int(np.argmax(ran))] / b if ran.any() else 0.0)
-        vals.append(float(len(rp) > 0 and not measured[ranked[0]]))
-        out[s] = vals
+        out[s] = _shape_values(p, perf[full], max_k, bool(measured[ranked[0]]) if len(ranked) else True)
     frame = pd.DataFrame(out, columns=cols)
     frame.insert(0, "best_row", best_row)
     frame.insert(0, "chosen_row", chosen)
@@ -687,6 +700,18 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
     ``over_seeds`` is the ``over_seeds`` section of a several-seed run (method -> :func:`spread`).
     """
     console = Console(width=None if sys.stdout.isatty() else 140)
+    scored = {m: r for m, r in metrics.items() if isinstance(r, dict) and "mean" in r}
+    for table in (_overall_table(scored, heading), _spread_table(scored, over_seeds),
+                  *_family_table(scored, families), *_group_tables(scored)):
+        console.print(table)
+    skipped = {m: r["skipped"] for m, r in metrics.items() if isinstance(r, dict) and "skipped" in r}
+    for method, why in skipped.items():
+        console.print(f"{method}: {why}")
+    console.print(_timing_line(timings, scored.get("model", {}).get("n_shapes", 0), out_dir))
+
+
+def _overall_table(scored: Mapping[str, Any], heading: str) -> Table:
+    """Every method's overall figures, side by side."""
     cols = [("mean", "mean"), ("p10", "P10"), ("p50", "P50"), ("min", "min"), ("top1", "top1"),
             ("top5", "top5"), ("efficiency@5", "eff@5"), ("efficiency@20", "eff@20"), ("ndcg@10", "ndcg@10"),
             ("failed_pick", "failed"), ("unmeasured_pick", "unmeasured"), ("fallback_efficiency", "w/ fallback")]
@@ -697,10 +722,13 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
     table.add_column("method")
     for _, title in cols:
         table.add_column(title, justify="right")
-    scored = {m: r for m, r in metrics.items() if isinstance(r, dict) and "mean" in r}
     for method, rep in scored.items():
         table.add_row(method, *[f"{100 * rep[key]:.2f}" if rep.get(key) is not None else "-" for key, _ in cols])
-    console.print(table)
+    return table
+
+
+def _spread_table(scored: Mapping[str, Any], over_seeds: Mapping[str, Any] | None) -> Table:
+    """Every method's mean ± std over the folds (and over the seeds)."""
     spread_table = Table(title=f"mean ± std over folds{' and over seeds' if over_seeds else ''}, %")
     spread_table.add_column("method")
     heads = [("mean", "mean (folds)"), ("p10", "P10 (folds)"), ("failed_pick", "failed (folds)"),
@@ -715,18 +743,28 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
         if over_seeds:
             cells += [_pm(over_seeds.get(method), key) for key, _ in heads]
         spread_table.add_row(method, *cells)
-    console.print(spread_table)
+    return spread_table
+
+
+def _family_table(scored: Mapping[str, Any], families: tuple[str, ...]) -> list[Table]:
+    """Every method's mean / P10 per family (no table with fewer than two families present)."""
     present = [f for f in families if any(f in r["by_family"] for r in scored.values())]
-    if len(present) > 1:
-        fam = Table(title="mean / P10 efficiency by family, %")
-        fam.add_column("method")
-        for f in present:
-            n = next(r["by_family"][f]["n_shapes"] for r in scored.values() if f in r["by_family"])
-            fam.add_column(f"{f} (n={n})", justify="right")
-        for method, rep in scored.items():
-            fam.add_row(method, *[f"{100 * rep['by_family'][f]['mean']:.2f} / {100 * rep['by_family'][f]['p10']:.2f}"
-                                  if f in rep["by_family"] else "-" for f in present])
-        console.print(fam)
+    if len(present) <= 1:
+        return []
+    fam = Table(title="mean / P10 efficiency by family, %")
+    fam.add_column("method")
+    for f in present:
+        n = next(r["by_family"][f]["n_shapes"] for r in scored.values() if f in r["by_family"])
+        fam.add_column(f"{f} (n={n})", justify="right")
+    for method, rep in scored.items():
+        fam.add_row(method, *[f"{100 * rep['by_family'][f]['mean']:.2f} / {100 * rep['by_family'][f]['p10']:.2f}"
+                              if f in rep["by_family"] else "-" for f in present])
+    return [fam]
+
+
+def _group_tables(scored: Mapping[str, Any]) -> list[Table]:
+    """One table per other grouping of the model's report (``by_arch``...) with at least two groups."""
+    tables = []
     model = scored.get("model", {})
     for key in sorted(k for k in model if k.startswith("by_") and k not in ("by_family", "by_best_pipeline")):
         groups = model[key]
@@ -746,16 +784,17 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
             if over_archs:
                 cells.append(f"{100 * rep['mean_over_archs']:.2f}" if "mean_over_archs" in rep else "-")
             by.add_row(method, *cells)
-        console.print(by)
-    skipped = {m: r["skipped"] for m, r in metrics.items() if isinstance(r, dict) and "skipped" in r}
-    for method, why in skipped.items():
-        console.print(f"{method}: {why}")
+        tables.append(by)
+    return tables
+
+
+def _timing_line(timings: Mapping[str, float], n_shapes: int, out_dir: Path) -> str:
+    """The closing line: test shapes, fit+predict times (model against plain), wall time, outputs."""
     fits = [f"{m} {timings[f'{m}_s']:.1f}s" for m in METHODS if f"{m}_s" in timings]
     if timings.get("plain_s") and "model_s" in timings:
         fits.append(f"model / plain {timings['model_s'] / timings['plain_s']:.2f}x")
     if timings.get("plain_cpu_s") and "model_cpu_s" in timings:
         fits.append(f"CPU model {timings['model_cpu_s']:.1f}s / plain {timings['plain_cpu_s']:.1f}s = "
                     f"{timings['model_cpu_s'] / timings['plain_cpu_s']:.2f}x")
-    n = model.get("n_shapes", 0)
-    console.print(f"{n} test shapes; fit+predict over the folds: {', '.join(fits) or '-'}; "
-                  f"wall time {timings.get('total_s', 0):.1f}s; outputs in {out_dir}")
+    return (f"{n_shapes} test shapes; fit+predict over the folds: {', '.join(fits) or '-'}; "
+            f"wall time {timings.get('total_s', 0):.1f}s; outputs in {out_dir}")

@@ -288,7 +288,7 @@ def _top_j(problems: Sequence[dict[str, Any]], max_k: int) -> np.ndarray:
 
 def _lightgbm(x_train: pd.DataFrame, hit: np.ndarray, x_test: pd.DataFrame, seed: int) -> np.ndarray:
     """P(hit) for the test problems from a small LightGBM classifier (a constant when one class)."""
-    import lightgbm as lgb  # lazy: lightgbm costs ~1-2 s to import and only this research signal needs it
+    import lightgbm as lgb  # lazy: ~1-2 s to import, only this signal needs it
 
     rate = (hit.sum() + 0.0) / (len(hit) + 1.0)  # one pseudo-miss, as the table's bins
     if hit.all() or not hit.any() or len(hit) < 20:

@@ -254,7 +254,7 @@ def load_train_run(run_dir: str | Path, *, purpose: str, require_record: bool) -
 def _check_pipeline(pipeline: Any, name: str, purpose: str) -> None:
     """Refuse what ``train`` does not save: anything but a ``features -> model`` Pipeline without
     a cache folder (``memory``, where fitting would write)."""
-    # lazy: scikit-learn and ckpred.transfer (its fitting stack) cost ~1.5 s to import; only a loaded pipeline needs them
+    # lazy: scikit-learn and ckpred.transfer (the fitting stack) cost ~1.5 s; only a loaded pipeline needs them
     from sklearn.pipeline import Pipeline
 
     from ckpred.transfer import TransferModel  # lazy: as above

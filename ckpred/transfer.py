@@ -40,7 +40,8 @@ from ckpred.schema import arch_constants
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TransferModel", "blend", "choose_weight", "fit_learned", "fit_transfer", "rank_percentile", "transfer_method"]
+__all__ = ["TransferModel", "blend", "choose_weight", "fit_learned", "fit_transfer", "rank_percentile",
+           "transfer_method"]
 
 #: Stands for "never seen in training" in the static order inside a ranking (below every mean
 #: efficiency, which is >= 0): a finite value, so that the selector can tell an unseen kernel
