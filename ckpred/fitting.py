@@ -20,8 +20,9 @@ from sklearn.pipeline import Pipeline
 from ckpred import evaluate as ev
 from ckpred.errors import ConfigValueError
 from ckpred.kernels.base import OpDefinition
-from ckpred.models import (absent_estimate, booster, build_pipeline, fit_applicability_model, fit_failure_model,
-                           fit_pipeline, predicted_ok, set_applicability_model, target_name, training_target)
+from ckpred.models import (FitRows, absent_estimate, booster, build_pipeline, fit_applicability_model,
+                           fit_failure_model, fit_pipeline, predicted_ok, set_applicability_model, target_name,
+                           training_target)
 from ckpred.schema import arch_config
 
 log = logging.getLogger(__name__)
@@ -478,43 +479,54 @@ def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: Op
                                                   groups=data.cv_groups[fit_shapes]
                                                   if len(data.cv_groups) == data.groups.n_shapes else None)
     rows = training_rows(data, fit_shapes, method.rows, max_rows=max_rows, rng=rng)
-    codes = data.groups.codes[rows]
-    y = training_target(data.perf[rows], codes, recipe.model, recipe.target)
-    val_kwargs: dict[str, Any] = {}
+    train = _fit_rows(data, rows, recipe)
+    val: FitRows | None = None
     if len(val_shapes):
         vrows = training_rows(data, val_shapes, method.rows, max_rows=max_rows, rng=rng)
-        vcodes = data.groups.codes[vrows]
-        val_kwargs = dict(X_val=data.X.iloc[vrows], val_codes=vcodes,
-                          y_val=training_target(data.perf[vrows], vcodes, recipe.model, recipe.target))
+        val = _fit_rows(data, vrows, recipe)
     pipe = build(recipe, op, data.arch if data.arch is not None else cfg.arch, cfg.dtype)
     if data.multi_arch:  # each GPU's rows with its own arch's constants
-        val_kwargs["Xt"] = arch_features(data, rows, recipe, op, cfg, build)
-        if len(val_shapes):
-            val_kwargs["Xt_val"] = arch_features(data, vrows, recipe, op, cfg, build)
+        train = replace(train, Xt=arch_features(data, rows, recipe, op, cfg, build))
+        if val is not None:
+            val = replace(val, Xt=arch_features(data, vrows, recipe, op, cfg, build))
         info["archs"] = data.arch_names(fit_shapes)
     learn_failures = method.validity is not None and bool(method.validity.learned)
     features_out: dict[str, Any] = {}
     model_cfg = recipe.model
-    if int(model_cfg.early_stopping_rounds) > 0 and "X_val" not in val_kwargs:
+    if int(model_cfg.early_stopping_rounds) > 0 and val is None:
         # no validation group to stop on (validation_split said why): the full tree count
         model_cfg = OmegaConf.merge(model_cfg, {"early_stopping_rounds": 0})
-    fit_pipeline(pipe, data.X.iloc[rows], y, codes, model_cfg=model_cfg,
-                 target=target_name(recipe.model, recipe.target), **val_kwargs, init_model=method.init_model,
-                 features_out=features_out if learn_failures else None)
+    fit_pipeline(pipe, train, model_cfg=model_cfg, target=target_name(recipe.model, recipe.target), val=val,
+                 init_model=method.init_model, features_out=features_out if learn_failures else None)
     if learn_failures:
         # the failure model learns on the ranking model's own training rows and features
         failed = data.perf[rows] <= 0
         model = fit_failure_model(pipe, None, failed, method.validity, seed, Xt=features_out["Xt"])
         info.update(failure_model=model is not None, failed_rows=int(failed.sum()))
-    info.update(train_rows=int(len(rows)), train_shapes=[str(k) for k in data.groups.keys[fit_shapes]],
-                validation_shapes=[str(k) for k in data.groups.keys[val_shapes]],
-                trees=int(booster(pipe).current_iteration()))
+    info.update(_fitted_info(pipe, data, len(rows), fit_shapes, val_shapes))
+    return pipe, info
+
+
+def _fit_rows(data: Prepared, rows: np.ndarray, recipe: DictConfig) -> FitRows:
+    """``rows`` of ``data`` as a model fits on them: raw input, the recipe's label, shape codes."""
+    codes = data.groups.codes[rows]
+    return FitRows(X=data.X.iloc[rows], y=training_target(data.perf[rows], codes, recipe.model, recipe.target),
+                   codes=codes)
+
+
+def _fitted_info(pipe: Pipeline, data: Prepared, n_rows: int, fit_shapes: np.ndarray,
+                 val_shapes: np.ndarray) -> dict[str, Any]:
+    """What a fit used and made: its training rows and shapes, validation shapes, trees (and the
+    best iteration, when early stopping chose one)."""
+    info: dict[str, Any] = dict(train_rows=int(n_rows), train_shapes=[str(k) for k in data.groups.keys[fit_shapes]],
+                                validation_shapes=[str(k) for k in data.groups.keys[val_shapes]],
+                                trees=int(booster(pipe).current_iteration()))
     best_iter = getattr(pipe.named_steps["model"], "best_iteration_", None)
     if best_iter is None and hasattr(pipe.named_steps["model"], "regressor_"):
         best_iter = getattr(pipe.named_steps["model"].regressor_, "best_iteration_", None)
     if best_iter:
         info["best_iteration"] = int(best_iter)
-    return pipe, info
+    return info
 
 
 def arch_features(data: Prepared, rows: np.ndarray, recipe: Any, op: OpDefinition, cfg: Any,

@@ -218,7 +218,23 @@ def load_train_run(run_dir: str | Path, *, purpose: str, require_record: bool) -
     if not path.is_dir():
         raise MissingFileError(str(path), f"{purpose}: no such directory (expected a train run dir, "
                                           "e.g. runs/train/<time>)")
-    record_file, pipeline_file = run_record_path(path), path / "pipeline.joblib"
+    pipeline_file = path / "pipeline.joblib"
+    record = _train_record(run_record_path(path), purpose, require_record)
+    saved: dict[str, Any] = record["pipeline"] if isinstance(record.get("pipeline"), dict) else {}
+    _require_pipeline(pipeline_file, record, saved, run_dir, purpose)
+    data = _read_bounded(pipeline_file, _PIPELINE_MAX, purpose)  # the bytes hashed are the bytes loaded
+    sha = hashlib.sha256(data).hexdigest()
+    recorded = saved.get("sha256")
+    if (recorded or require_record) and recorded != sha:
+        raise ModelMismatchError(f"{purpose}: {pipeline_file}: sha256 {sha} differs from the run record's "
+                                 f"{recorded} (the pipeline was replaced or damaged after training)")
+    pipeline = load_pipeline(io.BytesIO(data), name=str(pipeline_file), purpose=purpose)
+    _check_pipeline(pipeline, str(pipeline_file), purpose)
+    return TrainRun(path=path, pipeline=pipeline, sha256=sha, record=record)
+
+
+def _train_record(record_file: Path, purpose: str, require_record: bool) -> dict[str, Any]:
+    """The run record of :func:`load_train_run` (``{}`` when there is none and none is required)."""
     record: dict[str, Any] = {}
     if record_file.is_file():
         record = _read_record(record_file, purpose)
@@ -227,7 +243,13 @@ def load_train_run(run_dir: str | Path, *, purpose: str, require_record: bool) -
                                                    "expected a 'train' run dir")
     elif require_record:
         raise MissingFileError(str(record_file), f"{purpose}: missing; the directory is not a finished train run")
-    saved = record.get("pipeline") if isinstance(record.get("pipeline"), dict) else {}
+    return record
+
+
+def _require_pipeline(pipeline_file: Path, record: dict[str, Any], saved: dict[str, Any], run_dir: str | Path,
+                      purpose: str) -> None:
+    """Refuse a run directory without its fitted pipeline, saying why it has none."""
+    path = pipeline_file.parent
     if record.get("command") == "train" and "sha256" in saved and saved["sha256"] is None:
         # a pipeline.joblib beside it is an earlier run's, left in the reused run folder
         raise MissingFileError(str(pipeline_file), f"{purpose}: no fitted pipeline in {run_dir} (the run was trained "
@@ -240,15 +262,6 @@ def load_train_run(run_dir: str | Path, *, purpose: str, require_record: bool) -
             why = (f"{run_dir} is not a finished train run: it holds no run record, metrics or pipeline (the run "
                    f"failed or is still running{'; see ' + logs[0] if logs else ''})")
         raise MissingFileError(str(pipeline_file), f"{purpose}: no fitted pipeline in {run_dir} ({why})")
-    data = _read_bounded(pipeline_file, _PIPELINE_MAX, purpose)  # the bytes hashed are the bytes loaded
-    sha = hashlib.sha256(data).hexdigest()
-    recorded = saved.get("sha256")
-    if (recorded or require_record) and recorded != sha:
-        raise ModelMismatchError(f"{purpose}: {pipeline_file}: sha256 {sha} differs from the run record's "
-                                 f"{recorded} (the pipeline was replaced or damaged after training)")
-    pipeline = load_pipeline(io.BytesIO(data), name=str(pipeline_file), purpose=purpose)
-    _check_pipeline(pipeline, str(pipeline_file), purpose)
-    return TrainRun(path=path, pipeline=pipeline, sha256=sha, record=record)
 
 
 def _check_pipeline(pipeline: Any, name: str, purpose: str) -> None:

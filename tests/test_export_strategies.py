@@ -116,7 +116,8 @@ def test_reranker_is_the_recipe_sized_down_and_fitted_on_candidate_rows_only(set
     assert model.booster_.num_trees() == 20
     fitted_on = []
     real = ckpred.models.fit_pipeline
-    monkeypatch.setattr(ckpred.models, "fit_pipeline", lambda pipe, X, *a, **kw: fitted_on.append(X) or real(pipe, X, *a, **kw))
+    monkeypatch.setattr(ckpred.models, "fit_pipeline",
+                        lambda pipe, rows, *a, **kw: fitted_on.append(rows.X) or real(pipe, rows, *a, **kw))
     st.fit_reranker(table, op, compose("export", ["features=minimal"]), keep, reranker=RERANKER, arch=cfg.arch,
                     dtype=cfg.dtype, layout=cfg.layout)
     X = fitted_on[0]

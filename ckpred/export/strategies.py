@@ -207,7 +207,7 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.nd
     from omegaconf import OmegaConf
 
     from ckpred.evaluate import measured_perf
-    from ckpred.models import build_pipeline, fit_pipeline, target_name, training_target
+    from ckpred.models import FitRows, build_pipeline, fit_pipeline, target_name, training_target
 
     rows = candidate_rows(table, op, keep, arch=arch, dtype=dtype, layout=layout)
     sub = table.iloc[np.flatnonzero(rows)]
@@ -225,7 +225,7 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, recipe: Any, keep: np.nd
     pipe = build_pipeline(cfg, op, arch, dtype)
     perf = measured_perf(sub["tflops"].to_numpy(), sub["is_valid"].to_numpy())
     y = training_target(perf, codes, cfg.model, cfg.target)
-    return fit_pipeline(pipe, op.encode_frame(sub), y, codes, model_cfg=cfg.model,
+    return fit_pipeline(pipe, FitRows(op.encode_frame(sub), y, codes), model_cfg=cfg.model,
                         target=target_name(cfg.model, cfg.target))
 
 
