@@ -1,4 +1,4 @@
-"""Selection metrics by shape, the no-learning baselines, summaries and plots.
+"""Selection metrics by shape, the no-learning baselines and summaries (the run's plots: :mod:`ckpred.cv.report`).
 
 Everything here answers one question: *when a selector ranks the candidate kernels of a shape
 it has never seen, how good is the kernel it picks?*
@@ -76,7 +76,8 @@ from scipy.special import gammaln
 
 from ckpred.dtypes import bytes_per_element, c_bytes_per_element
 from ckpred.errors import ConfigValueError
-from ckpred.schema import arch_value
+from ckpred.kernels.base import OpDefinition
+from ckpred.schema import ArchConfig, DtypeConfig, arch_value
 
 #: Budgets k reported as efficiency@k (the budgeted two-phase search).
 EFFICIENCY_KS: tuple[int, ...] = (1, 2, 5, 10, 20)
@@ -518,7 +519,7 @@ def best_static_scores(train_kernels: np.ndarray, train_perf: np.ndarray, train_
     return best_static_apply(per_kernel, test_kernels), ranking
 
 
-def best_static_by(baselines: Any, op: Any) -> list[str]:
+def best_static_by(baselines: Any, op: OpDefinition) -> list[str]:
     """``baselines.best_static_by``: the problem fields the ``best_static`` order is learned per.
 
     Raises
@@ -548,7 +549,7 @@ ANALYTICAL_FIELDS: tuple[str, ...] = ("m", "n", "k", "tile_m", "tile_n", "tile_k
 
 
 def analytical_scores(frame: pd.DataFrame, *, cus: int, peak_tflops: float, bandwidth_gbs: float,
-                      bytes_per_element: int, c_bytes: int = 2) -> np.ndarray:
+                      bytes_per_element: float, c_bytes: float = 2) -> np.ndarray:
     """A roofline time estimate with wave quantisation; no learning. Higher score = better.
 
     For a kernel with block tile (tm, tn, tk) on problem (M, N, K), with T = ceil(M/tm)*ceil(N/tn)
@@ -581,7 +582,7 @@ def analytical_scores(frame: pd.DataFrame, *, cus: int, peak_tflops: float, band
     return -estimate * (1.0 + 1e-6 * (1.0 - reuse / (1.0 + reuse.max(initial=1.0))))
 
 
-def op_analytical_scores(table: pd.DataFrame, op: Any, arch: Any, dtype: Any) -> np.ndarray:
+def op_analytical_scores(table: pd.DataFrame, op: OpDefinition, arch: ArchConfig, dtype: DtypeConfig) -> np.ndarray:
     """:func:`analytical_scores` of a table of one op on one arch and dtype: the problem as the
     op's GEMM view, the arch's CUs, peak and bandwidth and the dtype's element sizes.
 
@@ -600,7 +601,7 @@ def op_analytical_scores(table: pd.DataFrame, op: Any, arch: Any, dtype: Any) ->
 # ---------------------------------------------------------------------------------------------
 def write_json(path: Path, payload: Mapping[str, Any]) -> Path:
     """Write ``payload`` as indented JSON (NaN written as null)."""
-    def clean(obj: Any) -> Any:
+    def clean(obj: object) -> object:
         if isinstance(obj, Mapping):
             return {str(k): clean(v) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
@@ -624,64 +625,6 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt  # lazy: as above
 
     return plt
-
-
-def plot_efficiency_cdf(per_shape: Mapping[str, pd.DataFrame], family: np.ndarray,
-                        families: Sequence[str], path: Path) -> Path:
-    """Empirical CDF of per-shape efficiency, one panel per M family, a line per method."""
-    plt = pyplot()
-    present = [f for f in families if np.any(family == f)]
-    fig, axes = plt.subplots(1, max(len(present), 1), figsize=(4 * max(len(present), 1), 3.4), squeeze=False)
-    for ax, fam in zip(axes[0], present):
-        for method, frame in per_shape.items():
-            eff = np.sort(frame.loc[family == fam, "efficiency"].dropna().to_numpy())
-            if len(eff):
-                ax.step(eff, np.arange(1, len(eff) + 1) / len(eff), where="post", label=method)
-        ax.set_title(f"{fam} (n={int(np.sum(family == fam))})")
-        ax.set_xlabel("efficiency (chosen / best)")
-        ax.set_xlim(0, 1.01)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("fraction of shapes")
-    axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def plot_efficiency_at_k(reports: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
-    """Mean efficiency@k for k in :data:`EFFICIENCY_KS`, a line per method."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for method, rep in reports.items():
-        ys = [rep.get(f"efficiency@{k}", np.nan) for k in EFFICIENCY_KS]
-        ax.plot(EFFICIENCY_KS, ys, marker="o", label=method)
-    ax.set_xscale("log")
-    ax.set_xticks(EFFICIENCY_KS, [str(k) for k in EFFICIENCY_KS])
-    ax.set_xlabel("k (top-k kernels benchmarked, best kept)")
-    ax.set_ylabel("mean efficiency@k")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def plot_feature_importance(names: Sequence[str], gains: np.ndarray, path: Path, top: int = 30) -> Path:
-    """Horizontal bar chart of the ``top`` features by total split gain."""
-    plt = pyplot()
-    gains = np.asarray(gains, dtype=np.float64)
-    total = gains.sum() or 1.0
-    idx = np.argsort(-gains, kind="stable")[:top][::-1]
-    fig, ax = plt.subplots(figsize=(6, 0.22 * len(idx) + 1.2))
-    ax.barh([names[i] for i in idx], gains[idx] / total)
-    ax.set_xlabel("share of total split gain")
-    ax.tick_params(axis="y", labelsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def _pm(stats: Mapping[str, Any] | None, key: str) -> str:

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable
 
+import lightgbm as lgb
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
+from sklearn.base import TransformerMixin
 from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 from sklearn.pipeline import Pipeline
 
@@ -23,7 +25,7 @@ from ckpred.kernels.base import OpDefinition
 from ckpred.models import (FitRows, absent_estimate, booster, build_pipeline, fit_applicability_model,
                            fit_failure_model, fit_pipeline, predicted_ok, set_applicability_model, target_name,
                            training_target)
-from ckpred.schema import arch_config
+from ckpred.schema import ArchConfig, arch_config
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +45,10 @@ class Prepared:
     cv_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
     #: The arch config of the table (its validity rules' and features' hardware constants); on
     #: a table of several GPUs, the run's arch (the one its fitted pipelines' features are built for).
-    arch: Any = field(default=None, repr=False)
+    arch: ArchConfig | None = field(default=None, repr=False)
     #: A table of several GPUs: the arch configs of its rows, each row's index into them
     #: (``row_arch``) and each shape's (``shape_arch``); empty for a table of one arch.
-    archs: tuple[Any, ...] = field(default=(), repr=False)
+    archs: tuple[ArchConfig, ...] = field(default=(), repr=False)
     row_arch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
     shape_arch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
 
@@ -55,7 +57,7 @@ class Prepared:
         """Whether the rows are of several GPUs (each featurised with its own arch's constants)."""
         return len(self.archs) > 1
 
-    def arch_groups(self, rows: np.ndarray) -> list[tuple[Any, np.ndarray]]:
+    def arch_groups(self, rows: np.ndarray) -> list[tuple[ArchConfig | None, np.ndarray]]:
         """``(arch config, rows of that arch)`` covering ``rows``, in order of the archs."""
         rows = np.asarray(rows, dtype=np.int64)
         if not self.multi_arch:
@@ -78,7 +80,8 @@ class Prepared:
         return np.ones(len(self.table), dtype=bool)
 
 
-def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None, own_archs: bool = True) -> Prepared:
+def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: ArchConfig | None = None,
+            own_archs: bool = True) -> Prepared:
     """Encode the model input, measured perf, validity mask and shape groups of ``table``.
 
     Shapes are the op's queries (``shape_keys``: the ranking group and unit of efficiency);
@@ -134,7 +137,7 @@ def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None, o
                     shape_arch=row_arch[first] if len(archs) > 1 else np.zeros(0, dtype=np.int64))
 
 
-def row_archs(table: pd.DataFrame, arch: Any) -> tuple[tuple[Any, ...], np.ndarray]:
+def row_archs(table: pd.DataFrame, arch: ArchConfig) -> tuple[tuple[ArchConfig, ...], np.ndarray]:
     """The arch configs named by ``table``'s ``arch`` column and each row's index into them:
     ``arch`` itself for rows of its name, else the arch config of the row's name. A table
     without the column, or of one arch name, is ``arch``'s alone.
@@ -153,7 +156,7 @@ def row_archs(table: pd.DataFrame, arch: Any) -> tuple[tuple[Any, ...], np.ndarr
     return tuple(arch if name == own else arch_config(str(name)) for name in names), codes.astype(np.int64)
 
 
-def rule_mask(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any) -> np.ndarray:
+def rule_mask(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: ArchConfig) -> np.ndarray:
     """The op's validity rules per row of ``table`` with ``arch``'s constants (True = may run)."""
     problems = table[list(op.problem_names)]
     kernels = table[list(op.kernel_names)]
@@ -191,7 +194,7 @@ class Coverage:
     example: str = ""
 
 
-def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None,
+def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: ArchConfig | None = None,
                     shape_codes: np.ndarray | None = None) -> tuple[pd.DataFrame, Coverage]:
     """``table`` plus a row for every rule-valid catalogue kernel a problem has no row for.
 
@@ -428,7 +431,7 @@ class LearnedMethod:
     recipe: DictConfig  # features, model, target, seed, layout
     rows: Any
     #: Warm start (:mod:`ckpred.warm_start`): booster every fit of this method continues from.
-    init_model: Any = None
+    init_model: lgb.Booster | None = None
     #: The learned validity mask's config (``validity``); None = no failure model.
     validity: Any = None
     #: The transfer recipe's config (``transfer``): the method is fitted by
@@ -457,7 +460,7 @@ def plain_method(cfg: Any) -> LearnedMethod:
 
 
 def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any,
-               seed: int, build: Callable[..., Any] = build_pipeline) -> tuple[Any, dict[str, Any]]:
+               seed: int, build: Callable[..., Pipeline] = build_pipeline) -> tuple[Pipeline, dict[str, Any]]:
     """Fit ``method`` on the training ``shapes`` of ``data``; returns (pipeline, fit info).
 
     ``build(recipe, op, arch, dtype)`` makes the unfitted pipeline (default
@@ -529,8 +532,8 @@ def _fitted_info(pipe: Pipeline, data: Prepared, n_rows: int, fit_shapes: np.nda
     return info
 
 
-def arch_features(data: Prepared, rows: np.ndarray, recipe: Any, op: OpDefinition, cfg: Any,
-                  build: Callable[..., Any] = build_pipeline) -> np.ndarray:
+def arch_features(data: Prepared, rows: np.ndarray, recipe: DictConfig, op: OpDefinition, cfg: Any,
+                  build: Callable[..., Pipeline] = build_pipeline) -> np.ndarray:
     """The features of ``rows`` of a table of several GPUs, each row's with its own arch's
     constants (one feature step per arch, built as ``build`` builds the pipeline's), in ``rows`` order."""
     rows = np.asarray(rows, dtype=np.int64)
@@ -544,7 +547,8 @@ def arch_features(data: Prepared, rows: np.ndarray, recipe: Any, op: OpDefinitio
     return out if out is not None else np.zeros((0, 0))
 
 
-def for_arch(pipe: Any, method: LearnedMethod, op: OpDefinition, cfg: Any, arch: Any, X: pd.DataFrame) -> Any:
+def for_arch(pipe: Pipeline, method: LearnedMethod, op: OpDefinition, cfg: Any, arch: ArchConfig | None,
+             X: pd.DataFrame) -> Pipeline:
     """``pipe`` scoring a table of another arch: the same fitted model behind features built with
     ``arch``'s hardware constants (feature groups learn no statistics, so refitting them on
     ``X`` only records the input columns)."""
@@ -575,17 +579,17 @@ class Applicability:
         Pairs the model was fitted on.
     """
 
-    model: Any
+    model: lgb.LGBMRegressor
     threshold: float
     curve: pd.DataFrame
     train_pairs: int
 
-    def applicable(self, pipe: Any, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
+    def applicable(self, pipe: Pipeline, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
         """bool per row of raw input ``X``: predicted to apply (``pipe`` supplies the features)."""
         return np.concatenate([absent_estimate(pipe, X.iloc[i:i + batch], self.model) <= self.threshold
                                for i in range(0, len(X), batch)] or [np.zeros(0, dtype=bool)])
 
-    def attach(self, pipe: Any) -> Any:
+    def attach(self, pipe: Pipeline) -> Pipeline:
         """Attach the mask to ``pipe`` (:func:`ckpred.models.set_applicability_model`): the
         export compiles it into the selector."""
         set_applicability_model(pipe, self.model, self.threshold)
@@ -605,14 +609,15 @@ def _pair_rows(cand: Prepared, shapes: np.ndarray, max_rows: int, seed: int) -> 
     return rows_of(cand.groups, np.sort(keep))
 
 
-def _fit_mask_model(cand: Prepared, shapes: np.ndarray, features: Any, acfg: Any, seed: int) -> tuple[Any, int]:
+def _fit_mask_model(cand: Prepared, shapes: np.ndarray, features: TransformerMixin, acfg: Any,
+                    seed: int) -> tuple[lgb.LGBMRegressor, int]:
     rows = _pair_rows(cand, shapes, int(acfg.max_rows), seed)
     Xt = features.transform(cand.X.iloc[rows])
     return fit_applicability_model(Xt, ~cand.measured[rows], acfg, seed), len(rows)
 
 
 def fit_applicability(cand: Prepared, shapes: np.ndarray, data: Prepared, op: OpDefinition, cfg: Any, seed: int,
-                      pipe: Any) -> Applicability:
+                      pipe: Pipeline) -> Applicability:
     """Fit the applicability mask on the training ``shapes`` and choose its threshold on inner folds.
 
     For an op whose table lists only the kernels that apply to each problem
@@ -670,13 +675,13 @@ def rows_of(groups: ev.ShapeGroups, shapes: np.ndarray) -> np.ndarray:
     return np.concatenate([groups.rows(int(s)) for s in shapes]) if len(shapes) else np.zeros(0, dtype=np.int64)
 
 
-def predict(pipe: Any, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
+def predict(pipe: Pipeline, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
     # Batches bound the feature matrix held in memory at once.
     return np.concatenate([np.asarray(pipe.predict(X.iloc[i:i + batch]), dtype=np.float64)
                            for i in range(0, len(X), batch)])
 
 
-def fit_final(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> Any:
+def fit_final(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> Pipeline:
     """Fit the config's model recipe on every shape of ``table``, exactly as ``train`` fits its final
     model (with the applicability mask, :func:`attach_applicability`)."""
     data = prepare(table, op, cfg)
@@ -707,7 +712,7 @@ def candidates(data: Prepared, op: OpDefinition, cfg: Any) -> tuple[Prepared, Co
                     arch=data.arch), coverage
 
 
-def attach_applicability(pipe: Any, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any, seed: int,
+def attach_applicability(pipe: Pipeline, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any, seed: int,
                          cand: Prepared | None = None) -> Applicability | None:
     """For an op whose table lists only the kernels that apply (``op.absence=not_applicable``): fit
     the applicability mask on ``shapes`` (:func:`fit_applicability`) and attach it to ``pipe``.

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import lightgbm as lgb
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.compose import TransformedTargetRegressor
@@ -37,6 +38,7 @@ from sklearn.pipeline import Pipeline
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from ckpred.features import build_features
+from ckpred.kernels.base import OpDefinition
 
 
 class _ElementwiseTarget(TransformerMixin, BaseEstimator):
@@ -47,7 +49,7 @@ class _ElementwiseTarget(TransformerMixin, BaseEstimator):
     def __init__(self) -> None:
         pass
 
-    def fit(self, X: Any, y: Any = None) -> "_ElementwiseTarget":
+    def fit(self, X: npt.ArrayLike, y: npt.ArrayLike | None = None) -> "_ElementwiseTarget":
         validate_data(self, X, dtype=np.float64)
         return self
 
@@ -57,17 +59,15 @@ class _ElementwiseTarget(TransformerMixin, BaseEstimator):
     def _backward(self, X: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def transform(self, X: Any) -> np.ndarray:
+    def transform(self, X: npt.ArrayLike) -> np.ndarray:
         check_is_fitted(self)
-        X = validate_data(self, X, dtype=np.float64, reset=False)
-        return self._forward(X)
+        return self._forward(validate_data(self, X, dtype=np.float64, reset=False))
 
-    def inverse_transform(self, X: Any) -> np.ndarray:
+    def inverse_transform(self, X: npt.ArrayLike) -> np.ndarray:
         check_is_fitted(self)
-        X = check_array(X, dtype=np.float64, ensure_all_finite=False)
-        return self._backward(X)
+        return self._backward(check_array(X, dtype=np.float64, ensure_all_finite=False))
 
-    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
+    def get_feature_names_out(self, input_features: Sequence[str] | None = None) -> np.ndarray:
         check_is_fitted(self)
         return np.asarray([f"y{i}" for i in range(self.n_features_in_)], dtype=object)
 
@@ -156,7 +156,7 @@ def build_estimator(model_cfg: Any, target_cfg: Any, seed: int = 0) -> BaseEstim
                                       transformer=transformer, check_inverse=False)
 
 
-def build_pipeline(cfg: Any, op: Any, arch_cfg: Any, dtype_cfg: Any) -> Pipeline:
+def build_pipeline(cfg: Any, op: OpDefinition, arch_cfg: Any, dtype_cfg: Any) -> Pipeline:
     """The unfitted ``features -> model`` Pipeline of a config.
 
     Parameters
@@ -307,7 +307,7 @@ def booster(pipe: Pipeline) -> lgb.Booster:
 # Learned validity: kernels the training data saw fail
 # ---------------------------------------------------------------------------------------------
 def fit_failure_model(pipe: Pipeline, X: pd.DataFrame | None, failed: np.ndarray, validity_cfg: Any,
-                      seed: int = 0, Xt: Any = None) -> lgb.LGBMRegressor | None:
+                      seed: int = 0, Xt: npt.ArrayLike | None = None) -> lgb.LGBMRegressor | None:
     """Learn which rule-valid kernels fail, and attach the model to ``pipe`` (fitted).
 
     A small LightGBM model on the pipeline's own features estimates the probability that a
@@ -379,7 +379,7 @@ def predicted_ok(pipe: Pipeline, X: pd.DataFrame) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # Learned applicability: kernels a sparse table does not list for a problem
 # ---------------------------------------------------------------------------------------------
-def fit_applicability_model(Xt: Any, absent: np.ndarray, cfg: Any, seed: int = 0) -> lgb.LGBMRegressor:
+def fit_applicability_model(Xt: npt.ArrayLike, absent: np.ndarray, cfg: Any, seed: int = 0) -> lgb.LGBMRegressor:
     """Learn which catalogue kernels a problem's rows would not hold (not applicable to it).
 
     The same small LightGBM model as :func:`fit_failure_model` (an L2 fit of the 0/1 label, so a

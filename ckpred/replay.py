@@ -191,7 +191,7 @@ def _read_record(path: Path) -> dict[str, Any]:
     return record
 
 
-def _pseudo_fold(shape: Any) -> int:
+def _pseudo_fold(shape: object) -> int:
     return zlib.crc32(str(shape).encode()) % PSEUDO_FOLDS
 
 
@@ -297,7 +297,7 @@ def _lightgbm(x_train: pd.DataFrame, hit: np.ndarray, x_test: pd.DataFrame, seed
                              subsample=0.8, subsample_freq=1, colsample_bytree=0.8, random_state=seed, n_jobs=1,
                              verbose=-1)
     clf.fit(x_train, hit)
-    return clf.predict_proba(x_test[x_train.columns])[:, 1]
+    return np.asarray(clf.predict_proba(x_test[x_train.columns]))[:, 1]
 
 
 def _logistic(x_train: pd.DataFrame, y_train: np.ndarray, x_test: pd.DataFrame, w: float) -> np.ndarray:

@@ -264,7 +264,7 @@ def _require_pipeline(pipeline_file: Path, record: dict[str, Any], saved: dict[s
         raise MissingFileError(str(pipeline_file), f"{purpose}: no fitted pipeline in {run_dir} ({why})")
 
 
-def _check_pipeline(pipeline: Any, name: str, purpose: str) -> None:
+def _check_pipeline(pipeline: object, name: str, purpose: str) -> None:
     """Refuse what ``train`` does not save: anything but a ``features -> model`` Pipeline without
     a cache folder (``memory``, where fitting would write)."""
     # lazy: scikit-learn and ckpred.transfer (the fitting stack) cost ~1.5 s; only a loaded pipeline needs them
@@ -424,7 +424,7 @@ def _pipeline_unpickler() -> type:
     # lazy: joblib's pickle internals (~0.1 s) only loading a pipeline needs
     from joblib.numpy_pickle import NumpyArrayWrapper, NumpyUnpickler
 
-    class _ObjectArrayUnpickler(_Restricted, pickle._Unpickler):  # type: ignore[name-defined]
+    class _ObjectArrayUnpickler(_Restricted, pickle._Unpickler):
         """The nested pickle of an array of Python objects, restricted the same way (joblib
         before 1.5 read it with an unrestricted ``pickle.load``)."""
 
@@ -496,7 +496,7 @@ def load_pipeline(source: str | Path | BinaryIO, *, name: str | None = None, pur
             raise InputFileError(label, f"{purpose}: not a pipeline joblib wrote (it starts with {head!r}; "
                                         "expected a zlib, gzip or plain pickle stream)")
         unpickler = _pipeline_unpickler()
-        params = inspect.signature(unpickler.__init__).parameters
+        params = inspect.signature(unpickler).parameters  # its __init__'s, without self
         args = (label, stream, True) if "ensure_native_byte_order" in params else (label, stream)
         reader = unpickler(*args)
         reader.source, reader.purpose = label, purpose

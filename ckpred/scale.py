@@ -35,9 +35,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
+import lightgbm as lgb
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow.parquet as pq
 from lightgbm import DaskLGBMRanker, DaskLGBMRegressor
@@ -52,12 +54,16 @@ from ckpred.data.table import canonical_arrow, write_table
 from ckpred.dtypes import load_dtype
 from ckpred.errors import CkpredError, ConfigValueError, InputFileError
 from ckpred.features import build_features
-from ckpred.fitting import model_method, predict, prepare, training_rows
+from ckpred.fitting import LearnedMethod, Prepared, model_method, predict, prepare, training_rows
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import (build_estimator, build_pipeline, failure_estimator, failure_model, fit_failure_model,
                            predicted_ok, query_sizes, set_failure_model, target_name, training_target)
 from ckpred.schema import LayoutConfig, arch_config
-from ckpred.transfer import fit_learned
+from ckpred.transfer import Fitted, fit_learned
+
+if TYPE_CHECKING:  # the optional dask extra
+    from dask.array import Array as DaskArray
+    from distributed import Client, Future
 from ckpred.util import atomic_dir
 
 _Y, _Q = "_ckpred_y", "_ckpred_query"
@@ -337,7 +343,7 @@ def _training_part(file: str, number: int, part: PartitionRecipe) -> pd.DataFram
     return part.training_frame(pd.read_parquet(file), number)
 
 
-def _assemble(pipe: Any, fitted_model: Any, target: str) -> Any:
+def _assemble(pipe: Pipeline, fitted_model: lgb.LGBMModel, target: str) -> Pipeline:
     """Put a fitted estimator into ``pipe``, whose feature step is fitted already (on a few rows of
     one partition: the feature groups learn no statistics)."""
     step = pipe.named_steps["model"]
@@ -379,9 +385,9 @@ class PartitionFit:
     validity: Any = None
 
 
-def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: str, client: Any = None,
+def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: str, client: Client | None = None,
                     test: tuple[float, float] = (0.0, 0.0), placed: Placed | None = None,
-                    seed: int | None = None) -> tuple[Any, dict[str, Any]]:
+                    seed: int | None = None) -> tuple[Pipeline, dict[str, Any]]:
     """Fit the config's model recipe on a partitioned dataset; returns (pipeline, fit info).
 
     Parameters
@@ -429,6 +435,8 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
         check_partitions((_keys_of(f, op) for f in placed.files), str(path))
         fitted, rows = _fit_local(job, placed.files, pipe, info)
     elif backend == "dask":
+        if client is None:
+            raise ValueError("fit_partitioned: backend='dask' needs a distributed client")
         where = placed.where if placed.where is not None else placement(client, placed.files, op, str(path))
         fitted, rows = _fit_on_cluster(job, client, Placed(placed.files, where), pipe, info)
     else:
@@ -438,7 +446,7 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
     return _assemble(pipe, fitted, target_name(model_cfg, method.recipe.target)), info
 
 
-def _fit_local(job: PartitionFit, files: list[str], pipe: Any, info: dict[str, Any]) -> tuple[Any, int]:
+def _fit_local(job: PartitionFit, files: list[str], pipe: Pipeline, info: dict[str, Any]) -> tuple[lgb.LGBMModel, int]:
     """The training rows of every partition gathered here and LightGBM's ordinary estimator (with
     the failure model, recorded in ``info``); returns (fitted estimator, training rows)."""
     frames = [f for f in (_training_part(f, i, job.part) for i, f in enumerate(files)) if len(f)]
@@ -455,7 +463,7 @@ def _fit_local(job: PartitionFit, files: list[str], pipe: Any, info: dict[str, A
     return job.estimator, len(train)
 
 
-def _fit_on_cluster(job: PartitionFit, client: Any, placed: Placed, pipe: Any,
+def _fit_on_cluster(job: PartitionFit, client: Client, placed: Placed, pipe: Pipeline,
                     info: dict[str, Any]) -> tuple[Any, int]:
     """:func:`_fit_dask`, its failure model set on ``pipe`` and recorded in ``info``; returns
     (fitted local estimator, training rows)."""
@@ -466,7 +474,7 @@ def _fit_on_cluster(job: PartitionFit, client: Any, placed: Placed, pipe: Any,
     return fitted, rows
 
 
-def _columns(frame: pd.DataFrame, columns: Any, dtype: Any) -> np.ndarray:
+def _columns(frame: pd.DataFrame, columns: str | list[str], dtype: npt.DTypeLike) -> np.ndarray:
     return frame[columns].to_numpy(dtype=dtype)
 
 
@@ -492,7 +500,7 @@ def spread(combos: list[str], workers: list[str]) -> list[str]:
     return out
 
 
-def placement(client: Any, files: list[str], op: OpDefinition, path: str) -> list[str]:
+def placement(client: Client, files: list[str], op: OpDefinition, path: str) -> list[str]:
     """The worker of each partition file (:func:`spread` of their combos over the client's
     workers), after checking that no query is split across files (:func:`check_partitions`;
     only the key columns are read, on the workers)."""
@@ -502,7 +510,7 @@ def placement(client: Any, files: list[str], op: OpDefinition, path: str) -> lis
     return spread(combos, sorted(client.scheduler_info()["workers"]))
 
 
-def _fit_dask(client: Any, placed: Placed, job: PartitionFit) -> tuple[Any, int, Any, int]:
+def _fit_dask(client: Client, placed: Placed, job: PartitionFit) -> tuple[lgb.LGBMModel, int, Any, int]:
     """The ranking model fitted data-parallel on the partitions' training rows, each partition on
     its worker; returns (local model, training rows, failure model or None, failed training
     rows). With ``job.validity`` (the ``validity`` config, ``learned`` on) the failure model is
@@ -515,7 +523,7 @@ def _fit_dask(client: Any, placed: Placed, job: PartitionFit) -> tuple[Any, int,
     is_ranker, validity = job.is_ranker, job.validity
 
     # each partition's training rows, then its X / y / group arrays, pinned to one worker
-    def pinned(fn: Any, *args: Any, worker: str) -> Any:
+    def pinned(fn: Callable[..., Any], *args: object, worker: str) -> Future:
         return client.submit(fn, *args, workers=[worker], allow_other_workers=False, pure=False)
 
     frames = [pinned(_training_part, f, i, part, worker=w) for i, (f, w) in enumerate(zip(files, where))]
@@ -553,7 +561,8 @@ def _fit_dask(client: Any, placed: Placed, job: PartitionFit) -> tuple[Any, int,
     return model.to_local(), int(lengths.sum()), failure, n_failed
 
 
-def _fit_failures(client: Any, X: Any, failed: Any, validity: Any, seed: int) -> tuple[Any, int]:
+def _fit_failures(client: Client, X: DaskArray, failed: DaskArray, validity: Any,
+                  seed: int) -> tuple[lgb.LGBMRegressor | None, int]:
     """The learned failure model on the Dask arrays of the ranking model's training rows: a
     ``DaskLGBMRegressor`` with :func:`ckpred.models.failure_estimator`'s parameters on the 0/1
     label ``failed``, kept (as a local ``LGBMRegressor``) only when a distributed predict flags
@@ -587,7 +596,7 @@ def _static_part(file: str, part: PartitionRecipe) -> tuple[pd.Series, int]:
     return ev.best_static_sums(ev.static_keys(frame, np.arange(len(frame)), part.static_by), perf, groups)
 
 
-def best_static_order(part: PartitionRecipe, files: list[str], client: Any = None) -> pd.Series:
+def best_static_order(part: PartitionRecipe, files: list[str], client: Client | None = None) -> pd.Series:
     """The ``best_static`` order learned on the training queries of every partition: per kernel
     its mean ``perf / best`` over them (what :func:`ckpred.evaluate.best_static_scores` learns on
     one table), from per-partition sums and counts (on the cluster with ``client``, else here)."""
@@ -607,7 +616,7 @@ def _empty_scores() -> pd.DataFrame:
                          "efficiency": pd.Series(dtype=np.float64), "top1": pd.Series(dtype=np.float64)})
 
 
-def _score_part(file: str, number: int, part: PartitionRecipe, pipe: Any,
+def _score_part(file: str, number: int, part: PartitionRecipe, pipe: Pipeline,
                 static: pd.Series | None = None) -> tuple[pd.DataFrame, str | None]:
     """Per held-out query of one partition and per method (the model, then ``part.baselines``):
     the metrics of :func:`ckpred.evaluate.shape_metrics`, the query's family and the chosen
@@ -655,7 +664,7 @@ def _score_part(file: str, number: int, part: PartitionRecipe, pipe: Any,
     return pd.concat(out, ignore_index=True), note
 
 
-def score_all(pipe: Any, part: PartitionRecipe, files: list[str], client: Any = None,
+def score_all(pipe: Pipeline, part: PartitionRecipe, files: list[str], client: Client | None = None,
                static: pd.Series | None = None) -> tuple[pd.DataFrame, list[str]]:
     """:func:`_score_part` of every partition (on the cluster with ``client``) and the
     analytical baseline's skip reasons."""
@@ -679,8 +688,8 @@ def scoring_recipe(cfg: Any, op: OpDefinition, test: tuple[float, float], baseli
                            static_by=static_by)
 
 
-def score_partitioned(pipe: Any, cfg: Any, op: OpDefinition, path: str | Path, *, test: tuple[float, float],
-                      client: Any = None) -> pd.DataFrame:
+def score_partitioned(pipe: Pipeline, cfg: Any, op: OpDefinition, path: str | Path, *, test: tuple[float, float],
+                      client: Client | None = None) -> pd.DataFrame:
     """Per-query efficiency (and top-1 and the other per-shape metrics) of ``pipe`` on the
     held-out queries of a partitioned dataset that have a valid kernel (each partition scored
     where it is read: on the cluster with ``client``, else here)."""
@@ -699,8 +708,8 @@ def summary(per_query: pd.DataFrame, method: str = "model") -> dict[str, float]:
 
 
 # -- CV folds of an in-memory table as tasks -------------------------------------------------------
-def submit_fits(client: Any, jobs: list[tuple[Any, np.ndarray, int]], data: Any, op: OpDefinition,
-                cfg: Any) -> list[Any]:
+def submit_fits(client: Client, jobs: list[tuple[LearnedMethod, np.ndarray, int]], data: Prepared, op: OpDefinition,
+                cfg: Any) -> list[Future]:
     """Submit :func:`ckpred.transfer.fit_learned` for each ``(method, train_shapes, seed)`` as a task
     on ``client``; the prepared table is sent to the workers once. Returns the futures in order
     (each resolves to ``(pipeline, info)``)."""
@@ -709,7 +718,8 @@ def submit_fits(client: Any, jobs: list[tuple[Any, np.ndarray, int]], data: Any,
             for method, shapes, seed in jobs]
 
 
-def fold_fits(cfg: Any, data: Any, op: OpDefinition, jobs: list[tuple[Any, np.ndarray, int]]) -> Iterator[Any]:
+def fold_fits(cfg: Any, data: Prepared, op: OpDefinition,
+              jobs: list[tuple[LearnedMethod, np.ndarray, int]]) -> Iterator[tuple[Fitted, dict[str, Any]]]:
     """``(pipeline, info)`` of each job, in order, fitted as tasks on the cluster of ``cfg.model.dask``.
 
     Every job is submitted at once (the cluster runs as many as it has worker threads); the

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import lightgbm as lgb
+import pandas as pd
 from omegaconf import DictConfig
 from sklearn.pipeline import Pipeline
 
@@ -148,14 +149,14 @@ def check_compatible(base: BaseModel, expected: dict[str, Any]) -> None:
         raise err
 
 
-def feature_names_of(cfg: DictConfig, op: OpDefinition, X_head: Any) -> list[str]:
+def feature_names_of(cfg: DictConfig, op: OpDefinition, X_head: pd.DataFrame) -> list[str]:
     """Output feature names of this config's feature step (fitted on a few rows; it is stateless)."""
     pipe = build_pipeline(cfg, op, cfg.arch, cfg.dtype)
     features = pipe.named_steps["features"].fit(X_head)
     return [str(n) for n in features.get_feature_names_out()]
 
 
-def prepare(cfg: DictConfig, op: OpDefinition, X_head: Any) -> BaseModel:
+def prepare(cfg: DictConfig, op: OpDefinition, X_head: pd.DataFrame) -> BaseModel:
     """Load ``cfg.warm_start`` and check it against this run; the entry point ``train`` calls."""
     base = load_base(str(cfg.warm_start))
     check_compatible(base, expected_fields(cfg, op, feature_names_of(cfg, op, X_head)))

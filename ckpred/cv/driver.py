@@ -38,10 +38,12 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Callable, Iterator
 
 import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from sklearn.pipeline import Pipeline
 
 from ckpred import evaluate as ev
 from ckpred import scale, warm_start
@@ -54,12 +56,12 @@ from ckpred.cv.scoring import (FoldTest, OutOfFold, Tables, best_kernel_seen, ev
 from ckpred.data import load_table
 from ckpred.data.partitions import is_partitioned
 from ckpred.errors import ConfigValueError
-from ckpred.fitting import (Applicability, LearnedMethod, cv_group_names, fit_applicability, model_method, plain_method,
-                            prepare, recipe_config)
+from ckpred.fitting import (Applicability, LearnedMethod, Prepared, cv_group_names, fit_applicability, model_method,
+                            plain_method, prepare, recipe_config)
 from ckpred.kernels.base import OpDefinition
 from ckpred.kernels.declared import bind_training_catalogue
 from ckpred.runs import RUN_RECORD
-from ckpred.transfer import TransferModel, fit_learned, transfer_method
+from ckpred.transfer import Fitted, TransferModel, fit_learned, transfer_method
 from ckpred.util import resolve_path
 
 log = logging.getLogger(__name__)
@@ -91,9 +93,9 @@ class FoldProgress:
         if self.enabled:
             self.bar.advance(self.task)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self.enabled:
-            self.bar.__exit__(*exc)
+            self.bar.__exit__(kind, exc, tb)
 
 
 # -- seeds ------------------------------------------------------------------------------------------
@@ -129,7 +131,7 @@ def cross_validate(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -> fl
     return cross_validate_seeds(cfg, out_dir, seeds, on_fold)
 
 
-def _with(cfg: Any, **values: Any) -> Any:
+def _with(cfg: Any, **values: object) -> Any:
     """A copy of ``cfg`` with top-level keys replaced (struct mode kept)."""
     out = cfg.copy()
     for key, value in values.items():
@@ -280,12 +282,12 @@ class Fit:
     """One (fold, method) fit: the fitted pipeline and its fit info (and, for the model of an op
     whose table lists only the applicable kernels, the fold's applicability mask)."""
 
-    pipeline: Any
+    pipeline: Fitted
     info: dict[str, Any]
     applicability: Applicability | None = None
 
 
-def fold_fits(run: RunContext, data: Any, jobs: list[tuple[LearnedMethod, np.ndarray, int]]) -> Iterator[Fit]:
+def fold_fits(run: RunContext, data: Prepared, jobs: list[tuple[LearnedMethod, np.ndarray, int]]) -> Iterator[Fit]:
     """Every ``(method, train_shapes, seed)`` job fitted, in order: here, or as tasks on a Dask
     cluster (``model.backend=dask``)."""
     if run.cfg.model.backend == "dask":  # Dask itself is imported only when the cluster starts
@@ -373,14 +375,14 @@ def _fit_and_score(run: RunContext, method: LearnedMethod, fits: Iterator[Fit], 
     return fit
 
 
-def _is_final_fit(fold: Fold, fold_seed: int, data: Any, seed: int) -> bool:
+def _is_final_fit(fold: Fold, fold_seed: int, data: Prepared, seed: int) -> bool:
     """Whether the fold's model fit is the final fit: every training shape, the run's seed."""
     shapes = np.asarray(fold.train_shapes)
     return fold_seed == seed and len(shapes) == data.groups.n_shapes and \
         np.array_equal(np.sort(shapes), np.arange(data.groups.n_shapes))
 
 
-def _ranking_pipeline(pipe: Any) -> Any:
+def _ranking_pipeline(pipe: Fitted) -> Pipeline:
     """The features -> model pipeline of a fit: the transfer recipe's learner, or ``pipe``."""
     return pipe.learner if isinstance(pipe, TransferModel) else pipe
 
