@@ -517,7 +517,7 @@ def _fit_dask(client: Client, placed: Placed, job: PartitionFit) -> tuple[lgb.LG
     fitted on the same rows (see :func:`_fit_failures`)."""
     # lazy: dask is the optional dask extra (dask.array ~1 s to import), needed only by a cluster run
     import dask
-    import dask.array as da
+    import dask.array as da  # lazy: as above
 
     files, where, part, names = placed.files, placed.where or [], job.part, job.part.feature_names()
     is_ranker, validity = job.is_ranker, job.validity
