@@ -80,7 +80,7 @@ class Hindsight(at.Budget):
     within: float = 0.01
     max_benchmarks: int = 10_000
 
-    def spent(self, scores: Sequence[float], spent: Any) -> bool:  # pragma: no cover - never called
+    def spent(self, scores: Sequence[float], spent: object) -> bool:  # pragma: no cover - never called
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -101,7 +101,7 @@ class Learned(at.Budget):
     within: float = 0.02
     max_benchmarks: int = at.MAX_BENCHMARKS
 
-    def spent(self, scores: Sequence[float], spent: Any) -> bool:  # pragma: no cover - replaced per problem
+    def spent(self, scores: Sequence[float], spent: object) -> bool:  # pragma: no cover - replaced per problem
         raise NotImplementedError
 
     def describe(self) -> str:
