@@ -1,4 +1,4 @@
-"""Selection metrics by shape, the no-learning baselines, summaries and plots.
+"""Selection metrics by shape, the no-learning baselines and summaries (the run's plots: :mod:`ckpred.cv.report`).
 
 Everything here answers one question: *when a selector ranks the candidate kernels of a shape
 it has never seen, how good is the kernel it picks?*
@@ -70,7 +70,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from rich.console import Console
+from rich.table import Table
 from scipy.special import gammaln
+
+from ckpred.dtypes import bytes_per_element, c_bytes_per_element
+from ckpred.errors import ConfigValueError
+from ckpred.kernels.base import OpDefinition
+from ckpred.schema import ArchConfig, DtypeConfig, arch_value
 
 #: Budgets k reported as efficiency@k (the budgeted two-phase search).
 EFFICIENCY_KS: tuple[int, ...] = (1, 2, 5, 10, 20)
@@ -232,6 +239,35 @@ def _dcg(rel: np.ndarray) -> float:
 # ---------------------------------------------------------------------------------------------
 # Per-shape metrics
 # ---------------------------------------------------------------------------------------------
+def _metric_inputs(perf: np.ndarray, scores: np.ndarray, selectable: np.ndarray | None,
+                   measured: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`shape_metrics`' inputs as arrays (NaN scores as -inf, rank last; masks default all True)."""
+    perf = np.asarray(perf, dtype=np.float64)
+    scores = np.asarray(scores, dtype=np.float64)
+    if perf.shape != scores.shape:
+        raise ValueError(f"perf and scores must have the same length, got {perf.shape} and {scores.shape}")
+    selectable = np.ones(len(perf), dtype=bool) if selectable is None else np.asarray(selectable, dtype=bool)
+    measured = np.ones(len(perf), dtype=bool) if measured is None else np.asarray(measured, dtype=bool)
+    return perf, np.where(np.isnan(scores), -np.inf, scores), selectable, measured
+
+
+def _shape_values(p: np.ndarray, full: np.ndarray, max_k: int, pick_measured: bool) -> list[float]:
+    """:func:`_metric_columns` of a shape with a valid kernel from ``p`` (its candidates' perf), ``full``
+    (its selectable ones' perf, ranked) and ``pick_measured`` (the top-ranked one has a measurement)."""
+    b = p.max()
+    rp = full[:max_k]
+    vals = [rp[:1].max() / b if len(rp) else 0.0]
+    vals += [(rp[:k].max() / b if len(rp) else 0.0) for k in EFFICIENCY_KS]
+    vals += [float(np.any(rp[:k] >= b)) for k in HIT_KS]
+    ideal = _dcg(np.sort(p)[::-1][:NDCG_K] / b)
+    vals.append(_dcg(rp[:NDCG_K] / b) / ideal)
+    ran = full > 0
+    vals.append(float(len(rp) > 0 and rp[0] <= 0 and pick_measured))
+    vals.append(full[int(np.argmax(ran))] / b if ran.any() else 0.0)
+    vals.append(float(len(rp) > 0 and not pick_measured))
+    return vals
+
+
 def shape_metrics(perf: np.ndarray, scores: np.ndarray, groups: ShapeGroups,
                   selectable: np.ndarray | None = None, measured: np.ndarray | None = None) -> pd.DataFrame:
     """Selection metrics of one scoring method, one row per shape.
@@ -257,13 +293,7 @@ def shape_metrics(perf: np.ndarray, scores: np.ndarray, groups: ShapeGroups,
         ``chosen_row`` (-1 when nothing was selectable), ``best_row`` and the metric columns
         (NaN for shapes without any valid kernel).
     """
-    perf = np.asarray(perf, dtype=np.float64)
-    scores = np.asarray(scores, dtype=np.float64)
-    if perf.shape != scores.shape:
-        raise ValueError(f"perf and scores must have the same length, got {perf.shape} and {scores.shape}")
-    selectable = np.ones(len(perf), dtype=bool) if selectable is None else np.asarray(selectable, dtype=bool)
-    measured = np.ones(len(perf), dtype=bool) if measured is None else np.asarray(measured, dtype=bool)
-    scores = np.where(np.isnan(scores), -np.inf, scores)
+    perf, scores, selectable, measured = _metric_inputs(perf, scores, selectable, measured)
     cols = _metric_columns()
     out = np.full((groups.n_shapes, len(cols)), np.nan)
     best = np.zeros(groups.n_shapes)
@@ -289,17 +319,7 @@ def shape_metrics(perf: np.ndarray, scores: np.ndarray, groups: ShapeGroups,
             chosen[s] = ranked[0]
         if b <= 0:
             continue
-        rp = perf[ranked]
-        vals = [rp[:1].max() / b if len(rp) else 0.0]
-        vals += [(rp[:k].max() / b if len(rp) else 0.0) for k in EFFICIENCY_KS]
-        vals += [float(np.any(rp[:k] >= b)) for k in HIT_KS]
-        ideal = _dcg(np.sort(p)[::-1][:NDCG_K] / b)
-        vals.append(_dcg(rp[:NDCG_K] / b) / ideal)
-        ran = perf[full] > 0
-        vals.append(float(len(rp) > 0 and rp[0] <= 0 and measured[ranked[0]]))
-        vals.append(perf[full][int(np.argmax(ran))] / b if ran.any() else 0.0)
-        vals.append(float(len(rp) > 0 and not measured[ranked[0]]))
-        out[s] = vals
+        out[s] = _shape_values(p, perf[full], max_k, bool(measured[ranked[0]]) if len(ranked) else True)
     frame = pd.DataFrame(out, columns=cols)
     frame.insert(0, "best_row", best_row)
     frame.insert(0, "chosen_row", chosen)
@@ -499,7 +519,7 @@ def best_static_scores(train_kernels: np.ndarray, train_perf: np.ndarray, train_
     return best_static_apply(per_kernel, test_kernels), ranking
 
 
-def best_static_by(baselines: Any, op: Any) -> list[str]:
+def best_static_by(baselines: Any, op: OpDefinition) -> list[str]:
     """``baselines.best_static_by``: the problem fields the ``best_static`` order is learned per.
 
     Raises
@@ -507,8 +527,6 @@ def best_static_by(baselines: Any, op: Any) -> list[str]:
     ckpred.errors.ConfigValueError
         When one is not a problem field of ``op``.
     """
-    from ckpred.errors import ConfigValueError
-
     by = [str(f) for f in baselines.get("best_static_by") or ()]
     for f in by:
         if f not in op.problem_names:
@@ -531,7 +549,7 @@ ANALYTICAL_FIELDS: tuple[str, ...] = ("m", "n", "k", "tile_m", "tile_n", "tile_k
 
 
 def analytical_scores(frame: pd.DataFrame, *, cus: int, peak_tflops: float, bandwidth_gbs: float,
-                      bytes_per_element: int, c_bytes: int = 2) -> np.ndarray:
+                      bytes_per_element: float, c_bytes: float = 2) -> np.ndarray:
     """A roofline time estimate with wave quantisation; no learning. Higher score = better.
 
     For a kernel with block tile (tm, tn, tk) on problem (M, N, K), with T = ceil(M/tm)*ceil(N/tn)
@@ -564,16 +582,13 @@ def analytical_scores(frame: pd.DataFrame, *, cus: int, peak_tflops: float, band
     return -estimate * (1.0 + 1e-6 * (1.0 - reuse / (1.0 + reuse.max(initial=1.0))))
 
 
-def op_analytical_scores(table: pd.DataFrame, op: Any, arch: Any, dtype: Any) -> np.ndarray:
+def op_analytical_scores(table: pd.DataFrame, op: OpDefinition, arch: ArchConfig, dtype: DtypeConfig) -> np.ndarray:
     """:func:`analytical_scores` of a table of one op on one arch and dtype: the problem as the
     op's GEMM view, the arch's CUs, peak and bandwidth and the dtype's element sizes.
 
     Raises ``NotImplementedError`` when the op has no GEMM view and ``KeyError`` when a column
     or an arch constant (the dtype's peak) is missing: the caller skips the baseline with that reason.
     """
-    from ckpred.dtypes import bytes_per_element, c_bytes_per_element
-    from ckpred.schema import arch_value
-
     m, n, k = op.gemm_view(table)
     return analytical_scores(table.assign(m=m, n=n, k=k), cus=int(arch_value(arch, "compute_units")),
                              peak_tflops=float(arch.peak_tflops[dtype.name]),
@@ -586,7 +601,7 @@ def op_analytical_scores(table: pd.DataFrame, op: Any, arch: Any, dtype: Any) ->
 # ---------------------------------------------------------------------------------------------
 def write_json(path: Path, payload: Mapping[str, Any]) -> Path:
     """Write ``payload`` as indented JSON (NaN written as null)."""
-    def clean(obj: Any) -> Any:
+    def clean(obj: object) -> object:
         if isinstance(obj, Mapping):
             return {str(k): clean(v) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
@@ -601,74 +616,15 @@ def write_json(path: Path, payload: Mapping[str, Any]) -> Path:
     return path
 
 
-def plot_efficiency_cdf(per_shape: Mapping[str, pd.DataFrame], family: np.ndarray,
-                        families: Sequence[str], path: Path) -> Path:
-    """Empirical CDF of per-shape efficiency, one panel per M family, a line per method."""
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend (plots are written, never shown)."""
+    # lazy: matplotlib.pyplot costs 0.4-1 s to import and only the plots need it
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: as above
 
-    present = [f for f in families if np.any(family == f)]
-    fig, axes = plt.subplots(1, max(len(present), 1), figsize=(4 * max(len(present), 1), 3.4), squeeze=False)
-    for ax, fam in zip(axes[0], present):
-        for method, frame in per_shape.items():
-            eff = np.sort(frame.loc[family == fam, "efficiency"].dropna().to_numpy())
-            if len(eff):
-                ax.step(eff, np.arange(1, len(eff) + 1) / len(eff), where="post", label=method)
-        ax.set_title(f"{fam} (n={int(np.sum(family == fam))})")
-        ax.set_xlabel("efficiency (chosen / best)")
-        ax.set_xlim(0, 1.01)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("fraction of shapes")
-    axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def plot_efficiency_at_k(reports: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
-    """Mean efficiency@k for k in :data:`EFFICIENCY_KS`, a line per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for method, rep in reports.items():
-        ys = [rep.get(f"efficiency@{k}", np.nan) for k in EFFICIENCY_KS]
-        ax.plot(EFFICIENCY_KS, ys, marker="o", label=method)
-    ax.set_xscale("log")
-    ax.set_xticks(EFFICIENCY_KS, [str(k) for k in EFFICIENCY_KS])
-    ax.set_xlabel("k (top-k kernels benchmarked, best kept)")
-    ax.set_ylabel("mean efficiency@k")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def plot_feature_importance(names: Sequence[str], gains: np.ndarray, path: Path, top: int = 30) -> Path:
-    """Horizontal bar chart of the ``top`` features by total split gain."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    gains = np.asarray(gains, dtype=np.float64)
-    total = gains.sum() or 1.0
-    idx = np.argsort(-gains, kind="stable")[:top][::-1]
-    fig, ax = plt.subplots(figsize=(6, 0.22 * len(idx) + 1.2))
-    ax.barh([names[i] for i in idx], gains[idx] / total)
-    ax.set_xlabel("share of total split gain")
-    ax.tick_params(axis="y", labelsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return plt
 
 
 def _pm(stats: Mapping[str, Any] | None, key: str) -> str:
@@ -686,10 +642,19 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
     ``heading`` names what is held out (:meth:`ckpred.cv.schemes.CVScheme.heading`);
     ``over_seeds`` is the ``over_seeds`` section of a several-seed run (method -> :func:`spread`).
     """
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console(width=None if sys.stdout.isatty() else 140)
+    scored = {m: r for m, r in metrics.items() if isinstance(r, dict) and "mean" in r}
+    for table in (_overall_table(scored, heading), _spread_table(scored, over_seeds),
+                  *_family_table(scored, families), *_group_tables(scored)):
+        console.print(table)
+    skipped = {m: r["skipped"] for m, r in metrics.items() if isinstance(r, dict) and "skipped" in r}
+    for method, why in skipped.items():
+        console.print(f"{method}: {why}")
+    console.print(_timing_line(timings, scored.get("model", {}).get("n_shapes", 0), out_dir))
+
+
+def _overall_table(scored: Mapping[str, Any], heading: str) -> Table:
+    """Every method's overall figures, side by side."""
     cols = [("mean", "mean"), ("p10", "P10"), ("p50", "P50"), ("min", "min"), ("top1", "top1"),
             ("top5", "top5"), ("efficiency@5", "eff@5"), ("efficiency@20", "eff@20"), ("ndcg@10", "ndcg@10"),
             ("failed_pick", "failed"), ("unmeasured_pick", "unmeasured"), ("fallback_efficiency", "w/ fallback")]
@@ -700,10 +665,13 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
     table.add_column("method")
     for _, title in cols:
         table.add_column(title, justify="right")
-    scored = {m: r for m, r in metrics.items() if isinstance(r, dict) and "mean" in r}
     for method, rep in scored.items():
         table.add_row(method, *[f"{100 * rep[key]:.2f}" if rep.get(key) is not None else "-" for key, _ in cols])
-    console.print(table)
+    return table
+
+
+def _spread_table(scored: Mapping[str, Any], over_seeds: Mapping[str, Any] | None) -> Table:
+    """Every method's mean ± std over the folds (and over the seeds)."""
     spread_table = Table(title=f"mean ± std over folds{' and over seeds' if over_seeds else ''}, %")
     spread_table.add_column("method")
     heads = [("mean", "mean (folds)"), ("p10", "P10 (folds)"), ("failed_pick", "failed (folds)"),
@@ -718,18 +686,28 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
         if over_seeds:
             cells += [_pm(over_seeds.get(method), key) for key, _ in heads]
         spread_table.add_row(method, *cells)
-    console.print(spread_table)
+    return spread_table
+
+
+def _family_table(scored: Mapping[str, Any], families: tuple[str, ...]) -> list[Table]:
+    """Every method's mean / P10 per family (no table with fewer than two families present)."""
     present = [f for f in families if any(f in r["by_family"] for r in scored.values())]
-    if len(present) > 1:
-        fam = Table(title="mean / P10 efficiency by family, %")
-        fam.add_column("method")
-        for f in present:
-            n = next(r["by_family"][f]["n_shapes"] for r in scored.values() if f in r["by_family"])
-            fam.add_column(f"{f} (n={n})", justify="right")
-        for method, rep in scored.items():
-            fam.add_row(method, *[f"{100 * rep['by_family'][f]['mean']:.2f} / {100 * rep['by_family'][f]['p10']:.2f}"
-                                  if f in rep["by_family"] else "-" for f in present])
-        console.print(fam)
+    if len(present) <= 1:
+        return []
+    fam = Table(title="mean / P10 efficiency by family, %")
+    fam.add_column("method")
+    for f in present:
+        n = next(r["by_family"][f]["n_shapes"] for r in scored.values() if f in r["by_family"])
+        fam.add_column(f"{f} (n={n})", justify="right")
+    for method, rep in scored.items():
+        fam.add_row(method, *[f"{100 * rep['by_family'][f]['mean']:.2f} / {100 * rep['by_family'][f]['p10']:.2f}"
+                              if f in rep["by_family"] else "-" for f in present])
+    return [fam]
+
+
+def _group_tables(scored: Mapping[str, Any]) -> list[Table]:
+    """One table per other grouping of the model's report (``by_arch``...) with at least two groups."""
+    tables = []
     model = scored.get("model", {})
     for key in sorted(k for k in model if k.startswith("by_") and k not in ("by_family", "by_best_pipeline")):
         groups = model[key]
@@ -749,16 +727,17 @@ def print_summary(metrics: dict[str, Any], families: tuple[str, ...], out_dir: P
             if over_archs:
                 cells.append(f"{100 * rep['mean_over_archs']:.2f}" if "mean_over_archs" in rep else "-")
             by.add_row(method, *cells)
-        console.print(by)
-    skipped = {m: r["skipped"] for m, r in metrics.items() if isinstance(r, dict) and "skipped" in r}
-    for method, why in skipped.items():
-        console.print(f"{method}: {why}")
+        tables.append(by)
+    return tables
+
+
+def _timing_line(timings: Mapping[str, float], n_shapes: int, out_dir: Path) -> str:
+    """The closing line: test shapes, fit+predict times (model against plain), wall time, outputs."""
     fits = [f"{m} {timings[f'{m}_s']:.1f}s" for m in METHODS if f"{m}_s" in timings]
     if timings.get("plain_s") and "model_s" in timings:
         fits.append(f"model / plain {timings['model_s'] / timings['plain_s']:.2f}x")
     if timings.get("plain_cpu_s") and "model_cpu_s" in timings:
         fits.append(f"CPU model {timings['model_cpu_s']:.1f}s / plain {timings['plain_cpu_s']:.1f}s = "
                     f"{timings['model_cpu_s'] / timings['plain_cpu_s']:.2f}x")
-    n = model.get("n_shapes", 0)
-    console.print(f"{n} test shapes; fit+predict over the folds: {', '.join(fits) or '-'}; "
-                  f"wall time {timings.get('total_s', 0):.1f}s; outputs in {out_dir}")
+    return (f"{n_shapes} test shapes; fit+predict over the folds: {', '.join(fits) or '-'}; "
+            f"wall time {timings.get('total_s', 0):.1f}s; outputs in {out_dir}")

@@ -7,18 +7,25 @@ pipeline ``export`` fits is the one ``train`` would have saved for the same conf
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable
 
+import lightgbm as lgb
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
-from sklearn.model_selection import GroupShuffleSplit
+from sklearn.base import TransformerMixin
+from sklearn.model_selection import GroupKFold, GroupShuffleSplit
+from sklearn.pipeline import Pipeline
 
 from ckpred import evaluate as ev
+from ckpred.errors import ConfigValueError
 from ckpred.kernels.base import OpDefinition
-from ckpred.models import (absent_estimate, booster, build_pipeline, fit_applicability_model, fit_failure_model,
-                           fit_pipeline, predicted_ok, target_name, training_target)
+from ckpred.models import (FitRows, absent_estimate, booster, build_pipeline, fit_applicability_model,
+                           fit_failure_model, fit_pipeline, predicted_ok, set_applicability_model, target_name,
+                           training_target)
+from ckpred.schema import ArchConfig, arch_config
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +45,10 @@ class Prepared:
     cv_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
     #: The arch config of the table (its validity rules' and features' hardware constants); on
     #: a table of several GPUs, the run's arch (the one its fitted pipelines' features are built for).
-    arch: Any = field(default=None, repr=False)
+    arch: ArchConfig | None = field(default=None, repr=False)
     #: A table of several GPUs: the arch configs of its rows, each row's index into them
     #: (``row_arch``) and each shape's (``shape_arch``); empty for a table of one arch.
-    archs: tuple[Any, ...] = field(default=(), repr=False)
+    archs: tuple[ArchConfig, ...] = field(default=(), repr=False)
     row_arch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
     shape_arch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
 
@@ -50,7 +57,7 @@ class Prepared:
         """Whether the rows are of several GPUs (each featurised with its own arch's constants)."""
         return len(self.archs) > 1
 
-    def arch_groups(self, rows: np.ndarray) -> list[tuple[Any, np.ndarray]]:
+    def arch_groups(self, rows: np.ndarray) -> list[tuple[ArchConfig | None, np.ndarray]]:
         """``(arch config, rows of that arch)`` covering ``rows``, in order of the archs."""
         rows = np.asarray(rows, dtype=np.int64)
         if not self.multi_arch:
@@ -73,7 +80,8 @@ class Prepared:
         return np.ones(len(self.table), dtype=bool)
 
 
-def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None, own_archs: bool = True) -> Prepared:
+def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: ArchConfig | None = None,
+            own_archs: bool = True) -> Prepared:
     """Encode the model input, measured perf, validity mask and shape groups of ``table``.
 
     Shapes are the op's queries (``shape_keys``: the ranking group and unit of efficiency);
@@ -129,7 +137,7 @@ def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None, o
                     shape_arch=row_arch[first] if len(archs) > 1 else np.zeros(0, dtype=np.int64))
 
 
-def row_archs(table: pd.DataFrame, arch: Any) -> tuple[tuple[Any, ...], np.ndarray]:
+def row_archs(table: pd.DataFrame, arch: ArchConfig) -> tuple[tuple[ArchConfig, ...], np.ndarray]:
     """The arch configs named by ``table``'s ``arch`` column and each row's index into them:
     ``arch`` itself for rows of its name, else the arch config of the row's name. A table
     without the column, or of one arch name, is ``arch``'s alone.
@@ -144,13 +152,11 @@ def row_archs(table: pd.DataFrame, arch: Any) -> tuple[tuple[Any, ...], np.ndarr
     codes, names = pd.factorize(table["arch"].astype(str), sort=False)
     if len(names) == 1:
         return (arch,), np.zeros(len(table), dtype=np.int64)
-    from ckpred.schema import arch_config
-
     own = str(getattr(arch, "name", arch))
     return tuple(arch if name == own else arch_config(str(name)) for name in names), codes.astype(np.int64)
 
 
-def rule_mask(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any) -> np.ndarray:
+def rule_mask(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: ArchConfig) -> np.ndarray:
     """The op's validity rules per row of ``table`` with ``arch``'s constants (True = may run)."""
     problems = table[list(op.problem_names)]
     kernels = table[list(op.kernel_names)]
@@ -188,7 +194,7 @@ class Coverage:
     example: str = ""
 
 
-def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any = None,
+def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: ArchConfig | None = None,
                     shape_codes: np.ndarray | None = None) -> tuple[pd.DataFrame, Coverage]:
     """``table`` plus a row for every rule-valid catalogue kernel a problem has no row for.
 
@@ -223,13 +229,61 @@ def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any =
     arch = cfg.arch if arch is None else arch
     table = table.reset_index(drop=True)
     catalogue = op.catalogue(arch, cfg.dtype, cfg.layout)
-    n_kernels = len(catalogue)
     if shape_codes is None:
         codes, uniques = pd.factorize(np.asarray(op.shape_keys(table)))
     else:
         codes = np.asarray(shape_codes, dtype=np.int64)
         uniques = np.arange(int(codes.max()) + 1 if len(codes) else 0)
     n_shapes = len(uniques)
+    rules = partial(op.validity, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
+    pairs = _unlisted_pairs(table, catalogue, codes, n_shapes)
+    pairs = pairs.only(_rule_valid(pairs, table, catalogue, op, rules))
+    n_added = len(pairs.shape_of)
+    order = pairs.order()
+    columns = _merged_columns(table, catalogue, op, pairs, order)
+    if shape_codes is not None:
+        columns["_shape"] = np.concatenate([codes, pairs.shape_of])[order]
+        columns["_row"] = np.where(order < len(table), order, -1)
+    out = pd.DataFrame(columns, copy=False)
+    rows_per_shape = np.bincount(codes, minlength=n_shapes)
+    one = np.flatnonzero(rows_per_shape == 1)
+    measured_valid, _ = rules(table, table)
+    coverage = Coverage(problems=n_shapes,
+                        pairs=int(np.sum(np.asarray(measured_valid, dtype=bool) & pairs.known)) + n_added,
+                        unmeasured=n_added, one_kernel=len(one), example=str(uniques[one[0]]) if len(one) else "")
+    return out, coverage
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """The (problem, catalogue kernel) pairs of a table in :func:`with_unmeasured`: its rows' and
+    those it adds."""
+
+    #: The problem code of each row, and each problem's first row.
+    codes: np.ndarray
+    first: np.ndarray
+    #: The catalogue id of each row's kernel (NaN outside the catalogue), and whether it has one.
+    kid: np.ndarray
+    known: np.ndarray
+    #: The problem code and catalogue index of each added pair.
+    shape_of: np.ndarray
+    kernel_of: np.ndarray
+
+    def only(self, keep: np.ndarray) -> _Pairs:
+        """These pairs with only the ``keep`` ones of the added."""
+        return replace(self, shape_of=self.shape_of[keep], kernel_of=self.kernel_of[keep])
+
+    def order(self) -> np.ndarray:
+        """The output order of the rows then the added pairs: problems in first-appearance order,
+        kernels in catalogue order inside each (outside the catalogue last, in table order)."""
+        shape_rank = np.concatenate([self.codes, self.shape_of])
+        kernel_rank = np.concatenate([np.where(self.known, self.kid, np.inf), self.kernel_of.astype(np.float64)])
+        return np.lexsort((np.arange(len(shape_rank)), kernel_rank, shape_rank))
+
+
+def _unlisted_pairs(table: pd.DataFrame, catalogue: pd.DataFrame, codes: np.ndarray, n_shapes: int) -> _Pairs:
+    """Every (problem, catalogue kernel) pair ``table`` has no row of, as added pairs."""
+    n_kernels = len(catalogue)
     ids = pd.Series(catalogue["kernel_id"].to_numpy(np.int64), index=catalogue["kernel_name"].to_numpy())
     kid = ids.reindex(table["kernel_name"].to_numpy()).to_numpy()
     known = ~np.isnan(kid)
@@ -239,48 +293,46 @@ def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: Any =
     del present
     first = np.full(n_shapes, len(table), dtype=np.int64)
     np.minimum.at(first, codes, np.arange(len(table)))
-    shape_of, kernel_of = missing // n_kernels, missing % n_kernels
-    kernel_cols = set(op.kernel_names) | {"kernel_name"}
-    # the rules on the missing pairs, a million at a time (a table of 100k problems misses millions)
-    valid = np.zeros(len(missing), dtype=bool)
-    for start in range(0, len(missing), 1_000_000):
+    return _Pairs(codes=codes, first=first, kid=kid, known=known, shape_of=missing // n_kernels,
+                  kernel_of=missing % n_kernels)
+
+
+def _rule_valid(pairs: _Pairs, table: pd.DataFrame, catalogue: pd.DataFrame, op: OpDefinition,
+                rules: Callable[..., Any]) -> np.ndarray:
+    """bool per added pair: the op's ``rules`` (its validity with the arch, dtype and layout bound)
+    let it run; a million pairs at a time (a table of 100k problems misses millions)."""
+    valid = np.zeros(len(pairs.shape_of), dtype=bool)
+    for start in range(0, len(valid), 1_000_000):
         part = slice(start, start + 1_000_000)
-        problems = pd.DataFrame({c: table[c].to_numpy()[first[shape_of[part]]] for c in op.problem_names})
-        kernels = pd.DataFrame({c: catalogue[c].to_numpy()[kernel_of[part]] for c in op.kernel_names})
-        valid[part] = np.asarray(op.validity(problems, kernels, arch=arch, dtype=cfg.dtype, layout=cfg.layout)[0],
-                                 dtype=bool)
-    shape_of, kernel_of = shape_of[valid], kernel_of[valid]
-    n_added = len(shape_of)
-    # final order: problems in first-appearance order, kernels in catalogue order inside each
-    shape_rank = np.concatenate([codes, shape_of])
-    kernel_rank = np.concatenate([np.where(known, kid, np.inf), kernel_of.astype(np.float64)])
-    order = np.lexsort((np.arange(len(shape_rank)), kernel_rank, shape_rank))
-    del shape_rank, kernel_rank
+        problems = pd.DataFrame({c: table[c].to_numpy()[pairs.first[pairs.shape_of[part]]] for c in op.problem_names})
+        kernels = pd.DataFrame({c: catalogue[c].to_numpy()[pairs.kernel_of[part]] for c in op.kernel_names})
+        valid[part] = np.asarray(rules(problems, kernels)[0], dtype=bool)
+    return valid
+
+
+def _merged_columns(table: pd.DataFrame, catalogue: pd.DataFrame, op: OpDefinition, pairs: _Pairs,
+                    order: np.ndarray) -> dict[str, Any]:
+    """The columns of :func:`with_unmeasured`'s output (and ``measured``): ``table``'s rows and the
+    added pairs' (kernel fields from the catalogue, problem fields from the problem's first row,
+    the measurement columns filled as not measured), in ``order``."""
+    n_added = len(pairs.shape_of)
+    kernel_cols = set(op.kernel_names) | {"kernel_name"}
     fill = {"tflops": 0.0, "latency_ms": np.nan, "bandwidth_gbs": np.nan, "is_valid": False,
             "invalid_reason": NOT_MEASURED, "repeats": 0, "spread": np.nan, "source": ""}
-    columns: dict[str, np.ndarray] = {}
+    columns: dict[str, Any] = {}
     for c in table.columns:  # a column at a time: a table of millions of added rows stays one copy
         own = table[c].to_numpy()
         if c in kernel_cols:
-            extra = catalogue[c].to_numpy()[kernel_of]
+            extra = catalogue[c].to_numpy()[pairs.kernel_of]
         elif c in fill:
             extra = np.full(n_added, fill[c], dtype=object if isinstance(fill[c], str) else None)
         else:
-            extra = own[first[shape_of]]
+            extra = own[pairs.first[pairs.shape_of]]
         values = np.concatenate([own, extra.astype(own.dtype, copy=False)])[order]
         # text as categories: a column of millions of repeated strings would be copied string by string
         columns[c] = pd.Categorical(values) if values.dtype == object else values
     columns["measured"] = np.concatenate([np.ones(len(table), dtype=bool), np.zeros(n_added, dtype=bool)])[order]
-    if shape_codes is not None:
-        columns["_shape"] = np.concatenate([codes, shape_of])[order]
-        columns["_row"] = np.where(order < len(table), order, -1)
-    out = pd.DataFrame(columns, copy=False)
-    rows_per_shape = np.bincount(codes, minlength=n_shapes)
-    one = np.flatnonzero(rows_per_shape == 1)
-    measured_valid, _ = op.validity(table, table, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
-    coverage = Coverage(problems=n_shapes, pairs=int(np.sum(np.asarray(measured_valid, dtype=bool) & known)) + n_added,
-                        unmeasured=n_added, one_kernel=len(one), example=str(uniques[one[0]]) if len(one) else "")
-    return out, coverage
+    return columns
 
 
 def coverage_note(op: OpDefinition, coverage: Coverage) -> str | None:
@@ -294,8 +346,6 @@ def coverage_note(op: OpDefinition, coverage: Coverage) -> str | None:
         problem has a single row (a table of winners, say: nothing to rank, and absence would
         teach the mask the winners).
     """
-    from ckpred.errors import ConfigValueError
-
     absence = getattr(op, "absence", "unknown")
     share = coverage.unmeasured / max(coverage.pairs, 1)
     if absence == "not_applicable":
@@ -381,7 +431,7 @@ class LearnedMethod:
     recipe: DictConfig  # features, model, target, seed, layout
     rows: Any
     #: Warm start (:mod:`ckpred.warm_start`): booster every fit of this method continues from.
-    init_model: Any = None
+    init_model: lgb.Booster | None = None
     #: The learned validity mask's config (``validity``); None = no failure model.
     validity: Any = None
     #: The transfer recipe's config (``transfer``): the method is fitted by
@@ -410,19 +460,17 @@ def plain_method(cfg: Any) -> LearnedMethod:
 
 
 def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any,
-               seed: int, build: Callable[..., Any] = build_pipeline) -> tuple[Any, dict[str, Any]]:
+               seed: int, build: Callable[..., Pipeline] = build_pipeline) -> tuple[Pipeline, dict[str, Any]]:
     """Fit ``method`` on the training ``shapes`` of ``data``; returns (pipeline, fit info).
 
     ``build(recipe, op, arch, dtype)`` makes the unfitted pipeline (default
     :func:`ckpred.models.build_pipeline`); a study that compares objectives on one feature set
     passes a builder whose feature step is the identity and ``data.X`` already featurised.
-    A method with ``transfer`` set is the transfer recipe: the fitted model is a
-    :class:`ckpred.transfer.TransferModel`.
+    A method with ``transfer`` set is the transfer recipe, which builds on this function:
+    :func:`ckpred.transfer.fit_learned` fits either kind.
     """
     if method.transfer is not None:
-        from ckpred.transfer import fit_transfer  # same stage; it builds on this function
-
-        return fit_transfer(method, data, shapes, op, cfg, seed)
+        raise ValueError(f"method {method.name!r} is the transfer recipe: fit it with ckpred.transfer.fit_learned")
     recipe = method.recipe
     rng = np.random.default_rng(seed)
     max_rows = int(recipe.model.max_rows_per_query) if recipe.model.name == "lgbm_ranker" else 2 ** 62
@@ -434,47 +482,58 @@ def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: Op
                                                   groups=data.cv_groups[fit_shapes]
                                                   if len(data.cv_groups) == data.groups.n_shapes else None)
     rows = training_rows(data, fit_shapes, method.rows, max_rows=max_rows, rng=rng)
-    codes = data.groups.codes[rows]
-    y = training_target(data.perf[rows], codes, recipe.model, recipe.target)
-    val_kwargs: dict[str, Any] = {}
+    train = _fit_rows(data, rows, recipe)
+    val: FitRows | None = None
     if len(val_shapes):
         vrows = training_rows(data, val_shapes, method.rows, max_rows=max_rows, rng=rng)
-        vcodes = data.groups.codes[vrows]
-        val_kwargs = dict(X_val=data.X.iloc[vrows], val_codes=vcodes,
-                          y_val=training_target(data.perf[vrows], vcodes, recipe.model, recipe.target))
+        val = _fit_rows(data, vrows, recipe)
     pipe = build(recipe, op, data.arch if data.arch is not None else cfg.arch, cfg.dtype)
     if data.multi_arch:  # each GPU's rows with its own arch's constants
-        val_kwargs["Xt"] = arch_features(data, rows, recipe, op, cfg, build)
-        if len(val_shapes):
-            val_kwargs["Xt_val"] = arch_features(data, vrows, recipe, op, cfg, build)
+        train = replace(train, Xt=arch_features(data, rows, recipe, op, cfg, build))
+        if val is not None:
+            val = replace(val, Xt=arch_features(data, vrows, recipe, op, cfg, build))
         info["archs"] = data.arch_names(fit_shapes)
     learn_failures = method.validity is not None and bool(method.validity.learned)
     features_out: dict[str, Any] = {}
     model_cfg = recipe.model
-    if int(model_cfg.early_stopping_rounds) > 0 and "X_val" not in val_kwargs:
+    if int(model_cfg.early_stopping_rounds) > 0 and val is None:
         # no validation group to stop on (validation_split said why): the full tree count
         model_cfg = OmegaConf.merge(model_cfg, {"early_stopping_rounds": 0})
-    fit_pipeline(pipe, data.X.iloc[rows], y, codes, model_cfg=model_cfg,
-                 target=target_name(recipe.model, recipe.target), **val_kwargs, init_model=method.init_model,
-                 features_out=features_out if learn_failures else None)
+    fit_pipeline(pipe, train, model_cfg=model_cfg, target=target_name(recipe.model, recipe.target), val=val,
+                 init_model=method.init_model, features_out=features_out if learn_failures else None)
     if learn_failures:
         # the failure model learns on the ranking model's own training rows and features
         failed = data.perf[rows] <= 0
         model = fit_failure_model(pipe, None, failed, method.validity, seed, Xt=features_out["Xt"])
         info.update(failure_model=model is not None, failed_rows=int(failed.sum()))
-    info.update(train_rows=int(len(rows)), train_shapes=[str(k) for k in data.groups.keys[fit_shapes]],
-                validation_shapes=[str(k) for k in data.groups.keys[val_shapes]],
-                trees=int(booster(pipe).current_iteration()))
+    info.update(_fitted_info(pipe, data, len(rows), fit_shapes, val_shapes))
+    return pipe, info
+
+
+def _fit_rows(data: Prepared, rows: np.ndarray, recipe: DictConfig) -> FitRows:
+    """``rows`` of ``data`` as a model fits on them: raw input, the recipe's label, shape codes."""
+    codes = data.groups.codes[rows]
+    return FitRows(X=data.X.iloc[rows], y=training_target(data.perf[rows], codes, recipe.model, recipe.target),
+                   codes=codes)
+
+
+def _fitted_info(pipe: Pipeline, data: Prepared, n_rows: int, fit_shapes: np.ndarray,
+                 val_shapes: np.ndarray) -> dict[str, Any]:
+    """What a fit used and made: its training rows and shapes, validation shapes, trees (and the
+    best iteration, when early stopping chose one)."""
+    info: dict[str, Any] = dict(train_rows=int(n_rows), train_shapes=[str(k) for k in data.groups.keys[fit_shapes]],
+                                validation_shapes=[str(k) for k in data.groups.keys[val_shapes]],
+                                trees=int(booster(pipe).current_iteration()))
     best_iter = getattr(pipe.named_steps["model"], "best_iteration_", None)
     if best_iter is None and hasattr(pipe.named_steps["model"], "regressor_"):
         best_iter = getattr(pipe.named_steps["model"].regressor_, "best_iteration_", None)
     if best_iter:
         info["best_iteration"] = int(best_iter)
-    return pipe, info
+    return info
 
 
-def arch_features(data: Prepared, rows: np.ndarray, recipe: Any, op: OpDefinition, cfg: Any,
-                  build: Callable[..., Any] = build_pipeline) -> np.ndarray:
+def arch_features(data: Prepared, rows: np.ndarray, recipe: DictConfig, op: OpDefinition, cfg: Any,
+                  build: Callable[..., Pipeline] = build_pipeline) -> np.ndarray:
     """The features of ``rows`` of a table of several GPUs, each row's with its own arch's
     constants (one feature step per arch, built as ``build`` builds the pipeline's), in ``rows`` order."""
     rows = np.asarray(rows, dtype=np.int64)
@@ -488,12 +547,11 @@ def arch_features(data: Prepared, rows: np.ndarray, recipe: Any, op: OpDefinitio
     return out if out is not None else np.zeros((0, 0))
 
 
-def for_arch(pipe: Any, method: LearnedMethod, op: OpDefinition, cfg: Any, arch: Any, X: pd.DataFrame) -> Any:
+def for_arch(pipe: Pipeline, method: LearnedMethod, op: OpDefinition, cfg: Any, arch: ArchConfig | None,
+             X: pd.DataFrame) -> Pipeline:
     """``pipe`` scoring a table of another arch: the same fitted model behind features built with
     ``arch``'s hardware constants (feature groups learn no statistics, so refitting them on
     ``X`` only records the input columns)."""
-    from sklearn.pipeline import Pipeline
-
     features = build_pipeline(method.recipe, op, arch, cfg.dtype).named_steps["features"]
     features.fit(X.head(8))
     out = Pipeline([("features", features), ("model", pipe.named_steps["model"])])
@@ -521,21 +579,19 @@ class Applicability:
         Pairs the model was fitted on.
     """
 
-    model: Any
+    model: lgb.LGBMRegressor
     threshold: float
     curve: pd.DataFrame
     train_pairs: int
 
-    def applicable(self, pipe: Any, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
+    def applicable(self, pipe: Pipeline, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
         """bool per row of raw input ``X``: predicted to apply (``pipe`` supplies the features)."""
         return np.concatenate([absent_estimate(pipe, X.iloc[i:i + batch], self.model) <= self.threshold
                                for i in range(0, len(X), batch)] or [np.zeros(0, dtype=bool)])
 
-    def attach(self, pipe: Any) -> Any:
+    def attach(self, pipe: Pipeline) -> Pipeline:
         """Attach the mask to ``pipe`` (:func:`ckpred.models.set_applicability_model`): the
         export compiles it into the selector."""
-        from ckpred.models import set_applicability_model
-
         set_applicability_model(pipe, self.model, self.threshold)
         return pipe
 
@@ -553,14 +609,15 @@ def _pair_rows(cand: Prepared, shapes: np.ndarray, max_rows: int, seed: int) -> 
     return rows_of(cand.groups, np.sort(keep))
 
 
-def _fit_mask_model(cand: Prepared, shapes: np.ndarray, features: Any, acfg: Any, seed: int) -> tuple[Any, int]:
+def _fit_mask_model(cand: Prepared, shapes: np.ndarray, features: TransformerMixin, acfg: Any,
+                    seed: int) -> tuple[lgb.LGBMRegressor, int]:
     rows = _pair_rows(cand, shapes, int(acfg.max_rows), seed)
     Xt = features.transform(cand.X.iloc[rows])
     return fit_applicability_model(Xt, ~cand.measured[rows], acfg, seed), len(rows)
 
 
 def fit_applicability(cand: Prepared, shapes: np.ndarray, data: Prepared, op: OpDefinition, cfg: Any, seed: int,
-                      pipe: Any) -> Applicability:
+                      pipe: Pipeline) -> Applicability:
     """Fit the applicability mask on the training ``shapes`` and choose its threshold on inner folds.
 
     For an op whose table lists only the kernels that apply to each problem
@@ -595,8 +652,6 @@ def fit_applicability(cand: Prepared, shapes: np.ndarray, data: Prepared, op: Op
                     "threshold on; using %g", threshold)
         curve = pd.DataFrame({"threshold": thresholds})
     else:
-        from sklearn.model_selection import GroupKFold
-
         parts = []
         splitter = GroupKFold(n_splits=n_inner, shuffle=True, random_state=int(seed))
         for i, (tr, te) in enumerate(splitter.split(shapes, groups=groups)):
@@ -620,13 +675,13 @@ def rows_of(groups: ev.ShapeGroups, shapes: np.ndarray) -> np.ndarray:
     return np.concatenate([groups.rows(int(s)) for s in shapes]) if len(shapes) else np.zeros(0, dtype=np.int64)
 
 
-def predict(pipe: Any, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
+def predict(pipe: Pipeline, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
     # Batches bound the feature matrix held in memory at once.
     return np.concatenate([np.asarray(pipe.predict(X.iloc[i:i + batch]), dtype=np.float64)
                            for i in range(0, len(X), batch)])
 
 
-def fit_final(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> Any:
+def fit_final(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> Pipeline:
     """Fit the config's model recipe on every shape of ``table``, exactly as ``train`` fits its final
     model (with the applicability mask, :func:`attach_applicability`)."""
     data = prepare(table, op, cfg)
@@ -657,7 +712,7 @@ def candidates(data: Prepared, op: OpDefinition, cfg: Any) -> tuple[Prepared, Co
                     arch=data.arch), coverage
 
 
-def attach_applicability(pipe: Any, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any, seed: int,
+def attach_applicability(pipe: Pipeline, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any, seed: int,
                          cand: Prepared | None = None) -> Applicability | None:
     """For an op whose table lists only the kernels that apply (``op.absence=not_applicable``): fit
     the applicability mask on ``shapes`` (:func:`fit_applicability`) and attach it to ``pipe``.

@@ -25,10 +25,12 @@ carries ``ckpred_target_`` ("log1p", "raw", "relative" or "rank") for the export
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import lightgbm as lgb
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.compose import TransformedTargetRegressor
@@ -36,6 +38,7 @@ from sklearn.pipeline import Pipeline
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from ckpred.features import build_features
+from ckpred.kernels.base import OpDefinition
 
 
 class _ElementwiseTarget(TransformerMixin, BaseEstimator):
@@ -46,7 +49,7 @@ class _ElementwiseTarget(TransformerMixin, BaseEstimator):
     def __init__(self) -> None:
         pass
 
-    def fit(self, X: Any, y: Any = None) -> "_ElementwiseTarget":
+    def fit(self, X: npt.ArrayLike, y: npt.ArrayLike | None = None) -> "_ElementwiseTarget":
         validate_data(self, X, dtype=np.float64)
         return self
 
@@ -56,17 +59,15 @@ class _ElementwiseTarget(TransformerMixin, BaseEstimator):
     def _backward(self, X: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def transform(self, X: Any) -> np.ndarray:
+    def transform(self, X: npt.ArrayLike) -> np.ndarray:
         check_is_fitted(self)
-        X = validate_data(self, X, dtype=np.float64, reset=False)
-        return self._forward(X)
+        return self._forward(validate_data(self, X, dtype=np.float64, reset=False))
 
-    def inverse_transform(self, X: Any) -> np.ndarray:
+    def inverse_transform(self, X: npt.ArrayLike) -> np.ndarray:
         check_is_fitted(self)
-        X = check_array(X, dtype=np.float64, ensure_all_finite=False)
-        return self._backward(X)
+        return self._backward(check_array(X, dtype=np.float64, ensure_all_finite=False))
 
-    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
+    def get_feature_names_out(self, input_features: Sequence[str] | None = None) -> np.ndarray:
         check_is_fitted(self)
         return np.asarray([f"y{i}" for i in range(self.n_features_in_)], dtype=object)
 
@@ -155,7 +156,7 @@ def build_estimator(model_cfg: Any, target_cfg: Any, seed: int = 0) -> BaseEstim
                                       transformer=transformer, check_inverse=False)
 
 
-def build_pipeline(cfg: Any, op: Any, arch_cfg: Any, dtype_cfg: Any) -> Pipeline:
+def build_pipeline(cfg: Any, op: OpDefinition, arch_cfg: Any, dtype_cfg: Any) -> Pipeline:
     """The unfitted ``features -> model`` Pipeline of a config.
 
     Parameters
@@ -208,12 +209,21 @@ def query_sizes(shape_codes: np.ndarray) -> np.ndarray:
     return sizes
 
 
-def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np.ndarray, *,
-                 model_cfg: Any, target: str, X_val: pd.DataFrame | None = None,
-                 y_val: np.ndarray | None = None, val_codes: np.ndarray | None = None,
-                 init_model: lgb.Booster | None = None, features_out: dict[str, Any] | None = None,
-                 Xt: np.ndarray | None = None, Xt_val: np.ndarray | None = None) -> Pipeline:
-    """Fit ``pipe`` in place, with early stopping on (X_val, y_val) when configured.
+@dataclass(frozen=True)
+class FitRows:
+    """Rows a model fits on, or stops early on: the raw input ``X`` (``op.encode_frame``), the
+    label ``y`` (:func:`training_target`), each row's shape code (a ranker needs rows contiguous
+    per shape) and, when the caller computed them, their features ``Xt``."""
+
+    X: pd.DataFrame
+    y: np.ndarray
+    codes: np.ndarray
+    Xt: np.ndarray | None = None
+
+
+def fit_pipeline(pipe: Pipeline, rows: FitRows, *, model_cfg: Any, target: str, val: FitRows | None = None,
+                 init_model: lgb.Booster | None = None, features_out: dict[str, Any] | None = None) -> Pipeline:
+    """Fit ``pipe`` in place on ``rows``, with early stopping on ``val`` when configured.
 
     The steps are fitted one after the other (instead of ``Pipeline.fit``) so the validation
     rows pass through the fitted feature step and the target transform before LightGBM sees
@@ -222,8 +232,11 @@ def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np
 
     Parameters
     ----------
-    shape_codes, val_codes : ndarray of int
-        Shape of each row; the ranker needs rows contiguous per shape.
+    rows, val : FitRows
+        The training and validation rows. Their ``Xt``, when given, are the features the
+        caller computed (rows of several GPUs, each with its own arch's constants:
+        :func:`ckpred.fitting.fit_method`); the feature step is then fitted on ``rows.X`` (it
+        learns where its columns are) without transforming it.
     target : str
         Recorded as ``pipe.ckpred_target_``.
     init_model : lightgbm.Booster, optional
@@ -232,45 +245,51 @@ def fit_pipeline(pipe: Pipeline, X: pd.DataFrame, y: np.ndarray, shape_codes: np
     features_out : dict, optional
         Receives the transformed training features as ``features_out["Xt"]`` (so a failure
         model can learn on them without computing them again).
-    Xt, Xt_val : ndarray, optional
-        The features of ``X`` and ``X_val`` when the caller computed them (rows of several GPUs,
-        each with its own arch's constants: :func:`ckpred.fitting.fit_method`); the feature
-        step is then fitted on ``X`` (it learns where its columns are) without transforming it.
     """
     features = pipe.named_steps["features"]
     model = pipe.named_steps["model"]
-    if Xt is None:
-        Xt = features.fit_transform(X)
+    if rows.Xt is None:
+        Xt = features.fit_transform(rows.X)
     else:
-        features.fit(X)
+        features.fit(rows.X)
+        Xt = rows.Xt
     if features_out is not None:
         features_out["Xt"] = Xt
     fit_params: dict[str, Any] = {}
     is_ranker = isinstance(model, lgb.LGBMRanker)
     if is_ranker:
-        fit_params["group"] = query_sizes(shape_codes)
+        fit_params["group"] = query_sizes(rows.codes)
     rounds = int(model_cfg.early_stopping_rounds)
     if rounds > 0:
-        if X_val is None or y_val is None or len(X_val) == 0:
-            raise ValueError("early stopping needs validation rows (model.early_stopping_rounds > 0)")
-        Xv = features.transform(X_val) if Xt_val is None else Xt_val
-        yv = np.asarray(y_val, dtype=np.float64)
-        if isinstance(model, TransformedTargetRegressor):
-            # TTR transforms y but passes eval_set through untouched: transform it here.
-            yv = model.transformer.fit(yv.reshape(-1, 1)).transform(yv.reshape(-1, 1)).ravel()
-        if _HAS_EVAL_XY:
-            fit_params.update(eval_X=(Xv,), eval_y=(yv,))
-        else:  # LightGBM < 4.7
-            fit_params["eval_set"] = [(Xv, yv)]
-        if is_ranker:
-            fit_params["eval_group"] = [query_sizes(val_codes)]
-            fit_params["eval_at"] = [1]
-        fit_params["callbacks"] = [lgb.early_stopping(rounds, first_metric_only=True, verbose=False)]
+        fit_params.update(_early_stopping(pipe, val, rounds))
     if init_model is not None:  # warm start
         fit_params["init_model"] = init_model
-    model.fit(Xt, y, **fit_params)
+    model.fit(Xt, rows.y, **fit_params)
     pipe.ckpred_target_ = target
     return pipe
+
+
+def _early_stopping(pipe: Pipeline, val: FitRows | None, rounds: int) -> dict[str, Any]:
+    """The fit parameters of early stopping after ``rounds`` rounds without gain on ``val``
+    (through ``pipe``'s fitted feature step and its target transform)."""
+    if val is None or len(val.X) == 0:
+        raise ValueError("early stopping needs validation rows (model.early_stopping_rounds > 0)")
+    model = pipe.named_steps["model"]
+    Xv = pipe.named_steps["features"].transform(val.X) if val.Xt is None else val.Xt
+    yv = np.asarray(val.y, dtype=np.float64)
+    if isinstance(model, TransformedTargetRegressor):
+        # TTR transforms y but passes eval_set through untouched: transform it here.
+        yv = model.transformer.fit(yv.reshape(-1, 1)).transform(yv.reshape(-1, 1)).ravel()
+    params: dict[str, Any] = {}
+    if _HAS_EVAL_XY:
+        params.update(eval_X=(Xv,), eval_y=(yv,))
+    else:  # LightGBM < 4.7
+        params["eval_set"] = [(Xv, yv)]
+    if isinstance(model, lgb.LGBMRanker):
+        params["eval_group"] = [query_sizes(val.codes)]
+        params["eval_at"] = [1]
+    params["callbacks"] = [lgb.early_stopping(rounds, first_metric_only=True, verbose=False)]
+    return params
 
 
 #: LightGBM 4.7 replaced ``eval_set`` by ``eval_X``/``eval_y``; older releases only know the former.
@@ -288,7 +307,7 @@ def booster(pipe: Pipeline) -> lgb.Booster:
 # Learned validity: kernels the training data saw fail
 # ---------------------------------------------------------------------------------------------
 def fit_failure_model(pipe: Pipeline, X: pd.DataFrame | None, failed: np.ndarray, validity_cfg: Any,
-                      seed: int = 0, Xt: Any = None) -> lgb.LGBMRegressor | None:
+                      seed: int = 0, Xt: npt.ArrayLike | None = None) -> lgb.LGBMRegressor | None:
     """Learn which rule-valid kernels fail, and attach the model to ``pipe`` (fitted).
 
     A small LightGBM model on the pipeline's own features estimates the probability that a
@@ -360,7 +379,7 @@ def predicted_ok(pipe: Pipeline, X: pd.DataFrame) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # Learned applicability: kernels a sparse table does not list for a problem
 # ---------------------------------------------------------------------------------------------
-def fit_applicability_model(Xt: Any, absent: np.ndarray, cfg: Any, seed: int = 0) -> lgb.LGBMRegressor:
+def fit_applicability_model(Xt: npt.ArrayLike, absent: np.ndarray, cfg: Any, seed: int = 0) -> lgb.LGBMRegressor:
     """Learn which catalogue kernels a problem's rows would not hold (not applicable to it).
 
     The same small LightGBM model as :func:`fit_failure_model` (an L2 fit of the 0/1 label, so a

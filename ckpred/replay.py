@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +30,13 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from ckpred import autotune as at
+from ckpred import evaluate as ev
 from ckpred.errors import InputFileError, MissingFileError
+from ckpred.kernels.base import load_op
+from ckpred.runs import run_record_path
 
 __all__ = ["ReplayData", "Hindsight", "Learned", "load_run", "replay", "summarize", "replay_table", "markdown",
            "plot_curves", "problem_features", "learned_probabilities", "learned_plans", "signal_auc"]
@@ -75,7 +80,7 @@ class Hindsight(at.Budget):
     within: float = 0.01
     max_benchmarks: int = 10_000
 
-    def spent(self, scores: Sequence[float], spent: Any) -> bool:  # pragma: no cover - never called
+    def spent(self, scores: Sequence[float], spent: object) -> bool:  # pragma: no cover - never called
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -96,7 +101,7 @@ class Learned(at.Budget):
     within: float = 0.02
     max_benchmarks: int = at.MAX_BENCHMARKS
 
-    def spent(self, scores: Sequence[float], spent: Any) -> bool:  # pragma: no cover - replaced per problem
+    def spent(self, scores: Sequence[float], spent: object) -> bool:  # pragma: no cover - replaced per problem
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -120,9 +125,6 @@ def load_run(run_dir: str | Path, *, score: str = "score_model") -> ReplayData:
         When the predictions are not readable Parquet, lack a column, hold no row or no score
         (every score NaN), or the run record is not a JSON object.
     """
-    from ckpred.kernels.base import load_op
-    from ckpred.runs import run_record_path
-
     run_dir = Path(run_dir)
     path = run_dir / "oof_predictions.parquet"
     if not path.is_file():
@@ -155,8 +157,6 @@ _OOF_COLUMNS = ("shape", "kernel_name", "perf", "selectable", "fold")
 
 def _read_predictions(path: Path, score: str) -> pd.DataFrame:
     """The out-of-fold predictions of a train run, refusing a file the replay cannot use."""
-    import pyarrow.parquet as pq  # the engine pandas would import to read it anyway
-
     try:
         oof = pq.read_table(path).to_pandas()
     except Exception as exc:  # pyarrow raises several types for a truncated or foreign file
@@ -191,7 +191,7 @@ def _read_record(path: Path) -> dict[str, Any]:
     return record
 
 
-def _pseudo_fold(shape: Any) -> int:
+def _pseudo_fold(shape: object) -> int:
     return zlib.crc32(str(shape).encode()) % PSEUDO_FOLDS
 
 
@@ -261,8 +261,6 @@ def replay(data: ReplayData, budget: at.Budget, *, order: str = "model", seed: i
 def _key_values(problems: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[float]]]:
     """The numbers of each problem key as its field values (``key0``, ``key1``, ...), when every
     key holds the same count of numbers; else no fields."""
-    import re
-
     numbers = [[float(v) for v in re.findall(r"\d+(?:\.\d+)?", str(p["shape"]))] for p in problems]
     if not numbers or len({len(v) for v in numbers}) != 1:
         return [], [[] for _ in problems]
@@ -290,7 +288,7 @@ def _top_j(problems: Sequence[dict[str, Any]], max_k: int) -> np.ndarray:
 
 def _lightgbm(x_train: pd.DataFrame, hit: np.ndarray, x_test: pd.DataFrame, seed: int) -> np.ndarray:
     """P(hit) for the test problems from a small LightGBM classifier (a constant when one class)."""
-    import lightgbm as lgb
+    import lightgbm as lgb  # lazy: ~1-2 s to import, only this signal needs it
 
     rate = (hit.sum() + 0.0) / (len(hit) + 1.0)  # one pseudo-miss, as the table's bins
     if hit.all() or not hit.any() or len(hit) < 20:
@@ -299,7 +297,7 @@ def _lightgbm(x_train: pd.DataFrame, hit: np.ndarray, x_test: pd.DataFrame, seed
                              subsample=0.8, subsample_freq=1, colsample_bytree=0.8, random_state=seed, n_jobs=1,
                              verbose=-1)
     clf.fit(x_train, hit)
-    return clf.predict_proba(x_test[x_train.columns])[:, 1]
+    return np.asarray(clf.predict_proba(x_test[x_train.columns]))[:, 1]
 
 
 def _logistic(x_train: pd.DataFrame, y_train: np.ndarray, x_test: pd.DataFrame, w: float) -> np.ndarray:
@@ -379,6 +377,7 @@ def signal_auc(data: ReplayData, calibration_data: ReplayData | None = None, *, 
     export carries); ``lightgbm``: the same with small LightGBM classifiers; ``gap2``/``gap3``:
     the raw score gaps. 0.5 is no signal. Also the share of problems whose top-1 is within.
     """
+    # lazy: sklearn.metrics costs ~1-2 s to import (replay does not load scikit-learn otherwise)
     from sklearn.metrics import roc_auc_score
 
     problems = data.problems()
@@ -475,11 +474,7 @@ def markdown(table: pd.DataFrame, title: str = "") -> str:
 def plot_curves(tables: dict[str, pd.DataFrame], path: str | Path) -> None:
     """Mean (top row) and min (bottom row) efficiency against benchmarks per problem, one column
     per table: a line per (budget family, order), the hindsight bound as stars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = ev.pyplot()
     fig, axes = plt.subplots(2, len(tables), figsize=(6.5 * len(tables), 8), squeeze=False)
     colours: dict[str, Any] = {}
     for col, (name, table) in enumerate(tables.items()):

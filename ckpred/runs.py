@@ -12,13 +12,15 @@ kinds (:func:`run_directory`) say what a rerun may find in an existing folder.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import io
 import json
 import os
+import pickle
 import stat
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -26,6 +28,7 @@ from typing import Any, BinaryIO
 from ckpred.evaluate import write_json
 from ckpred.util import RunDirectory, file_kind, package_versions, resolve_path
 from ckpred.errors import InputFileError, MissingFileError, ModelMismatchError
+from ckpred.plugins import is_allowed
 
 __all__ = ["RUN_RECORD", "DataRecord", "RunRecord", "TrainRun", "load_train_run", "run_directory", "run_record_path"]
 
@@ -215,7 +218,23 @@ def load_train_run(run_dir: str | Path, *, purpose: str, require_record: bool) -
     if not path.is_dir():
         raise MissingFileError(str(path), f"{purpose}: no such directory (expected a train run dir, "
                                           "e.g. runs/train/<time>)")
-    record_file, pipeline_file = run_record_path(path), path / "pipeline.joblib"
+    pipeline_file = path / "pipeline.joblib"
+    record = _train_record(run_record_path(path), purpose, require_record)
+    saved: dict[str, Any] = record["pipeline"] if isinstance(record.get("pipeline"), dict) else {}
+    _require_pipeline(pipeline_file, record, saved, run_dir, purpose)
+    data = _read_bounded(pipeline_file, _PIPELINE_MAX, purpose)  # the bytes hashed are the bytes loaded
+    sha = hashlib.sha256(data).hexdigest()
+    recorded = saved.get("sha256")
+    if (recorded or require_record) and recorded != sha:
+        raise ModelMismatchError(f"{purpose}: {pipeline_file}: sha256 {sha} differs from the run record's "
+                                 f"{recorded} (the pipeline was replaced or damaged after training)")
+    pipeline = load_pipeline(io.BytesIO(data), name=str(pipeline_file), purpose=purpose)
+    _check_pipeline(pipeline, str(pipeline_file), purpose)
+    return TrainRun(path=path, pipeline=pipeline, sha256=sha, record=record)
+
+
+def _train_record(record_file: Path, purpose: str, require_record: bool) -> dict[str, Any]:
+    """The run record of :func:`load_train_run` (``{}`` when there is none and none is required)."""
     record: dict[str, Any] = {}
     if record_file.is_file():
         record = _read_record(record_file, purpose)
@@ -224,7 +243,13 @@ def load_train_run(run_dir: str | Path, *, purpose: str, require_record: bool) -
                                                    "expected a 'train' run dir")
     elif require_record:
         raise MissingFileError(str(record_file), f"{purpose}: missing; the directory is not a finished train run")
-    saved = record.get("pipeline") if isinstance(record.get("pipeline"), dict) else {}
+    return record
+
+
+def _require_pipeline(pipeline_file: Path, record: dict[str, Any], saved: dict[str, Any], run_dir: str | Path,
+                      purpose: str) -> None:
+    """Refuse a run directory without its fitted pipeline, saying why it has none."""
+    path = pipeline_file.parent
     if record.get("command") == "train" and "sha256" in saved and saved["sha256"] is None:
         # a pipeline.joblib beside it is an earlier run's, left in the reused run folder
         raise MissingFileError(str(pipeline_file), f"{purpose}: no fitted pipeline in {run_dir} (the run was trained "
@@ -237,23 +262,15 @@ def load_train_run(run_dir: str | Path, *, purpose: str, require_record: bool) -
             why = (f"{run_dir} is not a finished train run: it holds no run record, metrics or pipeline (the run "
                    f"failed or is still running{'; see ' + logs[0] if logs else ''})")
         raise MissingFileError(str(pipeline_file), f"{purpose}: no fitted pipeline in {run_dir} ({why})")
-    data = _read_bounded(pipeline_file, _PIPELINE_MAX, purpose)  # the bytes hashed are the bytes loaded
-    sha = hashlib.sha256(data).hexdigest()
-    recorded = saved.get("sha256")
-    if (recorded or require_record) and recorded != sha:
-        raise ModelMismatchError(f"{purpose}: {pipeline_file}: sha256 {sha} differs from the run record's "
-                                 f"{recorded} (the pipeline was replaced or damaged after training)")
-    pipeline = load_pipeline(io.BytesIO(data), name=str(pipeline_file), purpose=purpose)
-    _check_pipeline(pipeline, str(pipeline_file), purpose)
-    return TrainRun(path=path, pipeline=pipeline, sha256=sha, record=record)
 
 
-def _check_pipeline(pipeline: Any, name: str, purpose: str) -> None:
+def _check_pipeline(pipeline: object, name: str, purpose: str) -> None:
     """Refuse what ``train`` does not save: anything but a ``features -> model`` Pipeline without
     a cache folder (``memory``, where fitting would write)."""
+    # lazy: scikit-learn and ckpred.transfer (the fitting stack) cost ~1.5 s; only a loaded pipeline needs them
     from sklearn.pipeline import Pipeline
 
-    from ckpred.transfer import TransferModel
+    from ckpred.transfer import TransferModel  # lazy: as above
 
     if isinstance(pipeline, TransferModel):  # a zero-shot run's recipe: its learner is the pipeline
         _check_pipeline(pipeline.learner, name, purpose)
@@ -356,10 +373,8 @@ def _feature_group_class(module: str, name: str) -> Any:
     """A feature group class (:class:`ckpred.features.base.FeatureGroup`) of a module ckpred may
     import (its own, or a plug-in the user installed or allowed: :mod:`ckpred.plugins`); None
     otherwise, the module not imported."""
-    import importlib
-
+    # lazy: ckpred.features.base pulls scikit-learn (~1.5 s); only unpickling a pipeline needs it
     from ckpred.features.base import FeatureGroup
-    from ckpred.plugins import is_allowed
 
     if not name.isidentifier() or not is_allowed(module):
         return None
@@ -373,13 +388,10 @@ def _feature_group_class(module: str, name: str) -> Any:
 def _config_class(module: str, name: str) -> Any:
     """A config dataclass of the schema (:data:`_CONFIG_MODULES`, ckpred's own modules); None
     otherwise, nothing imported."""
-    import dataclasses
-    import importlib
-
     if module not in _CONFIG_MODULES or not name.isidentifier():
         return None
     obj = getattr(importlib.import_module(module), name, None)
-    return obj if isinstance(obj, type) and dataclasses.is_dataclass(obj) else None
+    return obj if isinstance(obj, type) and is_dataclass(obj) else None
 
 
 class PipelineRefused(InputFileError):
@@ -409,11 +421,10 @@ def _pipeline_unpickler() -> type:
     global _UNPICKLER
     if _UNPICKLER is not None:
         return _UNPICKLER
-    import pickle
-
+    # lazy: joblib's pickle internals (~0.1 s) only loading a pipeline needs
     from joblib.numpy_pickle import NumpyArrayWrapper, NumpyUnpickler
 
-    class _ObjectArrayUnpickler(_Restricted, pickle._Unpickler):  # type: ignore[name-defined]
+    class _ObjectArrayUnpickler(_Restricted, pickle._Unpickler):
         """The nested pickle of an array of Python objects, restricted the same way (joblib
         before 1.5 read it with an unrestricted ``pickle.load``)."""
 
@@ -468,7 +479,7 @@ def load_pipeline(source: str | Path | BinaryIO, *, name: str | None = None, pur
     ckpred.errors.InputFileError
         When the file is not a pipeline joblib wrote (damaged, another format).
     """
-    from joblib.compressor import BinaryGzipFile, BinaryZlibFile
+    from joblib.compressor import BinaryGzipFile, BinaryZlibFile  # lazy: as in _pipeline_unpickler
 
     label = name or str(source)
     fh = open(source, "rb") if isinstance(source, (str, Path)) else source
@@ -485,7 +496,7 @@ def load_pipeline(source: str | Path | BinaryIO, *, name: str | None = None, pur
             raise InputFileError(label, f"{purpose}: not a pipeline joblib wrote (it starts with {head!r}; "
                                         "expected a zlib, gzip or plain pickle stream)")
         unpickler = _pipeline_unpickler()
-        params = inspect.signature(unpickler.__init__).parameters
+        params = inspect.signature(unpickler).parameters  # its __init__'s, without self
         args = (label, stream, True) if "ensure_native_byte_order" in params else (label, stream)
         reader = unpickler(*args)
         reader.source, reader.purpose = label, purpose

@@ -26,25 +26,44 @@ imported only here and only when used, so the default path does not need it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
+import lightgbm as lgb
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
+import pyarrow.parquet as pq
+from lightgbm import DaskLGBMRanker, DaskLGBMRegressor
+from sklearn.compose import TransformedTargetRegressor
+from sklearn.pipeline import Pipeline
 
 from ckpred import evaluate as ev
+from ckpred import vocab
 from ckpred.data.partitions import (COMBO_COLUMNS, DATASET_DIR, MANIFEST, describe_part, read_manifest,
                                     write_manifest)
+from ckpred.data.table import canonical_arrow, write_table
+from ckpred.dtypes import load_dtype
 from ckpred.errors import CkpredError, ConfigValueError, InputFileError
-from ckpred.fitting import model_method, prepare, training_rows
+from ckpred.features import build_features
+from ckpred.fitting import LearnedMethod, Prepared, model_method, predict, prepare, training_rows
 from ckpred.kernels.base import OpDefinition
-from ckpred.models import build_estimator, build_pipeline, query_sizes, training_target
+from ckpred.models import (build_estimator, build_pipeline, failure_estimator, failure_model, fit_failure_model,
+                           predicted_ok, query_sizes, set_failure_model, target_name, training_target)
+from ckpred.schema import LayoutConfig, arch_config
+from ckpred.transfer import Fitted, fit_learned
+
+if TYPE_CHECKING:  # the optional dask extra
+    from dask.array import Array as DaskArray
+    from distributed import Client, Future
 from ckpred.util import atomic_dir
 
 _Y, _Q = "_ckpred_y", "_ckpred_query"
@@ -81,8 +100,6 @@ def write_partitions(frames: Iterable[pd.DataFrame], out_dir: str | Path, op: Op
     ``out_dir`` is replaced only when it is empty or a dataset ckpred wrote
     (:data:`ckpred.data.partitions.DATASET_DIR`); anything else is refused before any write.
     """
-    from ckpred.data.table import canonical_arrow, write_table
-
     with atomic_dir(out_dir, DATASET_DIR) as out:  # a failed run leaves the previous dataset whole
         parts: list[dict[str, Any]] = []
         for i, frame in enumerate(frames):
@@ -119,18 +136,12 @@ def check_partitions(key_frames: Iterable[tuple[str, pd.Series]], path: str) -> 
 # -- one partition -> training rows ------------------------------------------------------------
 def layout_config(name: str) -> Any:
     """``layout/<name>.yaml`` of the config dirs in use as a checked :class:`ckpred.schema.LayoutConfig`."""
-    from ckpred import vocab
-    from ckpred.schema import LayoutConfig
-
     layout = vocab.current().layout(name)
     return LayoutConfig(name=layout.name, a=layout.a, b=layout.b, c=layout.c, code=layout.code)
 
 
 def combo_config(frame: pd.DataFrame) -> SimpleNamespace:
     """``arch``, ``dtype``, ``layout`` configs of a partition (from its one combo's names)."""
-    from ckpred.dtypes import load_dtype
-    from ckpred.schema import arch_config
-
     row = frame.iloc[0]
     return SimpleNamespace(arch=arch_config(str(row["arch"])), dtype=load_dtype(str(row["dtype"])),
                            layout=layout_config(str(row["layout"])))
@@ -165,8 +176,6 @@ class PartitionRecipe:
         return (u >= self.test_lo) & (u < self.test_hi)
 
     def features(self, combo: SimpleNamespace) -> Any:
-        from ckpred.features import build_features
-
         return build_features(self.recipe.features, self.op, combo.arch, combo.dtype, combo.layout)
 
     def training_frame(self, frame: pd.DataFrame, number: int) -> pd.DataFrame:
@@ -219,8 +228,6 @@ def _head(file: str, rows: int = 8) -> pd.DataFrame:
     InputFileError
         When the file holds no row.
     """
-    import pyarrow.parquet as pq
-
     batch = next(pq.ParquetFile(file).iter_batches(batch_size=rows), None)
     if batch is None:
         raise InputFileError(file, "holds no row; allowed: a partition with at least one row")
@@ -235,7 +242,7 @@ def dask_client(dask_cfg: Any) -> Iterator[Any]:
 
     Worker processes get ``OMP_NUM_THREADS=1`` so LightGBM's threads match the one Dask thread.
     """
-    try:
+    try:  # lazy: distributed is the optional dask extra (~1 s to import), needed only by a cluster run
         from distributed import Client, LocalCluster
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigValueError("model.backend", "dask", "local, or install the dask extra "
@@ -254,7 +261,7 @@ def dask_client(dask_cfg: Any) -> Iterator[Any]:
         return
     limit = str(dask_cfg.memory_limit)
     if limit != "auto":  # Dask would refuse it only from inside the starting cluster
-        from dask.utils import parse_bytes
+        from dask.utils import parse_bytes  # lazy: dask is the optional dask extra
 
         try:
             parse_bytes(limit)
@@ -291,9 +298,7 @@ def reach_scheduler(address: str, timeout: float) -> None:
     ckpred.errors.ConfigValueError
         Naming ``model.dask.address``, the address and what happened.
     """
-    import asyncio
-
-    from distributed.comm import connect
+    from distributed.comm import connect  # lazy: distributed is the optional dask extra
 
     async def probe() -> None:
         comm = await asyncio.wait_for(connect(address, timeout=timeout), timeout)
@@ -321,8 +326,6 @@ def partition_files(path: str | Path, op: OpDefinition, manifest: dict[str, Any]
 
 def _first_with_rows(files: list[str], path: str | Path) -> str:
     """The first of ``files`` that holds a row (the feature step is fitted on a few of its rows)."""
-    import pyarrow.parquet as pq
-
     for file in files:
         if pq.ParquetFile(file).metadata.num_rows:
             return file
@@ -340,11 +343,9 @@ def _training_part(file: str, number: int, part: PartitionRecipe) -> pd.DataFram
     return part.training_frame(pd.read_parquet(file), number)
 
 
-def _assemble(pipe: Any, fitted_model: Any, target: str) -> Any:
+def _assemble(pipe: Pipeline, fitted_model: lgb.LGBMModel, target: str) -> Pipeline:
     """Put a fitted estimator into ``pipe``, whose feature step is fitted already (on a few rows of
     one partition: the feature groups learn no statistics)."""
-    from sklearn.compose import TransformedTargetRegressor
-
     step = pipe.named_steps["model"]
     if isinstance(step, TransformedTargetRegressor):
         # the partitions already applied the target transform; the TTR only inverts it
@@ -384,9 +385,9 @@ class PartitionFit:
     validity: Any = None
 
 
-def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: str, client: Any = None,
+def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: str, client: Client | None = None,
                     test: tuple[float, float] = (0.0, 0.0), placed: Placed | None = None,
-                    seed: int | None = None) -> tuple[Any, dict[str, Any]]:
+                    seed: int | None = None) -> tuple[Pipeline, dict[str, Any]]:
     """Fit the config's model recipe on a partitioned dataset; returns (pipeline, fit info).
 
     Parameters
@@ -414,8 +415,6 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
     ``validity.threshold``; ``local``: :func:`ckpred.models.fit_failure_model`. The fit info then
     says ``failure_model`` (kept or not) and ``failed_rows``.
     """
-    from ckpred.models import target_name
-
     method = model_method(cfg)
     check_recipe(method.recipe)
     seed = int(cfg.seed) if seed is None else int(seed)
@@ -436,6 +435,8 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
         check_partitions((_keys_of(f, op) for f in placed.files), str(path))
         fitted, rows = _fit_local(job, placed.files, pipe, info)
     elif backend == "dask":
+        if client is None:
+            raise ValueError("fit_partitioned: backend='dask' needs a distributed client")
         where = placed.where if placed.where is not None else placement(client, placed.files, op, str(path))
         fitted, rows = _fit_on_cluster(job, client, Placed(placed.files, where), pipe, info)
     else:
@@ -445,11 +446,9 @@ def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: st
     return _assemble(pipe, fitted, target_name(model_cfg, method.recipe.target)), info
 
 
-def _fit_local(job: PartitionFit, files: list[str], pipe: Any, info: dict[str, Any]) -> tuple[Any, int]:
+def _fit_local(job: PartitionFit, files: list[str], pipe: Pipeline, info: dict[str, Any]) -> tuple[lgb.LGBMModel, int]:
     """The training rows of every partition gathered here and LightGBM's ordinary estimator (with
     the failure model, recorded in ``info``); returns (fitted estimator, training rows)."""
-    from ckpred.models import fit_failure_model
-
     frames = [f for f in (_training_part(f, i, job.part) for i, f in enumerate(files)) if len(f)]
     # query codes restart in every partition: the group sizes are taken per partition
     fit_kw = {"group": np.concatenate([query_sizes(f[_Q].to_numpy()) for f in frames])} if job.is_ranker else {}
@@ -464,12 +463,10 @@ def _fit_local(job: PartitionFit, files: list[str], pipe: Any, info: dict[str, A
     return job.estimator, len(train)
 
 
-def _fit_on_cluster(job: PartitionFit, client: Any, placed: Placed, pipe: Any,
+def _fit_on_cluster(job: PartitionFit, client: Client, placed: Placed, pipe: Pipeline,
                     info: dict[str, Any]) -> tuple[Any, int]:
     """:func:`_fit_dask`, its failure model set on ``pipe`` and recorded in ``info``; returns
     (fitted local estimator, training rows)."""
-    from ckpred.models import set_failure_model
-
     fitted, rows, failure, n_failed = _fit_dask(client, placed, job)
     if job.validity is not None:
         set_failure_model(pipe, failure, float(job.validity.threshold))
@@ -477,7 +474,7 @@ def _fit_on_cluster(job: PartitionFit, client: Any, placed: Placed, pipe: Any,
     return fitted, rows
 
 
-def _columns(frame: pd.DataFrame, columns: Any, dtype: Any) -> np.ndarray:
+def _columns(frame: pd.DataFrame, columns: str | list[str], dtype: npt.DTypeLike) -> np.ndarray:
     return frame[columns].to_numpy(dtype=dtype)
 
 
@@ -503,7 +500,7 @@ def spread(combos: list[str], workers: list[str]) -> list[str]:
     return out
 
 
-def placement(client: Any, files: list[str], op: OpDefinition, path: str) -> list[str]:
+def placement(client: Client, files: list[str], op: OpDefinition, path: str) -> list[str]:
     """The worker of each partition file (:func:`spread` of their combos over the client's
     workers), after checking that no query is split across files (:func:`check_partitions`;
     only the key columns are read, on the workers)."""
@@ -513,21 +510,20 @@ def placement(client: Any, files: list[str], op: OpDefinition, path: str) -> lis
     return spread(combos, sorted(client.scheduler_info()["workers"]))
 
 
-def _fit_dask(client: Any, placed: Placed, job: PartitionFit) -> tuple[Any, int, Any, int]:
+def _fit_dask(client: Client, placed: Placed, job: PartitionFit) -> tuple[lgb.LGBMModel, int, Any, int]:
     """The ranking model fitted data-parallel on the partitions' training rows, each partition on
     its worker; returns (local model, training rows, failure model or None, failed training
     rows). With ``job.validity`` (the ``validity`` config, ``learned`` on) the failure model is
     fitted on the same rows (see :func:`_fit_failures`)."""
-    from lightgbm import DaskLGBMRanker, DaskLGBMRegressor
-
+    # lazy: dask is the optional dask extra (dask.array ~1 s to import), needed only by a cluster run
     import dask
-    import dask.array as da
+    import dask.array as da  # lazy: as above
 
     files, where, part, names = placed.files, placed.where or [], job.part, job.part.feature_names()
     is_ranker, validity = job.is_ranker, job.validity
 
     # each partition's training rows, then its X / y / group arrays, pinned to one worker
-    def pinned(fn: Any, *args: Any, worker: str) -> Any:
+    def pinned(fn: Callable[..., Any], *args: object, worker: str) -> Future:
         return client.submit(fn, *args, workers=[worker], allow_other_workers=False, pure=False)
 
     frames = [pinned(_training_part, f, i, part, worker=w) for i, (f, w) in enumerate(zip(files, where))]
@@ -556,8 +552,6 @@ def _fit_dask(client: Any, placed: Placed, job: PartitionFit) -> tuple[Any, int,
     cls = DaskLGBMRanker if is_ranker else DaskLGBMRegressor
     model = cls(client=client, **params)
     fit_kw: dict[str, Any] = {"group": da.concatenate(g_parts)} if is_ranker else {}
-    import warnings
-
     with warnings.catch_warnings():
         # LightGBM's Dask estimators pass n_jobs on and then warn that Dask's threads replace it
         warnings.filterwarnings("ignore", message="Parameter n_jobs will be ignored")
@@ -567,16 +561,13 @@ def _fit_dask(client: Any, placed: Placed, job: PartitionFit) -> tuple[Any, int,
     return model.to_local(), int(lengths.sum()), failure, n_failed
 
 
-def _fit_failures(client: Any, X: Any, failed: Any, validity: Any, seed: int) -> tuple[Any, int]:
+def _fit_failures(client: Client, X: DaskArray, failed: DaskArray, validity: Any,
+                  seed: int) -> tuple[lgb.LGBMRegressor | None, int]:
     """The learned failure model on the Dask arrays of the ranking model's training rows: a
     ``DaskLGBMRegressor`` with :func:`ckpred.models.failure_estimator`'s parameters on the 0/1
     label ``failed``, kept (as a local ``LGBMRegressor``) only when a distributed predict flags
     at least one training row above ``validity.threshold`` (the rule of
     :func:`ckpred.models.fit_failure_model`). Returns (model or None, failed rows)."""
-    from lightgbm import DaskLGBMRegressor
-
-    from ckpred.models import failure_estimator
-
     n_failed = int(client.compute(failed.sum()).result())
     if n_failed == 0 or n_failed == int(failed.shape[0]):
         return None, n_failed
@@ -605,7 +596,7 @@ def _static_part(file: str, part: PartitionRecipe) -> tuple[pd.Series, int]:
     return ev.best_static_sums(ev.static_keys(frame, np.arange(len(frame)), part.static_by), perf, groups)
 
 
-def best_static_order(part: PartitionRecipe, files: list[str], client: Any = None) -> pd.Series:
+def best_static_order(part: PartitionRecipe, files: list[str], client: Client | None = None) -> pd.Series:
     """The ``best_static`` order learned on the training queries of every partition: per kernel
     its mean ``perf / best`` over them (what :func:`ckpred.evaluate.best_static_scores` learns on
     one table), from per-partition sums and counts (on the cluster with ``client``, else here)."""
@@ -625,7 +616,7 @@ def _empty_scores() -> pd.DataFrame:
                          "efficiency": pd.Series(dtype=np.float64), "top1": pd.Series(dtype=np.float64)})
 
 
-def _score_part(file: str, number: int, part: PartitionRecipe, pipe: Any,
+def _score_part(file: str, number: int, part: PartitionRecipe, pipe: Pipeline,
                 static: pd.Series | None = None) -> tuple[pd.DataFrame, str | None]:
     """Per held-out query of one partition and per method (the model, then ``part.baselines``):
     the metrics of :func:`ckpred.evaluate.shape_metrics`, the query's family and the chosen
@@ -634,17 +625,12 @@ def _score_part(file: str, number: int, part: PartitionRecipe, pipe: Any,
     With a learned failure model on ``pipe`` the model picks among the rule-valid kernels it
     predicts to run, falling back to the rules where it predicts none
     (:func:`ckpred.evaluate.learned_selection_mask`, as the in-memory CV scores it)."""
-    from ckpred.fitting import predict
-    from ckpred.models import failure_model, predicted_ok, set_failure_model
-
     frame = pd.read_parquet(file)
     frame = frame[part.held_out(frame)].reset_index(drop=True)
     if len(frame) == 0:
         return _empty_scores(), None
     combo = combo_config(frame)
     data = prepare(frame, part.op, combo, arch=combo.arch)
-    from sklearn.pipeline import Pipeline
-
     features = part.features(combo).fit(data.X.head(8))
     scorer = Pipeline([("features", features), ("model", pipe.named_steps["model"])])
     mask = data.selectable
@@ -678,7 +664,7 @@ def _score_part(file: str, number: int, part: PartitionRecipe, pipe: Any,
     return pd.concat(out, ignore_index=True), note
 
 
-def score_all(pipe: Any, part: PartitionRecipe, files: list[str], client: Any = None,
+def score_all(pipe: Pipeline, part: PartitionRecipe, files: list[str], client: Client | None = None,
                static: pd.Series | None = None) -> tuple[pd.DataFrame, list[str]]:
     """:func:`_score_part` of every partition (on the cluster with ``client``) and the
     analytical baseline's skip reasons."""
@@ -702,8 +688,8 @@ def scoring_recipe(cfg: Any, op: OpDefinition, test: tuple[float, float], baseli
                            static_by=static_by)
 
 
-def score_partitioned(pipe: Any, cfg: Any, op: OpDefinition, path: str | Path, *, test: tuple[float, float],
-                      client: Any = None) -> pd.DataFrame:
+def score_partitioned(pipe: Pipeline, cfg: Any, op: OpDefinition, path: str | Path, *, test: tuple[float, float],
+                      client: Client | None = None) -> pd.DataFrame:
     """Per-query efficiency (and top-1 and the other per-shape metrics) of ``pipe`` on the
     held-out queries of a partitioned dataset that have a valid kernel (each partition scored
     where it is read: on the cluster with ``client``, else here)."""
@@ -722,19 +708,18 @@ def summary(per_query: pd.DataFrame, method: str = "model") -> dict[str, float]:
 
 
 # -- CV folds of an in-memory table as tasks -------------------------------------------------------
-def submit_fits(client: Any, jobs: list[tuple[Any, np.ndarray, int]], data: Any, op: OpDefinition,
-                cfg: Any) -> list[Any]:
-    """Submit :func:`ckpred.fitting.fit_method` for each ``(method, train_shapes, seed)`` as a task
+def submit_fits(client: Client, jobs: list[tuple[LearnedMethod, np.ndarray, int]], data: Prepared, op: OpDefinition,
+                cfg: Any) -> list[Future]:
+    """Submit :func:`ckpred.transfer.fit_learned` for each ``(method, train_shapes, seed)`` as a task
     on ``client``; the prepared table is sent to the workers once. Returns the futures in order
     (each resolves to ``(pipeline, info)``)."""
-    from ckpred.fitting import fit_method
-
     remote = client.scatter(data, broadcast=True)
-    return [client.submit(fit_method, method, remote, shapes, op, cfg, seed, pure=False)
+    return [client.submit(fit_learned, method, remote, shapes, op, cfg, seed, pure=False)
             for method, shapes, seed in jobs]
 
 
-def fold_fits(cfg: Any, data: Any, op: OpDefinition, jobs: list[tuple[Any, np.ndarray, int]]) -> Iterator[Any]:
+def fold_fits(cfg: Any, data: Prepared, op: OpDefinition,
+              jobs: list[tuple[LearnedMethod, np.ndarray, int]]) -> Iterator[tuple[Fitted, dict[str, Any]]]:
     """``(pipeline, info)`` of each job, in order, fitted as tasks on the cluster of ``cfg.model.dask``.
 
     Every job is submitted at once (the cluster runs as many as it has worker threads); the

@@ -28,18 +28,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeAlias
 
 import numpy as np
 import pandas as pd
+from sklearn.pipeline import Pipeline
 
 from ckpred import evaluate as ev
 from ckpred.fitting import LearnedMethod, Prepared, fit_method, for_arch, predict, recipe_config, rows_of
 from ckpred.kernels.base import OpDefinition
+from ckpred.schema import ArchConfig, arch_constants
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TransferModel", "blend", "choose_weight", "fit_transfer", "rank_percentile", "transfer_method"]
+__all__ = ["Fitted", "TransferModel", "blend", "choose_weight", "fit_learned", "fit_transfer", "rank_percentile",
+           "transfer_method"]
 
 #: Stands for "never seen in training" in the static order inside a ranking (below every mean
 #: efficiency, which is >= 0): a finite value, so that the selector can tell an unseen kernel
@@ -110,7 +113,7 @@ class TransferModel:
     """A fitted transfer recipe (see the module docstring)."""
 
     #: The fitted learner (a ``features -> model`` Pipeline, features for ``arch``).
-    learner: Any
+    learner: Pipeline
     #: The static order: static key (kernel name, ``@stratum`` with ``static_by``) -> mean efficiency.
     static: pd.Series
     static_by: tuple[str, ...]
@@ -119,18 +122,18 @@ class TransferModel:
     #: The learner's method (its recipe rebuilds the features for another arch).
     method: LearnedMethod
     #: The arch the learner's features are built for.
-    arch: Any
+    arch: ArchConfig
     #: The GPUs (arch names) of the training rows.
     archs: tuple[str, ...] = ()
     #: The inner split's mean efficiency per w (empty without an inner split).
     inner: dict[float, float] = field(default_factory=dict)
 
     @property
-    def pipeline(self) -> Any:
+    def pipeline(self) -> Pipeline:
         """The learner pipeline (what ``pipeline.joblib`` readers, plots and exports inspect)."""
         return self.learner
 
-    def learner_pipeline(self, op: OpDefinition, cfg: Any, arch: Any, table: pd.DataFrame) -> Any:
+    def learner_pipeline(self, op: OpDefinition, cfg: Any, arch: ArchConfig | None, table: pd.DataFrame) -> Pipeline:
         """The learner with its features built for ``arch`` (itself when that is its own arch);
         ``table`` gives the input columns it is fitted on."""
         if _same_arch(arch, self.arch):
@@ -142,7 +145,7 @@ class TransferModel:
         return ev.best_static_apply(self.static, ev.static_keys(table, rows, list(self.static_by)))
 
     def learner_scores(self, data: Prepared, rows: np.ndarray, op: OpDefinition, cfg: Any,
-                       arch: Any = None) -> np.ndarray:
+                       arch: ArchConfig | None = None) -> np.ndarray:
         """The learner's scores of ``rows`` of ``data``, each row featurised with its own arch
         (or every row with ``arch``)."""
         out = np.full(len(rows), np.nan)
@@ -155,7 +158,7 @@ class TransferModel:
         return out
 
     def score(self, data: Prepared, rows: np.ndarray, op: OpDefinition, cfg: Any, mask: np.ndarray,
-              arch: Any = None) -> np.ndarray:
+              arch: ArchConfig | None = None) -> np.ndarray:
         """The recipe's scores of ``rows`` (every row of their problems: the candidates), ranked
         among the ``mask``-ed ones of each problem (NaN elsewhere)."""
         rows = np.asarray(rows)
@@ -169,14 +172,16 @@ class TransferModel:
                 "inner": {f"{w:g}": round(m, 6) for w, m in self.inner.items()}}
 
 
-def _same_arch(a: Any, b: Any) -> bool:
+#: A fitted learned method: a ``features -> model`` Pipeline, or the transfer recipe.
+Fitted: TypeAlias = "Pipeline | TransferModel"
+
+
+def _same_arch(a: ArchConfig | None, b: ArchConfig | None) -> bool:
     return a is b or (a is not None and b is not None and getattr(a, "name", a) == getattr(b, "name", b)
                       and _constants(a) == _constants(b))
 
 
-def _constants(arch: Any) -> Any:
-    from ckpred.schema import arch_constants
-
+def _constants(arch: ArchConfig) -> dict[str, float] | None:
     try:
         return arch_constants(arch)
     except Exception:  # not an arch config: compare by name alone
@@ -228,6 +233,16 @@ def fit_transfer(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: 
     info.update(model.info())
     log.info("transfer recipe on %s: w = %g (inner means %s)", archs, weight, model.info()["inner"])
     return model, info
+
+
+def fit_learned(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any,
+                seed: int) -> tuple[Fitted, dict[str, Any]]:
+    """Fit any learned method on the training ``shapes`` of ``data``; returns (model, fit info):
+    the transfer recipe (``method.transfer`` set) by :func:`fit_transfer`, a
+    :class:`TransferModel`; every other by :func:`ckpred.fitting.fit_method`, a Pipeline."""
+    if method.transfer is not None:
+        return fit_transfer(method, data, shapes, op, cfg, seed)
+    return fit_method(method, data, shapes, op, cfg, seed)
 
 
 def _inner_split(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any, seed: int,

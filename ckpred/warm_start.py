@@ -33,13 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import lightgbm as lgb
+import pandas as pd
 from omegaconf import DictConfig
 from sklearn.pipeline import Pipeline
 
 from ckpred.errors import ModelMismatchError
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import booster, build_pipeline, target_name
-from ckpred.runs import RunRecord
+from ckpred.runs import RunRecord, load_train_run
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,6 @@ def load_base(run_dir: str | Path) -> BaseModel:
     ckpred.errors.ModelMismatchError
         When ``pipeline.joblib`` is not the file the run record names.
     """
-    from ckpred.runs import load_train_run
-
     run = load_train_run(run_dir, purpose="warm_start", require_record=True)
     path, pipe, record, sha = run.path, run.pipeline, run.record, run.sha256
     folds_file = path / "folds.json"
@@ -150,14 +149,14 @@ def check_compatible(base: BaseModel, expected: dict[str, Any]) -> None:
         raise err
 
 
-def feature_names_of(cfg: DictConfig, op: OpDefinition, X_head: Any) -> list[str]:
+def feature_names_of(cfg: DictConfig, op: OpDefinition, X_head: pd.DataFrame) -> list[str]:
     """Output feature names of this config's feature step (fitted on a few rows; it is stateless)."""
     pipe = build_pipeline(cfg, op, cfg.arch, cfg.dtype)
     features = pipe.named_steps["features"].fit(X_head)
     return [str(n) for n in features.get_feature_names_out()]
 
 
-def prepare(cfg: DictConfig, op: OpDefinition, X_head: Any) -> BaseModel:
+def prepare(cfg: DictConfig, op: OpDefinition, X_head: pd.DataFrame) -> BaseModel:
     """Load ``cfg.warm_start`` and check it against this run; the entry point ``train`` calls."""
     base = load_base(str(cfg.warm_start))
     check_compatible(base, expected_fields(cfg, op, feature_names_of(cfg, op, X_head)))

@@ -116,7 +116,8 @@ def test_reranker_is_the_recipe_sized_down_and_fitted_on_candidate_rows_only(set
     assert model.booster_.num_trees() == 20
     fitted_on = []
     real = st.fit_pipeline
-    monkeypatch.setattr(st, "fit_pipeline", lambda pipe, X, *a, **kw: fitted_on.append(X) or real(pipe, X, *a, **kw))
+    monkeypatch.setattr(st, "fit_pipeline",
+                        lambda pipe, rows, *a, **kw: fitted_on.append(rows.X) or real(pipe, rows, *a, **kw))
     st.fit_reranker(table, op, keep, st.Strategy(cfg.arch, cfg.dtype, cfg.layout, reranker=RERANKER,
                                                  recipe=compose("export", ["features=minimal"])))
     X = fitted_on[0]

@@ -189,11 +189,11 @@ def test_early_stopping_never_sees_test_shapes(tmp_path: Path, monkeypatch: pyte
     seen: list[set[str]] = []
     real_fit = tr.fit_pipeline
 
-    def spy(pipe, X, y, codes, **kwargs):  # type: ignore[no-untyped-def]
-        X_val = kwargs.get("X_val")
+    def spy(pipe, rows, **kwargs):  # type: ignore[no-untyped-def]
+        X_val = kwargs["val"].X
         seen.append(set(X_val[["m", "n", "k", "split_k"]].astype(str).agg("x".join, axis=1)))
-        assert not seen[-1] & set(X[["m", "n", "k", "split_k"]].astype(str).agg("x".join, axis=1))
-        return real_fit(pipe, X, y, codes, **kwargs)
+        assert not seen[-1] & set(rows.X[["m", "n", "k", "split_k"]].astype(str).agg("x".join, axis=1))
+        return real_fit(pipe, rows, **kwargs)
 
     monkeypatch.setattr(tr, "fit_pipeline", spy)
     _run(tmp_path, *NO_REF, "baselines.plain.enabled=false", "model.n_estimators=200", "model.early_stopping_rounds=2",

@@ -191,11 +191,10 @@ def test_transfer_config_refuses_bad_weights_and_modes(caches: Path) -> None:
 
 
 def test_one_training_gpu_has_no_inner_split_and_blends_nothing(prepared) -> None:
-    from ckpred.fitting import fit_method
-    from ckpred.transfer import TransferModel, transfer_method
+    from ckpred.transfer import TransferModel, fit_learned, transfer_method
 
     cfg, op, data = prepared
-    model, info = fit_method(transfer_method(cfg), data, np.array([0]), op, cfg, 0)
+    model, info = fit_learned(transfer_method(cfg), data, np.array([0]), op, cfg, 0)
     assert isinstance(model, TransferModel) and model.weight == 0.0 and model.inner == {}
     assert info["archs"] == [data.archs[data.shape_arch[0]].name]
 

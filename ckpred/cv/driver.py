@@ -38,9 +38,12 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Callable, Iterator
 
 import numpy as np
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from sklearn.pipeline import Pipeline
 
 from ckpred import evaluate as ev
 from ckpred import scale, warm_start
@@ -53,12 +56,12 @@ from ckpred.cv.scoring import (FoldTest, OutOfFold, Tables, best_kernel_seen, ev
 from ckpred.data import load_table
 from ckpred.data.partitions import is_partitioned
 from ckpred.errors import ConfigValueError
-from ckpred.fitting import (Applicability, LearnedMethod, cv_group_names, fit_applicability, fit_method, model_method,
+from ckpred.fitting import (Applicability, LearnedMethod, Prepared, cv_group_names, fit_applicability, model_method,
                             plain_method, prepare, recipe_config)
 from ckpred.kernels.base import OpDefinition
 from ckpred.kernels.declared import bind_training_catalogue
 from ckpred.runs import RUN_RECORD
-from ckpred.transfer import TransferModel, transfer_method
+from ckpred.transfer import Fitted, TransferModel, fit_learned, transfer_method
 from ckpred.util import resolve_path
 
 log = logging.getLogger(__name__)
@@ -75,8 +78,6 @@ class FoldProgress:
 
     def __enter__(self) -> "FoldProgress":
         if self.enabled:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
                                 TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                                 transient=False)
@@ -92,9 +93,9 @@ class FoldProgress:
         if self.enabled:
             self.bar.advance(self.task)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self.enabled:
-            self.bar.__exit__(*exc)
+            self.bar.__exit__(kind, exc, tb)
 
 
 # -- seeds ------------------------------------------------------------------------------------------
@@ -130,7 +131,7 @@ def cross_validate(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -> fl
     return cross_validate_seeds(cfg, out_dir, seeds, on_fold)
 
 
-def _with(cfg: Any, **values: Any) -> Any:
+def _with(cfg: Any, **values: object) -> Any:
     """A copy of ``cfg`` with top-level keys replaced (struct mode kept)."""
     out = cfg.copy()
     for key, value in values.items():
@@ -281,18 +282,18 @@ class Fit:
     """One (fold, method) fit: the fitted pipeline and its fit info (and, for the model of an op
     whose table lists only the applicable kernels, the fold's applicability mask)."""
 
-    pipeline: Any
+    pipeline: Fitted
     info: dict[str, Any]
     applicability: Applicability | None = None
 
 
-def fold_fits(run: RunContext, data: Any, jobs: list[tuple[LearnedMethod, np.ndarray, int]]) -> Iterator[Fit]:
+def fold_fits(run: RunContext, data: Prepared, jobs: list[tuple[LearnedMethod, np.ndarray, int]]) -> Iterator[Fit]:
     """Every ``(method, train_shapes, seed)`` job fitted, in order: here, or as tasks on a Dask
     cluster (``model.backend=dask``)."""
     if run.cfg.model.backend == "dask":  # Dask itself is imported only when the cluster starts
         fits = scale.fold_fits(run.cfg, data, run.op, jobs)
     else:
-        fits = (fit_method(method, data, shapes, run.op, run.cfg, s) for method, shapes, s in jobs)
+        fits = (fit_learned(method, data, shapes, run.op, run.cfg, s) for method, shapes, s in jobs)
     return (Fit(pipe, info) for pipe, info in fits)
 
 
@@ -374,14 +375,14 @@ def _fit_and_score(run: RunContext, method: LearnedMethod, fits: Iterator[Fit], 
     return fit
 
 
-def _is_final_fit(fold: Fold, fold_seed: int, data: Any, seed: int) -> bool:
+def _is_final_fit(fold: Fold, fold_seed: int, data: Prepared, seed: int) -> bool:
     """Whether the fold's model fit is the final fit: every training shape, the run's seed."""
     shapes = np.asarray(fold.train_shapes)
     return fold_seed == seed and len(shapes) == data.groups.n_shapes and \
         np.array_equal(np.sort(shapes), np.arange(data.groups.n_shapes))
 
 
-def _ranking_pipeline(pipe: Any) -> Any:
+def _ranking_pipeline(pipe: Fitted) -> Pipeline:
     """The features -> model pipeline of a fit: the transfer recipe's learner, or ``pipe``."""
     return pipe.learner if isinstance(pipe, TransferModel) else pipe
 
@@ -396,7 +397,7 @@ def final_pipeline(run: RunContext, tables: Tables, model: LearnedMethod, fold_f
     if fold_fit is None:
         t = time.perf_counter()
         shapes = np.arange(data.groups.n_shapes)
-        pipe, info = fit_method(model, data, shapes, run.op, run.cfg, run.seed)
+        pipe, info = fit_learned(model, data, shapes, run.op, run.cfg, run.seed)
         fold_fit = Fit(pipe, info)
         if tables.train_candidates is not None:
             fold_fit.applicability = fit_applicability(tables.train_candidates, shapes, data, run.op, run.cfg,

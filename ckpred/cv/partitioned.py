@@ -30,7 +30,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -42,6 +42,9 @@ from ckpred.data.partitions import COMBO_COLUMNS, read_manifest
 from ckpred.errors import ConfigValueError
 from ckpred.fitting import model_method
 from ckpred.runs import DataRecord
+
+if TYPE_CHECKING:  # the optional dask extra
+    from distributed import Client
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +112,7 @@ def cross_validate(run: RunContext, path: Path) -> float:
     return finish(run, report, heading=f"{report.heading}, {manifest['rows']:,} rows")
 
 
-def _fold(run: RunContext, data: Dataset, client: Any, i: int, test: tuple[float, float],
+def _fold(run: RunContext, data: Dataset, client: Client, i: int, test: tuple[float, float],
           baselines: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[pd.DataFrame, dict[str, Any], list[str]]:
     """Fit fold ``i`` (queries whose key hash is in ``test`` held out) on the cluster and score its
     held-out queries with the model and the baselines; returns the per-query rows, the fold's

@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import joblib
 import numpy as np
@@ -28,6 +28,7 @@ from ckpred.fitting import Prepared
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.models import booster, failure_model, target_name
 from ckpred.runs import DataRecord, RunRecord
+from ckpred.transfer import Fitted, TransferModel
 from ckpred.util import sha256_file
 
 log = logging.getLogger(__name__)
@@ -100,13 +101,13 @@ class SavedPipeline:
     feature_names: list[str] = field(default_factory=list)
 
     @classmethod
-    def save(cls, out_dir: Path, pipeline: Any, info: dict[str, Any]) -> "SavedPipeline":
+    def save(cls, out_dir: Path, pipeline: Fitted | None, info: dict[str, Any]) -> "SavedPipeline":
         """Save ``pipeline`` (a Pipeline, or a :class:`ckpred.transfer.TransferModel` whose
         learner is one) as ``pipeline.joblib``."""
         if pipeline is None:
             return cls()
         joblib.dump(pipeline, out_dir / "pipeline.joblib", compress=3)
-        learner = getattr(pipeline, "learner", pipeline)
+        learner = pipeline.learner if isinstance(pipeline, TransferModel) else pipeline
         names = [str(n) for n in learner.named_steps["features"].get_feature_names_out()]
         return cls(pipeline, info, sha256_file(out_dir / "pipeline.joblib"), names)
 
@@ -119,13 +120,71 @@ class SavedPipeline:
 def write_plots(out_dir: Path, per_shape: dict[str, pd.DataFrame], family: np.ndarray,
                 families: tuple[str, ...], metrics: dict[str, Any], saved: SavedPipeline) -> None:
     """The efficiency CDF per method, efficiency@k, and the final model's feature importance."""
-    ev.plot_efficiency_cdf(per_shape, family, families, out_dir / "efficiency_cdf.png")
-    ev.plot_efficiency_at_k({m: r for m, r in metrics.items() if "mean" in r}, out_dir / "efficiency_at_k.png")
+    plot_efficiency_cdf(per_shape, family, families, out_dir / "efficiency_cdf.png")
+    plot_efficiency_at_k({m: r for m, r in metrics.items() if "mean" in r}, out_dir / "efficiency_at_k.png")
     if saved.pipeline is not None:
-        ev.plot_feature_importance(saved.feature_names,
-                                   booster(getattr(saved.pipeline, "learner", saved.pipeline))
-                                   .feature_importance(importance_type="gain"),
-                                   out_dir / "feature_importance.png")
+        plot_feature_importance(saved.feature_names,
+                                booster(getattr(saved.pipeline, "learner", saved.pipeline))
+                                .feature_importance(importance_type="gain"),
+                                out_dir / "feature_importance.png")
+
+
+def plot_efficiency_cdf(per_shape: Mapping[str, pd.DataFrame], family: np.ndarray,
+                        families: Sequence[str], path: Path) -> Path:
+    """Empirical CDF of per-shape efficiency, one panel per M family, a line per method."""
+    plt = ev.pyplot()
+    present = [f for f in families if np.any(family == f)]
+    fig, axes = plt.subplots(1, max(len(present), 1), figsize=(4 * max(len(present), 1), 3.4), squeeze=False)
+    for ax, fam in zip(axes[0], present):
+        for method, frame in per_shape.items():
+            eff = np.sort(frame.loc[family == fam, "efficiency"].dropna().to_numpy())
+            if len(eff):
+                ax.step(eff, np.arange(1, len(eff) + 1) / len(eff), where="post", label=method)
+        ax.set_title(f"{fam} (n={int(np.sum(family == fam))})")
+        ax.set_xlabel("efficiency (chosen / best)")
+        ax.set_xlim(0, 1.01)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("fraction of shapes")
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_efficiency_at_k(reports: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
+    """Mean efficiency@k for k in :data:`ev.EFFICIENCY_KS`, a line per method."""
+    plt = ev.pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for method, rep in reports.items():
+        ys = [rep.get(f"efficiency@{k}", np.nan) for k in ev.EFFICIENCY_KS]
+        ax.plot(ev.EFFICIENCY_KS, ys, marker="o", label=method)
+    ax.set_xscale("log")
+    ax.set_xticks(ev.EFFICIENCY_KS, [str(k) for k in ev.EFFICIENCY_KS])
+    ax.set_xlabel("k (top-k kernels benchmarked, best kept)")
+    ax.set_ylabel("mean efficiency@k")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_feature_importance(names: Sequence[str], gains: np.ndarray, path: Path, top: int = 30) -> Path:
+    """Horizontal bar chart of the ``top`` features by total split gain."""
+    plt = ev.pyplot()
+    gains = np.asarray(gains, dtype=np.float64)
+    total = gains.sum() or 1.0
+    idx = np.argsort(-gains, kind="stable")[:top][::-1]
+    fig, ax = plt.subplots(figsize=(6, 0.22 * len(idx) + 1.2))
+    ax.barh([names[i] for i in idx], gains[idx] / total)
+    ax.set_xlabel("share of total split gain")
+    ax.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write_tested_rows(out_dir: Path, test: Prepared, oof: OutOfFold, evaluation: Evaluation) -> None:

@@ -33,7 +33,10 @@ from ckpred.errors import ConfigValueError
 from ckpred.schema import ArchConfig, CVConfig, DataConfig, arch_config, check
 
 if TYPE_CHECKING:  # the fitting stage imports LightGBM; a plan only reads the prepared table
+    import pandas as pd
+
     from ckpred.fitting import Prepared
+    from ckpred.kernels.base import OpDefinition
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +69,7 @@ class CVScheme:
     def __init__(self, cv: Any) -> None:
         self.cv = cv
 
-    def test_data(self, cfg: Any, op: Any, data: "Prepared") -> "Prepared":
+    def test_data(self, cfg: Any, op: OpDefinition, data: "Prepared") -> "Prepared":
         """The prepared table the folds test: the training table itself by default."""
         return data
 
@@ -153,7 +156,8 @@ class GroupKFold(CVScheme):
     config = GroupKFoldConfig
 
     def plan(self, data: "Prepared", test: "Prepared", seed: int) -> list[Fold]:
-        from sklearn.model_selection import GroupKFold as Splitter  # scikit-learn's import is slow
+        # lazy: sklearn.model_selection costs ~1-3 s; the config registry imports this module
+        from sklearn.model_selection import GroupKFold as Splitter
 
         groups, n_groups, unit = _cv_groups(data)
         k = int(self.cv.n_splits)
@@ -258,7 +262,8 @@ class Holdout(CVScheme):
     config = HoldoutConfig
 
     def plan(self, data: "Prepared", test: "Prepared", seed: int) -> list[Fold]:
-        from sklearn.model_selection import GroupShuffleSplit  # scikit-learn's import is slow
+        # lazy: sklearn.model_selection costs ~1-3 s; the config registry imports this module
+        from sklearn.model_selection import GroupShuffleSplit
 
         groups, n_groups, unit = _cv_groups(data)
         fraction = float(self.cv.test_fraction)
@@ -313,7 +318,7 @@ class External(CVScheme):
         ext["data"] = OmegaConf.to_container(merged)  # type: ignore[index]
         return OmegaConf.create(ext)
 
-    def test_arch(self, train_arch: Any, table: Any) -> Any:
+    def test_arch(self, train_arch: ArchConfig, table: pd.DataFrame) -> ArchConfig:
         """``cv.arch`` when given, else the packaged arch config named by the table's ``arch``
         column when it holds one name other than the training arch's, else the training arch
         (a table of several GPUs then keeps each row's own)."""
@@ -325,9 +330,10 @@ class External(CVScheme):
             return arch_config(str(names[0]))
         return train_arch
 
-    def test_data(self, cfg: Any, op: Any, data: "Prepared") -> "Prepared":
-        from ckpred.data import load_table  # the readers' import is slow
-        from ckpred.fitting import prepare  # the fitting stage imports LightGBM
+    def test_data(self, cfg: Any, op: OpDefinition, data: "Prepared") -> "Prepared":
+        # lazy: the readers (~0.7 s) and the fitting stage (LightGBM, ~2 s) are not for the config registry
+        from ckpred.data import load_table
+        from ckpred.fitting import prepare  # lazy: as above
 
         table = load_table(self.data_config(cfg))
         # cv.arch names the arch of every test row; without it each row keeps its own

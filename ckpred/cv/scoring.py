@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from sklearn.pipeline import Pipeline
 
 from ckpred import evaluate as ev
 from ckpred.cv.schemes import Fold
@@ -29,7 +30,8 @@ from ckpred.fitting import (Applicability, Coverage, LearnedMethod, Prepared, ca
                             predict, rows_of, rule_mask)
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import failure_model, predicted_ok
-from ckpred.transfer import TransferModel
+from ckpred.schema import ArchConfig, DtypeConfig
+from ckpred.transfer import Fitted, TransferModel
 
 
 @dataclass
@@ -144,7 +146,8 @@ class OutOfFold:
         return float(per_shape["efficiency"].mean())
 
 
-def scorer_for(method: LearnedMethod, pipe: Any, arch: Any, tables: Tables, op: OpDefinition, cfg: Any) -> Any:
+def scorer_for(method: LearnedMethod, pipe: Fitted, arch: ArchConfig | None, tables: Tables, op: OpDefinition,
+               cfg: Any) -> Pipeline:
     """The pipeline whose features score rows of ``arch``: ``pipe`` itself, or with features
     rebuilt with ``arch`` when it is not the training table's (a transfer recipe: its learner)."""
     if isinstance(pipe, TransferModel):
@@ -154,7 +157,7 @@ def scorer_for(method: LearnedMethod, pipe: Any, arch: Any, tables: Tables, op: 
     return for_arch(pipe, method, op, cfg, arch, tables.candidates.X)
 
 
-def score_method(method: LearnedMethod, pipe: Any, side: FoldTest, tables: Tables, op: OpDefinition,
+def score_method(method: LearnedMethod, pipe: Fitted, side: FoldTest, tables: Tables, op: OpDefinition,
                  cfg: Any, oof: OutOfFold) -> None:
     """Score ``side``'s rows with ``method``'s fitted pipeline (features rebuilt with the rows'
     arch when it is not the training table's) and its learned validity mask."""
@@ -171,7 +174,7 @@ def score_method(method: LearnedMethod, pipe: Any, side: FoldTest, tables: Table
             oof.runs[method.name][rows] = predicted_ok(scorer, X)
 
 
-def score_applicability(fitted: Applicability, method: LearnedMethod, pipe: Any, side: FoldTest,
+def score_applicability(fitted: Applicability, method: LearnedMethod, pipe: Fitted, side: FoldTest,
                         tables: Tables, op: OpDefinition, cfg: Any, oof: OutOfFold) -> dict[str, Any]:
     """The fold's applicability mask on ``side``'s rows (on the features of ``pipe``, the fold's
     model); returns the fold's entry: its threshold, the inner folds' strict mean per threshold,
@@ -212,7 +215,7 @@ def score_best_static(fold: Fold, side: FoldTest, tables: Tables, static_by: lis
     return {"top_kernels": ranking.head(5).round(4).to_dict()}
 
 
-def score_analytical(sides: list[FoldTest], test: Prepared, op: OpDefinition, dtype: Any,
+def score_analytical(sides: list[FoldTest], test: Prepared, op: OpDefinition, dtype: DtypeConfig,
                      oof: OutOfFold) -> str | None:
     """The analytical heuristic on every tested row, with the arch each was tested with; returns
     why it was skipped (None when scored). It reasons about the GEMM the kernel tiles: the op's

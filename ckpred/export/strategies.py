@@ -40,7 +40,7 @@ from omegaconf import OmegaConf
 from ckpred import evaluate as ev
 from ckpred.fitting import with_unmeasured
 from ckpred.kernels.base import OpDefinition
-from ckpred.models import build_pipeline, fit_pipeline, target_name, training_target
+from ckpred.models import FitRows, build_pipeline, fit_pipeline, target_name, training_target
 
 
 @dataclass(frozen=True, eq=False)
@@ -254,7 +254,7 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, keep: np.ndarray, strate
     pipe = build_pipeline(cfg, op, strategy.arch, strategy.dtype)
     perf = ev.measured_perf(sub["tflops"].to_numpy(), sub["is_valid"].to_numpy())
     y = training_target(perf, codes, cfg.model, cfg.target)
-    return fit_pipeline(pipe, op.encode_frame(sub), y, codes, model_cfg=cfg.model,
+    return fit_pipeline(pipe, FitRows(op.encode_frame(sub), y, codes), model_cfg=cfg.model,
                         target=target_name(cfg.model, cfg.target))
 
 
