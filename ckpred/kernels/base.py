@@ -18,12 +18,19 @@ import importlib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, TypeAlias
 
 import numpy as np
 import pandas as pd
 
 from ckpred.errors import ConfigValueError
+from ckpred.schema import ArchConfig, DtypeConfig, LayoutConfig
+
+#: An arch, dtype or layout as catalogues, validity rules and the simulator take them: the
+#: schema's config (an arch also as a composed node or a mapping with its keys), or its name.
+ArchSpec: TypeAlias = "ArchConfig | Mapping[str, Any] | str"
+DtypeSpec: TypeAlias = "DtypeConfig | str"
+LayoutSpec: TypeAlias = "LayoutConfig | str"
 
 FieldKind = Literal["int", "float", "bool", "category"]
 
