@@ -19,10 +19,12 @@ import gzip
 import io
 import mmap
 import os
+import re
 import stat
 from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib import resources
 from itertools import repeat
 from operator import is_
 from pathlib import Path
@@ -31,6 +33,7 @@ from typing import IO, Any, Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
+from ckpred import expressions
 from ckpred.errors import KernelNameError
 from ckpred.kernels.base import OpDefinition
 # the value conversions the readers use live with the other helpers every stage uses (an op's
@@ -227,8 +230,6 @@ def _kernel_rules(op: OpDefinition) -> list[tuple[Any, str]]:
     config = getattr(op, "config", None)
     kernel_names = set(op.kernel_names)
     for i, rule in enumerate(getattr(config, "rules", None) or []):
-        from ckpred import expressions
-
         expr = expressions.parse(rule.expr, key=f"op.rules[{i}].expr")
         if expr.names and expr.names <= kernel_names and not expr.hw_names:
             rules.append((expr, str(rule.message)))
@@ -283,6 +284,7 @@ def kernel_rule_columns(op: OpDefinition, columns: dict[str, Sequence[Any]], cou
             raw[missing] = raw[~missing][0] if (~missing).any() else 0
         values[f.name] = (f.encode(raw).astype(np.float64) if f.kind in ("category", "bool")
                           else np.asarray(raw, dtype=np.float64))
+    # lazy: ckpred.features.base imports scikit-learn (~1.5 s), which reading files does not need otherwise
     from ckpred.features.base import NumpyOps
 
     out = np.full(count, "", dtype=object)
@@ -495,9 +497,6 @@ def arch_for_device(device: str) -> str:
     last word); an arch config matches when that word is one of the words of its ``product``.
     The arch configs are the one record of which product is which ISA.
     """
-    import re
-    from importlib import resources
-
     words = re.findall(r"[A-Za-z0-9+]+", device.upper())
     if not words:
         return ""
@@ -651,7 +650,7 @@ def _lease(fd: int) -> bool:
     default (the default SIGIO would end it): ckpred does not need it, the lease is released
     after each block anyway.
     """
-    import fcntl
+    import fcntl  # lazy: Unix only (leases are a Linux optimisation; elsewhere none is taken)
     import signal
 
     try:
@@ -663,7 +662,7 @@ def _lease(fd: int) -> bool:
 
 
 def _release(fd: int) -> None:
-    import fcntl
+    import fcntl  # lazy: Unix only, as in _lease
 
     try:
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
