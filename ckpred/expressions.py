@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ckpred import vocab
 from ckpred.errors import ConfigValueError
 
 __all__ = ["FUNCTIONS", "Expression", "dtype_bytes_table", "evaluate_derived", "parse", "topological_order"]
@@ -87,8 +88,6 @@ _CMPOPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==",
 def dtype_bytes_table() -> dict[str, float]:
     """Bytes per element of each dtype name and alias (the dtype configs in use,
     :func:`ckpred.vocab.current`); ``dtype_bytes(x)`` in an expression looks its value up here."""
-    from ckpred import vocab
-
     return vocab.current().bytes_table
 
 
@@ -235,27 +234,32 @@ class Expression:
             rec(node.body)
             rec(node.orelse)
         elif isinstance(node, ast.Call):
-            if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
-                raise self._refuse(node, "the call")
-            if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
-                raise self._refuse(node, "keyword or starred arguments in")
-            low, high = FUNCTIONS[node.func.id]
-            if len(node.args) < low or (high is not None and len(node.args) > high):
-                count = str(low) if low == high else f"at least {low}"
-                raise self._refuse(node, f"{node.func.id}() takes {count} argument(s):")
-            functions.add(node.func.id)
-            if node.func.id == "contains":
-                field, text = node.args
-                if not isinstance(field, ast.Name) or field.id in FUNCTIONS:
-                    raise self._refuse(node, "contains() takes a categorical field first:")
-                if not (isinstance(text, ast.Constant) and isinstance(text.value, str) and text.value):
-                    raise self._refuse(node, "contains() takes a non-empty string literal second:")
-                names.add(field.id)  # the text is searched for, not a category value: not in strings
-                return
-            for a in node.args:
-                rec(a)
+            if self._check_call(node, names, functions):
+                for a in node.args:
+                    rec(a)
         else:
             raise self._refuse(node, "the construct")
+
+    def _check_call(self, node: ast.Call, names: set[str], functions: set[str]) -> bool:
+        """Check a call's function and arity; whether its arguments remain to check."""
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            raise self._refuse(node, "the call")
+        if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+            raise self._refuse(node, "keyword or starred arguments in")
+        low, high = FUNCTIONS[node.func.id]
+        if len(node.args) < low or (high is not None and len(node.args) > high):
+            count = str(low) if low == high else f"at least {low}"
+            raise self._refuse(node, f"{node.func.id}() takes {count} argument(s):")
+        functions.add(node.func.id)
+        if node.func.id == "contains":
+            field, text = node.args
+            if not isinstance(field, ast.Name) or field.id in FUNCTIONS:
+                raise self._refuse(node, "contains() takes a categorical field first:")
+            if not (isinstance(text, ast.Constant) and isinstance(text.value, str) and text.value):
+                raise self._refuse(node, "contains() takes a non-empty string literal second:")
+            names.add(field.id)  # the text is searched for, not a category value: not in strings
+            return False
+        return True
 
     # -- validation --------------------------------------------------------------------------
     def validate(self, allowed_fields: Iterable[str], allowed_hw: Iterable[str] | None = None, *,
@@ -324,9 +328,7 @@ class Expression:
 
     def _constant_value(self, node: ast.AST) -> float | None:
         """The number a constant part folds to (``None``: not a number, e.g. a string)."""
-        from ckpred.features.base import NumpyOps
-
-        walker = _Walker(self, {}, {}, NumpyOps(1), {}, None)
+        walker = _Walker(self, {}, {}, _numpy_ops(1), {}, None)
         try:
             value = walker.visit(node)
         except ConfigValueError:  # a type error: the trial evaluation names it
@@ -349,16 +351,14 @@ class Expression:
         ckpred.errors.ConfigValueError
             Naming the key, the expression and the part at fault.
         """
-        from ckpred.features.base import NumpyOps
-
         categories = dict(categories or {})
         columns = {n: np.zeros(1) if n in categories else np.ones(1) for n in self.names}
         hw = dict.fromkeys(self.hw_names, 1.0)
         with np.errstate(all="ignore"):
             if condition:
-                self.evaluate_bool(columns, hw, NumpyOps(1), categories=categories)
+                self.evaluate_bool(columns, hw, _numpy_ops(1), categories=categories)
             else:
-                self.evaluate(columns, hw, NumpyOps(1), categories=categories)
+                self.evaluate(columns, hw, _numpy_ops(1), categories=categories)
         return self
 
     # -- evaluation --------------------------------------------------------------------------
@@ -457,12 +457,15 @@ def parse(text: Any, *, key: str) -> Expression:
 
 
 def _default_ops(columns: Mapping[str, Any]) -> Any:
+    first = next((value for value in columns.values() if isinstance(value, np.ndarray)), None)
+    return _numpy_ops(1 if first is None else len(first))
+
+
+def _numpy_ops(n_rows: int) -> Any:
+    # lazy: ckpred.features.base imports scikit-learn (~1.5 s), which composing and checking configs does not need
     from ckpred.features.base import NumpyOps
 
-    for value in columns.values():
-        if isinstance(value, np.ndarray):
-            return NumpyOps(len(value))
-    return NumpyOps(1)
+    return NumpyOps(n_rows)
 
 
 class _Walker:
@@ -697,9 +700,7 @@ class _Walker:
 
     def call(self, fn: str, *values: _Value) -> _Value:
         if all(v.scalar for v in values):
-            from ckpred.features.base import NumpyOps
-
-            return _Value(_np_scalar(getattr(NumpyOps(1), fn), *(np.float64(v.value) for v in values)), "num", True)
+            return _Value(_np_scalar(getattr(_numpy_ops(1), fn), *(np.float64(v.value) for v in values)), "num", True)
         return _Value(getattr(self.xp, fn)(*(v.value for v in values)), "num", False)
 
     def contains(self, node: ast.AST, text: str) -> _Value:
