@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ckpred.errors import ConfigValueError, KernelNameError
-from ckpred.kernels.base import Field, OpDefinition
+from ckpred.kernels.definition import Field, OpDefinition
 from ckpred.kernels.opschema import (PLUGIN_HOOKS, _get, field_kinds, load_plugin, parse_expression, template_kinds,
                                      vars_of)
 from ckpred.kernels.template import KernelTemplate
