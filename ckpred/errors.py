@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 
@@ -53,8 +54,6 @@ class UnknownConfigKeyError(ConfigValueError):
     """
 
     def __init__(self, key: str, value: Any, known: list[str]) -> None:
-        import difflib
-
         name = key.rsplit(".", 1)[-1]
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""

@@ -23,7 +23,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol
 
+import yaml
+
 from ckpred.errors import ConfigValueError, ModelMismatchError
+from ckpred.yamlfile import check_yaml
 
 
 class _Dir(Protocol):
@@ -144,12 +147,8 @@ def package_dir() -> Any:
 
 
 def _file_data(path: Any) -> dict[str, Any]:
-    from ckpred.yamlfile import check_yaml
-
     data = path.read_bytes()
     check_yaml(data, path)
-    import yaml
-
     raw = yaml.safe_load(data.decode("utf-8")) or {}
     if not isinstance(raw, dict):
         raise ConfigValueError(str(path), raw, "a mapping of config keys")

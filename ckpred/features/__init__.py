@@ -40,10 +40,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from sklearn.pipeline import FeatureUnion
 
+from ckpred import vocab
 from ckpred.errors import ConfigValueError
 from ckpred.expressions import dtype_bytes_table
+from ckpred.features.expression import ExpressionFeatures, compile_features
 from ckpred.features.registry import (EXPRESSIONS, FEATURE_GROUPS, declaration, default_name, group_class,
                                       known_kinds)
+from ckpred.schema import ARCH_ALIASES, FeaturesConfig, arch_constants
 
 __all__ = ["FEATURE_GROUPS", "build_features", "catalogue_tiles", "constants_from_config",
            "group_class", "group_input_columns", "known_kinds", "op_categories"]
@@ -73,9 +76,6 @@ def constants_from_config(arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None)
         ..., and the old names ``cus``, ``xcds``, ``lds_bytes``...), the dtype's
         ``bytes_per_element``, ``c_bytes_per_element`` and ``peak_tflops`` and ``layout_code``. A Python transformer takes the ones it has parameters for.
     """
-    from ckpred import vocab
-    from ckpred.schema import ARCH_ALIASES, arch_constants
-
     dtype_name = _get(dtype_cfg, "name")
     peaks = _get(arch_cfg, "peak_tflops") or {}
     if dtype_name not in peaks:
@@ -123,8 +123,6 @@ def catalogue_tiles(op: Any, arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = No
 
 def _as_features_config(features_cfg: Any) -> Any:
     """Validate any form of a feature-set config into a :class:`ckpred.schema.FeaturesConfig`."""
-    from ckpred.schema import FeaturesConfig
-
     if isinstance(features_cfg, FeaturesConfig):
         return features_cfg
     merged = OmegaConf.merge(OmegaConf.structured(FeaturesConfig), features_cfg)
@@ -196,8 +194,6 @@ _EXPRESSION_PARAMS = ("features", "terms", "one_hot")
 
 def _expression_group(kind: str, params: dict[str, Any], key: str, op: Any, constants: dict[str, Any]) -> Any:
     """The ExpressionFeatures of an inline or declared group, its expressions checked."""
-    from ckpred.features.expression import ExpressionFeatures, compile_features
-
     declared = declaration(kind)
     allowed = [*_EXPRESSION_PARAMS, *(["exclude"] if declared is not None else [])]
     unknown = sorted(set(params) - set(allowed))
@@ -255,8 +251,6 @@ def _op_terms(op: Any) -> dict[str, str]:
 
 def group_input_columns(kind: str, params: dict[str, Any] | None = None) -> tuple[str, ...]:
     """Raw input columns a group of ``kind`` (with ``params``) reads, without an op at hand."""
-    from ckpred.features.expression import compile_features
-
     params = dict(params or {})
     declared = declaration(kind)
     if kind == EXPRESSIONS or declared is not None:

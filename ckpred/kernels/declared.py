@@ -35,6 +35,7 @@ from ckpred.kernels.definition import Field, OpDefinition
 from ckpred.kernels.opschema import (PLUGIN_HOOKS, _get, field_kinds, load_plugin, parse_expression, template_kinds,
                                      vars_of)
 from ckpred.kernels.template import KernelTemplate
+from ckpred.schema import OpConfig, arch_config, arch_constants
 
 class CatalogueUnavailable(ValueError):
     """A declared op without a plug-in catalogue has not been bound to one (no training table yet)."""
@@ -54,8 +55,6 @@ def op_config(cfg: Any) -> Any:
     :class:`ckpred.schema.OpConfig`."""
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import MissingMandatoryValue
-
-    from ckpred.schema import OpConfig
 
     if isinstance(cfg, OpConfig):
         return cfg
@@ -138,7 +137,7 @@ class DeclaredOp(OpDefinition):
         return out
 
     def _evaluate(self, expr: Any, frame: pd.DataFrame, hw: Mapping[str, float] | None = None) -> np.ndarray:
-        from ckpred.features.base import NumpyOps
+        from ckpred.features.base import NumpyOps  # lazy: it imports scikit-learn (~1.5 s), ingesting needs neither
 
         cols = self.columns(frame, sorted(expr.names))
         out = expr.evaluate(cols, hw or {}, NumpyOps(len(frame)), categories=self.categories)
@@ -147,8 +146,6 @@ class DeclaredOp(OpDefinition):
     @staticmethod
     def hardware(arch: Any) -> dict[str, float]:
         """``hw.<name>`` constants of ``arch``: an arch config, a packaged arch's name, or None (none)."""
-        from ckpred.schema import arch_config, arch_constants
-
         if arch is None:
             return {}
         return arch_constants(arch_config(arch) if isinstance(arch, str) else arch)
@@ -261,7 +258,7 @@ class DeclaredOp(OpDefinition):
         problem_names = set(self.problem_names)
         frame = pd.DataFrame({c: (problems if c in problem_names else kernels)[c].to_numpy()
                               for c in self._kinds if c in (problems if c in problem_names else kernels)})
-        from ckpred.features.base import NumpyOps
+        from ckpred.features.base import NumpyOps  # lazy: it imports scikit-learn (~1.5 s), ingesting needs neither
 
         for expr, message in self.rules:
             if expr.hw_names and not hw:

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from ckpred.data.ingestion.rows import CARRIER_COLUMNS, Texts, array_of, set_column, source_texts
 from ckpred.data.partitions import DATASET_DIR, describe_part, write_manifest
@@ -110,8 +111,6 @@ class TableWriter:
         """A Parquet writer of the canonical table: text columns that arrive dictionary-encoded
         are written as the plain text columns they stand for (no arrow schema is stored, so they
         read back as ``string``); the table's metadata is added at :meth:`_close`."""
-        import pyarrow.parquet as pq
-
         return pq.ParquetWriter(path, schema, store_schema=False, **self.options)
 
     def _close(self, writer: Any) -> None:
