@@ -568,7 +568,7 @@ def resolve_path(path: str | Path) -> Path:
 INT_LIMIT = 2**63 - 1
 
 
-def to_float(value: Any) -> float | None:
+def to_float(value: object) -> float | None:
     """``value`` as a float (NaN/inf pass through for later checks); ``None`` if not a number."""
     if type(value) is float:
         return value
@@ -591,7 +591,7 @@ TRUE_STRINGS = ("true", "1", "yes")
 FALSE_STRINGS = ("false", "0", "no")
 
 
-def truth(value: Any, true_values: tuple[str, ...] = TRUE_STRINGS,
+def truth(value: object, true_values: tuple[str, ...] = TRUE_STRINGS,
           false_values: tuple[str, ...] = FALSE_STRINGS) -> bool | None:
     """``value`` as a truth value: ``True``/``False`` for a listed string (or a bool, or the
     numbers 1/0), ``None`` for anything else (the caller names it as a bad value)."""
@@ -611,7 +611,7 @@ def truth(value: Any, true_values: tuple[str, ...] = TRUE_STRINGS,
     return None
 
 
-def to_int(value: Any) -> int | None:
+def to_int(value: object) -> int | None:
     """``value`` as an integer when it is one exactly (``"1024"``, ``1024.0``); else ``None``."""
     if type(value) is int:
         return value if abs(value) <= INT_LIMIT else None

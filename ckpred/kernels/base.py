@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from ckpred.errors import ConfigValueError
 from ckpred.kernels.declared import load_declared, op_config
@@ -29,7 +29,7 @@ def packaged_op_config(name: str) -> Any:
     entry = resources.files("ckpred.conf") / "op" / f"{name}.yaml"
     if not entry.is_file():
         return None
-    raw = OmegaConf.to_container(OmegaConf.create(entry.read_text()), resolve=True)
+    raw = cast("dict[str, Any]", OmegaConf.to_container(OmegaConf.create(entry.read_text()), resolve=True))
     return {k: v for k, v in raw.items() if k != "defaults"}
 
 

@@ -30,6 +30,11 @@ ArchSpec: TypeAlias = "ArchConfig | Mapping[str, Any] | str"
 DtypeSpec: TypeAlias = "DtypeConfig | str"
 LayoutSpec: TypeAlias = "LayoutConfig | str"
 
+
+def spec_name(spec: DtypeSpec | LayoutSpec) -> str:
+    """The name of a dtype or layout given as its config (or a node with a ``name``) or its name."""
+    return spec if isinstance(spec, str) else str(spec.name)
+
 FieldKind = Literal["int", "float", "bool", "category"]
 
 
@@ -105,7 +110,7 @@ class OpDefinition(ABC):
 
     # -- candidate space -----------------------------------------------------------------------
     @abstractmethod
-    def catalogue(self, arch: Any, dtype: Any, layout: Any) -> pd.DataFrame:
+    def catalogue(self, arch: ArchSpec, dtype: DtypeSpec, layout: LayoutSpec) -> pd.DataFrame:
         """Every candidate kernel for (arch, dtype, layout) configs.
 
         Returns a frame with ``kernel_id`` (stable 0..n-1, the row order), ``kernel_name`` and
@@ -113,8 +118,8 @@ class OpDefinition(ABC):
         """
 
     @abstractmethod
-    def validity(self, problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any, dtype: Any,
-                 layout: Any) -> tuple[np.ndarray, np.ndarray]:
+    def validity(self, problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: ArchSpec, dtype: DtypeSpec,
+                 layout: LayoutSpec) -> tuple[np.ndarray, np.ndarray]:
         """Whether each kernel can run each problem, row by row (frames are row-aligned).
 
         Returns
