@@ -46,7 +46,7 @@ import ast
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -146,7 +146,7 @@ class Expression:
 
     # -- parsing -----------------------------------------------------------------------------
     @classmethod
-    def parse(cls, text: Any, *, key: str) -> "Expression":
+    def parse(cls, text: object, *, key: str) -> "Expression":
         """Parse ``text``; refuse anything outside the grammar, naming ``key``.
 
         Parameters
@@ -364,7 +364,7 @@ class Expression:
     # -- evaluation --------------------------------------------------------------------------
     def evaluate(self, columns: Mapping[str, Any], hw: Mapping[str, float] | None = None, xp: Any = None, *,
                  categories: Mapping[str, Sequence[str]] | None = None,
-                 dtype_bytes: Mapping[str, int] | None = None, broadcast: bool = True) -> Any:
+                 dtype_bytes: Mapping[str, float] | None = None, broadcast: bool = True) -> Any:
         """The expression's value as a float64 column of ``xp`` (or a number).
 
         Parameters
@@ -398,7 +398,7 @@ class Expression:
 
     def evaluate_bool(self, columns: Mapping[str, Any], hw: Mapping[str, float] | None = None, xp: Any = None, *,
                       categories: Mapping[str, Sequence[str]] | None = None,
-                      dtype_bytes: Mapping[str, int] | None = None) -> Any:
+                      dtype_bytes: Mapping[str, float] | None = None) -> Any:
         """The expression as a condition: a boolean column, or a Python bool when constant."""
         xp = xp if xp is not None else _default_ops(columns)
         walker = _Walker(self, columns, hw or {}, xp, categories or {}, dtype_bytes)
@@ -451,7 +451,7 @@ def _depth(tree: ast.AST) -> int:
     return deepest
 
 
-def parse(text: Any, *, key: str) -> Expression:
+def parse(text: object, *, key: str) -> Expression:
     """Shorthand for :meth:`Expression.parse`."""
     return Expression.parse(text, key=key)
 
@@ -472,18 +472,18 @@ class _Walker:
     """One evaluation: visits the tree, folding constants and calling ``xp`` on columns."""
 
     def __init__(self, expr: Expression, columns: Mapping[str, Any], hw: Mapping[str, float], xp: Any,
-                 categories: Mapping[str, Sequence[str]], dtype_bytes: Mapping[str, int] | None) -> None:
+                 categories: Mapping[str, Sequence[str]], dtype_bytes: Mapping[str, float] | None) -> None:
         self.expr, self.columns, self.hw, self.xp = expr, columns, hw, xp
         self.categories = {k: [str(v) for v in vals] for k, vals in categories.items()}
         self._dtype_bytes = dtype_bytes
 
     @property
-    def dtype_bytes(self) -> Mapping[str, int]:
+    def dtype_bytes(self) -> Mapping[str, float]:
         if self._dtype_bytes is None:
             self._dtype_bytes = dtype_bytes_table()
         return self._dtype_bytes
 
-    def error(self, node: ast.AST, value: Any, allowed: str) -> ConfigValueError:
+    def error(self, node: ast.AST, value: object, allowed: str) -> ConfigValueError:
         snippet = ast.get_source_segment(self.expr.text.strip(), node)
         where = f" (in {snippet!r} of expression {self.expr.text!r})" if snippet else ""
         return ConfigValueError(self.expr.key, value, allowed + where)
@@ -517,7 +517,7 @@ class _Walker:
             return _Value(node.value, "bool", True)
         if isinstance(node.value, str):
             return _Value(node.value, "str", True)
-        return _Value(float(node.value), "num", True)
+        return _Value(float(cast(float, node.value)), "num", True)  # _check admitted numbers only
 
     def visit_Name(self, node: ast.Name) -> _Value:
         if node.id not in self.columns:
@@ -571,8 +571,8 @@ class _Walker:
         x, y = a.value, b.value
         if a.scalar and b.scalar:
             x, y = np.float64(x), np.float64(y)
-            fn = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide,
-                  "//": lambda p, q: np.floor(p / q), "%": np.fmod, "**": np.power}[op]
+            fn = cast(Callable[..., Any], {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide,
+                                           "//": lambda p, q: np.floor(p / q), "%": np.fmod, "**": np.power}[op])
             return _Value(_np_scalar(fn, x, y), "num", True)
         xp = self.xp
         if op == "+":
@@ -792,7 +792,7 @@ def topological_order(expressions: Mapping[str, Expression], *, key: str,
 def evaluate_derived(expressions: Mapping[str, Expression], columns: Mapping[str, Any],
                      hw: Mapping[str, float] | None = None, xp: Any = None, *, key: str,
                      categories: Mapping[str, Sequence[str]] | None = None,
-                     dtype_bytes: Mapping[str, int] | None = None) -> dict[str, Any]:
+                     dtype_bytes: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Evaluate derived columns in dependency order; returns ``columns`` plus the new ones."""
     out = dict(columns)
     for name in topological_order(expressions, key=key, external=columns):

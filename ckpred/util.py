@@ -195,7 +195,7 @@ def run_marker_command(path: Path) -> str | None:
     return command if isinstance(command, str) else None
 
 
-def claim_run_dir(key: str, value: Any, kind: RunDirectory) -> Path:
+def claim_run_dir(key: str, value: object, kind: RunDirectory) -> Path:
     """Make ``value`` this command's run folder and return it (absolute), before any work.
 
     A path that :meth:`RunDirectory.refusal` objects to (a user's folder, ``out_dir=.``, another
@@ -233,7 +233,7 @@ def file_kind(mode: int) -> str:
 Replaceable = OwnFile | OwnDirectory | RunDirectory
 
 
-def check_replaceable(key: str, value: Any, kind: Replaceable) -> None:
+def check_replaceable(key: str, value: object, kind: Replaceable) -> None:
     """Refuse (:class:`ckpred.errors.ConfigValueError` naming ``key``) an output path ``value``
     that holds something a write of ``kind`` may not replace (its ``refusal``)."""
     path = resolve_path(str(value))

@@ -21,7 +21,7 @@ import functools
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol, TypeGuard
 
 import yaml
 
@@ -156,7 +156,7 @@ def _file_data(path: Any) -> dict[str, Any]:
     return raw
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
@@ -290,9 +290,9 @@ def add(records: Mapping[str, Any], source: str) -> None:
                           aliases=tuple(str(a) for a in rec.get("aliases") or ()), source=source)
             _merge(dtypes, entry, "dtype", source)
         for name, rec in (records.get("layouts") or {}).items():
-            entry = Layout(name=str(name), a=str(rec["a"]), b=str(rec["b"]), c=str(rec["c"]), code=int(rec["code"]),
-                           source=source)
-            _merge(layouts, entry, "layout", source)
+            layout = Layout(name=str(name), a=str(rec["a"]), b=str(rec["b"]), c=str(rec["c"]), code=int(rec["code"]),
+                            source=source)
+            _merge(layouts, layout, "layout", source)
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ModelMismatchError(f"{source}: vocabulary is not a mapping of dtype and layout entries ({exc})") from None
     merged = Vocabulary(dtypes=dtypes, layouts=layouts, dirs=now.dirs, added_from=(*now.added_from, source))

@@ -50,9 +50,10 @@ def canonical_order(table: pd.DataFrame, op: OpDefinition, cfg: Any) -> pd.DataF
     if len(table) == 0:
         return table
     try:
+        from_table: Any = getattr(op, "catalogue_from_table", None)
         if getattr(op, "catalogue_from_data", False):
             # a data catalogue is sorted by field values: any table's own kernels keep that order
-            catalogue = op.catalogue_from_table(table, dtype=cfg.dtype, layout=cfg.layout)
+            catalogue = from_table(table, dtype=cfg.dtype, layout=cfg.layout)
         else:
             catalogue = op.catalogue(cfg.arch, cfg.dtype, cfg.layout)
         kernel_rank = dict(zip(catalogue["kernel_name"], catalogue["kernel_id"]))

@@ -265,7 +265,7 @@ def _typed(field: Field, values: pd.Series) -> tuple[np.ndarray, np.ndarray, str
 
 
 # -- metric and validity ------------------------------------------------------------------------------
-def _metric_class(value: Any) -> tuple[str, float]:
+def _metric_class(value: object) -> tuple[str, float]:
     """(class, number): class is ``ok``, ``missing``, ``nan``, ``inf``, ``negative``, ``zero`` or
     ``non-numeric``."""
     if value is None or value is pd.NA or (isinstance(value, str) and not value.strip()):
@@ -390,7 +390,7 @@ def _numeric(values: Any) -> tuple[np.ndarray, np.ndarray]:
     return numbers, text & np.isnan(numbers) & ~stripped.map(_nan_text).to_numpy(dtype=bool)
 
 
-def _nan_text(value: Any) -> bool:
+def _nan_text(value: object) -> bool:
     """Whether ``value`` is a text that spells a NaN (``nan``, ``NaN``): a number, not words."""
     return isinstance(value, str) and value.lower() in ("nan", "+nan", "-nan")
 
@@ -689,7 +689,7 @@ def _assign_codes(resolved: list[int | str], which: np.ndarray, rows: np.ndarray
     reject_reason[rows[failed]] = reason_u[which[failed]]
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
@@ -701,10 +701,10 @@ def _row_texts(frame: pd.DataFrame, rows: np.ndarray) -> list[str]:
     return [",".join(f"{c}={_raw(v[k])}" for c, v in columns) for k in range(len(rows))]
 
 
-def _raw(value: Any) -> str:
+def _raw(value: object) -> str:
     """A value of a reject's record as text: a whole number without ``.0`` (a JSON column of
     integers holds floats in a chunk where some record lacks it, and not in another)."""
-    if isinstance(value, (float, np.floating)) and float(value).is_integer() and abs(value) < 2**53:
+    if isinstance(value, (float, np.floating)) and float(value).is_integer() and abs(float(value)) < 2**53:
         return str(int(value))
     return str(value)
 

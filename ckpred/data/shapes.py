@@ -103,8 +103,8 @@ def read_shapes_csv(path: str | Path) -> pd.DataFrame:
     return _frame(rows)
 
 
-def _frame(rows: list[tuple[int, int, int]]) -> pd.DataFrame:
-    seen: dict[tuple[int, int, int], None] = {}
+def _frame(rows: Sequence[tuple[int, ...]]) -> pd.DataFrame:
+    seen: dict[tuple[int, ...], None] = {}
     for row in rows:
         seen.setdefault(row, None)
     frame = pd.DataFrame(list(seen), columns=list(SHAPE_COLUMNS)).astype("int64")

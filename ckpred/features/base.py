@@ -96,7 +96,7 @@ class FeatureGroup(TransformerMixin, BaseEstimator):
         tags.requires_fit = True
         return tags
 
-    def fit(self, X: Any, y: Any = None) -> "FeatureGroup":
+    def fit(self, X: npt.ArrayLike, y: object = None) -> "FeatureGroup":
         """Learn where the input columns are; no statistics are learned.
 
         Parameters
@@ -110,13 +110,13 @@ class FeatureGroup(TransformerMixin, BaseEstimator):
         self
         """
         self._validate_params()
-        X = validate_data(self, X, dtype=np.float64, reset=True)
-        self._check_non_negative(X, "fit")
+        checked: np.ndarray = validate_data(self, X, dtype=np.float64, reset=True)
+        self._check_non_negative(checked, "fit")
         self.input_indices_ = self._locate_columns()
         self.n_features_out_ = len(self._feature_names())
         return self
 
-    def transform(self, X: Any) -> np.ndarray:
+    def transform(self, X: npt.ArrayLike) -> np.ndarray:
         """Compute the features of each row.
 
         Parameters
@@ -129,15 +129,15 @@ class FeatureGroup(TransformerMixin, BaseEstimator):
         ndarray of shape (n_samples, n_features_out_), float64
         """
         check_is_fitted(self, "input_indices_")
-        X = validate_data(self, X, dtype=np.float64, reset=False)
-        self._check_non_negative(X, "transform")
-        used = X[:, list(self.input_indices_)]
+        checked: np.ndarray = validate_data(self, X, dtype=np.float64, reset=False)
+        self._check_non_negative(checked, "transform")
+        used = checked[:, list(self.input_indices_)]
         cols = {name: used[:, i] for i, name in enumerate(self.input_columns)}
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            out = self._compute(cols, NumpyOps(X.shape[0]))
+            out = self._compute(cols, NumpyOps(checked.shape[0]))
         return np.column_stack([np.asarray(c, dtype=np.float64) for c in out])
 
-    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
+    def get_feature_names_out(self, input_features: npt.ArrayLike | None = None) -> np.ndarray:
         """Names of the output features (same for every input).
 
         Parameters

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ckpred.errors import ConfigValueError, KernelNameError
+from ckpred.expressions import Expression
 from ckpred.kernels.definition import ArchSpec, DtypeSpec, Field, LayoutSpec, OpDefinition, spec_name
 from ckpred.kernels.opschema import (PLUGIN_HOOKS, _get, field_kinds, load_plugin, parse_expression, template_kinds,
                                      vars_of)
@@ -136,7 +137,7 @@ class DeclaredOp(OpDefinition):
                 else np.asarray(values, dtype=np.float64)
         return out
 
-    def _evaluate(self, expr: Any, frame: pd.DataFrame, hw: Mapping[str, float] | None = None) -> np.ndarray:
+    def _evaluate(self, expr: Expression, frame: pd.DataFrame, hw: Mapping[str, float] | None = None) -> np.ndarray:
         from ckpred.features.base import NumpyOps  # lazy: it imports scikit-learn (~1.5 s), ingesting needs neither
 
         cols = self.columns(frame, sorted(expr.names))

@@ -157,7 +157,7 @@ def load_plugin(spec: str, key: str = "op.plugin") -> type:
     return obj
 
 
-def parse_expression(text: Any, key: str, fields: Sequence[str], kinds: Mapping[str, tuple[str, tuple[str, ...]]],
+def parse_expression(text: object, key: str, fields: Sequence[str], kinds: Mapping[str, tuple[str, tuple[str, ...]]],
                      *, hw: bool, condition: bool = False) -> Any:
     """Parse ``text`` and check it: its names (``fields``, + ``hw.<constant>`` when ``hw``), its
     constant parts (finite numbers, no division by zero) and its types, by evaluating it once
@@ -307,7 +307,7 @@ def _check_input_targets(cfg: Any, columns: Mapping[str, Any], exprs: Mapping[st
                   f"is categorical with values {list(values)}")
 
 
-def _of_kind(value: Any, kind: str, values: Sequence[str]) -> bool:
+def _of_kind(value: object, kind: str, values: Sequence[str]) -> bool:
     """Whether a constant ``{value: ...}`` types as a field of ``kind`` as the reader types it."""
     if kind == "int":
         return to_int(value) is not None
@@ -327,7 +327,7 @@ def _is_number_text(text: str) -> bool:
     return True
 
 
-def _finite_number(value: Any) -> bool:
+def _finite_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -65,7 +65,7 @@ class IngestResult:
 
 
 def print_summary(summary: IngestSummary, *, out: Path | None = None, rejects: Path | None = None,
-                  console: Any = None) -> None:
+                  console: Console | None = None) -> None:
     """Print the summary as a rich table (rows read, valid, invalid and rejected by reason)."""
     console = console or Console()
     table = Table(title=f"ckpred ingest: {len(summary.files)} file(s)", show_header=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from types import TracebackType
 from typing import IO, Any
 
 import numpy as np
@@ -113,7 +114,7 @@ class TableWriter:
         read back as ``string``); the table's metadata is added at :meth:`_close`."""
         return pq.ParquetWriter(path, schema, store_schema=False, **self.options)
 
-    def _close(self, writer: Any) -> None:
+    def _close(self, writer: pq.ParquetWriter) -> None:
         writer.add_key_value_metadata(self.schema.metadata)
         writer.close()
 
@@ -136,7 +137,7 @@ class TableWriter:
         """Leave ``out`` as it was (nothing usable was read)."""
         self.discarded = True
 
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self.single:  # an input without rows still leaves a table with the schema
             self._close(self.writer or self._writer(self.tmp, self.schema))
         if kind is None and self.discarded:

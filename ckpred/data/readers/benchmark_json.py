@@ -190,19 +190,20 @@ def _newlines(text: str) -> list[int]:
     return out
 
 
-def _problem_sizes(value: Any, ctx: ReadContext) -> tuple[set[tuple[int, ...]] | None, tuple[str, ...]]:
+def _problem_sizes(value: object, ctx: ReadContext) -> tuple[set[tuple[int, ...]] | None, tuple[str, ...]]:
     """The set of problems an intact ``problem_sizes`` list declares (``None`` if unusable)."""
     if not isinstance(value, list) or not value or not all(isinstance(v, dict) for v in value):
         return None, ()
     keys = tuple(f.name for f in ctx.op.problem_fields if f.name in value[0])
     if not keys:
         return None, ()
-    sizes = set()
+    sizes: set[tuple[int, ...]] = set()
     for entry in value:
-        row = tuple(to_int(entry.get(k)) for k in keys)
-        if any(v is None for v in row):
+        row = [to_int(entry.get(k)) for k in keys]
+        ints = [v for v in row if v is not None]
+        if len(ints) < len(row):
             return None, ()
-        sizes.add(row)  # type: ignore[arg-type]
+        sizes.add(tuple(ints))
     return sizes, keys
 
 
@@ -222,7 +223,7 @@ def _metadata_reject(metadata: dict[str, Any] | None, ctx: ReadContext) -> str:
     return ""
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     if isinstance(b, bool):
         return a is b or (isinstance(a, str) and a.lower() == str(b).lower())
     if isinstance(b, int):
@@ -266,13 +267,13 @@ def _read_benchmark(lineno: int, obj: dict[str, Any], raw: str, ctx: ReadContext
     elif not valid:
         error = obj.get("error") or "is_valid false, no error text"
         reason = reason or f"kernel failed: {error}"
-    values = []
+    values: list[float] = []
     for key in ("tflops", "avg_time_ms"):
-        value = to_float(obj.get(key))
-        if value is None:
+        number = to_float(obj.get(key))
+        if number is None:
             reason = reason or (f"non-numeric value: {key}={obj[key]!r}" if key in obj else f"missing value: {key}")
-            value = math.nan
-        values.append(value)
+            number = math.nan
+        values.append(number)
 
     config = configs.get(name)  # type: ignore[arg-type]
     if config is not None and not reason:
@@ -282,8 +283,8 @@ def _read_benchmark(lineno: int, obj: dict[str, Any], raw: str, ctx: ReadContext
             reason = f"kernel_config mismatch: kernel_config vs kernel name: {', '.join(wrong)}"
     if problem_sizes is not None and not reason:
         names = ctx.op.problem_names
-        key = tuple(problem[names.index(k)] for k in size_keys)
-        if key not in problem_sizes:
-            shown = " ".join(f"{k}={v}" for k, v in zip(size_keys, key))
+        size = tuple(problem[names.index(k)] for k in size_keys)
+        if size not in problem_sizes:
+            shown = " ".join(f"{k}={v}" for k, v in zip(size_keys, size))
             reason = f"shape mismatch: problem {shown} is not in the file's problem_sizes"
     rows.add(lineno, code, problem, values[0], values[1], math.nan, reason)

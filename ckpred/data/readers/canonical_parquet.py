@@ -78,7 +78,7 @@ def _columns(path: Path, op: OpDefinition) -> dict[str, np.ndarray]:
     return columns
 
 
-def _mark(reason: np.ndarray, bad: np.ndarray, text: Callable[[int], str]) -> None:
+def _mark(reason: np.ndarray, bad: np.ndarray, text: Callable[..., str]) -> None:
     """Give each ``bad`` row without a reason yet the reason ``text(row)``."""
     for i in np.flatnonzero(bad & (reason == "")):
         reason[i] = text(int(i))
@@ -104,7 +104,7 @@ def _kernel_codes(reason: np.ndarray, columns: dict[str, np.ndarray], ctx: ReadC
     resolved = [ctx.resolver.resolve(u) for u in uniques]
     code_of = np.array([c if isinstance(c, int) else -1 for c in resolved] + [-1], dtype=np.int64)
     codes = code_of[name_codes]  # factorize marks a missing name -1, which indexes the trailing -1
-    _mark(reason, codes < 0, lambda i: resolved[name_codes[i]] if name_codes[i] >= 0  # type: ignore[return-value]
+    _mark(reason, codes < 0, lambda i: str(resolved[name_codes[i]]) if name_codes[i] >= 0
           else f"missing kernel name: got {names[i]!r}")
     return codes
 

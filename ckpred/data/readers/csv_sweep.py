@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-from ckpred.data.readers.common import (FileRead, ReadContext, Reject, RowBuffer, line_spans, sorted_rejects, to_float,
+from ckpred.data.readers.common import (FileRead, IntColumn, ReadContext, Reject, RowBuffer, line_spans, sorted_rejects, to_float,
                                         to_int)
 from ckpred.errors import InputFileError
 from ckpred.kernels.base import OpDefinition
@@ -121,14 +121,14 @@ def _read_line(text: str, lineno: int, header: list[str], index: dict[str, int |
         if value < 0 and not reason:
             reason = f"negative problem field: {header[pos]}={value}"
         problem.append(value)
-    values = []
+    values: list[float] = []
     for column in (TFLOPS_COLUMN, LATENCY_COLUMN):
         pos = index[column]
-        value = to_float(parts[pos])  # type: ignore[index]
-        if value is None:
+        number = to_float(parts[pos])  # type: ignore[index]
+        if number is None:
             reason = reason or f"non-numeric value: {header[pos]}={parts[pos]!r}"  # type: ignore[index]
-            value = math.nan
-        values.append(value)
+            number = math.nan
+        values.append(number)
     rows.add(lineno, code, problem, values[0], values[1], math.nan, reason)
 
 
@@ -195,7 +195,7 @@ def _read_block(block: bytes | bytearray | mmap.mmap, start: int, end: int, firs
     rows = RowBuffer(op.problem_names)
     rows.line = np.arange(first_line, first_line + lines, dtype=np.int64) if every else np.flatnonzero(keep) + first_line
     rows.kernel = kernel if every else kernel[keep]
-    problem = []
+    problem: list[IntColumn] = []
     reason = np.zeros(len(rows.kernel), dtype=np.int64)  # 1 + i: problem field i is the first negative
     for i, field in enumerate(op.problem_fields):
         pos = index[field.name]

@@ -41,7 +41,7 @@ import numpy as np
 import orjson
 from msgspec.structs import astuple
 
-from ckpred.data.readers.common import (_INT_LIMIT, FileRead, ReadContext, Reject, RowBuffer, line_spans,
+from ckpred.data.readers.common import (_INT_LIMIT, FileRead, KernelResolver, ReadContext, Reject, RowBuffer, line_spans,
                                         sorted_rejects, to_float, to_int)
 
 NAME = "log"
@@ -122,7 +122,7 @@ class _LineReader:
             rejects.append(Reject(f"{label}:{lineno}", header.reject, _text(raw)))
             return
         code = self.ctx.resolver.resolve(obj.get("name"))
-        if type(code) is str:
+        if isinstance(code, str):
             rejects.append(Reject(f"{label}:{lineno}", code, _text(raw)))
             return
         problem = obj.get("problem")
@@ -145,7 +145,7 @@ class _LineReader:
             value = problem.get(name)
             if type(value) is not int or not -_INT_LIMIT <= value <= _INT_LIMIT:
                 value = _problem_value(problem, name, default, header)
-                if type(value) is str:
+                if isinstance(value, str):
                     return None, value
             if value < 0 and not reason:
                 reason = f"negative problem field: {name}={value}"
@@ -344,7 +344,7 @@ def _read_block(block: memoryview, first_line: int, reader: _LineReader, decoder
         fast[np.searchsorted(starts, odd, side="right") - 1] = False
     if first_line == 1:
         fast[0] = False  # a byte-order mark is dropped by the line reader
-    slow_rows, slow_rejects = new_buffer(ctx), []
+    slow_rows, slow_rejects = new_buffer(ctx), list[Reject]()
     start_header = reader.header
 
     def by_line(index: int) -> None:
@@ -370,7 +370,7 @@ def _read_block(block: memoryview, first_line: int, reader: _LineReader, decoder
     decoded = _decode(_Lines(block, starts, ends), run_first, run_last, len(fast_idx), decoder, codes, ctx)
     if decoded is None:  # the block is read line by line
         reader.header = start_header
-        rows, rejects = new_buffer(ctx), []
+        rows, rejects = new_buffer(ctx), list[Reject]()
         for index in range(n_lines):
             reader.line(first_line + index, bytes(block[starts[index]:ends[index] + 1]), rows, rejects)
         return FileRead(rows, rejects), n_lines
@@ -414,7 +414,7 @@ class _KernelCodes:
         self.position: dict[str, int] = {}
         self.codes = np.empty(1024, dtype=np.int64)
 
-    def fill(self, out: np.ndarray, names: list[str], resolver: Any) -> None:
+    def fill(self, out: np.ndarray, names: list[str], resolver: KernelResolver) -> None:
         """The codes of ``names`` into ``out``; new names are resolved by ``resolver`` (a
         :class:`~ckpred.data.readers.common.KernelResolver`) in the order they first appear, so
         the codes are those one pass over the names would give."""
@@ -432,7 +432,7 @@ class _KernelCodes:
         if done < k:
             self._look_up(out[done:], names[done:] if done else names, resolver)
 
-    def _look_up(self, out: np.ndarray, names: list[str], resolver: Any) -> None:
+    def _look_up(self, out: np.ndarray, names: list[str], resolver: KernelResolver) -> None:
         out[:] = np.fromiter(map(self.code_of.get, names, repeat(_UNSEEN)), dtype=np.int64, count=len(names))
         if out.min() != _UNSEEN:
             return
