@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 
@@ -12,7 +13,7 @@ class CkpredError(Exception):
 class ConfigValueError(CkpredError, ValueError):
     """A config key holds a value outside its allowed set."""
 
-    def __init__(self, key: str, value: Any, allowed: str) -> None:
+    def __init__(self, key: str, value: object, allowed: str) -> None:
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"config key '{key}' has invalid value {value!r}; allowed: {allowed}")
 
@@ -52,9 +53,7 @@ class UnknownConfigKeyError(ConfigValueError):
     attributes nobody reads: the run would silently ignore the setting.
     """
 
-    def __init__(self, key: str, value: Any, known: list[str]) -> None:
-        import difflib
-
+    def __init__(self, key: str, value: object, known: list[str]) -> None:
         name = key.rsplit(".", 1)[-1]
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -67,7 +66,7 @@ class UnusedConfigKeyError(ConfigValueError):
     """A key set on the command line that the selected config does not read (``data.path=x``
     with ``data=simulated``): the run would silently ignore it."""
 
-    def __init__(self, key: str, value: Any, reason: str) -> None:
+    def __init__(self, key: str, value: object, reason: str) -> None:
         super().__init__(key, value, reason)
         self.args = (f"config key '{key}' (= {value!r}) is not read: {reason}",)
 

@@ -46,10 +46,11 @@ import ast
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, cast
 
 import numpy as np
 
+from ckpred import vocab
 from ckpred.errors import ConfigValueError
 
 __all__ = ["FUNCTIONS", "Expression", "dtype_bytes_table", "evaluate_derived", "parse", "topological_order"]
@@ -87,8 +88,6 @@ _CMPOPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==",
 def dtype_bytes_table() -> dict[str, float]:
     """Bytes per element of each dtype name and alias (the dtype configs in use,
     :func:`ckpred.vocab.current`); ``dtype_bytes(x)`` in an expression looks its value up here."""
-    from ckpred import vocab
-
     return vocab.current().bytes_table
 
 
@@ -147,7 +146,7 @@ class Expression:
 
     # -- parsing -----------------------------------------------------------------------------
     @classmethod
-    def parse(cls, text: Any, *, key: str) -> "Expression":
+    def parse(cls, text: object, *, key: str) -> "Expression":
         """Parse ``text``; refuse anything outside the grammar, naming ``key``.
 
         Parameters
@@ -235,27 +234,32 @@ class Expression:
             rec(node.body)
             rec(node.orelse)
         elif isinstance(node, ast.Call):
-            if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
-                raise self._refuse(node, "the call")
-            if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
-                raise self._refuse(node, "keyword or starred arguments in")
-            low, high = FUNCTIONS[node.func.id]
-            if len(node.args) < low or (high is not None and len(node.args) > high):
-                count = str(low) if low == high else f"at least {low}"
-                raise self._refuse(node, f"{node.func.id}() takes {count} argument(s):")
-            functions.add(node.func.id)
-            if node.func.id == "contains":
-                field, text = node.args
-                if not isinstance(field, ast.Name) or field.id in FUNCTIONS:
-                    raise self._refuse(node, "contains() takes a categorical field first:")
-                if not (isinstance(text, ast.Constant) and isinstance(text.value, str) and text.value):
-                    raise self._refuse(node, "contains() takes a non-empty string literal second:")
-                names.add(field.id)  # the text is searched for, not a category value: not in strings
-                return
-            for a in node.args:
-                rec(a)
+            if self._check_call(node, names, functions):
+                for a in node.args:
+                    rec(a)
         else:
             raise self._refuse(node, "the construct")
+
+    def _check_call(self, node: ast.Call, names: set[str], functions: set[str]) -> bool:
+        """Check a call's function and arity; whether its arguments remain to check."""
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            raise self._refuse(node, "the call")
+        if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+            raise self._refuse(node, "keyword or starred arguments in")
+        low, high = FUNCTIONS[node.func.id]
+        if len(node.args) < low or (high is not None and len(node.args) > high):
+            count = str(low) if low == high else f"at least {low}"
+            raise self._refuse(node, f"{node.func.id}() takes {count} argument(s):")
+        functions.add(node.func.id)
+        if node.func.id == "contains":
+            field, text = node.args
+            if not isinstance(field, ast.Name) or field.id in FUNCTIONS:
+                raise self._refuse(node, "contains() takes a categorical field first:")
+            if not (isinstance(text, ast.Constant) and isinstance(text.value, str) and text.value):
+                raise self._refuse(node, "contains() takes a non-empty string literal second:")
+            names.add(field.id)  # the text is searched for, not a category value: not in strings
+            return False
+        return True
 
     # -- validation --------------------------------------------------------------------------
     def validate(self, allowed_fields: Iterable[str], allowed_hw: Iterable[str] | None = None, *,
@@ -324,9 +328,7 @@ class Expression:
 
     def _constant_value(self, node: ast.AST) -> float | None:
         """The number a constant part folds to (``None``: not a number, e.g. a string)."""
-        from ckpred.features.base import NumpyOps
-
-        walker = _Walker(self, {}, {}, NumpyOps(1), {}, None)
+        walker = _Walker(self, {}, {}, _numpy_ops(1), {}, None)
         try:
             value = walker.visit(node)
         except ConfigValueError:  # a type error: the trial evaluation names it
@@ -349,22 +351,20 @@ class Expression:
         ckpred.errors.ConfigValueError
             Naming the key, the expression and the part at fault.
         """
-        from ckpred.features.base import NumpyOps
-
         categories = dict(categories or {})
         columns = {n: np.zeros(1) if n in categories else np.ones(1) for n in self.names}
         hw = dict.fromkeys(self.hw_names, 1.0)
         with np.errstate(all="ignore"):
             if condition:
-                self.evaluate_bool(columns, hw, NumpyOps(1), categories=categories)
+                self.evaluate_bool(columns, hw, _numpy_ops(1), categories=categories)
             else:
-                self.evaluate(columns, hw, NumpyOps(1), categories=categories)
+                self.evaluate(columns, hw, _numpy_ops(1), categories=categories)
         return self
 
     # -- evaluation --------------------------------------------------------------------------
     def evaluate(self, columns: Mapping[str, Any], hw: Mapping[str, float] | None = None, xp: Any = None, *,
                  categories: Mapping[str, Sequence[str]] | None = None,
-                 dtype_bytes: Mapping[str, int] | None = None, broadcast: bool = True) -> Any:
+                 dtype_bytes: Mapping[str, float] | None = None, broadcast: bool = True) -> Any:
         """The expression's value as a float64 column of ``xp`` (or a number).
 
         Parameters
@@ -398,7 +398,7 @@ class Expression:
 
     def evaluate_bool(self, columns: Mapping[str, Any], hw: Mapping[str, float] | None = None, xp: Any = None, *,
                       categories: Mapping[str, Sequence[str]] | None = None,
-                      dtype_bytes: Mapping[str, int] | None = None) -> Any:
+                      dtype_bytes: Mapping[str, float] | None = None) -> Any:
         """The expression as a condition: a boolean column, or a Python bool when constant."""
         xp = xp if xp is not None else _default_ops(columns)
         walker = _Walker(self, columns, hw or {}, xp, categories or {}, dtype_bytes)
@@ -451,36 +451,39 @@ def _depth(tree: ast.AST) -> int:
     return deepest
 
 
-def parse(text: Any, *, key: str) -> Expression:
+def parse(text: object, *, key: str) -> Expression:
     """Shorthand for :meth:`Expression.parse`."""
     return Expression.parse(text, key=key)
 
 
 def _default_ops(columns: Mapping[str, Any]) -> Any:
+    first = next((value for value in columns.values() if isinstance(value, np.ndarray)), None)
+    return _numpy_ops(1 if first is None else len(first))
+
+
+def _numpy_ops(n_rows: int) -> Any:
+    # lazy: ckpred.features.base imports scikit-learn (~1.5 s), which composing and checking configs does not need
     from ckpred.features.base import NumpyOps
 
-    for value in columns.values():
-        if isinstance(value, np.ndarray):
-            return NumpyOps(len(value))
-    return NumpyOps(1)
+    return NumpyOps(n_rows)
 
 
 class _Walker:
     """One evaluation: visits the tree, folding constants and calling ``xp`` on columns."""
 
     def __init__(self, expr: Expression, columns: Mapping[str, Any], hw: Mapping[str, float], xp: Any,
-                 categories: Mapping[str, Sequence[str]], dtype_bytes: Mapping[str, int] | None) -> None:
+                 categories: Mapping[str, Sequence[str]], dtype_bytes: Mapping[str, float] | None) -> None:
         self.expr, self.columns, self.hw, self.xp = expr, columns, hw, xp
         self.categories = {k: [str(v) for v in vals] for k, vals in categories.items()}
         self._dtype_bytes = dtype_bytes
 
     @property
-    def dtype_bytes(self) -> Mapping[str, int]:
+    def dtype_bytes(self) -> Mapping[str, float]:
         if self._dtype_bytes is None:
             self._dtype_bytes = dtype_bytes_table()
         return self._dtype_bytes
 
-    def error(self, node: ast.AST, value: Any, allowed: str) -> ConfigValueError:
+    def error(self, node: ast.AST, value: object, allowed: str) -> ConfigValueError:
         snippet = ast.get_source_segment(self.expr.text.strip(), node)
         where = f" (in {snippet!r} of expression {self.expr.text!r})" if snippet else ""
         return ConfigValueError(self.expr.key, value, allowed + where)
@@ -514,7 +517,7 @@ class _Walker:
             return _Value(node.value, "bool", True)
         if isinstance(node.value, str):
             return _Value(node.value, "str", True)
-        return _Value(float(node.value), "num", True)
+        return _Value(float(cast(float, node.value)), "num", True)  # _check admitted numbers only
 
     def visit_Name(self, node: ast.Name) -> _Value:
         if node.id not in self.columns:
@@ -568,8 +571,8 @@ class _Walker:
         x, y = a.value, b.value
         if a.scalar and b.scalar:
             x, y = np.float64(x), np.float64(y)
-            fn = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide,
-                  "//": lambda p, q: np.floor(p / q), "%": np.fmod, "**": np.power}[op]
+            fn = cast(Callable[..., Any], {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide,
+                                           "//": lambda p, q: np.floor(p / q), "%": np.fmod, "**": np.power}[op])
             return _Value(_np_scalar(fn, x, y), "num", True)
         xp = self.xp
         if op == "+":
@@ -697,9 +700,7 @@ class _Walker:
 
     def call(self, fn: str, *values: _Value) -> _Value:
         if all(v.scalar for v in values):
-            from ckpred.features.base import NumpyOps
-
-            return _Value(_np_scalar(getattr(NumpyOps(1), fn), *(np.float64(v.value) for v in values)), "num", True)
+            return _Value(_np_scalar(getattr(_numpy_ops(1), fn), *(np.float64(v.value) for v in values)), "num", True)
         return _Value(getattr(self.xp, fn)(*(v.value for v in values)), "num", False)
 
     def contains(self, node: ast.AST, text: str) -> _Value:
@@ -791,7 +792,7 @@ def topological_order(expressions: Mapping[str, Expression], *, key: str,
 def evaluate_derived(expressions: Mapping[str, Expression], columns: Mapping[str, Any],
                      hw: Mapping[str, float] | None = None, xp: Any = None, *, key: str,
                      categories: Mapping[str, Sequence[str]] | None = None,
-                     dtype_bytes: Mapping[str, int] | None = None) -> dict[str, Any]:
+                     dtype_bytes: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Evaluate derived columns in dependency order; returns ``columns`` plus the new ones."""
     out = dict(columns)
     for name in topological_order(expressions, key=key, external=columns):

@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import os
+import platform
 import re
 import shutil
 import socket
@@ -194,7 +195,7 @@ def run_marker_command(path: Path) -> str | None:
     return command if isinstance(command, str) else None
 
 
-def claim_run_dir(key: str, value: Any, kind: RunDirectory) -> Path:
+def claim_run_dir(key: str, value: object, kind: RunDirectory) -> Path:
     """Make ``value`` this command's run folder and return it (absolute), before any work.
 
     A path that :meth:`RunDirectory.refusal` objects to (a user's folder, ``out_dir=.``, another
@@ -232,7 +233,7 @@ def file_kind(mode: int) -> str:
 Replaceable = OwnFile | OwnDirectory | RunDirectory
 
 
-def check_replaceable(key: str, value: Any, kind: Replaceable) -> None:
+def check_replaceable(key: str, value: object, kind: Replaceable) -> None:
     """Refuse (:class:`ckpred.errors.ConfigValueError` naming ``key``) an output path ``value``
     that holds something a write of ``kind`` may not replace (its ``refusal``)."""
     path = resolve_path(str(value))
@@ -540,8 +541,7 @@ def sha256_file(path: str | Path) -> str:
 def package_versions(packages: tuple[str, ...]) -> dict[str, str]:
     """Python's and each package's installed version ("not installed" when absent), for the
     provenance records of train runs and exports."""
-    import platform
-    from importlib import metadata
+    from importlib import metadata  # lazy: importlib.metadata costs ~0.1 s, only provenance records need it
 
     out = {"python": platform.python_version()}
     for name in packages:
@@ -568,7 +568,7 @@ def resolve_path(path: str | Path) -> Path:
 INT_LIMIT = 2**63 - 1
 
 
-def to_float(value: Any) -> float | None:
+def to_float(value: object) -> float | None:
     """``value`` as a float (NaN/inf pass through for later checks); ``None`` if not a number."""
     if type(value) is float:
         return value
@@ -591,7 +591,7 @@ TRUE_STRINGS = ("true", "1", "yes")
 FALSE_STRINGS = ("false", "0", "no")
 
 
-def truth(value: Any, true_values: tuple[str, ...] = TRUE_STRINGS,
+def truth(value: object, true_values: tuple[str, ...] = TRUE_STRINGS,
           false_values: tuple[str, ...] = FALSE_STRINGS) -> bool | None:
     """``value`` as a truth value: ``True``/``False`` for a listed string (or a bool, or the
     numbers 1/0), ``None`` for anything else (the caller names it as a bad value)."""
@@ -611,7 +611,7 @@ def truth(value: Any, true_values: tuple[str, ...] = TRUE_STRINGS,
     return None
 
 
-def to_int(value: Any) -> int | None:
+def to_int(value: object) -> int | None:
     """``value`` as an integer when it is one exactly (``"1024"``, ``1024.0``); else ``None``."""
     if type(value) is int:
         return value if abs(value) <= INT_LIMIT else None

@@ -21,9 +21,12 @@ import functools
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol, TypeGuard
+
+import yaml
 
 from ckpred.errors import ConfigValueError, ModelMismatchError
+from ckpred.yamlfile import check_yaml
 
 
 class _Dir(Protocol):
@@ -144,12 +147,8 @@ def package_dir() -> Any:
 
 
 def _file_data(path: Any) -> dict[str, Any]:
-    from ckpred.yamlfile import check_yaml
-
     data = path.read_bytes()
     check_yaml(data, path)
-    import yaml
-
     raw = yaml.safe_load(data.decode("utf-8")) or {}
     if not isinstance(raw, dict):
         raise ConfigValueError(str(path), raw, "a mapping of config keys")
@@ -157,7 +156,7 @@ def _file_data(path: Any) -> dict[str, Any]:
     return raw
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
@@ -291,9 +290,9 @@ def add(records: Mapping[str, Any], source: str) -> None:
                           aliases=tuple(str(a) for a in rec.get("aliases") or ()), source=source)
             _merge(dtypes, entry, "dtype", source)
         for name, rec in (records.get("layouts") or {}).items():
-            entry = Layout(name=str(name), a=str(rec["a"]), b=str(rec["b"]), c=str(rec["c"]), code=int(rec["code"]),
-                           source=source)
-            _merge(layouts, entry, "layout", source)
+            layout = Layout(name=str(name), a=str(rec["a"]), b=str(rec["b"]), c=str(rec["c"]), code=int(rec["code"]),
+                            source=source)
+            _merge(layouts, layout, "layout", source)
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ModelMismatchError(f"{source}: vocabulary is not a mapping of dtype and layout entries ({exc})") from None
     merged = Vocabulary(dtypes=dtypes, layouts=layouts, dirs=now.dirs, added_from=(*now.added_from, source))

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ckpred.kernels.base import OpDefinition, load_op
+
 
 def load_table(cfg: Any) -> pd.DataFrame:
     """The canonical table for a composed command config (needs ``data``, ``op``, ``arch``,
@@ -24,6 +26,8 @@ def load_table(cfg: Any) -> pd.DataFrame:
     The rows come in canonical order (:func:`canonical_order`), so every consumer breaks
     score ties the way the exported selector does.
     """
+    # lazy (both): ckpred.data is imported for its submodules; loading the simulator and the
+    # ingestion with it would cost every one of them ~0.6 s
     if cfg.data.source == "simulated":
         from ckpred.data.simulate import simulated_table
 
@@ -32,12 +36,10 @@ def load_table(cfg: Any) -> pd.DataFrame:
         from ckpred.data.ingest import ingest_for_config
 
         table = ingest_for_config(cfg)
-    from ckpred.kernels.base import load_op
-
     return canonical_order(table, load_op(cfg.op), cfg)
 
 
-def canonical_order(table: pd.DataFrame, op: Any, cfg: Any) -> pd.DataFrame:
+def canonical_order(table: pd.DataFrame, op: OpDefinition, cfg: Any) -> pd.DataFrame:
     """Rows grouped by shape (in order of first appearance), kernels in catalogue-id order.
 
     Evaluation breaks ties in predicted score by row order and the exported selector's TopK
@@ -48,9 +50,10 @@ def canonical_order(table: pd.DataFrame, op: Any, cfg: Any) -> pd.DataFrame:
     if len(table) == 0:
         return table
     try:
+        from_table: Any = getattr(op, "catalogue_from_table", None)
         if getattr(op, "catalogue_from_data", False):
             # a data catalogue is sorted by field values: any table's own kernels keep that order
-            catalogue = op.catalogue_from_table(table, dtype=cfg.dtype, layout=cfg.layout)
+            catalogue = from_table(table, dtype=cfg.dtype, layout=cfg.layout)
         else:
             catalogue = op.catalogue(cfg.arch, cfg.dtype, cfg.layout)
         kernel_rank = dict(zip(catalogue["kernel_name"], catalogue["kernel_id"]))

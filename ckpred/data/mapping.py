@@ -37,15 +37,20 @@ from __future__ import annotations
 
 import functools
 import math
+from importlib import resources
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from ckpred import expressions
 from ckpred.data.readers.common import KernelResolver, RawTable, Reject, to_float, to_int, truth
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.base import Field, OpDefinition
+from ckpred.schema import THROUGHPUT_UNITS, TIME_UNITS
 
 #: Table header columns ``input.columns`` may give per row (a table of several GPUs carries each
 #: row's arch), unless the op declares them as problem fields.
@@ -119,8 +124,6 @@ class InputMapping:
         ckpred.errors.ConfigValueError
             When the unit does not fit ``better`` (a time must be lower-is-better...).
         """
-        from ckpred.schema import THROUGHPUT_UNITS, TIME_UNITS
-
         if self.better == "lower" and self.unit in TIME_UNITS:
             return "latency_ms", TIME_UNITS[self.unit]
         if self.better == "higher" and self.unit in THROUGHPUT_UNITS:
@@ -143,8 +146,6 @@ def check_input_columns(columns: Mapping[str, Any], *, key: str = "op.input.colu
         Naming ``<key>.<column>``: a source that is none of the three forms, an expression
         outside the grammar, or a cycle of derived columns (``a -> b -> a``).
     """
-    from ckpred import expressions
-
     exprs = {}
     for target, spec in columns.items():
         spec = _plain(spec)
@@ -264,7 +265,7 @@ def _typed(field: Field, values: pd.Series) -> tuple[np.ndarray, np.ndarray, str
 
 
 # -- metric and validity ------------------------------------------------------------------------------
-def _metric_class(value: Any) -> tuple[str, float]:
+def _metric_class(value: object) -> tuple[str, float]:
     """(class, number): class is ``ok``, ``missing``, ``nan``, ``inf``, ``negative``, ``zero`` or
     ``non-numeric``."""
     if value is None or value is pd.NA or (isinstance(value, str) and not value.strip()):
@@ -294,9 +295,6 @@ def _plain_numbers(values: pd.Series) -> np.ndarray:
         return values.to_numpy(np.float64)
     if not len(values) or pd.api.types.infer_dtype(values, skipna=True) != "string":
         return np.full(len(values), np.nan)
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     text = pc.utf8_trim_whitespace(pa.array(values, pa.string(), from_pandas=True))
     plain = pc.fill_null(pc.match_substring_regex(text, _PLAIN_NUMBER), False)
     return pc.if_else(plain, pc.cast(pc.if_else(plain, text, "0"), pa.float64()), np.nan).to_numpy(
@@ -392,7 +390,7 @@ def _numeric(values: Any) -> tuple[np.ndarray, np.ndarray]:
     return numbers, text & np.isnan(numbers) & ~stripped.map(_nan_text).to_numpy(dtype=bool)
 
 
-def _nan_text(value: Any) -> bool:
+def _nan_text(value: object) -> bool:
     """Whether ``value`` is a text that spells a NaN (``nan``, ``NaN``): a number, not words."""
     return isinstance(value, str) and value.lower() in ("nan", "+nan", "-nan")
 
@@ -402,8 +400,6 @@ def _mapped_columns(src: _Sources, mapping: InputMapping, wanted: Sequence[str],
     """Every wanted canonical column (rename, constant, derived, identity; see the module
     docstring), and why a row cannot be derived (``""`` where it can): a derived column reads a
     text that is no number."""
-    from ckpred import expressions
-
     faults = np.full(n, "", dtype=object)
     values: dict[str, Any] = {}
     exprs: dict[str, Any] = {}
@@ -430,6 +426,7 @@ def _mapped_columns(src: _Sources, mapping: InputMapping, wanted: Sequence[str],
                 raise InputFileError(src.label, f"an expression of op.input.columns reads {name!r}, which is "
                                                 f"neither a column of the file nor a mapped field; the file's "
                                                 f"columns are {src.names}")
+        # lazy: ckpred.features.base imports scikit-learn (~1.5 s), which ingesting does not need otherwise
         from ckpred.features.base import NumpyOps
 
         with np.errstate(all="ignore"):
@@ -653,8 +650,6 @@ def known_archs(run_arch: str = "") -> frozenset[str]:
 
 @functools.lru_cache(maxsize=1)
 def _packaged_archs() -> frozenset[str]:
-    from importlib import resources
-
     return frozenset(p.name[:-5] for p in (resources.files("ckpred.conf") / "arch").iterdir()
                      if p.name.endswith(".yaml"))
 
@@ -694,7 +689,7 @@ def _assign_codes(resolved: list[int | str], which: np.ndarray, rows: np.ndarray
     reject_reason[rows[failed]] = reason_u[which[failed]]
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
@@ -706,10 +701,10 @@ def _row_texts(frame: pd.DataFrame, rows: np.ndarray) -> list[str]:
     return [",".join(f"{c}={_raw(v[k])}" for c, v in columns) for k in range(len(rows))]
 
 
-def _raw(value: Any) -> str:
+def _raw(value: object) -> str:
     """A value of a reject's record as text: a whole number without ``.0`` (a JSON column of
     integers holds floats in a chunk where some record lacks it, and not in another)."""
-    if isinstance(value, (float, np.floating)) and float(value).is_integer() and abs(value) < 2**53:
+    if isinstance(value, (float, np.floating)) and float(value).is_integer() and abs(float(value)) < 2**53:
         return str(int(value))
     return str(value)
 

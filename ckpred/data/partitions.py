@@ -21,7 +21,9 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from ckpred.errors import InputFileError
 from ckpred.kernels.base import OpDefinition
@@ -40,7 +42,7 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}")
 _MAX_MANIFEST_BYTES = 256 << 20
 
 
-def describe_part(file: str | Path, table: Any, *, mixed: bool = False) -> dict[str, Any]:
+def describe_part(file: str | Path, table: pa.Table, *, mixed: bool = False) -> dict[str, Any]:
     """The manifest entry of one Parquet part: its name, row count and its one combo.
 
     ``table`` is the part's pyarrow table, which the caller has just written to ``file`` (the
@@ -83,7 +85,7 @@ def write_manifest(root: str | Path, op: OpDefinition, parts: list[dict[str, Any
     return manifest
 
 
-def is_partitioned(path: Any) -> bool:
+def is_partitioned(path: object) -> bool:
     """Whether ``path`` is a dataset directory with a manifest."""
     return isinstance(path, (str, Path)) and (Path(str(path)) / MANIFEST).is_file()
 
@@ -114,79 +116,22 @@ def read_manifest(path: str | Path, op: OpDefinition, *, one_combo: bool = True)
     """
     root = Path(path)
     file = root / MANIFEST
-    if not file.is_file():
-        raise InputFileError(str(root), f"not a partitioned dataset (no {MANIFEST}; write it with "
-                                        "`ckpred ingest out=<directory>` or ckpred.scale.write_partitions)")
-    allowed_json = "the JSON object the dataset writers leave"
-    try:
-        with open(file, "rb") as fh:
-            raw = fh.read(_MAX_MANIFEST_BYTES + 1)
-        if len(raw) > _MAX_MANIFEST_BYTES:
-            raise InputFileError(str(file), f"larger than {_MAX_MANIFEST_BYTES >> 20} MiB; allowed: {allowed_json}")
-        manifest = json.loads(raw.decode("utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputFileError(str(file), f"not valid JSON ({exc.msg} at line {exc.lineno}); allowed: "
-                                        f"{allowed_json}") from None
-    except UnicodeDecodeError as exc:
-        raise InputFileError(str(file), f"not UTF-8 text (byte {exc.start}); allowed: {allowed_json}") from None
-    except RecursionError:
-        raise InputFileError(str(file), f"nested too deeply to read; allowed: {allowed_json}") from None
-    except OSError as exc:
-        raise InputFileError(str(file), exc.strerror or str(exc)) from None
-
-    def bad(where: str, value: Any, allowed: str) -> InputFileError:
-        text = _shown(value)
-        shown = f"{text} ({type(value).__name__})" if value is not _ABSENT else "absent"
-        return InputFileError(str(file), f"{where} is {shown}; allowed: {allowed}")
-
+    manifest = _load_manifest(root, file)
     if not isinstance(manifest, dict):
-        raise bad("the top level", manifest, "a JSON object with keys op, partitions and rows")
+        raise _bad(file, "the top level", manifest, "a JSON object with keys op, partitions and rows")
     if manifest.get("op") != op.name:
         raise InputFileError(str(file), f"the dataset holds op {_shown(manifest.get('op'))}, the config trains "
                                         f"{op.name!r}")
     parts = manifest.get("partitions", _ABSENT)
     if not isinstance(parts, list) or not parts:
-        raise bad("key 'partitions'", parts, f"a non-empty list of part entries {_ENTRY}")
+        raise _bad(file, "key 'partitions'", parts, f"a non-empty list of part entries {_ENTRY}")
     seen: set[str] = set()
     for i, part in enumerate(parts):
-        where = f"partitions[{i}]"
-        if not isinstance(part, dict):
-            raise bad(where, part, f"a part entry {_ENTRY}")
-        name = part.get("file", _ABSENT)
-        if not isinstance(name, str) or not name:
-            raise bad(f"{where}.file", name, "the name of a Parquet part file in the dataset directory")
-        if Path(name).is_absolute() or ".." in Path(name).parts:
-            raise bad(f"{where}.file", name, f"a path inside {root} (relative, without '..')")
-        if "/" in name or os.sep in name or name == MANIFEST or not name.endswith(".parquet"):
-            raise bad(f"{where}.file", name, f"the name of a .parquet file directly in {root} (not {MANIFEST})")
-        if name in seen:
-            raise bad(f"{where}.file", name, "each part file listed once (a second entry would train on it twice)")
-        seen.add(name)
-        try:
-            info = os.lstat(root / name)
-        except OSError:
-            raise bad(f"{where}.file", name, f"a Parquet part file present in {root}") from None
-        if not stat.S_ISREG(info.st_mode):
-            kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
-            raise bad(f"{where}.file", name, f"a regular Parquet file in {root} (this one is {kind})")
-        rows = part.get("rows", _ABSENT)
-        if not _is_count(rows):
-            raise bad(f"{where}.rows", rows, "the part's row count, an integer >= 0")
-        for column in COMBO_COLUMNS:
-            value = part.get(column, _ABSENT)
-            if value is None and not one_combo:
-                continue
-            if not isinstance(value, str):
-                allowed = f"the part's one {column} name, a string"
-                raise bad(f"{where}.{column}", value, allowed + (" (model.backend=dask trains on one arch, dtype and "
-                                                                 "layout per file)" if value is None else ""))
-            if not _NAME.fullmatch(value) and not (value == "" and rows == 0):  # a part without rows has no combo
-                raise bad(f"{where}.{column}", value, f"the config name of the part's {column} (letters, digits, "
-                                                      "_ . + -), not a path")
+        _check_entry(file, f"partitions[{i}]", part, seen, one_combo=one_combo)
     total = manifest.get("rows", _ABSENT)
     counted = sum(p["rows"] for p in parts)
     if not _is_count(total) or total != counted:
-        raise bad("key 'rows'", total, f"the sum of the parts' rows, {counted}")
+        raise _bad(file, "key 'rows'", total, f"the sum of the parts' rows, {counted}")
     unlisted = sorted(e.name for e in os.scandir(root) if e.name.endswith(".parquet") and e.name not in seen)
     if unlisted:
         raise InputFileError(str(file), f"lists {len(parts)} parts, the directory holds {len(unlisted)} more "
@@ -197,12 +142,82 @@ def read_manifest(path: str | Path, op: OpDefinition, *, one_combo: bool = True)
     return manifest
 
 
+def _load_manifest(root: Path, file: Path) -> object:
+    """The parsed JSON of the manifest ``file`` of dataset ``root`` (any JSON value; the caller
+    checks its shape)."""
+    if not file.is_file():
+        raise InputFileError(str(root), f"not a partitioned dataset (no {MANIFEST}; write it with "
+                                        "`ckpred ingest out=<directory>` or ckpred.scale.write_partitions)")
+    allowed_json = "the JSON object the dataset writers leave"
+    try:
+        with open(file, "rb") as fh:
+            raw = fh.read(_MAX_MANIFEST_BYTES + 1)
+        if len(raw) > _MAX_MANIFEST_BYTES:
+            raise InputFileError(str(file), f"larger than {_MAX_MANIFEST_BYTES >> 20} MiB; allowed: {allowed_json}")
+        manifest: object = json.loads(raw.decode("utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputFileError(str(file), f"not valid JSON ({exc.msg} at line {exc.lineno}); allowed: "
+                                        f"{allowed_json}") from None
+    except UnicodeDecodeError as exc:
+        raise InputFileError(str(file), f"not UTF-8 text (byte {exc.start}); allowed: {allowed_json}") from None
+    except RecursionError:
+        raise InputFileError(str(file), f"nested too deeply to read; allowed: {allowed_json}") from None
+    except OSError as exc:
+        raise InputFileError(str(file), exc.strerror or str(exc)) from None
+    return manifest
+
+
+def _bad(file: Path, where: str, value: object, allowed: str) -> InputFileError:
+    """The error for manifest ``file`` whose ``where`` holds ``value`` (or lacks it: ``_ABSENT``)."""
+    text = _shown(value)
+    shown = f"{text} ({type(value).__name__})" if value is not _ABSENT else "absent"
+    return InputFileError(str(file), f"{where} is {shown}; allowed: {allowed}")
+
+
+def _check_entry(file: Path, where: str, part: object, seen: set[str], *, one_combo: bool) -> None:
+    """Refuse the manifest entry ``part`` (at ``where``) unless it names, once (``seen``: the
+    names listed before it, which this adds to), a regular Parquet file directly in the
+    directory, with a row count and a combo name per column (``None`` when not ``one_combo``)."""
+    root = file.parent
+    if not isinstance(part, dict):
+        raise _bad(file, where, part, f"a part entry {_ENTRY}")
+    name = part.get("file", _ABSENT)
+    if not isinstance(name, str) or not name:
+        raise _bad(file, f"{where}.file", name, "the name of a Parquet part file in the dataset directory")
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        raise _bad(file, f"{where}.file", name, f"a path inside {root} (relative, without '..')")
+    if "/" in name or os.sep in name or name == MANIFEST or not name.endswith(".parquet"):
+        raise _bad(file, f"{where}.file", name, f"the name of a .parquet file directly in {root} (not {MANIFEST})")
+    if name in seen:
+        raise _bad(file, f"{where}.file", name, "each part file listed once (a second entry would train on it twice)")
+    seen.add(name)
+    try:
+        info = os.lstat(root / name)
+    except OSError:
+        raise _bad(file, f"{where}.file", name, f"a Parquet part file present in {root}") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+        raise _bad(file, f"{where}.file", name, f"a regular Parquet file in {root} (this one is {kind})")
+    rows = part.get("rows", _ABSENT)
+    if not _is_count(rows):
+        raise _bad(file, f"{where}.rows", rows, "the part's row count, an integer >= 0")
+    for column in COMBO_COLUMNS:
+        value = part.get(column, _ABSENT)
+        if value is None and not one_combo:
+            continue
+        if not isinstance(value, str):
+            allowed = f"the part's one {column} name, a string"
+            raise _bad(file, f"{where}.{column}", value, allowed + (" (model.backend=dask trains on one arch, dtype and "
+                                                                    "layout per file)" if value is None else ""))
+        if not _NAME.fullmatch(value) and not (value == "" and rows == 0):  # a part without rows has no combo
+            raise _bad(file, f"{where}.{column}", value, f"the config name of the part's {column} (letters, digits, "
+                                                         "_ . + -), not a path")
+
+
 def _check_part(path: Path, part: dict[str, Any], where: str, op: OpDefinition, manifest: str) -> None:
     """Refuse a part whose Parquet footer disagrees with its manifest entry: not Parquet, not a
     canonical table of ``op``, another row count, or a combo column whose values (footer
     statistics; the column itself where the writer left none) are not the entry's one value."""
-    import pyarrow.parquet as pq
-
     try:
         meta = pq.read_metadata(path)
     except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
@@ -230,7 +245,7 @@ def _check_part(path: Path, part: dict[str, Any], where: str, op: OpDefinition, 
                                            f"{shown}; allowed: the part's one {column}")
 
 
-def _values_of(path: Path, meta: Any, index: int, column: str) -> set[str]:
+def _values_of(path: Path, meta: pq.FileMetaData, index: int, column: str) -> set[str]:
     """The distinct values of a string column: from each row group's min/max statistics
     when they say the group holds one value, else read from the column."""
     found: set[str] = set()
@@ -244,17 +259,15 @@ def _values_of(path: Path, meta: Any, index: int, column: str) -> set[str]:
         found.update({_text(stats.min), _text(stats.max)})
     else:
         return found
-    import pyarrow.parquet as pq
-
     values = pq.read_table(path, columns=[column]).column(column)
     return {str(v) for v in pc.unique(values).to_pylist()}
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     try:
         text = repr(value)
     except RecursionError:  # a value nested too deeply to print
@@ -268,5 +281,5 @@ _ABSENT = object()
 _ENTRY = "{file, rows, " + ", ".join(COMBO_COLUMNS) + "}"
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0

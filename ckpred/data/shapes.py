@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ckpred.errors import InputFileError
+from ckpred.util import resolve_path
 
 SHAPE_COLUMNS: tuple[str, ...] = ("m", "n", "k")
 
@@ -102,8 +103,8 @@ def read_shapes_csv(path: str | Path) -> pd.DataFrame:
     return _frame(rows)
 
 
-def _frame(rows: list[tuple[int, int, int]]) -> pd.DataFrame:
-    seen: dict[tuple[int, int, int], None] = {}
+def _frame(rows: Sequence[tuple[int, ...]]) -> pd.DataFrame:
+    seen: dict[tuple[int, ...], None] = {}
     for row in rows:
         seen.setdefault(row, None)
     frame = pd.DataFrame(list(seen), columns=list(SHAPE_COLUMNS)).astype("int64")
@@ -120,8 +121,6 @@ def load_shapes(shapes_cfg: Any) -> pd.DataFrame:
         A composed ``shapes`` group (:class:`ckpred.schema.ShapesConfig`). ``path`` (resolved
         against the original working directory) wins over ``families``.
     """
-    from ckpred.util import resolve_path
-
     if shapes_cfg.path:
         frame = read_shapes_csv(resolve_path(shapes_cfg.path))
     else:

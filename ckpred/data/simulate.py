@@ -90,15 +90,20 @@ import logging
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
+import pyarrow as pa
 
 from ckpred import dtypes
-from ckpred.errors import ConfigValueError
-from ckpred.kernels.base import OpDefinition
-from ckpred.util import OwnFile, atomic_path
+from ckpred.data.shapes import load_shapes
+from ckpred.data.table import conform, read_table, write_table
+from ckpred.errors import CkpredError, ConfigValueError, InputFileError
+from ckpred.kernels.base import ArchSpec, DtypeSpec, LayoutSpec, OpDefinition, load_op
+from ckpred.schema import arch_value
+from ckpred.util import OwnFile, atomic_path, resolve_path
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +209,7 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _hash(*keys: Any) -> np.ndarray:
+def _hash(*keys: npt.ArrayLike) -> np.ndarray:
     """A 64-bit hash of broadcast integer keys (same keys -> same value, on every platform)."""
     with np.errstate(over="ignore"):
         h = np.zeros((), dtype=np.uint64)
@@ -226,7 +231,7 @@ def _uniform(h: np.ndarray) -> np.ndarray:
         return ((_splitmix64(h ^ np.uint64(0x5DEECE66D)) >> np.uint64(11)).astype(np.float64) + 0.5) / 2.0**53
 
 
-def _name_keys(names: Any) -> np.ndarray:
+def _name_keys(names: np.ndarray) -> np.ndarray:
     """Stable integer key of each kernel name (crc32), so idiosyncrasies follow the kernel."""
     return np.fromiter((zlib.crc32(str(n).encode()) for n in names), dtype=np.uint64, count=len(names))
 
@@ -239,113 +244,199 @@ def run_noise(h: np.ndarray) -> np.ndarray:
 
 
 # -- the physical model ----------------------------------------------------------------------------
-def _arch_value(arch: Any, name: str) -> Any:
-    from ckpred.schema import arch_value
+@dataclass(frozen=True)
+class _Machine:
+    """The arch and dtype constants the latency model reads (scalars, in SI units)."""
 
-    return arch_value(arch, name)
+    ua: Microarch
+    dtype_name: str
+    #: Bytes per A/B and per C element.
+    b: float
+    bc: float
+    cus: float
+    xcds: float
+    #: Sustained clock, Hz.
+    clk: float
+    #: LDS per CU, L2 per die and the last-level cache, bytes.
+    lds_cu: float
+    l2_xcd: float
+    llc: float
+    #: HBM bandwidth, bytes/s.
+    hbm: float
+    #: Sustained peak FLOP/s of one CU.
+    p_cu: float
 
 
-def model_latency(problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any, dtype: Any) -> np.ndarray:
+def _machine(arch: ArchSpec, dtype: DtypeSpec) -> _Machine:
+    """The constants of ``arch`` (by ISA: a product of a known ISA, gfx90a_mi210 or a user's copy
+    with ``isa: gfx950``, has its constants) and ``dtype``; refuses an ISA or dtype the simulator
+    has no constants for."""
+    arch_name = str(arch_value(arch, "name"))
+    dtype_name = str(getattr(dtype, "name", dtype))
+    isa = str(arch_value(arch, "isa") or arch_name)
+    ua = MICROARCH.get(isa)
+    if ua is None:
+        raise ConfigValueError("arch.isa", isa, f"one of the ISAs the simulator has micro-architecture constants for "
+                                                f"{sorted(MICROARCH)} (an arch config's isa, else its name)")
+    peak = dict(arch_value(arch, "peak_tflops")).get(dtype_name)
+    if not peak:
+        raise ValueError(f"arch {arch_name} has no peak_tflops for dtype {dtype_name}; "
+                         f"known: {sorted(dict(arch_value(arch, 'peak_tflops')))}")
+    cus = float(arch_value(arch, "compute_units"))
+    return _Machine(
+        ua=ua, dtype_name=dtype_name,
+        b=float(dtypes.bytes_per_element(dtype)), bc=float(dtypes.c_bytes_per_element(dtype)),
+        cus=cus, xcds=float(arch_value(arch, "dies")),
+        clk=float(arch_value(arch, "clock_mhz")) * 1e6 * CLOCK_SUSTAINED,
+        lds_cu=float(arch_value(arch, "shared_memory_kib")) * 1024.0,
+        l2_xcd=float(arch_value(arch, "l2_mib_per_die")) * 2.0**20,
+        llc=float(arch_value(arch, "llc_mib")) * 2.0**20,
+        hbm=float(arch_value(arch, "memory_bandwidth_gbs")) * 1e9,
+        p_cu=peak * 1e12 / cus * CLOCK_SUSTAINED)
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """Problems down, kernels across: the (shapes, 1) problem and (1, kernels) kernel arrays."""
+
+    M: np.ndarray
+    N: np.ndarray
+    K: np.ndarray
+    split: np.ndarray
+    tm: np.ndarray
+    tn: np.ndarray
+    tk: np.ndarray
+    wm: np.ndarray
+    wn: np.ndarray
+    wtm: np.ndarray
+    wtk: np.ndarray
+    #: Each kernel's :class:`SimulatedPipeline` and scheduler issue efficiency, and its epilogue
+    #: and persistence flags.
+    pipes: list[SimulatedPipeline]
+    sched_eff: np.ndarray
+    cshuffle: np.ndarray
+    persistent: np.ndarray
+
+    def per_pipe(self, attr: str) -> np.ndarray:
+        """One :class:`SimulatedPipeline` attribute per kernel, shape (1, kernels)."""
+        return np.array([getattr(p, attr) for p in self.pipes], dtype=np.float64)[None, :]
+
+
+def _col(frame: pd.DataFrame, name: str) -> np.ndarray:
+    return frame[name].to_numpy(np.float64)
+
+
+def _grid(problems: pd.DataFrame, kernels: pd.DataFrame) -> _Grid:
+    """The arrays of ``problems`` (m, n, k, optional split_k) and ``kernels``; refuses a pipeline
+    the simulator does not model."""
+    M, N = _col(problems, "m")[:, None], _col(problems, "n")[:, None]
+    split = np.maximum(_col(problems, "split_k")[:, None], 1.0) if "split_k" in problems else np.ones_like(M)
+    K = np.maximum(_col(problems, "k")[:, None] / split, 1.0)
+    tm, tn, tk = (_col(kernels, c)[None, :] for c in ("tile_m", "tile_n", "tile_k"))
+    pipe = kernels["pipeline"].to_numpy()
+    unknown = sorted(set(pipe) - set(SIMULATED_PIPELINES))
+    if unknown:
+        raise ValueError(f"the simulator models pipelines {sorted(SIMULATED_PIPELINES)}; catalogue has {unknown}")
+    sched = kernels["scheduler"].to_numpy()
+    return _Grid(
+        M=M, N=N, K=K, split=split, tm=tm, tn=tn, tk=tk,
+        wm=_col(kernels, "warp_m")[None, :], wn=_col(kernels, "warp_n")[None, :],
+        wtm=_col(kernels, "warp_tile_m")[None, :], wtk=_col(kernels, "warp_tile_k")[None, :],
+        pipes=[SIMULATED_PIPELINES[p] for p in pipe],
+        sched_eff=np.array([SCHEDULER_ISSUE_EFF.get(s, 1.0) for s in sched])[None, :],
+        cshuffle=(kernels["epilogue"].to_numpy() == "cshuffle")[None, :],
+        persistent=kernels["persistent"].to_numpy(bool)[None, :])
+
+
+@dataclass(frozen=True)
+class _Tiling:
+    """Step 1 of the model: output tiles per dimension, K iterations, workgroups, tiles per CU,
+    and the useful rows and columns of a tile (step 4)."""
+
+    Tm: np.ndarray
+    Tn: np.ndarray
+    Kit: np.ndarray
+    T: np.ndarray
+    n_cu: np.ndarray
+    m_eff: np.ndarray
+    n_eff: np.ndarray
+
+
+def _tiling(g: _Grid, mc: _Machine) -> _Tiling:
+    Tm, Tn, Kit = np.ceil(g.M / g.tm), np.ceil(g.N / g.tn), np.ceil(g.K / g.tk)
+    T = Tm * Tn * g.split  # split-K: split_k workgroups per output tile, each on K/split_k
+    cus_xcd = mc.cus / mc.xcds
+    n_cu = np.ceil(np.ceil(T / mc.xcds) / cus_xcd)
+    return _Tiling(Tm=Tm, Tn=Tn, Kit=Kit, T=T, n_cu=n_cu,
+                   m_eff=np.minimum(g.tm, g.M / Tm), n_eff=np.minimum(g.tn, g.N / Tn))
+
+
+def _cu_time(g: _Grid, mc: _Machine, t: _Tiling) -> np.ndarray:
+    """Steps 2-6 of the model: the time the busiest CU needs for its tiles."""
+    tm, tn, tk, b, clk, ua = g.tm, g.tn, g.tk, mc.b, mc.clk, mc.ua
+    # 2. occupancy
+    lds_wg = (tm + tn) * tk * b * g.per_pipe("lds_buffers")
+    vgpr = tm * tn / 256.0 + g.per_pipe("prefetch") * (tm + tn) * tk * b / (4.0 * 256.0) + 48.0
+    occ = np.maximum(1.0, np.minimum(np.minimum(np.floor(mc.lds_cu / lds_wg), np.floor(VGPR_LANE / vgpr)),
+                                     MAX_WG_PER_CU))
+    # 3. compute side of one iteration
+    full_k = ua.full_rate_k[_DTYPE_CLASS[mc.dtype_name]]
+    full = np.array([full_k.get(int(m_), -1) for m_ in g.wtm[0]])[None, :]
+    rate = np.where(g.wtk == full, 1.0, 0.5) * np.where(g.wtm == 16, MFMA_16_EFF, 1.0)
+    rate = np.where(g.wtm > 32, 0.5, rate)  # 64x4 tiles: a slow instruction
+    t_mfma = 2.0 * tm * tn * tk / (mc.p_cu * rate)
+    lds_bytes = (tm + tn) * tk * b + tk * b * (tm * g.wn + tn * g.wm)
+    t_lds = lds_bytes / (ua.lds_bytes_per_clk * clk)
+    t_comp = np.maximum(t_mfma, t_lds) / (g.per_pipe("issue_eff") * g.sched_eff) + g.per_pipe("sync_clk") / clk
+    # 4. memory side of one iteration
+    link = ua.link_bytes_per_clk * clk
+    t_link = (t.m_eff + t.n_eff) * tk * b / link
+    # 5. tile time, alone and on a saturated CU
+    stages = np.minimum(1.0 + g.per_pipe("prologue_stages"), t.Kit)
+    kit_exp = t.Kit - stages
+    it_lat = np.maximum(t_comp, t_link + LATENCY_S)
+    it_thr = np.maximum(t_comp, t_link)
+    c_tile = t.m_eff * t.n_eff * mc.bc
+    t_epi = STORE_LATENCY_S + c_tile / link + np.where(g.cshuffle, 2.0 * tm * tn * mc.bc / (ua.lds_bytes_per_clk * clk)
+                                                       + 100.0 / clk, 0.0)
+    t_epi_thr = t_epi - STORE_LATENCY_S
+    setup = np.where(g.persistent, PERSISTENT_TILE_S + WG_SETUP_S / np.maximum(t.n_cu / occ, 1.0), WG_SETUP_S)
+    t_alone = setup + LATENCY_S + stages * (t_link + t_comp) + kit_exp * it_lat + t_epi
+    t_thr = setup * np.where(g.persistent, 1.0, 0.5) + t.Kit * it_thr + t_epi_thr
+    # 6. CU bound
+    return np.maximum(t.n_cu * t_thr, np.ceil(t.n_cu / occ) * t_alone)
+
+
+def _memory_times(g: _Grid, mc: _Machine, t: _Tiling) -> tuple[np.ndarray, np.ndarray]:
+    """Step 7 of the model: the L2 time and the fabric (LLC and HBM) time."""
+    b, bc, split, xcds, hbm = mc.b, mc.bc, g.split, mc.xcds, mc.hbm
+    a_bytes, b_bytes, c_bytes = g.M * g.K * split * b, g.N * g.K * split * b, g.M * g.N * bc * split
+    l2_traffic = t.T * t.Kit * (t.m_eff + t.n_eff) * g.tk * b
+    t_l2 = l2_traffic / (xcds * mc.ua.l2_bytes_per_clk * mc.clk)
+    b_share = b_bytes / split / np.minimum(t.Tn, xcds)
+    b_miss = np.clip(1.0 - mc.l2_xcd / np.maximum(b_share, 1.0), 0.0, 1.0)
+    reread = a_bytes * (np.minimum(t.Tn, xcds) - 1.0) + b_bytes * (t.Tm - 1.0) * b_miss
+    unique = a_bytes + b_bytes
+    in_llc = np.clip(mc.llc / (unique + c_bytes), 0.0, 1.0)
+    bw_llc = hbm * LLC_BW_FACTOR * HBM_READ_EFF
+    bw_read = 1.0 / (in_llc / bw_llc + (1.0 - in_llc) / (hbm * HBM_READ_EFF))
+    fabric = g.per_pipe("fabric")
+    t_fabric = (unique / bw_read + reread / bw_llc) / fabric \
+        + c_bytes / (hbm * np.where(g.cshuffle, WRITE_EFF["cshuffle"], WRITE_EFF["default"]))
+    return t_l2, t_fabric
+
+
+def model_latency(problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: ArchSpec, dtype: DtypeSpec) -> np.ndarray:
     """Noise-free latency in seconds of every kernel on every problem, shape (shapes, kernels).
 
     ``problems`` has columns m, n, k (and optionally split_k); ``kernels`` the gemm_universal
     kernel fields. Formulas: module docstring, steps 1-8.
     """
-    arch_name = str(_arch_value(arch, "name"))
-    dtype_name = str(getattr(dtype, "name", dtype))
-    # by ISA: a product of a known ISA (gfx90a_mi210, a user's copy with isa: gfx950) has its constants
-    isa = str(_arch_value(arch, "isa") or arch_name)
-    ua = MICROARCH.get(isa)
-    if ua is None:
-        raise ConfigValueError("arch.isa", isa, f"one of the ISAs the simulator has micro-architecture constants for "
-                                                f"{sorted(MICROARCH)} (an arch config's isa, else its name)")
-    peak = dict(_arch_value(arch, "peak_tflops")).get(dtype_name)
-    if not peak:
-        raise ValueError(f"arch {arch_name} has no peak_tflops for dtype {dtype_name}; "
-                         f"known: {sorted(dict(_arch_value(arch, 'peak_tflops')))}")
-    b = float(dtypes.bytes_per_element(dtype))
-    bc = float(dtypes.c_bytes_per_element(dtype))
-    cus = float(_arch_value(arch, "compute_units"))
-    xcds = float(_arch_value(arch, "dies"))
-    clk = float(_arch_value(arch, "clock_mhz")) * 1e6 * CLOCK_SUSTAINED
-    lds_cu = float(_arch_value(arch, "shared_memory_kib")) * 1024.0
-    l2_xcd = float(_arch_value(arch, "l2_mib_per_die")) * 2.0**20
-    llc = float(_arch_value(arch, "llc_mib")) * 2.0**20
-    hbm = float(_arch_value(arch, "memory_bandwidth_gbs")) * 1e9
-    p_cu = peak * 1e12 / cus * CLOCK_SUSTAINED
-
-    col = lambda frame, name: frame[name].to_numpy(np.float64)  # noqa: E731
-    M, N = col(problems, "m")[:, None], col(problems, "n")[:, None]
-    split = np.maximum(col(problems, "split_k")[:, None], 1.0) if "split_k" in problems else np.ones_like(M)
-    K = np.maximum(col(problems, "k")[:, None] / split, 1.0)
-    tm, tn, tk = (col(kernels, c)[None, :] for c in ("tile_m", "tile_n", "tile_k"))
-    wm, wn = col(kernels, "warp_m")[None, :], col(kernels, "warp_n")[None, :]
-    wtm, wtk = col(kernels, "warp_tile_m")[None, :], col(kernels, "warp_tile_k")[None, :]
-    pipe = kernels["pipeline"].to_numpy()
-    unknown = sorted(set(pipe) - set(SIMULATED_PIPELINES))
-    if unknown:
-        raise ValueError(f"the simulator models pipelines {sorted(SIMULATED_PIPELINES)}; catalogue has {unknown}")
-
-    def per_pipe(attr: str) -> np.ndarray:
-        return np.array([getattr(SIMULATED_PIPELINES[p], attr) for p in pipe], dtype=np.float64)[None, :]
-
-    sched = kernels["scheduler"].to_numpy()
-    sched_eff = np.array([SCHEDULER_ISSUE_EFF.get(s, 1.0) for s in sched])[None, :]
-    cshuffle = (kernels["epilogue"].to_numpy() == "cshuffle")[None, :]
-    persistent = kernels["persistent"].to_numpy(bool)[None, :]
-
-    # 1. tiles and waves
-    Tm, Tn, Kit = np.ceil(M / tm), np.ceil(N / tn), np.ceil(K / tk)
-    T = Tm * Tn * split  # split-K: split_k workgroups per output tile, each on K/split_k
-    cus_xcd = cus / xcds
-    n_cu = np.ceil(np.ceil(T / xcds) / cus_xcd)
-    # 2. occupancy
-    lds_wg = (tm + tn) * tk * b * per_pipe("lds_buffers")
-    vgpr = tm * tn / 256.0 + per_pipe("prefetch") * (tm + tn) * tk * b / (4.0 * 256.0) + 48.0
-    occ = np.maximum(1.0, np.minimum(np.minimum(np.floor(lds_cu / lds_wg), np.floor(VGPR_LANE / vgpr)),
-                                     MAX_WG_PER_CU))
-    # 3. compute side of one iteration
-    full_k = ua.full_rate_k[_DTYPE_CLASS[dtype_name]]
-    full = np.array([full_k.get(int(m_), -1) for m_ in col(kernels, "warp_tile_m")])[None, :]
-    rate = np.where(wtk == full, 1.0, 0.5) * np.where(wtm == 16, MFMA_16_EFF, 1.0)
-    rate = np.where(wtm > 32, 0.5, rate)  # 64x4 tiles: a slow instruction
-    t_mfma = 2.0 * tm * tn * tk / (p_cu * rate)
-    lds_bytes = (tm + tn) * tk * b + tk * b * (tm * wn + tn * wm)
-    t_lds = lds_bytes / (ua.lds_bytes_per_clk * clk)
-    t_comp = np.maximum(t_mfma, t_lds) / (per_pipe("issue_eff") * sched_eff) + per_pipe("sync_clk") / clk
-    # 4. memory side of one iteration
-    m_eff = np.minimum(tm, M / Tm)
-    n_eff = np.minimum(tn, N / Tn)
-    link = ua.link_bytes_per_clk * clk
-    t_link = (m_eff + n_eff) * tk * b / link
-    # 5. tile time, alone and on a saturated CU
-    stages = np.minimum(1.0 + per_pipe("prologue_stages"), Kit)
-    kit_exp = Kit - stages
-    it_lat = np.maximum(t_comp, t_link + LATENCY_S)
-    it_thr = np.maximum(t_comp, t_link)
-    c_tile = m_eff * n_eff * bc
-    t_epi = STORE_LATENCY_S + c_tile / link + np.where(cshuffle, 2.0 * tm * tn * bc / (ua.lds_bytes_per_clk * clk)
-                                                       + 100.0 / clk, 0.0)
-    t_epi_thr = t_epi - STORE_LATENCY_S
-    setup = np.where(persistent, PERSISTENT_TILE_S + WG_SETUP_S / np.maximum(n_cu / occ, 1.0), WG_SETUP_S)
-    t_alone = setup + LATENCY_S + stages * (t_link + t_comp) + kit_exp * it_lat + t_epi
-    t_thr = setup * np.where(persistent, 1.0, 0.5) + Kit * it_thr + t_epi_thr
-    # 6. CU bound
-    t_cu = np.maximum(n_cu * t_thr, np.ceil(n_cu / occ) * t_alone)
-    # 7. memory hierarchy
-    a_bytes, b_bytes, c_bytes = M * K * split * b, N * K * split * b, M * N * bc * split
-    l2_traffic = T * Kit * (m_eff + n_eff) * tk * b
-    t_l2 = l2_traffic / (xcds * ua.l2_bytes_per_clk * clk)
-    b_share = b_bytes / split / np.minimum(Tn, xcds)
-    b_miss = np.clip(1.0 - l2_xcd / np.maximum(b_share, 1.0), 0.0, 1.0)
-    reread = a_bytes * (np.minimum(Tn, xcds) - 1.0) + b_bytes * (Tm - 1.0) * b_miss
-    unique = a_bytes + b_bytes
-    in_llc = np.clip(llc / (unique + c_bytes), 0.0, 1.0)
-    bw_llc = hbm * LLC_BW_FACTOR * HBM_READ_EFF
-    bw_read = 1.0 / (in_llc / bw_llc + (1.0 - in_llc) / (hbm * HBM_READ_EFF))
-    fabric = per_pipe("fabric")
-    t_fabric = (unique / bw_read + reread / bw_llc) / fabric \
-        + c_bytes / (hbm * np.where(cshuffle, WRITE_EFF["cshuffle"], WRITE_EFF["default"]))
+    mc = _machine(arch, dtype)
+    g = _grid(problems, kernels)
+    t = _tiling(g, mc)
+    t_cu = _cu_time(g, mc, t)
+    t_l2, t_fabric = _memory_times(g, mc, t)
     # 8. total
     p = SMOOTH_P
     t_body = (t_cu**p + t_l2**p + t_fabric**p) ** (1.0 / p)
@@ -356,19 +447,18 @@ def model_latency(problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any, d
 _CATALOGUES: dict[tuple[str, ...], pd.DataFrame] = {}
 
 
-def _catalogue(op: OpDefinition, arch: Any, dtype: Any, layout: Any) -> pd.DataFrame:
+def _catalogue(op: OpDefinition, arch: ArchSpec, dtype: DtypeSpec, layout: LayoutSpec) -> pd.DataFrame:
     """``op.catalogue(...)``, memoised per (op, arch, dtype, layout): building 4,608 names costs
     half a second and the frame is only read here."""
-    key = (op.name, str(_arch_value(arch, "name")), str(getattr(dtype, "name", dtype)),
+    key = (op.name, str(arch_value(arch, "name")), str(getattr(dtype, "name", dtype)),
            str(getattr(dtype, "bytes_per_element", "")), str(getattr(layout, "name", layout)))
     if key not in _CATALOGUES:
         _CATALOGUES[key] = op.catalogue(arch, dtype, layout)
     return _CATALOGUES[key]
 
 
-def simulate(shapes_df: pd.DataFrame, op: OpDefinition, arch: Any, dtype: Any, layout: Any, *,
-             seed: int = 0, noise_seed: int | None = None, source: str = "simulated",
-             kernels: pd.DataFrame | None = None) -> pd.DataFrame:
+def simulate(shapes_df: pd.DataFrame, op: OpDefinition, arch: ArchSpec, dtype: DtypeSpec, layout: LayoutSpec, *,
+             seed: int = 0, noise_seed: int | None = None, source: str = "simulated") -> pd.DataFrame:
     """Simulate a benchmark run of the op's catalogue on ``shapes_df``: the canonical table.
 
     Parameters
@@ -376,7 +466,8 @@ def simulate(shapes_df: pd.DataFrame, op: OpDefinition, arch: Any, dtype: Any, l
     shapes_df
         Problems with columns m, n, k (split_k optional, default 1).
     op
-        The op definition (its catalogue, validity rules and FLOP count are used).
+        The op definition (its catalogue, validity rules and FLOP count are used; to simulate
+        another catalogue, bind it with :meth:`~ckpred.kernels.base.OpDefinition.bind_catalogue`).
     arch, dtype, layout
         Composed config groups (or objects with the same attributes).
     seed
@@ -386,8 +477,6 @@ def simulate(shapes_df: pd.DataFrame, op: OpDefinition, arch: Any, dtype: Any, l
         Seed of the run-to-run noise alone (a second "run" of the same machine).
     source
         Value of the ``source`` column.
-    kernels
-        Catalogue to simulate (default: ``op.catalogue(arch, dtype, layout)``).
 
     Returns
     -------
@@ -395,26 +484,13 @@ def simulate(shapes_df: pd.DataFrame, op: OpDefinition, arch: Any, dtype: Any, l
         One row per (shape, kernel), shapes-major, with the canonical columns
         (:func:`ckpred.data.table.canonical_columns`) in order and types.
     """
-    from ckpred.data.table import conform
-
-    cat = _catalogue(op, arch, dtype, layout) if kernels is None else kernels.reset_index(drop=True)
-    problems = shapes_df.reset_index(drop=True).copy()
-    if "split_k" not in problems:
-        problems["split_k"] = 1
-    problems = problems[["m", "n", "k", "split_k"]].astype("int64")
+    cat = _catalogue(op, arch, dtype, layout)
+    problems = _problems(shapes_df)
     S, Q = len(problems), len(cat)
     noise_seed = seed if noise_seed is None else noise_seed
 
     latency = model_latency(problems, cat, arch=arch, dtype=dtype)  # (S, Q) seconds
-    name_key = _name_keys(cat["kernel_name"].to_numpy())[None, :]
-    fam_codes = pd.Categorical(op.family(problems), categories=list(op.families)).codes
-    fam = fam_codes.astype(np.uint64)[:, None]
-    shape_key = _hash(problems["m"].to_numpy(), problems["n"].to_numpy(),
-                      problems["k"].to_numpy(), problems["split_k"].to_numpy())[:, None]
-    idio = np.exp(KERNEL_SIGMA * _normal(_hash(seed, 1, name_key))
-                  + KERNEL_FAMILY_SIGMA * _normal(_hash(seed, 2, name_key, fam)))
-    row_key = _hash(shape_key, name_key)
-    latency = latency * idio / run_noise(_hash(noise_seed, 3, row_key))
+    latency, row_key = _measured(latency, problems, cat, op, seed=seed, noise_seed=noise_seed)
 
     p_rep = problems.loc[np.repeat(np.arange(S), Q)].reset_index(drop=True)
     k_rep = cat.loc[np.tile(np.arange(Q), S)].reset_index(drop=True)
@@ -425,12 +501,10 @@ def simulate(shapes_df: pd.DataFrame, op: OpDefinition, arch: Any, dtype: Any, l
 
     lat = latency.ravel()
     flops = op.flops(p_rep)
-    b, bc = float(dtypes.bytes_per_element(dtype)), float(dtypes.c_bytes_per_element(dtype))
-    m, n, k = (p_rep[c].to_numpy(np.float64) for c in ("m", "n", "k"))
-    moved = (m * k + n * k) * b + m * n * bc
+    moved = _bytes_moved(p_rep, dtype)
     frame = pd.concat([p_rep, k_rep.drop(columns=["kernel_id"])], axis=1)
     frame["op"] = op.name
-    frame["arch"] = str(_arch_value(arch, "name"))
+    frame["arch"] = str(arch_value(arch, "name"))
     frame["dtype"] = str(getattr(dtype, "name", dtype))
     frame["layout"] = str(getattr(layout, "name", layout))
     frame["tflops"] = np.where(valid, flops / lat / 1e12, 0.0)
@@ -443,6 +517,37 @@ def simulate(shapes_df: pd.DataFrame, op: OpDefinition, arch: Any, dtype: Any, l
     frame["source"] = source
     frame["run_id"] = f"sim-seed{seed}" if noise_seed == seed else f"sim-seed{seed}-noise{noise_seed}"
     return conform(frame, op)
+
+
+def _problems(shapes_df: pd.DataFrame) -> pd.DataFrame:
+    """The m, n, k and split_k (default 1) columns of ``shapes_df`` as int64, indexed 0..n-1."""
+    problems = shapes_df.reset_index(drop=True).copy()
+    if "split_k" not in problems:
+        problems["split_k"] = 1
+    return problems[["m", "n", "k", "split_k"]].astype("int64")
+
+
+def _bytes_moved(p_rep: pd.DataFrame, dtype: DtypeSpec) -> np.ndarray:
+    """Bytes each problem reads (A and B) and writes (C) once."""
+    b, bc = float(dtypes.bytes_per_element(dtype)), float(dtypes.c_bytes_per_element(dtype))
+    m, n, k = (p_rep[c].to_numpy(np.float64) for c in ("m", "n", "k"))
+    return (m * k + n * k) * b + m * n * bc
+
+
+def _measured(latency: np.ndarray, problems: pd.DataFrame, cat: pd.DataFrame, op: OpDefinition, *,
+              seed: int, noise_seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The noise-free ``latency`` (shapes, kernels) times each kernel's idiosyncrasy (per kernel
+    and per kernel and M family, from ``seed``) over the run-to-run noise (from ``noise_seed``),
+    and the hash key of each (shape, kernel) row."""
+    name_key = _name_keys(cat["kernel_name"].to_numpy())[None, :]
+    fam_codes = pd.Categorical(op.family(problems), categories=list(op.families)).codes
+    fam = fam_codes.astype(np.uint64)[:, None]
+    shape_key = _hash(problems["m"].to_numpy(), problems["n"].to_numpy(),
+                      problems["k"].to_numpy(), problems["split_k"].to_numpy())[:, None]
+    idio = np.exp(KERNEL_SIGMA * _normal(_hash(seed, 1, name_key))
+                  + KERNEL_FAMILY_SIGMA * _normal(_hash(seed, 2, name_key, fam)))
+    row_key = _hash(shape_key, name_key)
+    return latency * idio / run_noise(_hash(noise_seed, 3, row_key)), row_key
 
 
 # -- calibration against real measurements ---------------------------------------------------------
@@ -459,8 +564,6 @@ def read_oracle_table(path: str | Path) -> pd.DataFrame:
     ckpred.errors.InputFileError
         When the file is missing or lacks a column (the message names both).
     """
-    from ckpred.errors import InputFileError
-
     path = Path(path)
     if not path.is_file():
         raise InputFileError(str(path), "no such file (calibration_file must be an oracle-best CSV)")
@@ -560,8 +663,6 @@ def cache_key(cfg: Any, shapes: pd.DataFrame) -> str:
 
 def cache_path(cfg: Any, shapes: pd.DataFrame) -> Path:
     """Where :func:`simulated_table` caches the table of ``cfg`` (under ``data.cache_dir``)."""
-    from ckpred.util import resolve_path
-
     name = f"simulated-{cfg.op.name}-{cfg.arch.name}-{cfg.dtype.name}-{cfg.layout.name}-{cfg.shapes.name}"
     return resolve_path(cfg.data.cache_dir) / f"{name}-{cache_key(cfg, shapes)}.parquet"
 
@@ -574,10 +675,6 @@ def simulated_table(cfg: Any) -> pd.DataFrame:
     directory) with a key that includes :data:`SIMULATOR_VERSION`, so a changed model or
     config regenerates it and an unchanged one is read back.
     """
-    from ckpred.data.shapes import load_shapes
-    from ckpred.data.table import write_table
-    from ckpred.kernels.base import load_op
-
     op = load_op(cfg.op)
     shapes = load_shapes(cfg.shapes)
     path = cache_path(cfg, shapes)
@@ -600,11 +697,6 @@ def _read_cache(path: Path, op: OpDefinition, shapes: pd.DataFrame) -> tuple[pd.
     Checked: parquet that reads completely (a truncated file has no footer), the canonical
     columns of ``op``, and the set of (m, n, k, split_k) shapes the cache key promises.
     """
-    import pyarrow as pa
-
-    from ckpred.data.table import read_table
-    from ckpred.errors import CkpredError
-
     try:
         table = read_table(path, op)
     except (pa.ArrowException, OSError, CkpredError) as exc:
@@ -666,16 +758,12 @@ def write_log(table: pd.DataFrame, path: str | Path, *, acc_dtype: str = "fp32",
     return path
 
 
-def calibrate(cfg: Any, *, out: Any = print) -> dict[str, Any]:
+def calibrate(cfg: Any, *, out: Callable[[str], object] = print) -> dict[str, Any]:
     """Simulate the shapes of ``cfg.calibration_file`` and compare with their real best TFLOPS.
 
     The config's arch, dtype and layout must match the file's (gfx950, fp8, rcr for AMD's
     p1_oracle_best_results.csv, whose kernel names carry dtype and layout).
     """
-    from ckpred.util import resolve_path
-    from ckpred.errors import ConfigValueError
-    from ckpred.kernels.base import load_op
-
     op = load_op(cfg.op)
     real = read_oracle_table(resolve_path(cfg.calibration_file))
     parsed = op.parse_name(str(real["oracle_best_kernel"].iloc[0]))

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ckpred.errors import TableSchemaError
@@ -148,8 +149,6 @@ def conform_arrow(table: pa.Table, op: OpDefinition) -> pa.Table:
     ckpred.errors.TableSchemaError
         When a required column is missing or cannot be converted; the message names it.
     """
-    import pyarrow.compute as pc
-
     schema = canonical_schema(op)
     fields = {f.name: f for f in op.problem_fields + op.kernel_fields}
     columns = []

@@ -40,10 +40,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from sklearn.pipeline import FeatureUnion
 
+from ckpred import vocab
 from ckpred.errors import ConfigValueError
 from ckpred.expressions import dtype_bytes_table
+from ckpred.features.expression import ExpressionFeatures, compile_features
 from ckpred.features.registry import (EXPRESSIONS, FEATURE_GROUPS, declaration, default_name, group_class,
                                       known_kinds)
+from ckpred.kernels.base import OpDefinition
+from ckpred.schema import ARCH_ALIASES, FeaturesConfig, arch_constants
 
 __all__ = ["FEATURE_GROUPS", "build_features", "catalogue_tiles", "constants_from_config",
            "group_class", "group_input_columns", "known_kinds", "op_categories"]
@@ -73,9 +77,6 @@ def constants_from_config(arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None)
         ..., and the old names ``cus``, ``xcds``, ``lds_bytes``...), the dtype's
         ``bytes_per_element``, ``c_bytes_per_element`` and ``peak_tflops`` and ``layout_code``. A Python transformer takes the ones it has parameters for.
     """
-    from ckpred import vocab
-    from ckpred.schema import ARCH_ALIASES, arch_constants
-
     dtype_name = _get(dtype_cfg, "name")
     peaks = _get(arch_cfg, "peak_tflops") or {}
     if dtype_name not in peaks:
@@ -103,7 +104,7 @@ def constants_from_config(arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None)
     return values
 
 
-def op_categories(op: Any) -> dict[str, list[str]]:
+def op_categories(op: OpDefinition) -> dict[str, list[str]]:
     """Categorical input field of ``op`` -> its values in code order."""
     out: dict[str, list[str]] = {}
     for name in op.input_names:
@@ -114,7 +115,7 @@ def op_categories(op: Any) -> dict[str, list[str]]:
     return out
 
 
-def catalogue_tiles(op: Any, arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None) -> list[list[int]]:
+def catalogue_tiles(op: OpDefinition, arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None) -> list[list[int]]:
     """Distinct (tile_m, tile_n, tile_k) of the op's catalogue for arch/dtype, sorted."""
     catalogue = op.catalogue(arch_cfg, dtype_cfg, layout_cfg if layout_cfg is not None else "rcr")
     tiles = catalogue[["tile_m", "tile_n", "tile_k"]].drop_duplicates().sort_values(["tile_m", "tile_n", "tile_k"])
@@ -123,15 +124,13 @@ def catalogue_tiles(op: Any, arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = No
 
 def _as_features_config(features_cfg: Any) -> Any:
     """Validate any form of a feature-set config into a :class:`ckpred.schema.FeaturesConfig`."""
-    from ckpred.schema import FeaturesConfig
-
     if isinstance(features_cfg, FeaturesConfig):
         return features_cfg
     merged = OmegaConf.merge(OmegaConf.structured(FeaturesConfig), features_cfg)
     return OmegaConf.to_object(merged)
 
 
-def build_features(features_cfg: Any, op: Any, arch_cfg: Any, dtype_cfg: Any,
+def build_features(features_cfg: Any, op: OpDefinition, arch_cfg: Any, dtype_cfg: Any,
                    layout_cfg: Any = None) -> FeatureUnion:
     """Assemble the (unfitted) feature transformer of a feature set.
 
@@ -194,10 +193,8 @@ def build_features(features_cfg: Any, op: Any, arch_cfg: Any, dtype_cfg: Any,
 _EXPRESSION_PARAMS = ("features", "terms", "one_hot")
 
 
-def _expression_group(kind: str, params: dict[str, Any], key: str, op: Any, constants: dict[str, Any]) -> Any:
+def _expression_group(kind: str, params: dict[str, Any], key: str, op: OpDefinition, constants: dict[str, Any]) -> Any:
     """The ExpressionFeatures of an inline or declared group, its expressions checked."""
-    from ckpred.features.expression import ExpressionFeatures, compile_features
-
     declared = declaration(kind)
     allowed = [*_EXPRESSION_PARAMS, *(["exclude"] if declared is not None else [])]
     unknown = sorted(set(params) - set(allowed))
@@ -242,7 +239,7 @@ def _expression_group(kind: str, params: dict[str, Any], key: str, op: Any, cons
                               input_names=tuple(op.input_names))
 
 
-def _op_terms(op: Any) -> dict[str, str]:
+def _op_terms(op: OpDefinition) -> dict[str, str]:
     """The op's ``flops`` and ``bytes`` expressions, readable by name in expression groups."""
     config = getattr(op, "config", None)
     out = {}
@@ -255,8 +252,6 @@ def _op_terms(op: Any) -> dict[str, str]:
 
 def group_input_columns(kind: str, params: dict[str, Any] | None = None) -> tuple[str, ...]:
     """Raw input columns a group of ``kind`` (with ``params``) reads, without an op at hand."""
-    from ckpred.features.expression import compile_features
-
     params = dict(params or {})
     declared = declaration(kind)
     if kind == EXPRESSIONS or declared is not None:

@@ -41,6 +41,7 @@ from numbers import Integral, Real
 from typing import Any, ClassVar
 
 import numpy as np
+import numpy.typing as npt
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import (
@@ -95,7 +96,7 @@ class FeatureGroup(TransformerMixin, BaseEstimator):
         tags.requires_fit = True
         return tags
 
-    def fit(self, X: Any, y: Any = None) -> "FeatureGroup":
+    def fit(self, X: npt.ArrayLike, y: object = None) -> "FeatureGroup":
         """Learn where the input columns are; no statistics are learned.
 
         Parameters
@@ -109,13 +110,13 @@ class FeatureGroup(TransformerMixin, BaseEstimator):
         self
         """
         self._validate_params()
-        X = validate_data(self, X, dtype=np.float64, reset=True)
-        self._check_non_negative(X, "fit")
+        checked: np.ndarray = validate_data(self, X, dtype=np.float64, reset=True)
+        self._check_non_negative(checked, "fit")
         self.input_indices_ = self._locate_columns()
         self.n_features_out_ = len(self._feature_names())
         return self
 
-    def transform(self, X: Any) -> np.ndarray:
+    def transform(self, X: npt.ArrayLike) -> np.ndarray:
         """Compute the features of each row.
 
         Parameters
@@ -128,15 +129,15 @@ class FeatureGroup(TransformerMixin, BaseEstimator):
         ndarray of shape (n_samples, n_features_out_), float64
         """
         check_is_fitted(self, "input_indices_")
-        X = validate_data(self, X, dtype=np.float64, reset=False)
-        self._check_non_negative(X, "transform")
-        used = X[:, list(self.input_indices_)]
+        checked: np.ndarray = validate_data(self, X, dtype=np.float64, reset=False)
+        self._check_non_negative(checked, "transform")
+        used = checked[:, list(self.input_indices_)]
         cols = {name: used[:, i] for i, name in enumerate(self.input_columns)}
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            out = self._compute(cols, NumpyOps(X.shape[0]))
+            out = self._compute(cols, NumpyOps(checked.shape[0]))
         return np.column_stack([np.asarray(c, dtype=np.float64) for c in out])
 
-    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
+    def get_feature_names_out(self, input_features: npt.ArrayLike | None = None) -> np.ndarray:
         """Names of the output features (same for every input).
 
         Parameters
@@ -229,23 +230,23 @@ class NumpyOps:
         """C fmod, exact for integers held in doubles (ONNX: Mod with fmod=1)."""
         return np.fmod(a, b)
 
-    def minimum(self, a: Any, b: Any) -> np.ndarray:
+    def minimum(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         """ONNX: Min."""
         return np.minimum(a, b)
 
-    def maximum(self, a: Any, b: Any) -> np.ndarray:
+    def maximum(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         """ONNX: Max."""
         return np.maximum(a, b)
 
-    def where(self, cond: np.ndarray, a: Any, b: Any) -> np.ndarray:
+    def where(self, cond: np.ndarray, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         """ONNX: Where."""
         return np.where(cond, a, b).astype(np.float64)
 
-    def equal(self, a: Any, b: Any) -> np.ndarray:
+    def equal(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         """Boolean a == b (ONNX: Equal)."""
         return np.equal(a, b)
 
-    def less(self, a: Any, b: Any) -> np.ndarray:
+    def less(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         """Boolean a < b (ONNX: Less)."""
         return np.less(a, b)
 
@@ -253,39 +254,39 @@ class NumpyOps:
         """1.0 where ``cond`` else 0.0 (ONNX: Cast to double)."""
         return np.asarray(cond, dtype=np.float64)
 
-    def greater(self, a: Any, b: Any) -> np.ndarray:
+    def greater(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         """Boolean a > b (ONNX: Greater)."""
         return np.greater(a, b)
 
-    def less_equal(self, a: Any, b: Any) -> np.ndarray:
+    def less_equal(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         """Boolean a <= b (ONNX: LessOrEqual)."""
         return np.less_equal(a, b)
 
-    def greater_equal(self, a: Any, b: Any) -> np.ndarray:
+    def greater_equal(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         """Boolean a >= b (ONNX: GreaterOrEqual)."""
         return np.greater_equal(a, b)
 
-    def logical_and(self, a: Any, b: Any) -> np.ndarray:
+    def logical_and(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         """ONNX: And."""
         return np.logical_and(a, b)
 
-    def logical_or(self, a: Any, b: Any) -> np.ndarray:
+    def logical_or(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         """ONNX: Or."""
         return np.logical_or(a, b)
 
-    def logical_not(self, a: Any) -> np.ndarray:
+    def logical_not(self, a: npt.ArrayLike) -> np.ndarray:
         """ONNX: Not."""
         return np.logical_not(a)
 
-    def power(self, a: Any, b: Any) -> np.ndarray:
+    def power(self, a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
         """a ** b (ONNX: Pow; not correctly rounded in general, like ``log``)."""
         return np.power(a, b)
 
-    def sqrt(self, x: Any) -> np.ndarray:
+    def sqrt(self, x: npt.ArrayLike) -> np.ndarray:
         """Correctly rounded square root (ONNX: Sqrt)."""
         return np.sqrt(x)
 
-    def abs(self, x: Any) -> np.ndarray:
+    def abs(self, x: npt.ArrayLike) -> np.ndarray:
         """ONNX: Abs."""
         return np.abs(x)
 
@@ -296,7 +297,7 @@ class NumpyOps:
         """A column as [N, 1] for broadcasting against a :meth:`row` (ONNX: already [N, 1])."""
         return np.asarray(x)[:, None]
 
-    def row(self, values: Any) -> np.ndarray:
+    def row(self, values: npt.ArrayLike) -> np.ndarray:
         """Constants as a [1, R] row (ONNX: a [1, R] DOUBLE initializer)."""
         return np.asarray(values, dtype=np.float64)[None, :]
 

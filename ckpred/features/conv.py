@@ -31,6 +31,7 @@ Four groups, each written once against the ``xp`` namespace so the ONNX converte
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from numbers import Real
 from typing import Any, ClassVar, Sequence
 
@@ -55,13 +56,24 @@ def implicit_gemm(cols: dict[str, Any], xp: Any) -> dict[str, Any]:
             "k": cols["c"] * cols["y"] * cols["x"], "g": cols["g"]}
 
 
-def tile_estimates(gemm: dict[str, Any], tm: Any, tn: Any, tk: Any, xp: Any, *, cus: int,
-                   peak_tflops: float, memory_bandwidth_gbs: float, bytes_per_element: int,
-                   c_bytes_per_element: int, iteration_latency_us: float,
-                   tile_latency_us: float) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TileConstants:
+    """The hardware and latency constants of :func:`tile_estimates` (see
+    :class:`ConvTileFeatures` for each)."""
+
+    cus: int
+    peak_tflops: float
+    memory_bandwidth_gbs: float
+    bytes_per_element: int
+    c_bytes_per_element: int
+    iteration_latency_us: float
+    tile_latency_us: float
+
+
+def tile_estimates(gemm: dict[str, Any], tile: tuple[Any, Any, Any], xp: Any, consts: TileConstants) -> dict[str, Any]:
     """Tile/wave quantisation and the analytical time (microseconds) of one block tile.
 
-    ``tm``, ``tn``, ``tk`` are columns or Python numbers (reference tiles). The estimate is
+    The ``tile``'s (tile_m, tile_n, tile_k) are columns or Python numbers (reference tiles). The estimate is
     ``max(compute, memory) + waves*tile_latency + iterations*iteration_latency``: compute is the
     busiest CU's padded MAC blocks at its share of peak; memory is the bytes that really move
     (A re-read once per column of tiles, B once per row of tiles, C written once) at full
@@ -69,6 +81,10 @@ def tile_estimates(gemm: dict[str, Any], tm: Any, tn: Any, tk: Any, xp: Any, *, 
     epilogue store, un-hidden load latency) and dominate launch-bound problems.
     """
     m, n, k, g = gemm["m"], gemm["n"], gemm["k"], gemm["g"]
+    tm, tn, tk = tile
+    cus, peak_tflops, memory_bandwidth_gbs = consts.cus, consts.peak_tflops, consts.memory_bandwidth_gbs
+    bytes_per_element, c_bytes_per_element = consts.bytes_per_element, consts.c_bytes_per_element
+    iteration_latency_us, tile_latency_us = consts.iteration_latency_us, consts.tile_latency_us
     tiles_m, tiles_n, tiles_k = ceil_div(m, tm, xp), ceil_div(n, tn, xp), ceil_div(k, tk, xp)
     output_tiles = g * tiles_m * tiles_n
     waves = xp.ceil(output_tiles / float(cus))
@@ -291,9 +307,9 @@ class ConvTileFeatures(_ConvHardware):
         ("iterations_vs_best", "iterations"), ("compute_vs_best", "compute_us"),
         ("memory_vs_best", "memory_us"), ("est_vs_best", "est_us"))
 
-    def estimate_constants(self) -> dict[str, Any]:
-        """The hardware and latency constants of the estimate, as :func:`tile_estimates` keywords."""
-        return dict(cus=self.cus, peak_tflops=float(self.peak_tflops),
+    def estimate_constants(self) -> TileConstants:
+        """The hardware and latency constants of the estimate, for :func:`tile_estimates`."""
+        return TileConstants(cus=self.cus, peak_tflops=float(self.peak_tflops),
                     memory_bandwidth_gbs=float(self.memory_bandwidth_gbs),
                     bytes_per_element=self.bytes_per_element, c_bytes_per_element=self.c_bytes_per_element,
                     iteration_latency_us=float(self.iteration_latency_us),
@@ -309,7 +325,7 @@ class ConvTileFeatures(_ConvHardware):
         gemm = implicit_gemm(cols, xp)
         tm, tn, tk = cols["tile_m"], cols["tile_n"], cols["tile_k"]
         consts = self.estimate_constants()
-        est = tile_estimates(gemm, tm, tn, tk, xp, **consts)
+        est = tile_estimates(gemm, (tm, tn, tk), xp, consts)
         m, n, k = gemm["m"], gemm["n"], gemm["k"]
         out = [est["tiles_m"], est["tiles_n"], est["tiles_k"], est["output_tiles"],
                last_tile_fill(m, tm, xp), last_tile_fill(n, tn, xp), last_tile_fill(k, tk, xp),
@@ -321,7 +337,7 @@ class ConvTileFeatures(_ConvHardware):
         tiles = TILES_2BYTE if self.reference_tiles is None else self.reference_tiles
         best: dict[str, Any] = {}
         for rm, rn, rk in tiles:
-            ref = tile_estimates(gemm, float(rm), float(rn), float(rk), xp, **consts)
+            ref = tile_estimates(gemm, (float(rm), float(rn), float(rk)), xp, consts)
             for _, key in self._RELATIVE:
                 best[key] = ref[key] if key not in best else xp.minimum(best[key], ref[key])
         # log2 of the ratio, not a difference of logs: the best tile's ratio is exactly 1 in both
@@ -397,7 +413,7 @@ iteration_latency_us, tile_latency_us, reference_tiles, input_names
         per_cu_bytes_per_us = float(self.memory_bandwidth_gbs) * 1e3 / float(self.cus)
 
         def times(tm: Any, tn: Any, tk: Any) -> tuple[Any, Any]:
-            est = tile_estimates(gemm, tm, tn, tk, xp, **consts)
+            est = tile_estimates(gemm, (tm, tn, tk), xp, consts)
             # The busiest CU loads its A and B tiles at its share of the bandwidth: on a grid
             # smaller than the chip this, not the chip-wide traffic, bounds the time.
             load = est["iterations"] * (tm + tn) * tk * float(self.bytes_per_element) / per_cu_bytes_per_us

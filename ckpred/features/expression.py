@@ -31,6 +31,8 @@ from __future__ import annotations
 import functools
 from typing import Any, ClassVar, Mapping, Sequence
 
+import numpy.typing as npt
+
 from ckpred.errors import ConfigValueError
 from ckpred.expressions import Expression, topological_order
 from ckpred.features.base import FeatureGroup
@@ -91,7 +93,7 @@ def _program(features: tuple[tuple[str, str], ...], terms: tuple[tuple[str, str]
     return _Program(features, terms, one_hot, key)
 
 
-def _items(mapping: Any, key: str) -> tuple[tuple[str, str], ...]:
+def _items(mapping: object, key: str) -> tuple[tuple[str, str | int | float], ...]:
     if mapping is None:
         return ()
     if not isinstance(mapping, Mapping):
@@ -163,7 +165,7 @@ class ExpressionFeatures(FeatureGroup):
                                    "a non-empty mapping of feature name -> expression (or one_hot fields)")
         return compile_features(self.features, self.terms, self.one_hot)
 
-    @property  # type: ignore[override]
+    @property
     def input_columns(self) -> tuple[str, ...]:  # type: ignore[override]
         """Fields the expressions and one-hot expansions read, in first-use order."""
         return self._program().input_columns
@@ -171,7 +173,7 @@ class ExpressionFeatures(FeatureGroup):
     def _categories(self) -> dict[str, list[str]]:
         return {str(k): [str(v) for v in values] for k, values in (self.categories or {}).items()}
 
-    def fit(self, X: Any, y: Any = None) -> "ExpressionFeatures":
+    def fit(self, X: npt.ArrayLike, y: object = None) -> "ExpressionFeatures":
         """Parse and check the expressions, then learn where the input columns are.
 
         Raises

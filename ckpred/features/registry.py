@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import functools
 import re
+from importlib import resources
 from typing import Any
 
 from ckpred.errors import ConfigValueError
+from ckpred.plugins import check_allowed, import_named
 
 #: ``kind`` of an inline expression group.
 EXPRESSIONS = "expressions"
@@ -51,8 +53,6 @@ def declared_groups() -> dict[str, dict[str, Any]]:
 
     Read once from ``conf/features/groups/*.yaml`` (package data of ``ckpred.conf``).
     """
-    from importlib import resources
-
     from omegaconf import OmegaConf
 
     folder = resources.files("ckpred.conf") / "features" / "groups"
@@ -79,8 +79,6 @@ def check_kind(key: str, kind: str) -> None:
     if kind in FEATURE_GROUPS or kind == EXPRESSIONS or kind in declared_groups():
         return
     if is_dotted(kind):
-        from ckpred.plugins import check_allowed
-
         check_allowed(kind, key, "a FeatureGroup subclass")  # refused here, at compose, without an import
         return
     raise ConfigValueError(key, kind, f"one of {known_kinds()} or 'package.module:Class' of a FeatureGroup")
@@ -92,9 +90,8 @@ def default_name(kind: str) -> str:
 
 
 def _import(path: str, key: str) -> type:
+    # lazy: ckpred.features.base imports scikit-learn (~1.5 s); the schema checks kinds without it
     from ckpred.features.base import FeatureGroup
-
-    from ckpred.plugins import import_named
 
     module_name = path.partition(":")[0]
     cls = import_named(path, key, "a FeatureGroup subclass")  # only an allowed module is imported

@@ -31,10 +31,12 @@ import numpy as np
 import pandas as pd
 
 from ckpred.errors import ConfigValueError, KernelNameError
-from ckpred.kernels.base import Field, OpDefinition
+from ckpred.expressions import Expression
+from ckpred.kernels.definition import ArchSpec, DtypeSpec, Field, LayoutSpec, OpDefinition, spec_name
 from ckpred.kernels.opschema import (PLUGIN_HOOKS, _get, field_kinds, load_plugin, parse_expression, template_kinds,
                                      vars_of)
 from ckpred.kernels.template import KernelTemplate
+from ckpred.schema import OpConfig, arch_config, arch_constants
 
 class CatalogueUnavailable(ValueError):
     """A declared op without a plug-in catalogue has not been bound to one (no training table yet)."""
@@ -54,8 +56,6 @@ def op_config(cfg: Any) -> Any:
     :class:`ckpred.schema.OpConfig`."""
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import MissingMandatoryValue
-
-    from ckpred.schema import OpConfig
 
     if isinstance(cfg, OpConfig):
         return cfg
@@ -137,18 +137,16 @@ class DeclaredOp(OpDefinition):
                 else np.asarray(values, dtype=np.float64)
         return out
 
-    def _evaluate(self, expr: Any, frame: pd.DataFrame, hw: Mapping[str, float] | None = None) -> np.ndarray:
-        from ckpred.features.base import NumpyOps
+    def _evaluate(self, expr: Expression, frame: pd.DataFrame, hw: Mapping[str, float] | None = None) -> np.ndarray:
+        from ckpred.features.base import NumpyOps  # lazy: it imports scikit-learn (~1.5 s), ingesting needs neither
 
         cols = self.columns(frame, sorted(expr.names))
         out = expr.evaluate(cols, hw or {}, NumpyOps(len(frame)), categories=self.categories)
         return np.asarray(out, dtype=np.float64)
 
     @staticmethod
-    def hardware(arch: Any) -> dict[str, float]:
+    def hardware(arch: ArchSpec | None) -> dict[str, float]:
         """``hw.<name>`` constants of ``arch``: an arch config, a packaged arch's name, or None (none)."""
-        from ckpred.schema import arch_config, arch_constants
-
         if arch is None:
             return {}
         return arch_constants(arch_config(arch) if isinstance(arch, str) else arch)
@@ -200,7 +198,7 @@ class DeclaredOp(OpDefinition):
         return "(" + ",".join(parts) + ")"
 
     # -- candidate space -----------------------------------------------------------------------
-    def catalogue_from_table(self, table: pd.DataFrame, *, dtype: Any = "", layout: Any = "") -> pd.DataFrame:
+    def catalogue_from_table(self, table: pd.DataFrame, *, dtype: DtypeSpec = "", layout: LayoutSpec = "") -> pd.DataFrame:
         """The distinct kernel configurations of ``table`` as a catalogue.
 
         Rows are sorted by kernel field values (categoricals by code, in the YAML's field
@@ -215,7 +213,7 @@ class DeclaredOp(OpDefinition):
         order = np.lexsort([self.field(n).encode(kernels[n].to_numpy()) if self.field(n).kind != "float"
                             else kernels[n].to_numpy(np.float64) for n in reversed(names)])
         frame = kernels.iloc[order].reset_index(drop=True)
-        dtype_name, layout_name = getattr(dtype, "name", dtype), getattr(layout, "name", layout)
+        dtype_name, layout_name = spec_name(dtype), spec_name(layout)
         frame.insert(0, "kernel_name", [self.format_name(r, dtype=dtype_name, layout=layout_name)
                                         for r in frame.to_dict("records")])
         frame.insert(0, "kernel_id", np.arange(len(frame), dtype=np.int64))
@@ -243,15 +241,15 @@ class DeclaredOp(OpDefinition):
         the op's candidate set from now on."""
         self._catalogue = catalogue.reset_index(drop=True)
 
-    def catalogue(self, arch: Any = None, dtype: Any = None, layout: Any = None) -> pd.DataFrame:
+    def catalogue(self, arch: ArchSpec | None = None, dtype: DtypeSpec | None = None, layout: LayoutSpec | None = None) -> pd.DataFrame:
         if self._catalogue is None:
             raise CatalogueUnavailable(
                 f"op {self.name!r} has no catalogue yet: it is the set of kernels of the training table "
                 f"(DeclaredOp.catalogue_from_table + bind_catalogue), or a plugin's catalogue()")
         return self._catalogue
 
-    def validity(self, problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any = None, dtype: Any = None,
-                 layout: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    def validity(self, problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: ArchSpec | None = None, dtype: DtypeSpec | None = None,
+                 layout: LayoutSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The rules, row by row; ``reason`` = the message of the first rule a row fails."""
         n = len(problems)
         reason = np.full(n, "", dtype=object)
@@ -261,7 +259,7 @@ class DeclaredOp(OpDefinition):
         problem_names = set(self.problem_names)
         frame = pd.DataFrame({c: (problems if c in problem_names else kernels)[c].to_numpy()
                               for c in self._kinds if c in (problems if c in problem_names else kernels)})
-        from ckpred.features.base import NumpyOps
+        from ckpred.features.base import NumpyOps  # lazy: it imports scikit-learn (~1.5 s), ingesting needs neither
 
         for expr, message in self.rules:
             if expr.hw_names and not hw:
@@ -290,7 +288,7 @@ class DeclaredOp(OpDefinition):
     def families(self) -> tuple[str, ...]:  # type: ignore[override]
         """Labels of :meth:`family`: the product of the breakdown fields' values (one label
         ``all`` without breakdowns)."""
-        labels = [()]
+        labels: list[tuple[str, ...]] = [()]
         for b in self.breakdowns:
             if b == "family":
                 values: tuple[str, ...] = tuple(self.config.family.labels)

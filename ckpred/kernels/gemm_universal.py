@@ -31,7 +31,7 @@ carry those as invalid rows with the run's reason.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -39,8 +39,9 @@ import pandas as pd
 from ckpred import dtypes
 from ckpred.errors import ConfigValueError
 from ckpred.schema import arch_value
-from ckpred.kernels.base import load_op, packaged_op_config
+from ckpred.kernels.base import ArchSpec, DtypeSpec, LayoutSpec, load_op, packaged_op_config
 from ckpred.kernels.declared import DeclaredOp
+from ckpred.kernels.definition import spec_name
 
 #: Category values of the op's YAML (their code order is the model input's).
 _KERNEL_FIELDS = packaged_op_config("gemm_universal")["kernel_fields"]
@@ -102,13 +103,13 @@ class GemmUniversal(DeclaredOp):
         parsed["name_form"] = form
         return parsed
 
-    def format_name(self, kernel: Mapping[str, Any], *, dtype: str, layout: str,
+    def format_name(self, kernel: Mapping[str, Any], *, dtype: str = "", layout: str = "",
                     form: str = "tile_engine") -> str:
         name = super().format_name(kernel, dtype=dtype, layout=layout)
         return PREFIXES[form] + name[len(PREFIXES["tile_engine"]):]
 
     # -- candidate space -----------------------------------------------------------------------
-    def tile_configs(self, arch: str, dtype: str, bytes_per_element: int) -> list[dict[str, int]]:
+    def tile_configs(self, arch: str, dtype: str, bytes_per_element: float) -> list[dict[str, int]]:
         """Tile/warp/warp-tile combinations that pass alignment and the LDS budget."""
         warp_tiles = WARP_TILES.get((arch, dtype))
         if warp_tiles is None:
@@ -130,10 +131,9 @@ class GemmUniversal(DeclaredOp):
                                     warp_tile_m=wtm, warp_tile_n=wtn, warp_tile_k=wtk))
         return configs
 
-    def catalogue(self, arch: Any, dtype: Any, layout: Any) -> pd.DataFrame:
+    def catalogue(self, arch: ArchSpec, dtype: DtypeSpec, layout: LayoutSpec) -> pd.DataFrame:
         arch_name = arch if isinstance(arch, str) else (arch_value(arch, "isa") or arch_value(arch, "name"))
-        dtype_name = getattr(dtype, "name", dtype)
-        layout_name = getattr(layout, "name", layout)
+        dtype_name, layout_name = spec_name(dtype), spec_name(layout)
         bytes_per_element = dtypes.bytes_per_element(dtype)
         rows = []
         for tile in self.tile_configs(arch_name, dtype_name, bytes_per_element):
@@ -146,8 +146,8 @@ class GemmUniversal(DeclaredOp):
         frame.insert(0, "kernel_id", np.arange(len(frame), dtype=np.int64))
         return frame
 
-    def validity(self, problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: Any = None,
-                 dtype: Any = None, layout: Any = "rcr") -> tuple[np.ndarray, np.ndarray]:
+    def validity(self, problems: pd.DataFrame, kernels: pd.DataFrame, *, arch: ArchSpec | None = None,
+                 dtype: DtypeSpec | None = None, layout: LayoutSpec | None = "rcr") -> tuple[np.ndarray, np.ndarray]:
         layout_name = getattr(layout, "name", layout)
         m, n, k = (problems[c].to_numpy(np.int64) for c in ("m", "n", "k"))
         split = problems["split_k"].to_numpy(np.int64) if "split_k" in problems else np.ones_like(m)
@@ -160,7 +160,7 @@ class GemmUniversal(DeclaredOp):
 
         mark((n <= 1) | (k <= 1) | (m < 1) | (split < 1),
              "degenerate problem (M<1, N<=1, K<=1 or split_k<1): no kernel supports it")
-        a, b, c = layout_name
+        a, b, c = cast("Sequence[str]", layout_name)  # the three majorness letters
         needs_k = (a == "r") or (b == "c")
         needs_m = (a == "c") or (c == "c")
         needs_n = (b == "r") or (c == "r")
@@ -174,6 +174,7 @@ class GemmUniversal(DeclaredOp):
         return reason == "", reason
 
     def gemm_view(self, problems: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return tuple(problems[c].to_numpy(np.int64) for c in ("m", "n", "k"))  # type: ignore[return-value]
+        m, n, k = (problems[c].to_numpy(np.int64) for c in ("m", "n", "k"))
+        return m, n, k
 
 OP = load_op("gemm_universal")

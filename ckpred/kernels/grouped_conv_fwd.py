@@ -35,14 +35,15 @@ quantisation dominates kernel choice for convs as it does for GEMMs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
 from ckpred.errors import ConfigValueError
-from ckpred.kernels.base import load_op, packaged_op_config
+from ckpred.kernels.base import ArchSpec, DtypeSpec, LayoutSpec, load_op, packaged_op_config
 from ckpred.kernels.declared import DeclaredOp
+from ckpred.kernels.definition import spec_name
 
 #: Pipeline category codes of the op's YAML (append only: codes are model inputs).
 PIPELINE_CODES: tuple[str, ...] = tuple(packaged_op_config("grouped_conv_fwd")["kernel_fields"]["pipeline"]["values"])
@@ -96,8 +97,8 @@ class GroupedConvFwd(DeclaredOp):
     """
 
     # -- candidate space -----------------------------------------------------------------------
-    def catalogue(self, arch: Any, dtype: Any, layout: Any) -> pd.DataFrame:
-        dtype_name = getattr(dtype, "name", dtype)
+    def catalogue(self, arch: ArchSpec, dtype: DtypeSpec, layout: LayoutSpec) -> pd.DataFrame:
+        dtype_name = spec_name(dtype)
         tiles = TILES.get(dtype_name)
         if tiles is None:
             raise ConfigValueError("dtype", dtype_name,
@@ -124,7 +125,7 @@ class GroupedConvFwd(DeclaredOp):
         return col("n") * ho * wo, col("k"), col("c") * col("y") * col("x")
 
 
-def _columns(problems: pd.DataFrame):  # noqa: ANN202 - small local accessor
+def _columns(problems: pd.DataFrame) -> Callable[[str], np.ndarray]:
     """Accessor of int64 problem columns; absent dilation columns default to 1."""
 
     def col(name: str) -> np.ndarray:

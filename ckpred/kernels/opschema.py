@@ -8,10 +8,14 @@ composed without importing the op machinery: every check raises
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
+from ckpred import expressions
 from ckpred.errors import ConfigValueError
 from ckpred.kernels.template import KernelTemplate, check_round_trip
+from ckpred.plugins import import_named
+from ckpred.util import to_float, to_int, truth
 
 #: Canonical-table columns an op field may not be named after.
 RESERVED_NAMES: tuple[str, ...] = ("hw", "kernel_name", "kernel_id", "tflops", "latency_ms", "is_valid",
@@ -145,8 +149,6 @@ def load_plugin(spec: str, key: str = "op.plugin") -> type:
     The module is imported only when it is allowed (:func:`ckpred.plugins.is_allowed`); any
     other name is refused before anything is imported.
     """
-    from ckpred.plugins import import_named
-
     module_name = str(spec).partition(":")[0]
     obj = import_named(spec, key, "a DeclaredOp subclass")
     if not (isinstance(obj, type) and getattr(obj, DECLARED_MARK, False)):
@@ -155,13 +157,12 @@ def load_plugin(spec: str, key: str = "op.plugin") -> type:
     return obj
 
 
-def parse_expression(text: Any, key: str, fields: Sequence[str], kinds: Mapping[str, tuple[str, tuple[str, ...]]],
+def parse_expression(text: object, key: str, fields: Sequence[str], kinds: Mapping[str, tuple[str, tuple[str, ...]]],
                      *, hw: bool, condition: bool = False) -> Any:
     """Parse ``text`` and check it: its names (``fields``, + ``hw.<constant>`` when ``hw``), its
     constant parts (finite numbers, no division by zero) and its types, by evaluating it once
     (``condition``: as a rule's condition), so an expression no table can evaluate is refused
     here rather than skipped at ingest."""
-    from ckpred import expressions
     from ckpred.schema import arch_constant_names
 
     categories = {n: v for n, (k, v) in kinds.items() if k == "categorical"}
@@ -252,7 +253,6 @@ INPUT_EXTRAS: tuple[str, ...] = ("kernel_name", "arch", "dtype", "layout")
 
 
 def _check_input(cfg: Any) -> None:
-    from ckpred import expressions
     from ckpred.schema import check
 
     spec = _get(cfg, "input")
@@ -307,10 +307,8 @@ def _check_input_targets(cfg: Any, columns: Mapping[str, Any], exprs: Mapping[st
                   f"is categorical with values {list(values)}")
 
 
-def _of_kind(value: Any, kind: str, values: Sequence[str]) -> bool:
+def _of_kind(value: object, kind: str, values: Sequence[str]) -> bool:
     """Whether a constant ``{value: ...}`` types as a field of ``kind`` as the reader types it."""
-    from ckpred.util import to_float, to_int, truth
-
     if kind == "int":
         return to_int(value) is not None
     if kind == "float":
@@ -329,9 +327,7 @@ def _is_number_text(text: str) -> bool:
     return True
 
 
-def _finite_number(value: Any) -> bool:
-    import math
-
+def _finite_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -23,6 +23,7 @@ A (train on the training table, test on the benchmark), B (CV on the benchmark).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,8 +181,8 @@ def occupancy_columns(X: np.ndarray, codes: np.ndarray, ctx: Context) -> np.ndar
     out = []
     for blocks in (2, 4):
         slots = tile.cus * blocks
-        est = tile_estimates(gemm, X[:, at["tile_m"]], X[:, at["tile_n"]], X[:, at["tile_k"]], NumpyOps(len(X)),
-                             **{**tile.estimate_constants(), "cus": slots})
+        est = tile_estimates(gemm, (X[:, at["tile_m"]], X[:, at["tile_n"]], X[:, at["tile_k"]]), NumpyOps(len(X)),
+                             dataclasses.replace(tile.estimate_constants(), cus=slots))
         out += [est["waves"], est["output_tiles"] / (est["waves"] * slots), np.log2(est["iterations"]),
                 _minus_query_min(np.log2(est["est_us"]), codes)]
     return np.column_stack(out)
@@ -346,7 +347,7 @@ def tile_context_columns(X: np.ndarray, codes: np.ndarray, ctx: Context) -> np.n
     gemm = _gemm_view(X, at)
     estimates, waves, efficiency = [], [], []
     for rm, rn, rk in TILES_2BYTE:
-        est = tile_estimates(gemm, float(rm), float(rn), float(rk), NumpyOps(len(X)), **tile.estimate_constants())
+        est = tile_estimates(gemm, (float(rm), float(rn), float(rk)), NumpyOps(len(X)), tile.estimate_constants())
         estimates.append(np.log2(est["est_us"]))
         waves.append(np.log2(est["waves"]))
         efficiency.append(est["output_tiles"] / (est["waves"] * tile.cus))

@@ -34,13 +34,14 @@ class _Marks:
         self.reason, self.texts = reason, texts
         self.free = reason == 0
 
-    def mark(self, mask: np.ndarray, text: str | Callable[[int], str]) -> None:
+    def mark(self, mask: np.ndarray, text: str | Callable[..., str]) -> None:
         """Give the rows of ``mask`` that have no reason yet ``text`` (or ``text(row)``)."""
         hit = np.flatnonzero(mask & self.free)
-        if len(hit) and not callable(text):
+        if callable(text):
+            for i in hit.tolist():
+                self.reason[i] = self.texts.code(text(i))
+        elif len(hit):
             self.reason[hit] = self.texts.code(text)
-        for i in hit.tolist() if callable(text) else ():
-            self.reason[i] = self.texts.code(text(i))
         self.free[hit] = False
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from rich.console import Console
+from rich.table import Table
 
 @dataclass
 class IngestSummary:
@@ -63,11 +65,8 @@ class IngestResult:
 
 
 def print_summary(summary: IngestSummary, *, out: Path | None = None, rejects: Path | None = None,
-                  console: Any = None) -> None:
+                  console: Console | None = None) -> None:
     """Print the summary as a rich table (rows read, valid, invalid and rejected by reason)."""
-    from rich.console import Console
-    from rich.table import Table
-
     console = console or Console()
     table = Table(title=f"ckpred ingest: {len(summary.files)} file(s)", show_header=True)
     table.add_column("what")

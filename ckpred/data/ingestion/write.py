@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from types import TracebackType
 from typing import IO, Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from ckpred.data.ingestion.rows import CARRIER_COLUMNS, Texts, array_of, set_column, source_texts
 from ckpred.data.partitions import DATASET_DIR, describe_part, write_manifest
@@ -110,11 +112,9 @@ class TableWriter:
         """A Parquet writer of the canonical table: text columns that arrive dictionary-encoded
         are written as the plain text columns they stand for (no arrow schema is stored, so they
         read back as ``string``); the table's metadata is added at :meth:`_close`."""
-        import pyarrow.parquet as pq
-
         return pq.ParquetWriter(path, schema, store_schema=False, **self.options)
 
-    def _close(self, writer: Any) -> None:
+    def _close(self, writer: pq.ParquetWriter) -> None:
         writer.add_key_value_metadata(self.schema.metadata)
         writer.close()
 
@@ -137,7 +137,7 @@ class TableWriter:
         """Leave ``out`` as it was (nothing usable was read)."""
         self.discarded = True
 
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self.single:  # an input without rows still leaves a table with the schema
             self._close(self.writer or self._writer(self.tmp, self.schema))
         if kind is None and self.discarded:

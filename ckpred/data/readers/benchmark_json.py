@@ -47,86 +47,110 @@ RAW_LIMIT = 2000
 
 def read(path: Path, ctx: ReadContext) -> FileRead:
     """Read one benchmark JSON file; see the module docstring. Never raises on content."""
-    text = path.read_bytes().decode("utf-8", "replace")
-    newlines = _newlines(text)
-
-    def line_of(pos: int) -> int:
-        return bisect.bisect_left(newlines, pos) + 1
-
-    decoder = json.JSONDecoder()
-    metadata: dict[str, Any] | None = None
-    problem_sizes: set[tuple[int, ...]] | None = None
-    size_keys: tuple[str, ...] = ()
-    configs: dict[str, dict[str, Any]] = {}
-    benchmarks: list[tuple[int, dict[str, Any], str]] = []
-    rejects: list[Reject] = []
-    top_level = True
-    problem_keys = set(ctx.op.problem_names)
-    deep: set[int] = set()
-    pos = 0
-    while True:
-        start = text.find("{", pos)
-        if start < 0:
-            break
-        try:
-            obj, end = decoder.raw_decode(text, start)
-        except json.JSONDecodeError as exc:
-            # Report only the innermost damaged object: its error lies before any nested '{'.
-            if "{" not in text[start + 1:exc.pos]:
-                eol = text.find("\n", start)
-                stop = max(exc.pos + 1, len(text) if eol < 0 else eol)
-                rejects.append(Reject(f"{ctx.label}:{line_of(start)}", f"malformed JSON: {exc.msg} "
-                                      f"(line {line_of(exc.pos)})", text[start:min(stop, start + RAW_LIMIT)]))
-            pos, top_level = start + 1, False
+    scan = _Scan(path.read_bytes().decode("utf-8", "replace"), ctx)
+    scan.run()
+    file_reject = _metadata_reject(scan.metadata, ctx)
+    rows = RowBuffer(ctx.op.problem_names)
+    for lineno, obj, raw in scan.benchmarks:
+        if file_reject:
+            scan.rejects.append(Reject(f"{ctx.label}:{lineno}", file_reject, raw))
             continue
-        except RecursionError:
-            # Every object around a too-deep block fails the same way: report the block once,
-            # at the line where the nesting gets too deep.
-            where = _too_deep_at(text, start)
-            if line_of(where) not in deep:
-                deep.add(line_of(where))
-                rejects.append(Reject(f"{ctx.label}:{line_of(where)}", "malformed JSON: nested too deeply",
-                                      text[where:where + RAW_LIMIT]))
-            pos, top_level = start + 1, False
-            continue
-        if top_level:
-            top_level = False
-            if isinstance(obj.get("metadata"), dict):
-                metadata = obj["metadata"]
-            problem_sizes, size_keys = _problem_sizes(obj.get("problem_sizes"), ctx)
+        _read_benchmark(lineno, obj, raw, ctx, scan, rows)
+    # damaged objects count as found: they are in the rejects, not lost
+    damaged = sum(r.reason.startswith("malformed JSON") for r in scan.rejects)
+    return FileRead(rows, scan.rejects, declared_records=_declared(scan.metadata),
+                    found_records=len(scan.benchmarks) + damaged)
+
+
+class _Scan:
+    """One scan of a file's text for objects: what it found (metadata, problem sizes, kernel
+    configs, benchmarks with their line and text) and the rejects of damaged or unknown ones."""
+
+    def __init__(self, text: str, ctx: ReadContext) -> None:
+        self.text, self.label = text, ctx.label
+        self.ctx = ctx
+        self.newlines = _newlines(text)
+        self.metadata: dict[str, Any] | None = None
+        self.problem_sizes: set[tuple[int, ...]] | None = None
+        self.size_keys: tuple[str, ...] = ()
+        self.configs: dict[str, dict[str, Any]] = {}
+        self.benchmarks: list[tuple[int, dict[str, Any], str]] = []
+        self.rejects: list[Reject] = []
+        self.problem_keys = set(ctx.op.problem_names)
+        #: Lines already reported as nested too deeply.
+        self.deep: set[int] = set()
+
+    def line_of(self, pos: int) -> int:
+        return bisect.bisect_left(self.newlines, pos) + 1
+
+    def run(self) -> None:
+        """Decode every ``{`` of the text (see the module docstring)."""
+        text = self.text
+        decoder = json.JSONDecoder()
+        top_level = True
+        pos = 0
+        while True:
+            start = text.find("{", pos)
+            if start < 0:
+                break
+            try:
+                obj, end = decoder.raw_decode(text, start)
+            except json.JSONDecodeError as exc:
+                self.damaged(start, exc)
+                pos, top_level = start + 1, False
+                continue
+            except RecursionError:
+                self.too_deep(start)
+                pos, top_level = start + 1, False
+                continue
+            if top_level:
+                top_level = False
+                if isinstance(obj.get("metadata"), dict):
+                    self.metadata = obj["metadata"]
+                self.problem_sizes, self.size_keys = _problem_sizes(obj.get("problem_sizes"), self.ctx)
+            pos = self.take(obj, start, end)
+
+    def damaged(self, start: int, exc: json.JSONDecodeError) -> None:
+        """Reject the object at ``start`` that does not decode, if it is the innermost damaged
+        one (its error lies before any nested '{')."""
+        text, line_of = self.text, self.line_of
+        if "{" not in text[start + 1:exc.pos]:
+            eol = text.find("\n", start)
+            stop = max(exc.pos + 1, len(text) if eol < 0 else eol)
+            self.rejects.append(Reject(f"{self.label}:{line_of(start)}", f"malformed JSON: {exc.msg} "
+                                       f"(line {line_of(exc.pos)})", text[start:min(stop, start + RAW_LIMIT)]))
+
+    def too_deep(self, start: int) -> None:
+        """Reject a block nested too deeply, once: every object around it fails the same way, so
+        it is reported at the line where the nesting gets too deep."""
+        where = _too_deep_at(self.text, start)
+        if self.line_of(where) not in self.deep:
+            self.deep.add(self.line_of(where))
+            self.rejects.append(Reject(f"{self.label}:{self.line_of(where)}", "malformed JSON: nested too deeply",
+                                       self.text[where:where + RAW_LIMIT]))
+
+    def take(self, obj: dict[str, Any], start: int, end: int) -> int:
+        """File the object decoded at ``start:end`` by its keys; the position to scan on from."""
         keys = obj.keys()
         if "kernel_name" in keys or "avg_time_ms" in keys:
-            benchmarks.append((line_of(start), obj, text[start:end]))
-            pos = end
-            continue
+            self.benchmarks.append((self.line_of(start), obj, self.text[start:end]))
+            return end
         if any(isinstance(v, (dict, list)) for v in obj.values()):
-            pos = start + 1  # a container (document, result entry): its leaves are read one by one
-            continue
-        pos = end
+            return start + 1  # a container (document, result entry): its leaves are read one by one
         if not keys:
-            continue
+            return end
         if not _BENCHMARK_KEYS.isdisjoint(keys):
-            benchmarks.append((line_of(start), obj, text[start:end]))
+            self.benchmarks.append((self.line_of(start), obj, self.text[start:end]))
         elif "tile_m" in keys or ("name" in keys and "pipeline" in keys):
             if isinstance(obj.get("name"), str):
-                configs[obj["name"]] = obj
+                self.configs[obj["name"]] = obj
         elif not _METADATA_KEYS.isdisjoint(keys):
-            metadata = metadata if metadata is not None else obj
-        elif not keys <= problem_keys:
-            rejects.append(Reject(f"{ctx.label}:{line_of(start)}", "unrecognised JSON object: neither a "
-                                  "benchmark, kernel_config, metadata nor problem size", text[start:end][:RAW_LIMIT]))
-
-    file_reject = _metadata_reject(metadata, ctx)
-    rows = RowBuffer(ctx.op.problem_names)
-    for lineno, obj, raw in benchmarks:
-        source = f"{ctx.label}:{lineno}"
-        if file_reject:
-            rejects.append(Reject(source, file_reject, raw))
-            continue
-        _read_benchmark(lineno, source, obj, raw, ctx, configs, problem_sizes, size_keys, rows, rejects)
-    # damaged objects count as found: they are in the rejects, not lost
-    damaged = sum(r.reason.startswith("malformed JSON") for r in rejects)
-    return FileRead(rows, rejects, declared_records=_declared(metadata), found_records=len(benchmarks) + damaged)
+            self.metadata = self.metadata if self.metadata is not None else obj
+        elif not keys <= self.problem_keys:
+            self.rejects.append(Reject(f"{self.label}:{self.line_of(start)}", "unrecognised JSON object: neither a "
+                                       "benchmark, kernel_config, metadata nor problem size",
+                                       self.text[start:end][:RAW_LIMIT]))
+        return end
 
 
 def _declared(metadata: dict[str, Any] | None) -> int | None:
@@ -166,19 +190,20 @@ def _newlines(text: str) -> list[int]:
     return out
 
 
-def _problem_sizes(value: Any, ctx: ReadContext) -> tuple[set[tuple[int, ...]] | None, tuple[str, ...]]:
+def _problem_sizes(value: object, ctx: ReadContext) -> tuple[set[tuple[int, ...]] | None, tuple[str, ...]]:
     """The set of problems an intact ``problem_sizes`` list declares (``None`` if unusable)."""
     if not isinstance(value, list) or not value or not all(isinstance(v, dict) for v in value):
         return None, ()
     keys = tuple(f.name for f in ctx.op.problem_fields if f.name in value[0])
     if not keys:
         return None, ()
-    sizes = set()
+    sizes: set[tuple[int, ...]] = set()
     for entry in value:
-        row = tuple(to_int(entry.get(k)) for k in keys)
-        if any(v is None for v in row):
+        row = [to_int(entry.get(k)) for k in keys]
+        ints = [v for v in row if v is not None]
+        if len(ints) < len(row):
             return None, ()
-        sizes.add(row)  # type: ignore[arg-type]
+        sizes.add(tuple(ints))
     return sizes, keys
 
 
@@ -198,7 +223,7 @@ def _metadata_reject(metadata: dict[str, Any] | None, ctx: ReadContext) -> str:
     return ""
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     if isinstance(b, bool):
         return a is b or (isinstance(a, str) and a.lower() == str(b).lower())
     if isinstance(b, int):
@@ -206,9 +231,12 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _read_benchmark(lineno: int, source: str, obj: dict[str, Any], raw: str, ctx: ReadContext,
-                    configs: dict[str, dict[str, Any]], problem_sizes: set[tuple[int, ...]] | None,
-                    size_keys: tuple[str, ...], rows: RowBuffer, rejects: list[Reject]) -> None:
+def _read_benchmark(lineno: int, obj: dict[str, Any], raw: str, ctx: ReadContext, scan: _Scan,
+                    rows: RowBuffer) -> None:
+    """Add the benchmark ``obj`` (at line ``lineno``, text ``raw``) to ``rows`` with its reason,
+    or reject it (its kernel name or a problem field unusable)."""
+    source, rejects = f"{ctx.label}:{lineno}", scan.rejects
+    configs, problem_sizes, size_keys = scan.configs, scan.problem_sizes, scan.size_keys
     name = obj.get("kernel_name", obj.get("name"))
     code = ctx.resolver.resolve(name)
     if isinstance(code, str):
@@ -239,13 +267,13 @@ def _read_benchmark(lineno: int, source: str, obj: dict[str, Any], raw: str, ctx
     elif not valid:
         error = obj.get("error") or "is_valid false, no error text"
         reason = reason or f"kernel failed: {error}"
-    values = []
+    values: list[float] = []
     for key in ("tflops", "avg_time_ms"):
-        value = to_float(obj.get(key))
-        if value is None:
+        number = to_float(obj.get(key))
+        if number is None:
             reason = reason or (f"non-numeric value: {key}={obj[key]!r}" if key in obj else f"missing value: {key}")
-            value = math.nan
-        values.append(value)
+            number = math.nan
+        values.append(number)
 
     config = configs.get(name)  # type: ignore[arg-type]
     if config is not None and not reason:
@@ -255,8 +283,8 @@ def _read_benchmark(lineno: int, source: str, obj: dict[str, Any], raw: str, ctx
             reason = f"kernel_config mismatch: kernel_config vs kernel name: {', '.join(wrong)}"
     if problem_sizes is not None and not reason:
         names = ctx.op.problem_names
-        key = tuple(problem[names.index(k)] for k in size_keys)
-        if key not in problem_sizes:
-            shown = " ".join(f"{k}={v}" for k, v in zip(size_keys, key))
+        size = tuple(problem[names.index(k)] for k in size_keys)
+        if size not in problem_sizes:
+            shown = " ".join(f"{k}={v}" for k, v in zip(size_keys, size))
             reason = f"shape mismatch: problem {shown} is not in the file's problem_sizes"
     rows.add(lineno, code, problem, values[0], values[1], math.nan, reason)

@@ -18,9 +18,12 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+# the module, not its names: ckpred.data.mapping imports the readers package, which imports this module
+from ckpred.data import mapping as input_mapping
 from ckpred.data.readers.common import FileRead, ReadContext, Reject, RowBuffer, to_int
 from ckpred.data.table import canonical_columns
 from ckpred.errors import InputFileError
+from ckpred.kernels.base import OpDefinition
 
 NAME = "parquet"
 
@@ -34,6 +37,31 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
         When the file is not readable parquet or lacks canonical columns of the op.
     """
     op = ctx.op
+    columns = _columns(path, op)
+    n = len(columns["kernel_name"])
+    # Vectorised per column; Python loops run only over rejected or invalid rows.
+    reason = np.full(n, "", dtype=object)
+    mapping = input_mapping.InputMapping.of_op(op)
+    mapped = dict(mapping.columns) if mapping is not None else {}
+    per_row = [h for h in input_mapping.ROW_HEADERS if h in mapped and h not in op.problem_names and h in columns]
+    _mark_combos(reason, columns, per_row, ctx)
+    codes = _kernel_codes(reason, columns, ctx)
+    typed: dict[str, np.ndarray] = {}
+    if per_row or any(f.kind not in ("int", "bool") for f in op.problem_fields):
+        typed = _typed_fields(reason, columns, per_row, op)
+    problem = [] if typed else _int_problem(reason, columns, op)
+    keep = reason == ""
+    rejects = [Reject(f"{ctx.label}:row {i + 1}", reason[i], _row_text(columns, int(i)))
+               for i in np.flatnonzero(~keep)]
+    if typed:  # an op with text or float problem fields, or per-row headers: rows as a frame
+        return FileRead(RowBuffer(op.problem_names), rejects, frame=_frame(columns, np.flatnonzero(keep), codes,
+                                                                           typed, per_row, ctx))
+    return FileRead(_rows(columns, np.flatnonzero(keep), codes, problem, ctx), rejects)
+
+
+def _columns(path: Path, op: OpDefinition) -> dict[str, np.ndarray]:
+    """Every column of the table at ``path`` as an array; refuses a file that is not readable
+    Parquet or lacks a canonical column ``op`` needs."""
     try:
         frame = pq.read_table(path).to_pandas()
         # Materialise every column now: a damaged string column (invalid UTF-8) fails only here.
@@ -47,63 +75,80 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
     if missing:
         raise InputFileError(str(path), f"not a canonical ckpred table for op {op.name!r}: missing columns "
                                         f"{missing}; a canonical table has {canonical_columns(op)}")
-    n = len(frame)
-    # Vectorised per column; Python loops run only over rejected or invalid rows.
-    reason = np.full(n, "", dtype=object)
+    return columns
 
-    def mark(bad: np.ndarray, text: Callable[[int], str]) -> None:
-        for i in np.flatnonzero(bad & (reason == "")):
-            reason[i] = text(int(i))
 
-    from ckpred.data.mapping import ROW_HEADERS, InputMapping, _typed
+def _mark(reason: np.ndarray, bad: np.ndarray, text: Callable[..., str]) -> None:
+    """Give each ``bad`` row without a reason yet the reason ``text(row)``."""
+    for i in np.flatnonzero(bad & (reason == "")):
+        reason[i] = text(int(i))
 
-    mapping = InputMapping.of_op(op)
-    mapped = dict(mapping.columns) if mapping is not None else {}
-    per_row = [h for h in ROW_HEADERS if h in mapped and h not in op.problem_names and h in columns]
+
+def _mark_combos(reason: np.ndarray, columns: dict[str, np.ndarray], per_row: list[str], ctx: ReadContext) -> None:
+    """Mark the rows of another op, arch, dtype or layout than the config (unless the op makes
+    the column a problem field or a per-row header)."""
+    op = ctx.op
     for key, expected in (("op", op.name), ("arch", ctx.arch), ("dtype", ctx.dtype), ("layout", ctx.layout)):
         if key in op.problem_names or key in per_row:
             continue  # the row's own value
         column = columns[key]
-        mark(np.asarray(column != expected, dtype=bool),
-             lambda i, key=key, column=column, expected=expected:
-             f"{key} mismatch: table row says {key}={column[i]}, config has {key}={expected}")
+        _mark(reason, np.asarray(column != expected, dtype=bool),
+              lambda i, key=key, column=column, expected=expected:
+              f"{key} mismatch: table row says {key}={column[i]}, config has {key}={expected}")
+
+
+def _kernel_codes(reason: np.ndarray, columns: dict[str, np.ndarray], ctx: ReadContext) -> np.ndarray:
+    """Each row's kernel code (-1 and a marked reason where the name does not resolve)."""
     names = columns["kernel_name"]
     name_codes, uniques = pd.factorize(pd.Series(names, dtype=object))
     resolved = [ctx.resolver.resolve(u) for u in uniques]
     code_of = np.array([c if isinstance(c, int) else -1 for c in resolved] + [-1], dtype=np.int64)
     codes = code_of[name_codes]  # factorize marks a missing name -1, which indexes the trailing -1
-    mark(codes < 0, lambda i: resolved[name_codes[i]] if name_codes[i] >= 0  # type: ignore[return-value]
-         else f"missing kernel name: got {names[i]!r}")
+    _mark(reason, codes < 0, lambda i: str(resolved[name_codes[i]]) if name_codes[i] >= 0
+          else f"missing kernel name: got {names[i]!r}")
+    return codes
+
+
+def _typed_fields(reason: np.ndarray, columns: dict[str, np.ndarray], per_row: list[str],
+                  op: OpDefinition) -> dict[str, np.ndarray]:
+    """The problem fields converted to their kinds (rows with a bad value marked) and the
+    per-row headers, for an op with text or float fields or per-row headers."""
+    n = len(reason)
     typed: dict[str, np.ndarray] = {}
-    if per_row or any(f.kind not in ("int", "bool") for f in op.problem_fields):
-        for f in op.problem_fields:
-            values = pd.Series(columns[f.name] if f.name in columns else [f.default] * n, dtype=object)
-            out, ok, allowed = _typed(f, values)
-            mark(~ok, lambda i, f=f, values=values, allowed=allowed:
-                 f"bad problem field: {f.name}={values.iloc[i]!r} is not {allowed}")
-            typed[f.name] = out
-        for h in per_row:
-            typed[h] = np.asarray(columns[h], dtype=object)
+    for f in op.problem_fields:
+        values = pd.Series(columns[f.name] if f.name in columns else [f.default] * n, dtype=object)
+        out, ok, allowed = input_mapping._typed(f, values)
+        _mark(reason, ~ok, lambda i, f=f, values=values, allowed=allowed:
+              f"bad problem field: {f.name}={values.iloc[i]!r} is not {allowed}")
+        typed[f.name] = out
+    for h in per_row:
+        typed[h] = np.asarray(columns[h], dtype=object)
+    return typed
+
+
+def _int_problem(reason: np.ndarray, columns: dict[str, np.ndarray], op: OpDefinition) -> list[np.ndarray]:
+    """The integer problem fields (a missing optional one at its default; rows with a value
+    that is not an integer marked)."""
+    n = len(reason)
     problem = []
-    for f in op.problem_fields if not typed else ():
+    for f in op.problem_fields:
         if f.name not in columns:
             problem.append(np.full(n, int(f.default), dtype=np.int64))
             continue
         ints, ok = _ints(columns[f.name])
-        mark(~ok, lambda i, name=f.name, column=columns[f.name]:
-             f"bad problem field: {name}={column[i]!r} is not an integer")
+        _mark(reason, ~ok, lambda i, name=f.name, column=columns[f.name]:
+              f"bad problem field: {name}={column[i]!r} is not an integer")
         problem.append(ints)
-    keep = reason == ""
-    rejects = [Reject(f"{ctx.label}:row {i + 1}", reason[i], _row_text(columns, int(i)))
-               for i in np.flatnonzero(~keep)]
-    if typed:  # an op with text or float problem fields, or per-row headers: rows as a frame
-        return FileRead(RowBuffer(op.problem_names), rejects, frame=_frame(columns, np.flatnonzero(keep), codes,
-                                                                           typed, per_row, ctx))
+    return problem
 
-    idx = np.flatnonzero(keep)
+
+def _rows(columns: dict[str, np.ndarray], idx: np.ndarray, codes: np.ndarray, problem: list[np.ndarray],
+          ctx: ReadContext) -> RowBuffer:
+    """The kept rows ``idx`` of an op with integer problem fields, as a row buffer."""
+    n = len(codes)
     # The table was checked when it was made, against the precision of its source (a log's
     # latency is quantised to 10 us): TFLOPS vs latency is not re-judged at full precision.
-    rows = RowBuffer(op.problem_names, quantum_ms=math.inf, quantum_tflops=math.inf)
+    rows = RowBuffer(ctx.op.problem_names, quantum_ms=math.inf, quantum_tflops=math.inf)
     rows.line = _array("q", idx + 1)
     rows.kernel = _array("q", codes[idx])
     rows.problem = [_array("q", values[idx]) for values in problem]
@@ -121,7 +166,7 @@ def read(path: Path, ctx: ReadContext) -> FileRead:
     valid = np.asarray(columns["is_valid"]).astype(bool)[idx]
     texts = _strings(columns.get("invalid_reason"), idx, np.full(len(idx), "invalid in source table", dtype=object))
     rows.reasons = {int(j): texts[j] for j in np.flatnonzero(~valid)}
-    return FileRead(rows, rejects)
+    return rows
 
 
 def _frame(columns: dict[str, np.ndarray], idx: np.ndarray, codes: np.ndarray, typed: dict[str, np.ndarray],

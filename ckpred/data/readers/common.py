@@ -19,18 +19,21 @@ import gzip
 import io
 import mmap
 import os
+import re
 import stat
 from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib import resources
 from itertools import repeat
 from operator import is_
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator, Sequence
+from typing import IO, Any, Iterable, Iterator, Sequence, TypeAlias, cast
 
 import numpy as np
 import pandas as pd
 
+from ckpred import expressions
 from ckpred.errors import KernelNameError
 from ckpred.kernels.base import OpDefinition
 # the value conversions the readers use live with the other helpers every stage uses (an op's
@@ -87,7 +90,7 @@ class KernelResolver:
         #: (key, the config's value) of the name parts checked against the config.
         self._config_checks = tuple((k, v) for k, v in (("dtype", dtype), ("layout", layout)) if v is not None)
 
-    def resolve(self, name: Any) -> int | str:
+    def resolve(self, name: object) -> int | str:
         """The kernel code (``int >= 0``) of ``name``, or a reject reason (``str``)."""
         if not isinstance(name, str):
             return f"missing kernel name: got {name!r}"
@@ -227,8 +230,6 @@ def _kernel_rules(op: OpDefinition) -> list[tuple[Any, str]]:
     config = getattr(op, "config", None)
     kernel_names = set(op.kernel_names)
     for i, rule in enumerate(getattr(config, "rules", None) or []):
-        from ckpred import expressions
-
         expr = expressions.parse(rule.expr, key=f"op.rules[{i}].expr")
         if expr.names and expr.names <= kernel_names and not expr.hw_names:
             rules.append((expr, str(rule.message)))
@@ -283,6 +284,7 @@ def kernel_rule_columns(op: OpDefinition, columns: dict[str, Sequence[Any]], cou
             raw[missing] = raw[~missing][0] if (~missing).any() else 0
         values[f.name] = (f.encode(raw).astype(np.float64) if f.kind in ("category", "bool")
                           else np.asarray(raw, dtype=np.float64))
+    # lazy: ckpred.features.base imports scikit-learn (~1.5 s), which reading files does not need otherwise
     from ckpred.features.base import NumpyOps
 
     out = np.full(count, "", dtype=object)
@@ -310,6 +312,11 @@ def _faultless_columns(columns: Iterable[Sequence[Any]]) -> bool:
     return True
 
 
+#: A column of a :class:`RowBuffer`: an array grown row by row, or a numpy array set whole.
+IntColumn: TypeAlias = "array[int] | np.ndarray"
+FloatColumn: TypeAlias = "array[float] | np.ndarray"
+
+
 class RowBuffer:
     """Column buffers of the rows read from one file.
 
@@ -326,19 +333,21 @@ class RowBuffer:
                  quantum_tflops: float = 0.0) -> None:
         self.problem_names = problem_names
         self.quantum_ms, self.quantum_tflops = quantum_ms, quantum_tflops
-        self.line = array("q")
-        self.kernel = array("q")
-        self.problem = [array("q") for _ in problem_names]
-        self.tflops = array("d")
-        self.latency = array("d")
-        self.bandwidth = array("d")
+        # arrays while rows are added one by one; numpy arrays when a vectorised reader sets a
+        # column whole (or :meth:`merged` concatenates them)
+        self.line: IntColumn = array("q")
+        self.kernel: IntColumn = array("q")
+        self.problem: list[IntColumn] = [array("q") for _ in problem_names]
+        self.tflops: FloatColumn = array("d")
+        self.latency: FloatColumn = array("d")
+        self.bandwidth: FloatColumn = array("d")
         #: Invalid reasons known at read time, by row index (most rows have none).
         self.reasons: dict[int, str] = {}
         #: Optional per-row source labels overriding ``file:line`` (canonical parquet input).
         self.sources: list[str] | None = None
         self.run_ids: list[str] | None = None
-        self.repeats: array | None = None
-        self.spreads: array | None = None
+        self.repeats: IntColumn | None = None
+        self.spreads: FloatColumn | None = None
 
     def __len__(self) -> int:
         return len(self.line)
@@ -374,16 +383,17 @@ class RowBuffer:
 
     def add(self, line: int, kernel: int, problem: tuple[int, ...] | list[int], tflops: float,
             latency: float, bandwidth: float, reason: str = "") -> None:
-        """Append one row; ``reason`` marks it invalid already."""
+        """Append one row; ``reason`` marks it invalid already (rows are added to a buffer
+        whose columns are still arrays, hence the ignores)."""
         if reason:
             self.reasons[len(self.line)] = reason
-        self.line.append(line)
-        self.kernel.append(kernel)
+        self.line.append(line)  # type: ignore[union-attr]
+        self.kernel.append(kernel)  # type: ignore[union-attr]
         for column, value in zip(self.problem, problem):
-            column.append(value)
-        self.tflops.append(tflops)
-        self.latency.append(latency)
-        self.bandwidth.append(bandwidth)
+            column.append(value)  # type: ignore[union-attr]
+        self.tflops.append(tflops)  # type: ignore[union-attr]
+        self.latency.append(latency)  # type: ignore[union-attr]
+        self.bandwidth.append(bandwidth)  # type: ignore[union-attr]
 
 
 def sorted_rejects(rejects: list[Reject]) -> list[Reject]:
@@ -451,7 +461,8 @@ class RawTable:
         if self.sources is not None:
             return np.asarray(self.sources, dtype=object)[at] if at is not None else np.asarray(self.sources,
                                                                                                dtype=object)
-        lines = self.lines if at is None else self.lines[at]  # type: ignore[index]
+        assert self.lines is not None  # a table without sources has lines
+        lines = self.lines if at is None else self.lines[at]
         return np.asarray([f"{self.label}:{n}" for n in lines.tolist()], dtype=object)
 
 
@@ -473,7 +484,7 @@ def open_binary(path: Path) -> IO[bytes]:
     """``path`` opened for reading bytes, decompressed when it is gzip or bz2."""
     kind = compression(path)
     if kind == "gzip":
-        return gzip.open(path, "rb")
+        return cast(IO[bytes], gzip.open(path, "rb"))
     if kind == "bz2":
         return bz2.open(path, "rb")
     return open(path, "rb")
@@ -495,9 +506,6 @@ def arch_for_device(device: str) -> str:
     last word); an arch config matches when that word is one of the words of its ``product``.
     The arch configs are the one record of which product is which ISA.
     """
-    import re
-    from importlib import resources
-
     words = re.findall(r"[A-Za-z0-9+]+", device.upper())
     if not words:
         return ""
@@ -651,7 +659,7 @@ def _lease(fd: int) -> bool:
     default (the default SIGIO would end it): ckpred does not need it, the lease is released
     after each block anyway.
     """
-    import fcntl
+    import fcntl  # lazy: Unix only (leases are a Linux optimisation; elsewhere none is taken)
     import signal
 
     try:
@@ -663,7 +671,7 @@ def _lease(fd: int) -> bool:
 
 
 def _release(fd: int) -> None:
-    import fcntl
+    import fcntl  # lazy: Unix only, as in _lease
 
     try:
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)

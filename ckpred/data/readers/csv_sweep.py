@@ -20,10 +20,13 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
 
-from ckpred.data.readers.common import (FileRead, ReadContext, Reject, RowBuffer, line_spans, sorted_rejects, to_float,
+from ckpred.data.readers.common import (FileRead, IntColumn, ReadContext, Reject, RowBuffer, line_spans, sorted_rejects, to_float,
                                         to_int)
 from ckpred.errors import InputFileError
+from ckpred.kernels.base import OpDefinition
 
 NAME = "csv"
 KERNEL_COLUMN = "kernel"
@@ -118,14 +121,14 @@ def _read_line(text: str, lineno: int, header: list[str], index: dict[str, int |
         if value < 0 and not reason:
             reason = f"negative problem field: {header[pos]}={value}"
         problem.append(value)
-    values = []
+    values: list[float] = []
     for column in (TFLOPS_COLUMN, LATENCY_COLUMN):
         pos = index[column]
-        value = to_float(parts[pos])  # type: ignore[index]
-        if value is None:
+        number = to_float(parts[pos])  # type: ignore[index]
+        if number is None:
             reason = reason or f"non-numeric value: {header[pos]}={parts[pos]!r}"  # type: ignore[index]
-            value = math.nan
-        values.append(value)
+            number = math.nan
+        values.append(number)
     rows.add(lineno, code, problem, values[0], values[1], math.nan, reason)
 
 
@@ -168,28 +171,9 @@ def _read_block(block: bytes | bytearray | mmap.mmap, start: int, end: int, firs
                 index: dict[str, int | None], ctx: ReadContext) -> tuple[FileRead, int]:
     """Rows and rejects of the whole lines in ``block[start:end]``, the first being line
     ``first_line``; and the number of those lines."""
-    import pyarrow as pa
-    import pyarrow.csv as pcsv
-
     op = ctx.op
     names = [f"c{i}" for i in range(len(header))]
-    types = {names[index[KERNEL_COLUMN]]: pa.dictionary(pa.int32(), pa.string()),  # type: ignore[index]
-             names[index[TFLOPS_COLUMN]]: pa.float64(), names[index[LATENCY_COLUMN]]: pa.float64()}  # type: ignore[index]
-    for field in op.problem_fields:
-        if index[field.name] is not None:
-            types[names[index[field.name]]] = pa.int64()  # type: ignore[index]
-    try:
-        table = pcsv.read_csv(
-            pa.py_buffer(memoryview(block)[start:end]),
-            read_options=pcsv.ReadOptions(column_names=names, use_threads=False,
-                                          block_size=min(end - start + 1, _PARSE_BLOCK_BYTES)),
-            parse_options=pcsv.ParseOptions(quote_char=False, double_quote=False, escape_char=False,
-                                            newlines_in_values=False, ignore_empty_lines=False),
-            convert_options=pcsv.ConvertOptions(column_types=types, include_columns=list(types), null_values=[],
-                                                strings_can_be_null=False, quoted_strings_can_be_null=False,
-                                                check_utf8=True))
-    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
-        table = None
+    table = _parse(memoryview(block)[start:end], names, index, op)
     if table is not None and block.find(b"\r", start, end) < 0:
         # Without a carriage return (which pyarrow also ends a line at) every line is one of
         # pyarrow's rows: a blank line has too few fields and fails the parse.
@@ -211,7 +195,7 @@ def _read_block(block: bytes | bytearray | mmap.mmap, start: int, end: int, firs
     rows = RowBuffer(op.problem_names)
     rows.line = np.arange(first_line, first_line + lines, dtype=np.int64) if every else np.flatnonzero(keep) + first_line
     rows.kernel = kernel if every else kernel[keep]
-    problem = []
+    problem: list[IntColumn] = []
     reason = np.zeros(len(rows.kernel), dtype=np.int64)  # 1 + i: problem field i is the first negative
     for i, field in enumerate(op.problem_fields):
         pos = index[field.name]
@@ -232,6 +216,28 @@ def _read_block(block: bytes | bytearray | mmap.mmap, start: int, end: int, firs
         return FileRead(rows, []), lines
     rest = _by_line(block[start:end], first_line, header, index, ctx, np.flatnonzero(~keep).tolist())
     return FileRead(RowBuffer.merged([rows, rest.rows]), rest.rejects), lines
+
+
+def _parse(view: memoryview, names: list[str], index: dict[str, int | None], op: OpDefinition) -> pa.Table | None:
+    """The lines of ``view`` parsed by pyarrow into columns ``names`` (the kernel column as
+    text, the values and problem fields typed); ``None`` when pyarrow refuses them."""
+    types = {names[index[KERNEL_COLUMN]]: pa.dictionary(pa.int32(), pa.string()),  # type: ignore[index]
+             names[index[TFLOPS_COLUMN]]: pa.float64(), names[index[LATENCY_COLUMN]]: pa.float64()}  # type: ignore[index]
+    for field in op.problem_fields:
+        if index[field.name] is not None:
+            types[names[index[field.name]]] = pa.int64()  # type: ignore[index]
+    try:
+        return pcsv.read_csv(
+            pa.py_buffer(view),
+            read_options=pcsv.ReadOptions(column_names=names, use_threads=False,
+                                          block_size=min(len(view) + 1, _PARSE_BLOCK_BYTES)),
+            parse_options=pcsv.ParseOptions(quote_char=False, double_quote=False, escape_char=False,
+                                            newlines_in_values=False, ignore_empty_lines=False),
+            convert_options=pcsv.ConvertOptions(column_types=types, include_columns=list(types), null_values=[],
+                                                strings_can_be_null=False, quoted_strings_can_be_null=False,
+                                                check_utf8=True))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
+        return None
 
 
 def _by_line(block: bytes | bytearray, first_line: int, header: list[str], index: dict[str, int | None], ctx: ReadContext,

@@ -29,6 +29,7 @@ entry, and the damage is one reject naming the entry count reached.
 
 from __future__ import annotations
 
+import bz2
 import json
 import re
 import zlib
@@ -69,8 +70,6 @@ def _text(path: Path) -> str:
     if compression(path) == "gzip":
         data = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data, MAX_TEXT_BYTES + 1)
     elif compression(path) == "bz2":
-        import bz2
-
         try:
             data = bz2.BZ2Decompressor().decompress(data, MAX_TEXT_BYTES + 1)
         except (OSError, ValueError, EOFError) as exc:
@@ -130,6 +129,40 @@ def read(path: Path, ctx: ReadContext) -> RawTable:
     if match is None:
         raise InputFileError(str(path), "not a Kernel Tuner cache: no 'cache' object")
     keys = [str(k) for k in header["tune_params_keys"]]
+    common = _common_columns(header, path)
+    records: list[dict[str, Any]] = []
+    sources: list[str] = []
+    rejects: list[Reject] = []
+    lines = _LineCounter(text)
+    pos = match.end()
+    n = len(text)
+    while True:
+        pos = _skip(text, pos, " \t\r\n,")
+        if pos < n and text[pos] == "}":
+            break
+        start = pos
+        try:
+            name, entry, pos = _next_entry(text, pos)
+        except json.JSONDecodeError as exc:
+            rejects.append(Reject(f"{ctx.label}:{lines.at(start)}",
+                                  f"malformed JSON: {exc.msg} after {len(records)} cache entries (file truncated "
+                                  "or damaged; the entries after this point are lost)", text[start:start + RAW_LIMIT]))
+            break
+        source = f"{ctx.label}:{lines.at(start)}"
+        row, why = _entry_row(name, entry, keys)
+        if row is None:
+            rejects.append(Reject(source, why, text[start:pos][:RAW_LIMIT]))
+            continue
+        row.update(common)
+        records.append(row)
+        sources.append(source)
+    frame = pd.DataFrame.from_records(records) if records else pd.DataFrame()
+    return RawTable(frame, np.asarray(sources, dtype=object), rejects)
+
+
+def _common_columns(header: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The columns every row of the cache shares: its device, GPU and arch, kernel function,
+    objective and problem size."""
     device = str(header.get("device_name") or "")
     gpu = gpu_name(device, path)
     common: dict[str, Any] = {"device_name": device, "gpu": gpu, "arch": arch_for_device(gpu),
@@ -138,62 +171,64 @@ def read(path: Path, ctx: ReadContext) -> RawTable:
     size = header.get("problem_size")
     for i, value in enumerate(size if isinstance(size, list) else []):
         common[f"problem_size_{i}"] = value
+    return common
 
-    records: list[dict[str, Any]] = []
-    sources: list[str] = []
-    rejects: list[Reject] = []
-    decoder = json.JSONDecoder()
-    pos = match.end()
-    line, counted = 1, 0  # line of ``counted``, advanced incrementally (one pass over the text)
 
-    def line_of(at: int) -> int:
-        nonlocal line, counted
-        line += text.count("\n", counted, at)
-        counted = at
-        return line
+class _LineCounter:
+    """The line of a position in ``text``, counted incrementally (positions only grow, so the
+    text is scanned once)."""
 
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.line, self.counted = 1, 0
+
+    def at(self, pos: int) -> int:
+        self.line += self.text.count("\n", self.counted, pos)
+        self.counted = pos
+        return self.line
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _skip(text: str, pos: int, chars: str) -> int:
+    """The first position from ``pos`` whose character is not one of ``chars``."""
     n = len(text)
-    while True:
-        while pos < n and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos < n and text[pos] == "}":
-            break
-        start = pos
-        try:
-            name, pos = decoder.raw_decode(text, pos)
-            while pos < n and text[pos] in " \t\r\n":
-                pos += 1
-            if pos >= n or text[pos] != ":":
-                raise json.JSONDecodeError("Expecting ':' delimiter", text, pos)
-            pos += 1
-            while pos < n and text[pos] in " \t\r\n":
-                pos += 1
-            entry, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
-            rejects.append(Reject(f"{ctx.label}:{line_of(start)}",
-                                  f"malformed JSON: {exc.msg} after {len(records)} cache entries (file truncated "
-                                  "or damaged; the entries after this point are lost)", text[start:start + RAW_LIMIT]))
-            break
-        source = f"{ctx.label}:{line_of(start)}"
-        if not isinstance(entry, dict):
-            rejects.append(Reject(source, "unrecognised JSON object: a cache entry is not an object",
-                                  text[start:pos][:RAW_LIMIT]))
-            continue
-        row = {k: v for k, v in entry.items() if not isinstance(v, (list, dict))}
-        given = [str(entry.get(k)) for k in keys]
-        if str(name).split(",") != given:
-            rejects.append(Reject(source, f"config mismatch: cache key {name!r} but the entry's parameters are "
-                                          f"{','.join(given)}", text[start:pos][:RAW_LIMIT]))
-            continue
-        time = entry.get("time")
-        if isinstance(time, (int, float)) and not isinstance(time, bool):
-            row["status"] = "ok"
-        else:
-            row["status"] = "" if time is None else str(time)
-            row["time"] = ""
-        row["config"] = str(name)
-        row.update(common)
-        records.append(row)
-        sources.append(source)
-    frame = pd.DataFrame.from_records(records) if records else pd.DataFrame()
-    return RawTable(frame, np.asarray(sources, dtype=object), rejects)
+    while pos < n and text[pos] in chars:
+        pos += 1
+    return pos
+
+
+def _next_entry(text: str, pos: int) -> tuple[object, object, int]:
+    """The cache entry at ``pos``: its key, its value and the position after it.
+
+    Raises
+    ------
+    json.JSONDecodeError
+        When the text there is not ``<JSON key> : <JSON value>``.
+    """
+    name, pos = _DECODER.raw_decode(text, pos)
+    pos = _skip(text, pos, " \t\r\n")
+    if pos >= len(text) or text[pos] != ":":
+        raise json.JSONDecodeError("Expecting ':' delimiter", text, pos)
+    entry, pos = _DECODER.raw_decode(text, _skip(text, pos + 1, " \t\r\n"))
+    return name, entry, pos
+
+
+def _entry_row(name: object, entry: object, keys: list[str]) -> tuple[dict[str, Any] | None, str]:
+    """The row of cache entry ``name: entry`` (its scalar values, ``status``, ``config``), or
+    ``(None, why)`` when the entry is not an object or its parameters disagree with its key."""
+    if not isinstance(entry, dict):
+        return None, "unrecognised JSON object: a cache entry is not an object"
+    row = {k: v for k, v in entry.items() if not isinstance(v, (list, dict))}
+    given = [str(entry.get(k)) for k in keys]
+    if str(name).split(",") != given:
+        return None, f"config mismatch: cache key {name!r} but the entry's parameters are {','.join(given)}"
+    time = entry.get("time")
+    if isinstance(time, (int, float)) and not isinstance(time, bool):
+        row["status"] = "ok"
+    else:
+        row["status"] = "" if time is None else str(time)
+        row["time"] = ""
+    row["config"] = str(name)
+    return row, ""

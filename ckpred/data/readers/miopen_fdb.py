@@ -79,7 +79,7 @@ def parse_key(key: str) -> dict[str, Any]:
     direction, dtype = fields[-1], fields[-2]
     if direction not in ("F", "B", "W"):
         raise FindDbKeyError(f"direction {direction!r} is not F, B or W")
-    layout_fields = []
+    layout_fields: list[str] = []
     i = len(fields) - 3
     while i >= 0 and _LAYOUT.match(fields[i]):
         layout_fields.insert(0, fields[i])
@@ -110,7 +110,7 @@ def parse_key(key: str) -> dict[str, Any]:
         else:
             raise FindDbKeyError(f"unknown key suffix {part!r} (expected g<groups>, ci..., cw..., co...)")
 
-    def spatial(values: list[int]) -> list[Any]:
+    def spatial(values: list[Any]) -> list[Any]:
         return ([""] + values) if d == 2 else values
 
     out: dict[str, Any] = {"key": key}

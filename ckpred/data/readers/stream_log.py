@@ -29,15 +29,19 @@ from __future__ import annotations
 import json
 import math
 import re
+import struct
+from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import attrgetter, ne
 from pathlib import Path
 from typing import Any, Iterator
 
+import msgspec
 import numpy as np
 import orjson
+from msgspec.structs import astuple
 
-from ckpred.data.readers.common import (_INT_LIMIT, FileRead, ReadContext, Reject, RowBuffer, line_spans,
+from ckpred.data.readers.common import (_INT_LIMIT, FileRead, KernelResolver, ReadContext, Reject, RowBuffer, line_spans,
                                         sorted_rejects, to_float, to_int)
 
 NAME = "log"
@@ -89,80 +93,105 @@ class _LineReader:
 
     def line(self, lineno: int, raw: bytes, rows: RowBuffer, rejects: list[Reject]) -> None:
         """Read one line (with its newline, when it has one) into ``rows`` or ``rejects``."""
-        label = self.ctx.label
         if lineno == 1 and raw.startswith(BOM):  # a byte-order mark before the first line
             raw = raw[len(BOM):]
         if raw[:1] in b" \t":  # an indented row or header
             raw = raw.lstrip(b" \t")
-        header = self.header
         if raw[:1] == b"{":
-            # orjson parses a log line three times faster than json.loads; lines it refuses go
-            # through the standard library, which also accepts the NaN/Infinity literals a C++
-            # printer may emit, so both read the same rows.
-            try:
-                obj = orjson.loads(raw)
-            except ValueError:
-                obj = _slow_loads(raw)
-            if type(obj) is not dict:
-                rejects.append(Reject(f"{label}:{lineno}", _json_error(raw), _text(raw)))
-                return
-            if header is not None and header.reject:
-                rejects.append(Reject(f"{label}:{lineno}", header.reject, _text(raw)))
-                return
-            code = self.ctx.resolver.resolve(obj.get("name"))
-            if type(code) is str:
-                rejects.append(Reject(f"{label}:{lineno}", code, _text(raw)))
-                return
-            problem = obj.get("problem")
-            if type(problem) is not dict:
-                problem = {}
-            values: list[int] = []
-            reason = ""
-            for name, default in self.fields:
-                value = problem.get(name)
-                if type(value) is not int or not -_INT_LIMIT <= value <= _INT_LIMIT:
-                    value = _problem_value(problem, name, default, header)
-                    if type(value) is str:
-                        rejects.append(Reject(f"{label}:{lineno}", value, _text(raw)))
-                        return
-                if value < 0 and not reason:
-                    reason = f"negative problem field: {name}={value}"
-                values.append(value)
-            if header is not None:
-                for name, want in header.problem.items():
-                    if problem.get(name, want) != want:
-                        reason = reason or _mismatch(header, problem)
-                        break
-            perf = obj.get("perf_result")
-            if type(perf) is dict:
-                tflops = perf.get("tflops(TFlops)")
-                latency = perf.get("latency(ms)")
-                bandwidth = perf.get("bandwidth(GB/s)", math.nan)
-                if type(tflops) is not float or type(latency) is not float or type(bandwidth) is not float:
-                    tflops, why = _perf_value(perf, TFLOPS_KEYS)
-                    reason = reason or why
-                    latency, why = _perf_value(perf, LATENCY_KEYS)
-                    reason = reason or why
-                    bandwidth, why = _perf_value(perf, BANDWIDTH_KEYS, required=False)
-                    reason = reason or why
-            else:
-                tflops = latency = bandwidth = math.nan
-                reason = reason or "missing value: no perf_result object"
-            rows.add(lineno, code, values, tflops, latency, bandwidth, reason)
+            self._row(lineno, raw, rows, rejects)
         elif not raw.strip() or RULE.match(raw):
             return
         else:
-            text = _text(raw)
-            match = HEADER.match(text)
-            if match is None:
-                rejects.append(Reject(f"{label}:{lineno}", "unrecognised line: not a shape header, "
-                                                           "rule or JSON object", text))
-                return
-            try:
-                self.header = _Header(match.group(2), lineno, self.ctx)
-            except ValueError as exc:
-                self.header = None
-                rejects.append(Reject(f"{label}:{lineno}", f"bad shape header: {exc}", text))
+            self._header_line(lineno, raw, rejects)
+
+    def _row(self, lineno: int, raw: bytes, rows: RowBuffer, rejects: list[Reject]) -> None:
+        """Read a JSON row line into ``rows`` (with its reason) or ``rejects``."""
+        label = self.ctx.label
+        header = self.header
+        # orjson parses a log line three times faster than json.loads; lines it refuses go
+        # through the standard library, which also accepts the NaN/Infinity literals a C++
+        # printer may emit, so both read the same rows.
+        try:
+            obj = orjson.loads(raw)
+        except ValueError:
+            obj = _slow_loads(raw)
+        if type(obj) is not dict:
+            rejects.append(Reject(f"{label}:{lineno}", _json_error(raw), _text(raw)))
+            return
+        if header is not None and header.reject:
+            rejects.append(Reject(f"{label}:{lineno}", header.reject, _text(raw)))
+            return
+        code = self.ctx.resolver.resolve(obj.get("name"))
+        if isinstance(code, str):
+            rejects.append(Reject(f"{label}:{lineno}", code, _text(raw)))
+            return
+        problem = obj.get("problem")
+        if type(problem) is not dict:
+            problem = {}
+        values, reason = self._problem(problem)
+        if values is None:
+            rejects.append(Reject(f"{label}:{lineno}", reason, _text(raw)))
+            return
+        tflops, latency, bandwidth, why = _perf(obj.get("perf_result"))
+        rows.add(lineno, code, values, tflops, latency, bandwidth, reason or why)
+
+    def _problem(self, problem: dict[str, Any]) -> tuple[list[int] | None, str]:
+        """The row's problem field values and the reason it is invalid so far (a negative field,
+        another problem than its header's), or ``(None, why)`` to reject it."""
+        header = self.header
+        values: list[int] = []
+        reason = ""
+        for name, default in self.fields:
+            value = problem.get(name)
+            if type(value) is not int or not -_INT_LIMIT <= value <= _INT_LIMIT:
+                value = _problem_value(problem, name, default, header)
+                if isinstance(value, str):
+                    return None, value
+            if value < 0 and not reason:
+                reason = f"negative problem field: {name}={value}"
+            values.append(value)
+        if header is not None:
+            for name, want in header.problem.items():
+                if problem.get(name, want) != want:
+                    reason = reason or _mismatch(header, problem)
+                    break
+        return values, reason
+
+    def _header_line(self, lineno: int, raw: bytes, rejects: list[Reject]) -> None:
+        """Read a shape header line (the header of the rows after it), or reject the line."""
+        label = self.ctx.label
+        text = _text(raw)
+        match = HEADER.match(text)
+        if match is None:
+            rejects.append(Reject(f"{label}:{lineno}", "unrecognised line: not a shape header, "
+                                                       "rule or JSON object", text))
+            return
+        try:
+            self.header = _Header(match.group(2), lineno, self.ctx)
+        except ValueError as exc:
+            self.header = None
+            rejects.append(Reject(f"{label}:{lineno}", f"bad shape header: {exc}", text))
+
+
+def _perf(perf: object) -> tuple[float, float, float, str]:
+    """TFLOPS, latency and bandwidth of a row's ``perf_result`` and the first reason they make
+    it invalid ("" when none)."""
+    reason = ""
+    if type(perf) is dict:
+        tflops = perf.get("tflops(TFlops)")
+        latency = perf.get("latency(ms)")
+        bandwidth = perf.get("bandwidth(GB/s)", math.nan)
+        if type(tflops) is not float or type(latency) is not float or type(bandwidth) is not float:
+            tflops, why = _perf_value(perf, TFLOPS_KEYS)
+            reason = reason or why
+            latency, why = _perf_value(perf, LATENCY_KEYS)
+            reason = reason or why
+            bandwidth, why = _perf_value(perf, BANDWIDTH_KEYS, required=False)
+            reason = reason or why
+    else:
+        tflops = latency = bandwidth = math.nan
+        reason = reason or "missing value: no perf_result object"
+    return tflops, latency, bandwidth, reason
 
 
 def read(path: Path, ctx: ReadContext) -> FileRead:
@@ -210,8 +239,6 @@ def read_chunks(path: Path, ctx: ReadContext, chunk_bytes: int) -> Iterator[File
 def _decoder(problem_names: tuple[str, ...]) -> _Decoders:
     """msgspec decoders of log rows into structs of only the fields the table needs (see
     :class:`_Decoders`)."""
-    import msgspec
-
     problem = msgspec.defstruct("Problem", [(n, int) for n in problem_names], gc=False)
     perf = msgspec.defstruct("Perf", [("latency", float, msgspec.field(name="latency(ms)")),
                                       ("tflops", float, msgspec.field(name="tflops(TFlops)")),
@@ -235,11 +262,7 @@ class _Decoders:
     values), instead of a Python-level pass over each row's floats.
     """
 
-    def __init__(self, row: Any, problem: Any, perf: type) -> None:
-        import struct
-
-        import msgspec
-
+    def __init__(self, row: msgspec.json.Decoder[Any], problem: msgspec.json.Decoder[Any], perf: type) -> None:
         self.row, self.problem = row, problem
         self.perf_encoder = msgspec.msgpack.Encoder()
         values = (1.25, 2.5, 3.75)  # distinct, exact: each found once in the packed struct
@@ -321,7 +344,7 @@ def _read_block(block: memoryview, first_line: int, reader: _LineReader, decoder
         fast[np.searchsorted(starts, odd, side="right") - 1] = False
     if first_line == 1:
         fast[0] = False  # a byte-order mark is dropped by the line reader
-    slow_rows, slow_rejects = new_buffer(ctx), []
+    slow_rows, slow_rejects = new_buffer(ctx), list[Reject]()
     start_header = reader.header
 
     def by_line(index: int) -> None:
@@ -344,11 +367,10 @@ def _read_block(block: memoryview, first_line: int, reader: _LineReader, decoder
     breaks = np.flatnonzero(np.diff(fast_idx) != 1)
     run_first = fast_idx[np.r_[0, breaks + 1]]
     run_last = fast_idx[np.r_[breaks, len(fast_idx) - 1]]
-    decoded = _decode(block, starts, ends, run_first, run_last, decoder, len(ctx.op.problem_names),
-                      len(fast_idx), codes, ctx)
+    decoded = _decode(_Lines(block, starts, ends), run_first, run_last, len(fast_idx), decoder, codes, ctx)
     if decoded is None:  # the block is read line by line
         reader.header = start_header
-        rows, rejects = new_buffer(ctx), []
+        rows, rejects = new_buffer(ctx), list[Reject]()
         for index in range(n_lines):
             reader.line(first_line + index, bytes(block[starts[index]:ends[index] + 1]), rows, rejects)
         return FileRead(rows, rejects), n_lines
@@ -392,7 +414,7 @@ class _KernelCodes:
         self.position: dict[str, int] = {}
         self.codes = np.empty(1024, dtype=np.int64)
 
-    def fill(self, out: np.ndarray, names: list[str], resolver: Any) -> None:
+    def fill(self, out: np.ndarray, names: list[str], resolver: KernelResolver) -> None:
         """The codes of ``names`` into ``out``; new names are resolved by ``resolver`` (a
         :class:`~ckpred.data.readers.common.KernelResolver`) in the order they first appear, so
         the codes are those one pass over the names would give."""
@@ -410,7 +432,7 @@ class _KernelCodes:
         if done < k:
             self._look_up(out[done:], names[done:] if done else names, resolver)
 
-    def _look_up(self, out: np.ndarray, names: list[str], resolver: Any) -> None:
+    def _look_up(self, out: np.ndarray, names: list[str], resolver: KernelResolver) -> None:
         out[:] = np.fromiter(map(self.code_of.get, names, repeat(_UNSEEN)), dtype=np.int64, count=len(names))
         if out.min() != _UNSEEN:
             return
@@ -429,10 +451,19 @@ class _KernelCodes:
         out[new] = [self.code_of[name] for name in unseen]
 
 
-def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: np.ndarray, run_last: np.ndarray,
-            decoder: _Decoders, n_fields: int, n: int, codes: _KernelCodes,
-            ctx: ReadContext) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Kernel codes, problem values (``n_fields x n``) and perf values (``3 x n``: latency,
+@dataclass(frozen=True)
+class _Lines:
+    """The lines of a block: its bytes, and each line's first and last byte offsets (the last
+    is its newline's, or the block's last byte)."""
+
+    view: memoryview
+    starts: np.ndarray
+    ends: np.ndarray
+
+
+def _decode(lines: _Lines, run_first: np.ndarray, run_last: np.ndarray, n: int, decoder: _Decoders,
+            codes: _KernelCodes, ctx: ReadContext) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Kernel codes, problem values (``problem fields x n``) and perf values (``3 x n``: latency,
     TFLOPS, bandwidth) of the ``n`` lines of the runs of consecutive lines ``run_first[i]`` to
     ``run_last[i]``; ``None`` when the decoder refuses a line (or a piece decodes into another
     number of rows than it has lines).
@@ -441,9 +472,8 @@ def _decode(view: memoryview, starts: np.ndarray, ends: np.ndarray, run_first: n
     resolved as they come, see :class:`_KernelCodes`). Each column is one contiguous row of its
     array: the row buffer takes it without a copy.
     """
-    import msgspec
-    from msgspec.structs import astuple
-
+    view, starts, ends = lines.view, lines.starts, lines.ends
+    n_fields = len(ctx.op.problem_names)
     row_decoder, problem_decoder = decoder.row, decoder.problem
     kernel = np.empty(n, dtype=np.int64)
     problems = np.empty((n_fields, n), dtype=np.int64)
@@ -527,8 +557,6 @@ def _changes(texts: list[Any], lo: int, hi: int, out: list[int]) -> None:
 def _perf_columns(out: np.ndarray, perfs: list[Any], decoder: _Decoders) -> None:
     """Latency, TFLOPS and bandwidth (the rows of ``out``, ``3 x k``) of the ``k`` perf structs
     ``perfs``, read out of their MessagePack bytes (see :class:`_Decoders`)."""
-    from msgspec.structs import astuple
-
     k = len(perfs)
     packed = decoder.perf_encoder.encode(perfs)
     head = len(packed) - k * decoder.perf_dtype.itemsize  # the array's header: 1, 3 or 5 bytes

@@ -27,6 +27,8 @@ from typing import IO, Iterator
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
 
 from ckpred.data.readers.common import RawTable, ReadContext, Reject, decode_line, open_binary
 from ckpred.errors import InputFileError
@@ -166,8 +168,6 @@ class _Reader:
     def _fast(self, block: bytes) -> bool:
         """Split a plain block by pyarrow into the chunk; ``False`` (nothing taken) when the
         block is not plain or pyarrow refuses it."""
-        import pyarrow.csv as pcsv
-
         width = len(self.header or [])
         if width < 2 or not _plain(block):
             return False
@@ -186,8 +186,6 @@ class _Reader:
         lines = block.count(b"\n") + (not block.endswith(b"\n"))
         if table.num_rows != lines:
             return False
-        import pyarrow.compute as pc
-
         self.chunk.add_columns([pc.ascii_trim_whitespace(table.column(i)) for i in range(width)],
                                np.arange(self.lineno + 1, self.lineno + 1 + lines, dtype=np.int64))
         self.lineno += lines
