@@ -57,7 +57,7 @@ from ckpred.kernels.base import Field, OpDefinition, load_op
 from ckpred.runs import load_train_run
 from ckpred.schema import PLAN_KERNEL_ORDERS, PLAN_PROBLEM_ORDERS, ArchConfig
 from ckpred.schema import PlanBudgetConfig as Budget
-from ckpred.transfer import TransferModel, blend
+from ckpred.transfer import TransferModel
 from ckpred.util import OwnFile, atomic_path, resolve_path
 
 __all__ = ["Budget", "Source", "Plan", "PlanOptions", "load_source", "read_problems", "candidates", "read_measured", "model_scores",
@@ -301,13 +301,7 @@ def model_scores(source: Source, pairs: pd.DataFrame, arch: ArchConfig) -> np.nd
     X = source.op.encode_frame(pairs)
     model = source.pipeline
     if isinstance(model, TransferModel):
-        rows = np.arange(len(pairs))
-        learner = predict(model.learner_pipeline(source.op, source.cfg, arch, pairs), X) if model.weight < 1.0 \
-            else np.zeros(len(pairs))
-        static = model.static_scores(pairs.reset_index(drop=True), rows) if model.weight > 0.0 \
-            else np.zeros(len(pairs))
-        codes = pd.factorize(source.op.shape_keys(pairs))[0]
-        return blend(learner, static, codes, np.ones(len(pairs), dtype=bool), model.weight)
+        return model.score_candidates(pairs, X, source.op, source.cfg, arch)
     return predict(for_arch(model, model_method(source.cfg), source.op, source.cfg, arch, X), X)
 
 

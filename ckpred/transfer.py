@@ -166,6 +166,17 @@ class TransferModel:
         static = self.static_scores(data.table, rows) if self.weight > 0.0 else np.zeros(len(rows))
         return blend(learner, static, data.groups.codes[rows], mask, self.weight)
 
+    def score_candidates(self, table: pd.DataFrame, X: pd.DataFrame, op: OpDefinition, cfg: Any,
+                         arch: ArchConfig) -> np.ndarray:
+        """The recipe's scores of every row of ``table`` (candidates of some problems, all featurised
+        with ``arch``; ``X`` their encoded frame), ranked within each problem as the exported
+        selector ranks them."""
+        rows = np.arange(len(table))
+        learner = predict(self.learner_pipeline(op, cfg, arch, table), X) if self.weight < 1.0 else np.zeros(len(rows))
+        static = self.static_scores(table.reset_index(drop=True), rows) if self.weight > 0.0 else np.zeros(len(rows))
+        codes = pd.factorize(op.shape_keys(table))[0]
+        return blend(learner, static, codes, np.ones(len(rows), dtype=bool), self.weight)
+
     def info(self) -> dict[str, Any]:
         """What the fit chose (a fold's fit info, the run record)."""
         return {"recipe": "transfer", "weight": self.weight, "archs": list(self.archs),
