@@ -18,6 +18,12 @@ class ConfigValueError(CkpredError, ValueError):
         super().__init__(f"config key '{key}' has invalid value {value!r}; allowed: {allowed}")
 
 
+def check(key: str, value: Any, ok: bool, allowed: str) -> None:
+    """Raise :class:`ConfigValueError` naming ``key``, ``value`` and ``allowed`` unless ``ok``."""
+    if not ok:
+        raise ConfigValueError(key, value, allowed)
+
+
 class KernelNameError(CkpredError, ValueError):
     """A kernel name does not follow the op's name grammar."""
 

@@ -356,7 +356,8 @@ PIPELINE_GLOBALS: frozenset[tuple[str, str]] = frozenset({
 })
 
 #: Modules whose config dataclasses a pickled recipe may name (the schema's structured configs).
-_CONFIG_MODULES = ("ckpred.schema", "ckpred.cv.schemes")
+_CONFIG_MODULES = ("ckpred.schema", "ckpred.schema.arch", "ckpred.schema.op", "ckpred.schema.data",
+                   "ckpred.schema.train", "ckpred.schema.commands", "ckpred.cv.schemes")
 
 #: Module prefixes numpy renamed (numpy 2 moved ``numpy.core`` to ``numpy._core``): a pipeline
 #: pickled under either is read.

@@ -82,7 +82,7 @@ STAGES = [
     # features.registry is the table of group names the schema validates ``kind`` against;
     # features.base holds the array namespaces (numpy / ONNX) the expression evaluator runs on.
     # kernels.opschema (and the kernel-name templates it checks) run when an op config is composed.
-    {"errors", "util", "plugins", "yamlfile", "vocab", "schema", "dtypes", "expressions", "features.registry", "features.base",
+    {"errors", "util", "plugins", "yamlfile", "vocab", "hardware", "schema", "dtypes", "expressions", "features.registry", "features.base",
      "kernels.opschema", "kernels.template"},
     {"kernels"},
     {"data"},

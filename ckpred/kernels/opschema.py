@@ -12,10 +12,30 @@ import math
 from typing import Any, Mapping, Sequence
 
 from ckpred import expressions
-from ckpred.errors import ConfigValueError
+from ckpred.errors import ConfigValueError, check
+from ckpred.hardware import arch_constant_names, dtype_names, layout_names
 from ckpred.kernels.template import KernelTemplate, check_round_trip
 from ckpred.plugins import import_named
 from ckpred.util import to_float, to_int, truth
+
+#: Kinds of an op field. ``categorical`` fields hold one of ``values`` (encoded as its index).
+FIELD_KINDS: tuple[str, ...] = ("int", "float", "categorical", "bool")
+#: Metric units, as the factor to the canonical unit: times to milliseconds, throughputs to TFLOPS.
+TIME_UNITS: dict[str, float] = {"s": 1e3, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
+THROUGHPUT_UNITS: dict[str, float] = {"tflops": 1.0, "gflops": 1e-3, "mflops": 1e-6, "flops": 1e-12}
+#: How a failed measurement may be written in the metric column.
+FAILURE_VALUES: tuple[str, ...] = ("inf", "nan", "missing", "zero", "negative")
+#: What a (problem, kernel) pair the table holds no row for means (``op.absence``): ``unknown``
+#: (a full sweep: every rule-valid catalogue kernel is a candidate, and a pick without a row is
+#: an unmeasured pick) or ``not_applicable`` (a find-db, a pruned sweep: the kernels a problem
+#: has no row for do not apply to it; the selector learns an applicability mask).
+ABSENCE: tuple[str, ...] = ("unknown", "not_applicable")
+#: Names a kernel-id template may use besides the op's fields (the run's dtype and layout).
+TEMPLATE_CONTEXT: tuple[str, ...] = ("dtype", "layout")
+
+#: An op config: a :class:`ckpred.schema.OpConfig` or a mapping of its keys, read through :func:`_get`
+#: (the schema runs these checks, so this module does not import it: no import cycle).
+OpConfigLike = object
 
 #: Canonical-table columns an op field may not be named after.
 RESERVED_NAMES: tuple[str, ...] = ("hw", "kernel_name", "kernel_id", "tflops", "latency_ms", "is_valid",
@@ -28,13 +48,13 @@ PLUGIN_HOOKS: tuple[str, ...] = ("catalogue", "parse_name", "format_name", "vali
 # ---------------------------------------------------------------------------------------------
 # Compose-time checks
 # ---------------------------------------------------------------------------------------------
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
+def _get(cfg: OpConfigLike, key: str, default: Any = None) -> Any:
     if isinstance(cfg, Mapping):
         return cfg.get(key, default)
     return getattr(cfg, key, default)
 
 
-def field_kinds(cfg: Any) -> dict[str, tuple[str, tuple[str, ...]]]:
+def field_kinds(cfg: OpConfigLike) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Field name -> (kind, categorical values as strings) of every problem and kernel field."""
     out = {}
     for group in ("problem_fields", "kernel_fields"):
@@ -43,8 +63,7 @@ def field_kinds(cfg: Any) -> dict[str, tuple[str, tuple[str, ...]]]:
     return out
 
 
-def _check_fields(cfg: Any) -> None:
-    from ckpred.schema import FIELD_KINDS, check
+def _check_fields(cfg: OpConfigLike) -> None:
 
     seen: dict[str, str] = {}
     for group in ("problem_fields", "kernel_fields"):
@@ -80,10 +99,9 @@ def _check_fields(cfg: Any) -> None:
                 check(f"{key}.default", default, ok, f"null or a value of kind {kind}")
 
 
-def template_kinds(cfg: Any) -> dict[str, tuple[str, tuple[str, ...]]]:
+def template_kinds(cfg: OpConfigLike) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Names a kernel-id template may use: kernel fields, categorical problem fields, and the
     run's ``dtype``/``layout`` when no field has those names."""
-    from ckpred.schema import dtype_names, layout_names
 
     kinds = field_kinds(cfg)
     problem = set((_get(cfg, "problem_fields") or {}).keys())
@@ -93,8 +111,7 @@ def template_kinds(cfg: Any) -> dict[str, tuple[str, tuple[str, ...]]]:
     return allowed
 
 
-def _check_kernel_id(cfg: Any, plugin: type | None) -> None:
-    from ckpred.schema import check
+def _check_kernel_id(cfg: OpConfigLike, plugin: type | None) -> None:
 
     kid = _get(cfg, "kernel_id")
     template, fields = _get(kid, "template") or "", list(_get(kid, "fields") or [])
@@ -163,7 +180,6 @@ def parse_expression(text: object, key: str, fields: Sequence[str], kinds: Mappi
     constant parts (finite numbers, no division by zero) and its types, by evaluating it once
     (``condition``: as a rule's condition), so an expression no table can evaluate is refused
     here rather than skipped at ingest."""
-    from ckpred.schema import arch_constant_names
 
     categories = {n: v for n, (k, v) in kinds.items() if k == "categorical"}
     expr = expressions.parse(text, key=key)
@@ -171,8 +187,7 @@ def parse_expression(text: object, key: str, fields: Sequence[str], kinds: Mappi
     return expr.check_constants().trial(categories=categories, condition=condition)
 
 
-def _check_expressions(cfg: Any) -> None:
-    from ckpred.schema import check
+def _check_expressions(cfg: OpConfigLike) -> None:
 
     kinds = field_kinds(cfg)
     problem = list((_get(cfg, "problem_fields") or {}).keys())
@@ -199,8 +214,7 @@ def _check_expressions(cfg: Any) -> None:
               not _get(fam, "bounds") and not _get(fam, "labels"), "bounds and labels only with family.expr")
 
 
-def _check_keys(cfg: Any) -> None:
-    from ckpred.schema import check
+def _check_keys(cfg: OpConfigLike) -> None:
 
     kinds = field_kinds(cfg)
     problem = list((_get(cfg, "problem_fields") or {}).keys())
@@ -222,8 +236,7 @@ def _check_keys(cfg: Any) -> None:
               f"a categorical or bool problem field, or 'family' when op.family is declared: {allowed}")
 
 
-def _check_metric(cfg: Any) -> None:
-    from ckpred.schema import ABSENCE, FAILURE_VALUES, THROUGHPUT_UNITS, TIME_UNITS, check
+def _check_metric(cfg: OpConfigLike) -> None:
 
     metric = _get(cfg, "metric")
     column, better, unit = _get(metric, "column"), _get(metric, "better"), _get(metric, "unit")
@@ -252,8 +265,7 @@ def _check_metric(cfg: Any) -> None:
 INPUT_EXTRAS: tuple[str, ...] = ("kernel_name", "arch", "dtype", "layout")
 
 
-def _check_input(cfg: Any) -> None:
-    from ckpred.schema import check
+def _check_input(cfg: OpConfigLike) -> None:
 
     spec = _get(cfg, "input")
     if spec is None:
@@ -276,10 +288,9 @@ def _check_input(cfg: Any) -> None:
     _check_input_targets(cfg, columns, exprs)
 
 
-def _check_input_targets(cfg: Any, columns: Mapping[str, Any], exprs: Mapping[str, Any]) -> None:
+def _check_input_targets(cfg: OpConfigLike, columns: Mapping[str, Any], exprs: Mapping[str, Any]) -> None:
     """Each ``input.columns`` entry names a column the op reads, and a constant or derived one
     can be of its field's kind (``{value: abc}`` for an int field is refused here)."""
-    from ckpred.schema import check
 
     kinds = field_kinds(cfg)
     failure = _get(cfg, "failure")
@@ -331,7 +342,7 @@ def _finite_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def validate_op_config(cfg: Any) -> None:
+def validate_op_config(cfg: OpConfigLike) -> None:
     """Every compose-time check of an op config (:class:`ckpred.schema.OpConfig` or a mapping).
 
     Raises
@@ -341,7 +352,6 @@ def validate_op_config(cfg: Any) -> None:
         what is allowed: an unknown field in an expression, a wrong kind, a template that does
         not round-trip, a key field that is not a problem field...
     """
-    from ckpred.schema import check
 
     name = _get(cfg, "name")
     check("op.name", name, isinstance(name, str) and name.replace("-", "_").isidentifier(),
