@@ -188,6 +188,7 @@ _ROOT_GROUPS = frozenset({"experiment"})
 def _subclasses(cls: type) -> list[type]:
     """Every subclass of ``cls``, depth first."""
     out: list[type] = []
+    sub: type
     for sub in cls.__subclasses__():
         out += [sub, *_subclasses(sub)]
     return out
@@ -354,7 +355,8 @@ class _RunDirGuard:
             return value.split("${")[0].strip("'\"") if value else None
 
         run_base = Path(given("hydra.run.dir") or Path("runs") / config_name).absolute()
-        self.out_dir = Path(given("out_dir")).absolute() if given("out_dir") else None
+        out_dir = given("out_dir")
+        self.out_dir = Path(out_dir).absolute() if out_dir else None
         bases = [run_base, *([self.out_dir] if self.out_dir else [])]
         self.candidates = {p for base in bases for p in (base, *base.parents)}
         self.existed = {p for p in self.candidates if _exists(p)}
@@ -433,8 +435,9 @@ def run_command(name: str, argv: list[str]) -> Any:
             # the dtypes, layouts and arch configs of the config dirs searched, then the value checks
             # of every schema, and no override the selected options ignore, before any work
             use_config_dirs(HydraConfig.get().runtime.config_sources)
-            check_overrides_used(to_object(cfg), list(HydraConfig.get().overrides.task))
-            return _load_task(command.task)(cfg)
+            obj = to_object(cfg)  # the schema dataclasses: what the engine takes, checked once
+            check_overrides_used(obj, list(HydraConfig.get().overrides.task))
+            return _load_task(command.task)(obj)
         except CkpredError as exc:
             # ckpred's own errors already say where, what and what is allowed: print that
             # line instead of Hydra's traceback. SystemExit passes through Hydra's handler.

@@ -1,7 +1,9 @@
 """The config layer: composing and validating Hydra configs (commands, tests, notebooks, scripts).
 
 Only the command layer (:mod:`ckpred.cli`, :mod:`ckpred.commands`) and callers outside the
-package use this module; engine modules take the composed config or plain arguments.
+package use this module. A composed config is turned into its schema dataclasses
+(:mod:`ckpred.schema`) once, here: engine modules take those objects or plain values, never
+an OmegaConf node.
 """
 
 from __future__ import annotations
@@ -88,8 +90,9 @@ def check_known_keys(cfg: Any, prefix: str = "") -> None:
     kind = OmegaConf.get_type(cfg)
     known = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else None
     for key in cfg.keys():
-        full = f"{prefix}.{key}" if prefix else str(key)
+        full = f"{prefix}.{key!s}" if prefix else str(key)
         node = cfg._get_node(key)
+        assert node is not None  # one of cfg's own keys
         if known is not None and key not in known:
             raise UnknownConfigKeyError(full, OmegaConf.to_container(node) if isinstance(
                 node, (DictConfig, ListConfig)) else node._value(), known)
@@ -144,16 +147,28 @@ def check_overrides_used(obj: Any, overrides: list[str]) -> None:
                 raise UnusedConfigKeyError(path, override.get_value_element_as_str(), why)
 
 
-def compose(config_name: str, overrides: list[str] | None = None, config_dir: str | Path | None = None) -> DictConfig:
-    """Compose ``config_name`` from the packaged config tree with Hydra's compose API.
+def compose(config_name: str, overrides: list[str] | None = None, config_dir: str | Path | None = None) -> Any:
+    """Compose ``config_name`` from the packaged config tree with Hydra's compose API and return
+    it as its schema dataclass (``compose("train")`` is a :class:`ckpred.schema.TrainConfig`),
+    what the command of that name hands the engine.
 
     ``config_dir`` is a user config dir searched before the package's, as ``--config-dir`` on the
     command line.
 
-    The result is validated with :func:`to_object` and :func:`check_overrides_used` before it
-    is returned, so bad values fail here exactly as they fail on the command line; the
-    vocabulary of the config dirs is installed (:func:`use_config_dirs`).
+    The result is validated with :func:`to_object` and :func:`check_overrides_used`, so bad
+    values fail here exactly as they fail on the command line; the vocabulary of the config
+    dirs is installed (:func:`use_config_dirs`). :func:`compose_node` returns the OmegaConf node.
     """
+    return _compose(config_name, overrides, config_dir)[0]
+
+
+def compose_node(config_name: str, overrides: list[str] | None = None,
+                 config_dir: str | Path | None = None) -> DictConfig:
+    """:func:`compose`, returning the validated OmegaConf node instead (to save or print it as YAML)."""
+    return _compose(config_name, overrides, config_dir)[1]
+
+
+def _compose(config_name: str, overrides: list[str] | None, config_dir: str | Path | None) -> tuple[Any, DictConfig]:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
@@ -169,8 +184,9 @@ def compose(config_name: str, overrides: list[str] | None = None, config_dir: st
     use_config_dirs(cfg.hydra.runtime.config_sources)
     with read_write(cfg), open_dict(cfg):
         del cfg["hydra"]
-    check_overrides_used(to_object(cfg), list(overrides or []))
-    return cfg
+    obj = to_object(cfg)
+    check_overrides_used(obj, list(overrides or []))
+    return obj, cfg
 
 
 def use_config_dirs(sources: Any) -> None:
@@ -179,11 +195,13 @@ def use_config_dirs(sources: Any) -> None:
     see a user's files as well as the package's (:mod:`ckpred.vocab`)."""
     from ckpred import vocab
 
-    vocab.use(vocab.read(vocab.config_dirs(OmegaConf.to_container(sources))))
+    dirs = OmegaConf.to_container(sources)
+    assert isinstance(dirs, list)
+    vocab.use(vocab.read(vocab.config_dirs(dirs)))
 
 
-def run_dir(cfg: Any, command: str) -> Path:
-    """Output folder of a command run: ``cfg.out_dir`` if set, else Hydra's run dir, else
+def run_dir(out_dir: str, command: str) -> Path:
+    """Output folder of a command run: ``out_dir`` (the config's) if set, else Hydra's run dir, else
     (outside ``@hydra.main``: tests, notebooks) ``runs/<command>/<time>``; created if missing
     and marked as this command's run folder (:func:`ckpred.util.claim_run_dir`).
 
@@ -202,7 +220,7 @@ def run_dir(cfg: Any, command: str) -> Path:
     from ckpred.runs import run_directory
 
     hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None  # None outside @hydra.main
-    key, value = "out_dir", cfg.get("out_dir")
+    key, value = "out_dir", out_dir
     if value:
         if hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN:
             value = f"{value}/{hydra_cfg.job.num}"

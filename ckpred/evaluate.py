@@ -77,7 +77,7 @@ from scipy.special import gammaln
 from ckpred.dtypes import bytes_per_element, c_bytes_per_element
 from ckpred.errors import ConfigValueError
 from ckpred.kernels.base import OpDefinition
-from ckpred.schema import ArchConfig, DtypeConfig, arch_value
+from ckpred.schema import ArchConfig, DtypeConfig, BaselinesConfig, arch_value
 
 #: Budgets k reported as efficiency@k (the budgeted two-phase search).
 EFFICIENCY_KS: tuple[int, ...] = (1, 2, 5, 10, 20)
@@ -519,7 +519,7 @@ def best_static_scores(train_kernels: np.ndarray, train_perf: np.ndarray, train_
     return best_static_apply(per_kernel, test_kernels), ranking
 
 
-def best_static_by(baselines: Any, op: OpDefinition) -> list[str]:
+def best_static_by(baselines: BaselinesConfig, op: OpDefinition) -> list[str]:
     """``baselines.best_static_by``: the problem fields the ``best_static`` order is learned per.
 
     Raises
@@ -527,7 +527,7 @@ def best_static_by(baselines: Any, op: OpDefinition) -> list[str]:
     ckpred.errors.ConfigValueError
         When one is not a problem field of ``op``.
     """
-    by = [str(f) for f in baselines.get("best_static_by") or ()]
+    by = [str(f) for f in baselines.best_static_by]
     for f in by:
         if f not in op.problem_names:
             raise ConfigValueError("baselines.best_static_by", f, f"a problem field of op {op.name}: "

@@ -14,7 +14,6 @@ from typing import Any, Callable
 import lightgbm as lgb
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
 from sklearn.base import TransformerMixin
 from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 from sklearn.pipeline import Pipeline
@@ -22,10 +21,11 @@ from sklearn.pipeline import Pipeline
 from ckpred import evaluate as ev
 from ckpred.errors import ConfigValueError
 from ckpred.kernels.base import OpDefinition
-from ckpred.models import (FitRows, absent_estimate, booster, build_pipeline, fit_applicability_model,
+from ckpred.models import (FitRows, Recipe, absent_estimate, booster, build_pipeline, fit_applicability_model,
                            fit_failure_model, fit_pipeline, predicted_ok, set_applicability_model, target_name,
                            training_target)
-from ckpred.schema import ArchConfig, arch_config
+from ckpred.schema import (ApplicabilityConfig, ArchConfig, FeaturesConfig, HardwareView, ModelConfig, RecipeConfig,
+                           RowsConfig, TargetConfig, TrainConfig, TransferConfig, ValidityModelConfig, arch_config)
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Prepared:
         return np.ones(len(self.table), dtype=bool)
 
 
-def prepare(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: ArchConfig | None = None,
+def prepare(table: pd.DataFrame, op: OpDefinition, cfg: HardwareView, arch: ArchConfig | None = None,
             own_archs: bool = True) -> Prepared:
     """Encode the model input, measured perf, validity mask and shape groups of ``table``.
 
@@ -156,7 +156,7 @@ def row_archs(table: pd.DataFrame, arch: ArchConfig) -> tuple[tuple[ArchConfig, 
     return tuple(arch if name == own else arch_config(str(name)) for name in names), codes.astype(np.int64)
 
 
-def rule_mask(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: ArchConfig) -> np.ndarray:
+def rule_mask(table: pd.DataFrame, op: OpDefinition, cfg: HardwareView, arch: ArchConfig) -> np.ndarray:
     """The op's validity rules per row of ``table`` with ``arch``'s constants (True = may run)."""
     problems = table[list(op.problem_names)]
     kernels = table[list(op.kernel_names)]
@@ -194,7 +194,7 @@ class Coverage:
     example: str = ""
 
 
-def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: Any, arch: ArchConfig | None = None,
+def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: HardwareView, arch: ArchConfig | None = None,
                     shape_codes: np.ndarray | None = None) -> tuple[pd.DataFrame, Coverage]:
     """``table`` plus a row for every rule-valid catalogue kernel a problem has no row for.
 
@@ -394,7 +394,7 @@ def validation_split(shapes: np.ndarray, fraction: float, seed: int,
     return np.sort(shapes[fit_pos]), np.sort(shapes[val_pos])
 
 
-def training_rows(data: Prepared, shapes: np.ndarray, rows_cfg: Any, *, max_rows: int,
+def training_rows(data: Prepared, shapes: np.ndarray, rows_cfg: RowsConfig, *, max_rows: int,
                   rng: np.random.Generator) -> np.ndarray:
     """Row indices a model trains on, contiguous per shape (in ``shapes`` order).
 
@@ -428,38 +428,35 @@ class LearnedMethod:
     """A pipeline recipe: what ``model``, ``plain`` and ``reference`` share."""
 
     name: str
-    recipe: DictConfig  # features, model, target, seed, layout
-    rows: Any
+    recipe: Recipe
+    rows: RowsConfig
     #: Warm start (:mod:`ckpred.warm_start`): booster every fit of this method continues from.
     init_model: lgb.Booster | None = None
     #: The learned validity mask's config (``validity``); None = no failure model.
-    validity: Any = None
+    validity: ValidityModelConfig | None = None
     #: The transfer recipe's config (``transfer``): the method is fitted by
     #: :func:`ckpred.transfer.fit_transfer` (its learner blended with the static order).
-    transfer: Any = None
+    transfer: TransferConfig | None = None
 
 
-def recipe_config(cfg: Any, features: Any, model: Any, target: Any) -> DictConfig:
+def recipe_config(cfg: RecipeConfig, features: FeaturesConfig, model: ModelConfig, target: TargetConfig) -> Recipe:
     """The recipe of one learned method: its features, model and target with the run's seed and layout."""
-    return OmegaConf.create({"features": OmegaConf.to_container(features, resolve=True),
-                             "model": OmegaConf.to_container(model, resolve=True),
-                             "target": OmegaConf.to_container(target, resolve=True),
-                             "seed": int(cfg.seed), "layout": OmegaConf.to_container(cfg.layout, resolve=True)})
+    return Recipe(features, model, target, int(cfg.seed), cfg.layout)
 
 
-def model_method(cfg: Any) -> LearnedMethod:
+def model_method(cfg: RecipeConfig) -> LearnedMethod:
     """The config's model recipe as a method (with the learned validity mask when configured)."""
     return LearnedMethod("model", recipe_config(cfg, cfg.features, cfg.model, cfg.target), cfg.rows,
-                         validity=cfg.get("validity"))
+                         validity=cfg.validity)
 
 
-def plain_method(cfg: Any) -> LearnedMethod:
+def plain_method(cfg: TrainConfig) -> LearnedMethod:
     """Plain LightGBM (``baselines.plain``) on the model's features and training rows."""
     plain = cfg.baselines.plain
     return LearnedMethod("plain", recipe_config(cfg, cfg.features, plain.model, plain.target), cfg.rows)
 
 
-def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any,
+def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: RecipeConfig,
                seed: int, build: Callable[..., Pipeline] = build_pipeline) -> tuple[Pipeline, dict[str, Any]]:
     """Fit ``method`` on the training ``shapes`` of ``data``; returns (pipeline, fit info).
 
@@ -498,19 +495,20 @@ def fit_method(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: Op
     model_cfg = recipe.model
     if int(model_cfg.early_stopping_rounds) > 0 and val is None:
         # no validation group to stop on (validation_split said why): the full tree count
-        model_cfg = OmegaConf.merge(model_cfg, {"early_stopping_rounds": 0})
+        model_cfg = replace(model_cfg, early_stopping_rounds=0)
     fit_pipeline(pipe, train, model_cfg=model_cfg, target=target_name(recipe.model, recipe.target), val=val,
                  init_model=method.init_model, features_out=features_out if learn_failures else None)
     if learn_failures:
         # the failure model learns on the ranking model's own training rows and features
         failed = data.perf[rows] <= 0
+        assert method.validity is not None  # learn_failures says so
         model = fit_failure_model(pipe, None, failed, method.validity, seed, Xt=features_out["Xt"])
         info.update(failure_model=model is not None, failed_rows=int(failed.sum()))
     info.update(_fitted_info(pipe, data, len(rows), fit_shapes, val_shapes))
     return pipe, info
 
 
-def _fit_rows(data: Prepared, rows: np.ndarray, recipe: DictConfig) -> FitRows:
+def _fit_rows(data: Prepared, rows: np.ndarray, recipe: Recipe) -> FitRows:
     """``rows`` of ``data`` as a model fits on them: raw input, the recipe's label, shape codes."""
     codes = data.groups.codes[rows]
     return FitRows(X=data.X.iloc[rows], y=training_target(data.perf[rows], codes, recipe.model, recipe.target),
@@ -532,7 +530,7 @@ def _fitted_info(pipe: Pipeline, data: Prepared, n_rows: int, fit_shapes: np.nda
     return info
 
 
-def arch_features(data: Prepared, rows: np.ndarray, recipe: DictConfig, op: OpDefinition, cfg: Any,
+def arch_features(data: Prepared, rows: np.ndarray, recipe: Recipe, op: OpDefinition, cfg: RecipeConfig,
                   build: Callable[..., Pipeline] = build_pipeline) -> np.ndarray:
     """The features of ``rows`` of a table of several GPUs, each row's with its own arch's
     constants (one feature step per arch, built as ``build`` builds the pipeline's), in ``rows`` order."""
@@ -547,7 +545,7 @@ def arch_features(data: Prepared, rows: np.ndarray, recipe: DictConfig, op: OpDe
     return out if out is not None else np.zeros((0, 0))
 
 
-def for_arch(pipe: Pipeline, method: LearnedMethod, op: OpDefinition, cfg: Any, arch: ArchConfig | None,
+def for_arch(pipe: Pipeline, method: LearnedMethod, op: OpDefinition, cfg: RecipeConfig, arch: ArchConfig | None,
              X: pd.DataFrame) -> Pipeline:
     """``pipe`` scoring a table of another arch: the same fitted model behind features built with
     ``arch``'s hardware constants (feature groups learn no statistics, so refitting them on
@@ -609,14 +607,14 @@ def _pair_rows(cand: Prepared, shapes: np.ndarray, max_rows: int, seed: int) -> 
     return rows_of(cand.groups, np.sort(keep))
 
 
-def _fit_mask_model(cand: Prepared, shapes: np.ndarray, features: TransformerMixin, acfg: Any,
+def _fit_mask_model(cand: Prepared, shapes: np.ndarray, features: TransformerMixin, acfg: ApplicabilityConfig,
                     seed: int) -> tuple[lgb.LGBMRegressor, int]:
     rows = _pair_rows(cand, shapes, int(acfg.max_rows), seed)
     Xt = features.transform(cand.X.iloc[rows])
     return fit_applicability_model(Xt, ~cand.measured[rows], acfg, seed), len(rows)
 
 
-def fit_applicability(cand: Prepared, shapes: np.ndarray, data: Prepared, op: OpDefinition, cfg: Any, seed: int,
+def fit_applicability(cand: Prepared, shapes: np.ndarray, data: Prepared, op: OpDefinition, cfg: RecipeConfig, seed: int,
                       pipe: Pipeline) -> Applicability:
     """Fit the applicability mask on the training ``shapes`` and choose its threshold on inner folds.
 
@@ -681,7 +679,7 @@ def predict(pipe: Pipeline, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray
                            for i in range(0, len(X), batch)])
 
 
-def fit_final(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> Pipeline:
+def fit_final(cfg: RecipeConfig, table: pd.DataFrame, op: OpDefinition) -> Pipeline:
     """Fit the config's model recipe on every shape of ``table``, exactly as ``train`` fits its final
     model (with the applicability mask, :func:`attach_applicability`)."""
     data = prepare(table, op, cfg)
@@ -692,7 +690,7 @@ def fit_final(cfg: Any, table: pd.DataFrame, op: OpDefinition) -> Pipeline:
     return pipe
 
 
-def candidates(data: Prepared, op: OpDefinition, cfg: Any) -> tuple[Prepared, Coverage]:
+def candidates(data: Prepared, op: OpDefinition, cfg: RecipeConfig) -> tuple[Prepared, Coverage]:
     """The candidate set of ``data``'s problems (:func:`with_unmeasured`), prepared as
     :func:`prepare` would, with ``data``'s shapes (same indices, keys, CV groups); ``data``
     itself when the table measures every candidate. Raises what :func:`coverage_note` raises."""
@@ -712,7 +710,7 @@ def candidates(data: Prepared, op: OpDefinition, cfg: Any) -> tuple[Prepared, Co
                     arch=data.arch), coverage
 
 
-def attach_applicability(pipe: Pipeline, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any, seed: int,
+def attach_applicability(pipe: Pipeline, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: RecipeConfig, seed: int,
                          cand: Prepared | None = None) -> Applicability | None:
     """For an op whose table lists only the kernels that apply (``op.absence=not_applicable``): fit
     the applicability mask on ``shapes`` (:func:`fit_applicability`) and attach it to ``pipe``.

@@ -39,6 +39,8 @@ from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from ckpred.features import build_features
 from ckpred.kernels.base import OpDefinition
+from ckpred.schema import (ApplicabilityConfig, ArchConfig, DtypeConfig, FeaturesConfig, LayoutConfig, ModelConfig,
+                           RecipeConfig, TargetConfig, ValidityModelConfig)
 
 
 class _ElementwiseTarget(TransformerMixin, BaseEstimator):
@@ -126,7 +128,7 @@ def relevance_grades(perf: np.ndarray, shape_codes: np.ndarray, *, n_grades: int
     return np.rint((n_grades - 1) * rel ** exponent).astype(np.int32)
 
 
-def _lgbm_params(model_cfg: Any, seed: int) -> dict[str, Any]:
+def _lgbm_params(model_cfg: ModelConfig, seed: int) -> dict[str, Any]:
     return dict(
         n_estimators=int(model_cfg.n_estimators), learning_rate=float(model_cfg.learning_rate),
         num_leaves=int(model_cfg.num_leaves), max_depth=int(model_cfg.max_depth),
@@ -141,14 +143,14 @@ def _lgbm_params(model_cfg: Any, seed: int) -> dict[str, Any]:
     )
 
 
-def build_estimator(model_cfg: Any, target_cfg: Any, seed: int = 0) -> BaseEstimator:
+def build_estimator(model_cfg: ModelConfig, target_cfg: TargetConfig, seed: int = 0) -> BaseEstimator:
     """The unfitted ``model`` step for ``model_cfg`` / ``target_cfg`` (see module docstring)."""
     params = _lgbm_params(model_cfg, seed)
     if model_cfg.name == "lgbm_ranker":
         grades = int(model_cfg.relevance_grades)
-        linear = str(model_cfg.get("label_gain", "exp2")) == "linear"
+        linear = str(model_cfg.label_gain) == "linear"
         gain = [float(i) if linear else float(2 ** i - 1) for i in range(grades)]
-        return lgb.LGBMRanker(objective=str(model_cfg.get("objective", "lambdarank")), label_gain=gain, **params)
+        return lgb.LGBMRanker(objective=str(model_cfg.objective), label_gain=gain, **params)
     if model_cfg.name != "lgbm_regressor":
         raise ValueError(f"unknown model.name {model_cfg.name!r}")
     transformer = Log1pTarget() if target_cfg.name == "log1p" else IdentityTarget()
@@ -156,17 +158,30 @@ def build_estimator(model_cfg: Any, target_cfg: Any, seed: int = 0) -> BaseEstim
                                       transformer=transformer, check_inverse=False)
 
 
-def build_pipeline(cfg: Any, op: OpDefinition, arch_cfg: Any, dtype_cfg: Any) -> Pipeline:
-    """The unfitted ``features -> model`` Pipeline of a config.
+@dataclass(frozen=True)
+class Recipe:
+    """What one learned pipeline is made of: a feature set, a model and a target, with the run's
+    seed and layout (the config's own model, or a baseline's features, model and target)."""
+
+    features: FeaturesConfig
+    model: ModelConfig
+    target: TargetConfig
+    seed: int = 0
+    #: Sets the features' ``layout_code`` (None: rcr's, the layout a catalogue assumes without one).
+    layout: LayoutConfig | None = None
+
+
+def build_pipeline(cfg: Recipe | RecipeConfig, op: OpDefinition, arch_cfg: ArchConfig, dtype_cfg: DtypeConfig) -> Pipeline:
+    """The unfitted ``features -> model`` Pipeline of a recipe.
 
     Parameters
     ----------
-    cfg : DictConfig
-        Needs ``features``, ``model`` and ``target``; ``seed`` and ``layout`` are used when
-        present (a train config, or the ``baselines.reference`` node plus those keys).
+    cfg : Recipe or RecipeConfig
+        The ``features``, ``model``, ``target``, ``seed`` and ``layout`` (a learned method's
+        :class:`Recipe`, or a command's config for its own model).
     op : OpDefinition
         Pipeline input X is ``op.encode_frame(table)`` (columns ``op.input_names``).
-    arch_cfg, dtype_cfg : config nodes
+    arch_cfg, dtype_cfg : ArchConfig, DtypeConfig
         Hardware profile and dtype for the feature constants.
 
     Returns
@@ -174,18 +189,18 @@ def build_pipeline(cfg: Any, op: OpDefinition, arch_cfg: Any, dtype_cfg: Any) ->
     sklearn.pipeline.Pipeline
         Steps ``("features", FeatureUnion)`` and ``("model", estimator)``.
     """
-    layout = cfg.get("layout") if hasattr(cfg, "get") else getattr(cfg, "layout", None)
-    seed = int(cfg.get("seed", 0) if hasattr(cfg, "get") else getattr(cfg, "seed", 0))
-    features = build_features(cfg.features, op, arch_cfg, dtype_cfg, layout)
+    features = build_features(cfg.features, op, arch_cfg, dtype_cfg, cfg.layout)
+    seed = int(cfg.seed)
     return Pipeline([("features", features), ("model", build_estimator(cfg.model, cfg.target, seed))])
 
 
-def target_name(model_cfg: Any, target_cfg: Any) -> str:
+def target_name(model_cfg: ModelConfig, target_cfg: TargetConfig) -> str:
     """What the scores mean: the target name, or ``rank`` for the ranker."""
     return "rank" if model_cfg.name == "lgbm_ranker" else str(target_cfg.name)
 
 
-def training_target(perf: np.ndarray, shape_codes: np.ndarray, model_cfg: Any, target_cfg: Any) -> np.ndarray:
+def training_target(perf: np.ndarray, shape_codes: np.ndarray, model_cfg: ModelConfig,
+                    target_cfg: TargetConfig) -> np.ndarray:
     """y for :func:`fit_pipeline`: TFLOPS (log1p/raw; TTR transforms it), log-relative, or grades."""
     if model_cfg.name == "lgbm_ranker":
         return relevance_grades(perf, shape_codes, n_grades=int(model_cfg.relevance_grades),
@@ -221,7 +236,7 @@ class FitRows:
     Xt: np.ndarray | None = None
 
 
-def fit_pipeline(pipe: Pipeline, rows: FitRows, *, model_cfg: Any, target: str, val: FitRows | None = None,
+def fit_pipeline(pipe: Pipeline, rows: FitRows, *, model_cfg: ModelConfig, target: str, val: FitRows | None = None,
                  init_model: lgb.Booster | None = None, features_out: dict[str, Any] | None = None) -> Pipeline:
     """Fit ``pipe`` in place on ``rows``, with early stopping on ``val`` when configured.
 
@@ -306,7 +321,7 @@ def booster(pipe: Pipeline) -> lgb.Booster:
 # ---------------------------------------------------------------------------------------------
 # Learned validity: kernels the training data saw fail
 # ---------------------------------------------------------------------------------------------
-def fit_failure_model(pipe: Pipeline, X: pd.DataFrame | None, failed: np.ndarray, validity_cfg: Any,
+def fit_failure_model(pipe: Pipeline, X: pd.DataFrame | None, failed: np.ndarray, validity_cfg: ValidityModelConfig,
                       seed: int = 0, Xt: npt.ArrayLike | None = None) -> lgb.LGBMRegressor | None:
     """Learn which rule-valid kernels fail, and attach the model to ``pipe`` (fitted).
 
@@ -326,7 +341,7 @@ def fit_failure_model(pipe: Pipeline, X: pd.DataFrame | None, failed: np.ndarray
         Raw model input of rule-valid training rows (``op.encode_frame``); None with ``Xt``.
     failed : ndarray of bool
         Whether each row failed when measured.
-    validity_cfg : config node
+    validity_cfg : ValidityModelConfig
         ``threshold``, ``n_estimators``, ``num_leaves``, ``min_child_samples`` (and ``n_jobs``).
     Xt : array-like, optional
         The rows' features when already computed (the ranking model's training features).
@@ -352,13 +367,13 @@ def set_failure_model(pipe: Pipeline, model: lgb.LGBMRegressor | None, threshold
     pipe.ckpred_failure_model_ = model
 
 
-def failure_estimator(validity_cfg: Any, seed: int = 0) -> lgb.LGBMRegressor:
+def failure_estimator(validity_cfg: ValidityModelConfig | ApplicabilityConfig, seed: int = 0) -> lgb.LGBMRegressor:
     """The unfitted failure model of :func:`fit_failure_model` (its parameters are also what a
     partitioned dataset's Dask fit uses, :mod:`ckpred.scale`)."""
     return lgb.LGBMRegressor(objective="regression", n_estimators=int(validity_cfg.n_estimators),
                              learning_rate=0.1, num_leaves=int(validity_cfg.num_leaves),
                              min_child_samples=int(validity_cfg.min_child_samples),
-                             n_jobs=int(validity_cfg.get("n_jobs", 1)), random_state=int(seed),
+                             n_jobs=int(validity_cfg.n_jobs), random_state=int(seed),
                              deterministic=True, force_row_wise=True, verbose=-1)
 
 
@@ -379,7 +394,7 @@ def predicted_ok(pipe: Pipeline, X: pd.DataFrame) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # Learned applicability: kernels a sparse table does not list for a problem
 # ---------------------------------------------------------------------------------------------
-def fit_applicability_model(Xt: npt.ArrayLike, absent: np.ndarray, cfg: Any, seed: int = 0) -> lgb.LGBMRegressor:
+def fit_applicability_model(Xt: npt.ArrayLike, absent: np.ndarray, cfg: ApplicabilityConfig, seed: int = 0) -> lgb.LGBMRegressor:
     """Learn which catalogue kernels a problem's rows would not hold (not applicable to it).
 
     The same small LightGBM model as :func:`fit_failure_model` (an L2 fit of the 0/1 label, so a
@@ -394,8 +409,8 @@ def fit_applicability_model(Xt: npt.ArrayLike, absent: np.ndarray, cfg: Any, see
         Features of the training pairs.
     absent : ndarray of bool
         Whether the table holds no row of each pair.
-    cfg : config node
-        ``n_estimators``, ``num_leaves``, ``min_child_samples``, ``n_jobs`` (``applicability``).
+    cfg : ApplicabilityConfig
+        ``n_estimators``, ``num_leaves``, ``min_child_samples``, ``n_jobs``.
 
     Raises
     ------

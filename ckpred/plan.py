@@ -37,6 +37,7 @@ in, plus the op's validity column (``op.failure.valid_column``) when it has one.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -54,8 +55,8 @@ from ckpred.data.readers.common import to_float, to_int, truth
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.fitting import for_arch, model_method, predict
 from ckpred.kernels.base import Field, OpDefinition, load_op
-from ckpred.runs import load_train_run
-from ckpred.schema import PLAN_KERNEL_ORDERS, PLAN_PROBLEM_ORDERS, ArchConfig
+from ckpred.runs import load_train_run, run_record_path
+from ckpred.schema import PLAN_KERNEL_ORDERS, PLAN_PROBLEM_ORDERS, ArchConfig, BaselinesConfig, RecipeConfig, saved_recipe
 from ckpred.schema import PlanBudgetConfig as Budget
 from ckpred.transfer import TransferModel
 from ckpred.util import OwnFile, atomic_path, resolve_path
@@ -80,7 +81,8 @@ class Source:
     """A finished train run as a plan reads it: its config, op, fitted pipeline and training table."""
 
     run_dir: Path
-    cfg: Any
+    #: The run's recipe (its record's config; ``baselines`` a plain mapping).
+    cfg: RecipeConfig
     op: OpDefinition
     pipeline: Pipeline | TransferModel
     #: The run's training table (canonical), as its config loads it.
@@ -107,14 +109,21 @@ def load_source(run_dir: str | Path) -> Source:
     ckpred.errors.MissingFileError, ckpred.errors.InputFileError, ckpred.errors.ModelMismatchError
         As :func:`ckpred.runs.load_train_run` (no such run, not a train run, a replaced pipeline).
     """
-    from omegaconf import OmegaConf
-
+    record = run_record_path(resolve_path(run_dir))
+    try:  # before the pipeline is read: a transfer run's is not one plan can score
+        model = json.loads(record.read_bytes()).get("model") if record.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        model = None  # load_train_run names what is wrong with the record
+    if model == "transfer":
+        raise ConfigValueError("run_dir", str(run_dir), "a run of one fitted pipeline, not a transfer-recipe run "
+                                                        f"({record.name} says \"model\": \"transfer\"); retrain it "
+                                                        "with transfer.mode=off (the recipe's learner alone)")
     run = load_train_run(run_dir, purpose="plan", require_record=True)
     config = run.record.get("config")
     if not isinstance(config, dict):
         raise InputFileError(str(run.path / "run.json"), "plan: the run record holds no config (written by an older "
                                                           "ckpred); retrain the run")
-    cfg = OmegaConf.create(config)
+    cfg = saved_recipe(config)
     op = load_op(cfg.op)
     return Source(run.path, cfg, op, run.pipeline, load_table(cfg), run.record)
 
@@ -306,7 +315,8 @@ def model_scores(source: Source, pairs: pd.DataFrame, arch: ArchConfig) -> np.nd
 
 
 def _static_keys(source: Source, frame: pd.DataFrame) -> np.ndarray:
-    by = ev.best_static_by(source.cfg.get("baselines") or {}, source.op)
+    saved = source.cfg.baselines or {}
+    by = ev.best_static_by(BaselinesConfig(best_static_by=list(saved.get("best_static_by") or ())), source.op)
     return ev.static_keys(frame.reset_index(drop=True), np.arange(len(frame)), by)
 
 

@@ -338,9 +338,10 @@ PIPELINE_GLOBALS: frozenset[tuple[str, str]] = frozenset({
     ("numpy._core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
     # containers the estimators keep
     ("collections", "OrderedDict"), ("collections", "defaultdict"),
-    # a zero-shot run's transfer recipe: the learner's method with its configs (OmegaConf nodes of
-    # the schema's dataclasses, see _config_class) and the static order (a pandas Series of text keys)
-    ("ckpred.transfer", "TransferModel"), ("ckpred.fitting", "LearnedMethod"),
+    # a zero-shot run's transfer recipe: the learner's method with its recipe and configs (the
+    # schema's dataclasses, see _config_class; OmegaConf nodes of them in runs of older versions)
+    # and the static order (a pandas Series of text keys)
+    ("ckpred.transfer", "TransferModel"), ("ckpred.fitting", "LearnedMethod"), ("ckpred.models", "Recipe"),
     ("omegaconf.base", "ContainerMetadata"), ("omegaconf.base", "Metadata"),
     ("omegaconf.dictconfig", "DictConfig"), ("omegaconf.listconfig", "ListConfig"),
     ("omegaconf.nodes", "AnyNode"), ("omegaconf.nodes", "BooleanNode"), ("omegaconf.nodes", "FloatNode"),

@@ -34,7 +34,6 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import lightgbm as lgb
@@ -56,9 +55,10 @@ from ckpred.errors import CkpredError, ConfigValueError, InputFileError
 from ckpred.features import build_features
 from ckpred.fitting import LearnedMethod, Prepared, model_method, predict, prepare, training_rows
 from ckpred.kernels.base import OpDefinition
-from ckpred.models import (build_estimator, build_pipeline, failure_estimator, failure_model, fit_failure_model,
+from ckpred.models import (Recipe, build_estimator, build_pipeline, failure_estimator, failure_model, fit_failure_model,
                            predicted_ok, query_sizes, set_failure_model, target_name, training_target)
-from ckpred.schema import LayoutConfig, arch_config
+from ckpred.schema import (DaskConfig, Hardware, LayoutConfig, RecipeConfig, RowsConfig, TrainConfig,
+                           ValidityModelConfig, arch_config)
 from ckpred.transfer import Fitted, fit_learned
 
 if TYPE_CHECKING:  # the optional dask extra
@@ -140,11 +140,11 @@ def layout_config(name: str) -> Any:
     return LayoutConfig(name=layout.name, a=layout.a, b=layout.b, c=layout.c, code=layout.code)
 
 
-def combo_config(frame: pd.DataFrame) -> SimpleNamespace:
+def combo_config(frame: pd.DataFrame) -> Hardware:
     """``arch``, ``dtype``, ``layout`` configs of a partition (from its one combo's names)."""
     row = frame.iloc[0]
-    return SimpleNamespace(arch=arch_config(str(row["arch"])), dtype=load_dtype(str(row["dtype"])),
-                           layout=layout_config(str(row["layout"])))
+    return Hardware(arch=arch_config(str(row["arch"])), dtype=load_dtype(str(row["dtype"])),
+                    layout=layout_config(str(row["layout"])))
 
 
 @dataclass
@@ -152,8 +152,8 @@ class PartitionRecipe:
     """What every partition needs to turn its rows into training rows (pickled to the workers)."""
 
     op: OpDefinition
-    recipe: Any  # features, model, target, seed, layout (ckpred.fitting.recipe_config)
-    rows: Any  # the rows config
+    recipe: Recipe
+    rows: RowsConfig
     seed: int
     #: Output columns of the feature step (the same for every arch/dtype/layout).
     n_features: int = 0
@@ -175,7 +175,7 @@ class PartitionRecipe:
         u = (h >> np.uint64(11)).astype(np.float64) / float(2 ** 53)
         return (u >= self.test_lo) & (u < self.test_hi)
 
-    def features(self, combo: SimpleNamespace) -> Any:
+    def features(self, combo: Hardware) -> Any:
         return build_features(self.recipe.features, self.op, combo.arch, combo.dtype, combo.layout)
 
     def training_frame(self, frame: pd.DataFrame, number: int) -> pd.DataFrame:
@@ -236,7 +236,7 @@ def _head(file: str, rows: int = 8) -> pd.DataFrame:
 
 # -- the cluster -------------------------------------------------------------------------------
 @contextmanager
-def dask_client(dask_cfg: Any) -> Iterator[Any]:
+def dask_client(dask_cfg: DaskConfig) -> Iterator[Any]:
     """A ``distributed.Client``: on ``dask_cfg.address``, or on a new ``LocalCluster`` of
     ``n_workers`` single-threaded worker processes with ``memory_limit`` each (closed on exit).
 
@@ -358,7 +358,7 @@ def _assemble(pipe: Pipeline, fitted_model: lgb.LGBMModel, target: str) -> Pipel
     return pipe
 
 
-def check_recipe(recipe: Any) -> None:
+def check_recipe(recipe: Recipe) -> None:
     if int(recipe.model.early_stopping_rounds) > 0:
         raise ConfigValueError("model.early_stopping_rounds", int(recipe.model.early_stopping_rounds),
                                "0 with model.backend=dask on a partitioned dataset (no early stopping there)")
@@ -382,17 +382,17 @@ class PartitionFit:
     part: PartitionRecipe
     estimator: Any
     is_ranker: bool
-    validity: Any = None
+    validity: ValidityModelConfig | None = None
 
 
-def fit_partitioned(cfg: Any, op: OpDefinition, path: str | Path, *, backend: str, client: Client | None = None,
+def fit_partitioned(cfg: RecipeConfig, op: OpDefinition, path: str | Path, *, backend: str, client: Client | None = None,
                     test: tuple[float, float] = (0.0, 0.0), placed: Placed | None = None,
                     seed: int | None = None) -> tuple[Pipeline, dict[str, Any]]:
     """Fit the config's model recipe on a partitioned dataset; returns (pipeline, fit info).
 
     Parameters
     ----------
-    cfg : DictConfig
+    cfg : RecipeConfig
         A composed train config (``features``, ``model``, ``target``, ``rows``, ``seed``, and
         ``arch``/``dtype``/``layout`` for the returned pipeline's feature constants).
     backend : {"dask", "local"}
@@ -561,7 +561,7 @@ def _fit_dask(client: Client, placed: Placed, job: PartitionFit) -> tuple[lgb.LG
     return model.to_local(), int(lengths.sum()), failure, n_failed
 
 
-def _fit_failures(client: Client, X: DaskArray, failed: DaskArray, validity: Any,
+def _fit_failures(client: Client, X: DaskArray, failed: DaskArray, validity: ValidityModelConfig,
                   seed: int) -> tuple[lgb.LGBMRegressor | None, int]:
     """The learned failure model on the Dask arrays of the ranking model's training rows: a
     ``DaskLGBMRegressor`` with :func:`ckpred.models.failure_estimator`'s parameters on the 0/1
@@ -680,7 +680,7 @@ def score_all(pipe: Pipeline, part: PartitionRecipe, files: list[str], client: C
     return (pd.concat(frames, ignore_index=True) if frames else _empty_scores()), notes
 
 
-def scoring_recipe(cfg: Any, op: OpDefinition, test: tuple[float, float], baselines: tuple[str, ...] = (),
+def scoring_recipe(cfg: RecipeConfig, op: OpDefinition, test: tuple[float, float], baselines: tuple[str, ...] = (),
                     static_by: tuple[str, ...] = ()) -> PartitionRecipe:
     method = model_method(cfg)
     return PartitionRecipe(op=op, recipe=method.recipe, rows=method.rows, seed=int(cfg.seed),
@@ -688,7 +688,7 @@ def scoring_recipe(cfg: Any, op: OpDefinition, test: tuple[float, float], baseli
                            static_by=static_by)
 
 
-def score_partitioned(pipe: Pipeline, cfg: Any, op: OpDefinition, path: str | Path, *, test: tuple[float, float],
+def score_partitioned(pipe: Pipeline, cfg: RecipeConfig, op: OpDefinition, path: str | Path, *, test: tuple[float, float],
                       client: Client | None = None) -> pd.DataFrame:
     """Per-query efficiency (and top-1 and the other per-shape metrics) of ``pipe`` on the
     held-out queries of a partitioned dataset that have a valid kernel (each partition scored
@@ -709,7 +709,7 @@ def summary(per_query: pd.DataFrame, method: str = "model") -> dict[str, float]:
 
 # -- CV folds of an in-memory table as tasks -------------------------------------------------------
 def submit_fits(client: Client, jobs: list[tuple[LearnedMethod, np.ndarray, int]], data: Prepared, op: OpDefinition,
-                cfg: Any) -> list[Future]:
+                cfg: RecipeConfig) -> list[Future]:
     """Submit :func:`ckpred.transfer.fit_learned` for each ``(method, train_shapes, seed)`` as a task
     on ``client``; the prepared table is sent to the workers once. Returns the futures in order
     (each resolves to ``(pipeline, info)``)."""
@@ -718,7 +718,7 @@ def submit_fits(client: Client, jobs: list[tuple[LearnedMethod, np.ndarray, int]
             for method, shapes, seed in jobs]
 
 
-def fold_fits(cfg: Any, data: Prepared, op: OpDefinition,
+def fold_fits(cfg: RecipeConfig, data: Prepared, op: OpDefinition,
               jobs: list[tuple[LearnedMethod, np.ndarray, int]]) -> Iterator[tuple[Fitted, dict[str, Any]]]:
     """``(pipeline, info)`` of each job, in order, fitted as tasks on the cluster of ``cfg.model.dask``.
 
@@ -733,7 +733,7 @@ def fold_fits(cfg: Any, data: Prepared, op: OpDefinition,
             yield pipe, info
 
 
-def baselines_of(cfg: Any, op: OpDefinition) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def baselines_of(cfg: TrainConfig, op: OpDefinition) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The baselines of ``cfg.baselines`` a partitioned run scores, and ``best_static_by``.
 
     ``analytical`` is tried only when the op has a GEMM view, as in the in-memory run.

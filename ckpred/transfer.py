@@ -37,7 +37,7 @@ from sklearn.pipeline import Pipeline
 from ckpred import evaluate as ev
 from ckpred.fitting import LearnedMethod, Prepared, fit_method, for_arch, predict, recipe_config, rows_of
 from ckpred.kernels.base import OpDefinition
-from ckpred.schema import ArchConfig, arch_constants
+from ckpred.schema import ArchConfig, RecipeConfig, TrainConfig, arch_constants
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ __all__ = ["Fitted", "TransferModel", "blend", "choose_weight", "fit_learned", "
 UNSEEN = -1.0
 
 
-def transfer_method(cfg: Any) -> LearnedMethod:
+def transfer_method(cfg: TrainConfig) -> LearnedMethod:
     """The recipe as the run's ``model`` method: ``baselines.plain``'s model and target on the
     model's features and training rows, fitted by :func:`fit_transfer`."""
     plain = cfg.baselines.plain
@@ -133,7 +133,7 @@ class TransferModel:
         """The learner pipeline (what ``pipeline.joblib`` readers, plots and exports inspect)."""
         return self.learner
 
-    def learner_pipeline(self, op: OpDefinition, cfg: Any, arch: ArchConfig | None, table: pd.DataFrame) -> Pipeline:
+    def learner_pipeline(self, op: OpDefinition, cfg: RecipeConfig, arch: ArchConfig | None, table: pd.DataFrame) -> Pipeline:
         """The learner with its features built for ``arch`` (itself when that is its own arch);
         ``table`` gives the input columns it is fitted on."""
         if _same_arch(arch, self.arch):
@@ -144,7 +144,7 @@ class TransferModel:
         """The static order's score of ``rows`` of ``table`` (-inf for a kernel never seen)."""
         return ev.best_static_apply(self.static, ev.static_keys(table, rows, list(self.static_by)))
 
-    def learner_scores(self, data: Prepared, rows: np.ndarray, op: OpDefinition, cfg: Any,
+    def learner_scores(self, data: Prepared, rows: np.ndarray, op: OpDefinition, cfg: RecipeConfig,
                        arch: ArchConfig | None = None) -> np.ndarray:
         """The learner's scores of ``rows`` of ``data``, each row featurised with its own arch
         (or every row with ``arch``)."""
@@ -157,7 +157,7 @@ class TransferModel:
             out[position.loc[sub].to_numpy()] = predict(scorer, data.X.iloc[sub])
         return out
 
-    def score(self, data: Prepared, rows: np.ndarray, op: OpDefinition, cfg: Any, mask: np.ndarray,
+    def score(self, data: Prepared, rows: np.ndarray, op: OpDefinition, cfg: RecipeConfig, mask: np.ndarray,
               arch: ArchConfig | None = None) -> np.ndarray:
         """The recipe's scores of ``rows`` (every row of their problems: the candidates), ranked
         among the ``mask``-ed ones of each problem (NaN elsewhere)."""
@@ -208,7 +208,7 @@ def _static_order(data: Prepared, shapes: np.ndarray, by: Sequence[str]) -> pd.S
     return ranking
 
 
-def fit_transfer(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any,
+def fit_transfer(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: RecipeConfig,
                  seed: int, weights: Sequence[float] | None = None) -> tuple[TransferModel, dict[str, Any]]:
     """Fit the transfer recipe on the training ``shapes`` of ``data``; returns (model, fit info).
 
@@ -228,7 +228,10 @@ def fit_transfer(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: 
         The blend weights to choose among (default ``method.transfer.weights``).
     """
     shapes = np.asarray(shapes, dtype=np.int64)
-    weights = [float(w) for w in (weights if weights is not None else method.transfer.weights)]
+    if weights is None:
+        assert method.transfer is not None  # a transfer method carries its config
+        weights = method.transfer.weights
+    weights = [float(w) for w in weights]
     by = ev.best_static_by(cfg.baselines, op)
     plain = LearnedMethod(method.name, method.recipe, method.rows)
     learner, info = fit_method(plain, data, shapes, op, cfg, seed)
@@ -246,7 +249,7 @@ def fit_transfer(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: 
     return model, info
 
 
-def fit_learned(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any,
+def fit_learned(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: RecipeConfig,
                 seed: int) -> tuple[Fitted, dict[str, Any]]:
     """Fit any learned method on the training ``shapes`` of ``data``; returns (model, fit info):
     the transfer recipe (``method.transfer`` set) by :func:`fit_transfer`, a
@@ -256,7 +259,7 @@ def fit_learned(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: O
     return fit_method(method, data, shapes, op, cfg, seed)
 
 
-def _inner_split(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: Any, seed: int,
+def _inner_split(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: RecipeConfig, seed: int,
                  weights: list[float], by: Sequence[str]) -> dict[float, float]:
     """Mean efficiency of every w over an inner leave-one-GPU-out split of the training shapes."""
     per: dict[float, list[float]] = {w: [] for w in weights}

@@ -34,13 +34,13 @@ from typing import Any
 
 import lightgbm as lgb
 import pandas as pd
-from omegaconf import DictConfig
 from sklearn.pipeline import Pipeline
 
 from ckpred.errors import ModelMismatchError
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import booster, build_pipeline, target_name
 from ckpred.runs import RunRecord, load_train_run
+from ckpred.schema import RecipeConfig, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def _describe_feature_difference(base: list[str], new: list[str]) -> str:
     return "; ".join(parts)
 
 
-def expected_fields(cfg: Any, op: OpDefinition, feature_names: list[str]) -> dict[str, Any]:
+def expected_fields(cfg: RecipeConfig, op: OpDefinition, feature_names: list[str]) -> dict[str, Any]:
     """The values of :data:`CHECKED_FIELDS` for this run's config."""
     return {"op": op.name, "arch": str(cfg.arch.name), "dtype": str(cfg.dtype.name), "layout": str(cfg.layout.name),
             "model": str(cfg.model.name), "target": target_name(cfg.model, cfg.target),
@@ -149,14 +149,14 @@ def check_compatible(base: BaseModel, expected: dict[str, Any]) -> None:
         raise err
 
 
-def feature_names_of(cfg: DictConfig, op: OpDefinition, X_head: pd.DataFrame) -> list[str]:
+def feature_names_of(cfg: RecipeConfig, op: OpDefinition, X_head: pd.DataFrame) -> list[str]:
     """Output feature names of this config's feature step (fitted on a few rows; it is stateless)."""
     pipe = build_pipeline(cfg, op, cfg.arch, cfg.dtype)
     features = pipe.named_steps["features"].fit(X_head)
     return [str(n) for n in features.get_feature_names_out()]
 
 
-def prepare(cfg: DictConfig, op: OpDefinition, X_head: pd.DataFrame) -> BaseModel:
+def prepare(cfg: TrainConfig, op: OpDefinition, X_head: pd.DataFrame) -> BaseModel:
     """Load ``cfg.warm_start`` and check it against this run; the entry point ``train`` calls."""
     base = load_base(str(cfg.warm_start))
     check_compatible(base, expected_fields(cfg, op, feature_names_of(cfg, op, X_head)))
@@ -164,7 +164,7 @@ def prepare(cfg: DictConfig, op: OpDefinition, X_head: pd.DataFrame) -> BaseMode
     return base
 
 
-def lineage(base: BaseModel, cfg: Any, record: RunRecord, fold_log: list[dict[str, Any]]) -> dict[str, Any]:
+def lineage(base: BaseModel, cfg: TrainConfig, record: RunRecord, fold_log: list[dict[str, Any]]) -> dict[str, Any]:
     """The ``warm_start`` entry of this run's record (base identity, trees, data, CV leakage);
     warns when CV leaked.
 

@@ -71,15 +71,15 @@ def test_every_option_composes(primary: str, group: str, option: str) -> None:
     cfg = compose(primary, overrides)
     if group == "experiment":  # `# @package _global_` bundles merge into the root, not a key
         return
-    assert cfg[group] is not None
+    assert getattr(cfg, group) is not None
 
 
 def test_arch_specs_are_real() -> None:
     cfg = compose("ingest", ["data.path=x", "arch=gfx950"])
-    assert (cfg.arch.compute_units, cfg.arch.dies, cfg.arch.shared_memory_kib, cfg.arch.peak_tflops.fp8) == (
+    assert (cfg.arch.compute_units, cfg.arch.dies, cfg.arch.shared_memory_kib, cfg.arch.peak_tflops["fp8"]) == (
         256, 8, 160, 5033.0)
     cfg = compose("ingest", ["data.path=x", "arch=gfx942"])
-    assert (cfg.arch.compute_units, cfg.arch.memory_bandwidth_gbs, cfg.arch.peak_tflops.fp16) == (304, 5300.0, 1307.0)
+    assert (cfg.arch.compute_units, cfg.arch.memory_bandwidth_gbs, cfg.arch.peak_tflops["fp16"]) == (304, 5300.0, 1307.0)
     cfg = compose("ingest", ["data.path=x", "arch=sm80_a100", "dtype=fp16"])
     assert (cfg.arch.vendor, cfg.arch.isa, cfg.arch.compute_units, cfg.arch.warp_size, cfg.arch.shared_memory_kib,
             cfg.arch.l2_mib_per_die, cfg.arch.memory_bandwidth_gbs) == ("nvidia", "sm_80", 108, 32, 164, 40.0, 1555.0)
@@ -184,7 +184,7 @@ def test_every_experiment_composes_for_every_recipe_command(config_dir, experime
     problem = [f"++problem.{k}=1" for k in (trained.op.problem_fields or {"m": 0, "n": 0, "k": 0})]
     cfg = composed(command, *(problem if command == "select" else []))
     for key in ("op", "arch", "dtype", "layout"):
-        assert cfg[key].name == trained[key].name
+        assert getattr(cfg, key).name == getattr(trained, key).name
 
 
 # -- open vocabularies: dtypes and layouts are the files of the config dirs --------------------------

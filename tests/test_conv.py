@@ -318,7 +318,7 @@ def test_experiment_exports_like_it_trains(tmp_path) -> None:
                              "reranker.num_leaves=7"])
     # the same recipe in both commands
     for key in ("op", "arch", "dtype", "features", "model", "target", "data"):
-        assert cfg[key] == train_cfg[key], key
+        assert getattr(cfg, key) == getattr(train_cfg, key), key
     from pathlib import Path
 
     manifest = json.loads((Path(export_command(cfg)) / "manifest.json").read_text())

@@ -12,7 +12,7 @@ import joblib
 import pytest
 from omegaconf import OmegaConf
 
-from ckpred.config import compose
+from ckpred.config import compose, compose_node
 from ckpred.data import load_table
 from ckpred.runs import load_pipeline
 from ckpred.util import sha256_file
@@ -75,7 +75,7 @@ def run_dir(tmp_path):
     run = tmp_path / "runs" / "train" / "r1"
     (run / ".hydra").mkdir(parents=True)
     joblib.dump(pipe, run / "pipeline.joblib")
-    run_cfg = compose("export", ["shapes=tiny"])
+    run_cfg = compose_node("export", ["shapes=tiny"])
     OmegaConf.save(run_cfg, run / ".hydra" / "config.yaml")
     import os
 

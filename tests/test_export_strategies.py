@@ -132,12 +132,13 @@ def test_reranker_trees_scale_with_the_recipes_learning_rate() -> None:
     the same trees); a configured size is used as given; the config refuses a size below 1."""
     from ckpred.errors import ConfigValueError
     from ckpred.export.strategies import reranker_size
-    from ckpred.schema import ExportRerankerConfig
+    from ckpred.schema import ExportRerankerConfig, ModelConfig
 
     default = {"n_estimators": None, "num_leaves": 31}
-    assert reranker_size(default, {"learning_rate": 0.1}) == {"n_estimators": 70, "num_leaves": 31}
-    assert reranker_size(default, {"learning_rate": 0.05}) == {"n_estimators": 140, "num_leaves": 31}
-    assert reranker_size({"n_estimators": 100, "num_leaves": 15}, {"learning_rate": 0.05}) == \
+    rate = lambda r: ModelConfig(name="lgbm_regressor", learning_rate=r)  # noqa: E731
+    assert reranker_size(default, rate(0.1)) == {"n_estimators": 70, "num_leaves": 31}
+    assert reranker_size(default, rate(0.05)) == {"n_estimators": 140, "num_leaves": 31}
+    assert reranker_size({"n_estimators": 100, "num_leaves": 15}, rate(0.05)) == \
         {"n_estimators": 100, "num_leaves": 15}
     assert ExportRerankerConfig().n_estimators is None
     with pytest.raises(ConfigValueError, match="reranker.n_estimators"):

@@ -898,16 +898,15 @@ def test_pipelines_ckpred_writes_load_under_the_restriction(model: str, tmp_path
     import joblib
 
     from export_helpers import TRAIN_SHAPES, configs, fit_pipeline, gemm, synthetic_table
-    from omegaconf import OmegaConf
-
     from ckpred.models import failure_estimator, set_failure_model
     from ckpred.runs import load_pipeline
+    from ckpred.schema import ValidityModelConfig
 
     op, cfg = gemm(), configs()
     table = synthetic_table(op, cfg, TRAIN_SHAPES[:4], kernels=100)
     pipe = fit_pipeline(op, cfg, table, model=model, n_estimators=3, features="gemm_universal")
     X = op.encode_frame(table)
-    failure = failure_estimator(OmegaConf.create({"n_estimators": 2, "num_leaves": 4, "min_child_samples": 5}))
+    failure = failure_estimator(ValidityModelConfig(n_estimators=2, num_leaves=4, min_child_samples=5))
     set_failure_model(pipe, failure.fit(pipe.named_steps["features"].transform(X), ~table["is_valid"].to_numpy()),
                       0.5)
     for compress in (3, 0):

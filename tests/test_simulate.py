@@ -142,7 +142,7 @@ def test_noise_has_the_real_run_to_run_size(cfg, tiny: pd.DataFrame) -> None:  #
 def test_selection_is_hard_and_physical(cfg, tiny: pd.DataFrame) -> None:  # type: ignore[no-untyped-def]
     perf = _per_shape(tiny)
     best = perf.max(axis=1)
-    peak = cfg.arch.peak_tflops.fp8
+    peak = cfg.arch.peak_tflops["fp8"]
     m = tiny.m.to_numpy()[:: 4608]
     assert (best[m == 1] < 0.005 * peak).all()  # decode: memory/launch bound
     k = tiny.k.to_numpy()[:: 4608]

@@ -36,7 +36,7 @@ def test_solver_tags_are_parsed_from_every_solver_name() -> None:
     """Each solver of the op has exactly one family; a solver gfx942 never ran (rocMLIR's
     implicit GEMM) gets the tags of its name, so it is not a row of zeros to the model."""
     cfg = compose("train", [f"hydra.searchpath=[file://{OPS_DIR}]", "experiment=miopen_gfx942", "data.path=x"])
-    solvers = list(cfg.op.kernel_fields.solver["values"])
+    solvers = list(cfg.op.kernel_fields["solver"].values)
     f = _features("miopen_gfx942", "miopen_conv_transfer", _conv_rows(solvers), "gfx942").set_index(
         pd.Index(solvers))
     families = f.filter(like="family_")

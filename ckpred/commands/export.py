@@ -15,7 +15,7 @@ Output: ``<out_dir>/<op>_<arch>_<dtype>_<layout>/``, written by
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from ckpred.export.build import ExportOptions, export_name, export_pipeline, nod
 from ckpred.fitting import fit_final
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.kernels.declared import bind_training_catalogue
-from ckpred.schema import ExportConfig, RecipeConfig
+from ckpred.schema import ExportConfig, RecipeConfig, saved_recipe
 from ckpred.transfer import TransferModel
 
 
@@ -88,8 +88,6 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Expor
     ``select`` is the strategy exported (default ``cfg.select``; ``pruned`` when the training
     data leave nothing to rerank).
     """
-    from omegaconf import OmegaConf
-
     from ckpred.export.strategies import Strategy, cv_efficiency, strategy_scores
 
     oof = pd.read_parquet(run_dir / "oof_predictions.parquet").reset_index(drop=True)
@@ -101,8 +99,8 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Expor
                            f"its training table has {len(trained)}: a per-fold report needs k-fold CV over "
                            "the training shapes"}, None
     select = select or cfg.select
-    kw = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, recipe=recipe, seed=int(cfg.get("seed", 0)))
-    reranker = OmegaConf.to_container(cfg.reranker, resolve=True) if select == "reranked" else None
+    kw: dict[str, Any] = dict(arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, recipe=recipe, seed=int(cfg.seed))
+    reranker = asdict(cfg.reranker) if select == "reranked" else None
     folds = int(oof["fold"].nunique())
 
     def on_fold(i: int) -> None:
@@ -124,7 +122,7 @@ def _check_run_matches(cfg: ExportConfig, run_cfg: RecipeConfig, run_dir: Path,
                        keys: tuple[str, ...] = ("op", "arch", "dtype", "layout")) -> None:
     diffs = []
     for key in keys:
-        mine, theirs = node_name(cfg[key]), node_name(run_cfg[key])
+        mine, theirs = node_name(getattr(cfg, key)), node_name(getattr(run_cfg, key))
         if mine != theirs:
             diffs.append(f"{key}: run has {theirs!r}, this export config has {mine!r} (pass {key}={theirs})")
     if diffs:
@@ -157,8 +155,6 @@ class _Source:
 
 def _from_run_dir(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     """The finished train run ``cfg.run_dir``: its pipeline, checked against its record and config."""
-    from omegaconf import OmegaConf
-
     from ckpred.data import load_table
     from ckpred.runs import RUN_RECORD, load_train_run
 
@@ -168,16 +164,16 @@ def _from_run_dir(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     identity = ("op", "dtype", "layout") if isinstance(run.pipeline, TransferModel) else ("op", "arch", "dtype", "layout")
     for key in identity:
         theirs = train_record.get(key)
-        if isinstance(theirs, str) and theirs != node_name(cfg[key]):
+        if isinstance(theirs, str) and theirs != node_name(getattr(cfg, key)):
             raise ModelMismatchError(f"{run_dir}/{RUN_RECORD}: {key} is {theirs!r}, this export config "
-                                     f"has {node_name(cfg[key])!r} (pass {key}={theirs})")
+                                     f"has {node_name(getattr(cfg, key))!r} (pass {key}={theirs})")
     # The run's own config says which data it trained on (for the ranges and the parity shapes).
     run_cfg_path = run_dir / ".hydra" / "config.yaml"
-    data_cfg = cfg
+    data_cfg: RecipeConfig = cfg
     if isinstance(train_record.get("config"), dict):
-        data_cfg = OmegaConf.create(train_record["config"])
+        data_cfg = saved_recipe(train_record["config"])
     elif run_cfg_path.is_file():
-        data_cfg = OmegaConf.load(run_cfg_path)
+        data_cfg = saved_recipe(run_cfg_path)
     if data_cfg is not cfg:
         _check_run_matches(cfg, data_cfg, run_dir, identity)
     steps.step("loading the run's training table")
@@ -192,8 +188,6 @@ def _from_run_dir(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
 
 def _fit_here(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     """The config's pipeline, fitted on all rows of its data (:func:`ckpred.fitting.fit_final`)."""
-    from omegaconf import OmegaConf
-
     from ckpred.data import load_table
 
     steps.step("loading the training table")
@@ -203,7 +197,7 @@ def _fit_here(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     t0 = time.perf_counter()
     pipeline = fit_final(cfg, table, op)
     record = {"kind": "fit", "fit_seconds": round(time.perf_counter() - t0, 2),
-              "config": OmegaConf.to_container(cfg, resolve=True)}
+              "config": asdict(cfg)}
     return _Source(pipeline, table, cfg, record)
 
 
@@ -211,7 +205,7 @@ def _parity_problems(cfg: ExportConfig, table: pd.DataFrame, op: OpDefinition) -
     """The training problems the parity check scores (a seeded sample of ``parity.shapes``)."""
     problems = table[list(op.problem_names)].drop_duplicates()
     if cfg.parity.shapes and len(problems) > cfg.parity.shapes:
-        problems = problems.sample(cfg.parity.shapes, random_state=int(cfg.get("seed", 0)))
+        problems = problems.sample(cfg.parity.shapes, random_state=int(cfg.seed))
     return problems
 
 
@@ -240,22 +234,20 @@ def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition, steps: Steps) -
         return _Strategy("full")
     if cfg.select not in ("pruned", "reranked"):
         return _Strategy(cfg.select)
-    from omegaconf import OmegaConf
-
     from ckpred.export.strategies import Strategy, fit_reranker, keep_for_table, reranker_size
 
     table, reranker, scored, select = src.table, None, None, cfg.select
-    top_n = int(cfg.get("prune_top_n", 1))
+    top_n = int(cfg.prune_top_n)
     steps.step("learning the candidate kernels")
     candidates = keep_for_table(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, top_n=top_n)
     selection: dict[str, Any] = {"top_n": top_n,
                                  "learned_from_shapes": int(len(table[list(op.problem_names)].drop_duplicates()))}
     if cfg.select == "reranked":
         # The reranker follows the recipe the pipeline was trained with (the run's, for run_dir).
-        size = reranker_size(OmegaConf.to_container(cfg.reranker, resolve=True), src.data_cfg.model)
+        size = reranker_size(asdict(cfg.reranker), src.data_cfg.model)
         steps.step(f"fitting the reranker ({size['n_estimators']} trees) on the {len(candidates)} candidates")
         reranker = fit_reranker(table, op, candidates, Strategy(cfg.arch, cfg.dtype, cfg.layout, reranker=size,
-                                                                recipe=src.data_cfg, seed=int(cfg.get("seed", 0))))
+                                                                recipe=src.data_cfg, seed=int(cfg.seed)))
         if reranker is None:
             select = "pruned"
             print(f"select=reranked: no training shape has two candidate kernels ({len(candidates)} candidates "
@@ -264,6 +256,7 @@ def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition, steps: Steps) -
         else:
             selection["reranker"] = size
     if cfg.run_dir and src.oof_file is not None:
+        assert src.run_dir is not None  # cfg.run_dir and its out-of-fold file
         selection["cv"], scored = strategy_cv(src.run_dir, table, op, cfg, src.data_cfg, select, steps)
     return _Strategy(select, candidates, selection, reranker, scored)
 
@@ -274,8 +267,6 @@ def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition, strategy: _S
     candidates and reranker learned on its training shapes), or None (no ``run_dir``, no
     out-of-fold predictions, ``autotune.enabled=false``, or a strategy the run's CV cannot
     score; printed)."""
-    from omegaconf import OmegaConf
-
     if not (cfg.run_dir and src.oof_file is not None and cfg.autotune.enabled):
         return None
     select = strategy.select
@@ -286,7 +277,7 @@ def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition, strategy: _S
         return None
     from ckpred.autotune import calibration_from_oof
 
-    options = OmegaConf.to_container(cfg.autotune, resolve=True)
+    options = asdict(cfg.autotune)
     options.pop("enabled")
     kind = options.pop("kind")
     # fitted on GPUs the folds never trained on: a selector on a new GPU is what it measured

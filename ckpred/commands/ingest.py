@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ckpred.data.ingest import ingest_config_to_parquet, nothing_usable_message, output_paths, print_summary
+from ckpred.schema import IngestConfig
 from ckpred.util import keep_freed_memory
 
 
-def ingest_command(cfg: Any) -> int:
+def ingest_command(cfg: IngestConfig) -> int:
     """``ckpred ingest``: stream the inputs into the canonical parquet ``out`` (a file, or a
     directory of parts) and the rejects CSV, chunk by chunk; print the summary.
 

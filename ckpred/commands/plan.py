@@ -8,15 +8,13 @@ from typing import Any
 from ckpred import plan as pl
 from ckpred.commands.export import Steps
 from ckpred.data.mapping import InputMapping
+from ckpred.schema import PlanConfig
 from ckpred.util import check_replaceable, resolve_path
 
 
-def plan_command(cfg: Any) -> str:
+def plan_command(cfg: PlanConfig) -> str:
     """Task function of ``python -m ckpred plan``: write the plan CSV, print what was chosen and
     how to read the measurements back; returns the plan's path."""
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.to_object(cfg)  # the checked schema object (PlanConfig)
     check_replaceable("out", cfg.out, pl.PLAN_FILE)  # before any work: a filled plan holds measurements
     arch = cfg.arch
     measured_paths = cfg.measured_paths()
@@ -40,7 +38,7 @@ def plan_command(cfg: Any) -> str:
     return str(out)
 
 
-def _report(plan: pl.Plan, source: pl.Source, measured: Any, out: Any, cfg: Any) -> None:
+def _report(plan: pl.Plan, source: pl.Source, measured: Any, out: Any, cfg: PlanConfig) -> None:
     op = source.op
     print(f"plan for {cfg.arch.name} from {source.run_dir} ({', '.join(source.archs)}): {len(plan.rows):,} "
           f"measurement(s) of {plan.problems:,} of {plan.candidate_problems:,} problem(s); {plan.candidate_pairs:,} "

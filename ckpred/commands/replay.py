@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ckpred import autotune as at
 from ckpred import replay as rp
 from ckpred.runs import run_directory
+from ckpred.schema import ReplayConfig
 from ckpred.util import check_replaceable, claim_run_dir, resolve_path
 
 
-def replay_command(cfg: Any) -> str:
+def replay_command(cfg: ReplayConfig) -> str:
     """Task function of ``python -m ckpred replay``; prints the table, returns the output folder."""
     run_dir = resolve_path(cfg.run_dir)
     out = resolve_path(cfg.out) if cfg.out else run_dir / "replay"

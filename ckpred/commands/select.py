@@ -10,12 +10,13 @@ from ckpred.export import manifest as mf
 from ckpred.export.build import export_name
 from ckpred.kernels.base import load_op
 from ckpred.runtime import KernelSelector
+from ckpred.schema import SelectConfig
 from ckpred.util import resolve_path
 
 
-def select_command(cfg: Any) -> dict[str, Any]:
+def select_command(cfg: SelectConfig) -> dict[str, Any]:
     """Task function of ``python -m ckpred select``: print the top-k kernels of one problem."""
-    names = {key: str(getattr(cfg[key], "name", cfg[key])) for key in ("arch", "dtype", "layout")}
+    names: dict[str, Any] = {"arch": cfg.arch.name, "dtype": cfg.dtype.name, "layout": cfg.layout.name}
     op = load_op(cfg.op)
     op_name = op.name
     for key, value in cfg.problem.items():

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import shutil
-from typing import Any
-
 from ckpred.data.shapes import load_shapes
 from ckpred.data.simulate import LOG_FILE, cache_path, calibrate, simulated_table, write_log
 from ckpred.data.table import TABLE_FILE
+from ckpred.schema import SimulateConfig
 from ckpred.util import atomic_path, check_replaceable, resolve_path
 
 
-def simulate_command(cfg: Any) -> float:
+def simulate_command(cfg: SimulateConfig) -> float:
     """``ckpred simulate``: write the simulated table (and log); optionally the calibration report.
 
     Returns the calibration's median |log(sim best / real best)| with ``calibrate=true`` (what a

@@ -29,9 +29,9 @@ from typing import Any
 
 import pandas as pd
 import yaml
-from omegaconf import DictConfig
 
 from ckpred.runs import RUN_RECORD, run_record_path
+from ckpred.schema import SweepReportConfig
 from ckpred.util import OwnFile, atomic_path, check_replaceable, resolve_path
 from ckpred.errors import InputFileError
 
@@ -199,12 +199,12 @@ def print_report(frame: pd.DataFrame, common: list[str], sweep_dir: Path, sort_b
         console.print(f"shared by every job: {' '.join(common)}")
 
 
-def sweep_report(cfg: DictConfig) -> float:
+def sweep_report(cfg: SweepReportConfig) -> float:
     """Print (and optionally write as CSV) the table of a sweep's jobs.
 
     Parameters
     ----------
-    cfg : DictConfig
+    cfg : SweepReportConfig
         A composed ``sweep_report`` config: ``dir`` (the sweep), ``sort_by``, ``csv``.
 
     Returns

@@ -8,19 +8,18 @@ from __future__ import annotations
 
 from typing import Callable
 
-from omegaconf import DictConfig
-
 from ckpred.config import run_dir
 from ckpred.cv.driver import cross_validate
+from ckpred.schema import TrainConfig
 
 
-def train(cfg: DictConfig, on_fold: Callable[[int, float], None] | None = None) -> float:
+def train(cfg: TrainConfig, on_fold: Callable[[int, float], None] | None = None) -> float:
     """Train, cross-validate and evaluate against the baselines; write the run directory.
 
     Parameters
     ----------
-    cfg : DictConfig
-        A composed ``train`` config (:class:`ckpred.schema.TrainConfig`).
+    cfg : TrainConfig
+        A composed ``train`` config (:func:`ckpred.config.compose`).
     on_fold : callable, optional
         Called after each fold as ``on_fold(fold_index, mean)`` with the model's mean per-shape
         efficiency over the shapes tested so far (``ckpred tune`` prunes trials with it).
@@ -30,4 +29,4 @@ def train(cfg: DictConfig, on_fold: Callable[[int, float], None] | None = None) 
     float
         The model's mean per-shape efficiency over the test shapes (what sweeps maximise).
     """
-    return cross_validate(cfg, run_dir(cfg, "train"), on_fold)
+    return cross_validate(cfg, run_dir(cfg.out_dir, "train"), on_fold)

@@ -30,18 +30,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from ckpred.config import run_dir, to_object
 from ckpred.errors import ConfigValueError
 from ckpred.runs import run_directory
+from ckpred.schema import TuneConfig, TuneSettings
 from ckpred.util import claim_run_dir
 
 log = logging.getLogger(__name__)
-
-
-def _run_dir(cfg: Any) -> Path:
-    return run_dir(cfg, "tune")
 
 
 def _command_overrides() -> list[str]:
@@ -55,13 +52,13 @@ def _command_overrides() -> list[str]:
         return []
 
 
-def search_space(cfg: Any) -> dict[str, Any]:
+def search_space(cfg: TuneConfig) -> dict[str, Any]:
     """The enabled ``tune.space`` entries as plain dicts; refuses an empty space."""
     from dataclasses import asdict
 
     from ckpred.schema import tune_param
 
-    entries = {str(name): tune_param(str(name), OmegaConf.to_container(raw, resolve=True))
+    entries = {str(name): tune_param(str(name), raw)
                for name, raw in cfg.tune.space.items()}
     space = {name: asdict(p) for name, p in entries.items() if p.enabled}
     if not space:
@@ -80,24 +77,25 @@ def suggest(trial: Any, name: str, p: dict[str, Any]) -> Any:
     return trial.suggest_float(name, float(p["low"]), float(p["high"]), step=step, log=bool(p["log"]))
 
 
-def trial_config(cfg: DictConfig, params: dict[str, Any], out_dir: Path, keep_outputs: bool) -> DictConfig:
-    """A copy of ``cfg`` with ``model.<name> = value`` for ``params``, validated by the schemas."""
-    trial = cfg.copy()
+def trial_config(cfg: TuneConfig, params: dict[str, Any], out_dir: Path, keep_outputs: bool) -> TuneConfig:
+    """A copy of ``cfg`` with ``model.<name> = value`` for ``params``, validated by the schemas
+    (through OmegaConf, which converts each value to its key's type as the command line does)."""
+    trial = OmegaConf.structured(cfg)
     for name, value in params.items():
         OmegaConf.update(trial, f"model.{name}", value, merge=False)
     OmegaConf.update(trial, "out_dir", str(out_dir))
     OmegaConf.update(trial, "save_pipeline", bool(keep_outputs))
     OmegaConf.update(trial, "plots", bool(keep_outputs))
     OmegaConf.update(trial, "progress", False)
-    to_object(trial)  # a value outside the schema's range fails here, naming model.<name>
-    return trial
+    out: TuneConfig = to_object(trial)  # a value outside the schema's range fails here, naming model.<name>
+    return out
 
 
 def _fmt(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def make_pruner(settings: Any) -> Any:
+def make_pruner(settings: TuneSettings) -> Any:
     """optuna pruner of ``tune.pruner``: ``median`` (stop a trial whose running CV mean after a
     fold is below the median of earlier trials at that fold) or ``none``."""
     import optuna
@@ -108,7 +106,7 @@ def make_pruner(settings: Any) -> Any:
     return optuna.pruners.NopPruner()
 
 
-def _objective(cfg: DictConfig, space: dict[str, Any], trials_dir: Path,
+def _objective(cfg: TuneConfig, space: dict[str, Any], trials_dir: Path,
                base_overrides: list[str]) -> Callable[[Any], float]:
     """The study's objective: one ``train`` run per trial in ``trials_dir/<n>``, reporting the
     running CV mean after each fold so the pruner can stop it."""
@@ -144,7 +142,7 @@ def _objective(cfg: DictConfig, space: dict[str, Any], trials_dir: Path,
     return objective
 
 
-def _best_result(study: Any, cfg: DictConfig, space: dict[str, Any], base_overrides: list[str]) -> dict[str, Any]:
+def _best_result(study: Any, cfg: TuneConfig, space: dict[str, Any], base_overrides: list[str]) -> dict[str, Any]:
     """``best_params.json``: the best trial, its overrides and the train command that reproduces it."""
     settings = cfg.tune
     best = study.best_trial
@@ -160,12 +158,12 @@ def _best_result(study: Any, cfg: DictConfig, space: dict[str, Any], base_overri
     }
 
 
-def tune(cfg: DictConfig) -> float:
+def tune(cfg: TuneConfig) -> float:
     """Run the optuna study; write trials.csv and best_params.json; print the best trial.
 
     Parameters
     ----------
-    cfg : DictConfig
+    cfg : TuneConfig
         A composed ``tune`` config: a train config plus the ``tune`` node.
 
     Returns
@@ -177,7 +175,7 @@ def tune(cfg: DictConfig) -> float:
 
     settings = cfg.tune
     space = search_space(cfg)
-    out_dir = _run_dir(cfg)
+    out_dir = run_dir(cfg.out_dir, "tune")
     base_overrides = _command_overrides()
     sampler = optuna.samplers.TPESampler(seed=int(settings.sampler_seed),
                                          n_startup_trials=int(settings.n_startup_trials))
@@ -197,7 +195,9 @@ def tune(cfg: DictConfig) -> float:
     result = _best_result(study, cfg, space, base_overrides)
     (out_dir / "best_params.json").write_text(json.dumps(result, indent=2) + "\n")
     print_study(study, out_dir, result)
-    return float(study.best_trial.value)
+    best = study.best_trial.value
+    assert best is not None  # a complete trial has its value
+    return float(best)
 
 
 def print_study(study: Any, out_dir: Path, result: dict[str, Any]) -> None:

@@ -61,6 +61,7 @@ from ckpred.fitting import (Applicability, LearnedMethod, Prepared, cv_group_nam
 from ckpred.kernels.base import OpDefinition
 from ckpred.kernels.declared import bind_training_catalogue
 from ckpred.runs import RUN_RECORD
+from ckpred.schema import TrainConfig
 from ckpred.transfer import Fitted, TransferModel, fit_learned, transfer_method
 from ckpred.util import resolve_path
 
@@ -99,7 +100,7 @@ class FoldProgress:
 
 
 # -- seeds ------------------------------------------------------------------------------------------
-def cross_validate(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -> float:
+def cross_validate(cfg: TrainConfig, out_dir: Path, on_fold: OnFold | None = None) -> float:
     """Cross-validate the model against the baselines and write the run directory ``out_dir``.
 
     With ``seeds`` (several), the whole CV runs once per seed into ``out_dir/seed<s>/`` (the
@@ -108,8 +109,8 @@ def cross_validate(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -> fl
 
     Parameters
     ----------
-    cfg : DictConfig
-        A composed ``train`` config (:class:`ckpred.schema.TrainConfig`).
+    cfg : TrainConfig
+        A composed ``train`` config (:func:`ckpred.config.compose`).
     out_dir : Path
         Where the run's files go (created by the caller).
     on_fold : callable, optional
@@ -123,7 +124,7 @@ def cross_validate(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -> fl
         The model's mean per-shape efficiency over the test shapes (what sweeps maximise); with
         several seeds, its mean over the seeds.
     """
-    seeds = [int(x) for x in (cfg.get("seeds") or [])]
+    seeds = [int(x) for x in cfg.seeds]
     if len(seeds) <= 1:
         if seeds:
             cfg = _with(cfg, seed=seeds[0], seeds=[])
@@ -131,15 +132,12 @@ def cross_validate(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -> fl
     return cross_validate_seeds(cfg, out_dir, seeds, on_fold)
 
 
-def _with(cfg: Any, **values: object) -> Any:
-    """A copy of ``cfg`` with top-level keys replaced (struct mode kept)."""
-    out = cfg.copy()
-    for key, value in values.items():
-        out[key] = value
-    return out
+def _with(cfg: TrainConfig, **values: Any) -> TrainConfig:
+    """A copy of ``cfg`` with top-level keys replaced (checked again by the schema)."""
+    return dataclasses.replace(cfg, **values)
 
 
-def cross_validate_seeds(cfg: Any, out_dir: Path, seeds: list[int], on_fold: OnFold | None = None) -> float:
+def cross_validate_seeds(cfg: TrainConfig, out_dir: Path, seeds: list[int], on_fold: OnFold | None = None) -> float:
     """:func:`cross_validate` once per seed, then the spread of every method over the seeds."""
     per_seed: dict[int, dict[str, Any]] = {}
     for i, seed in enumerate(seeds):
@@ -167,7 +165,7 @@ def cross_validate_seeds(cfg: Any, out_dir: Path, seeds: list[int], on_fold: OnF
 
 
 # -- one seed ---------------------------------------------------------------------------------------
-def cross_validate_one(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -> float:
+def cross_validate_one(cfg: TrainConfig, out_dir: Path, on_fold: OnFold | None = None) -> float:
     """One seed of :func:`cross_validate`: a table in this process, or a partitioned dataset
     with ``model.backend=dask`` (:func:`ckpred.cv.partitioned.cross_validate`)."""
     run = RunContext.start(cfg, out_dir)
@@ -214,7 +212,7 @@ def cross_validate_one(cfg: Any, out_dir: Path, on_fold: OnFold | None = None) -
     return finish(run, report)
 
 
-def _partitioned_path(cfg: Any) -> Path | None:
+def _partitioned_path(cfg: TrainConfig) -> Path | None:
     """``data.path`` when it is a partitioned dataset trained with ``model.backend=dask``."""
     if cfg.model.backend != "dask" or cfg.data.source != "path" or not isinstance(cfg.data.path, str):
         return None
@@ -255,23 +253,23 @@ def learned_methods(run: RunContext, tables: Tables, folds: list[Fold]) -> tuple
     ``transfer.mode=on``, and with ``auto`` when every fold tests GPUs it does not train on
     (:func:`zero_shot`); else the config's model recipe."""
     cfg = run.cfg
-    mode = str(cfg.transfer.mode) if cfg.get("transfer") is not None else "off"
+    mode = str(cfg.transfer.mode)
     transfer = mode == "on" or (mode == "auto" and zero_shot(tables, folds))
-    if transfer and cfg.get("warm_start"):
+    if transfer and cfg.warm_start:
         raise ConfigValueError("warm_start", cfg.warm_start,
                                "empty with the transfer recipe (warm starts continue the model recipe's booster; "
                                f"transfer.mode={mode} makes the model the transfer recipe here: set transfer.mode=off)")
     learned = [transfer_method(cfg) if transfer else model_method(cfg)]
-    if cfg.baselines.get("plain") is not None and cfg.baselines.plain.enabled:
+    if cfg.baselines.plain.enabled:
         learned.append(plain_method(cfg))
     ref = cfg.baselines.reference
     if ref.enabled and ref.features is None:
         print(f"baseline reference skipped: op {run.op.name!r} has no features/reference_{run.op.name} set "
               "(name one with features@baselines.reference.features=<set>)")
-    elif ref.enabled:
+    elif ref.enabled and ref.features is not None:
         learned.append(LearnedMethod("reference", recipe_config(cfg, ref.features, ref.model, ref.target), ref.rows))
     base = None
-    if cfg.get("warm_start"):
+    if cfg.warm_start:
         base = warm_start.prepare(cfg, run.op, tables.train.X.head(8))
         learned[0].init_model = base.booster
     return learned, base

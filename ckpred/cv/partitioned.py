@@ -75,7 +75,7 @@ def _hash_ranges(run: RunContext) -> list[tuple[float, float]]:
 def cross_validate(run: RunContext, path: Path) -> float:
     """``train`` on a partitioned dataset with ``model.backend=dask``; returns the mean efficiency."""
     cfg = run.cfg
-    if cfg.get("warm_start"):
+    if cfg.warm_start:
         raise ConfigValueError("warm_start", cfg.warm_start, "empty with a partitioned dataset (model.backend=dask)")
     if getattr(run.op, "absence", "unknown") != "unknown":
         # the applicability mask learns on every candidate pair of the training problems, in one process

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import joblib
 import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
 
 from ckpred import evaluate as ev
 from ckpred.cv.schemes import CVScheme, scheme_for
@@ -29,6 +28,7 @@ from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.models import booster, failure_model, target_name
 from ckpred.runs import DataRecord, RunRecord
 from ckpred.transfer import Fitted, TransferModel
+from ckpred.schema import TrainConfig
 from ckpred.util import sha256_file
 
 log = logging.getLogger(__name__)
@@ -59,15 +59,15 @@ class RunContext:
     """What every step of one seed's run needs: the config, its op and CV scheme, the output
     folder, the seed and the timings."""
 
-    cfg: Any
+    cfg: TrainConfig
     op: OpDefinition
-    scheme: CVScheme
+    scheme: CVScheme[Any]
     out_dir: Path
     seed: int
     timings: Timings
 
     @classmethod
-    def start(cls, cfg: Any, out_dir: Path) -> "RunContext":
+    def start(cls, cfg: TrainConfig, out_dir: Path) -> "RunContext":
         return cls(cfg, load_op(cfg.op), scheme_for(cfg.cv), Path(out_dir), int(cfg.seed), Timings())
 
 
@@ -233,7 +233,7 @@ def _field_range(column: pd.Series) -> list[Any]:
     return sorted(str(v) for v in column.unique())
 
 
-def _catalogue_hash(op: OpDefinition, cfg: Any) -> str | None:
+def _catalogue_hash(op: OpDefinition, cfg: TrainConfig) -> str | None:
     try:
         return op.catalogue_hash(op.catalogue(cfg.arch, cfg.dtype, cfg.layout))
     except (ValueError, KeyError, NotImplementedError) as exc:
@@ -241,7 +241,7 @@ def _catalogue_hash(op: OpDefinition, cfg: Any) -> str | None:
         return None
 
 
-def run_record(cfg: Any, op: OpDefinition, data: DataRecord, test_data: DataRecord | None, report: Report,
+def run_record(cfg: TrainConfig, op: OpDefinition, data: DataRecord, test_data: DataRecord | None, report: Report,
                saved: SavedPipeline, timings: Timings) -> RunRecord:
     """The run record of a finished run (either backend)."""
     return RunRecord(
@@ -254,7 +254,7 @@ def run_record(cfg: Any, op: OpDefinition, data: DataRecord, test_data: DataReco
         failure_model=saved.pipeline is not None and failure_model(saved.pipeline) is not None,
         pipeline=saved.record(),
         metrics={m: {k: v for k, v in r.items() if not isinstance(v, dict)} for m, r in report.metrics.items()},
-        timings_s=timings.rounded(), config=OmegaConf.to_container(cfg, resolve=True))
+        timings_s=timings.rounded(), config=asdict(cfg))
 
 
 def finish(run: RunContext, report: Report, heading: str | None = None) -> float:

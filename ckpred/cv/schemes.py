@@ -23,14 +23,13 @@ what a plan needs beyond them is imported where it is used.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Optional, Sequence, TypeVar
 
 import numpy as np
-from omegaconf import OmegaConf
 
 from ckpred.errors import ConfigValueError
-from ckpred.schema import ArchConfig, CVConfig, DataConfig, arch_config, check
+from ckpred.schema import ArchConfig, CVConfig, DataConfig, TrainConfig, arch_config, check
 
 if TYPE_CHECKING:  # the fitting stage imports LightGBM; a plan only reads the prepared table
     import pandas as pd
@@ -58,7 +57,11 @@ class Fold:
     test_arch: Optional[ArchConfig] = None
 
 
-class CVScheme:
+#: The config class of a scheme (``CVScheme[GroupKFoldConfig]`` reads ``self.cv.n_splits``).
+C = TypeVar("C", bound=CVConfig)
+
+
+class CVScheme(Generic[C]):
     """Base of every CV scheme; a subclass sets :attr:`name`, :attr:`config` and :meth:`plan`."""
 
     #: The ``cv.name`` this scheme answers to (the key of the registry).
@@ -66,10 +69,10 @@ class CVScheme:
     #: The scheme's structured config (a :class:`ckpred.schema.CVConfig` subclass).
     config: ClassVar[type[CVConfig]] = CVConfig
 
-    def __init__(self, cv: Any) -> None:
+    def __init__(self, cv: C) -> None:
         self.cv = cv
 
-    def test_data(self, cfg: Any, op: OpDefinition, data: "Prepared") -> "Prepared":
+    def test_data(self, cfg: TrainConfig, op: OpDefinition, data: "Prepared") -> "Prepared":
         """The prepared table the folds test: the training table itself by default."""
         return data
 
@@ -87,10 +90,12 @@ class CVScheme:
         return f"unseen ({', '.join(group_key)}) shapes, {n_folds} folds"
 
 
-_SCHEMES: dict[str, type[CVScheme]] = {}
+_SCHEMES: dict[str, type[CVScheme[Any]]] = {}
+
+S = TypeVar("S", bound="type[CVScheme[Any]]")
 
 
-def register_scheme(cls: type[CVScheme]) -> type[CVScheme]:
+def register_scheme(cls: S) -> S:
     """Register ``cls`` under ``cls.name`` (a class decorator); a name registered twice is refused."""
     if not cls.name or not issubclass(cls.config, CVConfig):
         raise TypeError(f"{cls.__name__}: a CV scheme needs a name and a CVConfig subclass as config")
@@ -100,12 +105,12 @@ def register_scheme(cls: type[CVScheme]) -> type[CVScheme]:
     return cls
 
 
-def registered_schemes() -> dict[str, type[CVScheme]]:
+def registered_schemes() -> dict[str, type[CVScheme[Any]]]:
     """Every registered scheme by name, in registration order."""
     return dict(_SCHEMES)
 
 
-def scheme_for(cv: Any) -> CVScheme:
+def scheme_for(cv: CVConfig) -> CVScheme[Any]:
     """The scheme object of a ``cv`` config node.
 
     Raises
@@ -119,7 +124,7 @@ def scheme_for(cv: Any) -> CVScheme:
     return _SCHEMES[name](cv)
 
 
-def make_folds(cv: Any, data: "Prepared", seed: int, test: "Prepared | None" = None) -> list[Fold]:
+def make_folds(cv: CVConfig, data: "Prepared", seed: int, test: "Prepared | None" = None) -> list[Fold]:
     """The folds of ``cv`` on ``data`` (and ``test``, for a scheme with its own test table)."""
     return scheme_for(cv).plan(data, data if test is None else test, seed)
 
@@ -149,7 +154,7 @@ class GroupKFoldConfig(CVConfig):
 
 
 @register_scheme
-class GroupKFold(CVScheme):
+class GroupKFold(CVScheme[GroupKFoldConfig]):
     """K folds of CV groups (scikit-learn's ``GroupKFold``)."""
 
     name = "group_kfold"
@@ -183,7 +188,7 @@ class LeaveFamilyOutConfig(CVConfig):
 
 
 @register_scheme
-class LeaveFamilyOut(CVScheme):
+class LeaveFamilyOut(CVScheme[LeaveFamilyOutConfig]):
     """One fold per family: train without the family, test on it."""
 
     name = "leave_family_out"
@@ -212,7 +217,7 @@ class LeaveOneGpuOutConfig(CVConfig):
 
 
 @register_scheme
-class LeaveOneGpuOut(CVScheme):
+class LeaveOneGpuOut(CVScheme[LeaveOneGpuOutConfig]):
     """One fold per GPU: train on every row of the other GPUs, test on every row of this one,
     featurised and checked with its own arch config (:attr:`Fold.test_arch`).
 
@@ -255,7 +260,7 @@ class HoldoutConfig(CVConfig):
 
 
 @register_scheme
-class Holdout(CVScheme):
+class Holdout(CVScheme[HoldoutConfig]):
     """One split of CV groups (scikit-learn's ``GroupShuffleSplit``)."""
 
     name = "holdout"
@@ -304,19 +309,18 @@ class ExternalConfig(CVConfig):
 
 
 @register_scheme
-class External(CVScheme):
+class External(CVScheme[ExternalConfig]):
     """One fold: every shape of the training table against every shape of a second table."""
 
     name = "external"
     config = ExternalConfig
 
-    def data_config(self, cfg: Any) -> Any:
-        """The train config with ``cv.data`` merged over ``data``: what the test table loads."""
-        ext = OmegaConf.to_container(cfg, resolve=True)
-        merged = OmegaConf.merge(OmegaConf.to_container(cfg.data, resolve=True),
-                                 OmegaConf.to_container(self.cv.data, resolve=True))
-        ext["data"] = OmegaConf.to_container(merged)  # type: ignore[index]
-        return OmegaConf.create(ext)
+    def data_config(self, cfg: TrainConfig) -> TrainConfig:
+        """The train config with ``cv.data`` in place of ``data``: what the test table loads
+        (``cv.data`` holds every key of a data config, its schema's default where not given, so
+        merging it over ``data`` amounted to the same)."""
+        assert self.cv.data is not None  # ExternalConfig refuses a scheme without it
+        return replace(cfg, data=self.cv.data)
 
     def test_arch(self, train_arch: ArchConfig, table: pd.DataFrame) -> ArchConfig:
         """``cv.arch`` when given, else the packaged arch config named by the table's ``arch``
@@ -330,7 +334,7 @@ class External(CVScheme):
             return arch_config(str(names[0]))
         return train_arch
 
-    def test_data(self, cfg: Any, op: OpDefinition, data: "Prepared") -> "Prepared":
+    def test_data(self, cfg: TrainConfig, op: OpDefinition, data: "Prepared") -> "Prepared":
         # lazy: the readers (~0.7 s) and the fitting stage (LightGBM, ~2 s) are not for the config registry
         from ckpred.data import load_table
         from ckpred.fitting import prepare  # lazy: as above

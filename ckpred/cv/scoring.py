@@ -30,7 +30,7 @@ from ckpred.fitting import (Applicability, Coverage, LearnedMethod, Prepared, ca
                             predict, rows_of, rule_mask)
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import failure_model, predicted_ok
-from ckpred.schema import ArchConfig, DtypeConfig
+from ckpred.schema import ArchConfig, DtypeConfig, RecipeConfig
 from ckpred.transfer import Fitted, TransferModel
 
 
@@ -57,7 +57,7 @@ class Tables:
             self.candidates = self.test
 
     @classmethod
-    def of(cls, train: Prepared, test: Prepared, op: OpDefinition, cfg: Any) -> "Tables":
+    def of(cls, train: Prepared, test: Prepared, op: OpDefinition, cfg: RecipeConfig) -> "Tables":
         """The tables of a run: ``test``'s candidate set and, for ``op.absence=not_applicable``,
         the training table's; prints what the coverage means (:func:`ckpred.fitting.coverage_note`,
         which also refuses a table the declared absence cannot apply to)."""
@@ -121,7 +121,7 @@ class OutOfFold:
         runs = {m.name: np.ones(n, dtype=bool) for m in methods if m.validity is not None}
         return cls(scores, runs, np.full(n, -1, dtype=np.int64), test.selectable.copy())
 
-    def begin_fold(self, i: int, side: FoldTest, tables: Tables, op: OpDefinition, cfg: Any) -> None:
+    def begin_fold(self, i: int, side: FoldTest, tables: Tables, op: OpDefinition, cfg: RecipeConfig) -> None:
         """Mark ``side``'s rows as tested by fold ``i``; with an arch of their own, their rules
         are checked again with its constants."""
         self.fold_of_row[side.rows] = i
@@ -147,7 +147,7 @@ class OutOfFold:
 
 
 def scorer_for(method: LearnedMethod, pipe: Fitted, arch: ArchConfig | None, tables: Tables, op: OpDefinition,
-               cfg: Any) -> Pipeline:
+               cfg: RecipeConfig) -> Pipeline:
     """The pipeline whose features score rows of ``arch``: ``pipe`` itself, or with features
     rebuilt with ``arch`` when it is not the training table's (a transfer recipe: its learner)."""
     if isinstance(pipe, TransferModel):
@@ -158,7 +158,7 @@ def scorer_for(method: LearnedMethod, pipe: Fitted, arch: ArchConfig | None, tab
 
 
 def score_method(method: LearnedMethod, pipe: Fitted, side: FoldTest, tables: Tables, op: OpDefinition,
-                 cfg: Any, oof: OutOfFold) -> None:
+                 cfg: RecipeConfig, oof: OutOfFold) -> None:
     """Score ``side``'s rows with ``method``'s fitted pipeline (features rebuilt with the rows'
     arch when it is not the training table's) and its learned validity mask."""
     test = tables.candidates
@@ -175,7 +175,7 @@ def score_method(method: LearnedMethod, pipe: Fitted, side: FoldTest, tables: Ta
 
 
 def score_applicability(fitted: Applicability, method: LearnedMethod, pipe: Fitted, side: FoldTest,
-                        tables: Tables, op: OpDefinition, cfg: Any, oof: OutOfFold) -> dict[str, Any]:
+                        tables: Tables, op: OpDefinition, cfg: RecipeConfig, oof: OutOfFold) -> dict[str, Any]:
     """The fold's applicability mask on ``side``'s rows (on the features of ``pipe``, the fold's
     model); returns the fold's entry: its threshold, the inner folds' strict mean per threshold,
     its training pairs and how many of the fold's test problems it left without a kernel."""

@@ -11,9 +11,11 @@ import numpy as np
 import pandas as pd
 
 from ckpred.kernels.base import OpDefinition, load_op
+from ckpred.schema import RecipeConfig
 
 
-def load_table(cfg: Any) -> pd.DataFrame:
+
+def load_table(cfg: RecipeConfig) -> pd.DataFrame:
     """The canonical table for a composed command config (needs ``data``, ``op``, ``arch``,
     ``dtype``, ``layout``; ``shapes`` for simulated data).
 
@@ -39,7 +41,7 @@ def load_table(cfg: Any) -> pd.DataFrame:
     return canonical_order(table, load_op(cfg.op), cfg)
 
 
-def canonical_order(table: pd.DataFrame, op: OpDefinition, cfg: Any) -> pd.DataFrame:
+def canonical_order(table: pd.DataFrame, op: OpDefinition, cfg: RecipeConfig) -> pd.DataFrame:
     """Rows grouped by shape (in order of first appearance), kernels in catalogue-id order.
 
     Evaluation breaks ties in predicted score by row order and the exported selector's TopK

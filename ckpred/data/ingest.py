@@ -63,6 +63,7 @@ from ckpred.data.readers.common import Reject
 from ckpred.data.table import TABLE_FILE, canonical_schema
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.base import OpDefinition, load_op
+from ckpred.schema import IngestConfig, RecipeConfig
 from ckpred.util import atomic_path, check_replaceable, resolve_path, temporary_dir
 
 __all__ = ["CARRIER_COLUMNS", "CONSISTENCY_RTOL", "DEFAULT_CHUNK_BYTES", "FORMATS", "REJECT_COLUMNS", "REJECTS_FILE",
@@ -252,13 +253,10 @@ def _count_valid(rows: pa.Table, summary: IngestSummary, invalid: Counter[str], 
 def _path_spec(value: Any) -> Any:
     if isinstance(value, (str, Path)):
         return value
-    from omegaconf import OmegaConf
-
-    container = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-    return [str(v) for v in container]  # type: ignore[union-attr]
+    return [str(v) for v in value]
 
 
-def output_paths(cfg: Any) -> tuple[Path, Path]:
+def output_paths(cfg: IngestConfig) -> tuple[Path, Path]:
     """(``out``, rejects file) of an ingest config, refusing any that would overwrite an input.
 
     Raises
@@ -269,7 +267,7 @@ def output_paths(cfg: Any) -> tuple[Path, Path]:
         :data:`ckpred.data.table.TABLE_FILE`, :data:`REJECTS_FILE`), which it never replaces.
     """
     out = resolve_path(cfg.out)
-    rejects = resolve_path(cfg.rejects) if cfg.get("rejects") else out.with_name(f"{out.stem}.rejects.csv")
+    rejects = resolve_path(cfg.rejects) if cfg.rejects else out.with_name(f"{out.stem}.rejects.csv")
     check_replaceable("out", cfg.out, TABLE_FILE if out.suffix == ".parquet" else DATASET_DIR)
     check_replaceable("rejects", cfg.rejects or rejects, REJECTS_FILE)
     inputs = {p.resolve() for p in expand_paths(_path_spec(cfg.data.path))}
@@ -282,24 +280,24 @@ def output_paths(cfg: Any) -> tuple[Path, Path]:
     return out, rejects
 
 
-def options_of(cfg: Any) -> IngestOptions:
+def options_of(cfg: RecipeConfig) -> IngestOptions:
     """The :class:`IngestOptions` of an ingest (or train) config."""
     return IngestOptions(arch=cfg.arch.name, dtype=cfg.dtype.name, layout=cfg.layout.name,
-                         fmt=cfg.data.get("format", "auto") or "auto", run_id=str(cfg.get("run_id", "") or ""),
-                         arch_config=cfg.arch, chunk_bytes=int(cfg.data.get("chunk_mb", 64)) << 20)
+                         fmt=cfg.data.format or "auto", run_id=str(cfg.run_id if isinstance(cfg, IngestConfig) else ""),
+                         arch_config=cfg.arch, chunk_bytes=int(cfg.data.chunk_mb) << 20)
 
 
-def read_config_inputs(cfg: Any) -> tuple[OpDefinition, IngestResult]:
+def read_config_inputs(cfg: RecipeConfig) -> tuple[OpDefinition, IngestResult]:
     op = load_op(cfg.op)
     return op, read_files(_path_spec(cfg.data.path), op, options_of(cfg))
 
 
-def ingest_config_to_parquet(cfg: Any, out: Path, rejects: Path) -> IngestSummary:
+def ingest_config_to_parquet(cfg: IngestConfig, out: Path, rejects: Path) -> IngestSummary:
     """:func:`ingest_to_parquet` of an ingest config (``data.chunk_mb`` per chunk)."""
     return ingest_to_parquet(_path_spec(cfg.data.path), load_op(cfg.op), out, rejects, options_of(cfg))
 
 
-def ingest_for_config(cfg: Any) -> pd.DataFrame:
+def ingest_for_config(cfg: RecipeConfig) -> pd.DataFrame:
     """The canonical table of ``cfg.data.path`` (used by :func:`ckpred.data.load_table`).
 
     Prints the summary; caches nothing (reading is fast, see ``scripts/bench/ingest_speed.py``).

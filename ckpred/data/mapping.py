@@ -50,7 +50,7 @@ from ckpred import expressions
 from ckpred.data.readers.common import KernelResolver, RawTable, Reject, to_float, to_int, truth
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.kernels.base import Field, OpDefinition
-from ckpred.schema import THROUGHPUT_UNITS, TIME_UNITS
+from ckpred.schema import THROUGHPUT_UNITS, TIME_UNITS, OpConfig
 
 #: Table header columns ``input.columns`` may give per row (a table of several GPUs carries each
 #: row's arch), unless the op declares them as problem fields.
@@ -87,12 +87,12 @@ class InputMapping:
     query: tuple[str, ...] = ()
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "InputMapping":
-        """From an op config (:class:`ckpred.schema.OpConfig`, a composed node or a mapping)."""
+    def from_config(cls, cfg: OpConfig | Mapping[str, Any]) -> "InputMapping":
+        """From an op config (:class:`ckpred.schema.OpConfig` or a mapping of its keys)."""
         spec, metric, failure = _get(cfg, "input"), _get(cfg, "metric"), _get(cfg, "failure")
         columns = _get(spec, "columns") or {}
         if hasattr(columns, "items"):
-            items = tuple((str(k), _plain(v)) for k, v in columns.items())
+            items = tuple((str(k), v) for k, v in columns.items())
         else:
             raise ConfigValueError("op.input.columns", columns, "a mapping of canonical field -> source")
         lower = lambda values: tuple(str(v).strip().lower() for v in values)  # noqa: E731
@@ -148,7 +148,6 @@ def check_input_columns(columns: Mapping[str, Any], *, key: str = "op.input.colu
     """
     exprs = {}
     for target, spec in columns.items():
-        spec = _plain(spec)
         if isinstance(spec, str) and spec:
             continue
         if isinstance(spec, Mapping) and sorted(spec) in (["value"], ["expr"]):
@@ -159,17 +158,6 @@ def check_input_columns(columns: Mapping[str, Any], *, key: str = "op.input.colu
                                                          "{expr: <expression>}")
     own = {t for t, e in exprs.items() if t in e.names}
     return expressions.topological_order(exprs, key=key, external=own)
-
-
-def _plain(value: Any) -> Any:
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(value):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    return value
 
 
 def op_flops(op: OpDefinition, problems: pd.DataFrame) -> np.ndarray:

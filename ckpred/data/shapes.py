@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ckpred.errors import InputFileError
+from ckpred.schema import ShapesConfig
 from ckpred.util import resolve_path
 
 SHAPE_COLUMNS: tuple[str, ...] = ("m", "n", "k")
@@ -112,7 +113,7 @@ def _frame(rows: Sequence[tuple[int, ...]]) -> pd.DataFrame:
     return frame
 
 
-def load_shapes(shapes_cfg: Any) -> pd.DataFrame:
+def load_shapes(shapes_cfg: ShapesConfig) -> pd.DataFrame:
     """The shapes of a ``shapes`` config: a frame with int64 columns ``m, n, k, split_k``.
 
     Parameters

@@ -87,6 +87,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import dataclasses
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +103,7 @@ from ckpred.data.shapes import load_shapes
 from ckpred.data.table import conform, read_table, write_table
 from ckpred.errors import CkpredError, ConfigValueError, InputFileError
 from ckpred.kernels.base import ArchSpec, DtypeSpec, LayoutSpec, OpDefinition, load_op
-from ckpred.schema import arch_value
+from ckpred.schema import RecipeConfig, SimulateConfig, arch_value
 from ckpred.util import OwnFile, atomic_path, resolve_path
 
 log = logging.getLogger(__name__)
@@ -642,14 +643,10 @@ def format_calibration(report: Mapping[str, Any]) -> str:
 
 # -- cached tables for configs, the streaming log, the command ------------------------------------
 def _plain(node: Any) -> Any:
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    if isinstance(node, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(node, resolve=True)
-    return node
+    return dataclasses.asdict(node) if dataclasses.is_dataclass(node) and not isinstance(node, type) else node
 
 
-def cache_key(cfg: Any, shapes: pd.DataFrame) -> str:
+def cache_key(cfg: RecipeConfig | SimulateConfig, shapes: pd.DataFrame) -> str:
     """Hash of everything a simulated table depends on: simulator version, op, arch, dtype,
     layout, seed and the shapes themselves (so an edited shapes file is a new table)."""
     payload = {
@@ -661,13 +658,13 @@ def cache_key(cfg: Any, shapes: pd.DataFrame) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def cache_path(cfg: Any, shapes: pd.DataFrame) -> Path:
+def cache_path(cfg: RecipeConfig | SimulateConfig, shapes: pd.DataFrame) -> Path:
     """Where :func:`simulated_table` caches the table of ``cfg`` (under ``data.cache_dir``)."""
     name = f"simulated-{cfg.op.name}-{cfg.arch.name}-{cfg.dtype.name}-{cfg.layout.name}-{cfg.shapes.name}"
     return resolve_path(cfg.data.cache_dir) / f"{name}-{cache_key(cfg, shapes)}.parquet"
 
 
-def simulated_table(cfg: Any) -> pd.DataFrame:
+def simulated_table(cfg: RecipeConfig | SimulateConfig) -> pd.DataFrame:
     """The simulated canonical table of a composed config (``data.source=simulated``).
 
     Uses ``cfg.op``, ``arch``, ``dtype``, ``layout``, ``shapes`` and ``data.seed``. The table is
@@ -758,7 +755,7 @@ def write_log(table: pd.DataFrame, path: str | Path, *, acc_dtype: str = "fp32",
     return path
 
 
-def calibrate(cfg: Any, *, out: Callable[[str], object] = print) -> dict[str, Any]:
+def calibrate(cfg: SimulateConfig, *, out: Callable[[str], object] = print) -> dict[str, Any]:
     """Simulate the shapes of ``cfg.calibration_file`` and compare with their real best TFLOPS.
 
     The config's arch, dtype and layout must match the file's (gfx950, fp8, rcr for AMD's

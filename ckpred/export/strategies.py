@@ -29,18 +29,17 @@ from each fold's training shapes only (:func:`learn_keep`) and applied to the fo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import Any, Callable, Hashable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Hashable, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
 
 from ckpred import evaluate as ev
 from ckpred.fitting import with_unmeasured
 from ckpred.kernels.base import OpDefinition
-from ckpred.models import FitRows, build_pipeline, fit_pipeline, target_name, training_target
+from ckpred.models import FitRows, Recipe, build_pipeline, fit_pipeline, target_name, training_target
+from ckpred.schema import Hardware, ModelConfig, RecipeConfig
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,9 +54,9 @@ class Strategy:
     top_n : int or None
         ``None`` = ``full`` (every kernel); else the candidate set keeps each training shape's
         ``top_n`` fastest kernels (:func:`learn_keep`).
-    reranker : config node or mapping, optional
+    reranker : mapping, optional
         ``reranked``: ``n_estimators`` and ``num_leaves`` of the reranker (:func:`reranker_size`).
-    recipe : config node, optional
+    recipe : RecipeConfig, optional
         ``features``, ``model`` and ``target`` the reranker follows (a train or export config).
     seed : int
         The reranker's seed.
@@ -67,8 +66,8 @@ class Strategy:
     dtype: Any
     layout: Any
     top_n: int | None = None
-    reranker: Any = None
-    recipe: Any = None
+    reranker: Mapping[str, Any] | None = None
+    recipe: RecipeConfig | None = None
     seed: int = 0
 
 
@@ -201,12 +200,12 @@ def candidate_rows(table: pd.DataFrame, op: OpDefinition, keep: np.ndarray, *, a
 RERANKER_TREES_X_RATE = 7.0
 
 
-def reranker_size(reranker: Any, model: Any) -> dict[str, int]:
+def reranker_size(reranker: Mapping[str, Any], model: ModelConfig) -> dict[str, int]:
     """The reranker's ``n_estimators`` and ``num_leaves``: the configured ones, with a null
     ``n_estimators`` resolved to ``round(RERANKER_TREES_X_RATE / model.learning_rate)``."""
     trees = reranker["n_estimators"]
     if trees is None:
-        trees = max(1, round(RERANKER_TREES_X_RATE / float(model["learning_rate"])))
+        trees = max(1, round(RERANKER_TREES_X_RATE / float(model.learning_rate)))
     return {"n_estimators": int(trees), "num_leaves": int(reranker["num_leaves"])}
 
 
@@ -237,20 +236,20 @@ def fit_reranker(table: pd.DataFrame, op: OpDefinition, keep: np.ndarray, strate
         candidates keep the full model's scores (the ``pruned`` strategy).
     """
     recipe, reranker, layout = strategy.recipe, strategy.reranker, strategy.layout
+    if recipe is None or reranker is None:
+        raise ValueError("a reranker is fitted with the run's recipe and a size: pass recipe= and reranker=")
     rows = candidate_rows(table, op, keep, arch=strategy.arch, dtype=strategy.dtype, layout=layout)
     sub = table.iloc[np.flatnonzero(rows)]
     codes = pd.factorize(np.asarray(op.shape_keys(sub)))[0]
     if not len(codes) or np.bincount(codes).max() < 2:
         return None
-    overrides: dict[Any, Any] = {**reranker_size(reranker, recipe.model), "early_stopping_rounds": 0,
-                                 # a few thousand rows fit in a second on one thread;
-                                 # more OpenMP threads only spin on a busy machine
-                                 "n_jobs": 1}
-    model_cfg = OmegaConf.merge(recipe.model, overrides)
-    cfg = OmegaConf.create({"features": OmegaConf.to_container(recipe.features, resolve=True),
-                            "model": OmegaConf.to_container(model_cfg, resolve=True),
-                            "target": OmegaConf.to_container(recipe.target, resolve=True), "seed": int(strategy.seed),
-                            "layout": layout})
+    size = reranker_size(reranker, recipe.model)
+    model_cfg = replace(recipe.model, n_estimators=size["n_estimators"], num_leaves=size["num_leaves"],
+                        early_stopping_rounds=0,
+                        # a few thousand rows fit in a second on one thread;
+                        # more OpenMP threads only spin on a busy machine
+                        n_jobs=1)
+    cfg = Recipe(recipe.features, model_cfg, recipe.target, int(strategy.seed), layout)
     pipe = build_pipeline(cfg, op, strategy.arch, strategy.dtype)
     perf = ev.measured_perf(sub["tflops"].to_numpy(), sub["is_valid"].to_numpy())
     y = training_target(perf, codes, cfg.model, cfg.target)
@@ -339,7 +338,7 @@ def _scored_table(oof: pd.DataFrame, table: pd.DataFrame, table_keys: np.ndarray
     if strategy.reranker is not None and "measured" in oof and not oof["measured"].all():
         # the run ranked unmeasured candidates too (ckpred.fitting.with_unmeasured): their rows
         # come from the same candidate set; the reranker still learns on measured rows only
-        combo = SimpleNamespace(arch=strategy.arch, dtype=strategy.dtype, layout=strategy.layout)
+        combo = Hardware(arch=strategy.arch, dtype=strategy.dtype, layout=strategy.layout)
         scored_table, _ = with_unmeasured(table, op, combo)
         return scored_table, np.asarray(op.shape_keys(scored_table))
     return table, table_keys

@@ -35,9 +35,8 @@ How the sets compare (``scripts/research/compare_feature_sets.py``): docs/result
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
-from omegaconf import DictConfig, OmegaConf
 from sklearn.pipeline import FeatureUnion
 
 from ckpred import vocab
@@ -47,25 +46,26 @@ from ckpred.features.expression import ExpressionFeatures, compile_features
 from ckpred.features.registry import (EXPRESSIONS, FEATURE_GROUPS, declaration, default_name, group_class,
                                       known_kinds)
 from ckpred.kernels.base import OpDefinition
-from ckpred.schema import ARCH_ALIASES, FeaturesConfig, arch_constants
+from ckpred.schema import (ARCH_ALIASES, ArchConfig, DtypeConfig, FeaturesConfig, LayoutConfig, arch_constants,
+                           from_mapping)
 
 __all__ = ["FEATURE_GROUPS", "build_features", "catalogue_tiles", "constants_from_config",
            "group_class", "group_input_columns", "known_kinds", "op_categories"]
 
 
-def _get(cfg: Any, key: str) -> Any:
-    value = cfg[key] if isinstance(cfg, (dict, DictConfig)) else getattr(cfg, key)
-    return value
+def _get(cfg: ArchConfig | DtypeConfig | LayoutConfig | Mapping[str, Any], key: str) -> Any:
+    return cfg[key] if isinstance(cfg, Mapping) else getattr(cfg, key)
 
 
-def constants_from_config(arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None) -> dict[str, Any]:
+def constants_from_config(arch_cfg: ArchConfig | Mapping[str, Any], dtype_cfg: DtypeConfig | Mapping[str, Any],
+                          layout_cfg: LayoutConfig | Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The run's constants by name: Python groups' parameters and the ``hw.*`` of expressions.
 
     Parameters
     ----------
-    arch_cfg, dtype_cfg : ArchConfig, DtypeConfig, DictConfig or dict
+    arch_cfg, dtype_cfg : ArchConfig, DtypeConfig or mapping
         ``cfg.arch`` and ``cfg.dtype`` of a composed config (the table's own arch).
-    layout_cfg : LayoutConfig, DictConfig, dict or None
+    layout_cfg : LayoutConfig, mapping or None
         ``cfg.layout``; when None the layout code is rcr's (0), the layout the catalogue
         assumes without one.
 
@@ -115,34 +115,35 @@ def op_categories(op: OpDefinition) -> dict[str, list[str]]:
     return out
 
 
-def catalogue_tiles(op: OpDefinition, arch_cfg: Any, dtype_cfg: Any, layout_cfg: Any = None) -> list[list[int]]:
+def catalogue_tiles(op: OpDefinition, arch_cfg: ArchConfig | Mapping[str, Any], dtype_cfg: DtypeConfig | Mapping[str, Any],
+                    layout_cfg: LayoutConfig | Mapping[str, Any] | None = None) -> list[list[int]]:
     """Distinct (tile_m, tile_n, tile_k) of the op's catalogue for arch/dtype, sorted."""
     catalogue = op.catalogue(arch_cfg, dtype_cfg, layout_cfg if layout_cfg is not None else "rcr")
     tiles = catalogue[["tile_m", "tile_n", "tile_k"]].drop_duplicates().sort_values(["tile_m", "tile_n", "tile_k"])
     return [[int(v) for v in row] for row in tiles.to_numpy()]
 
 
-def _as_features_config(features_cfg: Any) -> Any:
+def _as_features_config(features_cfg: FeaturesConfig | Mapping[str, Any]) -> FeaturesConfig:
     """Validate any form of a feature-set config into a :class:`ckpred.schema.FeaturesConfig`."""
     if isinstance(features_cfg, FeaturesConfig):
         return features_cfg
-    merged = OmegaConf.merge(OmegaConf.structured(FeaturesConfig), features_cfg)
-    return OmegaConf.to_object(merged)
+    return from_mapping(FeaturesConfig, features_cfg)
 
 
-def build_features(features_cfg: Any, op: OpDefinition, arch_cfg: Any, dtype_cfg: Any,
-                   layout_cfg: Any = None) -> FeatureUnion:
+def build_features(features_cfg: FeaturesConfig | Mapping[str, Any], op: OpDefinition, arch_cfg: ArchConfig | Mapping[str, Any],
+                   dtype_cfg: DtypeConfig | Mapping[str, Any],
+                   layout_cfg: LayoutConfig | Mapping[str, Any] | None = None) -> FeatureUnion:
     """Assemble the (unfitted) feature transformer of a feature set.
 
     Parameters
     ----------
-    features_cfg : FeaturesConfig, DictConfig or dict
+    features_cfg : FeaturesConfig or mapping
         ``cfg.features``: ``name`` and ``groups`` (each ``kind``, optional ``name`` and ``params``).
     op : OpDefinition
         The op; its ``input_names`` are the raw columns (and their order for array input).
-    arch_cfg, dtype_cfg : config nodes
+    arch_cfg, dtype_cfg : ArchConfig, DtypeConfig or mappings
         Hardware profile and dtype of the table; fill each transformer's constants.
-    layout_cfg : config node or None, default=None
+    layout_cfg : LayoutConfig, mapping or None, default=None
         Layout; sets the ``layout_code`` constant.
 
     Returns

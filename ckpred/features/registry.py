@@ -53,14 +53,15 @@ def declared_groups() -> dict[str, dict[str, Any]]:
 
     Read once from ``conf/features/groups/*.yaml`` (package data of ``ckpred.conf``).
     """
-    from omegaconf import OmegaConf
+    from importlib import resources
+
+    from ckpred.schema.convert import yaml_mapping  # lazy: a first call reads the package's files
 
     folder = resources.files("ckpred.conf") / "features" / "groups"
     groups: dict[str, dict[str, Any]] = {}
     for entry in sorted(folder.iterdir(), key=lambda p: p.name):
         if entry.name.endswith(".yaml"):
-            node = OmegaConf.to_container(OmegaConf.create(entry.read_text()), resolve=True)
-            groups[entry.name[: -len(".yaml")]] = dict(node)  # type: ignore[arg-type]
+            groups[entry.name[: -len(".yaml")]] = yaml_mapping(entry.read_text())
     return groups
 
 

@@ -15,6 +15,8 @@ from typing import Any, Mapping, cast
 from ckpred.errors import ConfigValueError
 from ckpred.kernels.declared import load_declared, op_config
 from ckpred.kernels.definition import ArchSpec, DtypeSpec, Field, FieldKind, LayoutSpec, OpDefinition
+from ckpred.schema import OpConfig
+from ckpred.schema.convert import to_plain, yaml_mapping
 
 __all__ = ["ArchSpec", "DtypeSpec", "Field", "FieldKind", "LayoutSpec", "OpDefinition", "load_op",
            "packaged_op_config"]
@@ -24,16 +26,14 @@ _LOADED: dict[str, OpDefinition] = {}
 
 def packaged_op_config(name: str) -> Any:
     """The packaged ``conf/op/<name>.yaml`` as a plain mapping, or ``None`` when there is none."""
-    from omegaconf import OmegaConf
-
     entry = resources.files("ckpred.conf") / "op" / f"{name}.yaml"
     if not entry.is_file():
         return None
-    raw = cast("dict[str, Any]", OmegaConf.to_container(OmegaConf.create(entry.read_text()), resolve=True))
+    raw = yaml_mapping(entry.read_text())
     return {k: v for k, v in raw.items() if k != "defaults"}
 
 
-def load_op(op_cfg: Any) -> OpDefinition:
+def load_op(op_cfg: OpConfig | Mapping[str, Any] | str) -> OpDefinition:
     """The op of a composed ``op`` config (or a packaged op's name, or a legacy module path).
 
     A declared op (``conf/op/<name>.yaml`` with fields; see :mod:`ckpred.kernels.declared`) is
@@ -41,10 +41,6 @@ def load_op(op_cfg: Any) -> OpDefinition:
     string without a dot is a packaged op's name; a dotted string, or a config with a
     ``module`` key, names a module exposing ``OP`` (the pre-declarative form, still read).
     """
-    from omegaconf import DictConfig, OmegaConf
-
-    if isinstance(op_cfg, DictConfig):
-        op_cfg = OmegaConf.to_container(op_cfg, resolve=True)
     if isinstance(op_cfg, str) and "." not in op_cfg:
         declared = packaged_op_config(op_cfg)
         op_cfg = declared if declared is not None else f"ckpred.kernels.{op_cfg}"
@@ -52,7 +48,7 @@ def load_op(op_cfg: Any) -> OpDefinition:
         op_cfg = op_cfg["module"]
     if not isinstance(op_cfg, str):
         checked = op_config(op_cfg)
-        key = json.dumps(OmegaConf.to_container(OmegaConf.structured(checked)), sort_keys=True, default=str)
+        key = json.dumps(to_plain(checked), sort_keys=True, default=str)
         if key not in _LOADED:
             _LOADED[key] = load_declared(checked)
         return _LOADED[key]

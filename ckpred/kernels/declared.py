@@ -36,7 +36,8 @@ from ckpred.kernels.definition import ArchSpec, DtypeSpec, Field, LayoutSpec, Op
 from ckpred.kernels.opschema import (PLUGIN_HOOKS, _get, field_kinds, load_plugin, parse_expression, template_kinds,
                                      vars_of)
 from ckpred.kernels.template import KernelTemplate
-from ckpred.schema import OpConfig, arch_config, arch_constants
+from ckpred.schema import OpConfig, RecipeConfig, arch_config, arch_constants
+from ckpred.schema.convert import from_mapping, to_plain
 
 class CatalogueUnavailable(ValueError):
     """A declared op without a plug-in catalogue has not been bound to one (no training table yet)."""
@@ -51,21 +52,12 @@ def _field(name: str, spec: Any) -> Field:
     return Field(name, "category" if kind == "categorical" else kind, values, _get(spec, "default"))  # type: ignore[arg-type]
 
 
-def op_config(cfg: Any) -> Any:
-    """``cfg`` (a composed ``op`` node, a mapping, or an :class:`OpConfig`) as a checked
+def op_config(cfg: OpConfig | Mapping[str, Any]) -> OpConfig:
+    """``cfg`` (an :class:`OpConfig`, or a mapping of its keys) as a checked
     :class:`ckpred.schema.OpConfig`."""
-    from omegaconf import DictConfig, OmegaConf
-    from omegaconf.errors import MissingMandatoryValue
-
     if isinstance(cfg, OpConfig):
         return cfg
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True)
-    cfg = {k: v for k, v in dict(cfg).items() if k != "defaults"}
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(OpConfig), cfg))
-    except MissingMandatoryValue as exc:
-        raise ConfigValueError(f"op.{exc.full_key}", "???", "a value: the key is mandatory") from None
+    return from_mapping(OpConfig, {k: v for k, v in dict(cfg).items() if k != "defaults"}, missing_prefix="op.")
 
 
 class DeclaredOp(OpDefinition):
@@ -73,14 +65,14 @@ class DeclaredOp(OpDefinition):
 
     Parameters
     ----------
-    cfg : OpConfig, DictConfig or mapping
+    cfg : OpConfig or mapping
         The op's config (``conf/op/<name>.yaml``), checked on construction.
     """
 
     #: Marks the class plug-ins subclass (:func:`ckpred.kernels.opschema.load_plugin` checks it).
     __ckpred_declared_op__ = True
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: OpConfig | Mapping[str, Any]) -> None:
         self.config = op_config(cfg)
         c = self.config
         self.name = c.name
@@ -232,9 +224,8 @@ class DeclaredOp(OpDefinition):
 
     def config_section(self) -> dict[str, Any]:
         """The op config as plain data (stored in model manifests, so a runtime rebuilds the op)."""
-        from omegaconf import OmegaConf
-
-        return OmegaConf.to_container(OmegaConf.structured(self.config))  # type: ignore[return-value]
+        plain: dict[str, Any] = to_plain(self.config)
+        return plain
 
     def bind_catalogue(self, catalogue: pd.DataFrame) -> None:
         """Use ``catalogue`` (e.g. from :meth:`catalogue_from_table` or a model's manifest) as
@@ -318,7 +309,7 @@ class DeclaredOp(OpDefinition):
         return np.asarray(out, dtype=object)
 
 
-def bind_training_catalogue(op: OpDefinition, table: pd.DataFrame, cfg: Any) -> None:
+def bind_training_catalogue(op: OpDefinition, table: pd.DataFrame, cfg: RecipeConfig) -> None:
     """Bind a data-catalogue op to the kernels of its training ``table`` (no-op for other ops).
 
     Called by the commands that fit a model on ``table`` (train, export) before anything asks
@@ -329,7 +320,7 @@ def bind_training_catalogue(op: OpDefinition, table: pd.DataFrame, cfg: Any) -> 
         op.bind_catalogue(op.catalogue_from_table(table, dtype=cfg.dtype, layout=cfg.layout))
 
 
-def load_declared(cfg: Any) -> DeclaredOp:
+def load_declared(cfg: OpConfig | Mapping[str, Any]) -> DeclaredOp:
     """The op of an op config: its plug-in class when ``plugin`` is set, else :class:`DeclaredOp`."""
     plugin = _get(cfg, "plugin")
     cls = load_plugin(plugin) if plugin else DeclaredOp

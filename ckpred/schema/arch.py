@@ -7,7 +7,7 @@ expressions read as ``hw.<name>`` are listed by :mod:`ckpred.hardware`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Protocol
 
 from omegaconf import II, MISSING, OmegaConf
 
@@ -15,6 +15,7 @@ from ckpred import vocab
 from ckpred.errors import check
 from ckpred.hardware import ARCH_ALIASES, dtype_names
 from ckpred.schema.base import check_positive
+from ckpred.schema.convert import from_mapping
 from ckpred.yamlfile import check_yaml
 
 
@@ -118,8 +119,9 @@ def arch_config(name: str) -> "ArchConfig":
     data = path.read_bytes()
     check_yaml(data, path)
     raw = OmegaConf.to_container(OmegaConf.create(data.decode("utf-8")))
+    assert isinstance(raw, dict)
     raw.pop("defaults", None)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArchConfig), raw))
+    return from_mapping(ArchConfig, {str(k): v for k, v in raw.items()})
 
 
 @dataclass
@@ -172,3 +174,38 @@ class LayoutConfig:
             check(f"layout.{key}", value, value in ("r", "c"), "'r' or 'c'")
         check("layout.name", self.name, self.name == self.a + self.b + self.c,
               f"'{self.a}{self.b}{self.c}' (the a, b, c fields spelled together)")
+
+
+
+def check_arch_dtype(arch: ArchConfig, dtype: DtypeConfig) -> None:
+    """Refuse a dtype the arch has no peak throughput for (its ``peak_tflops`` lists what it runs).
+
+    An arch config without ``peak_tflops`` (a user's own GPU) is not checked here; the op's
+    kernel catalogue still refuses combinations it has no kernels for.
+    """
+    peaks = dict(getattr(arch, "peak_tflops", None) or {})
+    if peaks:
+        check("dtype", dtype.name, dtype.name in peaks,
+              f"one of {sorted(peaks)} for arch={arch.name} (the dtypes in its peak_tflops)")
+
+class HardwareView(Protocol):
+    """What a table's validity rules, kernel catalogue and hardware features read of a config:
+    its arch, dtype and layout (a command's config, or a :class:`Hardware` of its own)."""
+
+    @property
+    def arch(self) -> ArchConfig: ...
+
+    @property
+    def dtype(self) -> DtypeConfig: ...
+
+    @property
+    def layout(self) -> LayoutConfig: ...
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """An arch, dtype and layout without the rest of a config (a partition's, a second table's)."""
+
+    arch: ArchConfig
+    dtype: DtypeConfig
+    layout: LayoutConfig

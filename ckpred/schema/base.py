@@ -5,11 +5,9 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 from ckpred.errors import check
 from ckpred.util import file_kind, resolve_path
-
 
 DATA_SOURCES: tuple[str, ...] = ("simulated", "path")
 DATA_FORMATS: tuple[str, ...] = ("auto", "json", "log", "csv", "parquet")
@@ -39,18 +37,6 @@ def check_threads(key: str, value: int) -> None:
 def check_seed(key: str, value: int) -> None:
     """Check a seed: an integer in [0, 2**32 - 1] (what numpy, scikit-learn and LightGBM take)."""
     check(key, value, 0 <= value <= SEED_MAX, f"an integer in [0, {SEED_MAX}]")
-
-
-def check_arch_dtype(arch: Any, dtype: Any) -> None:
-    """Refuse a dtype the arch has no peak throughput for (its ``peak_tflops`` lists what it runs).
-
-    An arch config without ``peak_tflops`` (a user's own GPU) is not checked here; the op's
-    kernel catalogue still refuses combinations it has no kernels for.
-    """
-    peaks = dict(getattr(arch, "peak_tflops", None) or {})
-    if peaks:
-        check("dtype", dtype.name, dtype.name in peaks,
-              f"one of {sorted(peaks)} for arch={arch.name} (the dtypes in its peak_tflops)")
 
 
 def _first_existing(path: Path) -> Path:
@@ -96,7 +82,7 @@ def _kind_of(path: Path) -> str:
         return "not a directory"
 
 
-def check_positive(prefix: str, obj: Any, names: tuple[str, ...], *, allow_zero: bool = False) -> None:
+def check_positive(prefix: str, obj: object, names: tuple[str, ...], *, allow_zero: bool = False) -> None:
     """Check that each attribute in ``names`` of ``obj`` is > 0 (or >= 0)."""
     for name in names:
         value = getattr(obj, name)

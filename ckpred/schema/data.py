@@ -9,8 +9,8 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from ckpred.errors import check
-from ckpred.schema.arch import ArchConfig, DtypeConfig, LayoutConfig
-from ckpred.schema.base import DATA_FORMATS, DATA_SOURCES, check_arch_dtype, check_output_path, check_seed
+from ckpred.schema.arch import ArchConfig, DtypeConfig, LayoutConfig, check_arch_dtype
+from ckpred.schema.base import DATA_FORMATS, DATA_SOURCES, check_output_path, check_seed
 from ckpred.schema.op import OpConfig
 
 

@@ -3,14 +3,16 @@ recipe every fitting command shares (:class:`RecipeConfig`) and ``train`` itself
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Mapping, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from ckpred.errors import check
-from ckpred.schema.arch import ArchConfig, DtypeConfig, LayoutConfig
-from ckpred.schema.base import check_arch_dtype, check_output_path, check_positive, check_seed, check_threads
+from ckpred.schema.arch import ArchConfig, DtypeConfig, LayoutConfig, check_arch_dtype
+from ckpred.schema.base import check_output_path, check_positive, check_seed, check_threads
 from ckpred.schema.data import DataConfig, FeaturesConfig, ShapesConfig
 from ckpred.schema.op import OpConfig
 
@@ -403,6 +405,22 @@ class TrainConfig(RecipeConfig):
 
     def unused_keys(self) -> dict[str, str]:
         out = {k: v for k, v in super().unused_keys().items() if k not in ("cv", "baselines")}
-        if out.get("shapes") and self.cv.name == "external" and getattr(self.cv.data, "source", None) == "simulated":
+        test_data = getattr(self.cv, "data", None)  # cv=external's test table
+        if out.get("shapes") and self.cv.name == "external" and getattr(test_data, "source", None) == "simulated":
             del out["shapes"]  # the external test table is simulated
         return out
+
+
+def saved_recipe(saved: Mapping[str, Any] | Path) -> RecipeConfig:
+    """The recipe of a finished run's config (its run record's ``config``, or the file
+    ``.hydra/config.yaml``) as a :class:`~ckpred.schema.RecipeConfig`.
+
+    The keys of the run's own command outside the recipe (``out_dir``, ``plots``...) are left out;
+    ``cv`` and ``baselines`` stay plain mappings. The values are checked as composing checks them.
+    """
+    raw = OmegaConf.to_container(OmegaConf.load(saved) if isinstance(saved, Path) else OmegaConf.create(dict(saved)))
+    assert isinstance(raw, dict)
+    keys = {f.name for f in dataclasses.fields(RecipeConfig)}
+    node = OmegaConf.merge(OmegaConf.structured(RecipeConfig), {k: v for k, v in raw.items() if k in keys})
+    out: RecipeConfig = OmegaConf.to_object(node)  # type: ignore[assignment]
+    return out

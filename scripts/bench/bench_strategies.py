@@ -313,22 +313,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_config:
         if args.overrides:
             raise SystemExit(f"--run-config takes the train run's own config; drop the overrides {args.overrides}")
-        from omegaconf import OmegaConf
+        from ckpred.schema import saved_recipe
 
-        cfg = OmegaConf.create(json.loads((Path(args.train_run[0]) / "run.json").read_text())["config"])
+        cfg = saved_recipe(json.loads((Path(args.train_run[0]) / "run.json").read_text())["config"])
     else:
         cfg = compose("export", list(args.overrides))
     op = load_op(cfg.op)
     table = load_table(cfg)
     bind_training_catalogue(op, table, cfg)
     train_table = None
-    if args.run_config and cfg.cv.name == "external":
+    if args.run_config and cfg.cv["name"] == "external":
         # the OOF shapes are the tested table's; the one fold trained on every shape of `table`
-        from ckpred.cv import External
+        from dataclasses import replace
+
+        from ckpred.schema import DataConfig, from_mapping
 
         if cfg.cv.get("arch") is not None:
             raise SystemExit("a cv=external run tested on another arch (cv.arch) is not supported here")
-        train_table, table = table, load_table(External(cfg.cv).data_config(cfg))
+        # the test table: cv.data in place of data (what External.data_config does for a train config)
+        train_table, table = table, load_table(replace(cfg, data=from_mapping(DataConfig, cfg.cv["data"])))
     options = strategy_options(args)
     per_run = []
     for run in args.train_run:

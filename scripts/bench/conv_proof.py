@@ -24,6 +24,7 @@ Extra arguments are Hydra overrides applied to both runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -51,9 +52,7 @@ def analytical_summary(cfg: Any) -> dict[str, float]:
     from ckpred.kernels.base import load_op
 
     op = load_op(cfg.op)
-    test_cfg = cfg.copy()
-    if cfg.cv.name == "external":
-        test_cfg.data = cfg.cv.data
+    test_cfg = dataclasses.replace(cfg, data=cfg.cv.data) if cfg.cv.name == "external" else cfg
     table = load_table(test_cfg)
     m, n, k = op.gemm_view(table)
     frame = pd.DataFrame({"m": m, "n": n, "k": k, "tile_m": table.tile_m, "tile_n": table.tile_n,

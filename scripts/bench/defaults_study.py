@@ -123,9 +123,7 @@ def featurise(cfg: Any, op: Any, prepared: Any, cache: Path) -> Any:
 
 
 def _plain(node: Any) -> Any:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(node, resolve=True)
+    return dataclasses.asdict(node)
 
 
 def load(name: str, overrides: list[str], cache: Path) -> Table:

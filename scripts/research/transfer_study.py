@@ -133,8 +133,6 @@ def _cached_table(cfg: Any, name: str) -> pd.DataFrame:
 
 
 def load_study(name: str, sample: float = 1.0, sample_seed: int = 0) -> Study:
-    from omegaconf import OmegaConf
-
     if name == "kt":
         path = f"[{DATA}/kernel_tuner_amd/*.json.gz,{DATA}/kernel_tuner_nvidia/*.json.gz]"
         cfg = compose("train", [f"hydra.searchpath=[file://{OPS}]", "experiment=kernel_tuner_amd",
@@ -154,8 +152,7 @@ def load_study(name: str, sample: float = 1.0, sample_seed: int = 0) -> Study:
         experiment = "miopen_gfx942"
     else:
         raise SystemExit(f"unknown table {name!r}: kt or miopen")
-    OmegaConf.set_struct(cfg, False)
-    cfg.experiment_name = experiment
+    cfg.experiment_name = experiment  # type: ignore[attr-defined]  # the study's label, beside the config
     op = load_op(cfg.op)
     if sample < 1.0:
         # a seeded sample of each domain's CV groups (a convolution's problems stay together)

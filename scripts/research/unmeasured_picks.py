@@ -25,6 +25,7 @@ Every figure is per fold, then the mean over folds. Numbers to quote come from `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
@@ -42,9 +43,7 @@ from ckpred.models import failure_estimator, predicted_ok
 
 def ev_cfg(cfg, inner: int):
     """``cfg`` with ``applicability.inner_folds=inner``."""
-    out = cfg.copy()
-    out.applicability.inner_folds = inner
-    return out
+    return dataclasses.replace(cfg, applicability=dataclasses.replace(cfg.applicability, inner_folds=inner))
 
 
 def _sub(groups: ev.ShapeGroups, rows: np.ndarray) -> ev.ShapeGroups:
