@@ -260,7 +260,7 @@ def _check_creatable(name: str, key: str, value: str) -> None:
                       f"create ({exc.strerror})")
 
 
-def _check_cv_key(name: str, key: str, value: Any, chosen: str) -> None:
+def _check_cv_key(name: str, key: str, value: object, chosen: str) -> None:
     """Refuse ``cv.<key>`` that the chosen CV scheme (``cv=<chosen>``) does not read, naming the
     schemes that do (Hydra's own error would be a struct-mode message with no hint)."""
     import dataclasses

@@ -14,7 +14,7 @@ import importlib.resources
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from ckpred import schema
@@ -66,7 +66,7 @@ def _raw_value(cfg: DictConfig, key: str) -> Any:
     return node._value() if hasattr(node, "_value") else node
 
 
-def check_known_keys(cfg: Any, prefix: str = "") -> None:
+def check_known_keys(cfg: object, prefix: str = "") -> None:
     """Refuse keys a schema node does not declare, in ``cfg`` and every node below it.
 
     Hydra's ``+key=value`` adds a key even to a node checked against a dataclass (it bypasses
@@ -100,7 +100,7 @@ def check_known_keys(cfg: Any, prefix: str = "") -> None:
             check_known_keys(node, full)
 
 
-def unused_keys(obj: Any, prefix: str = "") -> dict[str, str]:
+def unused_keys(obj: object, prefix: str = "") -> dict[str, str]:
     """Every key of a validated config that the options it selected do not read, with why.
 
     ``obj`` is what :func:`to_object` returns; each schema dataclass may declare
@@ -119,7 +119,7 @@ def unused_keys(obj: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def check_overrides_used(obj: Any, overrides: list[str]) -> None:
+def check_overrides_used(obj: object, overrides: list[str]) -> None:
     """Refuse a command-line override of a key the composed config does not read.
 
     ``train data.path=x.csv`` without ``data=path`` would train on simulated data and exit 0;
@@ -189,7 +189,7 @@ def _compose(config_name: str, overrides: list[str] | None, config_dir: str | Pa
     return obj, cfg
 
 
-def use_config_dirs(sources: Any) -> None:
+def use_config_dirs(sources: ListConfig | list[Any]) -> None:
     """Install the vocabulary (dtypes, layouts, arch configs) of the config dirs Hydra searched
     (``hydra.runtime.config_sources``, in order), so the schema checks and every lookup by name
     see a user's files as well as the package's (:mod:`ckpred.vocab`)."""

@@ -380,6 +380,7 @@ def _conv_proof():
 def test_selection_protocol_never_sees_the_benchmark(tmp_path) -> None:
     """Protocol T (where the recipe is chosen) trains and tests on the training table only;
     A tests on the benchmark, B trains and tests on it."""
+    import dataclasses
     from pathlib import Path
 
     from ckpred.config import compose
@@ -388,7 +389,7 @@ def test_selection_protocol_never_sees_the_benchmark(tmp_path) -> None:
     data_dir = Path("/data/conv")
     cfgs = {p: compose("train", proof.protocol_overrides(p, data_dir, tmp_path)) for p in ("T", "A", "B")}
     assert cfgs["T"].data.path == str(data_dir / proof.TRAIN) and cfgs["T"].cv.name == "group_kfold"
-    assert proof.BENCH not in str(dict(cfgs["T"]))
+    assert proof.BENCH not in str(dataclasses.asdict(cfgs["T"]))
     assert cfgs["A"].data.path == str(data_dir / proof.TRAIN) and cfgs["A"].cv.data.path == str(data_dir / proof.BENCH)
     assert cfgs["B"].data.path == str(data_dir / proof.BENCH) and cfgs["B"].cv.name == "group_kfold"
     assert cfgs["T"].model.relevance_exponent == 0.5  # the recipe chosen on T (experiment config)

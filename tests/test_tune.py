@@ -50,7 +50,7 @@ def test_trials_run_train_with_the_sampled_params(study_dir: tuple[Path, float, 
         assert model["num_leaves"] == row.params_num_leaves and 3 <= model["num_leaves"] <= 7
         assert model["n_estimators"] == row.params_n_estimators and model["n_estimators"] in (2, 4, 6)
         assert model["learning_rate"] == pytest.approx(row.params_learning_rate)
-        assert space.learning_rate.low <= model["learning_rate"] <= space.learning_rate.high
+        assert space["learning_rate"].low <= model["learning_rate"] <= space["learning_rate"].high
         assert model["reg_lambda"] == 0.0  # disabled in the space: the config's value
         assert not (trial_dir / "pipeline.joblib").exists()  # trial_outputs=false
         assert f"model.num_leaves={row.params_num_leaves}" in yaml.safe_load((trial_dir / "overrides.yaml").read_text())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -51,10 +52,11 @@ class Steps:
         self.bar.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        if exc[0] is None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
             self._done()
-        self.bar.__exit__(*exc)
+        self.bar.__exit__(exc_type, exc, tb)
 
     def _done(self) -> None:
         if self.current:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from pathlib import Path
+
+import pandas as pd
 
 from ckpred import plan as pl
 from ckpred.commands.export import Steps
@@ -38,7 +40,7 @@ def plan_command(cfg: PlanConfig) -> str:
     return str(out)
 
 
-def _report(plan: pl.Plan, source: pl.Source, measured: Any, out: Any, cfg: PlanConfig) -> None:
+def _report(plan: pl.Plan, source: pl.Source, measured: pd.DataFrame | None, out: Path, cfg: PlanConfig) -> None:
     op = source.op
     print(f"plan for {cfg.arch.name} from {source.run_dir} ({', '.join(source.archs)}): {len(plan.rows):,} "
           f"measurement(s) of {plan.problems:,} of {plan.candidate_problems:,} problem(s); {plan.candidate_pairs:,} "

@@ -27,7 +27,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 from omegaconf import OmegaConf
@@ -37,6 +37,9 @@ from ckpred.errors import ConfigValueError
 from ckpred.runs import run_directory
 from ckpred.schema import TuneConfig, TuneSettings
 from ckpred.util import claim_run_dir
+
+if TYPE_CHECKING:  # optuna is imported when the study runs
+    import optuna
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +70,7 @@ def search_space(cfg: TuneConfig) -> dict[str, Any]:
     return space
 
 
-def suggest(trial: Any, name: str, p: dict[str, Any]) -> Any:
+def suggest(trial: optuna.Trial, name: str, p: dict[str, Any]) -> Any:
     """Ask ``trial`` for ``model.<name>`` within ``p`` (kind, low, high, log, step, choices)."""
     if p["kind"] == "categorical":
         return trial.suggest_categorical(name, list(p["choices"]))
@@ -91,7 +94,7 @@ def trial_config(cfg: TuneConfig, params: dict[str, Any], out_dir: Path, keep_ou
     return out
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
@@ -142,7 +145,8 @@ def _objective(cfg: TuneConfig, space: dict[str, Any], trials_dir: Path,
     return objective
 
 
-def _best_result(study: Any, cfg: TuneConfig, space: dict[str, Any], base_overrides: list[str]) -> dict[str, Any]:
+def _best_result(study: optuna.Study, cfg: TuneConfig, space: dict[str, Any],
+                 base_overrides: list[str]) -> dict[str, Any]:
     """``best_params.json``: the best trial, its overrides and the train command that reproduces it."""
     settings = cfg.tune
     best = study.best_trial
@@ -200,29 +204,30 @@ def tune(cfg: TuneConfig) -> float:
     return float(best)
 
 
-def print_study(study: Any, out_dir: Path, result: dict[str, Any]) -> None:
+def print_study(study: optuna.Study, out_dir: Path, result: dict[str, Any]) -> None:
     """Rich table of the trials (best first) and the best trial's train command."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 160)
-    done = sorted((t for t in study.trials if t.value is not None), key=lambda t: (-t.value, t.number))
+    finished = [(t, float(t.value)) for t in study.trials if t.value is not None]
+    done = sorted(finished, key=lambda tv: (-tv[1], tv[0].number))
     names = list(result["space"])
     pruned = sum(t.state.name == "PRUNED" for t in study.trials)
     table = Table(title=f"tune: {len(done)} of {len(study.trials)} trials finished ({pruned} pruned), best first "
                         f"(efficiency %, {result['cv']})")
     for col in ("trial", "mean", "P10", "wall s", *names):
         table.add_column(col, justify="right")
-    for t in done:
+    for t, value in done:
         p10 = t.user_attrs.get("p10")
-        table.add_row(str(t.number), f"{100 * t.value:.2f}", "-" if p10 is None else f"{100 * p10:.2f}",
+        table.add_row(str(t.number), f"{100 * value:.2f}", "-" if p10 is None else f"{100 * p10:.2f}",
                       f"{t.user_attrs.get('wall_s', float('nan')):.1f}",
-                      *[_short(t.params.get(n)) for n in names], style="bold" if t is done[0] else None)
+                      *[_short(t.params.get(n)) for n in names], style="bold" if t is done[0][0] else None)
     console.print(table)
     console.print(f"best trial {result['best_trial']}: mean {100 * result['mean_efficiency']:.2f}%  ->  "
                   f"{result['command']}")
     console.print(f"outputs in {out_dir} (trials.csv, best_params.json, trials/)")
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)

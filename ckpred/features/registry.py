@@ -28,6 +28,7 @@ from typing import Any
 
 from ckpred.errors import ConfigValueError
 from ckpred.plugins import check_allowed, import_named
+from ckpred.schema.convert import yaml_mapping
 
 #: ``kind`` of an inline expression group.
 EXPRESSIONS = "expressions"
@@ -54,8 +55,6 @@ def declared_groups() -> dict[str, dict[str, Any]]:
     Read once from ``conf/features/groups/*.yaml`` (package data of ``ckpred.conf``).
     """
     from importlib import resources
-
-    from ckpred.schema.convert import yaml_mapping  # lazy: a first call reads the package's files
 
     folder = resources.files("ckpred.conf") / "features" / "groups"
     groups: dict[str, dict[str, Any]] = {}

@@ -37,7 +37,7 @@ def from_mapping(cls: type[T], raw: Mapping[str, Any], missing_prefix: str | Non
     return out
 
 
-def to_plain(obj: Any) -> Any:
+def to_plain(obj: object) -> Any:
     """A schema dataclass as plain data (dicts and lists), as the structured config holds it."""
     return OmegaConf.to_container(OmegaConf.structured(obj))
 
