@@ -54,8 +54,6 @@ def declared_groups() -> dict[str, dict[str, Any]]:
 
     Read once from ``conf/features/groups/*.yaml`` (package data of ``ckpred.conf``).
     """
-    from importlib import resources
-
     folder = resources.files("ckpred.conf") / "features" / "groups"
     groups: dict[str, dict[str, Any]] = {}
     for entry in sorted(folder.iterdir(), key=lambda p: p.name):
