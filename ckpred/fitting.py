@@ -549,8 +549,8 @@ def for_arch(pipe: Pipeline, method: LearnedMethod, op: OpDefinition, cfg: Recip
              X: pd.DataFrame) -> Pipeline:
     """``pipe`` scoring a table of another arch: the same fitted model behind features built with
     ``arch``'s hardware constants (feature groups learn no statistics, so refitting them on
-    ``X`` only records the input columns)."""
-    features = build_pipeline(method.recipe, op, arch, cfg.dtype).named_steps["features"]
+    ``X`` only records the input columns; ``arch`` None means ``cfg.arch``)."""
+    features = build_pipeline(method.recipe, op, arch if arch is not None else cfg.arch, cfg.dtype).named_steps["features"]
     features.fit(X.head(8))
     out = Pipeline([("features", features), ("model", pipe.named_steps["model"])])
     for attr in ("ckpred_target_", "ckpred_failure_model_", "ckpred_failure_threshold_",

@@ -166,7 +166,7 @@ class TransferModel:
         static = self.static_scores(data.table, rows) if self.weight > 0.0 else np.zeros(len(rows))
         return blend(learner, static, data.groups.codes[rows], mask, self.weight)
 
-    def score_candidates(self, table: pd.DataFrame, X: pd.DataFrame, op: OpDefinition, cfg: Any,
+    def score_candidates(self, table: pd.DataFrame, X: pd.DataFrame, op: OpDefinition, cfg: RecipeConfig,
                          arch: ArchConfig) -> np.ndarray:
         """The recipe's scores of every row of ``table`` (candidates of some problems, all featurised
         with ``arch``; ``X`` their encoded frame), ranked within each problem as the exported

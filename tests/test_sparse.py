@@ -148,7 +148,7 @@ def _forced_fallbacks(pipe, op, problems: pd.DataFrame):  # type: ignore[no-unty
     leaves some problems without a kernel (they fall back) and others with one."""
     from ckpred.models import absent_estimate, set_applicability_model
 
-    cat = op.catalogue()
+    cat = op.catalogue("", "", "")  # a bound catalogue: the same for every arch, dtype and layout
     rows = problems.loc[problems.index.repeat(len(cat))].reset_index(drop=True)
     kernels = cat.iloc[np.tile(np.arange(len(cat)), len(problems))].reset_index(drop=True)
     X = op.encode_frame(pd.concat([rows, kernels[list(op.kernel_names)]], axis=1))

@@ -326,7 +326,7 @@ class External(CVScheme[ExternalConfig]):
         """``cv.arch`` when given, else the packaged arch config named by the table's ``arch``
         column when it holds one name other than the training arch's, else the training arch
         (a table of several GPUs then keeps each row's own)."""
-        if getattr(self.cv, "arch", None) is not None:
+        if self.cv.arch is not None:
             return self.cv.arch
         names = table["arch"].astype(str).unique() if "arch" in table else []
         if len(names) == 1 and names[0] != train_arch.name:

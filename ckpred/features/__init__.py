@@ -115,8 +115,8 @@ def op_categories(op: OpDefinition) -> dict[str, list[str]]:
     return out
 
 
-def catalogue_tiles(op: OpDefinition, arch_cfg: ArchConfig | Mapping[str, Any], dtype_cfg: DtypeConfig | Mapping[str, Any],
-                    layout_cfg: LayoutConfig | Mapping[str, Any] | None = None) -> list[list[int]]:
+def catalogue_tiles(op: OpDefinition, arch_cfg: ArchConfig | Mapping[str, Any], dtype_cfg: DtypeConfig | str,
+                    layout_cfg: LayoutConfig | str | None = None) -> list[list[int]]:
     """Distinct (tile_m, tile_n, tile_k) of the op's catalogue for arch/dtype, sorted."""
     catalogue = op.catalogue(arch_cfg, dtype_cfg, layout_cfg if layout_cfg is not None else "rcr")
     tiles = catalogue[["tile_m", "tile_n", "tile_k"]].drop_duplicates().sort_values(["tile_m", "tile_n", "tile_k"])
@@ -131,8 +131,7 @@ def _as_features_config(features_cfg: FeaturesConfig | Mapping[str, Any]) -> Fea
 
 
 def build_features(features_cfg: FeaturesConfig | Mapping[str, Any], op: OpDefinition, arch_cfg: ArchConfig | Mapping[str, Any],
-                   dtype_cfg: DtypeConfig | Mapping[str, Any],
-                   layout_cfg: LayoutConfig | Mapping[str, Any] | None = None) -> FeatureUnion:
+                   dtype_cfg: DtypeConfig, layout_cfg: LayoutConfig | None = None) -> FeatureUnion:
     """Assemble the (unfitted) feature transformer of a feature set.
 
     Parameters
@@ -141,9 +140,11 @@ def build_features(features_cfg: FeaturesConfig | Mapping[str, Any], op: OpDefin
         ``cfg.features``: ``name`` and ``groups`` (each ``kind``, optional ``name`` and ``params``).
     op : OpDefinition
         The op; its ``input_names`` are the raw columns (and their order for array input).
-    arch_cfg, dtype_cfg : ArchConfig, DtypeConfig or mappings
-        Hardware profile and dtype of the table; fill each transformer's constants.
-    layout_cfg : LayoutConfig, mapping or None, default=None
+    arch_cfg : ArchConfig or mapping
+        Hardware profile of the table; fills each transformer's constants.
+    dtype_cfg : DtypeConfig
+        Dtype of the table.
+    layout_cfg : LayoutConfig or None, default=None
         Layout; sets the ``layout_code`` constant.
 
     Returns

@@ -232,7 +232,8 @@ class DeclaredOp(OpDefinition):
         the op's candidate set from now on."""
         self._catalogue = catalogue.reset_index(drop=True)
 
-    def catalogue(self, arch: ArchSpec | None = None, dtype: DtypeSpec | None = None, layout: LayoutSpec | None = None) -> pd.DataFrame:
+    def catalogue(self, arch: ArchSpec, dtype: DtypeSpec, layout: LayoutSpec) -> pd.DataFrame:
+        # the bound catalogue holds for every arch, dtype and layout the table was trained on
         if self._catalogue is None:
             raise CatalogueUnavailable(
                 f"op {self.name!r} has no catalogue yet: it is the set of kernels of the training table "
