@@ -37,7 +37,6 @@ in, plus the op's validity column (``op.failure.valid_column``) when it has one.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -55,7 +54,7 @@ from ckpred.data.readers.common import to_float, to_int, truth
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.fitting import for_arch, model_method, predict
 from ckpred.kernels.base import Field, OpDefinition, load_op
-from ckpred.runs import load_train_run, run_record_path
+from ckpred.runs import load_train_run
 from ckpred.schema import PLAN_KERNEL_ORDERS, PLAN_PROBLEM_ORDERS, ArchConfig, BaselinesConfig, RecipeConfig, saved_recipe
 from ckpred.schema import PlanBudgetConfig as Budget
 from ckpred.transfer import TransferModel
@@ -109,15 +108,6 @@ def load_source(run_dir: str | Path) -> Source:
     ckpred.errors.MissingFileError, ckpred.errors.InputFileError, ckpred.errors.ModelMismatchError
         As :func:`ckpred.runs.load_train_run` (no such run, not a train run, a replaced pipeline).
     """
-    record = run_record_path(resolve_path(run_dir))
-    try:  # before the pipeline is read: a transfer run's is not one plan can score
-        model = json.loads(record.read_bytes()).get("model") if record.is_file() else None
-    except (OSError, ValueError, AttributeError):
-        model = None  # load_train_run names what is wrong with the record
-    if model == "transfer":
-        raise ConfigValueError("run_dir", str(run_dir), "a run of one fitted pipeline, not a transfer-recipe run "
-                                                        f"({record.name} says \"model\": \"transfer\"); retrain it "
-                                                        "with transfer.mode=off (the recipe's learner alone)")
     run = load_train_run(run_dir, purpose="plan", require_record=True)
     config = run.record.get("config")
     if not isinstance(config, dict):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -331,6 +333,37 @@ def test_a_problem_with_one_candidate_is_never_planned(miopen_run: dict[str, Pat
     frame = pd.read_csv(out)
     assert set(frame["direction"]) == {"B", "W"} and len(frame.drop_duplicates(["n", "c", "hi", "wi", "k", "dtype",
                                                                                 "direction"])) == 80
+
+
+def test_the_plan_prints_the_retraining_step_as_a_train_command_that_composes(
+        miopen_run: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """After the ingest step the plan prints the guide's retraining: ``train`` on the new GPU's
+    tables alone (this round's and the earlier rounds'), with the run's own overrides, the new
+    arch, the op's transfer feature set and, for a ranker, the linear label gain."""
+    from ckpred.commands.plan import retrain_arguments
+
+    _plan(miopen_run["run"], tmp_path / "r1.csv", "arch=gfx90a_mi210", f"problems={miopen_run['problems']}",
+          "budget.problems=0.25")
+    printed = capsys.readouterr().out
+    assert "then retrain on the new GPU's measurements" in printed and "model.label_gain=linear" in printed
+    assert f"data.path=[{tmp_path / 'r1.parquet'}]" in printed
+    # the run as `python -m ckpred train` records it: its command line, with keys the retraining replaces
+    source = pl.load_source(miopen_run["run"])
+    argv = ["ckpred train", "--config-dir", str(OPS_DIR), "experiment=miopen_gfx942", "data.path=src.fdb.txt",
+            "out_dir=runs/x", "hydra.run.dir=runs/x/hydra", "model.n_estimators=20", "features=miopen_conv"]
+    source = replace(source, record={**source.record, "argv": argv})
+    plan_cfg = compose("plan", [SEARCH, f"run_dir={miopen_run['run']}", "arch=gfx90a_mi210", "out=r2.csv",
+                                "budget.problems=0.01"])
+    tables = [tmp_path / "r1.parquet", tmp_path / "r2.parquet"]
+    args = shlex.split(" ".join(retrain_arguments(source, plan_cfg, str(OPS_DIR), tables)))
+    assert args[:2] == ["--config-dir", str(OPS_DIR)] and "hydra.run.dir=runs/x/hydra" not in args
+    cfg = compose("train", [SEARCH, *args[2:]])
+    assert (cfg.arch.name, cfg.features.name, cfg.model.label_gain, cfg.model.n_estimators) == (
+        "gfx90a_mi210", "miopen_conv_transfer", "linear", 20)
+    assert [Path(p) for p in cfg.data.path] == tables and cfg.out_dir == "runs/gfx90a_mi210_r2"
+    # a run trained from a script has no command line to repeat: the command says so
+    bare = replace(source, record={**source.record, "argv": ["pytest"]})
+    assert "<the run's overrides>" in " ".join(retrain_arguments(bare, plan_cfg, "", tables))
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import pandas as pd
 
 from ckpred import plan as pl
 from ckpred.commands.export import Steps
+from ckpred.config import CONF_DIR
 from ckpred.data.mapping import InputMapping
 from ckpred.schema import PlanConfig
 from ckpred.util import check_replaceable, resolve_path
@@ -69,6 +70,62 @@ def _report(plan: pl.Plan, source: pl.Source, measured: pd.DataFrame | None, out
                  f"data.path={shlex.quote(str(out))}", f"out={shlex.quote(str(measured_table))}"]
     print("  python -m ckpred ingest " + " ".join(overrides))
     print(f"  (or pass it as measured={out} to the next round of plan)")
+    _report_next_step(plan, source, cfg, config_dir, [*_tables_of(cfg.measured_paths()), measured_table])
+
+
+def _tables_of(paths: list[str]) -> list[Path]:
+    """The ingested tables of earlier rounds: a filled plan CSV is read back to the Parquet of the
+    same name (what the printed ``ingest`` command writes); a table is itself."""
+    return [resolve_path(p).with_suffix(".parquet") for p in paths]
+
+
+def _report_next_step(plan: pl.Plan, source: pl.Source, cfg: PlanConfig, config_dir: str, tables: list[Path]) -> None:
+    """Print the guide's step after the measurements (docs/guide.md, "A new GPU", step 6)."""
+    if plan.problems <= 1:
+        print("one problem: its pick is the best kernel measured (printed by the next plan with measured=); "
+              "see docs/guide.md, 'A new GPU', step 6")
+        return
+    print("then retrain on the new GPU's measurements alone and plan the next round from that run "
+          "(docs/guide.md, 'A new GPU', step 6):")
+    print("  python -m ckpred train " + " ".join(retrain_arguments(source, cfg, config_dir, tables)))
+
+
+def retrain_arguments(source: pl.Source, cfg: PlanConfig, config_dir: str, tables: list[Path]) -> list[str]:
+    """The shell-quoted arguments of ``train`` on the new GPU's ingested ``tables`` alone: the run's
+    own overrides (its command line, when it was trained by ``python -m ckpred train``), the new
+    arch, the op's transfer feature set when it has one (``<op>_transfer``) and, for a ranker, the
+    linear label gain (a pick earns in proportion to its efficiency, so few measurements teach
+    what a badly wrong pick costs)."""
+    argv = list(source.record.get("argv") or [])
+    own = ([shlex.quote(a) for a in _own_overrides(argv[1:])] if argv and str(argv[0]).endswith("train")
+           else ["<the run's overrides>"])
+    transfer_set = f"{source.op.name}_transfer"
+    features = transfer_set if _has_feature_set(transfer_set, config_dir) else str(source.cfg.features.name)
+    gain = ["model.label_gain=linear"] if source.cfg.model.name == "lgbm_ranker" else []
+    paths = ",".join(str(t) for t in tables)
+    return [*(["--config-dir", shlex.quote(config_dir)] if config_dir else []), *own,
+            f"arch={cfg.arch.name}", f"features={features}", *gain, shlex.quote(f"data.path=[{paths}]"),
+            f"out_dir=runs/{cfg.arch.name}_{Path(cfg.out).stem}"]
+
+
+def _own_overrides(args: list[str]) -> list[str]:
+    """A train command line's overrides but the ones the retraining sets (config dir, multirun,
+    arch, data, features, output and Hydra's own)."""
+    replaced = ("arch", "data.path", "out_dir", "warm_start", "features")
+    out = []
+    for i, arg in enumerate(args):
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if (arg in ("--config-dir", "-cd", "-m", "--multirun") or arg.startswith("--config-dir=")
+                or (i and args[i - 1] in ("--config-dir", "-cd")) or key in replaced or key.startswith("hydra.")):
+            continue
+        out.append(arg)
+    return out
+
+
+def _has_feature_set(name: str, config_dir: str) -> bool:
+    """Whether ``features=<name>`` composes: a file in the packaged configs or the run's config dir."""
+    return any((root / "features" / f"{name}.yaml").is_file()
+               for root in (CONF_DIR, *([resolve_path(config_dir)] if config_dir else [])))
 
 
 def _config_dir(argv: list[str]) -> str:
