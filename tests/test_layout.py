@@ -197,3 +197,17 @@ def test_the_design_names_every_command() -> None:
     design = " ".join((REPO / "docs" / "design.md").read_text().split())
     (listed,) = re.findall(r"one thin module per command \(([^)]*)\)", design)
     assert [c.strip() for c in listed.split(",")] == list(COMMANDS)
+
+
+def test_the_design_shows_every_engine_module_in_the_order_the_layout_checks() -> None:
+    """docs/design.md ordered data before kernels while :data:`STAGES` checked the reverse, and
+    six engine modules were not on it: every top-level engine module or package is named there as
+    ``ckpred.<name>``, and the stages after the bottom one first appear in :data:`STAGES`' order."""
+    import re
+
+    design = (REPO / "docs" / "design.md").read_text()
+    named = [m.group(1) for m in re.finditer(r"ckpred\.(\w+)", design)]
+    tops = {module.split(".")[1] for module, _ in _engine_modules()}
+    assert not tops - set(named), f"engine modules docs/design.md does not name: {sorted(tops - set(named))}"
+    firsts = [min(named.index(name) for name in stage if name in named) for stage in STAGES[1:]]
+    assert firsts == sorted(firsts), [sorted(stage) for stage in STAGES[1:]]
