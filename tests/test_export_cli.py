@@ -279,3 +279,21 @@ def test_a_run_exports_from_another_working_directory(tmp_path: Path, monkeypatc
     fdb.write_text(fdb.read_text().replace("GemmFwd1x1_0_2:", "GemmFwd1x1_0_2:1", 1))
     with pytest.raises(ModelMismatchError, match="is not the data run_dir="):
         export_command(compose("export", [*common, f"run_dir={run}", "out_dir=ex", "parity.shapes=20"]))
+
+
+def test_a_model_for_a_gpu_the_table_lacks_is_exported_from_its_train_run(tmp_path: Path) -> None:
+    """An export that fits here fits the config's own recipe; for a GPU none of the table's rows
+    come from, ``train`` fits the transfer recipe and its CV scores that one, so the export refuses
+    (naming the arch, the table's GPUs and the run_dir route) instead of deploying an unscored model."""
+    from ckpred.errors import ConfigValueError
+    from tests.test_plan import KT_GPUS, SEARCH, write_kt_cache
+
+    files = [write_kt_cache(tmp_path / f"{d.split()[-1]}.json", d) for d in list(KT_GPUS)[:3]]
+    common = [SEARCH, "experiment=kernel_tuner_gpus", f"data.path=[{','.join(map(str, files))}]",
+              "model.n_estimators=5", f"out_dir={tmp_path / 'out'}"]
+    with pytest.raises(ConfigValueError, match=r"'arch' has invalid value 'sm90_h100'.*\(gfx1032, gfx1100, gfx90a\)"
+                                               r".*run_dir="):
+        export_command(compose("export", [*common, "arch=sm90_h100"]))
+    assert not (tmp_path / "out").exists()
+    exported = Path(export_command(compose("export", [*common, "arch=gfx1100"])))  # a GPU of the table
+    assert json.loads((exported / "manifest.json").read_text())["arch"] == "gfx1100"

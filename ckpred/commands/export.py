@@ -25,7 +25,7 @@ import pandas as pd
 from sklearn.pipeline import Pipeline
 
 from ckpred.data.table import content_hash
-from ckpred.errors import ModelMismatchError
+from ckpred.errors import ConfigValueError, ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.export.build import ExportOptions, export_name, export_pipeline, node_name
 from ckpred.fitting import fit_final
@@ -194,6 +194,7 @@ def _fit_here(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
 
     steps.step("loading the training table")
     table = load_table(cfg)
+    _check_trained_arch(cfg, table)
     bind_training_catalogue(op, table, cfg)
     steps.step(f"fitting the model on all {len(table):,} rows")
     t0 = time.perf_counter()
@@ -201,6 +202,19 @@ def _fit_here(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     record = {"kind": "fit", "fit_seconds": round(time.perf_counter() - t0, 2),
               "config": asdict(cfg)}
     return _Source(pipeline, table, cfg, record)
+
+
+def _check_trained_arch(cfg: ExportConfig, table: pd.DataFrame) -> None:
+    """Refuse to fit a model here for a GPU the table holds no row of: ``train`` fits the transfer
+    recipe for such a GPU and cross-validation scores it, while the model fitted here would be
+    the config's own recipe, which no run has scored on a GPU it did not train on."""
+    archs = sorted(table["arch"].astype(str).unique()) if "arch" in table else []
+    if archs and str(cfg.arch.name) not in archs:
+        raise ConfigValueError(
+            "arch", cfg.arch.name,
+            f"one of the training table's GPUs ({', '.join(archs)}) to fit the model here; for a GPU it did not "
+            "train on, export the run of 'python -m ckpred train' (run_dir=<its folder>), whose model is the "
+            "transfer recipe its cross-validation scored on GPUs left out (docs/guide.md, 'A new GPU')")
 
 
 def _parity_problems(cfg: ExportConfig, table: pd.DataFrame, op: OpDefinition) -> pd.DataFrame:
