@@ -8,17 +8,21 @@ function of the config, whose return value is what a sweeper optimises.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import importlib
 import os
+import re
 import sys
+import typing
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
+import yaml
 from omegaconf import DictConfig
 
-from ckpred.errors import CkpredError
-from ckpred.util import RUN_MARKER
+from ckpred.errors import CkpredError, UnknownConfigKeyError
+from ckpred.util import RUN_MARKER, check_replaceable, resolve_path
 
 
 class Command(NamedTuple):
@@ -112,6 +116,8 @@ def _open_node_overrides(argv: list[str], nodes: tuple[str, ...]) -> list[str]:
 def _check_override_syntax(name: str, argv: list[str]) -> None:
     """Refuse an override Hydra's grammar cannot parse, naming it (Hydra's own message names
     only the offending token, not which override it came from)."""
+    # lazy: Hydra's override parser and ckpred.config cost ~0.13 s over this module; --help and
+    # an unknown command answer without them
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ValueType
     from hydra.errors import HydraException
@@ -151,8 +157,6 @@ MAX_WORD_CHARS = 200
 def _shown(text: str) -> str:
     """``text`` safe to print on a terminal: control and other non-printable characters escaped
     (an ESC would start a terminal escape sequence), overlong words shortened."""
-    import re
-
     text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
     return re.sub(rf"\S{{{MAX_WORD_CHARS + 1},}}", lambda m: f"{m.group()[:60]}...[{len(m.group()):,} characters]",
                   text)
@@ -199,9 +203,6 @@ def _unknown_key(schema: type, key: str) -> tuple[str, list[str]] | None:
 
     The walk stops (accepting the key) where the schema has no fixed keys: a free mapping, a
     list, an untyped node, or a config group of :data:`_ROOT_GROUPS` at the root."""
-    import dataclasses
-    import typing
-
     node: Any = schema
     parts = key.split(".")
     for i, part in enumerate(parts):
@@ -231,8 +232,8 @@ _RUN_FOLDER_COMMANDS = ("train", "tune")
 def _check_run_folder(name: str, key: str, value: str) -> None:
     """Refuse a ``hydra.run.dir`` that is not new, empty or this command's run folder before
     Hydra writes ``.hydra/`` and the job's log into it (the command checks it again)."""
+    # lazy: ckpred.runs loads pandas (~0.47 s over this module); only a hydra.run.dir= override needs it
     from ckpred.runs import run_directory
-    from ckpred.util import check_replaceable
 
     try:
         check_replaceable(key, value, run_directory(COMMANDS[name].config_name))
@@ -243,8 +244,8 @@ def _check_run_folder(name: str, key: str, value: str) -> None:
 def _check_creatable(name: str, key: str, value: str) -> None:
     """Refuse a directory Hydra would fail to create (under /proc, below a file, too long): its
     first missing component is made and removed again, so nothing is left behind."""
+    # lazy: ckpred.schema costs ~0.06 s over this module; --help and an unknown command answer without it
     from ckpred.schema import check_output_path
-    from ckpred.util import resolve_path
 
     try:
         check_output_path(key, value, kind="dir")
@@ -263,8 +264,8 @@ def _check_creatable(name: str, key: str, value: str) -> None:
 def _check_cv_key(name: str, key: str, value: object, chosen: str) -> None:
     """Refuse ``cv.<key>`` that the chosen CV scheme (``cv=<chosen>``) does not read, naming the
     schemes that do (Hydra's own error would be a struct-mode message with no hint)."""
-    import dataclasses
-
+    # lazy: ckpred.cv.schemes (with ckpred.schema) costs ~0.07 s over this module; --help and an unknown
+    # command answer without it
     from ckpred.cv.schemes import registered_schemes
 
     field = key.split(".")[1]
@@ -281,12 +282,12 @@ def _check_cv_key(name: str, key: str, value: object, chosen: str) -> None:
 
 def _chosen_cv(config_name: str, overrides: list[Any]) -> str:
     """The CV scheme a command's run uses: a ``cv=<name>`` override, else its primary config's default."""
-    import yaml
+    # lazy: ckpred.config costs ~0.07 s over this module; --help and an unknown command answer without it
+    from ckpred.config import CONF_DIR
 
     for override in overrides:
         if override.key_or_group == "cv" and isinstance(override.value(), str):
             return str(override.value())
-    from ckpred.config import CONF_DIR
 
     defaults = (yaml.safe_load((CONF_DIR / f"{config_name}.yaml").read_text()) or {}).get("defaults") or []
     return next((str(d["cv"]) for d in defaults if isinstance(d, dict) and "cv" in d), "")
@@ -301,10 +302,11 @@ def _check_override_keys(name: str, argv: list[str]) -> None:
     """Refuse, before Hydra composes anything, an override whose key the command's schema does
     not have (with the closest key: Hydra's own error offers none without ``+``) and a Hydra run
     or sweep dir that cannot be created."""
+    # lazy: Hydra's override parser and ckpred.config cost ~0.13 s over this module; --help and
+    # an unknown command answer without them
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from ckpred.config import PRIMARY_SCHEMAS
-    from ckpred.errors import UnknownConfigKeyError
 
     schema = PRIMARY_SCHEMAS[COMMANDS[name].config_name]
     parser = OverridesParser.create()
@@ -364,6 +366,7 @@ class _RunDirGuard:
         self.marked = {p for p in self.existed if _exists(p / RUN_MARKER)}
 
     def clean(self) -> None:
+        # lazy: hydra costs ~0.05 s over ckpred.config; --help and an unknown command answer without it
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
@@ -413,7 +416,10 @@ class _RunDirGuard:
 
 def run_command(name: str, argv: list[str]) -> Any:
     """Run command ``name`` with Hydra arguments ``argv`` (as if typed after the command)."""
+    # lazy: hydra and ckpred.config cost ~0.12 s over this module; --help and an unknown command
+    # answer without them
     import hydra
+    from hydra.core.hydra_config import HydraConfig
 
     from ckpred import config
     from ckpred.config import check_overrides_used, register_schemas, to_object, use_config_dirs
@@ -430,8 +436,6 @@ def run_command(name: str, argv: list[str]) -> Any:
     @hydra.main(version_base="1.3", config_path="pkg://ckpred.conf", config_name=command.config_name)
     def entry(cfg: DictConfig) -> Any:
         try:
-            from hydra.core.hydra_config import HydraConfig
-
             # the dtypes, layouts and arch configs of the config dirs searched, then the value checks
             # of every schema, and no override the selected options ignore, before any work
             use_config_dirs(HydraConfig.get().runtime.config_sources)

@@ -9,18 +9,32 @@ an OmegaConf node.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import importlib.resources
+import os
+import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from hydra import compose as hydra_compose
+from hydra import initialize_config_module
+from hydra._internal.sources_registry import SourcesRegistry
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
+from hydra.types import RunMode
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from ckpred import schema
+from ckpred import schema, vocab
 from ckpred.cv.schemes import registered_schemes
 from ckpred.errors import ConfigValueError, InputFileError, UnknownConfigKeyError, UnusedConfigKeyError
 from ckpred.util import claim_run_dir
+from ckpred.yamlfile import MAX_BYTES, check_yaml
 
 #: Folder of the config tree: top-level conf/ in a checkout, shipped as the package ckpred.conf.
 CONF_DIR = Path(str(importlib.resources.files("ckpred.conf")))
@@ -75,10 +89,6 @@ def check_known_keys(cfg: object, prefix: str = "") -> None:
     exit 0. Nodes typed as free mappings (``dict[str, ...]`` fields such as a feature group's
     ``params``) are not schema nodes and keep their keys.
     """
-    import dataclasses
-
-    from omegaconf import DictConfig, ListConfig
-
     if isinstance(cfg, ListConfig):
         for i in range(len(cfg)):
             node = cfg._get_node(i)
@@ -107,8 +117,6 @@ def unused_keys(obj: object, prefix: str = "") -> dict[str, str]:
     ``unused_keys()`` (relative key -> what would read it), e.g. ``data.path`` under
     ``data.source=simulated``. Nested dataclasses are searched too (``cv.data.path``).
     """
-    import dataclasses
-
     if not dataclasses.is_dataclass(obj):
         return {}
     own = obj.unused_keys() if hasattr(obj, "unused_keys") else {}
@@ -131,8 +139,6 @@ def check_overrides_used(obj: object, overrides: list[str]) -> None:
     ckpred.errors.UnusedConfigKeyError
         For the first override at or below a key of :func:`unused_keys`.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     unused = unused_keys(obj)
     if not unused:
         return
@@ -169,12 +175,6 @@ def compose_node(config_name: str, overrides: list[str] | None = None,
 
 
 def _compose(config_name: str, overrides: list[str] | None, config_dir: str | Path | None) -> tuple[Any, DictConfig]:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
-    from omegaconf import open_dict, read_write
-
     register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="ckpred.conf", version_base="1.3"):
@@ -193,8 +193,6 @@ def use_config_dirs(sources: ListConfig | list[Any]) -> None:
     """Install the vocabulary (dtypes, layouts, arch configs) of the config dirs Hydra searched
     (``hydra.runtime.config_sources``, in order), so the schema checks and every lookup by name
     see a user's files as well as the package's (:mod:`ckpred.vocab`)."""
-    from ckpred import vocab
-
     dirs = OmegaConf.to_container(sources)
     assert isinstance(dirs, list)
     vocab.use(vocab.read(vocab.config_dirs(dirs)))
@@ -212,11 +210,8 @@ def run_dir(out_dir: str, command: str) -> Path:
     Under ``-m`` a set ``out_dir`` gets the job number appended (``<out_dir>/<job.num>``, like
     Hydra's sweep dir): every job of the sweep would otherwise write into the same folder.
     """
-    from datetime import datetime
-
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
+    # lazy: ckpred.runs (scipy through ckpred.evaluate) costs ~0.15 s over pandas; every command imports
+    # this module, only the run folders of train and tune need it
     from ckpred.runs import run_directory
 
     hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None  # None outside @hydra.main
@@ -251,14 +246,6 @@ def _checked_file_source() -> None:
     :class:`ckpred.errors.InputFileError`, or on the command line (:data:`COMMAND_LINE` set)
     prints its one line and exits with status 1 (Hydra would add its own lines to it).
     """
-    import os
-    import sys
-
-    from hydra._internal.sources_registry import SourcesRegistry
-    from hydra.core.plugins import Plugins
-
-    from ckpred.yamlfile import MAX_BYTES, check_yaml
-
     Plugins.instance()  # Hydra registers its own config sources first
     registry = SourcesRegistry.instance()
     base = registry.resolve("file")
@@ -291,8 +278,6 @@ COMMAND_LINE: str | None = None
 def register_schemas() -> None:
     """Register every schema under ``base_<group>`` and check config files before Hydra loads
     them (:func:`_checked_file_source`); idempotent."""
-    from hydra.core.config_store import ConfigStore
-
     _checked_file_source()
 
     cs = ConfigStore.instance()
@@ -327,12 +312,9 @@ def feature_set(name: str) -> Any:
 
 @functools.lru_cache(maxsize=None)
 def _feature_set(name: str) -> Any:
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
     register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="ckpred.conf", version_base="1.3"):
-        cfg = compose(config_name=None, overrides=[f"+features={name}"])
+        cfg = hydra_compose(config_name=None, overrides=[f"+features={name}"])
     GlobalHydra.instance().clear()
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema.FeaturesConfig), cfg.features))

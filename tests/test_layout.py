@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -107,8 +108,6 @@ def _stage_of(module: str) -> int | None:
 
 
 def _imports(path: Path) -> set[str]:
-    import ast
-
     tree = ast.parse(path.read_text())
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -151,6 +150,147 @@ def test_data_flows_one_way_and_only_commands_touch_hydra() -> None:
                 if theirs is not None and theirs > mine:
                     problems.append(f"{module} (stage {mine}) imports {imported} (later stage {theirs})")
     assert not problems, "\n".join(problems)
+
+
+def _body_imports_without_reason(path: Path) -> list[str]:
+    """``<line>: <import>`` of each function-body import of ``path`` with no ``# lazy: <reason>``
+    comment: on its own lines, on the comment lines just above it or above the first import of
+    its group (blank lines and the group's other imports in between), or at the end of the line
+    those comments follow (``try:  # lazy: ...``)."""
+    text = path.read_text()
+    lines = text.splitlines()
+    found = {(s.lineno, s.end_lineno or s.lineno) for f in ast.walk(ast.parse(text))
+             if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for s in ast.walk(f) if isinstance(s, (ast.Import, ast.ImportFrom))}
+    import_lines = {i for first, last in found for i in range(first, last + 1)}
+    missing = []
+    for first, last in sorted(found):
+        ok = any("# lazy:" in line for line in lines[first - 1:last])
+        above = first - 1  # 1-based number of the line above
+        while not ok and above >= 1:
+            line = lines[above - 1].strip()
+            ok = "# lazy:" in line
+            if line and not line.startswith("#") and above not in import_lines:
+                break
+            above -= 1
+        if not ok:
+            missing.append(f"{first}: {lines[first - 1].strip()}")
+    return missing
+
+
+def test_every_function_body_import_says_why_it_is_lazy() -> None:
+    """An import inside a function hides what a module needs (and cycles, issue 29): each one
+    says why it cannot sit at the module top, e.g. ``# lazy: scikit-learn ~4 s, only the fit needs it``."""
+    missing = [f"{path.relative_to(REPO)}:{m}" for path in sorted((REPO / "ckpred").rglob("*.py"))
+               for m in _body_imports_without_reason(path)]
+    assert not missing, "function-body imports without a '# lazy: <reason>' comment:\n" + "\n".join(missing)
+
+
+def test_the_lazy_import_check_finds_an_import_without_a_reason(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text("""import os
+
+
+def reasoned():
+    # lazy: costs 2 s, only this branch needs it
+    import json
+    import csv
+
+    from pathlib import Path
+
+
+def inline():
+    import json  # lazy: as above
+
+
+def after_try():
+    try:  # lazy: an optional extra
+        import dask
+    except ImportError:
+        pass
+
+
+def bare():
+    x = 1
+    import json
+
+
+def reason_of_another_statement():
+    # lazy: this comment belongs to the import above the assignment
+    import csv
+    y = 2
+    import json
+""")
+    assert _body_imports_without_reason(planted) == ["25: import json", "32: import json"]
+
+
+def _module_of(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_cycles(root: Path) -> list[list[str]]:
+    """Groups of modules under ``root`` that import one another in a cycle, counting the imports
+    inside functions (``from a import b`` leads to the module ``a.b`` when there is one, else ``a``)."""
+    paths = {_module_of(p, root): p for p in sorted(root.rglob("*.py"))}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        names = []
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names += [f"{node.module}.{a.name}" for a in node.names]
+        graph[module] = {m for m in map(resolve, names) if m is not None and m != module}
+    # Tarjan's strongly connected components; a component of two or more modules is a cycle
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = [stack.pop()]
+            while group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycles_counting_function_body_imports() -> None:
+    """Issue 29 found three cycles hidden in function-body imports (schema -> kernels.opschema ->
+    expressions -> dtypes -> schema)."""
+    assert _import_cycles(REPO / "ckpred") == []
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_function_body(tmp_path: Path) -> None:
+    pkg = tmp_path / "ckpred"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from ckpred.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ckpred import a  # lazy: planted\n")
+    (pkg / "c.py").write_text("from ckpred import a\n")
+    assert _import_cycles(pkg) == [["ckpred.a", "ckpred.sub.b"]]
 
 
 # -- the docs match what a fresh install does (issue 28's newcomer frictions) ----------------------

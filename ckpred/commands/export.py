@@ -22,17 +22,24 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from sklearn.pipeline import Pipeline
 
+from ckpred.autotune import calibration_from_oof
+from ckpred.data import load_table
 from ckpred.data.table import content_hash
 from ckpred.errors import ConfigValueError, ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.export.build import ExportOptions, export_name, export_pipeline, node_name
+from ckpred.export.strategies import (Strategy, cv_efficiency, fit_reranker, keep_for_table, reranker_size,
+                                      strategy_scores)
 from ckpred.fitting import fit_final
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.kernels.declared import bind_training_catalogue
+from ckpred.runs import RUN_RECORD, load_train_run
 from ckpred.schema import ExportConfig, RecipeConfig, saved_recipe
 from ckpred.transfer import TransferModel
+from ckpred.util import check_replaceable, resolve_path
 
 
 class Steps:
@@ -40,8 +47,6 @@ class Steps:
     one shown with a spinner (export and plan otherwise work for tens of seconds without a word)."""
 
     def __init__(self, command: str = "export") -> None:
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
         self.command = command
         self.bar = Progress(SpinnerColumn(), TextColumn(f"{command}: {{task.description}}"), TimeElapsedColumn(),
                             transient=True)
@@ -90,8 +95,6 @@ def strategy_cv(run_dir: Path, table: pd.DataFrame, op: OpDefinition, cfg: Expor
     ``select`` is the strategy exported (default ``cfg.select``; ``pruned`` when the training
     data leave nothing to rerank).
     """
-    from ckpred.export.strategies import Strategy, cv_efficiency, strategy_scores
-
     oof = pd.read_parquet(run_dir / "oof_predictions.parquet").reset_index(drop=True)
     tested, trained = set(pd.unique(oof["shape"])), set(pd.unique(np.asarray(op.shape_keys(table))))
     if tested != trained or oof["fold"].nunique() < 2:
@@ -157,9 +160,6 @@ class _Source:
 
 def _from_run_dir(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     """The finished train run ``cfg.run_dir``: its pipeline, checked against its record and config."""
-    from ckpred.data import load_table
-    from ckpred.runs import RUN_RECORD, load_train_run
-
     run = load_train_run(cfg.run_dir, purpose="export", require_record=False)
     run_dir, train_record = run.path, run.record
     # the transfer recipe is made for GPUs it did not train on: any arch
@@ -190,8 +190,6 @@ def _from_run_dir(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
 
 def _fit_here(cfg: ExportConfig, op: OpDefinition, steps: Steps) -> _Source:
     """The config's pipeline, fitted on all rows of its data (:func:`ckpred.fitting.fit_final`)."""
-    from ckpred.data import load_table
-
     steps.step("loading the training table")
     table = load_table(cfg)
     _check_trained_arch(cfg, table)
@@ -250,8 +248,6 @@ def _strategy(cfg: ExportConfig, src: _Source, op: OpDefinition, steps: Steps) -
         return _Strategy("full")
     if cfg.select not in ("pruned", "reranked"):
         return _Strategy(cfg.select)
-    from ckpred.export.strategies import Strategy, fit_reranker, keep_for_table, reranker_size
-
     table, reranker, scored, select = src.table, None, None, cfg.select
     top_n = int(cfg.prune_top_n)
     steps.step("learning the candidate kernels")
@@ -291,8 +287,6 @@ def _calibration(cfg: ExportConfig, src: _Source, op: OpDefinition, strategy: _S
         print(f"no autotune calibration: the {select} selector's out-of-fold scores need k-fold CV over the "
               "training shapes (see selection.cv); the Confidence budget is unavailable for this export")
         return None
-    from ckpred.autotune import calibration_from_oof
-
     options = asdict(cfg.autotune)
     options.pop("enabled")
     kind = options.pop("kind")
@@ -340,8 +334,6 @@ def _report(select: str, manifest: dict[str, Any], target: Path) -> None:
 
 def export_command(cfg: ExportConfig) -> str:
     """Task function of ``python -m ckpred export``; returns the export directory."""
-    from ckpred.util import check_replaceable, resolve_path
-
     op = load_op(cfg.op)
     target = resolve_path(cfg.out_dir) / export_name(op.name, node_name(cfg.arch), node_name(cfg.dtype),
                                                      node_name(cfg.layout))

@@ -29,6 +29,8 @@ from typing import Any
 
 import pandas as pd
 import yaml
+from rich.console import Console
+from rich.table import Table
 
 from ckpred.runs import RUN_RECORD, run_record_path
 from ckpred.schema import SweepReportConfig
@@ -169,9 +171,6 @@ def report_frame(jobs: list[Job]) -> pd.DataFrame:
 
 def print_report(frame: pd.DataFrame, common: list[str], sweep_dir: Path, sort_by: str) -> None:
     """Print ``frame`` as one rich table (percentages), with the shared overrides below it."""
-    from rich.console import Console
-    from rich.table import Table
-
     def pct(x: float) -> str:
         return "-" if pd.isna(x) else f"{100 * x:.2f}"
 

@@ -26,20 +26,23 @@ import logging
 import math
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+import optuna
 import yaml
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
+from rich.console import Console
+from rich.table import Table
 
+from ckpred.commands.train import train
 from ckpred.config import run_dir, to_object
 from ckpred.errors import ConfigValueError
 from ckpred.runs import run_directory
-from ckpred.schema import TuneConfig, TuneSettings
+from ckpred.schema import TuneConfig, TuneSettings, tune_param
 from ckpred.util import claim_run_dir
-
-if TYPE_CHECKING:  # optuna is imported when the study runs
-    import optuna
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +50,6 @@ log = logging.getLogger(__name__)
 def _command_overrides() -> list[str]:
     """The overrides the tune command was started with (empty outside the CLI)."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         return [o for o in HydraConfig.get().overrides.task
                 if not o.startswith(("tune.", "out_dir=", "hydra", "~tune", "+tune"))]
     except ValueError:
@@ -57,10 +58,6 @@ def _command_overrides() -> list[str]:
 
 def search_space(cfg: TuneConfig) -> dict[str, Any]:
     """The enabled ``tune.space`` entries as plain dicts; refuses an empty space."""
-    from dataclasses import asdict
-
-    from ckpred.schema import tune_param
-
     entries = {str(name): tune_param(str(name), raw)
                for name, raw in cfg.tune.space.items()}
     space = {name: asdict(p) for name, p in entries.items() if p.enabled}
@@ -101,8 +98,6 @@ def _fmt(value: object) -> str:
 def make_pruner(settings: TuneSettings) -> Any:
     """optuna pruner of ``tune.pruner``: ``median`` (stop a trial whose running CV mean after a
     fold is below the median of earlier trials at that fold) or ``none``."""
-    import optuna
-
     if settings.pruner == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=int(settings.pruner_startup_trials),
                                            n_warmup_steps=int(settings.pruner_warmup_folds))
@@ -113,10 +108,6 @@ def _objective(cfg: TuneConfig, space: dict[str, Any], trials_dir: Path,
                base_overrides: list[str]) -> Callable[[Any], float]:
     """The study's objective: one ``train`` run per trial in ``trials_dir/<n>``, reporting the
     running CV mean after each fold so the pruner can stop it."""
-    import optuna
-
-    from ckpred.commands.train import train
-
     def objective(trial: optuna.Trial) -> float:
         params = {name: suggest(trial, name, p) for name, p in space.items()}
         # the trial's train run folder, claimed before overrides.yaml goes in (train then finds its marker)
@@ -175,8 +166,6 @@ def tune(cfg: TuneConfig) -> float:
     float
         The best trial's mean efficiency.
     """
-    import optuna
-
     settings = cfg.tune
     space = search_space(cfg)
     out_dir = run_dir(cfg.out_dir, "tune")
@@ -206,9 +195,6 @@ def tune(cfg: TuneConfig) -> float:
 
 def print_study(study: optuna.Study, out_dir: Path, result: dict[str, Any]) -> None:
     """Rich table of the trials (best first) and the best trial's train command."""
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console(width=None if sys.stdout.isatty() else 160)
     finished = [(t, float(t.value)) for t in study.trials if t.value is not None]
     done = sorted(finished, key=lambda tv: (-tv[1], tv[0].number))

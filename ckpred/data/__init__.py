@@ -28,13 +28,14 @@ def load_table(cfg: RecipeConfig) -> pd.DataFrame:
     The rows come in canonical order (:func:`canonical_order`), so every consumer breaks
     score ties the way the exported selector does.
     """
-    # lazy (both): ckpred.data is imported for its submodules; loading the simulator and the
-    # ingestion with it would cost every one of them ~0.6 s
     if cfg.data.source == "simulated":
+        # lazy: ckpred.data is imported for its submodules; the simulator (~0.02 s) is for this branch only
         from ckpred.data.simulate import simulated_table
 
         table = simulated_table(cfg)
     else:
+        # lazy: the readers of ckpred.data.ingest cost ~0.1 s over this package (which is imported
+        # for its submodules); only data.source=path needs them
         from ckpred.data.ingest import ingest_for_config
 
         table = ingest_for_config(cfg)
