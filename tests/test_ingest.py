@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckpred.config import compose
@@ -740,6 +740,9 @@ def test_group_ids_of_small_ranges_number_like_pandas(kernels: int) -> None:
                           st.booleans(), st.just(7)),
                 max_size=40),
        st.lists(st.integers(1, 30), min_size=40, max_size=40))
+# No deadline: an example's time measures the machine's load, not group_ids (it missed the 200 ms
+# default on a shared 2-core machine).
+@settings(deadline=None)
 def test_group_ids_number_groups_like_pandas_and_first_rows_find_their_first_row(keys: list[tuple],
                                                                                  runs: list[int]) -> None:
     """The merge key's numbering is pandas' ``ngroup`` (order of first appearance), whatever the
