@@ -1,0 +1,53 @@
+"""Rescore a run's out-of-fold picks as if the selector knew which kernels the test GPU has.
+
+    python scripts/research/known_kernel_list.py <run>/seed0 [<run>/seed1 ...]
+
+On a new GPU, a selector trained on another ranks every catalogue kernel its rules and the
+applicability mask learned on the training GPU keep; a kernel the new GPU does not have at all
+(a solver its library build never lists) is an unmeasured pick scored 0. This script reads a
+run's ``oof_predictions.parquet`` and prints, per method, the strict mean and P10 efficiency and
+the unmeasured-pick rate as the run scored them, then with the candidates narrowed to the kernels
+the test table measures on at least one problem: an upper bound on what declaring the new GPU's
+kernel list would give (it uses the test table's kernel names, nothing else of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ckpred import evaluate as ev
+
+
+def scored(oof: pd.DataFrame, column: str, keep: np.ndarray) -> tuple[float, float, float]:
+    """Strict mean, P10 and unmeasured-pick rate of ``column``'s top-1 among ``keep`` rows."""
+    groups = ev.ShapeGroups.from_keys(oof["shape"])
+    per_shape = ev.shape_metrics(oof["perf"].to_numpy(), oof[column].to_numpy(), groups,
+                                 selectable=oof["selectable"].to_numpy() & keep,
+                                 measured=oof["measured"].to_numpy())
+    summary = ev.summarize(per_shape)
+    return summary["mean"], summary["p10"], summary["unmeasured_pick"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="seed folders holding oof_predictions.parquet")
+    args = parser.parse_args()
+    for run in args.runs:
+        oof = pd.read_parquet(run / "oof_predictions.parquet")
+        listed = oof["kernel_name"].isin(set(oof.loc[oof["measured"], "kernel_name"])).to_numpy()
+        print(f"{run}: {oof['shape'].nunique():,} problems, {oof.loc[listed, 'kernel_name'].nunique()} of "
+              f"{oof['kernel_name'].nunique()} candidate kernels measured on the test GPU")
+        for column in [c for c in oof.columns if c.startswith("score_")]:
+            everything = scored(oof, column, np.ones(len(oof), dtype=bool))
+            narrowed = scored(oof, column, listed)
+            print(f"  {column[len('score_'):]:<12} as scored: mean {everything[0]:.4f} P10 {everything[1]:.3f} "
+                  f"unmeasured {everything[2]:.3f} | its kernels only: mean {narrowed[0]:.4f} "
+                  f"P10 {narrowed[1]:.3f} unmeasured {narrowed[2]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
