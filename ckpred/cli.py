@@ -420,6 +420,7 @@ def run_command(name: str, argv: list[str]) -> Any:
     # answer without them
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import ConfigCompositionException
 
     from ckpred import config
     from ckpred.config import check_overrides_used, register_schemas, to_object, use_config_dirs
@@ -459,6 +460,11 @@ def run_command(name: str, argv: list[str]) -> Any:
     sys.argv = [f"ckpred {name}", *argv]
     try:
         return entry()
+    except ConfigCompositionException as exc:
+        # Hydra reports a composition error itself, but not while it composes for --help: there
+        # a config group the command requires (plan's arch) escapes as a traceback
+        _refuse(name, f"{' '.join(str(exc).split())} (give the required groups with --help too, e.g. "
+                      f"`python -m ckpred {name} --help arch=gfx942`)")
     finally:
         sys.argv = saved
         config.COMMAND_LINE = None
