@@ -1,6 +1,6 @@
 """Rescore a run's out-of-fold picks as if the selector knew which kernels the test GPU has.
 
-    python scripts/research/known_kernel_list.py <run>/seed0 [<run>/seed1 ...]
+    python scripts/research/known_kernel_list.py <run>/seed0 [<run>/seed1 ...] [--measured plan.csv ...]
 
 On a new GPU, a selector trained on another ranks every catalogue kernel its rules and the
 applicability mask learned on the training GPU keep; a kernel the new GPU does not have at all
@@ -9,35 +9,49 @@ run's ``oof_predictions.parquet`` and prints, per method, the strict mean and P1
 the unmeasured-pick rate as the run scored them, then with the candidates narrowed to the kernels
 the test table measures on at least one problem: an upper bound on what declaring the new GPU's
 kernel list would give (it uses the test table's kernel names, nothing else of it).
+
+With ``--measured``, the problems of those plan files (the new GPU's measured problems a run
+was retrained on) are left out: the figures are those of the problems never measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ckpred import evaluate as ev
+from ckpred.kernels.base import load_op
+from ckpred.schema import saved_recipe
 
 
-def scored(oof: pd.DataFrame, column: str, keep: np.ndarray) -> tuple[float, float, float]:
-    """Strict mean, P10 and unmeasured-pick rate of ``column``'s top-1 among ``keep`` rows."""
+def scored(oof: pd.DataFrame, column: str, keep: np.ndarray) -> tuple[float, float, float, float]:
+    """Strict mean, P10, unmeasured-pick rate and fallback efficiency of ``column``'s top-1 among
+    ``keep`` rows."""
     groups = ev.ShapeGroups.from_keys(oof["shape"])
     per_shape = ev.shape_metrics(oof["perf"].to_numpy(), oof[column].to_numpy(), groups,
                                  selectable=oof["selectable"].to_numpy() & keep,
                                  measured=oof["measured"].to_numpy())
     summary = ev.summarize(per_shape)
-    return summary["mean"], summary["p10"], summary["unmeasured_pick"]
+    return summary["mean"], summary["p10"], summary["unmeasured_pick"], summary["fallback_efficiency"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="seed folders holding oof_predictions.parquet")
+    parser.add_argument("--measured", nargs="*", type=Path, default=[],
+                        help="plan files (CSV or Parquet) whose problems are left out")
     args = parser.parse_args()
     for run in args.runs:
         oof = pd.read_parquet(run / "oof_predictions.parquet")
+        if args.measured:
+            op = load_op(saved_recipe(json.loads((run / "run.json").read_text())["config"]).op)
+            done = pd.concat([pd.read_parquet(f) if f.suffix == ".parquet" else pd.read_csv(f, keep_default_na=False)
+                              for f in args.measured])
+            oof = oof[~oof["shape"].isin(set(op.shape_keys(done)))].reset_index(drop=True)
         listed = oof["kernel_name"].isin(set(oof.loc[oof["measured"], "kernel_name"])).to_numpy()
         print(f"{run}: {oof['shape'].nunique():,} problems, {oof.loc[listed, 'kernel_name'].nunique()} of "
               f"{oof['kernel_name'].nunique()} candidate kernels measured on the test GPU")
@@ -45,7 +59,7 @@ def main() -> None:
             everything = scored(oof, column, np.ones(len(oof), dtype=bool))
             narrowed = scored(oof, column, listed)
             print(f"  {column[len('score_'):]:<12} as scored: mean {everything[0]:.4f} P10 {everything[1]:.3f} "
-                  f"unmeasured {everything[2]:.3f} | its kernels only: mean {narrowed[0]:.4f} "
+                  f"unmeasured {everything[2]:.3f} fallback {everything[3]:.4f} | its kernels only: mean {narrowed[0]:.4f} "
                   f"P10 {narrowed[1]:.3f} unmeasured {narrowed[2]:.3f}")
 
 
