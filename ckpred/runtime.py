@@ -59,6 +59,7 @@ from ckpred.errors import CkpredError, ConfigValueError, InputFileError, Missing
 from ckpred.export import manifest as mf
 from ckpred.kernels.base import OpDefinition, load_op
 from ckpred.plugins import allowed_plugins
+from ckpred.util import max_threads
 
 if TYPE_CHECKING:
     from onnxruntime import InferenceSession
@@ -397,14 +398,6 @@ def _check_int(key: str, value: object, lo: int, hi: int = mf.INT64_MAX) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not lo <= int(value) <= hi:
         raise ConfigValueError(key, value, f"an integer in [{lo}, {hi}]")
     return int(value)
-
-
-def max_threads() -> int:
-    """Upper bound of ``threads``: the CPUs this process may run on (at least 1)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 def out_of_distribution(row: Mapping[str, int], ranges: Mapping[str, Any]) -> dict[str, Any]:

@@ -219,6 +219,20 @@ def claim_run_dir(key: str, value: object, kind: RunDirectory) -> Path:
     return path
 
 
+def max_threads() -> int:
+    """Upper bound of every thread count (``model.n_jobs``, ``threads``, the runtime's
+    ``threads``): the CPUs this process may run on (its affinity; at least 1).
+
+    More threads than that only spin; 0 and -1 (LightGBM's and OpenMP's "all cores") are refused
+    by the config checks, because the thread count changes LightGBM's result bit-wise and a run
+    must say it.
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
+
+
 def file_kind(mode: int) -> str:
     """``a directory``, ``a character device``... for the file mode ``mode`` (for messages)."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink"), (stat.S_ISCHR, "a character device"),

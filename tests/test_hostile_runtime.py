@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 
 from ckpred.errors import CkpredError, ConfigValueError, ModelMismatchError
 from ckpred.export import manifest as mf
-from ckpred.runtime import KernelSelector, max_threads
+from ckpred.runtime import KernelSelector
+from ckpred.util import max_threads
 from export_helpers import export_gemm, forge, gemm, re_exporting
 
 
@@ -462,3 +463,15 @@ def test_x13_a_selector_keeps_its_verified_model_when_the_export_is_replaced_und
     assert not result.from_store and result.kernel == before[0][0][0]
     (line,) = [json.loads(x) for x in store.read_text().splitlines()]
     assert line["model"] == sha
+
+
+def test_configs_and_the_runtime_bound_threads_by_the_same_cpus(monkeypatch) -> None:
+    """A process pinned to one CPU: the config check refuses model.n_jobs=2 as the runtime
+    refuses threads=2 (the configs once counted every CPU of the machine instead)."""
+    from ckpred.schema.base import check_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert max_threads() == 1
+    with pytest.raises(ConfigValueError, match=r"an integer in \[1, 1\]"):
+        check_threads("model.n_jobs", 2)
+    check_threads("model.n_jobs", 1)

@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 
 from ckpred.errors import check
-from ckpred.util import file_kind, resolve_path
+from ckpred.util import file_kind, max_threads, resolve_path
 
 DATA_SOURCES: tuple[str, ...] = ("simulated", "path")
 DATA_FORMATS: tuple[str, ...] = ("auto", "json", "log", "csv", "parquet")
@@ -15,15 +15,6 @@ DATA_FORMATS: tuple[str, ...] = ("auto", "json", "log", "csv", "parquet")
 
 #: Seeds reach numpy's ``RandomState``, scikit-learn and LightGBM, which take 0 .. 2**32 - 1.
 SEED_MAX = 2**32 - 1
-
-
-def max_threads() -> int:
-    """Upper bound of every thread-count key (``model.n_jobs``, ``threads``): this machine's CPUs.
-
-    More threads than CPUs only spin; 0 and -1 (LightGBM's and OpenMP's "all cores") are refused
-    too, because the thread count changes LightGBM's result bit-wise and a run must say it.
-    """
-    return os.cpu_count() or 1
 
 
 def check_threads(key: str, value: int) -> None:
