@@ -30,7 +30,7 @@ from ckpred.data import load_table
 from ckpred.data.table import content_hash
 from ckpred.errors import ConfigValueError, ModelMismatchError
 from ckpred.export import manifest as mf
-from ckpred.export.build import ExportOptions, export_name, export_pipeline, node_name
+from ckpred.export.build import ExportOptions, export_pipeline, node_name
 from ckpred.export.strategies import (Strategy, cv_efficiency, fit_reranker, keep_for_table, reranker_size,
                                       strategy_scores)
 from ckpred.fitting import fit_final
@@ -335,8 +335,8 @@ def _report(select: str, manifest: dict[str, Any], target: Path) -> None:
 def export_command(cfg: ExportConfig) -> str:
     """Task function of ``python -m ckpred export``; returns the export directory."""
     op = load_op(cfg.op)
-    target = resolve_path(cfg.out_dir) / export_name(op.name, node_name(cfg.arch), node_name(cfg.dtype),
-                                                     node_name(cfg.layout))
+    target = resolve_path(cfg.out_dir) / mf.export_name(op.name, node_name(cfg.arch), node_name(cfg.dtype),
+                                                        node_name(cfg.layout))
     check_replaceable("out_dir", target, mf.EXPORT_DIR)  # before fitting: never replaces what ckpred did not write
     with Steps() as steps:
         src = _from_run_dir(cfg, op, steps) if cfg.run_dir else _fit_here(cfg, op, steps)

@@ -7,7 +7,6 @@ from typing import Any
 
 from ckpred.errors import ConfigValueError, MissingFileError
 from ckpred.export import manifest as mf
-from ckpred.export.build import export_name
 from ckpred.kernels.base import load_op
 from ckpred.runtime import KernelSelector
 from ckpred.schema import SelectConfig
@@ -28,7 +27,7 @@ def select_command(cfg: SelectConfig) -> dict[str, Any]:
         if op.field(key).kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
             raise ConfigValueError(f"problem.{key}", value, "an integer")
     model_dir = resolve_path(cfg.model_dir) if cfg.model_dir else \
-        resolve_path(cfg.exports_dir) / export_name(op_name, names["arch"], names["dtype"], names["layout"])
+        resolve_path(cfg.exports_dir) / mf.export_name(op_name, names["arch"], names["dtype"], names["layout"])
     if not (model_dir / mf.MANIFEST).is_file():
         raise MissingFileError(str(model_dir / mf.MANIFEST),
                                f"no exported model in {model_dir}; run `python -m ckpred export op={op_name} "

@@ -39,11 +39,6 @@ log = logging.getLogger(__name__)
 SELECT_STRATEGIES = EXPORT_SELECT
 
 
-def export_name(op: str, arch: str, dtype: str, layout: str) -> str:
-    """Directory name of an export: ``<op>_<arch>_<dtype>_<layout>``."""
-    return f"{op}_{arch}_{dtype}_{layout}"
-
-
 def node_name(node: object) -> str:
     """The ``name`` of a config node (or the value itself when it is a plain string)."""
     return str(getattr(node, "name", node))

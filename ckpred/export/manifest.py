@@ -57,6 +57,11 @@ PACKAGES = ("ckpred", "numpy", "pandas", "scikit-learn", "lightgbm", "onnx", "on
             "onnxmltools", "protobuf")
 
 
+def export_name(op: str, arch: str, dtype: str, layout: str) -> str:
+    """Directory name of an export: ``<op>_<arch>_<dtype>_<layout>``."""
+    return f"{op}_{arch}_{dtype}_{layout}"
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -178,7 +178,8 @@ def main() -> int:
     from ckpred.data import load_table
     from ckpred.data.shapes import unseen_shapes
     from ckpred.export import manifest as mf
-    from ckpred.export.build import ExportOptions, export_name, export_pipeline
+    from ckpred.export.build import ExportOptions, export_pipeline
+    from ckpred.export.manifest import export_name
     from ckpred.kernels.base import load_op
     from ckpred.runtime import KernelSelector
 

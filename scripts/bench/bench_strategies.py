@@ -256,7 +256,8 @@ def export_and_time(option: Option, *, pipe, cfg, table: pd.DataFrame, op, root:
                     binary: Path, shape_file: str, shapes: pd.DataFrame) -> tuple[dict, dict, dict]:
     """Export one option and time it in C++ and Python; (manifest, C++ figures, Python figures)."""
     from ckpred.export import manifest as mf
-    from ckpred.export.build import ExportOptions, export_name, export_pipeline
+    from ckpred.export.build import ExportOptions, export_pipeline
+    from ckpred.export.manifest import export_name
     from ckpred.export.strategies import Strategy, fit_reranker, keep_for_table
 
     name, n, rr = option
