@@ -21,6 +21,7 @@ from sklearn.pipeline import Pipeline
 from ckpred import evaluate as ev
 from ckpred.errors import ConfigValueError
 from ckpred.kernels.base import OpDefinition
+from ckpred.kernels.lists import validity_on
 from ckpred.models import (FitRows, Recipe, absent_estimate, booster, build_pipeline, fit_applicability_model,
                            fit_failure_model, fit_pipeline, predicted_ok, set_applicability_model, target_name,
                            training_target)
@@ -157,10 +158,11 @@ def row_archs(table: pd.DataFrame, arch: ArchConfig) -> tuple[tuple[ArchConfig, 
 
 
 def rule_mask(table: pd.DataFrame, op: OpDefinition, cfg: HardwareView, arch: ArchConfig) -> np.ndarray:
-    """The op's validity rules per row of ``table`` with ``arch``'s constants (True = may run)."""
+    """The op's validity rules per row of ``table`` with ``arch``'s constants, narrowed by ``arch``'s
+    kernel list (True = may run; :func:`ckpred.kernels.lists.validity_on`)."""
     problems = table[list(op.problem_names)]
     kernels = table[list(op.kernel_names)]
-    selectable, _ = op.validity(problems, kernels, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
+    selectable, _ = validity_on(op, problems, kernels, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
     return np.asarray(selectable, dtype=bool)
 
 
@@ -235,7 +237,7 @@ def with_unmeasured(table: pd.DataFrame, op: OpDefinition, cfg: HardwareView, ar
         codes = np.asarray(shape_codes, dtype=np.int64)
         uniques = np.arange(int(codes.max()) + 1 if len(codes) else 0)
     n_shapes = len(uniques)
-    rules = partial(op.validity, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
+    rules = partial(validity_on, op, arch=arch, dtype=cfg.dtype, layout=cfg.layout)
     pairs = _unlisted_pairs(table, catalogue, codes, n_shapes)
     pairs = pairs.only(_rule_valid(pairs, table, catalogue, op, rules))
     n_added = len(pairs.shape_of)

@@ -54,6 +54,7 @@ from ckpred.data.readers.common import to_float, to_int, truth
 from ckpred.errors import ConfigValueError, InputFileError
 from ckpred.fitting import for_arch, model_method, predict
 from ckpred.kernels.base import Field, OpDefinition, load_op
+from ckpred.kernels.lists import validity_on
 from ckpred.runs import load_train_run
 from ckpred.schema import PLAN_KERNEL_ORDERS, PLAN_PROBLEM_ORDERS, ArchConfig, BaselinesConfig, RecipeConfig, saved_recipe
 from ckpred.schema import PlanBudgetConfig as Budget
@@ -236,12 +237,12 @@ def candidates(source: Source, arch: ArchConfig, problems: pd.DataFrame | None =
     pairs = pairs[[*op.problem_names, *kernel_cols]].reset_index(drop=True)
     shape = op.shape_keys(pairs)
     pairs = pairs.loc[~pd.DataFrame({"s": shape, "k": pairs["kernel_name"]}).duplicated()].reset_index(drop=True)
-    ok, _ = op.validity(pairs[list(op.problem_names)], pairs[list(op.kernel_names)], arch=arch, dtype=cfg.dtype,
+    ok, _ = validity_on(op, pairs[list(op.problem_names)], pairs[list(op.kernel_names)], arch=arch, dtype=cfg.dtype,
                         layout=cfg.layout)
     pairs = pairs.loc[np.asarray(ok, dtype=bool)].reset_index(drop=True)
     if not len(pairs):
         raise InputFileError("problems", f"no candidate (problem, kernel) pair passes op {op.name!r}'s rules on "
-                                         f"arch {arch.name}")
+                                         f"arch {arch.name} (and its kernel list, where it has one)")
     # grouped by problem, in order of first appearance
     codes = pd.factorize(op.shape_keys(pairs))[0]
     return pairs.iloc[np.argsort(codes, kind="stable")].reset_index(drop=True)

@@ -135,6 +135,30 @@ def test_a_kernel_tuner_plan_is_the_models_top_kernels_kept_apart(kt_run: dict[s
 
 
 @pytest.mark.slow
+def test_a_plan_for_a_gpu_with_a_kernel_list_plans_listed_kernels_only(kt_run: dict[str, Path],
+                                                                       tmp_path: Path) -> None:
+    """The new GPU's arch config lists the kernels its build has (``arch.kernel_lists``): the plan
+    measures only those, the ones the model scores best among them."""
+    source = pl.load_source(kt_run["run"])
+    from ckpred.schema import arch_config
+
+    every = pl.candidates(source, arch_config("sm80_a100"), pd.DataFrame({"gpu": ["A100"]}))
+    scores = pl.model_scores(source, every, arch_config("sm80_a100"))
+    best = set(every["kernel_name"].iloc[np.argsort(-scores)[:10]])
+    kept = sorted(set(every["kernel_name"]) - best)[:20]
+    (tmp_path / "a100_kernels.txt").write_text("# the A100 build\n" + "\n".join(kept) + "\n")
+    problems = tmp_path / "a100.csv"
+    problems.write_text("gpu\nA100\n")
+    out = _plan(kt_run["run"], tmp_path / "plan.csv", "arch=sm80_a100", f"problems={problems}", "budget.total=4",
+                f"+arch.kernel_lists.kernel_tuner_conv={tmp_path / 'a100_kernels.txt'}")
+    frame = pd.read_csv(out)
+    assert len(frame) == 4 and set(frame["kernel_name"]) <= set(kept)
+    listed = every[every["kernel_name"].isin(kept)]
+    top = listed["kernel_name"].iloc[int(np.argmax(scores[every["kernel_name"].isin(kept).to_numpy()]))]
+    assert frame["kernel_name"].iloc[0] == top
+
+
+@pytest.mark.slow
 def test_the_filled_plan_round_trips_through_ingest_and_steers_the_next_round(kt_run: dict[str, Path],
                                                                               tmp_path: Path) -> None:
     from ckpred.commands.ingest import ingest_command

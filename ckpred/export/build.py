@@ -27,8 +27,10 @@ from ckpred.errors import ModelMismatchError
 from ckpred.export import manifest as mf
 from ckpred.export import onnx as xo
 from ckpred.export.blend import static_matrix
-from ckpred.export.validity import bound_mask, mask_builder_for, with_applicability, with_learned_failures
+from ckpred.export.validity import (bound_mask, mask_builder_for, with_applicability, with_kernel_list,
+                                    with_learned_failures)
 from ckpred.kernels.base import OpDefinition
+from ckpred.kernels.lists import check_catalogue, validity_on
 from ckpred.models import applicability_model, failure_model, predicted_applicable, predicted_ok
 from ckpred.schema import EXPORT_SELECT
 from ckpred.transfer import TransferModel, blend
@@ -205,7 +207,7 @@ class _ParityRun:
                                                "kernel": np.tile(self.kernels, (len(chunk), 1))})[0]
         tally.max_scorer = max(tally.max_scorer, float(np.max(np.abs(onx - ref))) if len(ref) else 0.0)
         tally.rows_over += int(np.sum(np.abs(onx - ref) > 1e-6))
-        valid, _ = op.validity(full, full, arch=arch, dtype=dtype, layout=layout)
+        valid, _ = validity_on(op, full, full, arch=arch, dtype=dtype, layout=layout)
         applies = predicted_applicable(self.pipeline, X)  # the learned masks (all True without them)
         runs = predicted_ok(self.pipeline, X)
         static = None
@@ -328,10 +330,14 @@ def export_pipeline(pipeline: Pipeline, *, op: OpDefinition, arch: Any, dtype: A
     ------
     ModelMismatchError
         When the parity check fails (nothing is written then).
+    ckpred.errors.InputFileError
+        When ``arch``'s kernel list for the op cannot be read or names no catalogue kernel
+        (:func:`ckpred.kernels.lists.check_catalogue`).
     """
     _check_select(options)
     transfer = options.transfer
     catalogue = op.catalogue(arch, dtype, layout)
+    listed = check_catalogue(arch, op, catalogue)  # the arch's kernel list, where it has one
     t0 = time.perf_counter()
     graphs = _compile(pipeline, op, catalogue, (arch, dtype, layout), options)
     convert_s = time.perf_counter() - t0
@@ -357,6 +363,8 @@ def export_pipeline(pipeline: Pipeline, *, op: OpDefinition, arch: Any, dtype: A
         "convert_seconds": round(convert_s, 2),
         "versions": mf.package_versions(),
     }
+    if listed is not None:  # the selector's mask holds the arch's list (export.validity.with_kernel_list)
+        manifest["selection"]["kernel_list"] = listed.record(catalogue, op)
     _write_export(out_dir, manifest, selector=graphs.selector, scorer=graphs.scorer)
     return manifest
 
@@ -383,7 +391,7 @@ def _compile(pipeline: Pipeline, op: OpDefinition, catalogue: pd.DataFrame, comb
     candidates = _candidate_ids(select, options.candidates)
     # the op's rules, narrowed by the kernels the model learned not to apply (a table that lists
     # only the applicable ones), then by the failures it learned from the training data
-    masks = with_learned_failures(with_applicability(mask_builder_for(op), pipeline), pipeline)
+    masks = with_learned_failures(with_applicability(with_kernel_list(mask_builder_for(op)), pipeline), pipeline)
     selector = xo.build_selector(selector_pipe, op, catalogue, mask=bound_mask(masks, op, *combo),
                                  keep=candidates, transfer=options.transfer)
     return Graphs(scorer, selector, candidates=candidates,

@@ -44,6 +44,7 @@ from ckpred.export.manifest import APPLICABILITY_FALLBACK
 from ckpred.export.onnx import BoundMask, GraphBuilder, MaskBuilder
 from ckpred.kernels.base import OpDefinition
 from ckpred.kernels.declared import DeclaredOp
+from ckpred.kernels.lists import listed_mask
 from ckpred.models import applicability_model, failure_model
 
 
@@ -144,6 +145,20 @@ def _learned_mask(base: MaskBuilder, pipeline: Pipeline, model: BaseEstimator, t
         return g.op("And", rule, g.op("Or", keep, fallback))
 
     return builder
+
+
+def with_kernel_list(rules: MaskBuilder) -> MaskBuilder:
+    """``rules`` narrowed by the kernel list of the arch the mask is built for
+    (:mod:`ckpred.kernels.lists`): a kernel the arch's library build does not have is never a
+    candidate there. ``rules``' own mask when the arch lists no kernels for the op."""
+    def build(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, **kw: Any) -> str:
+        mask = rules(g, problem, catalogue, **kw)
+        listed = listed_mask(kw["arch"], kw["op"], catalogue)
+        if listed is None:
+            return mask
+        return str(g.op("And", mask, g.const(listed[None, :], "kernel_list", dtype=bool)))
+
+    return build
 
 
 def with_applicability(rules: MaskBuilder, pipeline: Pipeline) -> MaskBuilder:

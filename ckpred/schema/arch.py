@@ -66,6 +66,11 @@ class ArchConfig:
     memory_bandwidth_gbs: float = MISSING
     #: Dense peak per dtype name (matrix units where the GPU has them).
     peak_tflops: dict[str, float] = MISSING
+    #: Per op name, a text file of the kernel names this GPU's library build has (one per line,
+    #: ``#`` comments; a relative path is from the directory the command runs in). On this arch
+    #: only those are candidates (CV, ``plan``, the exported selector); an op not named here
+    #: keeps every kernel its rules allow (:mod:`ckpred.kernels.lists`).
+    kernel_lists: dict[str, str] = field(default_factory=dict)
     # Old names (ARCH_ALIASES): None unless a config gives them.
     gfx: Optional[str] = None
     cus: Optional[int] = None
@@ -97,6 +102,9 @@ class ArchConfig:
             check(f"arch.peak_tflops.{dtype}", dtype, dtype in dtype_names(),
                   f"a dtype of {vocab.current().describe('dtype')}")
             check(f"arch.peak_tflops.{dtype}", peak, peak > 0, "a number > 0")
+        for op_name, path in self.kernel_lists.items():
+            check(f"arch.kernel_lists.{op_name}", path, isinstance(path, str) and bool(path.strip()),
+                  "the path of a text file of kernel names, one per line")
 
     @property
     def shared_memory_bytes(self) -> int:
