@@ -6,12 +6,15 @@ through the commands a user types, the table revealing only the planned rows.
         budget.problems=0.05 out=round1.csv
     python scripts/bench/table_harness.py fill gfx90a.parquet round1.csv round1_filled.csv
     python -m ckpred ingest ... data.path=round1_filled.csv ...   # the command plan printed
+    python scripts/bench/table_harness.py kernels gfx942.parquet gfx942_kernels.txt
 
 ``problems`` writes what ``plan`` takes as the new GPU's problems: one row per (problem, kernel)
 pair of the table (for a find-db, every solver MIOpen lists as applicable), the table's field
 columns only. ``fill`` writes the plan with its metric column filled from the table's row of
 each planned pair (``--metric``, from the table's canonical ``--from`` column; a failed row as
 ``inf``), every other column unchanged; a planned pair the table has no row of is refused.
+``kernels`` writes the kernel names the table has a row of, one per line: a kernel list an arch
+config reads (``arch.kernel_lists.<op>``; for a find-db, the solvers MIOpen ran on that GPU).
 """
 
 from __future__ import annotations
@@ -54,9 +57,9 @@ def fill(table: pd.DataFrame, plan: pd.DataFrame, metric: str, source: str) -> p
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("job", choices=("problems", "fill"))
+    parser.add_argument("job", choices=("problems", "fill", "kernels"))
     parser.add_argument("table", type=Path, help="a table ingest wrote (Parquet)")
-    parser.add_argument("files", nargs="+", type=Path, help="problems: OUT; fill: PLAN OUT")
+    parser.add_argument("files", nargs="+", type=Path, help="problems, kernels: OUT; fill: PLAN OUT")
     parser.add_argument("--metric", default="time_ms", help="fill: the plan's column to fill (op.metric.column)")
     parser.add_argument("--from", dest="source", default="latency_ms", help="fill: the table's column it comes from")
     args = parser.parse_args()
@@ -64,6 +67,11 @@ def main() -> None:
     if args.job == "problems":
         table[fields(table)].to_csv(args.files[0], index=False)
         print(f"{len(table):,} candidate pairs -> {args.files[0]}")
+        return
+    if args.job == "kernels":
+        names = sorted(table["kernel_name"].astype(str).unique())
+        args.files[0].write_text("".join(f"{n}\n" for n in names))
+        print(f"{len(names)} kernels -> {args.files[0]}")
         return
     plan_file, out = args.files
     filled = fill(table, pd.read_csv(plan_file, keep_default_na=False), args.metric, args.source)
