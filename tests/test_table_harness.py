@@ -59,3 +59,12 @@ def test_fill_refuses_a_pair_the_table_has_no_row_of() -> None:
                          "plan_rank": [1], "plan_score": [0.0], "time_ms": [""]})
     with pytest.raises(SystemExit, match=r"1 planned pair\(s\) have no row in the table, e\.g\. \{'n': 3"):
         harness.fill(_table(), plan, "time_ms", "latency_ms")
+
+
+def test_kernels_writes_the_kernel_names_the_table_has_rows_of(tmp_path: Path) -> None:
+    table = tmp_path / "t.parquet"
+    _table().to_parquet(table)
+    out = subprocess.run([sys.executable, str(SCRIPT), "kernels", str(table), str(tmp_path / "k.txt")],
+                         capture_output=True, text=True, check=True)
+    assert "3 kernels" in out.stdout
+    assert (tmp_path / "k.txt").read_text() == "a\nb\nc\n"  # a failed row is a row: the build has the kernel
