@@ -7,8 +7,10 @@ applicability mask learned on the training GPU keep; a kernel the new GPU does n
 (a solver its library build never lists) is an unmeasured pick scored 0. This script reads a
 run's ``oof_predictions.parquet`` and prints, per method, the strict mean and P10 efficiency and
 the unmeasured-pick rate as the run scored them, then with the candidates narrowed to the kernels
-the test table measures on at least one problem: an upper bound on what declaring the new GPU's
-kernel list would give (it uses the test table's kernel names, nothing else of it).
+the test table measures on at least one problem (it uses the test table's kernel names, nothing
+else of it). It rescores the run's scores under the run's masks; declaring the list in the new
+GPU's arch config (``arch.kernel_lists``, docs/ops.md "Hardware") makes the run itself rank the
+listed kernels only, the applicability mask's fallback included, which is what an export ships.
 
 With ``--measured``, the problems of those plan files (the new GPU's measured problems a run
 was retrained on) are left out: the figures are those of the problems never measured.
