@@ -345,12 +345,7 @@ def export_pipeline(pipeline: Pipeline, *, op: OpDefinition, arch: Any, dtype: A
     manifest: dict[str, Any] = {
         "format": mf.FORMAT,
         "created_utc": mf.now_utc(),
-        "op": op.name, "arch": node_name(arch), "dtype": node_name(dtype), "layout": node_name(layout),
-        # the declared op's config: a runtime rebuilds the op from it (a user op is in no package)
-        "op_config": op.config_section() if hasattr(op, "config_section") else None,
-        # the dtypes and layouts the op's expressions and constants were read with (a user's
-        # dtype loads without their config dir)
-        "vocabulary": vocab.current().records(),
+        **_identity_section(op, arch, dtype, layout),
         **_graph_sections(op, catalogue, graphs, options),
         **_model_sections(pipeline, pipeline if graphs.selector_pipeline is None else graphs.selector_pipeline),
         "training": dict(training),
@@ -367,6 +362,18 @@ def export_pipeline(pipeline: Pipeline, *, op: OpDefinition, arch: Any, dtype: A
         manifest["selection"]["kernel_list"] = listed.record(catalogue, op)
     _write_export(out_dir, manifest, selector=graphs.selector, scorer=graphs.scorer)
     return manifest
+
+
+def _identity_section(op: OpDefinition, arch: Any, dtype: Any, layout: Any) -> dict[str, Any]:
+    """What the model was trained for: the manifest keys a loader checks before it runs."""
+    return {
+        "op": op.name, "arch": node_name(arch), "dtype": node_name(dtype), "layout": node_name(layout),
+        # the declared op's config: a runtime rebuilds the op from it (a user op is in no package)
+        "op_config": op.config_section() if hasattr(op, "config_section") else None,
+        # the dtypes and layouts the op's expressions and constants were read with (a user's
+        # dtype loads without their config dir)
+        "vocabulary": vocab.current().records(),
+    }
 
 
 def _check_select(options: ExportOptions) -> None:
