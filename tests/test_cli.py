@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from ckpred.cli import COMMANDS
@@ -37,6 +38,7 @@ def _required_groups(config_name: str) -> list[str]:
     return [next(iter(d)) for d in defaults if isinstance(d, dict) and list(d.values()) == ["???"]]
 
 
+@pytest.mark.slow  # runs every command's --help in its own process
 def test_help_of_a_command_with_a_required_group_names_it_without_a_traceback() -> None:
     """--help composes the command's config: a group it requires (plan's arch) is named in one
     line instead of Hydra's traceback, and given, the help prints, as train's does without one."""

@@ -252,6 +252,7 @@ def test_reranked_export_of_a_run_with_two_cv_groups(tmp_path, monkeypatch) -> N
     assert man["select"] == "pruned" and man["selection"]["candidates"] == 1 and "reranker" not in man["selection"]
 
 
+@pytest.mark.slow  # a whole train and export
 def test_a_run_exports_from_another_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Train with the table's file inside the working directory (``source`` names it relative to
     it), export from elsewhere (``source`` is then absolute): the same rows, so the export goes

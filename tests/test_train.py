@@ -125,6 +125,7 @@ def test_outputs_exist_and_are_sane(full_run: tuple[float, Path]) -> None:
     assert metrics["model"]["failed_pick"] == pytest.approx(float((pick["perf"] <= 0).mean()))
 
 
+@pytest.mark.slow  # reads the whole train run of full_run
 def test_manifest_and_pipeline(full_run: tuple[float, Path]) -> None:
     _, out = full_run
     manifest = json.loads((out / "run.json").read_text())
@@ -147,6 +148,7 @@ def test_manifest_and_pipeline(full_run: tuple[float, Path]) -> None:
     assert scores.shape == (50,) and np.isfinite(scores).all()
 
 
+@pytest.mark.slow  # reads the whole train run of full_run
 def test_folds_cover_every_shape_once(full_run: tuple[float, Path]) -> None:
     _, out = full_run
     folds = json.loads((out / "folds.json").read_text())["folds"]
