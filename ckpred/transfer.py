@@ -18,6 +18,13 @@ that does not, on every multi-GPU table measured there:
   of the best mean over the inner folds wins, ties to the smaller w. With one training GPU
   there is no split and w = 0 (the learner alone); a single weight given is used as it is.
 
+For an op whose table lists only the kernels that apply (``op.absence=not_applicable``), the
+learner's score of a candidate is its **expected throughput**: the predicted throughput times the
+applicability mask's estimate that the kernel applies, 1 - (its estimate of being absent)
+(:func:`expected_throughput`). A pick the new GPU's library does not list for the problem gains
+nothing, so a kernel predicted fast but probably absent ranks below one a little slower that
+surely applies; the hard mask (the estimate's threshold) still removes the kernels surely absent.
+
 With w = 0 the recipe's scores are the learner's own (its percentile ranks in the same order);
 with w = 1 the static order's. :func:`fit_transfer` is a plain function of a prepared table and
 training shapes (used by ``train``'s CV, its final fit, and anything that needs the recipe on
@@ -37,17 +44,51 @@ from sklearn.pipeline import Pipeline
 from ckpred import evaluate as ev
 from ckpred.fitting import LearnedMethod, Prepared, fit_method, for_arch, predict, recipe_config, rows_of
 from ckpred.kernels.base import OpDefinition
+from ckpred.models import absent_estimate, applicability_model
 from ckpred.schema import ArchConfig, RecipeConfig, TrainConfig, arch_constants
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Fitted", "TransferModel", "blend", "choose_weight", "fit_learned", "fit_transfer", "rank_percentile",
-           "transfer_method"]
+__all__ = ["Fitted", "TransferModel", "blend", "choose_weight", "expected_throughput", "fit_learned", "fit_transfer",
+           "learner_predict", "rank_percentile", "transfer_method"]
 
 #: Stands for "never seen in training" in the static order inside a ranking (below every mean
 #: efficiency, which is >= 0): a finite value, so that the selector can tell an unseen kernel
 #: (ranked last among the candidates) from an invalid one (-inf, no candidate at all).
 UNSEEN = -1.0
+
+
+#: The least predicted throughput and applicability :func:`expected_throughput` multiplies: a
+#: prediction at or below 0 (a raw target can give one) or a kernel surely absent still ranks,
+#: below every candidate with both positive, instead of turning the product's sign or into 0.
+FLOOR = 1e-12
+
+
+def expected_throughput(predicted: np.ndarray, absent: np.ndarray) -> np.ndarray:
+    """The learner's expected throughput of a pick: ``max(predicted, FLOOR) * clip(1 - absent, FLOOR, 1)``.
+
+    Parameters
+    ----------
+    predicted : ndarray of float
+        The learner's predicted throughput (its target's inverse: proportional to throughput
+        within a problem for every target ckpred has).
+    absent : ndarray of float
+        The applicability model's estimate that the kernel is absent for the problem
+        (:func:`ckpred.models.absent_estimate`; an L2 fit of 0/1, so it may leave [0, 1]).
+    """
+    return np.maximum(predicted, FLOOR) * np.clip(1.0 - np.asarray(absent, dtype=np.float64), FLOOR, 1.0)
+
+
+def learner_predict(scorer: Pipeline, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
+    """The learner's score of each row of raw input ``X``: its prediction, or with an
+    applicability model attached to ``scorer`` the :func:`expected_throughput` (batched as
+    :func:`ckpred.fitting.predict` is)."""
+    predicted = predict(scorer, X, batch)
+    if applicability_model(scorer) is None:
+        return predicted
+    absent = np.concatenate([absent_estimate(scorer, X.iloc[i:i + batch]) for i in range(0, len(X), batch)]
+                            or [np.zeros(0)])
+    return expected_throughput(predicted, absent)
 
 
 def transfer_method(cfg: TrainConfig) -> LearnedMethod:
@@ -154,7 +195,7 @@ class TransferModel:
         for one, sub in groups:
             scorer = self.learner if _same_arch(one, self.arch) else \
                 for_arch(self.learner, self.method, op, cfg, one, data.X)
-            out[position.loc[sub].to_numpy()] = predict(scorer, data.X.iloc[sub])
+            out[position.loc[sub].to_numpy()] = learner_predict(scorer, data.X.iloc[sub])
         return out
 
     def score(self, data: Prepared, rows: np.ndarray, op: OpDefinition, cfg: RecipeConfig, mask: np.ndarray,
@@ -172,7 +213,8 @@ class TransferModel:
         with ``arch``; ``X`` their encoded frame), ranked within each problem as the exported
         selector ranks them."""
         rows = np.arange(len(table))
-        learner = predict(self.learner_pipeline(op, cfg, arch, table), X) if self.weight < 1.0 else np.zeros(len(rows))
+        learner = learner_predict(self.learner_pipeline(op, cfg, arch, table), X) if self.weight < 1.0 \
+            else np.zeros(len(rows))
         static = self.static_scores(table.reset_index(drop=True), rows) if self.weight > 0.0 else np.zeros(len(rows))
         codes = pd.factorize(op.shape_keys(table))[0]
         return blend(learner, static, codes, np.ones(len(rows), dtype=bool), self.weight)

@@ -198,22 +198,99 @@ def test_export_compiles_the_mask_and_its_fallback_with_parity(sparse_export) ->
         assert a.num_valid == (9 if fell else 3)
 
 
-def test_cpp_reports_the_fallback_like_python(sparse_export, binary, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def _cpp_and_python(binary: Path, export_dir: Path, problems: pd.DataFrame, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Per problem, the C++ selector's answer (top 4, a JSON line) and the Python runtime's."""
     from ckpred.runtime import KernelSelector
 
-    d, _, problems, expect_fallback = sparse_export
     records = problems.to_dict("records")
     shape_file = tmp_path / "shapes.txt"
     shape_file.write_text("\n".join(",".join(f"{k}={v}" for k, v in r.items()) for r in records) + "\n")
-    out = _run(binary, d, "--top-k", 4, "--shapes", shape_file)
+    out = _run(binary, export_dir, "--top-k", 4, "--shapes", shape_file)
     assert out.returncode == 0, out.stderr
     got = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(got) == len(records)
-    sel = KernelSelector.load(d, cache_size=0)
-    for g, record, fell in zip(got, records, expect_fallback):
-        want = sel.select(record, top_k=4)
+    sel = KernelSelector.load(export_dir, cache_size=0)
+    return [(g, sel.select(record, top_k=4)) for g, record in zip(got, records)]
+
+
+def test_cpp_reports_the_fallback_like_python(sparse_export, binary, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    d, _, problems, expect_fallback = sparse_export
+    for (g, want), fell in zip(_cpp_and_python(binary, d, problems, tmp_path), expect_fallback):
         assert g["applicability_fallback"] == want.applicability_fallback == bool(fell)
         assert g["num_valid"] == want.num_valid and [k["id"] for k in g["kernels"]] == list(want.ids)
+        assert [k["score"] for k in g["kernels"]] == list(want.scores)  # bit-identical doubles
+
+
+@pytest.fixture(scope="module")
+def transfer_export(sparse_fit, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """``sparse_fit``'s pipeline as a zero-shot transfer recipe's learner (w = 0) whose
+    applicability model is unsure (estimates spread over [0, 1], as on a GPU the mask was not
+    learned on), exported with parity checked on every problem."""
+    import copy
+
+    import lightgbm as lgb
+
+    from ckpred.export import manifest as mf
+    from ckpred.export.build import ExportOptions, export_pipeline
+    from ckpred.models import set_applicability_model
+    from ckpred.transfer import TransferModel, transfer_method
+
+    op, cfg, table, pipe = sparse_fit
+    pipe = copy.deepcopy(pipe)
+    full, _ = with_unmeasured(table, op, cfg)
+    Xt = pipe.named_steps["features"].transform(op.encode_frame(full))
+    # the faster a pair was measured, the more the mask doubts it applies
+    speed = full["tflops"].rank(pct=True).to_numpy()
+    unsure = np.clip(np.where(full["measured"], speed, 1.0) * 0.99, 0.0, 0.99)
+    model = lgb.LGBMRegressor(n_estimators=20, num_leaves=15, min_child_samples=2, verbose=-1).fit(Xt, unsure)
+    set_applicability_model(pipe, model, 0.995)
+    recipe = TransferModel(learner=pipe, static=pd.Series(dtype=np.float64), static_by=(), weight=0.0,
+                           method=transfer_method(cfg), arch=cfg.arch, archs=("gfx90a_mi210",))
+    problems = table[list(op.problem_names)].drop_duplicates().reset_index(drop=True)
+    d = tmp_path_factory.mktemp("transfer_export") / "miopen_conv_gfx942_fp16_rcr"
+    man = export_pipeline(pipe, op=op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout, out_dir=d,
+                          training=mf.training_section(table, op, arch=cfg.arch, dtype=cfg.dtype, layout=cfg.layout),
+                          options=ExportOptions(parity_problems=problems, transfer=recipe))
+    return d, man, problems, op, pipe
+
+
+def test_the_transfer_selector_ranks_by_expected_throughput(transfer_export) -> None:  # type: ignore[no-untyped-def]
+    """Under an applicability mask the recipe's learner scores a kernel by its predicted
+    throughput times the chance it applies, in Python and in the exported selector alike; a fast
+    kernel the mask doubts loses to a surely listed one."""
+    from ckpred.models import absent_estimate, predicted_applicable
+    from ckpred.runtime import KernelSelector
+    from ckpred.transfer import FLOOR, expected_throughput, learner_predict
+
+    np.testing.assert_array_equal(expected_throughput(np.array([2.0, 2.0, -1.0, 3.0]), np.array([0.5, -0.2, 0.0, 1.5])),
+                                  [1.0, 2.0, FLOOR, 3.0 * FLOOR])
+    d, man, problems, op, pipe = transfer_export
+    # parity (which raises on any difference) compared the selector with learner_predict on every problem
+    assert man["parity"]["top1_agreement"] == 1.0 and man["parity"]["topk_agreement"] == 1.0
+    assert man["transfer"]["model_scores"].startswith("expected throughput") and man["transfer"]["floor"] == FLOOR
+    cat = op.catalogue("", "", "")
+    rows = problems.loc[problems.index.repeat(len(cat))].reset_index(drop=True)
+    kernels = cat.iloc[np.tile(np.arange(len(cat)), len(problems))].reset_index(drop=True)
+    X = op.encode_frame(pd.concat([rows, kernels[list(op.kernel_names)]], axis=1))
+    shape = (len(problems), len(cat))
+    expected = learner_predict(pipe, X).reshape(shape)
+    raw = np.asarray(pipe.predict(X), dtype=np.float64).reshape(shape)
+    np.testing.assert_allclose(expected, expected_throughput(raw, absent_estimate(pipe, X).reshape(shape)))
+    applies = predicted_applicable(pipe, X).reshape(shape)
+    sel = KernelSelector.load(d, cache_size=0)
+    reordered = 0
+    for j, answer in enumerate(sel.select_many(problems, top_k=len(cat))):
+        ids = np.asarray(answer.ids)
+        assert set(ids) == set(np.flatnonzero(applies[j])) or answer.applicability_fallback
+        np.testing.assert_allclose(answer.scores, expected[j, ids], rtol=1e-12)
+        reordered += int(ids[0] != ids[np.argmax(raw[j, ids])])
+    assert reordered > 0  # the estimates moved some problem's pick off the fastest predicted kernel
+
+
+def test_cpp_ranks_the_transfer_selector_like_python(transfer_export, binary, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    d, _, problems, _, _ = transfer_export
+    for g, want in _cpp_and_python(binary, d, problems, tmp_path):
+        assert [k["id"] for k in g["kernels"]] == list(want.ids)
         assert [k["score"] for k in g["kernels"]] == list(want.scores)  # bit-identical doubles
 
 
@@ -452,6 +529,7 @@ def test_a_zero_shot_run_of_a_sparse_op_masks_the_new_gpus_candidates(tmp_path, 
     from ckpred.commands.export import export_command
     from ckpred.config import compose
     from ckpred.cv.driver import cross_validate
+    from ckpred.transfer import FLOOR
     from tests.test_yaml_ops_train import OPS_DIR
 
     monkeypatch.chdir(tmp_path)
@@ -472,9 +550,16 @@ def test_a_zero_shot_run_of_a_sparse_op_masks_the_new_gpus_candidates(tmp_path, 
     assert record["candidates"]["absence"] == "not_applicable"
     assert folds["folds"][0]["applicability"]["threshold"] is not None
     assert 0.0 <= metrics["model"]["unmeasured_pick"] <= 0.5
+    # the recipe's learner is plain's fit (w = 0): its scores are plain's predictions weighed by the
+    # chance each solver applies on the new GPU, never above them
+    oof = pd.read_parquet(run / "oof_predictions.parquet")
+    scored = oof[np.isfinite(oof["score_model"]) & np.isfinite(oof["score_plain"])]
+    assert len(scored) and (scored["score_model"] <= np.maximum(scored["score_plain"], FLOOR) * (1 + 1e-12)).all()
+    assert (scored["score_model"] < scored["score_plain"]).any()
     out = export_command(compose("export", [f"hydra.searchpath=[file://{OPS_DIR}]", "op=miopen_conv",
                                             "arch=gfx90a_mi210", "dtype=fp16", "data=path", f"data.path={train_db}",
                                             f"run_dir={tmp_path / 'run'}", "out_dir=ex", "parity.shapes=40"]))
     manifest = json.loads((Path(out) / "manifest.json").read_text())
     assert manifest["arch"] == "gfx90a_mi210" and manifest["applicability_model"] is not None
     assert manifest["parity"]["top1_agreement"] == 1.0
+    assert manifest["transfer"]["model_scores"].startswith("expected throughput")

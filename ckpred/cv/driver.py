@@ -319,22 +319,21 @@ def run_folds(run: RunContext, tables: Tables, folds: list[Fold], methods: list[
             model_fit: Fit | None = None
             for method in methods:
                 progress.describe(f"{fold.name}: {method.name}")
-                if method is shared and model_fit is not None:  # the transfer recipe's learner is this fit
-                    fit = _fit_and_score(run, method, iter([_learner_fit(model_fit)]), side, tables, oof)
-                else:
-                    fit = _fit_and_score(run, method, fits, side, tables, oof)
+                t, cpu = time.perf_counter(), time.process_time()
+                # the transfer recipe's learner is the model's fit
+                fit = _learner_fit(model_fit) if method is shared and model_fit is not None else next(fits)
+                if method is methods[0] and tables.train_candidates is not None:
+                    # the applicability mask every method's selection goes through, learned here (before
+                    # the model is scored: the transfer recipe's learner scores with it); its seconds
+                    # are its own, not the model's
+                    progress.describe(f"{fold.name}: applicability mask")
+                    mask = entry["applicability"] = _fit_applicability(run, tables, fold, i, method, fit, side, oof)
+                    t, cpu = t + mask["fit_predict_s"], cpu + mask["fit_predict_cpu_s"]
+                score_method(method, fit.pipeline, side, tables, run.op, cfg, oof)
+                fit_times(fit.info, t, cpu, run.timings.seconds, method.name)
                 if method is methods[0]:
                     model_fit = fit
                 entry[method.name] = fit.info
-                if method is methods[0] and tables.train_candidates is not None:
-                    # the applicability mask every method's selection goes through, learned here
-                    progress.describe(f"{fold.name}: applicability mask")
-                    t, cpu = time.perf_counter(), time.process_time()
-                    fit.applicability = fit_applicability(tables.train_candidates, fold.train_shapes, data, run.op,
-                                                          cfg, run.seed + i, _ranking_pipeline(fit.pipeline))
-                    entry["applicability"] = score_applicability(fit.applicability, method, fit.pipeline, side,
-                                                                 tables, run.op, cfg, oof)
-                    fit_times(entry["applicability"], t, cpu, run.timings.seconds, "applicability")
                 if method is methods[0] and _is_final_fit(fold, run.seed + i, data, run.seed):
                     final = fit
                 progress.advance()
@@ -363,14 +362,20 @@ def _learner_fit(model_fit: Fit) -> Fit:
     return Fit(model_fit.pipeline.learner, {**info, "fitted_as": "the model's transfer learner"})
 
 
-def _fit_and_score(run: RunContext, method: LearnedMethod, fits: Iterator[Fit], side: FoldTest, tables: Tables,
-                   oof: OutOfFold) -> Fit:
-    """Take the next fit (it runs now when local) and score the fold's test rows with it."""
+def _fit_applicability(run: RunContext, tables: Tables, fold: Fold, i: int, method: LearnedMethod, fit: Fit,
+                       side: FoldTest, oof: OutOfFold) -> dict[str, Any]:
+    """Fit the fold's applicability mask on the model's features, mark the fold's test rows it
+    keeps, and attach it to a transfer recipe's learner (whose scores then weigh it:
+    :func:`ckpred.transfer.expected_throughput`); returns the fold's entry."""
+    assert tables.train_candidates is not None
     t, cpu = time.perf_counter(), time.process_time()
-    fit = next(fits)
-    score_method(method, fit.pipeline, side, tables, run.op, run.cfg, oof)
-    fit_times(fit.info, t, cpu, run.timings.seconds, method.name)
-    return fit
+    fit.applicability = fit_applicability(tables.train_candidates, fold.train_shapes, tables.train, run.op, run.cfg,
+                                          run.seed + i, _ranking_pipeline(fit.pipeline))
+    if isinstance(fit.pipeline, TransferModel):
+        fit.applicability.attach(fit.pipeline.learner)
+    entry = score_applicability(fit.applicability, method, fit.pipeline, side, tables, run.op, run.cfg, oof)
+    fit_times(entry, t, cpu, run.timings.seconds, "applicability")
+    return entry
 
 
 def _is_final_fit(fold: Fold, fold_seed: int, data: Prepared, seed: int) -> bool:

@@ -1,4 +1,5 @@
-"""The transfer recipe inside the selector graph: the static order and the rank-percentile blend.
+"""The transfer recipe inside the selector graph: the static order, the rank-percentile blend and
+the learner's expected throughput under an applicability mask (:func:`expected`).
 
 A :class:`ckpred.transfer.TransferModel` exported for an arch scores a problem's candidates as
 (1 - w) * p(learner) + w * p(static): ``p`` is the within-problem rank percentile over the
@@ -31,7 +32,7 @@ from onnx import TensorProto
 from ckpred.errors import ConfigValueError
 from ckpred.export.graph import GraphBuilder
 from ckpred.kernels.base import OpDefinition
-from ckpred.transfer import UNSEEN, TransferModel
+from ckpred.transfer import FLOOR, UNSEEN, TransferModel
 
 
 def static_matrix(model: TransferModel, op: OpDefinition, kernels: pd.DataFrame) -> tuple[np.ndarray, list[str], list[int]]:
@@ -129,3 +130,14 @@ def blended(g: GraphBuilder, learner: str, static: str, mask: str, K: int, weigh
     a = g.op("Mul", rank_percentile(g, learner, mask, K), g.const(1.0 - weight, dtype=np.float64))
     b = g.op("Mul", rank_percentile(g, static, mask, K), g.const(weight, dtype=np.float64))
     return g.op("Where", mask, g.op("Add", a, b), ninf)
+
+
+def expected(g: GraphBuilder, learner: str, absent: str, mask: str) -> str:
+    """``[B, K]`` expected throughput of the learner's picks, ``max(score, FLOOR) * clip(1 - absent,
+    FLOOR, 1)`` (:func:`ckpred.transfer.expected_throughput`), ``absent`` being the applicability
+    mask's ``[B, K]`` estimates; -inf where ``mask`` is off."""
+    floor = g.const(FLOOR, dtype=np.float64)
+    applies = g.op("Clip", g.op("Sub", g.const(1.0, dtype=np.float64), absent), floor,
+                   g.const(1.0, dtype=np.float64))
+    value = g.op("Mul", g.op("Max", learner, floor), applies)
+    return g.op("Where", mask, value, g.const(-np.inf, dtype=np.float64))

@@ -33,7 +33,7 @@ from ckpred.kernels.base import OpDefinition
 from ckpred.kernels.lists import check_catalogue, validity_on
 from ckpred.models import applicability_model, failure_model, predicted_applicable, predicted_ok
 from ckpred.schema import EXPORT_SELECT
-from ckpred.transfer import TransferModel, blend
+from ckpred.transfer import FLOOR, TransferModel, blend, learner_predict
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +202,8 @@ class _ParityRun:
         ref = np.asarray(self.pipeline.predict(X), dtype=np.float64).ravel()
         ref_sel = ref if graphs.selector_pipeline is None else \
             np.asarray(graphs.selector_pipeline.predict(X), dtype=np.float64).ravel()
+        if graphs.transfer is not None:  # the recipe's learner: its expected throughput under a mask
+            ref_sel = learner_predict(self.pipeline, X)
         p = op.encode(chunk, op.problem_names)  # categorical problem fields as their codes
         onx = self.sessions[0].run(["score"], {"problem": np.repeat(p, C, axis=0),
                                                "kernel": np.tile(self.kernels, (len(chunk), 1))})[0]
@@ -465,7 +467,11 @@ def transfer_section(transfer: TransferModel, op: OpDefinition, catalogue: pd.Da
             "static_order": [[round(float(v), 9) for v in row] for row in matrix],
             "scores": "the selector's: (1 - weight) * p(model) + weight * p(static order), p = rank percentile "
                       "among the problem's valid kernels (weight 0: the model's scores, 1: the static order's); "
-                      "the scorer's: the model's"}
+                      "the scorer's: the model's",
+            # with an applicability mask the selector's model scores are expected throughput
+            "model_scores": "expected throughput: max(score, floor) * clip(1 - applicability estimate, floor, 1)"
+                            if applicability_model(transfer.learner) is not None else "the scorer's",
+            "floor": FLOOR}
 
 
 def _candidate_ids(select: str, candidates: np.ndarray | None) -> np.ndarray | None:

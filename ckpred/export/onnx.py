@@ -56,12 +56,13 @@ from sklearn.base import BaseEstimator
 from sklearn.pipeline import Pipeline
 
 from ckpred.export import lightgbm as lgbm_conv
-from ckpred.export.blend import blended, static_matrix, static_scores
+from ckpred.export.blend import blended, expected, static_matrix, static_scores
 from ckpred.export.factorise import selector_feature_columns
 from ckpred.export.graph import GraphBuilder
 from ckpred.export.manifest import SELECTOR_FLAGS
 from ckpred.export.opset import IR_VERSION, OPSET
 from ckpred.kernels.base import OpDefinition
+from ckpred.models import applicability_model
 from ckpred.transfer import TransferModel
 
 SCORER_INPUTS = ("problem", "kernel")
@@ -72,6 +73,10 @@ SELECTOR_OUTPUTS = ("kernel_ids", "scores", "num_valid")
 #: Name of the raw input X inside the converted pipeline (columns ``op.input_names``).
 PIPELINE_INPUT = "X"
 PIPELINE_OUTPUT = "pipeline_score"
+#: The selector's ``[B, K]`` estimates that each scored kernel is absent for the problem, as the
+#: applicability mask names them (:func:`ckpred.export.validity.with_applicability`; after the
+#: graph builder's prefix): the transfer recipe weighs its learner's scores with them.
+APPLICABILITY_ESTIMATE = "applicability_estimate"
 
 
 #: Builds the validity mask: ``(g, problem, catalogue, op=, arch=, dtype=, layout=) -> name`` of a
@@ -238,7 +243,9 @@ def build_selector(pipeline: Pipeline, op: OpDefinition, catalogue: pd.DataFrame
 
     With ``transfer`` (a :class:`ckpred.transfer.TransferModel` whose learner is ``pipeline``),
     the trees' scores are blended with the recipe's static order inside the graph
-    (:mod:`ckpred.export.blend`) before ``TopK``.
+    (:mod:`ckpred.export.blend`) before ``TopK``; with an applicability model on ``pipeline`` too,
+    the trees' scores are first their expected throughput (:func:`ckpred.transfer.expected_throughput`,
+    on the mask's estimate :data:`APPLICABILITY_ESTIMATE`).
 
     Raises
     ------
@@ -253,6 +260,8 @@ def build_selector(pipeline: Pipeline, op: OpDefinition, catalogue: pd.DataFrame
     g = GraphBuilder()
     c = g.const([K], dtype=np.int64)
     masked, valid = _masked_scores(g, pipeline, op, scored, mask)
+    if transfer is not None and applicability_model(pipeline) is not None:
+        masked = expected(g, masked, g.prefix + APPLICABILITY_ESTIMATE, valid)
     if transfer is not None and transfer.weight > 0.0:
         matrix, by, sizes = static_matrix(transfer, op, scored)
         static = static_scores(g, "problem", matrix, by, sizes, op)

@@ -118,10 +118,11 @@ MASK_BUILDERS: dict[str, MaskBuilder] = {"gemm_universal": gemm_universal_mask}
 
 
 def _learned_mask(base: MaskBuilder, pipeline: Pipeline, model: BaseEstimator, threshold: float, prefix: str,
-                  flag: str | None = None) -> MaskBuilder:
+                  flag: str | None = None, estimates: str | None = None) -> MaskBuilder:
     """``base`` narrowed by a model on the pipeline's features (estimate <= ``threshold`` stays),
     per problem ``base & (keep | ~any(base & keep))``; ``flag`` names a bool ``[B]`` tensor true
-    where the narrowing was dropped (``base`` had a kernel, ``base & keep`` none)."""
+    where the narrowing was dropped (``base`` had a kernel, ``base & keep`` none), ``estimates``
+    the ``[B, K]`` estimates (after the graph builder's prefix)."""
     converted = xo.convert_model_step(Pipeline([("features", pipeline.named_steps["features"]), ("model", model)]))
 
     def builder(g: GraphBuilder, problem: str, catalogue: pd.DataFrame, *, op: OpDefinition, **kw: Any) -> str:
@@ -132,7 +133,8 @@ def _learned_mask(base: MaskBuilder, pipeline: Pipeline, model: BaseEstimator, t
         x, order = selector_feature_columns(g, pipeline, op, op.encode(catalogue, op.kernel_names), problem, columns)
         estimate = g.name(prefix.strip("/") + "_estimate")
         xo._add_pipeline(g, xo.keep_features(converted, [columns[i] for i in order]), x, estimate, prefix=prefix)
-        estimate = g.op("Reshape", estimate, g.const([-1, len(catalogue)], dtype=np.int64))
+        estimate = g.op("Reshape", estimate, g.const([-1, len(catalogue)], dtype=np.int64),
+                        out=None if estimates is None else g.prefix + estimates)
         keep = g.op("LessOrEqual", estimate, g.const(threshold, dtype=np.float64))
         axis = g.const([1], dtype=np.int64)
         any_kept = g.op("ReduceMax", g.op("Cast", g.op("And", rule, keep), to=TensorProto.INT64), axis,
@@ -167,13 +169,14 @@ def with_applicability(rules: MaskBuilder, pipeline: Pipeline) -> MaskBuilder:
     Returns ``rules`` itself when the pipeline has no applicability model. Otherwise a kernel
     whose estimate of being absent exceeds ``pipeline.ckpred_applicability_threshold_`` is
     masked; a problem left with no kernel keeps ``rules`` and its
-    :data:`APPLICABILITY_FALLBACK` entry is true.
+    :data:`APPLICABILITY_FALLBACK` entry is true. The estimates are the tensor
+    :data:`ckpred.export.onnx.APPLICABILITY_ESTIMATE` (the transfer recipe's scores use them).
     """
     model = applicability_model(pipeline)
     if model is None:
         return rules
     return _learned_mask(rules, pipeline, model, float(pipeline.ckpred_applicability_threshold_), "applicability/",
-                         flag=APPLICABILITY_FALLBACK)
+                         flag=APPLICABILITY_FALLBACK, estimates=xo.APPLICABILITY_ESTIMATE)
 
 
 def with_learned_failures(rules: MaskBuilder, pipeline: Pipeline) -> MaskBuilder:
