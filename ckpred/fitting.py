@@ -586,8 +586,7 @@ class Applicability:
 
     def applicable(self, pipe: Pipeline, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
         """bool per row of raw input ``X``: predicted to apply (``pipe`` supplies the features)."""
-        return np.concatenate([absent_estimate(pipe, X.iloc[i:i + batch], self.model) <= self.threshold
-                               for i in range(0, len(X), batch)] or [np.zeros(0, dtype=bool)])
+        return absent_estimate(pipe, X, self.model, batch) <= self.threshold
 
     def attach(self, pipe: Pipeline) -> Pipeline:
         """Attach the mask to ``pipe`` (:func:`ckpred.models.set_applicability_model`): the

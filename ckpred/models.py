@@ -438,15 +438,19 @@ def applicability_model(pipe: Pipeline) -> lgb.LGBMRegressor | None:
     return getattr(pipe, "ckpred_applicability_model_", None)
 
 
-def absent_estimate(pipe: Pipeline, X: pd.DataFrame, model: lgb.LGBMRegressor | None = None) -> np.ndarray:
+def absent_estimate(pipe: Pipeline, X: pd.DataFrame, model: lgb.LGBMRegressor | None = None,
+                    batch: int = 200_000) -> np.ndarray:
     """The applicability model's estimate that each row of raw input ``X`` is absent (0 without one).
 
-    ``model`` replaces the pipeline's own (inner folds try one before it is attached).
+    ``model`` replaces the pipeline's own (inner folds try one before it is attached). Batches
+    of ``batch`` rows bound the feature matrix held in memory at once.
     """
     model = applicability_model(pipe) if model is None else model
     if model is None:
         return np.zeros(len(X))
-    return np.asarray(model.predict(pipe.named_steps["features"].transform(X)), dtype=np.float64)
+    features = pipe.named_steps["features"]
+    return np.concatenate([np.asarray(model.predict(features.transform(X.iloc[i:i + batch])), dtype=np.float64)
+                           for i in range(0, len(X), batch)] or [np.zeros(0)])
 
 
 def predicted_applicable(pipe: Pipeline, X: pd.DataFrame) -> np.ndarray:

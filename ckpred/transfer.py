@@ -79,16 +79,14 @@ def expected_throughput(predicted: np.ndarray, absent: np.ndarray) -> np.ndarray
     return np.maximum(predicted, FLOOR) * np.clip(1.0 - np.asarray(absent, dtype=np.float64), FLOOR, 1.0)
 
 
-def learner_predict(scorer: Pipeline, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
+def learner_predict(scorer: Pipeline, X: pd.DataFrame, absent: np.ndarray | None = None) -> np.ndarray:
     """The learner's score of each row of raw input ``X``: its prediction, or with an
-    applicability model attached to ``scorer`` the :func:`expected_throughput` (batched as
-    :func:`ckpred.fitting.predict` is)."""
-    predicted = predict(scorer, X, batch)
+    applicability model attached to ``scorer`` the :func:`expected_throughput` (``absent``: the
+    model's estimates of these rows when already computed, as CV's folds have them)."""
+    predicted = predict(scorer, X)
     if applicability_model(scorer) is None:
         return predicted
-    absent = np.concatenate([absent_estimate(scorer, X.iloc[i:i + batch]) for i in range(0, len(X), batch)]
-                            or [np.zeros(0)])
-    return expected_throughput(predicted, absent)
+    return expected_throughput(predicted, absent_estimate(scorer, X) if absent is None else absent)
 
 
 def transfer_method(cfg: TrainConfig) -> LearnedMethod:
@@ -186,24 +184,27 @@ class TransferModel:
         return ev.best_static_apply(self.static, ev.static_keys(table, rows, list(self.static_by)))
 
     def learner_scores(self, data: Prepared, rows: np.ndarray, op: OpDefinition, cfg: RecipeConfig,
-                       arch: ArchConfig | None = None) -> np.ndarray:
+                       arch: ArchConfig | None = None, absent: np.ndarray | None = None) -> np.ndarray:
         """The learner's scores of ``rows`` of ``data``, each row featurised with its own arch
-        (or every row with ``arch``)."""
+        (or every row with ``arch``); ``absent``: the applicability model's estimates of ``rows``
+        when already computed (:func:`learner_predict`)."""
         out = np.full(len(rows), np.nan)
         groups = [(arch, np.asarray(rows))] if arch is not None else data.arch_groups(rows)
         position = pd.Series(np.arange(len(rows)), index=np.asarray(rows))
         for one, sub in groups:
             scorer = self.learner if _same_arch(one, self.arch) else \
                 for_arch(self.learner, self.method, op, cfg, one, data.X)
-            out[position.loc[sub].to_numpy()] = learner_predict(scorer, data.X.iloc[sub])
+            at = position.loc[sub].to_numpy()
+            out[at] = learner_predict(scorer, data.X.iloc[sub], None if absent is None else absent[at])
         return out
 
     def score(self, data: Prepared, rows: np.ndarray, op: OpDefinition, cfg: RecipeConfig, mask: np.ndarray,
-              arch: ArchConfig | None = None) -> np.ndarray:
+              arch: ArchConfig | None = None, absent: np.ndarray | None = None) -> np.ndarray:
         """The recipe's scores of ``rows`` (every row of their problems: the candidates), ranked
-        among the ``mask``-ed ones of each problem (NaN elsewhere)."""
+        among the ``mask``-ed ones of each problem (NaN elsewhere); ``absent`` as in
+        :meth:`learner_scores`."""
         rows = np.asarray(rows)
-        learner = self.learner_scores(data, rows, op, cfg, arch) if self.weight < 1.0 else np.zeros(len(rows))
+        learner = self.learner_scores(data, rows, op, cfg, arch, absent) if self.weight < 1.0 else np.zeros(len(rows))
         static = self.static_scores(data.table, rows) if self.weight > 0.0 else np.zeros(len(rows))
         return blend(learner, static, data.groups.codes[rows], mask, self.weight)
 

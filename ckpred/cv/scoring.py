@@ -29,7 +29,7 @@ from ckpred.cv.schemes import Fold
 from ckpred.fitting import (Applicability, Coverage, LearnedMethod, Prepared, candidates, coverage_note, for_arch,
                             predict, rows_of, rule_mask)
 from ckpred.kernels.base import OpDefinition
-from ckpred.models import failure_model, predicted_ok
+from ckpred.models import absent_estimate, failure_model, predicted_ok
 from ckpred.schema import ArchConfig, DtypeConfig, RecipeConfig
 from ckpred.transfer import Fitted, TransferModel
 
@@ -105,12 +105,17 @@ class OutOfFold:
     fold_of_row: np.ndarray
     selectable: np.ndarray
     applicable: np.ndarray = None  # type: ignore[assignment]
+    #: The applicability model's estimate that each row is absent (NaN: not estimated), kept for
+    #: the transfer recipe's learner, which weighs its scores with it.
+    absent: np.ndarray = None  # type: ignore[assignment]
     #: One entry per fold: its test shapes and each method's fit info (``folds.json``).
     log: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.applicable is None:
             self.applicable = np.ones(len(self.fold_of_row), dtype=bool)
+        if self.absent is None:
+            self.absent = np.full(len(self.fold_of_row), np.nan)
 
     @classmethod
     def start(cls, test: Prepared, methods: list[LearnedMethod], best_static: bool) -> "OutOfFold":
@@ -163,8 +168,10 @@ def score_method(method: LearnedMethod, pipe: Fitted, side: FoldTest, tables: Ta
     arch when it is not the training table's) and its learned validity mask."""
     test = tables.candidates
     if isinstance(pipe, TransferModel):  # ranked among each problem's candidates: the rules' mask
+        absent = oof.absent[side.rows]
         oof.scores[method.name][side.rows] = pipe.score(test, side.rows, op, cfg, oof.selectable[side.rows],
-                                                       arch=side.arch)
+                                                       arch=side.arch,
+                                                       absent=None if np.isnan(absent).any() else absent)
         return
     for arch, rows in side.arch_groups(test):
         scorer = scorer_for(method, pipe, arch, tables, op, cfg)
@@ -180,8 +187,9 @@ def score_applicability(fitted: Applicability, method: LearnedMethod, pipe: Fitt
     model); returns the fold's entry: its threshold, the inner folds' strict mean per threshold,
     its training pairs and how many of the fold's test problems it left without a kernel."""
     for arch, rows in side.arch_groups(tables.candidates):
-        oof.applicable[rows] = fitted.applicable(scorer_for(method, pipe, arch, tables, op, cfg),
-                                                 tables.candidates.X.iloc[rows])
+        oof.absent[rows] = absent_estimate(scorer_for(method, pipe, arch, tables, op, cfg),
+                                           tables.candidates.X.iloc[rows], fitted.model)
+        oof.applicable[rows] = oof.absent[rows] <= fitted.threshold
     rows = side.rows
     fell = oof.candidate_mask(rows, ev.ShapeGroups.from_keys(tables.candidates.groups.codes[rows]))[1]
     curve = fitted.curve

@@ -31,9 +31,9 @@ from ckpred.export.validity import (bound_mask, mask_builder_for, with_applicabi
                                     with_learned_failures)
 from ckpred.kernels.base import OpDefinition
 from ckpred.kernels.lists import check_catalogue, validity_on
-from ckpred.models import applicability_model, failure_model, predicted_applicable, predicted_ok
+from ckpred.models import absent_estimate, applicability_model, failure_model, predicted_applicable, predicted_ok
 from ckpred.schema import EXPORT_SELECT
-from ckpred.transfer import FLOOR, TransferModel, blend, learner_predict
+from ckpred.transfer import FLOOR, TransferModel, blend, expected_throughput
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +202,9 @@ class _ParityRun:
         ref = np.asarray(self.pipeline.predict(X), dtype=np.float64).ravel()
         ref_sel = ref if graphs.selector_pipeline is None else \
             np.asarray(graphs.selector_pipeline.predict(X), dtype=np.float64).ravel()
-        if graphs.transfer is not None:  # the recipe's learner: its expected throughput under a mask
-            ref_sel = learner_predict(self.pipeline, X)
+        if graphs.transfer is not None and applicability_model(self.pipeline) is not None:
+            # the recipe's learner under a mask: its expected throughput
+            ref_sel = expected_throughput(ref, absent_estimate(self.pipeline, X))
         p = op.encode(chunk, op.problem_names)  # categorical problem fields as their codes
         onx = self.sessions[0].run(["score"], {"problem": np.repeat(p, C, axis=0),
                                                "kernel": np.tile(self.kernels, (len(chunk), 1))})[0]
