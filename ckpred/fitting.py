@@ -22,9 +22,9 @@ from ckpred import evaluate as ev
 from ckpred.errors import ConfigValueError
 from ckpred.kernels.base import OpDefinition
 from ckpred.kernels.lists import validity_on
-from ckpred.models import (FitRows, Recipe, absent_estimate, booster, build_pipeline, fit_applicability_model,
-                           fit_failure_model, fit_pipeline, predicted_ok, set_applicability_model, target_name,
-                           training_target)
+from ckpred.models import (FitRows, Recipe, absent_estimate, booster, build_pipeline, expected_throughput,
+                           fit_applicability_model, fit_failure_model, fit_pipeline, predicted_ok, set_applicability_model,
+                           target_name, training_target)
 from ckpred.schema import (ApplicabilityConfig, ArchConfig, FeaturesConfig, HardwareView, ModelConfig, RecipeConfig,
                            RowsConfig, TargetConfig, TrainConfig, TransferConfig, ValidityModelConfig, arch_config)
 
@@ -441,6 +441,12 @@ class LearnedMethod:
     transfer: TransferConfig | None = None
 
 
+def learner_method(method: LearnedMethod) -> LearnedMethod:
+    """The learner of a transfer recipe (``method`` without its ``transfer`` config: what
+    :func:`ckpred.transfer.fit_transfer` fits); any other method itself."""
+    return method if method.transfer is None else LearnedMethod(method.name, method.recipe, method.rows)
+
+
 def recipe_config(cfg: RecipeConfig, features: FeaturesConfig, model: ModelConfig, target: TargetConfig) -> Recipe:
     """The recipe of one learned method: its features, model and target with the run's seed and layout."""
     return Recipe(features, model, target, int(cfg.seed), cfg.layout)
@@ -577,12 +583,15 @@ class Applicability:
         The inner folds' strict efficiency per threshold tried (:func:`ckpred.evaluate.threshold_curve`).
     train_pairs : int
         Pairs the model was fitted on.
+    inner_scores : str
+        What scored the inner folds' selections the threshold was chosen on.
     """
 
     model: lgb.LGBMRegressor
     threshold: float
     curve: pd.DataFrame
     train_pairs: int
+    inner_scores: str = "the model recipe's scores"
 
     def applicable(self, pipe: Pipeline, X: pd.DataFrame, batch: int = 200_000) -> np.ndarray:
         """bool per row of raw input ``X``: predicted to apply (``pipe`` supplies the features)."""
@@ -616,15 +625,15 @@ def _fit_mask_model(cand: Prepared, shapes: np.ndarray, features: TransformerMix
 
 
 def fit_applicability(cand: Prepared, shapes: np.ndarray, data: Prepared, op: OpDefinition, cfg: RecipeConfig, seed: int,
-                      pipe: Pipeline) -> Applicability:
+                      pipe: Pipeline, method: LearnedMethod | None = None) -> Applicability:
     """Fit the applicability mask on the training ``shapes`` and choose its threshold on inner folds.
 
     For an op whose table lists only the kernels that apply to each problem
     (``op.absence=not_applicable``). The training problems are split into
-    ``applicability.inner_folds`` folds by CV group; for each, the model recipe (the ranker, and
-    its failure mask) and a mask model are fitted on the other inner folds and score every
-    candidate pair of its problems. The threshold (of ``applicability.thresholds``) whose
-    selection has the highest strict efficiency over those problems is kept
+    ``applicability.inner_folds`` folds by CV group; for each, the method whose selection the
+    mask narrows (its failure mask too) and a mask model are fitted on the other inner folds and
+    score every candidate pair of its problems. The threshold (of ``applicability.thresholds``)
+    whose selection has the highest strict efficiency over those problems is kept
     (:func:`ckpred.evaluate.best_threshold`): never chosen on the problems it is scored on.
     The mask model returned is then fitted on every training problem.
 
@@ -638,9 +647,16 @@ def fit_applicability(cand: Prepared, shapes: np.ndarray, data: Prepared, op: Op
         The measured table the model recipe trains on.
     pipe : Pipeline
         The ranking pipeline fitted on ``shapes``: the mask learns on its features.
+    method : LearnedMethod, optional
+        The method ``pipe`` was fitted by (default the config's model recipe). For the transfer
+        recipe (``method.transfer`` set) the inner folds fit its learner and score a pair by its
+        expected throughput (:func:`ckpred.models.expected_throughput`), as the recipe ranks;
+        its blend with the static order (one training GPU: none) is not refitted there.
     """
     acfg = cfg.applicability
-    method = model_method(cfg)
+    method = model_method(cfg) if method is None else method
+    expected = method.transfer is not None
+    learner = learner_method(method)
     shapes = np.asarray(shapes)
     groups = data.cv_groups[shapes] if len(data.cv_groups) == data.groups.n_shapes else shapes
     n_inner = min(int(acfg.inner_folds), len(np.unique(groups)))
@@ -654,11 +670,12 @@ def fit_applicability(cand: Prepared, shapes: np.ndarray, data: Prepared, op: Op
         parts = []
         splitter = GroupKFold(n_splits=n_inner, shuffle=True, random_state=int(seed))
         for i, (tr, te) in enumerate(splitter.split(shapes, groups=groups)):
-            inner_pipe, _ = fit_method(method, data, shapes[tr], op, cfg, seed + 1000 + i)
+            inner_pipe, _ = fit_method(learner, data, shapes[tr], op, cfg, seed + 1000 + i)
             model, _ = _fit_mask_model(cand, shapes[tr], inner_pipe.named_steps["features"], acfg, seed)
             rows = rows_of(cand.groups, shapes[te])
             X = cand.X.iloc[rows]
-            parts.append((rows, predict(inner_pipe, X), absent_estimate(inner_pipe, X, model),
+            predicted, absent = predict(inner_pipe, X), absent_estimate(inner_pipe, X, model)
+            parts.append((rows, expected_throughput(predicted, absent) if expected else predicted, absent,
                           predicted_ok(inner_pipe, X)))
         rows = np.concatenate([p[0] for p in parts])
         sub = ev.ShapeGroups.from_keys(cand.groups.codes[rows])
@@ -667,7 +684,9 @@ def fit_applicability(cand: Prepared, shapes: np.ndarray, data: Prepared, op: Op
                                    runs=np.concatenate([p[3] for p in parts]))
         threshold = ev.best_threshold(curve)
     model, n_pairs = _fit_mask_model(cand, shapes, pipe.named_steps["features"], acfg, seed)
-    return Applicability(model=model, threshold=threshold, curve=curve, train_pairs=n_pairs)
+    return Applicability(model=model, threshold=threshold, curve=curve, train_pairs=n_pairs,
+                         inner_scores="the transfer recipe's learner, expected throughput" if expected
+                         else "the model recipe's scores")
 
 
 def rows_of(groups: ev.ShapeGroups, shapes: np.ndarray) -> np.ndarray:

@@ -453,6 +453,27 @@ def absent_estimate(pipe: Pipeline, X: pd.DataFrame, model: lgb.LGBMRegressor | 
                            for i in range(0, len(X), batch)] or [np.zeros(0)])
 
 
+#: The least predicted throughput and applicability :func:`expected_throughput` multiplies: a
+#: prediction at or below 0 (a raw target can give one) or a kernel surely absent still ranks,
+#: below every candidate with both positive, instead of turning the product's sign or into 0.
+FLOOR = 1e-12
+
+
+def expected_throughput(predicted: np.ndarray, absent: np.ndarray) -> np.ndarray:
+    """The learner's expected throughput of a pick: ``max(predicted, FLOOR) * clip(1 - absent, FLOOR, 1)``.
+
+    Parameters
+    ----------
+    predicted : ndarray of float
+        The learner's predicted throughput (its target's inverse: proportional to throughput
+        within a problem for every target ckpred has).
+    absent : ndarray of float
+        The applicability model's estimate that the kernel is absent for the problem
+        (:func:`absent_estimate`; an L2 fit of 0/1, so it may leave [0, 1]).
+    """
+    return np.maximum(predicted, FLOOR) * np.clip(1.0 - np.asarray(absent, dtype=np.float64), FLOOR, 1.0)
+
+
 def predicted_applicable(pipe: Pipeline, X: pd.DataFrame) -> np.ndarray:
     """bool per row of raw input ``X``: predicted to apply (all True without an applicability model)."""
     if applicability_model(pipe) is None:

@@ -21,9 +21,11 @@ that does not, on every multi-GPU table measured there:
 For an op whose table lists only the kernels that apply (``op.absence=not_applicable``), the
 learner's score of a candidate is its **expected throughput**: the predicted throughput times the
 applicability mask's estimate that the kernel applies, 1 - (its estimate of being absent)
-(:func:`expected_throughput`). A pick the new GPU's library does not list for the problem gains
+(:func:`ckpred.models.expected_throughput`). A pick the new GPU's library does not list for the problem gains
 nothing, so a kernel predicted fast but probably absent ranks below one a little slower that
-surely applies; the hard mask (the estimate's threshold) still removes the kernels surely absent.
+surely applies; the hard mask (the estimate's threshold) still removes the kernels surely absent,
+its threshold chosen on inner folds of the training problems that score the learner this way
+(:func:`ckpred.fitting.fit_applicability`).
 
 With w = 0 the recipe's scores are the learner's own (its percentile ranks in the same order);
 with w = 1 the static order's. :func:`fit_transfer` is a plain function of a prepared table and
@@ -42,14 +44,15 @@ import pandas as pd
 from sklearn.pipeline import Pipeline
 
 from ckpred import evaluate as ev
-from ckpred.fitting import LearnedMethod, Prepared, fit_method, for_arch, predict, recipe_config, rows_of
+from ckpred.fitting import (LearnedMethod, Prepared, fit_method, for_arch, learner_method, predict, recipe_config,
+                            rows_of)
 from ckpred.kernels.base import OpDefinition
-from ckpred.models import absent_estimate, applicability_model
+from ckpred.models import absent_estimate, applicability_model, expected_throughput
 from ckpred.schema import ArchConfig, RecipeConfig, TrainConfig, arch_constants
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Fitted", "TransferModel", "blend", "choose_weight", "expected_throughput", "fit_learned", "fit_transfer",
+__all__ = ["Fitted", "TransferModel", "blend", "choose_weight", "fit_learned", "fit_transfer",
            "learner_predict", "rank_percentile", "transfer_method"]
 
 #: Stands for "never seen in training" in the static order inside a ranking (below every mean
@@ -58,30 +61,9 @@ __all__ = ["Fitted", "TransferModel", "blend", "choose_weight", "expected_throug
 UNSEEN = -1.0
 
 
-#: The least predicted throughput and applicability :func:`expected_throughput` multiplies: a
-#: prediction at or below 0 (a raw target can give one) or a kernel surely absent still ranks,
-#: below every candidate with both positive, instead of turning the product's sign or into 0.
-FLOOR = 1e-12
-
-
-def expected_throughput(predicted: np.ndarray, absent: np.ndarray) -> np.ndarray:
-    """The learner's expected throughput of a pick: ``max(predicted, FLOOR) * clip(1 - absent, FLOOR, 1)``.
-
-    Parameters
-    ----------
-    predicted : ndarray of float
-        The learner's predicted throughput (its target's inverse: proportional to throughput
-        within a problem for every target ckpred has).
-    absent : ndarray of float
-        The applicability model's estimate that the kernel is absent for the problem
-        (:func:`ckpred.models.absent_estimate`; an L2 fit of 0/1, so it may leave [0, 1]).
-    """
-    return np.maximum(predicted, FLOOR) * np.clip(1.0 - np.asarray(absent, dtype=np.float64), FLOOR, 1.0)
-
-
 def learner_predict(scorer: Pipeline, X: pd.DataFrame, absent: np.ndarray | None = None) -> np.ndarray:
     """The learner's score of each row of raw input ``X``: its prediction, or with an
-    applicability model attached to ``scorer`` the :func:`expected_throughput` (``absent``: the
+    applicability model attached to ``scorer`` the :func:`ckpred.models.expected_throughput` (``absent``: the
     model's estimates of these rows when already computed, as CV's folds have them)."""
     predicted = predict(scorer, X)
     if applicability_model(scorer) is None:
@@ -276,7 +258,7 @@ def fit_transfer(method: LearnedMethod, data: Prepared, shapes: np.ndarray, op: 
         weights = method.transfer.weights
     weights = [float(w) for w in weights]
     by = ev.best_static_by(cfg.baselines, op)
-    plain = LearnedMethod(method.name, method.recipe, method.rows)
+    plain = learner_method(method)
     learner, info = fit_method(plain, data, shapes, op, cfg, seed)
     archs = data.arch_names(shapes)
     inner: dict[float, float] = {}

@@ -260,7 +260,8 @@ def test_the_transfer_selector_ranks_by_expected_throughput(transfer_export) -> 
     kernel the mask doubts loses to a surely listed one."""
     from ckpred.models import absent_estimate, predicted_applicable
     from ckpred.runtime import KernelSelector
-    from ckpred.transfer import FLOOR, expected_throughput, learner_predict
+    from ckpred.models import FLOOR, expected_throughput
+    from ckpred.transfer import learner_predict
 
     np.testing.assert_array_equal(expected_throughput(np.array([2.0, 2.0, -1.0, 3.0]), np.array([0.5, -0.2, 0.0, 1.5])),
                                   [1.0, 2.0, FLOOR, 3.0 * FLOOR])
@@ -346,6 +347,50 @@ def test_the_mask_and_its_threshold_never_see_the_problems_they_are_scored_on(sp
     X = cand.X.iloc[crows]
     assert (first.applicable(pipe, X) == second.applicable(pipe, X)).all()
     assert first.train_pairs == len(rows_of(cand.groups, train))
+
+
+def test_a_transfer_run_chooses_the_threshold_on_its_learners_expected_throughput(sparse_fit, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The mask's threshold is chosen on inner folds scored as the method it narrows ranks: the
+    transfer recipe's inner folds fit its learner (plain LightGBM, not the model recipe) and score
+    each pair by expected throughput; the model recipe's score by its own predictions."""
+    from ckpred import fitting
+    from ckpred.models import expected_throughput
+    from ckpred.transfer import transfer_method
+
+    op, cfg, table, _ = sparse_fit
+    data = fitting.prepare(table, op, cfg)
+    cand, _ = fitting.candidates(data, op, cfg)
+    shapes = np.arange(data.groups.n_shapes)
+    fitted, predicted, curves = [], [], []
+    real_fit, real_predict, real_curve = fitting.fit_method, fitting.predict, fitting.ev.threshold_curve
+
+    def fit_method(method, *args, **kwargs):  # type: ignore[no-untyped-def]
+        fitted.append(method)
+        return real_fit(method, *args, **kwargs)
+
+    def predict(pipe, X, *args):  # type: ignore[no-untyped-def]
+        predicted.append(real_predict(pipe, X, *args))
+        return predicted[-1]
+
+    def threshold_curve(perf, scores, groups, selectable, measured, estimate, *args, **kwargs):  # type: ignore[no-untyped-def]
+        curves.append((scores, estimate))
+        return real_curve(perf, scores, groups, selectable, measured, estimate, *args, **kwargs)
+
+    monkeypatch.setattr(fitting, "fit_method", fit_method)
+    monkeypatch.setattr(fitting, "predict", predict)
+    monkeypatch.setattr(fitting.ev, "threshold_curve", threshold_curve)
+    for method, expected in ((transfer_method(cfg), True), (fitting.model_method(cfg), False)):
+        fitted.clear(), predicted.clear(), curves.clear()
+        pipe, _ = real_fit(fitting.learner_method(method), data, shapes, op, cfg, 0)
+        mask = fitting.fit_applicability(cand, shapes, data, op, cfg, 0, pipe, method)
+        assert len(fitted) == int(cfg.applicability.inner_folds) and len(curves) == 1
+        assert all(m.transfer is None and m.recipe == method.recipe for m in fitted)
+        scores, estimate = curves[0]
+        raw = np.concatenate(predicted)
+        np.testing.assert_array_equal(scores, expected_throughput(raw, estimate) if expected else raw)
+        assert (scores != raw).any() == expected
+        assert mask.inner_scores.startswith("the transfer recipe's learner" if expected else "the model recipe")
+    assert transfer_method(cfg).recipe.model != fitting.model_method(cfg).recipe.model  # plain, not the ranker
 
 
 # -- cross-validation ranks what the export ships --------------------------------------------------
@@ -529,7 +574,7 @@ def test_a_zero_shot_run_of_a_sparse_op_masks_the_new_gpus_candidates(tmp_path, 
     from ckpred.commands.export import export_command
     from ckpred.config import compose
     from ckpred.cv.driver import cross_validate
-    from ckpred.transfer import FLOOR
+    from ckpred.models import FLOOR
     from tests.test_yaml_ops_train import OPS_DIR
 
     monkeypatch.chdir(tmp_path)

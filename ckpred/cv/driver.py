@@ -366,11 +366,11 @@ def _fit_applicability(run: RunContext, tables: Tables, fold: Fold, i: int, meth
                        side: FoldTest, oof: OutOfFold) -> dict[str, Any]:
     """Fit the fold's applicability mask on the model's features, mark the fold's test rows it
     keeps, and attach it to a transfer recipe's learner (whose scores then weigh it:
-    :func:`ckpred.transfer.expected_throughput`); returns the fold's entry."""
+    :func:`ckpred.models.expected_throughput`); returns the fold's entry."""
     assert tables.train_candidates is not None
     t, cpu = time.perf_counter(), time.process_time()
     fit.applicability = fit_applicability(tables.train_candidates, fold.train_shapes, tables.train, run.op, run.cfg,
-                                          run.seed + i, _ranking_pipeline(fit.pipeline))
+                                          run.seed + i, _ranking_pipeline(fit.pipeline), method)
     if isinstance(fit.pipeline, TransferModel):
         fit.applicability.attach(fit.pipeline.learner)
     entry = score_applicability(fit.applicability, method, fit.pipeline, side, tables, run.op, run.cfg, oof)
@@ -404,7 +404,7 @@ def final_pipeline(run: RunContext, tables: Tables, model: LearnedMethod, fold_f
         fold_fit = Fit(pipe, info)
         if tables.train_candidates is not None:
             fold_fit.applicability = fit_applicability(tables.train_candidates, shapes, data, run.op, run.cfg,
-                                                       run.seed, _ranking_pipeline(pipe))
+                                                       run.seed, _ranking_pipeline(pipe), model)
         run.timings.add("final_fit_s", time.perf_counter() - t)
     if fold_fit.applicability is not None:
         fold_fit.applicability.attach(_ranking_pipeline(fold_fit.pipeline))

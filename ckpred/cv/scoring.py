@@ -184,8 +184,9 @@ def score_method(method: LearnedMethod, pipe: Fitted, side: FoldTest, tables: Ta
 def score_applicability(fitted: Applicability, method: LearnedMethod, pipe: Fitted, side: FoldTest,
                         tables: Tables, op: OpDefinition, cfg: RecipeConfig, oof: OutOfFold) -> dict[str, Any]:
     """The fold's applicability mask on ``side``'s rows (on the features of ``pipe``, the fold's
-    model); returns the fold's entry: its threshold, the inner folds' strict mean per threshold,
-    its training pairs and how many of the fold's test problems it left without a kernel."""
+    model); returns the fold's entry: its threshold, the inner folds' strict mean per threshold and
+    what scored them, its training pairs and how many of the fold's test problems it left without
+    a kernel."""
     for arch, rows in side.arch_groups(tables.candidates):
         oof.absent[rows] = absent_estimate(scorer_for(method, pipe, arch, tables, op, cfg),
                                            tables.candidates.X.iloc[rows], fitted.model)
@@ -196,7 +197,7 @@ def score_applicability(fitted: Applicability, method: LearnedMethod, pipe: Fitt
     inner = {f"{t:g}": round(float(m), 6) for t, m in zip(curve["threshold"], curve["mean"])} \
         if "mean" in curve else None
     return {"threshold": fitted.threshold, "train_pairs": fitted.train_pairs, "fell_back": int(fell.sum()),
-            "inner_mean": inner}
+            "inner_mean": inner, "inner_scores": fitted.inner_scores}
 
 
 def fit_times(info: dict[str, Any], started: float, cpu_started: float, timings: dict[str, float],

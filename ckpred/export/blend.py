@@ -32,7 +32,8 @@ from onnx import TensorProto
 from ckpred.errors import ConfigValueError
 from ckpred.export.graph import GraphBuilder
 from ckpred.kernels.base import OpDefinition
-from ckpred.transfer import FLOOR, UNSEEN, TransferModel
+from ckpred.models import FLOOR
+from ckpred.transfer import UNSEEN, TransferModel
 
 
 def static_matrix(model: TransferModel, op: OpDefinition, kernels: pd.DataFrame) -> tuple[np.ndarray, list[str], list[int]]:
@@ -134,7 +135,7 @@ def blended(g: GraphBuilder, learner: str, static: str, mask: str, K: int, weigh
 
 def expected(g: GraphBuilder, learner: str, absent: str, mask: str) -> str:
     """``[B, K]`` expected throughput of the learner's picks, ``max(score, FLOOR) * clip(1 - absent,
-    FLOOR, 1)`` (:func:`ckpred.transfer.expected_throughput`), ``absent`` being the applicability
+    FLOOR, 1)`` (:func:`ckpred.models.expected_throughput`), ``absent`` being the applicability
     mask's ``[B, K]`` estimates; -inf where ``mask`` is off."""
     floor = g.const(FLOOR, dtype=np.float64)
     applies = g.op("Clip", g.op("Sub", g.const(1.0, dtype=np.float64), absent), floor,

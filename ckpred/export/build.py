@@ -31,9 +31,10 @@ from ckpred.export.validity import (bound_mask, mask_builder_for, with_applicabi
                                     with_learned_failures)
 from ckpred.kernels.base import OpDefinition
 from ckpred.kernels.lists import check_catalogue, validity_on
-from ckpred.models import absent_estimate, applicability_model, failure_model, predicted_applicable, predicted_ok
+from ckpred.models import (FLOOR, absent_estimate, applicability_model, expected_throughput, failure_model,
+                           predicted_applicable, predicted_ok)
 from ckpred.schema import EXPORT_SELECT
-from ckpred.transfer import FLOOR, TransferModel, blend, expected_throughput
+from ckpred.transfer import TransferModel, blend
 
 log = logging.getLogger(__name__)
 

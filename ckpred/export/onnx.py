@@ -244,7 +244,7 @@ def build_selector(pipeline: Pipeline, op: OpDefinition, catalogue: pd.DataFrame
     With ``transfer`` (a :class:`ckpred.transfer.TransferModel` whose learner is ``pipeline``),
     the trees' scores are blended with the recipe's static order inside the graph
     (:mod:`ckpred.export.blend`) before ``TopK``; with an applicability model on ``pipeline`` too,
-    the trees' scores are first their expected throughput (:func:`ckpred.transfer.expected_throughput`,
+    the trees' scores are first their expected throughput (:func:`ckpred.models.expected_throughput`,
     on the mask's estimate :data:`APPLICABILITY_ESTIMATE`).
 
     Raises
