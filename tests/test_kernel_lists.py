@@ -76,6 +76,35 @@ def test_bad_lists_are_refused_naming_file_line_and_key(tmp_path: Path) -> None:
         from_mapping(ArchConfig, {**gfx942, "kernel_lists": {"tiny": " "}})
 
 
+def test_a_zero_shot_run_names_the_new_gpus_that_list_no_kernels(tmp_path: Path) -> None:
+    """Where the op's missing rows mean "not applicable", a zero-shot run says which held-out GPUs
+    list no kernels (only a list can say what their library lacks); never in distribution, never
+    for an op whose missing rows mean nothing, never for a GPU with a list."""
+    from ckpred.cv.driver import unlisted_new_gpus
+    from ckpred.cv.schemes import Fold
+
+    table = tiny_table([(4, 4, 3.0), (4, 1, 2.0), (8, 2, 7.0)])
+    listed = tmp_path / "kernels.txt"
+    listed.write_text("t1\nt2\n")
+    gpus = {"a": SimpleNamespace(name="a", kernel_lists={}), "b": SimpleNamespace(name="b", kernel_lists={}),
+            "c": SimpleNamespace(name="c", kernel_lists={"tiny": str(listed)})}
+
+    def prepared(*names: str) -> SimpleNamespace:  # a table of these GPUs, shape i of names[i]
+        return SimpleNamespace(archs=tuple(gpus[n] for n in names), arch=gpus[names[0]],
+                               arch_names=lambda shapes=None: sorted({names[int(s)] for s in shapes}))
+
+    six = prepared("a", "b", "c")
+    logo = [Fold(f"leave {n} out", np.delete(np.arange(3), i), np.array([i])) for i, n in enumerate("abc")]
+    op = _bound(tiny_op(absence="not_applicable"), table)
+    assert unlisted_new_gpus(op, SimpleNamespace(train=six, test=six), logo) == ["a", "b"]
+    assert unlisted_new_gpus(_bound(tiny_op(), table), SimpleNamespace(train=six, test=six), logo) == []
+    external = [Fold("external", np.array([0]), np.array([0]), test_arch=gpus["b"])]
+    one, other = prepared("a"), prepared("a")
+    other.arch_names = lambda shapes=None: ["b"]
+    assert unlisted_new_gpus(op, SimpleNamespace(train=one, test=other), external) == ["b"]
+    assert unlisted_new_gpus(op, SimpleNamespace(train=one, test=one), [Fold("in", np.array([0]), np.array([0]))]) == []
+
+
 @pytest.fixture(scope="module")
 def listed_run(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """Zero-shot onto gfx90a_mi210 with a kernel list that leaves out one solver per direction,

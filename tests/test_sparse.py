@@ -566,7 +566,7 @@ def test_train_names_the_problems_with_one_kernel(tmp_path: Path, capsys: pytest
 
 
 @pytest.mark.slow
-def test_a_zero_shot_run_of_a_sparse_op_masks_the_new_gpus_candidates(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_zero_shot_run_of_a_sparse_op_masks_the_new_gpus_candidates(tmp_path, monkeypatch, capsys):  # type: ignore[no-untyped-def]
     """``cv=external`` onto another arch of an ``absence: not_applicable`` op: the model is the
     transfer recipe, its learner carries the applicability mask learned on the training GPU, the
     folds rank the new GPU's whole candidate set, and the export of the run for that GPU holds
@@ -589,9 +589,11 @@ def test_a_zero_shot_run_of_a_sparse_op_masks_the_new_gpus_candidates(tmp_path, 
                                      "applicability.n_estimators=30", "plots=false", "progress=false", "cv=external",
                                      "cv.data.source=path", f"cv.data.path={test_db}", "+arch@cv.arch=gfx90a_mi210"]),
                    run)
+    assert "zero-shot onto gfx90a_mi210 with no kernel list (arch.kernel_lists.miopen_conv)" in capsys.readouterr().out
     metrics, record, folds = (json.loads((run / name).read_text()) for name in ("metrics.json", "run.json",
                                                                                 "folds.json"))
     assert record["model"] == "transfer" and record["zero_shot"] is True
+    assert folds["folds"][0]["applicability"]["inner_scores"] == "the transfer recipe's learner, expected throughput"
     assert record["candidates"]["absence"] == "not_applicable"
     assert folds["folds"][0]["applicability"]["threshold"] is not None
     assert 0.0 <= metrics["model"]["unmeasured_pick"] <= 0.5

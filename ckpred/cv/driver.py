@@ -60,8 +60,9 @@ from ckpred.fitting import (Applicability, LearnedMethod, Prepared, cv_group_nam
                             plain_method, prepare, recipe_config)
 from ckpred.kernels.base import OpDefinition
 from ckpred.kernels.declared import bind_training_catalogue
+from ckpred.kernels.lists import kernel_list, lists_key
 from ckpred.runs import RUN_RECORD
-from ckpred.schema import TrainConfig
+from ckpred.schema import ArchConfig, TrainConfig
 from ckpred.transfer import Fitted, TransferModel, fit_learned, transfer_method
 from ckpred.util import resolve_path
 
@@ -174,6 +175,12 @@ def cross_validate_one(cfg: TrainConfig, out_dir: Path, on_fold: OnFold | None =
         return partitioned.cross_validate(run, path)
     tables = load_tables(run)
     folds = run.scheme.plan(tables.train, tables.test, run.seed)
+    unlisted = unlisted_new_gpus(run.op, tables, folds)
+    if unlisted:
+        print(f"note: zero-shot onto {', '.join(unlisted)} with no kernel list ({lists_key(run.op)}): every "
+              f"rule-valid kernel of the training catalogue is ranked there through the training GPUs' "
+              "applicability mask, and a kernel that GPU's library lacks can be picked (it scores 0); "
+              "declare the new GPU's list (docs/ops.md, \"Hardware\")")
     methods, base = learned_methods(run, tables, folds)
     oof, final = run_folds(run, tables, folds, methods, on_fold)
     note = None
@@ -243,6 +250,22 @@ def zero_shot(tables: Tables, folds: list[Fold]) -> bool:
         if not tested or trained & tested:
             return False
     return bool(folds)
+
+
+def unlisted_new_gpus(op: OpDefinition, tables: Tables, folds: list[Fold]) -> list[str]:
+    """The held-out GPUs (arch names) of a zero-shot run that list no kernels for ``op``, when the
+    op's missing rows mean "not applicable" (none otherwise): the training GPUs' mask cannot know
+    which of their kernels a new GPU's library lacks, only its list can."""
+    if getattr(op, "absence", "unknown") != "not_applicable" or not zero_shot(tables, folds):
+        return []
+    test = tables.test
+    archs: dict[str, ArchConfig] = {}
+    for fold in folds:
+        names = set(test.arch_names(fold.test_shapes))
+        held = [fold.test_arch] if fold.test_arch is not None else \
+            [a for a in (test.archs or (test.arch,)) if a is not None and str(a.name) in names]
+        archs.update({str(a.name): a for a in held})
+    return [name for name, arch in archs.items() if kernel_list(arch, op) is None]
 
 
 def learned_methods(run: RunContext, tables: Tables, folds: list[Fold]) -> tuple[list[LearnedMethod], Any]:
