@@ -23,8 +23,8 @@ from ckpred.errors import ConfigValueError
 from ckpred.kernels.base import OpDefinition
 from ckpred.kernels.lists import validity_on
 from ckpred.models import (FitRows, Recipe, absent_estimate, booster, build_pipeline, expected_throughput,
-                           fit_applicability_model, fit_failure_model, fit_pipeline, predicted_ok, set_applicability_model,
-                           target_name, training_target)
+                           fit_applicability_model, fit_failure_model, fit_pipeline, predicted_ok,
+                           set_applicability_model, target_name, training_target)
 from ckpred.schema import (ApplicabilityConfig, ArchConfig, FeaturesConfig, HardwareView, ModelConfig, RecipeConfig,
                            RowsConfig, TargetConfig, TrainConfig, TransferConfig, ValidityModelConfig, arch_config)
 
