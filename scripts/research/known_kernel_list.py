@@ -14,6 +14,11 @@ listed kernels only, the applicability mask's fallback included, which is what a
 
 With ``--measured``, the problems of those plan files (the new GPU's measured problems a run
 was retrained on) are left out: the figures are those of the problems never measured.
+
+The last figures (``listed per problem``) rank, for each problem, only the kernels the test table
+lists for it, with no applicability mask: a perfect mask. Their distance to the strict figures is
+what the run's mask costs on the new GPU (masking the best listed kernel, letting an unlisted one
+through).
 """
 
 from __future__ import annotations
@@ -30,12 +35,12 @@ from ckpred.kernels.base import load_op
 from ckpred.schema import saved_recipe
 
 
-def scored(oof: pd.DataFrame, column: str, keep: np.ndarray) -> tuple[float, float, float, float]:
+def scored(oof: pd.DataFrame, column: str, keep: np.ndarray, masked: bool = True) -> tuple[float, float, float, float]:
     """Strict mean, P10, unmeasured-pick rate and fallback efficiency of ``column``'s top-1 among
-    ``keep`` rows."""
+    ``keep`` rows (and, with ``masked``, those the run's rules and mask keep)."""
     groups = ev.ShapeGroups.from_keys(oof["shape"])
     per_shape = ev.shape_metrics(oof["perf"].to_numpy(), oof[column].to_numpy(), groups,
-                                 selectable=oof["selectable"].to_numpy() & keep,
+                                 selectable=(oof["selectable"].to_numpy() if masked else True) & keep,
                                  measured=oof["measured"].to_numpy())
     summary = ev.summarize(per_shape)
     return summary["mean"], summary["p10"], summary["unmeasured_pick"], summary["fallback_efficiency"]
@@ -60,9 +65,12 @@ def main() -> None:
         for column in [c for c in oof.columns if c.startswith("score_")]:
             everything = scored(oof, column, np.ones(len(oof), dtype=bool))
             narrowed = scored(oof, column, listed)
+            # a scored row is a candidate the rules keep (the others have no score)
+            perfect = scored(oof, column, oof["measured"].to_numpy() & np.isfinite(oof[column].to_numpy()), masked=False)
             print(f"  {column[len('score_'):]:<12} as scored: mean {everything[0]:.4f} P10 {everything[1]:.3f} "
                   f"unmeasured {everything[2]:.3f} fallback {everything[3]:.4f} | its kernels only: mean {narrowed[0]:.4f} "
-                  f"P10 {narrowed[1]:.3f} unmeasured {narrowed[2]:.3f}")
+                  f"P10 {narrowed[1]:.3f} unmeasured {narrowed[2]:.3f} | listed per problem: mean {perfect[0]:.4f} "
+                  f"P10 {perfect[1]:.3f}")
 
 
 if __name__ == "__main__":
