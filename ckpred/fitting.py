@@ -14,7 +14,6 @@ from typing import Any, Callable
 import lightgbm as lgb
 import numpy as np
 import pandas as pd
-from sklearn.base import TransformerMixin
 from sklearn.model_selection import GroupKFold, GroupShuffleSplit
 from sklearn.pipeline import Pipeline
 
@@ -617,11 +616,30 @@ def _pair_rows(cand: Prepared, shapes: np.ndarray, max_rows: int, seed: int) -> 
     return rows_of(cand.groups, np.sort(keep))
 
 
-def _fit_mask_model(cand: Prepared, shapes: np.ndarray, features: TransformerMixin, acfg: ApplicabilityConfig,
-                    seed: int) -> tuple[lgb.LGBMRegressor, int]:
+def _fit_mask_model(cand: Prepared, shapes: np.ndarray, pipe: Pipeline, method: LearnedMethod, op: OpDefinition,
+                    cfg: RecipeConfig, seed: int) -> tuple[lgb.LGBMRegressor, int]:
+    """The mask model on ``pipe``'s features of the candidate pairs of ``shapes`` (on a table of
+    several GPUs, each pair's with its own GPU's constants, as ``method`` builds them)."""
+    acfg = cfg.applicability
     rows = _pair_rows(cand, shapes, int(acfg.max_rows), seed)
-    Xt = features.transform(cand.X.iloc[rows])
+    Xt = arch_features(cand, rows, method.recipe, op, cfg) if cand.multi_arch else \
+        pipe.named_steps["features"].transform(cand.X.iloc[rows])
     return fit_applicability_model(Xt, ~cand.measured[rows], acfg, seed), len(rows)
+
+
+def _inner_scores(pipe: Pipeline, method: LearnedMethod, model: lgb.LGBMRegressor, cand: Prepared, rows: np.ndarray,
+                  op: OpDefinition, cfg: RecipeConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``pipe``'s predictions, the mask ``model``'s absent estimates and the failure mask's verdicts
+    of ``rows`` of ``cand``, each row featurised with its own GPU's constants."""
+    predicted, absent = np.empty(len(rows)), np.empty(len(rows))
+    runs = np.ones(len(rows), dtype=bool)
+    position = pd.Series(np.arange(len(rows)), index=rows)
+    for arch, sub in cand.arch_groups(rows):
+        scorer = pipe if arch is cand.arch else for_arch(pipe, method, op, cfg, arch, cand.X)
+        at, X = position.loc[sub].to_numpy(), cand.X.iloc[sub]
+        predicted[at], absent[at], runs[at] = predict(scorer, X), absent_estimate(scorer, X, model), \
+            predicted_ok(scorer, X)
+    return predicted, absent, runs
 
 
 def fit_applicability(cand: Prepared, shapes: np.ndarray, data: Prepared, op: OpDefinition, cfg: RecipeConfig, seed: int,
@@ -671,19 +689,17 @@ def fit_applicability(cand: Prepared, shapes: np.ndarray, data: Prepared, op: Op
         splitter = GroupKFold(n_splits=n_inner, shuffle=True, random_state=int(seed))
         for i, (tr, te) in enumerate(splitter.split(shapes, groups=groups)):
             inner_pipe, _ = fit_method(learner, data, shapes[tr], op, cfg, seed + 1000 + i)
-            model, _ = _fit_mask_model(cand, shapes[tr], inner_pipe.named_steps["features"], acfg, seed)
+            model, _ = _fit_mask_model(cand, shapes[tr], inner_pipe, learner, op, cfg, seed)
             rows = rows_of(cand.groups, shapes[te])
-            X = cand.X.iloc[rows]
-            predicted, absent = predict(inner_pipe, X), absent_estimate(inner_pipe, X, model)
-            parts.append((rows, expected_throughput(predicted, absent) if expected else predicted, absent,
-                          predicted_ok(inner_pipe, X)))
+            predicted, absent, runs = _inner_scores(inner_pipe, learner, model, cand, rows, op, cfg)
+            parts.append((rows, expected_throughput(predicted, absent) if expected else predicted, absent, runs))
         rows = np.concatenate([p[0] for p in parts])
         sub = ev.ShapeGroups.from_keys(cand.groups.codes[rows])
         curve = ev.threshold_curve(cand.perf[rows], np.concatenate([p[1] for p in parts]), sub, cand.selectable[rows],
                                    cand.measured[rows], np.concatenate([p[2] for p in parts]), thresholds,
                                    runs=np.concatenate([p[3] for p in parts]))
         threshold = ev.best_threshold(curve)
-    model, n_pairs = _fit_mask_model(cand, shapes, pipe.named_steps["features"], acfg, seed)
+    model, n_pairs = _fit_mask_model(cand, shapes, pipe, learner, op, cfg, seed)
     return Applicability(model=model, threshold=threshold, curve=curve, train_pairs=n_pairs,
                          inner_scores="the transfer recipe's learner, expected throughput" if expected
                          else "the model recipe's scores")
@@ -713,8 +729,13 @@ def fit_final(cfg: RecipeConfig, table: pd.DataFrame, op: OpDefinition) -> Pipel
 def candidates(data: Prepared, op: OpDefinition, cfg: RecipeConfig) -> tuple[Prepared, Coverage]:
     """The candidate set of ``data``'s problems (:func:`with_unmeasured`), prepared as
     :func:`prepare` would, with ``data``'s shapes (same indices, keys, CV groups); ``data``
-    itself when the table measures every candidate. Raises what :func:`coverage_note` raises."""
-    table, coverage = with_unmeasured(data.table, op, cfg, arch=data.arch, shape_codes=data.groups.codes)
+    itself when the table measures every candidate. On a table of several GPUs each problem's
+    candidates are its GPU's (that arch's catalogue and rules), and each row keeps its arch.
+    Raises what :func:`coverage_note` raises."""
+    if data.multi_arch:
+        table, coverage = _unmeasured_per_arch(data, op, cfg)
+    else:
+        table, coverage = with_unmeasured(data.table, op, cfg, arch=data.arch, shape_codes=data.groups.codes)
     coverage_note(op, coverage)
     if coverage.unmeasured == 0:
         return data, coverage
@@ -727,7 +748,36 @@ def candidates(data: Prepared, op: OpDefinition, cfg: RecipeConfig) -> tuple[Pre
     return Prepared(table=table, X=op.encode_frame(table), perf=ev.measured_perf(table["tflops"].to_numpy(),
                                                                                 table["is_valid"].to_numpy()),
                     selectable=selectable, groups=groups, shapes=data.shapes, cv_groups=data.cv_groups,
-                    arch=data.arch), coverage
+                    arch=data.arch, archs=data.archs,
+                    row_arch=data.shape_arch[codes] if data.multi_arch else np.zeros(0, dtype=np.int64),
+                    shape_arch=data.shape_arch), coverage
+
+
+def _unmeasured_per_arch(data: Prepared, op: OpDefinition, cfg: RecipeConfig) -> tuple[pd.DataFrame, Coverage]:
+    """:func:`with_unmeasured` of a table of several GPUs, one GPU's rows at a time with its own
+    arch; ``_shape`` and ``_row`` index ``data``'s shapes and rows."""
+    parts, counts = [], []
+    for i, arch in enumerate(data.archs):
+        rows = np.flatnonzero(data.row_arch == i)
+        if not len(rows):
+            continue
+        local, shapes = pd.factorize(data.groups.codes[rows])  # with_unmeasured numbers its problems from 0
+        part, coverage = with_unmeasured(data.table.iloc[rows], op, cfg, arch=arch, shape_codes=local)
+        part["_shape"] = np.asarray(shapes, dtype=np.int64)[part["_shape"].to_numpy(np.int64)]
+        at = part["_row"].to_numpy(np.int64)
+        part["_row"] = np.where(at >= 0, rows[np.maximum(at, 0)], -1)
+        parts.append(part)
+        counts.append(replace(coverage, example=str(shapes[int(coverage.example)]) if coverage.example else ""))
+    # one GPU's problems after another's: back in the order of data's shapes
+    table = pd.concat(parts, ignore_index=True).sort_values("_shape", kind="stable").reset_index(drop=True)
+    for c in table.columns:  # categories of different GPUs merge into object columns: categories again
+        if table[c].dtype == object:
+            table[c] = pd.Categorical(table[c])
+    coverage = Coverage(problems=sum(c.problems for c in counts), pairs=sum(c.pairs for c in counts),
+                        unmeasured=sum(c.unmeasured for c in counts),
+                        one_kernel=sum(c.one_kernel for c in counts),
+                        example=next((c.example for c in counts if c.example), ""))
+    return table, coverage
 
 
 def attach_applicability(pipe: Pipeline, data: Prepared, shapes: np.ndarray, op: OpDefinition, cfg: RecipeConfig, seed: int,

@@ -320,6 +320,42 @@ def test_candidates_prepare_the_whole_candidate_set_on_the_same_shapes() -> None
     assert candidates(data, op, cfg)[0] is data
 
 
+def test_the_candidates_of_a_table_of_several_gpus_are_each_gpus_own() -> None:
+    """On a table of several GPUs a problem's added candidates pass its own GPU's rules (a tile
+    that fits gfx950's 160 KiB of shared memory and not gfx942's 64 KiB is a candidate on the
+    one only), and every candidate row keeps its GPU: features and rules use its constants."""
+    from ckpred.config import compose
+    from ckpred.fitting import candidates, prepare
+
+    op = tiny_op(rules=[{"expr": "t <= m", "message": "tile larger than the problem"},
+                        {"expr": "t * 1024 <= hw.shared_memory_bytes", "message": "tile over shared memory"}],
+                 absence="not_applicable")
+    rows = [(200, 1, 1.0), (200, 64, 2.0), (300, 1, 1.0), (400, 1, 1.0), (400, 128, 3.0), (500, 64, 2.0)]
+    table = tiny_table(rows)
+    table["arch"] = ["gfx942", "gfx942", "gfx942", "gfx950", "gfx950", "gfx950"]
+    table = table.iloc[[3, 0, 4, 1, 2, 5]].reset_index(drop=True)  # the GPUs' rows interleaved
+    op = _bound(op, table)
+    cfg = compose("train", ["arch=gfx942", "dtype=fp16"])
+    data = prepare(table, op, cfg)
+    assert data.multi_arch
+    cand, coverage = candidates(data, op, cfg)
+    got = {(int(m), str(k)) for m, k in zip(cand.table["m"], cand.table["kernel_name"])}
+    assert got == {(200, "t1"), (200, "t64"), (300, "t1"), (300, "t64"),
+                   (400, "t1"), (400, "t64"), (400, "t128"), (500, "t1"), (500, "t64"), (500, "t128")}
+    assert coverage.unmeasured == 4 and coverage.problems == 4
+    assert cand.multi_arch and [str(a.name) for a in cand.archs] == [str(a.name) for a in data.archs]
+    gpu = np.array([str(cand.archs[i].name) for i in cand.row_arch])
+    assert (gpu == cand.table["arch"].astype(str).to_numpy()).all()
+    assert (gpu == np.where(cand.table["m"].to_numpy() < 400, "gfx942", "gfx950")).all()
+    # the same shapes, each problem's rows together, measured rows with their perf
+    assert (np.diff(cand.groups.codes) >= 0).all() and cand.groups.n_shapes == data.groups.n_shapes
+    assert list(cand.groups.keys) == list(data.groups.keys)
+    for s in range(data.groups.n_shapes):
+        theirs = cand.table.iloc[cand.groups.rows(s)]
+        assert set(theirs["m"]) == set(data.table.iloc[data.groups.rows(s)]["m"])
+    assert cand.measured.sum() == len(table) and np.isclose(cand.perf[cand.measured].sum(), data.perf.sum())
+
+
 def test_the_mask_and_its_threshold_never_see_the_problems_they_are_scored_on(sparse_fit) -> None:  # type: ignore[no-untyped-def]
     import dataclasses
 

@@ -13,8 +13,9 @@ import pytest
 from ckpred.config import compose
 from ckpred.cv.driver import cross_validate
 from ckpred.errors import ConfigValueError
+from ckpred.schema import arch_config
 from ckpred.transfer import UNSEEN, blend, choose_weight, rank_percentile
-from tests.transfer_helpers import DEVICES, OPS_DIR, export_transfer, train_config, train_logo, write_caches
+from tests.transfer_helpers import DEVICES, KEYS, OPS_DIR, export_transfer, train_config, train_logo, write_caches
 
 # trains leave-one-GPU-out runs on six Kernel Tuner caches: the developer loop (-m "not slow") skips the module
 pytestmark = pytest.mark.slow
@@ -263,3 +264,31 @@ def test_problems_whose_best_kernel_no_training_gpu_ran_are_told_apart(prepared)
     labels = best_kernel_seen(Tables(only_here, only_here), make_folds(cfg.cv, only_here, 0))
     assert dict(zip(only_here.shapes["gpu"], labels))["MI250X"] == "unseen"
     assert (labels == "unseen").sum() == 1 + sum(best[g] == best["MI250X"] for g in best.index if g != "MI250X")
+
+
+@pytest.mark.slow
+def test_a_sparse_table_of_several_gpus_learns_applicability_on_each_gpus_constants(tmp_path: Path) -> None:
+    """A table of several GPUs whose missing rows mean "not applicable": every candidate row, and
+    the mask learning which pairs apply, use the row's own GPU. Here the shared-memory
+    configurations are absent on the GPUs with 64 KiB of it; held out, such a GPU gets them
+    masked from its own constants, and one with more keeps them."""
+    caches = write_caches(tmp_path / "caches")
+    for path in caches.glob("*.json"):
+        doc = json.loads(path.read_text())
+        if arch_config(DEVICES[doc["device_name"]]).shared_memory_kib <= 64:
+            doc["cache"] = {k: v for k, v in doc["cache"].items() if not v["use_shmem"]}
+        path.write_text(json.dumps(doc))
+    out = tmp_path / "run"
+    out.mkdir()
+    cross_validate(train_config(caches, f"out_dir={out}", "op.absence=not_applicable",
+                                "applicability.n_estimators=30", "applicability.num_leaves=7",
+                                "applicability.min_child_samples=2"), out)
+    oof = pd.read_parquet(out / "oof_predictions.parquet")
+    gpu = oof["shape"].astype(str)
+    shmem = oof["kernel_name"].astype(str).str.strip("()").str.split(",").str[KEYS.index("use_shmem")] == "1"
+    assert shmem.any() and set(gpu) == {d.split()[-1] for d in DEVICES}
+    # the candidates are the held-out GPU's own: its absent configurations are there, unmeasured
+    small = gpu == "W7800"
+    assert (small & shmem).any() and not oof.loc[small & shmem, "measured"].any()
+    assert not oof.loc[small & shmem, "selectable"].any()  # masked from the W7800's own 64 KiB
+    assert oof.loc[(gpu == "A100") & shmem, "selectable"].all()  # 164 KiB: kept
