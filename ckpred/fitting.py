@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import lightgbm as lgb
 import numpy as np
@@ -25,7 +25,8 @@ from ckpred.models import (FitRows, Recipe, absent_estimate, booster, build_pipe
                            fit_applicability_model, fit_failure_model, fit_pipeline, predicted_ok,
                            set_applicability_model, target_name, training_target)
 from ckpred.schema import (ApplicabilityConfig, ArchConfig, FeaturesConfig, HardwareView, ModelConfig, RecipeConfig,
-                           RowsConfig, TargetConfig, TrainConfig, TransferConfig, ValidityModelConfig, arch_config)
+                           RowsConfig, TargetConfig, TrainConfig, TransferConfig, ValidityModelConfig, arch_config,
+                           arch_constants)
 
 log = logging.getLogger(__name__)
 
@@ -567,6 +568,32 @@ def for_arch(pipe: Pipeline, method: LearnedMethod, op: OpDefinition, cfg: Recip
     return out
 
 
+def same_arch(a: ArchConfig | None, b: ArchConfig | None) -> bool:
+    """Whether features built for ``a`` are those built for ``b`` (the same config, or the same
+    name and hardware constants)."""
+    return a is b or (a is not None and b is not None and getattr(a, "name", a) == getattr(b, "name", b)
+                      and _constants(a) == _constants(b))
+
+
+def _constants(arch: ArchConfig) -> dict[str, float] | None:
+    try:
+        return arch_constants(arch)
+    except Exception:  # not an arch config: compare by name alone
+        return None
+
+
+def arch_scorers(pipe: Pipeline, method: LearnedMethod, op: OpDefinition, cfg: RecipeConfig, X: pd.DataFrame,
+                 rows: np.ndarray, groups: Sequence[tuple[ArchConfig | None, np.ndarray]],
+                 own: ArchConfig | None) -> Iterator[tuple[Pipeline, np.ndarray, np.ndarray]]:
+    """For each ``(arch, sub)`` of ``groups`` (``rows`` split by arch): ``pipe`` scoring that arch's
+    rows (itself when ``arch`` is ``own``, the arch its features are built for, else
+    :func:`for_arch`), the positions of ``sub`` in ``rows``, and ``sub``."""
+    position = pd.Series(np.arange(len(rows)), index=np.asarray(rows))
+    for arch, sub in groups:
+        scorer = pipe if same_arch(arch, own) else for_arch(pipe, method, op, cfg, arch, X)
+        yield scorer, position.loc[sub].to_numpy(), sub
+
+
 @dataclass
 class Applicability:
     """A fitted applicability mask (:func:`fit_applicability`).
@@ -633,10 +660,8 @@ def _inner_scores(pipe: Pipeline, method: LearnedMethod, model: lgb.LGBMRegresso
     of ``rows`` of ``cand``, each row featurised with its own GPU's constants."""
     predicted, absent = np.empty(len(rows)), np.empty(len(rows))
     runs = np.ones(len(rows), dtype=bool)
-    position = pd.Series(np.arange(len(rows)), index=rows)
-    for arch, sub in cand.arch_groups(rows):
-        scorer = pipe if arch is cand.arch else for_arch(pipe, method, op, cfg, arch, cand.X)
-        at, X = position.loc[sub].to_numpy(), cand.X.iloc[sub]
+    for scorer, at, sub in arch_scorers(pipe, method, op, cfg, cand.X, rows, cand.arch_groups(rows), cand.arch):
+        X = cand.X.iloc[sub]
         predicted[at], absent[at], runs[at] = predict(scorer, X), absent_estimate(scorer, X, model), \
             predicted_ok(scorer, X)
     return predicted, absent, runs

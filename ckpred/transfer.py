@@ -44,11 +44,11 @@ import pandas as pd
 from sklearn.pipeline import Pipeline
 
 from ckpred import evaluate as ev
-from ckpred.fitting import (LearnedMethod, Prepared, fit_method, for_arch, learner_method, predict, recipe_config,
-                            rows_of)
+from ckpred.fitting import (LearnedMethod, Prepared, arch_scorers, fit_method, for_arch, learner_method, predict,
+                            recipe_config, rows_of, same_arch)
 from ckpred.kernels.base import OpDefinition
 from ckpred.models import absent_estimate, applicability_model, expected_throughput
-from ckpred.schema import ArchConfig, RecipeConfig, TrainConfig, arch_constants
+from ckpred.schema import ArchConfig, RecipeConfig, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class TransferModel:
     def learner_pipeline(self, op: OpDefinition, cfg: RecipeConfig, arch: ArchConfig | None, table: pd.DataFrame) -> Pipeline:
         """The learner with its features built for ``arch`` (itself when that is its own arch);
         ``table`` gives the input columns it is fitted on."""
-        if _same_arch(arch, self.arch):
+        if same_arch(arch, self.arch):
             return self.learner
         return for_arch(self.learner, self.method, op, cfg, arch, op.encode_frame(table.head(8)))
 
@@ -172,11 +172,7 @@ class TransferModel:
         when already computed (:func:`learner_predict`)."""
         out = np.full(len(rows), np.nan)
         groups = [(arch, np.asarray(rows))] if arch is not None else data.arch_groups(rows)
-        position = pd.Series(np.arange(len(rows)), index=np.asarray(rows))
-        for one, sub in groups:
-            scorer = self.learner if _same_arch(one, self.arch) else \
-                for_arch(self.learner, self.method, op, cfg, one, data.X)
-            at = position.loc[sub].to_numpy()
+        for scorer, at, sub in arch_scorers(self.learner, self.method, op, cfg, data.X, rows, groups, self.arch):
             out[at] = learner_predict(scorer, data.X.iloc[sub], None if absent is None else absent[at])
         return out
 
@@ -210,18 +206,6 @@ class TransferModel:
 
 #: A fitted learned method: a ``features -> model`` Pipeline, or the transfer recipe.
 Fitted: TypeAlias = "Pipeline | TransferModel"
-
-
-def _same_arch(a: ArchConfig | None, b: ArchConfig | None) -> bool:
-    return a is b or (a is not None and b is not None and getattr(a, "name", a) == getattr(b, "name", b)
-                      and _constants(a) == _constants(b))
-
-
-def _constants(arch: ArchConfig) -> dict[str, float] | None:
-    try:
-        return arch_constants(arch)
-    except Exception:  # not an arch config: compare by name alone
-        return None
 
 
 def _static_order(data: Prepared, shapes: np.ndarray, by: Sequence[str]) -> pd.Series:
